@@ -1,0 +1,31 @@
+"""Backends by name. Each lives in its own module and implements jobs.Backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import Config, PipelineConfig
+from ..errors import ConfigError
+from ..jobs import Backend
+
+BACKENDS = ("local", "bcp", "slurm")
+
+
+def make_backend(name: str, config: Config, pipeline: PipelineConfig, run_dir: Path) -> Backend:
+    """The backend `name`, bound to one run's folder (logs, local job records)."""
+    options = config.options.get(name)
+    common = {"config_dir": config.file.parent.resolve(), "stages_dir": config.stages_dir, "run_dir": run_dir,
+              "workspace_name": pipeline.workspace.name}
+    if name == "local":
+        from .local import LocalBackend
+
+        return LocalBackend(options, **common)
+    if name == "bcp":
+        from .bcp import BcpBackend
+
+        return BcpBackend(options, pipeline=pipeline, **common)
+    if name == "slurm":
+        from .slurm import SlurmBackend
+
+        return SlurmBackend(options, **common)
+    raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

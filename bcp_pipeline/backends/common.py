@@ -1,0 +1,85 @@
+"""Pieces every backend shares: placeholder values, the stage command, log-line parsing, log tails."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ..config import substitute
+from ..jobs import JobProgress, JobRequest
+
+LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
+
+
+def stage_command(request: JobRequest, backend: str, values: dict[str, str]) -> list[str]:
+    """argv of the job's program: the backend section's `command`, else `PYTHON ${code}/PROGRAM ARGS`."""
+    resources = request.resources(backend)
+    if request.kind == "stage" and resources.command:
+        raw = list(resources.command)
+    else:
+        raw = ["${python}", f"${{code}}/{request.program}", *request.args]
+    return [substitute(part, values) for part in raw]
+
+
+def placeholder_values(request: JobRequest, *, workspace: str, results: str, code: str, python: str) -> dict[str, str]:
+    """Values for ${...} as the job sees them; pipeline vars may themselves use the built-ins."""
+    builtins = {"workspace": workspace, "results": results, "code": code, "python": python,
+                "run_id": request.run_id, "stage": request.stage.name}
+    return {**builtins, **{k: substitute(v, builtins) for k, v in request.pipeline.vars.items()}}
+
+
+def resolved_env(request: JobRequest, backend: str, values: dict[str, str]) -> dict[str, str]:
+    return {key: substitute(value, values) for key, value in request.resources(backend).env.items()}
+
+
+def parse_lines(text: str, kind: str) -> list[dict[str, Any]]:
+    """Every `##bcp-pipeline KIND {json}` payload in `text`, in order (bad JSON is ignored: logs get cut)."""
+    found = []
+    marker = f"{LINE_PREFIX}{kind} "
+    for line in text.splitlines():
+        index = line.find(marker)
+        if index < 0:
+            continue
+        try:
+            found.append(json.loads(line[index + len(marker):]))
+        except ValueError:
+            continue
+    return found
+
+
+def progress_from_logs(texts: list[str]) -> JobProgress | None:
+    """Sum the last progress line of each rank's log: items done of total across the job."""
+    done = total = 0
+    unit = "items"
+    seen = False
+    for text in texts:
+        lines = parse_lines(text, "progress")
+        if lines:
+            last = lines[-1]
+            done += int(last.get("done", 0))
+            total += int(last.get("total", 0))
+            unit = str(last.get("unit", unit))
+            seen = True
+    return JobProgress(done=done, total=total, unit=unit) if seen else None
+
+
+def read_tail(path: Path, max_bytes: int = 65536) -> str:
+    """The end of a (possibly huge) log file."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            return handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def last_lines(text: str, count: int) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-count:])
+
+
+def shell_join(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)

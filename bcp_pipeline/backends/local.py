@@ -1,0 +1,209 @@
+"""The embedded local backend: a stage of R replicas x P processes runs R*P local processes.
+
+A folder stands in for the workspace (`${workspace}` is that folder). Each job gets a detached supervisor
+(local_supervisor.py) that outlives the orchestrator, so resume re-attaches to jobs still running. Job ids are
+`STAGE.N` and `STAGE.verify.N`; each job's rank logs go to `<run>/logs/<job id>/rank-NNNNN.log`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+from ..atomic import atomic_write_json
+from ..errors import SubmissionError
+from ..jobs import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission
+from ..procs import is_alive, process_start_ticks, signal_group
+from ..resources import LocalOptions
+from .common import last_lines, placeholder_values, progress_from_logs, read_tail, resolved_env, shell_join
+from .common import stage_command
+
+STATE_MAP = {
+    "queued": JobState.QUEUED,
+    "running": JobState.RUNNING,
+    "succeeded": JobState.SUCCEEDED,
+    "failed": JobState.FAILED,
+    "cancelled": JobState.CANCELLED,
+}
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, options: LocalOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
+                 workspace_name: str) -> None:
+        self.options = options
+        self.stages_dir = stages_dir
+        self.run_dir = run_dir
+        self.workspace_dir = (config_dir / options.workspace_dir / workspace_name).resolve()
+        self.poll_min_seconds = options.poll_seconds
+        self.poll_max_seconds = max(options.poll_seconds, 2.0)
+        self._launched: list[subprocess.Popen] = []  # reaped in poll() so finished supervisors leave no zombies
+
+    # -- rendering (pure) ------------------------------------------------------------------------------
+    def values(self, request: JobRequest) -> dict[str, str]:
+        return placeholder_values(request, workspace=str(self.workspace_dir),
+                                  results=str(self.run_dir / "results" / request.stage.name),
+                                  code=str(self.stages_dir), python=self.options.python or sys.executable)
+
+    def sharding(self, request: JobRequest) -> dict[str, int]:
+        res = request.resources("local")
+        return {"replicas": res.replicas, "processes": res.processes}
+
+    def render(self, request: JobRequest) -> Submission:
+        values = self.values(request)
+        argv = stage_command(request, "local", values)
+        sharding = self.sharding(request)
+        if sharding["replicas"] < 1 or sharding["processes"] < 1:
+            raise SubmissionError(f"stage {request.stage.name}: replicas and processes must be >= 1, got {sharding}")
+        env = {"BCP_PIPELINE_RUN_ID": request.run_id, "BCP_PIPELINE_STAGE": request.stage.name,
+               **resolved_env(request, "local", values)}
+        world = sharding["replicas"] * sharding["processes"]
+        env_text = " ".join(f"{k}={shell_join([v])}" for k, v in env.items())
+        printable = (f"# {sharding['replicas']} replica(s) x {sharding['processes']} process(es): "
+                     f"RANK 0..{world - 1} of WORLD_SIZE {world}; workspace {self.workspace_dir}\n"
+                     f"{env_text} {shell_join(argv)}")
+        payload = {"argv": argv, "env": env, **sharding,
+                   "labels": {"run": request.run_id, "stage": request.stage.name, "kind": request.kind}}
+        return Submission(request=request, printable=printable, payload=payload)
+
+    # -- side effects ------------------------------------------------------------------------------------
+    def submit(self, submission: Submission) -> str:
+        request = submission.request
+        self.workspace_dir.mkdir(parents=True, exist_ok=True)
+        job_id, job_dir = self._claim_job_dir(request)
+        spec = {**submission.payload, "job_id": job_id, "cwd": str(self.workspace_dir),
+                "log_dir": str(self.run_dir / "logs" / job_id),
+                # A per-job port keeps concurrent local jobs from colliding if a program opens one.
+                "master_port": 20000 + zlib.crc32(f"{request.run_id}/{job_id}".encode()) % 20000}
+        atomic_write_json(job_dir / "spec.json", spec)
+        with open(job_dir / "supervisor.log", "ab") as log:
+            process = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local_supervisor", str(job_dir)],
+                                       start_new_session=True, stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT, cwd=str(self.workspace_dir),
+                                       env={**os.environ, "PYTHONPATH": _package_root()})
+        self._launched.append(process)
+        atomic_write_json(job_dir / "launch.json", {"pid": process.pid, "start_ticks": process_start_ticks(process.pid)})
+        return job_id
+
+    def _claim_job_dir(self, request: JobRequest) -> tuple[str, Path]:
+        jobs = self.run_dir / "jobs"
+        jobs.mkdir(parents=True, exist_ok=True)
+        prefix = request.stage.name + (".verify" if request.kind == "verify" else "")
+        number = 1
+        while True:
+            job_id = f"{prefix}.{number}"
+            try:
+                (jobs / job_id).mkdir()  # atomic claim: two orchestrators never share a job id
+                return job_id, jobs / job_id
+            except FileExistsError:
+                number += 1
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        self._launched = [p for p in self._launched if p.poll() is None]
+        return {job_id: status for job_id in job_ids if (status := self._status(job_id)) is not None}
+
+    def _status(self, job_id: str) -> JobStatus | None:
+        job_dir = self.run_dir / "jobs" / job_id
+        if not (job_dir / "spec.json").is_file():
+            return None
+        status = _read_json(job_dir / "status.json")
+        launch = _read_json(job_dir / "launch.json")
+        if status is None:
+            # Submitted but the supervisor has not written its status yet (or died before it could).
+            if launch and not is_alive(launch["pid"], launch.get("start_ticks")):
+                return JobStatus(job_id=job_id, state=JobState.LOST, native="lost",
+                                 detail="the job's supervisor exited before starting any rank")
+            return JobStatus(job_id=job_id, state=JobState.QUEUED, native="queued")
+        native = status["state"]
+        if native == "running" and not is_alive(status["pid"], status.get("start_ticks")):
+            return JobStatus(job_id=job_id, state=JobState.LOST, native="lost",
+                             detail=f"the job's supervisor (pid {status['pid']}) died without a result")
+        codes = status.get("exit_codes") or []
+        failed = [f"rank {rank} exited {code}" for rank, code in enumerate(codes) if code != 0]
+        return JobStatus(job_id=job_id, state=STATE_MAP.get(native, JobState.UNKNOWN), native=native,
+                         detail="; ".join(failed), exit_code=max(codes, key=abs) if codes else None)
+
+    def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
+        jobs = self.run_dir / "jobs"
+        if not jobs.is_dir():
+            return []
+        found = []
+        for job_dir in sorted(jobs.iterdir()):
+            spec = _read_json(job_dir / "spec.json")
+            if spec and spec["labels"] == {"run": run_id, "stage": stage, "kind": kind}:
+                status = self._status(job_dir.name)
+                if status is not None and not status.state.finished:
+                    found.append(job_dir.name)
+        return found
+
+    def _rank_logs(self, job_id: str) -> list[Path]:
+        return sorted((self.run_dir / "logs" / job_id).glob("rank-*.log"))
+
+    def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
+        paths = self._rank_logs(job_id)
+        if rank is not None:
+            paths = [p for p in paths if p.name == f"rank-{rank:05d}.log"]
+            if not paths:
+                raise SubmissionError(f"job {job_id} has no log for rank {rank}")
+        parts = []
+        for path in paths:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            text = last_lines(text, tail) if tail else text
+            parts.append(text if rank is not None or len(paths) == 1 else f"==> {path.name} <==\n{text}")
+        return "\n".join(parts)
+
+    def progress(self, job_id: str) -> JobProgress | None:
+        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)])
+
+    def failure_detail(self, job_id: str, status: JobStatus) -> str:
+        spec = _read_json(self.run_dir / "jobs" / job_id / "status.json") or {}
+        codes = spec.get("exit_codes") or []
+        lines = [status.detail] if status.detail else []
+        for rank, code in enumerate(codes):
+            if code != 0:
+                log = self.run_dir / "logs" / job_id / f"rank-{rank:05d}.log"
+                lines.append(f"rank {rank} exited {code}; last lines of {log}:\n"
+                             + _indent(last_lines(read_tail(log), 15)))
+                break  # the first failing rank's tail; `bcp-pipeline logs` shows the others
+        return "\n".join(lines)
+
+    def cancel(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            job_dir = self.run_dir / "jobs" / job_id
+            owner = _read_json(job_dir / "status.json") or _read_json(job_dir / "launch.json")
+            if not owner or not is_alive(owner["pid"], owner.get("start_ticks")):
+                continue
+            signal_group(owner["pid"], signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and is_alive(owner["pid"], owner.get("start_ticks")):
+                time.sleep(0.1)
+            if is_alive(owner["pid"], owner.get("start_ticks")):
+                signal_group(owner["pid"], signal.SIGKILL)
+            status = _read_json(job_dir / "status.json") or {}
+            if status.get("state") in (None, "running"):
+                atomic_write_json(job_dir / "status.json", {**owner, "state": "cancelled", "ended_at": time.time()})
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines())
+
+
+def _package_root() -> str:
+    """The folder holding the bcp_pipeline package, so the supervisor imports the same code."""
+    root = str(Path(__file__).resolve().parents[2])
+    existing = os.environ.get("PYTHONPATH")
+    return f"{root}{os.pathsep}{existing}" if existing else root

@@ -1,0 +1,84 @@
+"""The detached supervisor of one local job: starts replicas x processes ranks the way bcprun would.
+
+Started by the local backend as `python -m bcp_pipeline.backends.local_supervisor JOB_DIR` in a new session, so
+it outlives the orchestrator (SIGKILL, Ctrl-C) like a BCP job outlives the user's laptop. It reads `spec.json`,
+writes `status.json` atomically (running -> succeeded | failed | cancelled) and each rank's stdout and stderr to
+its own log file. Every rank runs to its end even if another fails, so a rerun has the least left to redo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..atomic import atomic_write_json
+from ..procs import process_start_ticks
+
+
+def rank_environment(base: dict[str, str], replica: int, local_rank: int, replicas: int, processes: int,
+                     port: int) -> dict[str, str]:
+    """The variables bcprun sets for one process (torchrun-style ranks plus NGC's node-level ones)."""
+    return {
+        **base,
+        "RANK": str(replica * processes + local_rank),
+        "WORLD_SIZE": str(replicas * processes),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(processes),
+        "NODE_RANK": str(replica),
+        "GROUP_RANK": str(replica),
+        "NGC_ARRAY_INDEX": str(replica),
+        "NGC_ARRAY_SIZE": str(replicas),
+        "NGC_REPLICA_ID": str(replica),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def supervise(job_dir: Path) -> int:
+    spec = json.loads((job_dir / "spec.json").read_text())
+    replicas, processes = spec["replicas"], spec["processes"]
+    log_dir = Path(spec["log_dir"])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    status_path = job_dir / "status.json"
+    me = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid())}
+    children: list[subprocess.Popen] = []
+
+    def on_cancel(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        deadline = time.monotonic() + 10
+        for child in children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+        atomic_write_json(status_path, {**me, "state": "cancelled", "signal": signum, "ended_at": time.time(),
+                                        "exit_codes": [c.returncode for c in children]})
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_cancel)
+    signal.signal(signal.SIGINT, on_cancel)
+    atomic_write_json(status_path, {**me, "state": "running", "started_at": time.time()})
+    base_env = {**os.environ, **spec["env"]}
+    for replica in range(replicas):
+        for local_rank in range(processes):
+            rank = replica * processes + local_rank
+            log = open(log_dir / f"rank-{rank:05d}.log", "ab")
+            env = rank_environment(base_env, replica, local_rank, replicas, processes, spec["master_port"])
+            children.append(subprocess.Popen(spec["argv"], env=env, cwd=spec["cwd"], stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+    exit_codes = [child.wait() for child in children]
+    state = "succeeded" if all(code == 0 for code in exit_codes) else "failed"
+    atomic_write_json(status_path, {**me, "state": state, "exit_codes": exit_codes, "ended_at": time.time()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(Path(sys.argv[1])))

@@ -1,0 +1,325 @@
+"""The `bcp-pipeline` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import __version__
+from .backends import BACKENDS, make_backend
+from .config import Config, PipelineConfig, load_config
+from .errors import PipelineError, StateError
+from .jobs import JobState
+from .orchestrator import Orchestrator
+from .reporting import Reporter, format_table, render_status
+from .runs import Selection, continue_run, new_run, pick_run
+from .state import RunLock, RunState, RunStore, StageStatus
+
+PLAN_RUN_ID = "{pipeline}-RUN"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bcp-pipeline", description=(
+        "Run the SlimPajama -> NeMo GPT pretraining DAG of pipelines.yaml on NGC Base Command Platform, "
+        "Slurm, or locally."))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--config", default="pipelines.yaml", help="pipelines file (default: ./pipelines.yaml)")
+    parser.add_argument("--state-dir", help="where runs are kept (default: .bcp-pipeline next to the config file)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_pipeline_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("pipeline", help="pipeline name from the config file")
+        p.add_argument("--backend", choices=BACKENDS, help="where jobs run (default: the pipeline's `backend`)")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.KEY=VALUE",
+                       help="override a stage field (VALUE is YAML), e.g. download.bcp.replicas=4 or vars.files=10")
+
+    run = sub.add_parser("run", help="run a pipeline (continues its last unfinished run)")
+    with_pipeline_options(run)
+    run.add_argument("--restart", action="store_true", help="start a new run instead of continuing the last one")
+    run.add_argument("--from", dest="from_stage", metavar="STAGE", help="run STAGE and everything after it")
+    run.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE (repeatable)")
+
+    plan = sub.add_parser("plan", help="print every job exactly as it would be submitted; submits nothing")
+    with_pipeline_options(plan)
+    plan.add_argument("--json", action="store_true")
+
+    status = sub.add_parser("status", help="stages, jobs, progress and verification of a run")
+    status.add_argument("run", nargs="?", help="run id (default: the latest run)")
+    status.add_argument("--json", action="store_true")
+
+    resume = sub.add_parser("resume", help="re-attach to a run's jobs and continue it")
+    resume.add_argument("run", nargs="?", help="run id (default: the latest run)")
+
+    logs = sub.add_parser("logs", help="a stage's job log")
+    logs.add_argument("run")
+    logs.add_argument("stage")
+    logs.add_argument("--rank", type=int, help="one rank/replica only")
+    logs.add_argument("--verify", action="store_true", help="the verification job's log")
+    logs.add_argument("--tail", type=int, help="last N lines")
+
+    cancel = sub.add_parser("cancel", help="stop a run's active jobs")
+    cancel.add_argument("run")
+
+    lst = sub.add_parser("list", help="pipelines in the config file and runs so far")
+    lst.add_argument("--json", action="store_true")
+
+    verify = sub.add_parser("verify", help="run a stage's verification again and record the result")
+    verify.add_argument("run")
+    verify.add_argument("stage")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except PipelineError as exc:
+        print(f"bcp-pipeline: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("\nbcp-pipeline: interrupted. Jobs already submitted keep running; "
+              "`bcp-pipeline resume` re-attaches to them, `bcp-pipeline cancel RUN` stops them.", file=sys.stderr)
+        return 130
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+def store_for(args: argparse.Namespace, config_file: Path) -> RunStore:
+    root = Path(args.state_dir) if args.state_dir else config_file.resolve().parent / ".bcp-pipeline"
+    return RunStore(root)
+
+
+def load(args: argparse.Namespace, pipeline: str | None = None, overrides: list[str] | None = None) -> Config:
+    return load_config(Path(args.config), overrides=overrides, pipeline=pipeline)
+
+
+def run_config(args: argparse.Namespace, state: RunState) -> tuple[Config, PipelineConfig]:
+    """The config a stored run was driven with (its file and its --set overrides)."""
+    path = Path(args.config) if args.config != "pipelines.yaml" or not Path(state.config_file).is_file() else \
+        Path(state.config_file)
+    config = load_config(path, overrides=state.overrides, pipeline=state.pipeline)
+    return config, config.pipeline(state.pipeline)
+
+
+def drive(config: Config, pipeline: PipelineConfig, store: RunStore, state: RunState, selected: set[str]) -> int:
+    run_dir = store.run_dir(state.run_id)
+    with RunLock(run_dir):
+        backend = make_backend(state.backend, config, pipeline, run_dir)
+        store.save(state)
+        print(f"run {state.run_id} ({pipeline.name} on {state.backend}); state in {store.state_path(state.run_id)}")
+        orchestrator = Orchestrator(pipeline=pipeline, backend=backend, store=store, state=state,
+                                    reporter=Reporter(), selected=selected)
+        ok = orchestrator.drive()
+    if not ok:
+        print(f"\nrun {state.run_id} did not finish: fix the cause above, then `bcp-pipeline run {pipeline.name}` "
+              f"(or `bcp-pipeline resume {state.run_id}`) continues from the failed stage.", file=sys.stderr)
+    return 0 if ok else 1
+
+
+# -- commands -------------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    config = load(args, args.pipeline, args.overrides)
+    pipeline = config.pipeline(args.pipeline)
+    backend = args.backend or pipeline.backend
+    store = store_for(args, config.file)
+    selection = Selection(from_stage=args.from_stage, only=args.only)
+    previous = pick_run(store, pipeline, backend, restart=args.restart)
+    if previous is None:
+        state = new_run(pipeline, backend, str(config.file.resolve()), args.overrides, selection)
+        selected = selection.stages(pipeline)
+    else:
+        if args.overrides and args.overrides != previous.overrides:
+            previous.overrides = args.overrides
+        elif previous.overrides:
+            config = load(args, args.pipeline, previous.overrides)
+            pipeline = config.pipeline(args.pipeline)
+        state = previous
+        selected = continue_run(state, pipeline, selection)
+        print(f"continuing run {state.run_id} (its last state: {_first_unfinished(state)}); "
+              "pass --restart to start over")
+    return drive(config, pipeline, store, state, selected)
+
+
+def _first_unfinished(state: RunState) -> str:
+    for name, stage in state.stages.items():
+        if not stage.status.done:
+            return f"{name} {stage.status.value}"
+    return "all stages done"
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    store = store_for(args, Path(args.config))
+    state = store.resolve(args.run)
+    config, pipeline = run_config(args, state)
+    selected = continue_run(state, pipeline, Selection())
+    selected = {name for name in selected if state.stages[name].status is not StageStatus.SKIPPED}
+    return drive(config, pipeline, store, state, selected)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .orchestrator import verification_args
+    from .jobs import JobRequest
+
+    config = load(args, args.pipeline, args.overrides)
+    pipeline = config.pipeline(args.pipeline)
+    backend_name = args.backend or pipeline.backend
+    run_id = PLAN_RUN_ID.format(pipeline=pipeline.name)
+    backend = make_backend(backend_name, config, pipeline, store_for(args, config.file).run_dir(run_id))
+    actions = backend.prepare(pipeline, execute=False)
+    submissions = []
+    for name in pipeline.order():
+        stage = pipeline.stages[name]
+        submissions.append(backend.render(JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage",
+                                                     program=stage.program, args=tuple(stage.args))))
+        if stage.verify:
+            submissions.append(backend.render(JobRequest(
+                run_id=run_id, pipeline=pipeline, stage=stage, kind="verify", program="verify.py",
+                args=tuple(verification_args(pipeline, stage)))))
+    if args.json:
+        print(json.dumps({"pipeline": pipeline.name, "backend": backend_name, "run_id": run_id,
+                          "prepare": [{"description": a.description, "printable": a.printable} for a in actions],
+                          "jobs": [s.as_json() for s in submissions]}, indent=2))
+        return 0
+    print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s); nothing is submitted.")
+    print(f"# {run_id} stands for the run id a real run gets.")
+    for action in actions:
+        print(f"\n# before the first stage: {action.description}\n{action.printable}")
+    for submission in submissions:
+        request = submission.request
+        what = "verification of " if request.kind == "verify" else "stage "
+        needs = f" (after {', '.join(request.stage.needs)})" if request.kind == "stage" and request.stage.needs else ""
+        print(f"\n# {what}{request.stage.name}{needs}\n{submission.printable}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    store = store_for(args, Path(args.config))
+    state = store.resolve(args.run)
+    backend = None
+    try:
+        config, pipeline = run_config(args, state)
+        backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
+        refresh(backend, state)
+    except PipelineError as exc:
+        print(f"(could not refresh job states: {exc})", file=sys.stderr)
+    if args.json:
+        payload = state.to_json()
+        if backend is not None:
+            payload["job_urls"] = {j.job_id: backend.job_url(j.job_id) for s in state.stages.values() for j in s.jobs
+                                   if backend.job_url(j.job_id)}
+        print(json.dumps(payload, indent=2, sort_keys=True))
+    else:
+        print(render_status(state, backend.job_url if backend else None))
+    return 0
+
+
+def refresh(backend, state: RunState) -> None:
+    """Show live job states and progress (in memory only: the driving orchestrator owns the state file)."""
+    active = {job.job_id: (name, job) for name, s in state.stages.items() if (job := s.active_job())}
+    if not active:
+        return
+    statuses = backend.poll(list(active))
+    for job_id, (name, job) in active.items():
+        status = statuses.get(job_id)
+        if status is not None:
+            job.state, job.native = status.state.value, status.native
+        progress = backend.progress(job_id)
+        if progress is not None:
+            state.stages[name].progress = {"done": progress.done, "total": progress.total, "unit": progress.unit}
+
+
+def stage_job(state: RunState, stage: str, verify: bool):
+    if stage not in state.stages:
+        raise StateError(f"run {state.run_id} has no stage {stage!r}; stages: {', '.join(state.stages)}")
+    jobs = [j for j in state.stages[stage].jobs if (j.kind == "verify") == verify]
+    if not jobs:
+        raise StateError(f"stage {stage!r} of run {state.run_id} has no {'verification ' if verify else ''}job yet")
+    return jobs[-1]
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    store = store_for(args, Path(args.config))
+    state = store.resolve(args.run)
+    config, pipeline = run_config(args, state)
+    backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
+    job = stage_job(state, args.stage, args.verify)
+    print(backend.logs(job.job_id, rank=args.rank, tail=args.tail))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    store = store_for(args, Path(args.config))
+    state = store.resolve(args.run)
+    config, pipeline = run_config(args, state)
+    backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
+    active = [job.job_id for stage in state.stages.values() if (job := stage.active_job())]
+    if active:
+        backend.cancel(active)
+    lock = RunLock(store.run_dir(state.run_id))
+    try:
+        lock.acquire()
+    except StateError:
+        print(f"cancelled {len(active)} job(s): {', '.join(active) or '-'}; the orchestrator driving the run records it")
+        return 0
+    try:
+        for stage in state.stages.values():
+            if stage.status.active or stage.status is StageStatus.PENDING:
+                stage.status = StageStatus.CANCELLED
+                for job in stage.jobs:
+                    if job.ended_at is None:
+                        job.state = JobState.CANCELLED.value
+        store.save(state)
+    finally:
+        lock.release()
+    print(f"cancelled run {state.run_id}: {len(active)} job(s) stopped ({', '.join(active) or 'none active'})")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    config = load(args)
+    store = store_for(args, config.file)
+    runs = store.runs()
+    if args.json:
+        print(json.dumps({
+            "pipelines": [{"name": p.name, "backend": p.backend, "description": p.description, "stages": p.order()}
+                          for p in config.pipelines.values()],
+            "runs": [{"run_id": r.run_id, "pipeline": r.pipeline, "backend": r.backend, "status": r.status,
+                      "created_at": r.created_at} for r in runs]}, indent=2))
+        return 0
+    rows = [["PIPELINE", "BACKEND", "STAGES", "DESCRIPTION"]]
+    rows += [[p.name, p.backend, " -> ".join(p.order()), p.description] for p in config.pipelines.values()]
+    print(format_table(rows))
+    print()
+    if runs:
+        rows = [["RUN", "PIPELINE", "BACKEND", "STATUS"]] + [[r.run_id, r.pipeline, r.backend, r.status] for r in runs]
+        print(format_table(rows))
+    else:
+        print("no runs yet")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    store = store_for(args, Path(args.config))
+    state = store.resolve(args.run)
+    config, pipeline = run_config(args, state)
+    if args.stage not in pipeline.stages or not pipeline.stages[args.stage].verify:
+        raise StateError(f"stage {args.stage!r} of {pipeline.name} has no verification; stages with one: "
+                         + ", ".join(n for n, s in pipeline.stages.items() if s.verify))
+    run_dir = store.run_dir(state.run_id)
+    with RunLock(run_dir):
+        backend = make_backend(state.backend, config, pipeline, run_dir)
+        orchestrator = Orchestrator(pipeline=pipeline, backend=backend, store=store, state=state, reporter=Reporter(),
+                                    selected=set())
+        orchestrator.submit(args.stage, "verify")
+        orchestrator.drive()
+    stage = state.stages[args.stage]
+    return 0 if stage.status is StageStatus.SUCCEEDED else 1
+
+
+COMMANDS = {"run": cmd_run, "plan": cmd_plan, "status": cmd_status, "resume": cmd_resume, "logs": cmd_logs,
+            "cancel": cmd_cancel, "list": cmd_list, "verify": cmd_verify}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

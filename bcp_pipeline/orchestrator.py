@@ -1,0 +1,245 @@
+"""Drive one run: submit stages whose needs are met, poll all active jobs in one call, verify, gate, persist.
+
+The state file is saved after every change, so the orchestrator can die at any point (SIGKILL, Ctrl-C) and
+`resume` picks up: jobs still running are re-attached, a stage caught between "submitting" and "submitted" is
+looked up by its labels instead of being submitted twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .config import PipelineConfig, StageConfig, expected_count
+from .errors import CommandError, PipelineError, StateError
+from .jobs import Backend, JobRequest, JobState, JobStatus
+from .reporting import Reporter
+from .state import JobRecord, RunState, RunStore, StageState, StageStatus
+from .backends.common import last_lines, parse_lines
+
+TRANSIENT_ERRORS_BEFORE_NOTICE = 3
+
+
+@dataclass
+class Orchestrator:
+    pipeline: PipelineConfig
+    backend: Backend
+    store: RunStore
+    state: RunState
+    reporter: Reporter
+    selected: set[str] = field(default_factory=set)  # stages this invocation may submit
+    sleep: Callable[[float], None] = time.sleep
+    _poll_failures: int = 0
+
+    # -- public ------------------------------------------------------------------------------------------
+    def drive(self) -> bool:
+        """Run until every selected stage is done or one fails; True if all succeeded."""
+        self.check_sharding()
+        self.backend.prepare(self.pipeline, execute=True)
+        delay = self.backend.poll_min_seconds
+        while True:
+            changed = self.submit_ready()
+            waiting = self.active_jobs()
+            if not waiting:
+                break
+            changed |= self.poll_once(waiting)
+            self.reporter.update(self.state)
+            delay = self.backend.poll_min_seconds if changed else min(delay * 1.5, self.backend.poll_max_seconds)
+            self.sleep(delay)
+        self.reporter.update(self.state, final=True)
+        return all(self.state.stages[name].status.done for name in self.selected)
+
+    def check_sharding(self) -> None:
+        """Refuse to resume a partly-run stage with a different replicas x processes, unless it can re-shard."""
+        for name in self.selected:
+            stage_state = self.state.stages[name]
+            stage = self.pipeline.stages[name]
+            if stage_state.sharding is None or stage_state.status.done or stage.reshardable:
+                continue
+            now = self.backend.sharding(self.request(name, "stage"))
+            if now != stage_state.sharding:
+                raise StateError(
+                    f"stage {name!r} started with {_sharding_text(stage_state.sharding)} and is now configured for "
+                    f"{_sharding_text(now)}; its finished shards were assigned by rank, so re-sharding could skip or "
+                    f"redo work. Restore the old sharding, mark the stage `reshardable: true` if its program "
+                    f"tolerates it, or start over with --restart")
+
+    # -- submission ----------------------------------------------------------------------------------------
+    def submit_ready(self) -> bool:
+        """Submit every selected pending stage whose needs are done; stop submitting once a stage failed."""
+        if any(s.status in (StageStatus.FAILED, StageStatus.CANCELLED) for s in self.state.stages.values()):
+            return False
+        changed = False
+        for name in self.pipeline.order():
+            stage_state = self.state.stages[name]
+            if name in self.selected and stage_state.status is StageStatus.SUBMITTING:
+                self.submit(name, "stage")  # died between marking and recording: submit() looks for the job first
+                changed = True
+            elif (name in self.selected and stage_state.status is StageStatus.PENDING
+                  and all(self.state.stages[need].status.done for need in self.pipeline.stages[name].needs)):
+                self.submit(name, "stage")
+                changed = True
+        return changed
+
+    def request(self, name: str, kind: str) -> JobRequest:
+        stage = self.pipeline.stages[name]
+        stage_state = self.state.stages[name]
+        if kind == "verify":
+            args = verification_args(self.pipeline, stage)
+            return JobRequest(run_id=self.state.run_id, pipeline=self.pipeline, stage=stage, kind="verify",
+                              program="verify.py", args=tuple(args), attempt=stage_state.attempts)
+        return JobRequest(run_id=self.state.run_id, pipeline=self.pipeline, stage=stage, kind="stage",
+                          program=stage.program, args=tuple(stage.args), attempt=stage_state.attempts + 1)
+
+    def submit(self, name: str, kind: str) -> None:
+        """Submit the stage's job (or its verification), never a second one while one is alive."""
+        stage_state = self.state.stages[name]
+        request = self.request(name, kind)
+        submission = self.backend.render(request)  # before any state change: a render error submits nothing
+        if kind == "stage":
+            stage_state.status = StageStatus.SUBMITTING
+            stage_state.error = None
+            stage_state.started_at = stage_state.started_at or time.time()
+            sharding = self.backend.sharding(request)
+            if stage_state.sharding is None or self.pipeline.stages[name].reshardable:
+                stage_state.sharding = sharding
+            self.store.save(self.state)
+        existing = self.backend.find_active(self.state.run_id, name, kind)
+        if existing:
+            job_id = existing[0]
+            self.reporter.event(f"{name}: re-attached to {kind} job {job_id} (still active)")
+        else:
+            job_id = self.backend.submit(submission)
+            self.reporter.event(f"{name}: submitted {'verification ' if kind == 'verify' else ''}job {job_id}")
+        if kind == "stage":
+            stage_state.attempts += 1
+        stage_state.jobs.append(JobRecord(job_id=job_id, kind=kind, attempt=request.attempt, submitted_at=time.time()))
+        stage_state.status = StageStatus.RUNNING if kind == "stage" else StageStatus.VERIFYING
+        self.store.save(self.state)
+
+    # -- polling -------------------------------------------------------------------------------------------
+    def active_jobs(self) -> dict[str, tuple[str, JobRecord]]:
+        waiting = {}
+        for name, stage_state in self.state.stages.items():
+            job = stage_state.active_job()
+            if job is not None:
+                waiting[job.job_id] = (name, job)
+        return waiting
+
+    def poll_once(self, waiting: dict[str, tuple[str, JobRecord]]) -> bool:
+        """One backend call for every active job; a failing call is retried next cycle, not a stage failure."""
+        try:
+            statuses = self.backend.poll(list(waiting))
+        except (CommandError, OSError) as exc:
+            self._poll_failures += 1
+            if self._poll_failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
+                self.reporter.event(f"status query failed {self._poll_failures} times in a row, still retrying: {exc}")
+            return False
+        self._poll_failures = 0
+        changed = False
+        for job_id, (name, job) in waiting.items():
+            status = statuses.get(job_id)
+            if status is None:
+                continue  # not listed this cycle: unknown is "not finished"
+            changed |= self.handle(name, job, status)
+        return changed
+
+    def handle(self, name: str, job: JobRecord, status: JobStatus) -> bool:
+        stage_state = self.state.stages[name]
+        changed = (job.state, job.native) != (status.state.value, status.native)
+        job.state, job.native, job.detail = status.state.value, status.native, status.detail
+        if not status.state.finished:
+            if job.kind == "stage":
+                self.update_progress(name, job)
+            if status.state is JobState.PREEMPTED and changed:
+                self.on_preempted(name, job)
+            if changed:
+                self.store.save(self.state)
+            return changed
+        job.ended_at = time.time()
+        if job.kind == "stage":
+            self.finish_stage_job(name, stage_state, job, status)
+        else:
+            self.finish_verification(name, stage_state, job, status)
+        self.store.save(self.state)
+        return True
+
+    def update_progress(self, name: str, job: JobRecord) -> None:
+        progress = self.backend.progress(job.job_id)
+        if progress is not None:
+            self.state.stages[name].progress = {"done": progress.done, "total": progress.total, "unit": progress.unit}
+
+    def on_preempted(self, name: str, job: JobRecord) -> None:
+        policy = getattr(self.pipeline.stages[name].resources(self.backend.name), "on_preempted", "wait")
+        if policy == "resume" and self.backend.resume(job.job_id):
+            self.reporter.event(f"{name}: job {job.job_id} was preempted; resumed it")
+        else:
+            self.reporter.event(f"{name}: job {job.job_id} was preempted; waiting for it to be resumed")
+
+    def finish_stage_job(self, name: str, stage_state: StageState, job: JobRecord, status: JobStatus) -> None:
+        self.update_progress(name, job)
+        if status.state is not JobState.SUCCEEDED:
+            stage_state.status = StageStatus.CANCELLED if status.state is JobState.CANCELLED else StageStatus.FAILED
+            detail = self.backend.failure_detail(job.job_id, status) or status.detail
+            stage_state.error = f"job {job.job_id} ended {status.native or status.state.value}" + (
+                f": {detail}" if detail else "")
+            stage_state.finished_at = time.time()
+            self.reporter.event(f"{name}: FAILED ({stage_state.error.splitlines()[0]})")
+            return
+        if self.pipeline.stages[name].verify:
+            self.submit(name, "verify")
+        else:
+            self.succeed(name, stage_state)
+
+    def finish_verification(self, name: str, stage_state: StageState, job: JobRecord, status: JobStatus) -> None:
+        try:
+            text = self.backend.logs(job.job_id, rank=0)
+        except PipelineError as exc:
+            text = ""
+            self.reporter.event(f"{name}: could not read verification log: {exc}")
+        results = parse_lines(text, "verify")
+        if not results:
+            stage_state.status = StageStatus.FAILED
+            stage_state.error = (f"verification job {job.job_id} ended {status.native} without a result line; "
+                                 f"log tail:\n{last_lines(text, 10) or '(empty)'}")
+            stage_state.finished_at = time.time()
+            self.reporter.event(f"{name}: verification FAILED (no result line)")
+            return
+        result = results[-1]
+        stage_state.verification = result
+        if result.get("ok"):
+            self.succeed(name, stage_state)
+            return
+        stage_state.status = StageStatus.FAILED
+        stage_state.error = "verification failed: " + "; ".join(
+            f"{c['glob']}: expected {c['expected']}, found {c['found']}"
+            for c in result.get("checks", []) if c.get("found") != c.get("expected"))
+        stage_state.finished_at = time.time()
+        self.reporter.event(f"{name}: {stage_state.error}")
+
+    def succeed(self, name: str, stage_state: StageState) -> None:
+        stage_state.status = StageStatus.SUCCEEDED
+        stage_state.finished_at = time.time()
+        stage_state.error = None
+        self.reporter.event(f"{name}: succeeded{_verification_text(stage_state)}")
+
+
+def verification_args(pipeline: PipelineConfig, stage: StageConfig) -> list[str]:
+    """`--check GLOB=COUNT` for each check, with the count derived through expect_from (pure)."""
+    args = []
+    for check in stage.verify:
+        args += ["--check", f"{check.glob}={expected_count(pipeline, stage.name, check)}"]
+    return args
+
+
+def _sharding_text(sharding: dict[str, int]) -> str:
+    return f"{sharding['replicas']} replica(s) x {sharding['processes']} process(es)"
+
+
+def _verification_text(stage_state: StageState) -> str:
+    result = stage_state.verification
+    if not result:
+        return ""
+    return " (verified: " + ", ".join(f"{c['found']}/{c['expected']} {c['glob'].rsplit('/', 1)[-1]}"
+                                      for c in result.get("checks", [])) + ")"

@@ -1,0 +1,122 @@
+"""Typed per-backend sections of pipelines.yaml: what a stage asks of each backend, and backend-wide options.
+
+A stage's `bcp:`, `slurm:` and `local:` sections (merged over the pipeline's `defaults:`) become these dataclasses.
+Keys map 1:1 to fields; the field comments are the reference for pipelines.yaml.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .typed import Duration
+
+LABEL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+SECRET_PART = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+ENV_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+
+
+@dataclass(kw_only=True)
+class Mount:
+    """A BCP workspace mounted into the job: `NAME:MOUNT:MODE`."""
+
+    name: str
+    mount: str
+    mode: Literal["RW", "RO"] = "RW"
+
+
+@dataclass(kw_only=True)
+class BcpResources:
+    """One `ngc base-command job run`: every field renders to one flag."""
+
+    instance: str | None = None  # --instance, e.g. dgxa100.80g.8.norm
+    image: str | None = None  # --image, e.g. nvcr.io/nvaie/nemo-framework-training:23.11
+    replicas: int = 1  # --replicas (nodes); > 1 adds --array-type and a bcprun launcher
+    processes: int = 1  # processes per replica, started by `bcprun --npernode`
+    array_type: Literal["PYTORCH", "MPI", "PARALLEL", "HOROVOD"] = "PYTORCH"
+    total_runtime: Duration | None = None  # --total-runtime; required by ngc when replicas > 1
+    min_timeslice: Duration | None = None  # --min-timeslice
+    preempt: Literal["RUNONCE", "RESUMABLE", "RESTARTABLE"] = "RUNONCE"
+    priority: Literal["HIGH", "NORMAL", "LOW"] = "NORMAL"
+    order: int = 50  # --order, 1..99
+    workspaces: list[Mount] = field(default_factory=list)  # --workspace NAME:MOUNT:MODE
+    result: str = "/results"  # --result
+    secrets: list[str] = field(default_factory=list)  # --secret NAME or NAME:KEY:ENV (values never in argv)
+    env: dict[str, str] = field(default_factory=dict)  # --env-var KEY:VALUE
+    labels: list[str] = field(default_factory=list)  # --label (run and stage labels are added)
+    on_preempted: Literal["resume", "wait"] = "resume"  # PREEMPTED: `ngc job resume` it, or wait for someone to
+    launcher: Literal["bcprun", "none"] = "bcprun"  # none: the command starts its own ranks (NeMo launcher)
+    command: list[str] | None = None  # run this instead of `python3 ${code}/PROGRAM ARGS`
+
+
+@dataclass(kw_only=True)
+class LocalResources:
+    """The embedded local backend: replicas x processes local processes."""
+
+    replicas: int = 1
+    processes: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    command: list[str] | None = None
+
+
+@dataclass(kw_only=True)
+class SlurmResources:
+    """One `sbatch` job; unset fields are derived from the stage's BCP section (nodes, tasks, time)."""
+
+    nodes: int | None = None  # --nodes (default: bcp.replicas)
+    ntasks_per_node: int | None = None  # --ntasks-per-node (default: bcp.processes)
+    cpus_per_task: int = 1
+    time: Duration | None = None  # --time (default: bcp.total_runtime)
+    partition: str | None = None
+    account: str | None = None
+    gpus_per_node: int | None = None
+    mem: str | None = None  # --mem, e.g. 64G
+    container_image: str | None = None  # Pyxis --container-image
+    container_mounts: list[str] = field(default_factory=list)  # Pyxis --container-mounts SRC:DST
+    extra_args: list[str] = field(default_factory=list)  # more #SBATCH flags, verbatim
+    env: dict[str, str] = field(default_factory=dict)
+    command: list[str] | None = None
+
+
+RESOURCE_TYPES: dict[str, type] = {"bcp": BcpResources, "local": LocalResources, "slurm": SlurmResources}
+BACKEND_NAMES = tuple(RESOURCE_TYPES)
+
+
+@dataclass(kw_only=True)
+class LocalOptions:
+    """`backends.local` in pipelines.yaml: where the stand-in workspace lives."""
+
+    workspace_dir: str = ".bcp-pipeline/workspaces"  # relative to the config file; one folder per workspace name
+    python: str | None = None  # interpreter for stage programs (default: the orchestrator's)
+    poll_seconds: float = 0.5
+
+
+@dataclass(kw_only=True)
+class BcpOptions:
+    """`backends.bcp`: how to reach Base Command Platform."""
+
+    ngc: str = "ngc"  # path of the ngc CLI
+    org: str | None = None  # else NGC_CLI_ORG or ~/.ngc/config
+    team: str | None = None
+    ace: str | None = None
+    python: str = "python3"  # interpreter inside the container
+    code_dir: str = ".bcp-pipeline/code"  # under the pipeline workspace: stages/ uploaded once per content hash
+    poll_min_seconds: float = 10.0
+    poll_max_seconds: float = 60.0
+    list_duration: Duration = Duration("30D")  # `job list --duration`: ngc's default 7-day window misses long runs
+    ui_url: str | None = None  # e.g. https://bc.ngc.nvidia.com/jobs/{job_id}
+
+
+@dataclass(kw_only=True)
+class SlurmOptions:
+    """`backends.slurm`: a shared folder stands in for the workspace on the cluster."""
+
+    workspace_dir: str = ".bcp-pipeline/workspaces"  # must be on a file system every node sees
+    python: str | None = None  # interpreter on the compute nodes (default: the orchestrator's)
+    partition: str | None = None
+    account: str | None = None
+    poll_seconds: float = 1.0
+
+
+OPTION_TYPES: dict[str, type] = {"bcp": BcpOptions, "local": LocalOptions, "slurm": SlurmOptions}

@@ -1,0 +1,164 @@
+"""Shared helpers for the stage programs that run inside jobs.
+
+Stage programs run in the NeMo container on BCP, under srun on Slurm and as plain processes locally, so this
+module uses the standard library only and nothing from `bcp_pipeline/`. It fixes the conventions the
+orchestrator relies on:
+
+* shard assignment: `items[rank::world_size]` over a sorted listing, so every rank agrees whenever it starts;
+* atomic outputs: write `.NAME.tmp-PID` in the same folder, fsync, rename, fsync the folder;
+* a per-rank completion record, written last (datatrove's convention);
+* machine-readable lines on stdout, prefixed with `##bcp-pipeline `, that the orchestrator parses:
+  `##bcp-pipeline progress {"done": 3, "total": 40, "rank": 0}` and `##bcp-pipeline verify {...}`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO, Iterable, Iterator, Sequence, TypeVar
+
+LINE_PREFIX = "##bcp-pipeline "
+COMPLETIONS_DIR = ".completions"
+T = TypeVar("T")
+
+
+class StageError(Exception):
+    """A stage could not complete some of its items; the message names them."""
+
+
+def rank_and_world_size(environ: dict[str, str] | None = None) -> tuple[int, int]:
+    """Return (rank, world_size) from torchrun/bcprun variables, else Slurm's, else (0, 1)."""
+    env = os.environ if environ is None else environ
+    for rank_key, world_key in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+        if rank_key in env and world_key in env:
+            try:
+                rank, world = int(env[rank_key]), int(env[world_key])
+            except ValueError as exc:
+                raise StageError(f"{rank_key}={env[rank_key]!r} / {world_key}={env[world_key]!r}: not integers") from exc
+            if not 0 <= rank < world:
+                raise StageError(f"{rank_key}={rank} is outside 0..{world - 1} ({world_key}={world})")
+            return rank, world
+    return 0, 1
+
+
+def shard(items: Sequence[T], rank: int, world_size: int) -> list[T]:
+    """The items this rank owns: a fixed stride over the (already sorted) sequence."""
+    return list(items[rank::world_size])
+
+
+def temp_path_for(path: Path) -> Path:
+    """Hidden temporary name next to `path`: globs like `*.jsonl` never match it."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path, mode: str = "wb") -> Iterator[IO]:
+    """Open a temporary file that becomes `path` only if the block completes; otherwise it is removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(path)
+    try:
+        with open(tmp, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def atomic_write_json(path: Path, payload: object) -> None:
+    with atomic_output(path, "w") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+
+
+def remove_stale_temporaries(folder: Path) -> int:
+    """Delete `.NAME.tmp-PID` leftovers of killed runs (they are never valid outputs)."""
+    removed = 0
+    if folder.is_dir():
+        for leftover in folder.glob(".*.tmp-*"):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+                removed += 1
+    return removed
+
+
+def completion_path(output_dir: Path, stage: str, rank: int, world_size: int) -> Path:
+    return output_dir / COMPLETIONS_DIR / f"{stage}-{rank:05d}-of-{world_size:05d}.json"
+
+
+def write_completion(output_dir: Path, stage: str, rank: int, world_size: int, summary: dict) -> None:
+    """The last thing a rank writes: proof that every item of its shard is complete."""
+    atomic_write_json(completion_path(output_dir, stage, rank, world_size),
+                      {"stage": stage, "rank": rank, "world_size": world_size, "finished_at": time.time(), **summary})
+
+
+def emit(kind: str, payload: dict, stream: IO[str] | None = None) -> None:
+    """Print one machine-readable line for the orchestrator."""
+    out = sys.stdout if stream is None else stream
+    out.write(f"{LINE_PREFIX}{kind} {json.dumps(payload, sort_keys=True)}\n")
+    out.flush()
+
+
+class Progress:
+    """Reports `done of total` at most every `interval` seconds, and always at the end."""
+
+    def __init__(self, total: int, rank: int, unit: str = "files", interval: float = 2.0) -> None:
+        self.total, self.rank, self.unit, self.interval = total, rank, unit, interval
+        self.done = 0
+        self._last = 0.0
+
+    def advance(self, count: int = 1) -> None:
+        self.done += count
+        now = time.monotonic()
+        if now - self._last >= self.interval or self.done >= self.total:
+            self._last = now
+            emit("progress", {"done": self.done, "total": self.total, "rank": self.rank, "unit": self.unit})
+
+
+def fail_with_items(stage: str, failures: dict[str, str]) -> int:
+    """Print every failed item with its reason and return the exit code to use (never 0 with a hole)."""
+    print(f"{stage}: {len(failures)} item(s) could not be completed:", file=sys.stderr)
+    for item, reason in sorted(failures.items()):
+        print(f"  {item}: {reason}", file=sys.stderr)
+    return 1
+
+
+def remove_stale_temporaries_of(paths: Iterable[Path]) -> int:
+    """Delete `.NAME.tmp-*` leftovers of these outputs only (one listing per folder).
+
+    Safe when several ranks share a folder, unlike `remove_stale_temporaries(folder)`: a rank that starts late must
+    not delete the temporary another rank is still writing, so each rank cleans only the outputs of its own shard.
+    """
+    wanted: dict[Path, set[str]] = {}
+    for path in paths:
+        wanted.setdefault(path.parent, set()).add(path.name)
+    removed = 0
+    for folder, names in wanted.items():
+        if not folder.is_dir():
+            continue
+        with os.scandir(folder) as entries:
+            leftovers = [entry.name for entry in entries
+                         if entry.name.startswith(".") and ".tmp-" in entry.name
+                         and entry.name[1:entry.name.rindex(".tmp-")] in names]
+        for name in leftovers:
+            with contextlib.suppress(FileNotFoundError):
+                (folder / name).unlink()
+                removed += 1
+    return removed

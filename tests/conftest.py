@@ -1,0 +1,9 @@
+"""Shared test set-up: the stage programs are importable as top-level modules, as they are inside jobs."""
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STAGES = REPO / "stages"
+if str(STAGES) not in sys.path:
+    sys.path.insert(0, str(STAGES))

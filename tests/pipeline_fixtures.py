@@ -1,0 +1,98 @@
+"""Small, honest pipelines for orchestrator tests: a stages folder with real programs and a config file.
+
+`items.py` writes `--count` numbered files (sharded by RANK/WORLD_SIZE, atomic, skipping complete ones) and
+can be told to fail or to stall through marker files in its output folder, so tests can break and repair a stage.
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+ITEMS_PROGRAM = '''
+"""Test stage: write --count files item-NNNN.txt into --out, sharded by rank; copy upstream contents if --in."""
+import argparse, os, sys, time
+from pathlib import Path
+from _common import Progress, atomic_output, rank_and_world_size, shard, write_completion, fail_with_items
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", type=Path, required=True)
+parser.add_argument("--count", type=int, required=True)
+parser.add_argument("--name", default="items")
+parser.add_argument("--sleep", type=float, default=0.0)
+args = parser.parse_args()
+rank, world = rank_and_world_size()
+args.out.mkdir(parents=True, exist_ok=True)
+mine = shard([f"item-{i:04d}.txt" for i in range(args.count)], rank, world)
+progress = Progress(len(mine), rank, interval=0.0)
+failures = {}
+for name in mine:
+    if (args.out / f"FAIL-{name}").exists():
+        failures[name] = "told to fail by a FAIL- marker"
+        continue
+    target = args.out / name
+    if not target.exists():
+        while (args.out / "STALL").exists():
+            time.sleep(0.05)
+        time.sleep(args.sleep)
+        with atomic_output(target, "w") as handle:
+            handle.write(f"{name} by rank {rank} of {world}\\n")
+    progress.advance()
+if failures:
+    sys.exit(fail_with_items(args.name, failures))
+write_completion(args.out, args.name, rank, world, {"items": len(mine)})
+'''
+
+
+def make_stages_dir(root: Path) -> Path:
+    """A stages folder with the real _common.py and verify.py plus the test program items.py."""
+    stages = root / "stages"
+    stages.mkdir(parents=True, exist_ok=True)
+    for name in ("_common.py", "verify.py"):
+        shutil.copy(REPO / "stages" / name, stages / name)
+    (stages / "items.py").write_text(textwrap.dedent(ITEMS_PROGRAM))
+    return stages
+
+
+CHAIN_CONFIG = """\
+version: 1
+stages_dir: stages
+backends:
+  local: {workspace_dir: ws, poll_seconds: 0.05}
+pipelines:
+  chain:
+    description: three stages in a row
+    workspace: {name: main, mount: /mount_workspace}
+    vars: {count: "6"}
+    stages:
+      first:
+        program: items.py
+        args: [--out, "${workspace}/first", --count, "${count}", --name, first]
+        local: {replicas: 2, processes: 1}
+        verify:
+          - {glob: "${workspace}/first/item-*.txt", expect: "${count}"}
+      second:
+        program: items.py
+        args: [--out, "${workspace}/second", --count, "${count}", --name, second, --sleep, "0.05"]
+        needs: [first]
+        local: {replicas: 1, processes: 3}
+        verify:
+          - {glob: "${workspace}/second/item-*.txt", expect_from: first}
+      third:
+        program: items.py
+        args: [--out, "${workspace}/third", --count, "3", --name, third]
+        needs: [second]
+        verify:
+          - {glob: "${workspace}/third/item-*.txt", expect_from: second, group: 2}
+"""
+
+
+def write_chain_project(root: Path, config_text: str = CHAIN_CONFIG) -> Path:
+    """A project folder (stages/ + pipelines.yaml) for the `chain` pipeline; returns the config path."""
+    make_stages_dir(root)
+    config = root / "pipelines.yaml"
+    config.write_text(config_text)
+    return config
