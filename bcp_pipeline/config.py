@@ -31,7 +31,7 @@ import yaml
 from .errors import ConfigError
 from .resources import OPTION_TYPES, RESOURCE_TYPES, BcpResources, LocalResources, SlurmResources
 from .resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
-from .typed import Where, build, convert
+from .typed import Duration, Where, build, convert
 from .yaml_lines import LineDict, load_yaml_with_lines
 
 PLACEHOLDER = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
@@ -48,6 +48,46 @@ class Check:
     expect_from: str | None = None  # derive from an upstream stage's (first) check ...
     per: int = 1  # ... times `per` (one .jsonl per .zst: 1; a .bin and an .idx per chunk: 1 each)
     group: int | str | None = None  # ... or divided by `group` (a number or "${var}"), rounded up: 800 per chunk
+
+
+@dataclass(kw_only=True)
+class Continuation:
+    """Resubmit a stage that ended before its work was done (training that hit its runtime or was preempted).
+
+    After each end listed in `resubmit_on`, a small verification job reads the highest `step=N` among the names in
+    `checkpoints`; below `target_steps` the same job is submitted again (NeMo resumes from its `-last`
+    checkpoint), up to `max_attempts`. Two attempts in a row without progress stop the stage.
+    """
+
+    checkpoints: str  # folder whose entries are named ...step=N... (NeMo's and the local smoke pretrain's)
+    target_steps: int | str  # a number or "${var}"
+    max_attempts: int = 10
+    resubmit_on: list[Literal["succeeded", "timed_out", "lost", "failed"]] = field(
+        default_factory=lambda: ["succeeded", "timed_out", "lost"])
+
+
+@dataclass(kw_only=True)
+class NemoTraining:
+    """Pretraining with NVIDIA's NeMo launcher (on BCP and Slurm; the local backend runs `program` instead).
+
+    The launcher's data list is built inside the job from the preprocess manifests under `data_dir`.
+    """
+
+    model: str  # training config, e.g. gpt3/7b_improved or gpt3/126m
+    run_name: str  # training.run.name: the same name continues from the -last checkpoint
+    data_dir: str  # preprocess outputs (.bin/.idx + manifests), as the job sees them
+    bpe_dir: str  # vocab.json + merges.txt
+    results_dir: str  # base_results_dir; checkpoints go to RESULTS/RUN_NAME/results/checkpoints
+    launcher_dir: str = "/opt/NeMo-Megatron-Launcher/launcher_scripts"
+    time_margin: Duration = Duration("45m")  # trainer.max_time = total runtime - margin (the guide: 30-60 min)
+    gpus_per_node: int | None = None  # default: from the instance name (dgxa100.80g.8.norm -> 8)
+    max_steps: int | None = None  # default: the model's
+    tensor_parallel: int | None = None  # required for models not in the known table, like the next three
+    pipeline_parallel: int | None = None
+    global_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    max_attempts: int = 10  # continuation: resubmissions until max_steps
+    overrides: list[str] = field(default_factory=list)  # more Hydra overrides, verbatim
 
 
 @dataclass(kw_only=True)
@@ -69,6 +109,8 @@ class StageConfig:
     outputs: list[str] = field(default_factory=list)
     verify: list[Check] = field(default_factory=list)
     reshardable: bool = False  # may resume with a different replicas x processes than it started with
+    continuation: Continuation | None = None
+    nemo: NemoTraining | None = None
     bcp: BcpResources = field(default_factory=BcpResources)
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)
@@ -280,6 +322,19 @@ def _validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where,
                 f"stage program {stage.program!r} not found in {stages_dir}")
         _validate_placeholders(pipeline, stage, body, stage_where)
         _validate_bcp(stage.bcp, stage_where.child("bcp", body) if "bcp" in body else stage_where)
+        if stage.nemo:
+            from .nemo import static_preflight
+
+            try:
+                static_preflight(pipeline, stage)
+            except ValueError as exc:
+                raise stage_where.child("nemo", body).error(str(exc)) from None
+            if stage.continuation is None:
+                from .nemo import derived_continuation
+
+                stage.continuation = derived_continuation(stage)
+        if stage.continuation:
+            _validate_continuation(pipeline, stage.continuation, stage_where.child("continuation", body))
         for index, check in enumerate(stage.verify):
             _validate_check(pipeline, stage, check, stage_where.child("verify", body).child(index, body["verify"]))
     cycle = find_cycle({name: stage.needs for name, stage in pipeline.stages.items()})
@@ -292,6 +347,11 @@ def _validate_placeholders(pipeline: PipelineConfig, stage: StageConfig, body: d
     known = set(BUILTIN_PLACEHOLDERS) | set(pipeline.vars)
     texts = [("args", a) for a in stage.args] + [("outputs", o) for o in stage.outputs]
     texts += [("verify", c.glob) for c in stage.verify] + [("verify", str(c.expect)) for c in stage.verify]
+    if stage.continuation:
+        texts += [("continuation", stage.continuation.checkpoints), ("continuation", str(stage.continuation.target_steps))]
+    if stage.nemo:
+        texts += [("nemo", text) for text in (stage.nemo.data_dir, stage.nemo.bpe_dir, stage.nemo.results_dir,
+                                               *stage.nemo.overrides)]
     for backend in RESOURCE_TYPES:
         resources = stage.resources(backend)
         texts += [(backend, a) for a in (resources.command or [])] + [(backend, v) for v in resources.env.values()]
@@ -320,6 +380,15 @@ def _validate_bcp(res: BcpResources, where: Where) -> None:
     for key, value in res.env.items():
         if not ENV_KEY.match(key) or len(value) > 2048:
             raise where.error(f"env var {key!r} must match [A-Za-z0-9_.-]{{1,63}} with a value <= 2048 chars")
+
+
+def _validate_continuation(pipeline: PipelineConfig, continuation: Continuation, where: Where) -> None:
+    try:
+        target = resolve_int(str(continuation.target_steps), pipeline.vars)
+    except ValueError as exc:
+        raise where.error(f"target_steps: {exc}") from None
+    if target < 1 or continuation.max_attempts < 1:
+        raise where.error(f"target_steps ({target}) and max_attempts ({continuation.max_attempts}) must be >= 1")
 
 
 def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, where: Where) -> None:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .config import PipelineConfig, StageConfig, expected_count
+from .config import PipelineConfig, StageConfig, expected_count, resolve_int
 from .errors import CommandError, PipelineError, StateError
 from .jobs import Backend, JobRequest, JobState, JobStatus
 from .reporting import Reporter
@@ -179,6 +179,13 @@ class Orchestrator:
 
     def finish_stage_job(self, name: str, stage_state: StageState, job: JobRecord, status: JobStatus) -> None:
         self.update_progress(name, job)
+        continuation = self.pipeline.stages[name].continuation
+        if continuation and status.state.value in continuation.resubmit_on:
+            if status.state is not JobState.SUCCEEDED:
+                self.reporter.event(f"{name}: job {job.job_id} ended {status.native or status.state.value}; "
+                                    "checking how far it got")
+            self.submit(name, "verify")
+            return
         if status.state is not JobState.SUCCEEDED:
             stage_state.status = StageStatus.CANCELLED if status.state is JobState.CANCELLED else StageStatus.FAILED
             detail = self.backend.failure_detail(job.job_id, status) or status.detail
@@ -187,7 +194,7 @@ class Orchestrator:
             stage_state.finished_at = time.time()
             self.reporter.event(f"{name}: FAILED ({stage_state.error.splitlines()[0]})")
             return
-        if self.pipeline.stages[name].verify:
+        if self.pipeline.stages[name].verify or continuation:
             self.submit(name, "verify")
         else:
             self.succeed(name, stage_state)
@@ -208,15 +215,51 @@ class Orchestrator:
             return
         result = results[-1]
         stage_state.verification = result
+        if "steps" in result and not result.get("ok") and self.continue_stage(name, stage_state, result):
+            return
         if result.get("ok"):
             self.succeed(name, stage_state)
             return
         stage_state.status = StageStatus.FAILED
         stage_state.error = "verification failed: " + "; ".join(
-            f"{c['glob']}: expected {c['expected']}, found {c['found']}"
-            for c in result.get("checks", []) if c.get("found") != c.get("expected"))
+            [f"{c['glob']}: expected {c['expected']}, found {c['found']}"
+             for c in result.get("checks", []) if c.get("found") != c.get("expected")]
+            + ([f"step {result['steps']} of {result['target']}"] if "steps" in result else []))
         stage_state.finished_at = time.time()
         self.reporter.event(f"{name}: {stage_state.error}")
+
+    def continue_stage(self, name: str, stage_state: StageState, result: dict) -> bool:
+        """Training ended short of its target: resubmit the same job, or fail if it is stuck or out of attempts.
+
+        Always handles the result (returns True): the stage is resubmitted or failed with a clear message.
+        """
+        continuation = self.pipeline.stages[name].continuation
+        assert continuation is not None
+        history = stage_state.extra.setdefault("steps_after_attempt", [])
+        history.append(int(result["steps"]))
+        stage_state.extra.update(steps=int(result["steps"]), target_steps=int(result["target"]))
+        stage_state.progress = {"done": int(result["steps"]), "total": int(result["target"]), "unit": "steps"}
+        gains = [after - before for before, after in zip([0, *history], history)]
+        if len(gains) >= 2 and gains[-1] <= 0 and gains[-2] <= 0:
+            self._fail(name, stage_state, f"no progress in the last two attempts (still at step {history[-1]} of "
+                                          f"{result['target']}): training is not advancing; read `bcp-pipeline logs "
+                                          f"{self.state.run_id} {name}` before spending more GPU hours")
+            return True
+        if stage_state.attempts >= continuation.max_attempts:
+            self._fail(name, stage_state, f"reached max_attempts ({continuation.max_attempts}) at step "
+                                          f"{history[-1]} of {result['target']}; raise continuation.max_attempts "
+                                          "and run again to continue")
+            return True
+        self.reporter.event(f"{name}: at step {history[-1]} of {result['target']} after attempt "
+                            f"{stage_state.attempts}; resubmitting to continue from the last checkpoint")
+        self.submit(name, "stage")
+        return True
+
+    def _fail(self, name: str, stage_state: StageState, message: str) -> None:
+        stage_state.status = StageStatus.FAILED
+        stage_state.error = message
+        stage_state.finished_at = time.time()
+        self.reporter.event(f"{name}: FAILED: {message}")
 
     def succeed(self, name: str, stage_state: StageState) -> None:
         stage_state.status = StageStatus.SUCCEEDED
@@ -230,6 +273,9 @@ def verification_args(pipeline: PipelineConfig, stage: StageConfig) -> list[str]
     args = []
     for check in stage.verify:
         args += ["--check", f"{check.glob}={expected_count(pipeline, stage.name, check)}"]
+    if stage.continuation:
+        target = resolve_int(str(stage.continuation.target_steps), pipeline.vars)
+        args += ["--progress", f"{stage.continuation.checkpoints}={target}"]
     return args
 
 

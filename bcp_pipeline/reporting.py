@@ -28,7 +28,10 @@ def verification_text(stage: StageState) -> str:
     result = stage.verification
     if not result:
         return "-"
-    return ", ".join(f"{c['found']}/{c['expected']}" for c in result.get("checks", []))
+    parts = [f"{c['found']}/{c['expected']}" for c in result.get("checks", [])]
+    if "steps" in result:
+        parts.append(f"step {result['steps']}/{result['target']}")
+    return ", ".join(parts) or "-"
 
 
 def status_rows(state: RunState, job_url=None) -> list[list[str]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -51,8 +52,11 @@ def shard(items: Sequence[T], rank: int, world_size: int) -> list[T]:
 
 
 def temp_path_for(path: Path) -> Path:
-    """Hidden temporary name next to `path`: globs like `*.jsonl` never match it."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Hidden temporary name next to `path`: globs like `*.jsonl` never match it.
+
+    Host and pid both go in: containers on different nodes often run their ranks under the same pids.
+    """
+    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
 
 
 def fsync_dir(folder: Path) -> None:

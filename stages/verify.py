@@ -1,11 +1,14 @@
 """Verification program: count a stage's complete outputs and print one machine-readable result line.
 
     python3 verify.py --check '/mount_workspace/data/jsonl/*.jsonl=59166' [--check GLOB=COUNT ...]
+    python3 verify.py --progress '/mount_workspace/results/gpt_8b/results/checkpoints=300000'
 
 Runs as a small job after each stage (on BCP a dgxa100.80g.1.norm job, locally a process). Hidden temporaries
 (`.NAME.tmp-PID`) never match a glob, so only outputs that were renamed into place are counted. Prints
 `##bcp-pipeline verify {"ok": ..., "checks": [{"glob", "expected", "found", "bytes"}]}` and exits 0 only when every
-count matches.
+count matches. `--progress DIR=TARGET` reports the highest `step=N` among the names in DIR (NeMo's
+`megatron_gpt--...-step=50000-...-last` checkpoints, the smoke pretrain's `step=000040-last.pt`) as "steps",
+and counts as ok when it reaches TARGET.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import sys
 
 from _common import emit
@@ -29,6 +33,18 @@ def parse_check(text: str) -> tuple[str, int]:
     return pattern, expected
 
 
+STEP = re.compile(r"step=(\d+)")
+
+
+def latest_step(folder: str) -> int:
+    """Highest `step=N` among the entries of `folder` (0 when there is none yet); temporaries are ignored."""
+    if not os.path.isdir(folder):
+        return 0
+    steps = [int(m.group(1)) for name in os.listdir(folder)
+             if not name.startswith(".") and (m := STEP.search(name))]
+    return max(steps, default=0)
+
+
 def count_files(pattern: str) -> tuple[int, int]:
     """(files, total bytes) of regular files matching `pattern`."""
     files = total = 0
@@ -41,8 +57,11 @@ def count_files(pattern: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="append", type=parse_check, required=True, metavar="GLOB=COUNT")
+    parser.add_argument("--check", action="append", type=parse_check, default=[], metavar="GLOB=COUNT")
+    parser.add_argument("--progress", type=parse_check, metavar="DIR=TARGET_STEPS")
     args = parser.parse_args(argv)
+    if not args.check and not args.progress:
+        parser.error("give at least one --check GLOB=COUNT or --progress DIR=TARGET_STEPS")
     checks = []
     for pattern, expected in args.check:
         found, size = count_files(pattern)
@@ -50,7 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         mark = "ok" if found == expected else "MISMATCH"
         print(f"{mark}: {pattern}: found {found} of {expected} expected ({size} bytes)", file=sys.stderr)
     ok = all(c["found"] == c["expected"] for c in checks)
-    emit("verify", {"ok": ok, "checks": checks})
+    result: dict = {"ok": ok, "checks": checks}
+    if args.progress:
+        folder, target = args.progress
+        steps = latest_step(folder)
+        print(f"progress: {folder}: step {steps} of {target}", file=sys.stderr)
+        result.update(ok=ok and steps >= target, steps=steps, target=target)
+    emit("verify", result)
+    ok = result["ok"]
     return 0 if ok else 1
 
 

@@ -1,0 +1,116 @@
+"""Pure rendering of `ngc base-command job run` command lines (no I/O besides hashing stages/).
+
+Every stage field maps to one flag; the job's commandline is a shell string built with shlex.quote on every
+value. Multi-process stages start under `bcprun --nnodes N --npernode P --cmd '...'`, which sets RANK/WORLD_SIZE.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from ..durations import format_duration, parse_duration
+from ..errors import SubmissionError
+from ..jobs import JobRequest
+from ..resources import BcpOptions, BcpResources
+from .common import placeholder_values, resolved_env, shell_join, stage_command
+
+LABEL_PREFIX = "bcpp"
+CODE_FILES = ("*.py", "*.sh", "requirements*.txt")
+
+
+def label(kind: str, value: str) -> str:
+    """A valid ngc label (`[A-Za-z_][A-Za-z0-9_]*`) that finds this run's or stage's jobs again."""
+    return f"{LABEL_PREFIX}_{kind}_{re.sub(r'[^A-Za-z0-9_]', '_', value)}"[:256]
+
+
+def job_labels(request: JobRequest) -> list[str]:
+    return [label("run", request.run_id), label("stage", request.stage.name), label("kind", request.kind)]
+
+
+def code_hash(stages_dir: Path) -> str:
+    """Content hash of the stage programs: the upload destination, so each version is uploaded once."""
+    digest = hashlib.sha256()
+    files = sorted({p for pattern in CODE_FILES for p in stages_dir.glob(pattern)})
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def code_destination(options: BcpOptions, stages_dir: Path) -> str:
+    """Folder inside the workspace that holds this version of stages/."""
+    return f"{options.code_dir.strip('/')}/{code_hash(stages_dir)}"
+
+
+def job_values(request: JobRequest, options: BcpOptions, stages_dir: Path) -> dict[str, str]:
+    mount = request.pipeline.workspace.mount.rstrip("/")
+    resources: BcpResources = request.resources("bcp")
+    return placeholder_values(request, workspace=mount, results=resources.result,
+                              code=f"{mount}/{code_destination(options, stages_dir)}", python=options.python)
+
+
+def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path) -> str:
+    """The job's shell command: the bootstrap, then the program, under bcprun when it has several ranks."""
+    values = job_values(request, options, stages_dir)
+    resources: BcpResources = request.resources("bcp")
+    if request.kind == "stage" and request.stage.nemo and not resources.command:
+        from ..nemo import training_commandline
+
+        try:
+            return training_commandline(request.stage, cluster_type="bcp", nodes="${NGC_ARRAY_SIZE}",
+                                        total_runtime=resources.total_runtime, values=values,
+                                        scratch=resources.result, log_dir=resources.result)
+        except ValueError as exc:
+            raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
+    program = stage_command(request, "bcp", values)
+    if not (request.kind == "stage" and resources.command):
+        program = ["bash", f"{values['code']}/bootstrap.sh", *program]
+    inner = shell_join(program)
+    if resources.launcher == "bcprun" and (resources.replicas > 1 or resources.processes > 1):
+        return shell_join(["bcprun", "--nnodes", str(resources.replicas), "--npernode", str(resources.processes),
+                           "--no_redirect", "--cmd", inner])
+    return inner
+
+
+def job_run_argv(request: JobRequest, options: BcpOptions, stages_dir: Path) -> list[str]:
+    """The full argv of `ngc base-command job run` for `request` (without secrets' values, which ngc resolves)."""
+    res: BcpResources = request.resources("bcp")
+    where = f"stage {request.stage.name}" + (" (verification)" if request.kind == "verify" else "")
+    if not res.instance or not res.image:
+        raise SubmissionError(f"{where}: the bcp section needs `instance` and `image` (set them in pipelines.yaml "
+                              "under defaults.bcp or the stage's bcp:)")
+    argv = ["ngc", "base-command", "job", "run", "--name", request.job_name, "--image", res.image,
+            "--instance", res.instance, "--result", res.result]
+    for mount in res.workspaces:
+        argv += ["--workspace", f"{mount.name}:{mount.mount}:{mount.mode}"]
+    if res.replicas > 1:
+        if res.total_runtime is None:
+            raise SubmissionError(f"{where}: replicas > 1 needs total_runtime")
+        argv += ["--replicas", str(res.replicas), "--array-type", res.array_type]
+    if res.total_runtime:
+        argv += ["--total-runtime", format_duration(parse_duration(res.total_runtime))]
+    if res.min_timeslice:
+        argv += ["--min-timeslice", format_duration(parse_duration(res.min_timeslice))]
+    argv += ["--preempt", res.preempt, "--priority", res.priority, "--order", str(res.order)]
+    for name in [*job_labels(request), *res.labels]:
+        argv += ["--label", name]
+    for secret in res.secrets:
+        argv += ["--secret", secret]
+    values = job_values(request, options, stages_dir)
+    for key, value in resolved_env(request, "bcp", values).items():
+        argv += ["--env-var", f"{key}:{value}"]
+    argv += ["--commandline", commandline(request, options, stages_dir)]
+    for flag, value in (("--org", options.org), ("--team", options.team), ("--ace", options.ace)):
+        if value:
+            argv += [flag, value]
+    return argv + ["--format_type", "json"]
+
+
+def upload_argv(options: BcpOptions, workspace: str, stages_dir: Path) -> list[str]:
+    argv = ["ngc", "workspace", "upload", workspace, "--source", str(stages_dir),
+            "--destination", code_destination(options, stages_dir), "--exclude", "__pycache__"]
+    for flag, value in (("--org", options.org), ("--team", options.team), ("--ace", options.ace)):
+        if value:
+            argv += [flag, value]
+    return argv + ["--format_type", "json"]

@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""download stage: fetch SlimPajama shards into one flat folder, sharded by rank, resumable, never with a hole.
+
+`BASE/{split}/chunk{c}/example_train_{i}.jsonl.zst` -> `OUT/example_train_chunk{c}_{i}.jsonl.zst` for the real
+per-chunk file counts (the guide's 6,000-per-chunk loop asks for files that do not exist). Each file streams to a
+hidden temporary while a zstd decompressor reads it along; it is renamed into place only when the body matches its
+Content-Length and every zstd frame is complete. 429, 5xx, dropped connections, timeouts and short bodies are
+retried with exponential backoff and jitter, waiting what `Retry-After` / `RateLimit` headers ask (capped); a 404
+or 401/403 fails the file at once. `HF_TOKEN` is sent as a bearer token and never printed.
+
+Every rank writes the same `OUT/.manifest/download.json` (the full list of expected names) before downloading, so
+later stages can list their inputs without racing the downloads. Exit 0 only when every file of the shard is in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
+
+import requests
+import tenacity
+import zstandard
+from requests.adapters import HTTPAdapter
+from requests.auth import AuthBase
+
+import _common
+
+STAGE = "download"
+DEFAULT_BASE_URL = "https://huggingface.co/datasets/cerebras/SlimPajama-627B/resolve/main"
+# Files in train/chunk1..chunk10 (59,166 in all); indices run from 0.
+TRAIN_FILES_PER_CHUNK = (5912, 5911, 5919, 5917, 5933, 5915, 5906, 5921, 5920, 5912)
+SPLIT_CHUNKS = {"train": 10, "validation": 5, "test": 5}
+MANIFEST = Path(".manifest") / "download.json"
+READ_BYTES = 1 << 20  # 1 MiB reads: few syscalls, bounded memory per worker
+USER_AGENT = "bcp-pipeline-download/0.1"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What to fetch
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Item:
+    """One shard: where it lives upstream and the flat name it gets locally."""
+
+    split: str
+    chunk: int
+    index: int
+
+    @property
+    def stem(self) -> str:
+        return "example_train" if self.split == "train" else "example_holdout"
+
+    @property
+    def name(self) -> str:
+        return f"{self.stem}_chunk{self.chunk}_{self.index}.jsonl.zst"
+
+    def url(self, base_url: str) -> str:
+        return f"{base_url.rstrip('/')}/{self.split}/chunk{self.chunk}/{self.stem}_{self.index}.jsonl.zst"
+
+
+def parse_chunks(spec: str, highest: int) -> list[int]:
+    """`1-10`, `1,3,5` or a mix (`1-3,7`) -> sorted distinct chunk numbers in 1..highest."""
+    chunks: set[int] = set()
+    for part in spec.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match:
+            raise ValueError(f"{part!r} is not a chunk number or range like 1-10")
+        low, high = int(match[1]), int(match[2] or match[1])
+        if low > high or low < 1 or high > highest:
+            raise ValueError(f"{part.strip()!r} is outside the chunks 1..{highest}")
+        chunks.update(range(low, high + 1))
+    return sorted(chunks)
+
+
+def expected_items(split: str, chunks: list[int], files_per_chunk: int | None, max_files: int | None) -> list[Item]:
+    """Every file the whole job fetches, sorted by output name (the order shards are cut from)."""
+    items: list[Item] = []
+    for chunk in chunks:
+        real = TRAIN_FILES_PER_CHUNK[chunk - 1] if split == "train" else None
+        count = real if files_per_chunk is None else min(files_per_chunk, real or files_per_chunk)
+        items.extend(Item(split, chunk, index) for index in range(count))
+    if max_files is not None:
+        items = items[:max_files]  # the first N in chunk/index order, not name order (0, 1, 2 rather than 0, 1, 10)
+    return sorted(items, key=lambda item: item.name)
+
+
+def write_manifest(out_dir: Path, items: list[Item], rank: int) -> None:
+    """Write the list of every expected name; each rank writes identical bytes, so the last rename wins harmlessly."""
+    payload = {"stage": STAGE, "count": len(items), "files": [item.name for item in items]}
+    data = (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
+    path = out_dir / MANIFEST
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_bytes() == data:
+            return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The rank is in the temporary name: ranks on different nodes (containers) can share a PID and a folder.
+    tmp = path.with_name(f".{path.name}.tmp-r{rank}-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    _common.fsync_dir(path.parent)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One attempt at one file
+# ---------------------------------------------------------------------------------------------------------------
+
+class FetchError(Exception):
+    """One attempt failed; `transient` says whether another attempt may succeed, `retry_after` what the server asked."""
+
+    def __init__(self, reason: str, transient: bool, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.transient, self.retry_after = reason, transient, retry_after
+
+
+class ZstdStreamCheck:
+    """Decompresses a .zst stream as it arrives, only to prove it is whole: every frame ends, none is cut short."""
+
+    def __init__(self) -> None:
+        self._dctx = zstandard.ZstdDecompressor()
+        self._frame = self._dctx.decompressobj()
+        self._pending = False  # bytes of an unfinished frame have been fed
+        self.frames = 0
+        self.decompressed_bytes = 0
+
+    def feed(self, data: bytes) -> None:
+        try:
+            while data:
+                self.decompressed_bytes += len(self._frame.decompress(data))
+                self._pending = not self._frame.eof
+                if not self._frame.eof:
+                    return
+                # A frame ended inside `data`: the rest (unused_data) starts the next frame.
+                self.frames += 1
+                data = self._frame.unused_data
+                self._frame = self._dctx.decompressobj()
+        except zstandard.ZstdError as exc:
+            raise FetchError(f"corrupt zstd data: {exc}", transient=True) from exc
+
+    def finish(self) -> None:
+        """Raise unless the stream ended exactly at the end of a frame."""
+        if self._pending:
+            raise FetchError("truncated zstd stream: the last frame is incomplete", transient=True)
+        if self.frames == 0:
+            raise FetchError("empty body: not a zstd stream", transient=True)
+
+
+def save_stream(chunks: Iterable[bytes], expected_length: int | None, dest: Path) -> int:
+    """Write `chunks` to `dest` through a temporary, renamed only if length and zstd stream check out."""
+    check = ZstdStreamCheck()
+    received = 0
+    with _common.atomic_output(dest) as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+            check.feed(chunk)
+            received += len(chunk)
+        if expected_length is not None and received != expected_length:
+            raise FetchError(f"short body: {received} of {expected_length} bytes (Content-Length)", transient=True)
+        check.finish()
+    return received
+
+
+def server_wait_hint(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds the server asks us to wait: `Retry-After` (seconds or HTTP date), `RateLimit`'s `t=`/`reset=`,
+    `RateLimit-Reset` / `X-RateLimit-Reset` (seconds, or an epoch time when large). The largest hint, else None."""
+    now = time.time() if now is None else now
+    hints: list[float] = []
+    retry_after = headers.get("Retry-After")
+    if retry_after:
+        value = retry_after.strip()
+        if re.fullmatch(r"\d+(\.\d+)?", value):
+            hints.append(float(value))
+        else:
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                hints.append(parsedate_to_datetime(value).timestamp() - now)
+    ratelimit = headers.get("RateLimit")
+    if ratelimit:
+        # Draft-08 `"api";r=0;t=55` (Hugging Face) or draft-06 `limit=100, remaining=0, reset=55`.
+        match = re.search(r"(?:^|[;,\s])(?:t|reset)\s*=\s*(\d+(?:\.\d+)?)", ratelimit)
+        if match:
+            hints.append(float(match[1]))
+    for key in ("RateLimit-Reset", "X-RateLimit-Reset"):
+        value = (headers.get(key) or "").strip()
+        if re.fullmatch(r"\d+(\.\d+)?", value):
+            seconds = float(value)
+            hints.append(seconds - now if seconds > 1e9 else seconds)  # GitHub-style epoch seconds
+    return max(0.0, max(hints)) if hints else None
+
+
+def _check_status(response: requests.Response) -> None:
+    code = response.status_code
+    if code == 200:
+        return
+    reason = f"HTTP {code} {response.reason or ''}".rstrip()
+    if code == 404:
+        raise FetchError(f"{reason}: the file should exist", transient=False)
+    if code in (408, 425, 429) or code >= 500:
+        raise FetchError(reason, transient=True, retry_after=server_wait_hint(response.headers))
+    # 401/403 (bad or missing HF_TOKEN, gated dataset) and other answers do not change on retry.
+    raise FetchError(reason, transient=False)
+
+
+def _content_length(response: requests.Response) -> int | None:
+    if response.headers.get("Content-Encoding", "identity") != "identity":
+        return None  # the length counts encoded bytes; the zstd check still proves the file whole
+    value = response.headers.get("Content-Length", "")
+    return int(value) if value.isdigit() else None
+
+
+def describe(exc: requests.RequestException) -> str:
+    """`ConnectionError: <the cause>`, without urllib3's `Max retries exceeded with url` wrapper around it."""
+    inner = exc.args[0] if exc.args else None
+    detail = getattr(inner, "reason", None)  # MaxRetryError -> the connection error inside it
+    if detail is None and isinstance(inner, Exception) and inner.args:
+        detail = inner.args[0]  # ProtocolError("Connection broken: IncompleteRead(...)", cause) -> its message
+    return f"{type(exc).__name__}: {detail or inner or exc}"
+
+
+def fetch_http(session: requests.Session, url: str, dest: Path, timeout: float) -> int:
+    """One HTTP(S) attempt: stream `url` into `dest`. Returns the bytes written; raises FetchError."""
+    try:
+        with session.get(url, stream=True, timeout=(min(timeout, 30.0), timeout)) as response:
+            _check_status(response)
+            return save_stream(response.iter_content(READ_BYTES), _content_length(response), dest)
+    except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+            requests.exceptions.ContentDecodingError) as exc:
+        raise FetchError(describe(exc), transient=True) from exc
+
+
+def fetch_file(url: str, dest: Path) -> int:
+    """One file:// attempt (offline mirrors): same checks as over HTTP."""
+    path = Path(url2pathname(urlsplit(url).path))
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError as exc:
+        raise FetchError(f"not found: {path}", transient=False) from exc
+    except OSError as exc:  # a network filesystem hiccup may pass
+        raise FetchError(f"cannot open {path}: {exc.strerror or exc}", transient=True) from exc
+
+    def chunks() -> Iterable[bytes]:
+        while True:
+            try:
+                data = handle.read(READ_BYTES)
+            except OSError as exc:
+                raise FetchError(f"cannot read {path}: {exc.strerror or exc}", transient=True) from exc
+            if not data:
+                return
+            yield data
+
+    with handle:
+        return save_stream(chunks(), os.fstat(handle.fileno()).st_size, dest)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Retries
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded attempts; waits double from `backoff` with jitter; no single wait exceeds `max_wait`."""
+
+    attempts: int = 8
+    backoff: float = 1.0
+    max_wait: float = 300.0
+    timeout: float = 60.0
+
+
+class WaitForServer(tenacity.wait.wait_base):
+    """Wait what the server asked (Retry-After / RateLimit) when it said, else exponential backoff with jitter."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        # Exponential from `backoff`, plus up to `backoff` of jitter (tenacity's oldest stable spelling of it).
+        self.backoff = (tenacity.wait_exponential(multiplier=policy.backoff, max=policy.max_wait)
+                        + tenacity.wait_random(0, policy.backoff))
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        outcome = retry_state.outcome
+        hint = getattr(outcome.exception(), "retry_after", None) if outcome else None
+        if hint is None:
+            return min(self.backoff(retry_state), self.policy.max_wait)
+        # A little jitter so workers told the same Retry-After do not all come back in the same instant.
+        return min(hint + random.uniform(0, self.policy.backoff), self.policy.max_wait)
+
+
+@dataclass
+class Fetcher:
+    """Fetches items with retries, sharing one pooled session among the worker threads of this process."""
+
+    base_url: str
+    out_dir: Path
+    policy: RetryPolicy
+    session: requests.Session
+    log: Callable[[str], None]
+
+    def fetch(self, item: Item) -> int:
+        """Download one item until it is in place or attempts run out; raises FetchError naming the last cause."""
+        url, dest = item.url(self.base_url), self.out_dir / item.name
+        attempts = 0
+
+        def attempt() -> int:
+            nonlocal attempts
+            attempts += 1
+            if urlsplit(url).scheme == "file":
+                return fetch_file(url, dest)
+            return fetch_http(self.session, url, dest, self.policy.timeout)
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            cause = state.outcome.exception() if state.outcome else None
+            self.log(f"{item.name}: {getattr(cause, 'reason', cause)}; attempt {state.attempt_number}/"
+                     f"{self.policy.attempts} failed, retrying in {state.upcoming_sleep:.1f}s")
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.policy.attempts),
+            wait=WaitForServer(self.policy),
+            retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, FetchError) and exc.transient),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            return retrying(attempt)
+        except FetchError as exc:
+            raise FetchError(f"{exc.reason} ({url}, {attempts} attempt(s))", transient=False) from exc
+
+
+class BearerToken(AuthBase):
+    """`Authorization: Bearer` on every request; as session auth it beats ~/.netrc, and requests drops it on a
+    redirect to another host (the CDN), so the token never leaves huggingface.co. Its repr hides the token."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["Authorization"] = f"Bearer {self._token}"
+        return request
+
+    def __repr__(self) -> str:
+        return "BearerToken(<hidden>)"
+
+
+def make_session(workers: int, token: str | None) -> requests.Session:
+    """One session for all worker threads, with a connection pool as large as the thread pool."""
+    session = requests.Session()
+    adapter = HTTPAdapter(pool_connections=workers, pool_maxsize=workers, max_retries=0)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    # Identity encoding: Content-Length then counts exactly the bytes we write.
+    session.headers.update({"User-Agent": USER_AGENT, "Accept-Encoding": "identity"})
+    if token:
+        session.auth = BearerToken(token)
+    return session
+
+
+def redactor(secret: str | None) -> Callable[[str], str]:
+    """A function that blanks `secret` out of text, for everything this stage prints."""
+    if not secret:
+        return lambda text: text
+    return lambda text: text.replace(secret, "<HF_TOKEN>")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The stage
+# ---------------------------------------------------------------------------------------------------------------
+
+def download_all(fetcher: Fetcher, items: list[Item], workers: int,
+                 progress: _common.Progress) -> tuple[dict[str, str], int]:
+    """Fetch `items` on a thread pool; returns ({name: reason} for each that could not be fetched, bytes fetched)."""
+    failures: dict[str, str] = {}
+    fetched = 0
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="download") as pool:
+        futures = {pool.submit(fetcher.fetch, item): item for item in items}
+        for future in as_completed(futures):
+            item = futures[future]
+            try:
+                fetched += future.result()
+            except FetchError as exc:
+                failures[item.name] = exc.reason
+            except Exception as exc:  # a full disk, a bug: still name the file rather than stop the other workers
+                failures[item.name] = f"{type(exc).__name__}: {exc}"
+            else:
+                progress.advance()
+    return failures, fetched
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="download.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-url", default=DEFAULT_BASE_URL,
+                        help="https://, http:// or file:// root holding SPLIT/chunkC/ (default: %(default)s)")
+    parser.add_argument("--out", type=Path, required=True, help="flat output folder")
+    parser.add_argument("--split", default="train", choices=sorted(SPLIT_CHUNKS))
+    parser.add_argument("--chunks", default=None, help="chunks to fetch, e.g. 1-10 or 1,3,5 (default: all)")
+    parser.add_argument("--files-per-chunk", type=positive_int, default=None,
+                        help="cap on each chunk's file count (default: the real SlimPajama counts)")
+    parser.add_argument("--max-files", type=positive_int, default=None, help="cap on the total number of files")
+    parser.add_argument("--workers", type=positive_int, default=8, help="concurrent downloads in this process")
+    parser.add_argument("--attempts", type=positive_int, default=8, help="attempts per file (default: %(default)s)")
+    parser.add_argument("--backoff", type=positive_float, default=1.0,
+                        help="first retry wait in seconds, doubled each attempt, plus jitter (default: %(default)s)")
+    parser.add_argument("--max-wait", type=positive_float, default=300.0,
+                        help="cap on any single wait, Retry-After included (default: %(default)s)")
+    parser.add_argument("--timeout", type=positive_float, default=60.0,
+                        help="seconds without data before an attempt is abandoned (default: %(default)s)")
+    args = parser.parse_args(argv)
+    scheme = urlsplit(args.base_url).scheme
+    if scheme not in ("https", "http", "file"):
+        parser.error(f"--base-url {args.base_url!r}: the scheme must be https, http or file")
+    try:
+        args.chunk_list = parse_chunks(args.chunks or f"1-{SPLIT_CHUNKS[args.split]}", SPLIT_CHUNKS[args.split])
+    except ValueError as exc:
+        parser.error(f"--chunks {args.chunks!r}: {exc}")
+    if args.split != "train" and args.files_per_chunk is None:
+        parser.error(f"--files-per-chunk is required for --split {args.split} (its file counts are not built in)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the stage for this process's rank; returns the exit code."""
+    args = parse_args(argv)
+    token = os.environ.get("HF_TOKEN") or None
+    redact = redactor(token)
+
+    lock = threading.Lock()
+
+    def log(message: str) -> None:
+        with lock:  # worker threads log retries: one whole line at a time
+            sys.stderr.write(redact(f"{STAGE}: {message}") + "\n")
+            sys.stderr.flush()
+
+    try:
+        rank, world = _common.rank_and_world_size()
+    except _common.StageError as exc:
+        log(str(exc))
+        return 2
+    items = expected_items(args.split, args.chunk_list, args.files_per_chunk, args.max_files)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_manifest(args.out, items, rank)
+    mine = _common.shard(items, rank, world)
+    _common.remove_stale_temporaries_of(args.out / item.name for item in mine)
+    todo = [item for item in mine if not (args.out / item.name).exists()]
+    log(f"rank {rank}/{world}: {len(mine)} of {len(items)} files, {len(mine) - len(todo)} already present")
+
+    progress = _common.Progress(len(mine), rank)
+    progress.advance(len(mine) - len(todo))
+    policy = RetryPolicy(args.attempts, args.backoff, args.max_wait, args.timeout)
+    with make_session(args.workers, token) as session:
+        fetcher = Fetcher(args.base_url, args.out, policy, session, log)
+        failures, fetched = download_all(fetcher, todo, args.workers, progress)
+    if failures:
+        return _common.fail_with_items(STAGE, {name: redact(reason) for name, reason in failures.items()})
+    _common.write_completion(args.out, STAGE, rank, world, {
+        "files": len(mine), "downloaded": len(todo), "already_present": len(mine) - len(todo),
+        "bytes_downloaded": fetched})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
