@@ -49,7 +49,11 @@ def test_bundled_pipelines_load_with_the_guides_numbers():
     assert counts["download"] == [59166] and counts["extract"] == [59166]
     assert counts["concat"] == [74] and counts["tokenize-preprocess"] == [74, 74]
     small = config.pipeline("slimpajama-126m")
-    assert small.stages["pretrain"].bcp.replicas == 4 and "gpt3/126m" in small.stages["pretrain"].args
+    assert small.stages["pretrain"].bcp.replicas == 4 and small.stages["pretrain"].nemo.model == "gpt3/126m"
+    assert big.stages["pretrain"].nemo.model == "gpt3/7b_improved"
+    # Continuation is derived from the NeMo section: checkpoints of the run, up to the model's max_steps.
+    assert big.stages["pretrain"].continuation.checkpoints == "${workspace}/results/gpt_8b/results/checkpoints"
+    assert big.stages["pretrain"].continuation.target_steps == 300000
     assert [expected_count(small, "concat", c) for c in small.stages["concat"].verify] == [8]
 
 
