@@ -11,8 +11,10 @@ import yaml
 class LineDict(dict):
     """A dict from YAML that remembers where it and each of its keys were written (1-based lines)."""
 
-    line: int = 0
-    key_lines: dict[str, int]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.line = getattr(args[0], "line", 0) if args else 0
+        self.key_lines: dict[str, int] = dict(getattr(args[0], "key_lines", {})) if args else {}
 
     def line_of(self, key: str) -> int:
         return self.key_lines.get(key, self.line)
@@ -21,8 +23,10 @@ class LineDict(dict):
 class LineList(list):
     """A list from YAML with the line it started on and the line of each item."""
 
-    line: int = 0
-    item_lines: list[int]
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.line = 0
+        self.item_lines: list[int] = []
 
     def line_of(self, index: int) -> int:
         return self.item_lines[index] if index < len(self.item_lines) else self.line
