@@ -309,9 +309,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     run_dir = store.run_dir(state.run_id)
     with RunLock(run_dir):
         backend = make_backend(state.backend, config, pipeline, run_dir)
+        state.stages[args.stage].status = StageStatus.VERIFYING  # with no verification job yet: one is submitted
         orchestrator = Orchestrator(pipeline=pipeline, backend=backend, store=store, state=state, reporter=Reporter(),
-                                    selected=set())
-        orchestrator.submit(args.stage, "verify")
+                                    selected={args.stage})
         orchestrator.drive()
     stage = state.stages[args.stage]
     return 0 if stage.status is StageStatus.SUCCEEDED else 1

@@ -33,11 +33,24 @@ class CommandError(PipelineError):
 
     def __init__(self, argv: list[str], returncode: int, stderr: str, hint: str = ""):
         self.argv, self.returncode, self.stderr = argv, returncode, stderr
-        tail = stderr.strip()[-2000:]
+        tail = _error_text(stderr)[-2000:]
         message = f"`{argv[0]}` exited {returncode}: {tail or '(no stderr)'}"
         if hint:
             message += f"\n  {hint}"
         super().__init__(message)
+
+
+def _error_text(stderr: str) -> str:
+    """ngc prints errors as {"error": "..."}: show the message, not the JSON around it."""
+    import json
+
+    try:
+        payload = json.loads(stderr)
+    except ValueError:
+        return " ".join(stderr.split())
+    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+        return payload["error"]
+    return " ".join(stderr.split())
 
 
 class SubmissionError(PipelineError):

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .config import PipelineConfig, StageConfig, expected_count, resolve_int
-from .errors import CommandError, PipelineError, StateError
+from .errors import CommandError, PipelineError, StateError, SubmissionError
 from .jobs import Backend, JobRequest, JobState, JobStatus
 from .reporting import Reporter
 from .state import JobRecord, RunState, RunStore, StageState, StageStatus
 from .backends.common import last_lines, parse_lines
 
 TRANSIENT_ERRORS_BEFORE_NOTICE = 3
+SUBMIT_ATTEMPTS = 6  # consecutive failed submit calls before the stage fails (status calls retry forever)
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Orchestrator:
     selected: set[str] = field(default_factory=set)  # stages this invocation may submit
     sleep: Callable[[float], None] = time.sleep
     _poll_failures: int = 0
+    _submit_failures: dict[str, int] = field(default_factory=dict)
 
     # -- public ------------------------------------------------------------------------------------------
     def drive(self) -> bool:
@@ -41,9 +43,10 @@ class Orchestrator:
         while True:
             changed = self.submit_ready()
             waiting = self.active_jobs()
-            if not waiting:
+            if not waiting and not self.submissions_due():
                 break
-            changed |= self.poll_once(waiting)
+            if waiting:
+                changed |= self.poll_once(waiting)
             self.reporter.update(self.state)
             delay = self.backend.poll_min_seconds if changed else min(delay * 1.5, self.backend.poll_max_seconds)
             self.sleep(delay)
@@ -66,20 +69,48 @@ class Orchestrator:
                     f"tolerates it, or start over with --restart")
 
     # -- submission ----------------------------------------------------------------------------------------
+    def submission_due(self, name: str) -> str | None:
+        """The kind of job stage `name` needs submitted now ("stage" / "verify"), or None.
+
+        In-flight work (a stage marked SUBMITTING, a finished stage awaiting its verification job) is always
+        completed; new stages start only while no stage has failed, so a failure stops the DAG.
+        """
+        if name not in self.selected:
+            return None
+        stage_state = self.state.stages[name]
+        if stage_state.status is StageStatus.SUBMITTING:
+            return "stage"  # also after a crash between marking and recording: submit() looks for the job first
+        if stage_state.status is StageStatus.VERIFYING and stage_state.active_job() is None:
+            return "verify"
+        stopped = any(s.status in (StageStatus.FAILED, StageStatus.CANCELLED) for s in self.state.stages.values())
+        if (not stopped and stage_state.status is StageStatus.PENDING
+                and all(self.state.stages[need].status.done for need in self.pipeline.stages[name].needs)):
+            return "stage"
+        return None
+
+    def submissions_due(self) -> bool:
+        return any(self.submission_due(name) for name in self.pipeline.stages)
+
     def submit_ready(self) -> bool:
-        """Submit every selected pending stage whose needs are done; stop submitting once a stage failed."""
-        if any(s.status in (StageStatus.FAILED, StageStatus.CANCELLED) for s in self.state.stages.values()):
-            return False
+        """Submit every job that is due; a failing submit is retried next cycle, then fails its stage."""
         changed = False
         for name in self.pipeline.order():
-            stage_state = self.state.stages[name]
-            if name in self.selected and stage_state.status is StageStatus.SUBMITTING:
-                self.submit(name, "stage")  # died between marking and recording: submit() looks for the job first
+            kind = self.submission_due(name)
+            if kind is None:
+                continue
+            try:
+                self.submit(name, kind)
+                self._submit_failures.pop(name, None)
                 changed = True
-            elif (name in self.selected and stage_state.status is StageStatus.PENDING
-                  and all(self.state.stages[need].status.done for need in self.pipeline.stages[name].needs)):
-                self.submit(name, "stage")
+            except SubmissionError as exc:
+                self._fail(name, self.state.stages[name], f"cannot submit its {kind} job: {exc}")
                 changed = True
+            except (CommandError, OSError) as exc:  # retried after the poll back-off, which grows meanwhile
+                count = self._submit_failures[name] = self._submit_failures.get(name, 0) + 1
+                if count >= SUBMIT_ATTEMPTS:
+                    self._fail(name, self.state.stages[name], f"submitting its {kind} job failed {count} times: {exc}")
+                else:
+                    self.reporter.event(f"{name}: submitting its {kind} job failed ({exc}); retrying")
         return changed
 
     def request(self, name: str, kind: str) -> JobRequest:
@@ -104,7 +135,9 @@ class Orchestrator:
             sharding = self.backend.sharding(request)
             if stage_state.sharding is None or self.pipeline.stages[name].reshardable:
                 stage_state.sharding = sharding
-            self.store.save(self.state)
+        else:
+            stage_state.status = StageStatus.VERIFYING
+        self.store.save(self.state)
         existing = self.backend.find_active(self.state.run_id, name, kind)
         if existing:
             job_id = existing[0]
@@ -184,7 +217,7 @@ class Orchestrator:
             if status.state is not JobState.SUCCEEDED:
                 self.reporter.event(f"{name}: job {job.job_id} ended {status.native or status.state.value}; "
                                     "checking how far it got")
-            self.submit(name, "verify")
+            stage_state.status = StageStatus.VERIFYING  # submit_ready submits the verification job
             return
         if status.state is not JobState.SUCCEEDED:
             stage_state.status = StageStatus.CANCELLED if status.state is JobState.CANCELLED else StageStatus.FAILED
@@ -195,7 +228,7 @@ class Orchestrator:
             self.reporter.event(f"{name}: FAILED ({stage_state.error.splitlines()[0]})")
             return
         if self.pipeline.stages[name].verify or continuation:
-            self.submit(name, "verify")
+            stage_state.status = StageStatus.VERIFYING  # submit_ready submits the verification job
         else:
             self.succeed(name, stage_state)
 
@@ -252,7 +285,7 @@ class Orchestrator:
             return True
         self.reporter.event(f"{name}: at step {history[-1]} of {result['target']} after attempt "
                             f"{stage_state.attempts}; resubmitting to continue from the last checkpoint")
-        self.submit(name, "stage")
+        stage_state.status = StageStatus.SUBMITTING  # submit_ready submits the same job again
         return True
 
     def _fail(self, name: str, stage_state: StageState, message: str) -> None:

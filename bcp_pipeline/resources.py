@@ -62,21 +62,25 @@ class LocalResources:
 
 @dataclass(kw_only=True)
 class SlurmResources:
-    """One `sbatch` job; unset fields are derived from the stage's BCP section (nodes, tasks, time)."""
+    """One `sbatch` job of nodes x ntasks_per_node tasks started by `srun`; unset fields are derived from the
+    stage's BCP section (nodes, tasks, time)."""
 
     nodes: int | None = None  # --nodes (default: bcp.replicas)
     ntasks_per_node: int | None = None  # --ntasks-per-node (default: bcp.processes)
-    cpus_per_task: int = 1
-    time: Duration | None = None  # --time (default: bcp.total_runtime)
-    partition: str | None = None
-    account: str | None = None
-    gpus_per_node: int | None = None
+    cpus_per_task: int = 1  # --cpus-per-task
+    time: Duration | None = None  # --time (default: bcp.total_runtime; neither: the partition's default)
+    partition: str | None = None  # --partition (default: backends.slurm.partition)
+    account: str | None = None  # --account (default: backends.slurm.account)
+    gpus_per_node: int | None = None  # --gpus-per-node
     mem: str | None = None  # --mem, e.g. 64G
-    container_image: str | None = None  # Pyxis --container-image
-    container_mounts: list[str] = field(default_factory=list)  # Pyxis --container-mounts SRC:DST
-    extra_args: list[str] = field(default_factory=list)  # more #SBATCH flags, verbatim
-    env: dict[str, str] = field(default_factory=dict)
-    command: list[str] | None = None
+    container_image: str | None = None  # Pyxis srun --container-image, e.g. nvcr.io#nvidia/nemo:24.05
+    container_mounts: list[str] = field(default_factory=list)  # Pyxis --container-mounts SRC:DST[:FLAGS] (the
+    # workspace and stages/ folders are added, mounted at the same paths)
+    extra_args: list[str] = field(default_factory=list)  # more #SBATCH flags, verbatim, e.g. --exclusive
+    srun_args: list[str] = field(default_factory=list)  # more srun flags, verbatim, e.g. --mpi=pmix
+    on_preempted: Literal["resume", "wait"] = "resume"  # PREEMPTED: `scontrol requeue` it, or wait for someone to
+    env: dict[str, str] = field(default_factory=dict)  # exported in the batch script (and so to every task)
+    command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
 
 
 RESOURCE_TYPES: dict[str, type] = {"bcp": BcpResources, "local": LocalResources, "slurm": SlurmResources}
@@ -112,11 +116,13 @@ class BcpOptions:
 class SlurmOptions:
     """`backends.slurm`: a shared folder stands in for the workspace on the cluster."""
 
-    workspace_dir: str = ".bcp-pipeline/workspaces"  # must be on a file system every node sees
-    python: str | None = None  # interpreter on the compute nodes (default: the orchestrator's)
-    partition: str | None = None
-    account: str | None = None
-    poll_seconds: float = 1.0
+    workspace_dir: str = ".bcp-pipeline/workspaces"  # relative to the config file; must be on a file system every
+    # node sees (so must the stages/ folder and the run folder, which holds the job logs)
+    python: str | None = None  # interpreter on the compute nodes (default: the orchestrator's; python3 in a container)
+    partition: str | None = None  # default --partition of every job
+    account: str | None = None  # default --account of every job
+    poll_seconds: float = 1.0  # first squeue interval after a change ...
+    poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
 
 
 OPTION_TYPES: dict[str, type] = {"bcp": BcpOptions, "local": LocalOptions, "slurm": SlurmOptions}

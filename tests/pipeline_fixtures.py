@@ -48,10 +48,10 @@ write_completion(args.out, args.name, rank, world, {"items": len(mine)})
 
 
 def make_stages_dir(root: Path) -> Path:
-    """A stages folder with the real _common.py and verify.py plus the test program items.py."""
+    """A stages folder with the real _common.py, verify.py and job bootstrap plus the test program items.py."""
     stages = root / "stages"
     stages.mkdir(parents=True, exist_ok=True)
-    for name in ("_common.py", "verify.py"):
+    for name in ("_common.py", "verify.py", "bootstrap.sh", "requirements.txt", "requirements-nodeps.txt"):
         shutil.copy(REPO / "stages" / name, stages / name)
     (stages / "items.py").write_text(textwrap.dedent(ITEMS_PROGRAM))
     return stages

@@ -24,6 +24,7 @@ from ..resources import LocalOptions
 from .common import last_lines, placeholder_values, progress_from_logs, read_tail, resolved_env, shell_join
 from .common import stage_command
 
+CANCEL_MARKER = "cancel-requested"
 STATE_MAP = {
     "queued": JobState.QUEUED,
     "running": JobState.RUNNING,
@@ -115,14 +116,19 @@ class LocalBackend(Backend):
             return None
         status = _read_json(job_dir / "status.json")
         launch = _read_json(job_dir / "launch.json")
+        cancelled = (job_dir / CANCEL_MARKER).exists()
         if status is None:
             # Submitted but the supervisor has not written its status yet (or died before it could).
             if launch and not is_alive(launch["pid"], launch.get("start_ticks")):
+                if cancelled:
+                    return JobStatus(job_id=job_id, state=JobState.CANCELLED, native="cancelled")
                 return JobStatus(job_id=job_id, state=JobState.LOST, native="lost",
                                  detail="the job's supervisor exited before starting any rank")
             return JobStatus(job_id=job_id, state=JobState.QUEUED, native="queued")
         native = status["state"]
         if native == "running" and not is_alive(status["pid"], status.get("start_ticks")):
+            if cancelled:
+                return JobStatus(job_id=job_id, state=JobState.CANCELLED, native="cancelled")
             return JobStatus(job_id=job_id, state=JobState.LOST, native="lost",
                              detail=f"the job's supervisor (pid {status['pid']}) died without a result")
         codes = status.get("exit_codes") or []
@@ -180,6 +186,7 @@ class LocalBackend(Backend):
             owner = _read_json(job_dir / "status.json") or _read_json(job_dir / "launch.json")
             if not owner or not is_alive(owner["pid"], owner.get("start_ticks")):
                 continue
+            (job_dir / CANCEL_MARKER).touch()  # first: a poll racing with the kill reports cancelled, not lost
             signal_group(owner["pid"], signal.SIGTERM)
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and is_alive(owner["pid"], owner.get("start_ticks")):

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""Benchmark extract, concat and tokenize-preprocess next to unzstd, cat and raw tiktoken, on the same data.
+
+    python scripts/bench_stages.py [--files 4] [--docs 4000] [--replicas 4] [--repeats 3] [--workers N]
+
+Sample data comes from `stages/sample.py` when it is there (else from the test fixture generator): F files of
+D documents, copied R times under new names so the byte-rate measurements run long enough to mean something.
+Every timed command runs as a child process; wall time, CPU time and peak RSS come from `wait4` (peak RSS is the
+largest single process of the tree, tokenizer workers included). Each measurement is repeated and the fastest run
+kept, tools and stages interleaved, with `sync` before each so one run's writeback does not land on the next.
+
+Targets (issue 3): extract >= 1.0x unzstd; concat >= 0.9x cat; preprocess >= 80 % of raw single-thread tiktoken
+`encode_ordinary` tokens/s per core; tokenizer peak RSS <= 300 MB per process and flat when the input grows 10x.
+The stages fsync each output before renaming it (a crash must not leave a partial file under a final name), which
+plain `unzstd` / `cat` do not; both comparisons are printed: with the plain tools, and with the tools followed by
+`sync FILES` (the same durability).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STAGES = REPO / "stages"
+MB = 1e6
+RSS_LIMIT_MB = 300.0
+
+
+@dataclass
+class Run:
+    """One child process: wall seconds, CPU seconds (user + sys, descendants included), peak RSS of one process."""
+
+    wall: float
+    cpu: float
+    rss_mb: float
+
+    def __add__(self, other: "Run") -> "Run":
+        return Run(self.wall + other.wall, self.cpu + other.cpu, max(self.rss_mb, other.rss_mb))
+
+
+# Runs one command and reports its rusage. A fresh small process does the spawning because a child's peak RSS
+# starts at its parent's (fork/vfork, then exec, records the parent's high-water mark): spawned from this bench,
+# which holds the tokenizer baseline's texts, every command would appear to use hundreds of MB.
+SPAWNER = """
+import json, os, sys, time
+report, stdout, command = sys.argv[1], sys.argv[2], sys.argv[3:]
+out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+started = time.perf_counter()
+pid = os.posix_spawnp(command[0], command, os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, out, 1)])
+_, status, usage = os.wait4(pid, 0)
+wall = time.perf_counter() - started
+with open(report, "w") as handle:
+    json.dump({"rc": os.waitstatus_to_exitcode(status), "wall": wall, "cpu": usage.ru_utime + usage.ru_stime,
+               "rss_kb": usage.ru_maxrss}, handle)
+"""
+
+
+def measure(command: list[str], stdout_path: Path | None = None, env: dict[str, str] | None = None,
+            sync_first: bool = True) -> Run:
+    """Run `command` through SPAWNER; wall, CPU and peak RSS cover its whole process tree. Raise if it fails."""
+    if sync_first:
+        os.sync()  # earlier runs' dirty pages are written now, not during this measurement
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "report.json"
+        done = subprocess.run([sys.executable, "-c", SPAWNER, str(report), str(stdout_path or os.devnull), *command],
+                              env=env, stderr=subprocess.PIPE, text=True)
+        result = json.loads(report.read_text()) if report.exists() else {"rc": done.returncode}
+    if done.returncode != 0 or result["rc"] != 0:
+        raise RuntimeError(f"{command[:3]} exited {result['rc']}: {done.stderr[-2000:]}")
+    return Run(result["wall"], result["cpu"], result["rss_kb"] / 1024)
+
+
+def best(runs: list[Run]) -> Run:
+    return min(runs, key=lambda r: r.wall)
+
+
+def stage(name: str, *argv: str) -> list[str]:
+    return [sys.executable, str(STAGES / f"{name}.py"), *argv]
+
+
+def stage_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(RANK="0", WORLD_SIZE="1")
+    return env
+
+
+def fresh(folder: Path) -> Path:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def folder_bytes(folder: Path, pattern: str) -> int:
+    return sum(p.stat().st_size for p in folder.glob(pattern))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------------
+
+def make_sample(work: Path, files: int, docs: int) -> tuple[list[Path], Path, Path, str]:
+    """F sample `.jsonl.zst` files and GPT-2 vocab/merges; which generator made them."""
+    mirror, bpe = work / "mirror", work / "bpe"
+    if (STAGES / "sample.py").exists():
+        measure(stage("sample", "--out", str(mirror), "--chunks", "1", "--files-per-chunk", str(files),
+                      "--docs-per-file", str(docs), "--bpe-out", str(bpe)), env=stage_env())
+        return sorted((mirror / "train" / "chunk1").glob("*.jsonl.zst")), bpe / "vocab.json", bpe / "merges.txt", \
+            "stages/sample.py"
+    sys.path.insert(0, str(REPO / "tests"))
+    import stage_fixtures  # noqa: E402  (only when sample.py is absent)
+
+    paths = stage_fixtures.make_shards(mirror, files, docs, mean_words=700)
+    vocab, merges = stage_fixtures.gpt2_vocab_merges()
+    return paths, vocab, merges, "tests/stage_fixtures.py"
+
+
+def replicate(sources: list[Path], folder: Path, replicas: int) -> list[Path]:
+    """`replicas` copies of each source under download.py's flat names (distinct files, same bytes)."""
+    fresh(folder)
+    copies = []
+    for r in range(replicas):
+        for i, source in enumerate(sources):
+            target = folder / f"example_train_chunk1_{r * len(sources) + i}.jsonl.zst"
+            shutil.copyfile(source, target)
+            copies.append(target)
+    return copies
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measurements
+# ---------------------------------------------------------------------------------------------------------------
+
+def bench_extract(zst: Path, work: Path, repeats: int) -> dict[str, Run]:
+    files = sorted(str(p) for p in zst.glob("*.jsonl.zst"))
+    runs: dict[str, list[Run]] = {"extract": [], "unzstd": [], "unzstd + sync": []}
+    for _ in range(repeats):
+        plain = fresh(work / "unzstd")
+        runs["unzstd"].append(measure(["unzstd", "-q", "-f", "--output-dir-flat", str(plain), *files]))
+        synced = fresh(work / "unzstd-sync")
+        run = measure(["unzstd", "-q", "-f", "--output-dir-flat", str(synced), *files])
+        runs["unzstd + sync"].append(run + measure_sync(synced.glob("*.jsonl")))
+        shutil.rmtree(work / "extracted", ignore_errors=True)
+        runs["extract"].append(measure(stage("extract", "--in", str(zst), "--out", str(work / "extracted"),
+                                             "--keep-source"), env=stage_env()))
+    return {name: best(r) for name, r in runs.items()}
+
+
+def measure_sync(paths) -> Run:
+    """`sync FILE...`: fsync of exactly these files (timed without the os.sync() that measure() does first)."""
+    started = time.perf_counter()
+    subprocess.run(["sync", *map(str, paths)], check=True)
+    return Run(time.perf_counter() - started, 0.0, 0.0)
+
+
+def bench_concat(extracted: Path, work: Path, per_output: int, repeats: int) -> dict[str, Run]:
+    names = sorted(p.name for p in extracted.glob("*.jsonl"))
+    groups = [names[i:i + per_output] for i in range(0, len(names), per_output)]
+    runs: dict[str, list[Run]] = {"concat": [], "cat": [], "cat + sync": []}
+    for _ in range(repeats):
+        for label in ("cat", "cat + sync"):
+            out = fresh(work / label.replace(" + ", "-"))
+            os.sync()
+            total = Run(0.0, 0.0, 0.0)
+            for index, group in enumerate(groups):  # no sync between the cats: that would flush untimed
+                total += measure(["cat", *(str(extracted / n) for n in group)], out / f"train_chunk_{index}.jsonl",
+                                 sync_first=False)
+            if label == "cat + sync":
+                total += measure_sync(out.glob("*.jsonl"))
+            runs[label].append(total)
+        shutil.rmtree(work / "concat", ignore_errors=True)
+        runs["concat"].append(measure(stage("concat", "--in", str(extracted), "--out", str(work / "concat"),
+                                            "--files-per-output", str(per_output)), env=stage_env()))
+    return {name: best(r) for name, r in runs.items()}
+
+
+def raw_tiktoken(jsonl: list[Path], vocab: Path, merges: Path) -> tuple[Run, int, int]:
+    """Single-thread tiktoken `encode_ordinary` over every document: (wall and CPU time, tokens, documents)."""
+    sys.path.insert(0, str(STAGES))
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+    from tokenizers_gpt2 import GPT2_SPLIT_PATTERN
+
+    ranks = data_gym_to_mergeable_bpe_ranks(str(merges), str(vocab))
+    encoding = tiktoken.Encoding("gpt2-bench", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
+                                 special_tokens={"<|endoftext|>": 50256})
+    texts = [json.loads(line)["text"] for path in jsonl for line in path.read_bytes().splitlines() if line]
+    encode = encoding.encode_ordinary
+    wall, cpu = time.perf_counter(), time.process_time()
+    tokens = sum(len(encode(text)) for text in texts)
+    return Run(time.perf_counter() - wall, time.process_time() - cpu, 0.0), tokens, len(texts)
+
+
+def bench_preprocess(chunks: Path, work: Path, vocab: Path, merges: Path, workers: int,
+                     repeats: int) -> tuple[dict[str, Run], int, tuple[Run, int, int]]:
+    tokenizer = ["--vocab", str(vocab), "--merges", str(merges)]
+    runs: dict[str, list[Run]] = {f"preprocess ({workers} workers)": [], "preprocess (1 worker)": []}
+    raw: list[tuple[Run, int, int]] = []
+    for _ in range(repeats):
+        raw.append(raw_tiktoken(sorted(chunks.glob("train_chunk_*.jsonl")), vocab, merges))
+        for label, count in ((f"preprocess ({workers} workers)", workers), ("preprocess (1 worker)", 1)):
+            out = work / "tokens"
+            shutil.rmtree(out, ignore_errors=True)
+            runs[label].append(measure(stage("preprocess", "--in", str(chunks), "--out", str(out), *tokenizer,
+                                             "--workers", str(count)), env=stage_env()))
+    tokens = sum(json.loads(p.read_text())["tokens"] for p in (work / "tokens").glob("*.manifest.json"))
+    return {name: best(r) for name, r in runs.items()}, tokens, min(raw, key=lambda r: r[0].wall)
+
+
+def bench_rss(sample_jsonl: Path, work: Path, vocab: Path, merges: Path, workers: int,
+              megabytes: float) -> tuple[Run, Run, int, int]:
+    """Preprocess on the first `megabytes` of whole lines, then on that input repeated 10 times:
+    (run 1x, run 10x, input bytes 1x, tokens 1x)."""
+    data = sample_jsonl.read_bytes()
+    data = data[: data.rfind(b"\n", 0, int(megabytes * MB)) + 1] or data
+    runs, tokens = [], []
+    for factor in (1, 10):
+        chunks, out = fresh(work / f"rss-{factor}x"), work / f"rss-{factor}x-tokens"
+        with open(chunks / "train_chunk_0.jsonl", "wb") as handle:
+            for _ in range(factor):
+                handle.write(data)
+        runs.append(measure(stage("preprocess", "--in", str(chunks), "--out", str(out), "--vocab", str(vocab),
+                                  "--merges", str(merges), "--workers", str(workers)), env=stage_env()))
+        tokens.append(json.loads((out / "train_chunk_0.jsonl_text_document.manifest.json").read_text())["tokens"])
+        shutil.rmtree(chunks)
+        shutil.rmtree(out)
+    return runs[0], runs[1], len(data), tokens[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------------------
+
+def row(name: str, run: Run, nbytes: int, tokens: int | None = None, cores: int = 1) -> str:
+    rate = f"{nbytes / run.wall / MB:9.1f}"
+    per_core = f"{tokens / run.wall / cores:14,.0f}" if tokens else " " * 14
+    per_cpu = f"{tokens / run.cpu:14,.0f}" if tokens and run.cpu else " " * 14
+    rss = f"{run.rss_mb:9.1f}" if run.rss_mb else " " * 9
+    return f"  {name:34s} {run.wall:8.2f} {run.cpu:8.2f} {rate} {per_core} {per_cpu} {rss}"
+
+
+def verdict(label: str, value: float, target: float, unit: str = "x") -> bool:
+    ok = value >= target
+    print(f"  {'PASS' if ok else 'FAIL'}  {label}: {value:.2f}{unit} (target >= {target:g}{unit})")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=4, help="sample files to generate")
+    parser.add_argument("--docs", type=int, default=4000, help="documents per sample file")
+    parser.add_argument("--replicas", type=int, default=4, help="copies of the sample for extract/concat")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (the fastest is kept)")
+    parser.add_argument("--token-repeats", type=int, default=2, help="runs per tokenizer measurement")
+    parser.add_argument("--rss-mb", type=float, default=8.0, help="input of the RSS check (then 10x that)")
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="preprocess workers")
+    parser.add_argument("--work", type=Path, help="scratch folder (default: a temporary one, removed after)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    if shutil.which("unzstd") is None:
+        print("unzstd is not installed (Debian: apt-get install -y zstd): the extract comparison needs it")
+        return 2
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-stages-"))
+    try:
+        return run_all(args, fresh(work))
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_all(args: argparse.Namespace, work: Path) -> int:
+    cores = min(args.workers, len(os.sched_getaffinity(0)))
+    started = time.monotonic()
+    sources, vocab, merges, generator = make_sample(work, args.files, args.docs)
+    zst = work / "zst"
+    replicate(sources, zst, args.replicas)
+    print(f"data: {len(sources)} x {args.docs} documents from {generator}, x{args.replicas} copies; "
+          f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at start")
+
+    extract_runs = bench_extract(zst, work, args.repeats)
+    text_bytes = folder_bytes(work / "extracted", "*.jsonl")
+    concat_runs = bench_concat(work / "extracted", work, args.files, args.repeats)
+    # preprocess input: one copy of the sample (concat's outputs hold R copies; one is enough to time tokenizing)
+    chunks = fresh(work / "chunks")
+    shutil.copyfile(work / "concat" / "train_chunk_0.jsonl", chunks / "train_chunk_0.jsonl")
+    chunk_bytes = folder_bytes(chunks, "*.jsonl")
+    pre_runs, tokens, (raw_run, raw_tokens, documents) = bench_preprocess(chunks, work, vocab, merges,
+                                                                              args.workers, args.token_repeats)
+    rss_1x, rss_10x, rss_bytes, rss_tokens = bench_rss(chunks / "train_chunk_0.jsonl", work, vocab, merges,
+                                                       args.workers, args.rss_mb)
+    if tokens != raw_tokens + documents:
+        print(f"WARNING: preprocess wrote {tokens} tokens, raw tiktoken gave {raw_tokens} + {documents} EOD")
+
+    print(f"\n  {'':34s} {'wall s':>8s} {'cpu s':>8s} {'MB/s':>9s} {'tokens/s/core':>14s} {'tokens/cpu-s':>14s} "
+          f"{'peak RSS':>9s}")
+    for name, run in extract_runs.items():
+        print(row(name, run, text_bytes))
+    for name, run in concat_runs.items():
+        print(row(name, run, text_bytes))
+    print(row("tiktoken encode_ordinary (1 thread)", raw_run, chunk_bytes, raw_tokens))
+    for name, run in pre_runs.items():
+        print(row(name, run, chunk_bytes, tokens, cores if "workers" in name else 1))
+    print(row(f"preprocess {rss_bytes / MB:.0f} MB input, {args.workers} workers", rss_1x, rss_bytes, rss_tokens,
+              cores))
+    print(row(f"preprocess 10x that, {args.workers} workers", rss_10x, 10 * rss_bytes, 10 * rss_tokens, cores))
+
+    raw_rate, raw_cpu_rate = raw_tokens / raw_run.wall, raw_tokens / raw_run.cpu
+    parallel = pre_runs[f"preprocess ({args.workers} workers)"]
+    print("\ntargets:")
+    results = [
+        verdict("extract vs unzstd (plain, no fsync)", extract_runs["unzstd"].wall / extract_runs["extract"].wall, 1.0),
+        verdict("concat vs cat (plain, no fsync)", concat_runs["cat"].wall / concat_runs["concat"].wall, 0.9),
+        verdict(f"preprocess tokens/s per core ({args.workers} workers on {cores} cores) vs raw tiktoken",
+                100 * tokens / parallel.wall / cores / raw_rate, 80.0, " %"),
+        verdict("preprocess peak RSS at 10x input within 300 MB", RSS_LIMIT_MB / max(rss_10x.rss_mb, 1e-9), 1.0,
+                "x headroom"),
+        verdict("preprocess peak RSS flat (1x / 10x)", rss_1x.rss_mb / max(rss_10x.rss_mb, 1e-9), 0.9),
+    ]
+    print("same durability (the tools followed by `sync FILES`):")
+    verdict("extract vs unzstd + sync", extract_runs["unzstd + sync"].wall / extract_runs["extract"].wall, 1.0)
+    verdict("concat vs cat + sync", concat_runs["cat + sync"].wall / concat_runs["concat"].wall, 0.9)
+    single = pre_runs["preprocess (1 worker)"]
+    print("contention-proof view (CPU seconds instead of wall, for a busy machine):")
+    verdict("preprocess tokens per CPU-second vs raw tiktoken's", 100 * tokens / parallel.cpu / raw_cpu_rate, 80.0,
+            " %")
+    print(f"info: preprocess with 1 worker: {100 * tokens / single.wall / raw_rate:.0f} % of raw tiktoken (wall)")
+    print(f"bench took {time.monotonic() - started:.0f} s; load average {os.getloadavg()[0]:.1f} at the end")
+    return 1 if args.strict and not all(results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

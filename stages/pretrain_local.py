@@ -1,0 +1,507 @@
+"""Local smoke pretrain: a small GPT in plain PyTorch trained on the preprocess outputs, resumable like NeMo.
+
+The data path is the one NeMo uses: the data list of `data_list.py` (weights proportional to tokens) goes to
+megatron-core's `BlendedMegatronDatasetBuilder(GPTDataset, ...)`, which reads the .bin/.idx files. Megatron's
+own GPTModel needs CUDA internals, so the model is a small pre-LayerNorm GPT (tied input/output embedding over the
+full GPT-2 vocabulary) that trains on 2 CPU cores in seconds and uses a CUDA device when `--device auto` finds one.
+
+Checkpoints and resume (NeMo's `resume_if_exists` semantics):
+* `<results>/<run-name>/checkpoints/step=NNNNNN[-last].pt`, one every `--checkpoint-every` steps and at the end;
+  each written to a hidden temporary and renamed, so a file under its final name is always complete. The newest
+  carries `-last`; the previous `-last` is renamed after the new one is in place, and only the newest
+  `--keep-checkpoints` are kept. A kill between those renames can leave two `-last` files: the highest step
+  wins, and the next save repairs the names.
+* Rerunning with the same `--run-name` continues from the highest-step checkpoint: model, optimizer, RNG state,
+  loss history and data position (sample `step * micro_batch_size` of a fixed, seeded sample order), so an
+  interrupted and resumed run ends with the same step count, and on the same machine and thread count the same
+  weights bit for bit (`weights_sha256` in the summary), as an uninterrupted one. Model shape, sequence length,
+  micro batch, seed and data list must match the checkpoint; `--steps` may grow (the sample order is then rebuilt
+  for the new length, as NeMo's is when max_steps changes).
+* `<results>/<run-name>/train_summary.json` is written (atomically) when `--steps` are done; exit 0 only then.
+  SIGTERM/SIGINT finish the current step, save a checkpoint and exit 1 ("rerun to continue").
+
+Ranks: with WORLD_SIZE > 1 (torchrun, srun) only rank 0 trains; the other ranks print why and exit 0 at once, so
+a multi-task launch neither fails nor trains the same run twice into the same folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import hashlib
+import math
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import _common
+import data_list
+
+STAGE = "pretrain_local"
+SUMMARY = "train_summary.json"
+CHECKPOINT_RE = re.compile(r"^step=(\d+)(-last)?\.pt$")
+CHECKPOINT_FORMAT = 1
+# What a resumed run must share with its checkpoint; anything else (lr, steps, logging) may change between runs.
+# The data is compared by output names and weights, not paths, so a moved data folder can still be resumed.
+RESUME_KEYS = ("vocab_size", "layers", "hidden", "heads", "seq_length", "micro_batch_size", "seed", "split",
+               "data_names")
+
+
+# ---------------------------------------------------------------- model
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block with causal self-attention (SDPA) and a 4x GELU MLP."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv, self.proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.fc, self.out = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(batch, seq, 3, self.heads, hidden // self.heads).permute(2, 0, 3, 1, 4)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, seq, hidden))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class SmokeGPT(nn.Module):
+    """GPT with learned positions and the output layer tied to the token embedding (as GPT-2 and NeMo's GPT)."""
+
+    def __init__(self, vocab_size: int, hidden: int, layers: int, heads: int, seq_length: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, hidden)
+        self.positions = nn.Embedding(seq_length, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.final_ln = nn.LayerNorm(hidden)
+        self.apply(self._init)
+        for block in self.blocks:  # GPT-2's scaled init of the residual projections keeps early steps stable
+            for proj in (block.proj, block.out):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * layers))
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear):
+            nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.final_ln(x), self.embed.weight)
+
+
+def masked_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy over the positions GPTDataset marks (padding is masked out)."""
+    per_token = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
+    mask = loss_mask.flatten().to(per_token.dtype)
+    return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW; no decay on biases and LayerNorm weights (as NeMo/Megatron)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warmup then cosine decay to lr/10; a pure function of the step, so resume needs no scheduler state."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def weights_digest(model: nn.Module) -> str:
+    """sha256 over every parameter's bytes in a fixed order: equal digests mean bit-identical weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- data
+
+class IdsTokenizer:
+    """The attributes GPTDataset reads from a tokenizer (the data is already ids: no text methods needed)."""
+
+    def __init__(self, vocab_size: int, eod: int) -> None:
+        self.vocab_size, self.eod = vocab_size, eod
+        # Part of megatron's cache key (it json-dumps `unique_identifiers` of the config's objects).
+        self.unique_identifiers = {"class": "IdsTokenizer", "vocab_size": vocab_size, "eod": eod}
+
+
+@contextlib.contextmanager
+def single_process_group() -> Iterator[None]:
+    """A world of one for megatron's dataset builder.
+
+    `BlendedDataset` calls `torch.distributed.get_rank()` unguarded when its index cache is missing, which
+    raises without a process group. A gloo group over an in-memory store needs no address, port or env vars.
+    """
+    dist = torch.distributed
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def prepare_cache(cache_dir: Path) -> None:
+    """megatron writes its .npy indices in place (not atomically): a cache without our marker is rebuilt.
+
+    The marker is absent while megatron may write (a new --steps adds files) and restored once the build returned,
+    so a kill mid-build never leaves a half-written index that a later run would take for a cache hit.
+    """
+    marker = cache_dir / ".complete"
+    if cache_dir.exists() and not marker.exists():
+        shutil.rmtree(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+
+
+def build_train_dataset(prefixes: list[str], weights: list[float], tokenizer: IdsTokenizer, cfg: dict,
+                        num_samples: int, cache_dir: Path) -> Any:
+    """megatron-core's blended GPT dataset over the data list, at least `num_samples` long."""
+    with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": irrelevant to datasets
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    config = GPTDatasetConfig(
+        random_seed=cfg["seed"], sequence_length=cfg["seq_length"], blend=(prefixes, weights), split=cfg["split"],
+        tokenizer=tokenizer, path_to_cache=str(cache_dir), reset_position_ids=False, reset_attention_mask=False,
+        eod_mask_loss=False, create_attention_mask=False,  # the model masks causally itself (SDPA is_causal)
+    )
+    prepare_cache(cache_dir)
+    with single_process_group():
+        train, _valid, _test = BlendedMegatronDatasetBuilder(GPTDataset, [num_samples, 0, 0], lambda: True,
+                                                             config).build()
+    (cache_dir / ".complete").touch()
+    if train is None or len(train) < num_samples:
+        raise _common.StageError(f"the training split holds {0 if train is None else len(train)} samples, "
+                                 f"{num_samples} needed; check --split {cfg['split']!r} and the data")
+    return train
+
+
+def get_batch(dataset: Any, step: int, micro_batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Samples [step*B, (step+1)*B) of the fixed sample order: the data position is a function of the step."""
+    samples = [dataset[i] for i in range(step * micro_batch_size, (step + 1) * micro_batch_size)]
+    return {key: torch.stack([s[key] for s in samples]).to(device) for key in ("tokens", "labels", "loss_mask")}
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def checkpoint_name(step: int, last: bool) -> str:
+    return f"step={step:06d}{'-last' if last else ''}.pt"
+
+
+def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints (final names only; temporaries are hidden), sorted by step then `-last` first."""
+    found = []
+    if folder.is_dir():
+        for path in folder.iterdir():
+            match = CHECKPOINT_RE.match(path.name)
+            if match:
+                found.append((int(match.group(1)), match.group(2) is None, path))
+    return [(step, path) for step, _not_last, path in sorted(found)]
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The checkpoint to resume from: the highest step (whatever the `-last` markers say after a crash)."""
+    found = list_checkpoints(folder)
+    return found[-1][1] if found else None
+
+
+def save_checkpoint(folder: Path, step: int, payload: dict, keep: int) -> Path:
+    """Write `step=N-last.pt` atomically, then move the `-last` marker off older ones and prune to `keep`."""
+    path = folder / checkpoint_name(step, last=True)
+    with _common.atomic_output(path, "wb") as handle:
+        torch.save(payload, handle)
+    for other_step, other in list_checkpoints(folder):
+        if other == path:
+            continue
+        if other_step == step:  # a stale copy of this very step (older run): the new file supersedes it
+            other.unlink()
+        elif other.name.endswith("-last.pt"):
+            other.rename(folder / checkpoint_name(other_step, last=False))
+    for _old_step, old in list_checkpoints(folder)[:-keep]:
+        old.unlink()
+    _common.fsync_dir(folder)
+    return path
+
+
+def load_checkpoint(path: Path, device: torch.device) -> dict:
+    """Load a checkpoint; a corrupt one is an error that says what to do (never silently skipped)."""
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:
+        raise _common.StageError(f"{path}: cannot load ({exc}); delete it to resume from the previous one") from exc
+    if payload.get("format") != CHECKPOINT_FORMAT:
+        raise _common.StageError(f"{path}: checkpoint format {payload.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+    return payload
+
+
+def check_resumable(path: Path, saved: dict, wanted: dict) -> None:
+    """NeMo resumes whatever is under the run name; here a changed model or data is refused, not half-loaded."""
+    diffs = [f"{key}: checkpoint {saved.get(key)!r}, now {wanted[key]!r}" for key in RESUME_KEYS
+             if saved.get(key) != wanted[key]]
+    if diffs:
+        raise _common.StageError(f"{path} cannot be continued with these settings ({'; '.join(diffs)}); "
+                                 "use the same settings or another --run-name")
+
+
+# ---------------------------------------------------------------- run
+
+class StopFlag:
+    """SIGTERM/SIGINT ask for a clean stop after the current step (checkpoint first), as NeMo's max_time does."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signal = signum
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise _common.StageError("--device cuda: no CUDA device is visible")
+    return torch.device(choice)
+
+
+def make_deterministic(threads: int, device: torch.device) -> None:
+    """Same thread count + deterministic kernels: a resumed run repeats the uninterrupted one bit for bit."""
+    torch.set_num_threads(threads)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for determinism
+    # CUDA's fused attention backward has no deterministic variant: warn there instead of refusing to run.
+    torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+
+
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory for reuse instead of returning it to the OS (a speed hint only).
+
+    Every CPU step allocates and frees ~100 MB of logits and their gradients; glibc serves blocks that large with
+    mmap and gives them back with munmap, so each step page-faults them in again: measured here, that is 4x the
+    system time and ~15% of all CPU time. Not glibc (or not Linux): nothing to do.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    libc.mallopt(m_mmap_threshold, 1 << 30)
+    libc.mallopt(m_trim_threshold, 1 << 30)
+
+
+def run_config(args: argparse.Namespace, entries: list[data_list.DataEntry]) -> dict:
+    """Everything that defines this run, saved in every checkpoint."""
+    tokenizer = entries[0].tokenizer
+    return {
+        "vocab_size": int(tokenizer.get("vocab_size", 50257)), "eod": int(tokenizer.get("eod", 50256)),
+        "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "seq_length": args.seq_length,
+        "micro_batch_size": args.micro_batch_size, "seed": args.seed, "split": args.split,
+        "lr": args.lr, "warmup_steps": args.warmup_steps, "weight_decay": args.weight_decay,
+        "data": data_list.blend(entries), "data_names": [[e.weight, e.name] for e in entries], "threads": args.threads,
+    }
+
+
+def train(args: argparse.Namespace, rank: int) -> dict:
+    """Train to `args.steps`, resuming from the run's last checkpoint; return the summary."""
+    run_dir = args.results / args.run_name
+    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    removed = _common.remove_stale_temporaries(ckpt_dir) + _common.remove_stale_temporaries(run_dir)
+    if removed:
+        print(f"removed {removed} partial file(s) left by a killed run")
+    # The summary means "done": a stale one from a shorter earlier run must not outlive this run's start.
+    (run_dir / SUMMARY).unlink(missing_ok=True)
+    entries = data_list.build_data_list(args.data_dir)
+    cfg = run_config(args, entries)
+    device = pick_device(args.device)
+    make_deterministic(args.threads, device)
+    if device.type == "cpu":
+        keep_freed_memory()
+    torch.manual_seed(args.seed)
+    model = SmokeGPT(cfg["vocab_size"], args.hidden, args.layers, args.heads, args.seq_length).to(device)
+    optimizer = make_optimizer(model, args.lr, args.weight_decay)
+    state = {"step": 0, "losses": []}
+    resume_from = latest_checkpoint(ckpt_dir)
+    if resume_from is not None:
+        state = restore(resume_from, cfg, model, optimizer, device)
+        print(f"resuming from {resume_from} at step {state['step']} of {args.steps}", flush=True)
+    else:
+        print(f"no checkpoint in {ckpt_dir}: starting at step 0 of {args.steps}", flush=True)
+    print(f"data: {len(entries)} output(s), {sum(e.tokens for e in entries)} tokens; model: "
+          f"{sum(p.numel() for p in model.parameters())} parameters on {device}, {args.threads} thread(s)", flush=True)
+    start = state["step"]
+    dataset = None
+    if start < args.steps:  # a finished run (NeMo: max_steps reached) needs no data, and megatron's import is slow
+        prefixes, weights = data_list.split_blend(cfg["data"])
+        dataset = build_train_dataset(prefixes, weights, IdsTokenizer(cfg["vocab_size"], cfg["eod"]), cfg,
+                                      args.steps * args.micro_batch_size, run_dir / "index_cache")
+    stats = loop(args, rank, model, optimizer, dataset, state, cfg, device, ckpt_dir)
+    return summarize(args, cfg, state, model, device, start, stats)
+
+
+def restore(path: Path, cfg: dict, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> dict:
+    """Model, optimizer and RNG state from a checkpoint; returns {step, losses}."""
+    payload = load_checkpoint(path, device)
+    check_resumable(path, payload["config"], cfg)
+    if payload["config"].get("threads") != cfg["threads"]:
+        print(f"note: the checkpoint ran with {payload['config'].get('threads')} thread(s), this run with "
+              f"{cfg['threads']}: the result may differ from an uninterrupted run in the last bits")
+    model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    torch.set_rng_state(payload["rng"]["cpu"].cpu())
+    if device.type == "cuda" and payload["rng"].get("cuda") is not None:
+        torch.cuda.set_rng_state(payload["rng"]["cuda"].cpu())
+    return {"step": int(payload["step"]), "losses": [float(x) for x in payload["losses"]]}
+
+
+def checkpoint_payload(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, cfg: dict,
+                       device: torch.device) -> dict:
+    return {
+        "format": CHECKPOINT_FORMAT, "step": state["step"], "consumed_samples": state["step"] * cfg["micro_batch_size"],
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "config": cfg, "losses": state["losses"],
+        "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None},
+    }
+
+
+def loop(args: argparse.Namespace, rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Any,
+         state: dict, cfg: dict, device: torch.device, ckpt_dir: Path) -> dict:
+    """The training steps from state['step'] to args.steps, with logging, checkpoints and a clean stop."""
+    stop = StopFlag()
+    progress = _common.Progress(args.steps, rank, unit="steps")
+    if state["step"]:
+        progress.advance(state["step"])
+    model.train()
+    began, first = time.monotonic(), state["step"]
+    while state["step"] < args.steps:
+        step = state["step"]
+        lr = lr_at(step, args.steps, args.lr, args.warmup_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = get_batch(dataset, step, args.micro_batch_size, device)
+        loss = masked_loss(model(batch["tokens"]), batch["labels"], batch["loss_mask"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        state["step"] = step + 1
+        state["losses"].append(float(loss.item()))
+        rate = (state["step"] - first) / max(time.monotonic() - began, 1e-9)
+        if state["step"] % args.log_every == 0 or state["step"] == args.steps:
+            print(f"step {state['step']}/{args.steps} loss {state['losses'][-1]:.4f} lr {lr:.3e} "
+                  f"{rate:.2f} steps/s", flush=True)
+        progress.advance()
+        done = state["step"] == args.steps
+        if done or state["step"] % args.checkpoint_every == 0 or stop.signal is not None:
+            path = save_checkpoint(ckpt_dir, state["step"], checkpoint_payload(model, optimizer, state, cfg, device),
+                                   args.keep_checkpoints)
+            print(f"checkpoint saved: {path}", flush=True)
+        if stop.signal is not None and not done:
+            raise _common.StageError(f"stopped by signal {stop.signal} at step {state['step']} of {args.steps} "
+                                     f"(checkpoint saved); rerun with --run-name {args.run_name} to continue")
+    return {"steps_this_run": state["step"] - first, "seconds": time.monotonic() - began}
+
+
+def summarize(args: argparse.Namespace, cfg: dict, state: dict, model: nn.Module, device: torch.device,
+              start: int, stats: dict) -> dict:
+    losses = state["losses"]
+    rate = stats["steps_this_run"] / stats["seconds"] if stats["steps_this_run"] else 0.0
+    return {
+        "run_name": args.run_name, "steps": state["step"], "target_steps": args.steps, "resumed_from_step": start,
+        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+        "tokens_seen": state["step"] * cfg["micro_batch_size"] * cfg["seq_length"],
+        "consumed_samples": state["step"] * cfg["micro_batch_size"], "weights_sha256": weights_digest(model),
+        "device": str(device), "threads": cfg["threads"], "steps_per_s_this_run": round(rate, 3),
+        "checkpoint": str(latest_checkpoint(args.results / args.run_name / "checkpoints")),
+        "data_prefix": cfg["data"], "config": {k: v for k, v in cfg.items() if k not in ("data", "data_names")},
+    }
+
+
+# ---------------------------------------------------------------- CLI
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True, type=Path, help="preprocess output: .bin/.idx + manifests")
+    parser.add_argument("--results", required=True, type=Path, help="results folder; the run lives in RESULTS/NAME")
+    parser.add_argument("--run-name", default="smoke", help="same name -> continue from its last checkpoint")
+    parser.add_argument("--steps", type=positive_int, default=60)
+    parser.add_argument("--checkpoint-every", type=positive_int, default=20)
+    parser.add_argument("--keep-checkpoints", type=positive_int, default=3)
+    parser.add_argument("--seq-length", type=positive_int, default=128)
+    parser.add_argument("--micro-batch-size", type=positive_int, default=4)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default: steps // 10")
+    parser.add_argument("--weight-decay", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--layers", type=positive_int, default=2)
+    parser.add_argument("--hidden", type=positive_int, default=128)
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--split", default="100,0,0", help="megatron train,valid,test split (no validation here)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--threads", type=positive_int, default=min(os.cpu_count() or 1, 8),
+                        help="torch CPU threads; keep it equal across a resume for bit-identical results")
+    parser.add_argument("--log-every", type=positive_int, default=1)
+    args = parser.parse_args(argv)
+    if args.hidden % args.heads:
+        parser.error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
+    if not re.fullmatch(r"[A-Za-z0-9_.=-]+", args.run_name) or args.run_name.startswith("."):
+        parser.error(f"--run-name {args.run_name!r}: use letters, digits and _ . = - (it names a folder)")
+    if args.warmup_steps is None:
+        args.warmup_steps = max(1, args.steps // 10)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank, world = _common.rank_and_world_size()
+    if rank != 0:
+        print(f"rank {rank} of {world}: the local smoke pretrain trains on rank 0 only; nothing to do here")
+        return 0
+    try:
+        summary = train(args, rank)
+    except (_common.StageError, data_list.DataListError) as exc:
+        print(f"{STAGE}: {exc}", file=sys.stderr)
+        return 1
+    _common.atomic_write_json(args.results / args.run_name / SUMMARY, summary)
+    print(f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, "
+          f"{summary['tokens_seen']} tokens, {summary['steps_per_s_this_run']} steps/s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

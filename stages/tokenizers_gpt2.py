@@ -1,0 +1,170 @@
+"""Tokenizers for preprocess: GPT-2 BPE from vocab.json + merges.txt (tiktoken), or an HF `tokenizer.json`.
+
+GPT-2 goes through tiktoken, built offline from the two files, because it gives the same ids as Megatron's
+GPT2BPETokenizer (the same byte-level BPE, vocabulary and split regex) several times faster. An HF `tokenizer.json`
+is the option for other vocabularies (`tokenizers` is then needed; it is not in the stage requirements).
+
+A `TokenizerSpec` is small and picklable: worker processes load their own tokenizer from it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from megatron_index import dtype_for_vocab
+
+EOD_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = ("<|endoftext|>", "<|startoftext|>")  # in vocab.json, but not BPE merges
+# tiktoken's r50k/gpt2 split pattern: GPT-2's own
+#   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+# rewritten with possessive quantifiers (same splits, no backtracking).
+GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+# End-of-document tokens looked for in a tokenizer.json when --eod-token is not given, in this order.
+KNOWN_EOD_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
+
+
+class TokenizerError(ValueError):
+    """The tokenizer files are missing, unreadable or inconsistent."""
+
+
+class Tokenizer(Protocol):
+    kind: str
+    vocab_size: int
+    eod: int
+
+    def encode(self, text: str) -> np.ndarray:
+        """The ids of `text` (no special tokens, no EOD), as an unsigned integer array."""
+
+
+def gpt2_byte_order() -> tuple[list[int], dict[str, int]]:
+    """GPT-2's single-byte tokens in rank order, and the character that stands for each byte in its files.
+
+    Bytes whose character is printable (space excepted) come first and stand for themselves; the n-th of the
+    others is written as chr(256 + n).
+    """
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    others = [b for b in range(256) if b not in printable]
+    chars = {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+    return printable + others, chars
+
+
+def gpt2_mergeable_ranks(vocab: Path, merges: Path) -> tuple[dict[bytes, int], dict[str, int]]:
+    """tiktoken's ranks from GPT-2 files, and the raw vocabulary (for the special tokens).
+
+    The same construction and check as `tiktoken.load.data_gym_to_mergeable_bpe_ranks` (single bytes, then one
+    rank per merge in file order, which must equal the vocabulary's ids), with `str.translate` instead of a
+    per-character generator: about twice as fast to load, and no copy in tiktoken's path-keyed temp cache, which
+    would return a stale vocabulary if the file at that path changed.
+    """
+    order, chars = gpt2_byte_order()
+    table = str.maketrans({char: chr(b) for char, b in chars.items()})  # then .encode("latin-1") gives the bytes
+    ranks = {bytes([b]): rank for rank, b in enumerate(order)}
+    lines = merges.read_text(encoding="utf-8").split("\n")
+    for rank, line in enumerate((line for line in lines[1:] if line), start=len(ranks)):  # [0] is "#version"
+        first, second = line.split()
+        ranks[(first + second).translate(table).encode("latin-1")] = rank
+    encoder = json.loads(vocab.read_text(encoding="utf-8"))
+    from_vocab = {token.translate(table).encode("latin-1"): rank for token, rank in encoder.items()
+                  if token not in SPECIAL_TOKENS}
+    if from_vocab != ranks:
+        raise TokenizerError(f"{vocab} and {merges} do not match (the merge order must give the vocabulary's ids)")
+    return ranks, encoder
+
+
+class Gpt2Bpe:
+    """GPT-2 byte-level BPE through tiktoken; ids identical to Megatron's GPT2BPETokenizer."""
+
+    kind = "gpt2-bpe"
+
+    def __init__(self, vocab: Path, merges: Path) -> None:
+        import tiktoken
+
+        for path in (vocab, merges):
+            if not path.is_file():
+                raise TokenizerError(f"{path}: no such file")
+        try:
+            ranks, encoder = gpt2_mergeable_ranks(vocab, merges)
+        except TokenizerError:
+            raise
+        except (ValueError, OSError) as exc:  # UnicodeError and JSONDecodeError are ValueErrors
+            raise TokenizerError(f"{vocab} / {merges}: not a GPT-2 vocab.json + merges.txt ({exc!r})") from exc
+        if EOD_TOKEN not in encoder:
+            raise TokenizerError(f"{vocab}: has no {EOD_TOKEN} entry")
+        self.eod = int(encoder[EOD_TOKEN])
+        self.vocab_size = len(encoder)
+        self._encoding = tiktoken.Encoding(name="gpt2-files", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
+                                           special_tokens={EOD_TOKEN: self.eod})
+
+    def encode(self, text: str) -> np.ndarray:
+        # encode_to_numpy skips the list of Python ints that encode_ordinary builds (about 10 % of the time).
+        # disallowed_special=() and no allowed specials: "<|endoftext|>" inside a text is ordinary text, as in
+        # encode_ordinary and in Megatron.
+        try:
+            return self._encoding.encode_to_numpy(text, disallowed_special=())
+        except UnicodeEncodeError:
+            # Lone surrogates (possible in JSON "\ud800" escapes): replaced, as tiktoken's encode_ordinary does.
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            return self._encoding.encode_to_numpy(text, disallowed_special=())
+
+
+class HfTokenizerJson:
+    """Any HF `tokenizer.json` through the `tokenizers` package, without added special tokens."""
+
+    kind = "hf-tokenizer-json"
+
+    def __init__(self, path: Path, eod_token: str | None) -> None:
+        try:
+            from tokenizers import Tokenizer as HfTokenizer
+        except ImportError as exc:
+            raise TokenizerError("--tokenizer-json needs the `tokenizers` package (pip install tokenizers)") from exc
+        if not path.is_file():
+            raise TokenizerError(f"{path}: no such file")
+        try:
+            self._tokenizer = HfTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises plain Exception subclasses from Rust
+            raise TokenizerError(f"{path}: not a tokenizer.json ({exc})") from exc
+        self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self.eod = self._find_eod(path, eod_token)
+
+    def _find_eod(self, path: Path, eod_token: str | None) -> int:
+        candidates = (eod_token,) if eod_token else KNOWN_EOD_TOKENS
+        for token in candidates:
+            token_id = self._tokenizer.token_to_id(token)
+            if token_id is not None:
+                return int(token_id)
+        raise TokenizerError(f"{path}: none of {', '.join(candidates)} is in the vocabulary; name the "
+                             "end-of-document token with --eod-token")
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """How to build the tokenizer (what workers receive): GPT-2 files, or a tokenizer.json."""
+
+    vocab: Path | None = None
+    merges: Path | None = None
+    tokenizer_json: Path | None = None
+    eod_token: str | None = None
+
+    def load(self) -> Tokenizer:
+        if self.tokenizer_json is not None:
+            return HfTokenizerJson(self.tokenizer_json, self.eod_token)
+        if self.vocab is None or self.merges is None:
+            raise TokenizerError("GPT-2 BPE needs both --vocab and --merges")
+        return Gpt2Bpe(self.vocab, self.merges)
+
+
+def describe(tokenizer: Tokenizer) -> dict:
+    """The manifest's `tokenizer` block."""
+    return {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "eod": tokenizer.eod}
+
+
+def token_dtype(tokenizer: Tokenizer) -> np.dtype:
+    return dtype_for_vocab(tokenizer.vocab_size)

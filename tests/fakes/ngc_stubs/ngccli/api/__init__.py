@@ -1,0 +1,1 @@
+"""Import-only stand-in for ``ngccli.api`` (see ngccli/__init__.py)."""

@@ -1,0 +1,1 @@
+"""Import-only stand-in: ngcsdk only takes ``os.path.dirname(cacerts.__file__)`` of this module."""
