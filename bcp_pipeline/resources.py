@@ -109,7 +109,7 @@ class BcpOptions:
     poll_min_seconds: float = 10.0
     poll_max_seconds: float = 60.0
     list_duration: Duration = Duration("30D")  # `job list --duration`: ngc's default 7-day window misses long runs
-    ui_url: str | None = None  # e.g. https://bc.ngc.nvidia.com/jobs/{job_id}
+    ui_url: str | None = "https://bc.ngc.nvidia.com/jobs/{job_id}"  # job page shown by `status`; null to hide
 
 
 @dataclass(kw_only=True)

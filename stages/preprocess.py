@@ -17,9 +17,10 @@ no sequence either, as in Megatron, and is counted as `empty_documents`. Lines t
 string `--json-key` are skipped and reported as `SOURCE:LINE: reason` (the first few per output; all are counted
 in `skipped_lines`); an output without a single document fails (every line skipped: a wrong --json-key?).
 
-Outputs are sharded across ranks; within a rank, `--workers` processes tokenize ~1 MiB batches of lines while the
-main process reads and writes in order (a bounded window of batches in flight, so memory does not grow with the
-input).
+Outputs are sharded across ranks; within a rank, `--workers` processes tokenize ~1 MiB batches of whole lines
+(reading plain inputs themselves; `.jsonl.zst` is decompressed by the main process) while the main process writes
+the results in input order. A bounded window of batches is in flight and document lengths are spilled to a scratch
+file, so memory does not grow with the input.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ STAGE = "preprocess"
 JSONL_INPUT = re.compile(r"train_chunk_(\d+)\.jsonl")
 PREFIX_TEMPLATE = "train_chunk_{index}.jsonl_text_document"
 BATCH_BYTES = 1 << 20  # text per task: ~60 ms of tokenizing, so pickling and scheduling are noise
+PROBE_BYTES = 1 << 16  # read around a batch boundary to find the end of its line
 MAX_REPORTED_LINES = 20  # bad lines printed per output; the rest are only counted
 
 
@@ -86,44 +88,74 @@ def list_items(in_dir: Path, files_per_output: int | None) -> list[OutputItem]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Reading: whole lines in ~BATCH_BYTES batches, with their line numbers
+# Reading: batches of ~BATCH_BYTES of whole lines
 # ---------------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Batch:
+    """Whole lines of one source: a byte range of a plain file, which the worker reads itself (so the text does
+    not travel through the main process and a pipe), or bytes the main process decompressed from a .jsonl.zst."""
+
     source: int  # index into the item's sources
-    first_line: int  # 1-based line number of the first line of `data` in its source
-    data: bytes  # whole lines (the last one may lack its newline only at the end of a source)
+    data: bytes = b""
+    path: str = ""
+    start: int = 0
+    end: int = 0
+
+    def text(self) -> bytes:
+        if not self.path:
+            return self.data
+        with open(self.path, "rb", buffering=0) as handle:
+            data = os.pread(handle.fileno(), self.end - self.start, self.start)
+        if len(data) != self.end - self.start:
+            raise OSError(f"{Path(self.path).name} shrank while being read")
+        return data
 
 
-def source_blocks(path: Path, block_bytes: int) -> Iterator[bytes]:
-    """The bytes of `path`, decompressed when it is `.jsonl.zst` (a truncated stream raises, naming the file)."""
-    if path.name.endswith(ZST_SUFFIX):
-        yield from decompress_blocks(path)
-        return
+def line_ranges(path: Path, batch_bytes: int) -> Iterator[tuple[int, int]]:
+    """(start, end) byte ranges of about `batch_bytes` that end just after a newline (or at the end of file).
+    Only a small window around each cut is read here; the workers read the ranges themselves."""
     with open(path, "rb", buffering=0) as handle:
-        while block := handle.read(block_bytes):
-            yield block
+        fd, size, start = handle.fileno(), os.fstat(handle.fileno()).st_size, 0
+        while start < size:
+            end = min(start + batch_bytes, size)
+            while end < size:  # move the cut to just after the next newline
+                window = os.pread(fd, PROBE_BYTES, end - 1)
+                newline = window.find(b"\n")
+                if newline >= 0:
+                    end += newline
+                    break
+                end = min(end - 1 + len(window), size) if window else size
+            yield start, end
+            start = end
 
 
-def read_batches(paths: list[Path], batch_bytes: int = BATCH_BYTES) -> Iterator[Batch]:
-    """Cut each source into batches of whole lines; batches never span two sources."""
-    for source, path in enumerate(paths):
-        line, pending, size = 1, [], 0
-        for block in source_blocks(path, batch_bytes):
-            pending.append(block)
-            size += len(block)
-            last_newline = block.rfind(b"\n")
-            if size < batch_bytes or last_newline < 0:
-                continue  # a small batch so far, or a line longer than a batch that has not ended yet
-            data = b"".join(pending)
-            cut = size - len(block) + last_newline + 1
-            yield Batch(source, line, data[:cut])
-            line += data.count(b"\n", 0, cut)
-            pending, size = [data[cut:]], size - cut
+def compressed_batches(source: int, path: Path, batch_bytes: int) -> Iterator[Batch]:
+    """Decompressed whole lines of a .jsonl.zst (a truncated stream raises, naming the file)."""
+    pending: list[bytes] = []
+    size = 0
+    for block in decompress_blocks(path):
+        pending.append(block)
+        size += len(block)
+        last_newline = block.rfind(b"\n")
+        if size < batch_bytes or last_newline < 0:
+            continue  # a small batch so far, or a line longer than a batch that has not ended yet
         data = b"".join(pending)
-        if data:
-            yield Batch(source, line, data)
+        cut = size - len(block) + last_newline + 1
+        yield Batch(source, data=data[:cut])
+        pending, size = [data[cut:]], size - cut
+    if size:
+        yield Batch(source, data=b"".join(pending))
+
+
+def read_batches(paths: list[Path], batch_bytes: int) -> Iterator[Batch]:
+    """Every source in order, cut into batches of whole lines; batches never span two sources."""
+    for source, path in enumerate(paths):
+        if path.name.endswith(ZST_SUFFIX):
+            yield from compressed_batches(source, path, batch_bytes)
+        else:
+            for start, end in line_ranges(path, batch_bytes):
+                yield Batch(source, path=str(path), start=start, end=end)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -132,11 +164,13 @@ def read_batches(paths: list[Path], batch_bytes: int = BATCH_BYTES) -> Iterator[
 
 @dataclass
 class BatchResult:
-    tokens: bytes  # ids + EOD per document, in the output dtype, back to back
-    lengths: bytes  # int32 per document (EOD included)
+    source: int
+    tokens: bytes = b""  # ids + EOD per document, in the output dtype, back to back
+    lengths: bytes = b""  # int32 per document (EOD included)
+    lines: int = 0
     documents: int = 0
     empty: int = 0
-    bad: list[tuple[int, int, str]] = field(default_factory=list)  # (source, line, reason)
+    bad: list[tuple[int, str]] = field(default_factory=list)  # (line index in the batch, reason)
 
 
 @dataclass
@@ -175,17 +209,18 @@ def tokenize_batch(batch: Batch) -> BatchResult:
     encode, key, loads, eod = state.tokenizer.encode, state.key, json.loads, state.eod
     pieces: list[np.ndarray] = []
     lengths: list[int] = []
-    result = BatchResult(b"", b"")
-    lines = batch.data.split(b"\n")
+    result = BatchResult(batch.source)
+    lines = batch.text().split(b"\n")
     if lines[-1] == b"":
         lines.pop()  # the batch ends with a newline; that is not one more (empty) line
+    result.lines = len(lines)
     for offset, line in enumerate(lines):
         try:
             text = loads(line)[key]
             if text.__class__ is not str:
                 raise TypeError
         except (ValueError, KeyError, TypeError, IndexError):
-            result.bad.append((batch.source, batch.first_line + offset, line_problem(line, key) or "unusable"))
+            result.bad.append((offset, line_problem(line, key) or "unusable"))
             continue
         ids = encode(text)
         if ids.size == 0:
@@ -236,17 +271,26 @@ class Context:
 
 @dataclass
 class Tally:
+    """Counts over one output; turns batch-relative line indices into file line numbers (results come in order)."""
+
+    item: OutputItem
     documents: int = 0
     empty: int = 0
     skipped: int = 0
+    source: int = 0
+    lines_before: int = 0  # lines of `source` in the batches already counted
 
-    def add(self, result: BatchResult, item: OutputItem) -> None:
+    def add(self, result: BatchResult) -> None:
+        if result.source != self.source:
+            self.source, self.lines_before = result.source, 0
         self.documents += result.documents
         self.empty += result.empty
-        for source, line, reason in result.bad:
+        for offset, reason in result.bad:
             self.skipped += 1
             if self.skipped <= MAX_REPORTED_LINES:
-                print(f"{STAGE}: {item.sources[source]}:{line}: {reason} (skipped)", file=sys.stderr)
+                line = self.lines_before + offset + 1
+                print(f"{STAGE}: {self.item.sources[self.source]}:{line}: {reason} (skipped)", file=sys.stderr)
+        self.lines_before += result.lines
 
 
 def output_paths(out_dir: Path, prefix: str) -> tuple[Path, Path, Path]:
@@ -269,15 +313,15 @@ def build_output(item: OutputItem, ctx: Context) -> dict:
     bin_path, idx_path, manifest_path = output_paths(ctx.out_dir, item.prefix)
     manifest_path.unlink(missing_ok=True)  # a stale manifest must not vouch for the files being rewritten
     spill_path = _common.temp_path_for(ctx.out_dir / f"{item.prefix}.lengths")
-    tally = Tally()
-    batches = read_batches([ctx.in_dir / name for name in item.sources])
+    tally = Tally(item)
+    batches = read_batches([ctx.in_dir / name for name in item.sources], BATCH_BYTES)
     try:
         with open(spill_path, "w+b") as spill, _common.atomic_output(bin_path) as bin_file:
             bin_out = HashingWriter(bin_file)
             writer = IndexedDatasetWriter(bin_out, spill, token_dtype(ctx.tokenizer))
             for result in ordered_results(batches, ctx.executor, ctx.window):
                 writer.add_batch(result.tokens, result.lengths)
-                tally.add(result, item)
+                tally.add(result)
             if tally.documents == 0:  # nothing to train on: an upstream problem, not an output to publish
                 raise _common.StageError(f"no usable documents: all {tally.skipped} lines were skipped "
                                          f"(is --json-key right?) and {tally.empty} texts were empty")

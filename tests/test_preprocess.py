@@ -168,6 +168,34 @@ def test_malformed_lines_are_skipped_and_reported_by_file_and_line(tmp_path, mon
     assert read_dataset(tmp_path / "out" / "train_chunk_0.jsonl_text_document")[-1] == [13199, EOD]  # "tail"
 
 
+@pytest.mark.parametrize("batch_bytes", [1, 7, 100, 1 << 20])
+def test_batches_tile_each_source_in_whole_lines(tmp_path, monkeypatch, batch_bytes):
+    from stage_fixtures import compress
+    monkeypatch.setattr(preprocess, "PROBE_BYTES", 5)  # lines longer than a probe window, too
+    payload = b'{"text": "a"}\n\n' + b"x" * 300 + b"\n\n\nlast line without newline"
+    (tmp_path / "a.jsonl").write_bytes(payload)
+    (tmp_path / "b.jsonl.zst").write_bytes(compress(payload, frames=3))
+    (tmp_path / "c.jsonl").write_bytes(b"")
+    batches = list(preprocess.read_batches([tmp_path / "a.jsonl", tmp_path / "b.jsonl.zst", tmp_path / "c.jsonl"],
+                                           batch_bytes))
+    for source in (0, 1):
+        texts = [b.text() for b in batches if b.source == source]
+        assert b"".join(texts) == payload
+        assert all(t.endswith(b"\n") for t in texts[:-1]) and all(texts)
+    assert not [b for b in batches if b.source == 2]
+
+
+def test_line_numbers_survive_small_batches(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(preprocess, "BATCH_BYTES", 64)
+    good = jsonl_bytes({"text": f"document {i}"} for i in range(40))
+    write_chunk(tmp_path / "in", 0, good + b"oops\n" + good + b'{"text": 1}\n')
+    argv = ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "out"), *GPT2, "--workers", "2"]
+    assert run_as_rank(preprocess.main, argv, 0, 1, monkeypatch) == 0
+    err = capsys.readouterr().err
+    assert "train_chunk_0.jsonl:41: invalid JSON" in err and "train_chunk_0.jsonl:82: 'text' is not a string" in err
+    assert len(read_dataset(tmp_path / "out" / "train_chunk_0.jsonl_text_document")) == 80
+
+
 def test_bad_lines_in_zst_groups_name_the_zst_file(tmp_path, monkeypatch, capsys):
     from stage_fixtures import compress
     (tmp_path / "zst").mkdir()
