@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Run the SlimPajama -> NeMo GPT pretraining DAG of pipelines.yaml on NGC Base Command Platform, "
         "Slurm, or locally."))
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--config", default="pipelines.yaml", help="pipelines file (default: ./pipelines.yaml)")
+    parser.add_argument("--config", help="pipelines file (default: ./pipelines.yaml; for an existing run, the "
+                                         "file it was started with)")
     parser.add_argument("--state-dir", help="where runs are kept (default: .bcp-pipeline next to the config file)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -85,19 +86,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-def store_for(args: argparse.Namespace, config_file: Path) -> RunStore:
-    root = Path(args.state_dir) if args.state_dir else config_file.resolve().parent / ".bcp-pipeline"
-    return RunStore(root)
+DEFAULT_CONFIG = Path("pipelines.yaml")
+
+
+def store_for(args: argparse.Namespace, config_file: Path | None = None) -> RunStore:
+    if args.state_dir:
+        return RunStore(Path(args.state_dir))
+    return RunStore((config_file or Path(args.config or DEFAULT_CONFIG)).resolve().parent / ".bcp-pipeline")
 
 
 def load(args: argparse.Namespace, pipeline: str | None = None, overrides: list[str] | None = None) -> Config:
-    return load_config(Path(args.config), overrides=overrides, pipeline=pipeline)
+    return load_config(Path(args.config or DEFAULT_CONFIG), overrides=overrides, pipeline=pipeline)
 
 
 def run_config(args: argparse.Namespace, state: RunState) -> tuple[Config, PipelineConfig]:
-    """The config a stored run was driven with (its file and its --set overrides)."""
-    path = Path(args.config) if args.config != "pipelines.yaml" or not Path(state.config_file).is_file() else \
-        Path(state.config_file)
+    """The config a stored run was driven with: --config if given, else its own file; and its --set overrides."""
+    path = Path(args.config) if args.config else Path(state.config_file)
     config = load_config(path, overrides=state.overrides, pipeline=state.pipeline)
     return config, config.pipeline(state.pipeline)
 
@@ -149,7 +153,7 @@ def _first_unfinished(state: RunState) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    store = store_for(args, Path(args.config))
+    store = store_for(args)
     state = store.resolve(args.run)
     config, pipeline = run_config(args, state)
     selected = continue_run(state, pipeline, Selection())
@@ -194,7 +198,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    store = store_for(args, Path(args.config))
+    store = store_for(args)
     state = store.resolve(args.run)
     backend = None
     try:
@@ -239,7 +243,7 @@ def stage_job(state: RunState, stage: str, verify: bool):
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    store = store_for(args, Path(args.config))
+    store = store_for(args)
     state = store.resolve(args.run)
     config, pipeline = run_config(args, state)
     backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
@@ -249,7 +253,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    store = store_for(args, Path(args.config))
+    store = store_for(args)
     state = store.resolve(args.run)
     config, pipeline = run_config(args, state)
     backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
@@ -300,7 +304,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    store = store_for(args, Path(args.config))
+    store = store_for(args)
     state = store.resolve(args.run)
     config, pipeline = run_config(args, state)
     if args.stage not in pipeline.stages or not pipeline.stages[args.stage].verify:
