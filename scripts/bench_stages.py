@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark extract, concat and tokenize-preprocess next to unzstd, cat and raw tiktoken, on the same data.
 
-    python scripts/bench_stages.py [--files 4] [--docs 4000] [--replicas 4] [--repeats 3] [--workers N]
+    python scripts/bench_stages.py [--files 4] [--docs 8000] [--replicas 4] [--repeats 3] [--workers N]
 
 Sample data comes from `stages/sample.py` when it is there (else from the test fixture generator): F files of
 D documents, copied R times under new names so the byte-rate measurements run long enough to mean something.
@@ -182,38 +182,62 @@ def bench_concat(extracted: Path, work: Path, per_output: int, repeats: int) -> 
     return {name: best(r) for name, r in runs.items()}
 
 
-def raw_tiktoken(jsonl: list[Path], vocab: Path, merges: Path) -> tuple[Run, int, int]:
-    """Single-thread tiktoken `encode_ordinary` over every document: (wall and CPU time, tokens, documents)."""
-    sys.path.insert(0, str(STAGES))
-    import tiktoken
-    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+# Raw tiktoken `encode_ordinary`, one thread, over a slice of the documents: built from the same vocab/merges as
+# the stage, texts parsed before the clock starts, the clock started at an agreed time (so that P copies run at once).
+RAW_TIKTOKEN = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+from tokenizers_gpt2 import GPT2_SPLIT_PATTERN
+vocab, merges, start_at, part, parts = sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+ranks = data_gym_to_mergeable_bpe_ranks(merges, vocab)
+encoding = tiktoken.Encoding("gpt2-bench", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": 50256})
+texts = [json.loads(line)["text"] for path in sys.argv[7:] for line in Path(path).read_bytes().splitlines() if line]
+texts = texts[part::parts]
+encode = encoding.encode_ordinary
+time.sleep(max(0.0, start_at - time.time()))
+wall, cpu = time.perf_counter(), time.process_time()
+tokens = sum(len(encode(text)) for text in texts)
+print(json.dumps({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "tokens": tokens,
+                  "documents": len(texts)}))
+"""
 
-    from tokenizers_gpt2 import GPT2_SPLIT_PATTERN
 
-    ranks = data_gym_to_mergeable_bpe_ranks(str(merges), str(vocab))
-    encoding = tiktoken.Encoding("gpt2-bench", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
-                                 special_tokens={"<|endoftext|>": 50256})
-    texts = [json.loads(line)["text"] for path in jsonl for line in path.read_bytes().splitlines() if line]
-    encode = encoding.encode_ordinary
-    wall, cpu = time.perf_counter(), time.process_time()
-    tokens = sum(len(encode(text)) for text in texts)
-    return Run(time.perf_counter() - wall, time.process_time() - cpu, 0.0), tokens, len(texts)
+def raw_tiktoken(jsonl: list[Path], vocab: Path, merges: Path, processes: int) -> tuple[Run, int, int]:
+    """`processes` single-thread tiktoken runs at once, each on 1/processes of the documents:
+    (wall of the slowest and total CPU, tokens, documents)."""
+    start_at = time.time() + 2.0  # after every process has loaded the vocabulary and the texts
+    children = [subprocess.Popen([sys.executable, "-c", RAW_TIKTOKEN, str(STAGES), str(vocab), str(merges),
+                                  str(start_at), str(part), str(processes), *map(str, jsonl)],
+                                 stdout=subprocess.PIPE, text=True) for part in range(processes)]
+    results = [json.loads(child.communicate()[0]) for child in children]
+    if any(child.returncode for child in children):
+        raise RuntimeError("the raw tiktoken baseline failed")
+    run = Run(max(r["wall"] for r in results), sum(r["cpu"] for r in results), 0.0)
+    return run, sum(r["tokens"] for r in results), sum(r["documents"] for r in results)
 
 
 def bench_preprocess(chunks: Path, work: Path, vocab: Path, merges: Path, workers: int,
-                     repeats: int) -> tuple[dict[str, Run], int, tuple[Run, int, int]]:
+                     repeats: int) -> tuple[dict[str, Run], int, dict[str, tuple[Run, int, int]]]:
+    """The stage with `workers` and with 1 worker, and raw tiktoken with 1 and with `workers` processes."""
     tokenizer = ["--vocab", str(vocab), "--merges", str(merges)]
     runs: dict[str, list[Run]] = {f"preprocess ({workers} workers)": [], "preprocess (1 worker)": []}
-    raw: list[tuple[Run, int, int]] = []
+    raw: dict[str, list[tuple[Run, int, int]]] = {"1": [], str(workers): []}
+    inputs = sorted(chunks.glob("train_chunk_*.jsonl"))
     for _ in range(repeats):
-        raw.append(raw_tiktoken(sorted(chunks.glob("train_chunk_*.jsonl")), vocab, merges))
+        for processes in {1, workers}:
+            raw[str(processes)].append(raw_tiktoken(inputs, vocab, merges, processes))
         for label, count in ((f"preprocess ({workers} workers)", workers), ("preprocess (1 worker)", 1)):
             out = work / "tokens"
             shutil.rmtree(out, ignore_errors=True)
             runs[label].append(measure(stage("preprocess", "--in", str(chunks), "--out", str(out), *tokenizer,
                                              "--workers", str(count)), env=stage_env()))
     tokens = sum(json.loads(p.read_text())["tokens"] for p in (work / "tokens").glob("*.manifest.json"))
-    return {name: best(r) for name, r in runs.items()}, tokens, min(raw, key=lambda r: r[0].wall)
+    return ({name: best(r) for name, r in runs.items()}, tokens,
+            {name: min(r, key=lambda x: x[0].wall) for name, r in raw.items()})
 
 
 def bench_rss(sample_jsonl: Path, work: Path, vocab: Path, merges: Path, workers: int,
@@ -257,7 +281,7 @@ def verdict(label: str, value: float, target: float, unit: str = "x") -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=4, help="sample files to generate")
-    parser.add_argument("--docs", type=int, default=4000, help="documents per sample file")
+    parser.add_argument("--docs", type=int, default=8000, help="documents per sample file")
     parser.add_argument("--replicas", type=int, default=4, help="copies of the sample for extract/concat")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (the fastest is kept)")
     parser.add_argument("--token-repeats", type=int, default=2, help="runs per tokenizer measurement")
@@ -293,8 +317,8 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     chunks = fresh(work / "chunks")
     shutil.copyfile(work / "concat" / "train_chunk_0.jsonl", chunks / "train_chunk_0.jsonl")
     chunk_bytes = folder_bytes(chunks, "*.jsonl")
-    pre_runs, tokens, (raw_run, raw_tokens, documents) = bench_preprocess(chunks, work, vocab, merges,
-                                                                              args.workers, args.token_repeats)
+    pre_runs, tokens, raw = bench_preprocess(chunks, work, vocab, merges, args.workers, args.token_repeats)
+    raw_run, raw_tokens, documents = raw["1"]
     rss_1x, rss_10x, rss_bytes, rss_tokens = bench_rss(chunks / "train_chunk_0.jsonl", work, vocab, merges,
                                                        args.workers, args.rss_mb)
     if tokens != raw_tokens + documents:
@@ -307,6 +331,9 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     for name, run in concat_runs.items():
         print(row(name, run, text_bytes))
     print(row("tiktoken encode_ordinary (1 thread)", raw_run, chunk_bytes, raw_tokens))
+    raw_parallel = raw[str(args.workers)][0]
+    if args.workers > 1:
+        print(row(f"tiktoken, {args.workers} processes at once", raw_parallel, chunk_bytes, raw_tokens, cores))
     for name, run in pre_runs.items():
         print(row(name, run, chunk_bytes, tokens, cores if "workers" in name else 1))
     print(row(f"preprocess {rss_bytes / MB:.0f} MB input, {args.workers} workers", rss_1x, rss_bytes, rss_tokens,
@@ -328,11 +355,15 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     print("same durability (the tools followed by `sync FILES`):")
     verdict("extract vs unzstd + sync", extract_runs["unzstd + sync"].wall / extract_runs["extract"].wall, 1.0)
     verdict("concat vs cat + sync", concat_runs["cat + sync"].wall / concat_runs["concat"].wall, 0.9)
-    single = pre_runs["preprocess (1 worker)"]
-    print("contention-proof view (CPU seconds instead of wall, for a busy machine):")
+    print("the same, against what this machine gives parallel work right now:")
+    verdict(f"preprocess tokens/s vs raw tiktoken in {args.workers} processes at once",
+            100 * tokens / parallel.wall / (raw_tokens / raw_parallel.wall), 80.0, " %")
     verdict("preprocess tokens per CPU-second vs raw tiktoken's", 100 * tokens / parallel.cpu / raw_cpu_rate, 80.0,
             " %")
-    print(f"info: preprocess with 1 worker: {100 * tokens / single.wall / raw_rate:.0f} % of raw tiktoken (wall)")
+    single = pre_runs["preprocess (1 worker)"]
+    print(f"info: preprocess with 1 worker: {100 * tokens / single.wall / raw_rate:.0f} % of raw tiktoken (wall); "
+          f"raw tiktoken in {args.workers} processes: {100 * raw_tokens / raw_parallel.wall / cores / raw_rate:.0f} "
+          "% per core of one alone")
     print(f"bench took {time.monotonic() - started:.0f} s; load average {os.getloadavg()[0]:.1f} at the end")
     return 1 if args.strict and not all(results) else 0
 
