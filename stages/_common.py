@@ -13,6 +13,7 @@ orchestrator relies on:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import functools
@@ -31,6 +32,17 @@ T = TypeVar("T")
 
 class StageError(Exception):
     """A stage could not complete some of its items; the message names them."""
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts: a whole number >= 1, else a clear usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
 
 
 def rank_and_world_size(environ: dict[str, str] | None = None) -> tuple[int, int]:

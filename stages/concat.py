@@ -182,21 +182,11 @@ def run(args: argparse.Namespace, rank: int, world: int) -> int:
     return 0
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="concat.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--in", dest="in_dir", type=Path, required=True, help="folder of *.jsonl")
     parser.add_argument("--out", dest="out_dir", type=Path, required=True, help="folder for train_chunk_{i}.jsonl")
-    parser.add_argument("--files-per-output", type=positive_int, required=True,
+    parser.add_argument("--files-per-output", type=_common.positive_int, required=True,
                         help="inputs per output (800 in the NeMo guide)")
     args = parser.parse_args(argv)
     if not args.in_dir.is_dir():

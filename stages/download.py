@@ -403,13 +403,6 @@ def download_all(fetcher: Fetcher, items: list[Item], workers: int,
     return failures, fetched
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
-
-
 def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -424,11 +417,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="flat output folder")
     parser.add_argument("--split", default="train", choices=sorted(SPLIT_CHUNKS))
     parser.add_argument("--chunks", default=None, help="chunks to fetch, e.g. 1-10 or 1,3,5 (default: all)")
-    parser.add_argument("--files-per-chunk", type=positive_int, default=None,
+    parser.add_argument("--files-per-chunk", type=_common.positive_int, default=None,
                         help="cap on each chunk's file count (default: the real SlimPajama counts)")
-    parser.add_argument("--max-files", type=positive_int, default=None, help="cap on the total number of files")
-    parser.add_argument("--workers", type=positive_int, default=8, help="concurrent downloads in this process")
-    parser.add_argument("--attempts", type=positive_int, default=8, help="attempts per file (default: %(default)s)")
+    parser.add_argument("--max-files", type=_common.positive_int, default=None, help="cap on the total number of files")
+    parser.add_argument("--workers", type=_common.positive_int, default=8, help="concurrent downloads in this process")
+    parser.add_argument("--attempts", type=_common.positive_int, default=8, help="attempts per file (default: %(default)s)")
     parser.add_argument("--backoff", type=positive_float, default=1.0,
                         help="first retry wait in seconds, doubled each attempt, plus jitter (default: %(default)s)")
     parser.add_argument("--max-wait", type=positive_float, default=300.0,

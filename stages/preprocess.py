@@ -409,16 +409,6 @@ def timed_build(item: OutputItem, ctx: Context) -> dict:
     return manifest
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
 def default_workers() -> int:
     """The CPUs this process may use (Slurm and containers restrict affinity), not the machine's count."""
     with contextlib.suppress(AttributeError):
@@ -436,9 +426,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, TokenizerSpe
     parser.add_argument("--tokenizer-json", type=Path, help="an HF tokenizer.json instead of GPT-2 BPE")
     parser.add_argument("--eod-token", help="end-of-document token of --tokenizer-json (default: a known one)")
     parser.add_argument("--json-key", default="text", help="the JSON key holding the document text")
-    parser.add_argument("--files-per-output", type=positive_int,
+    parser.add_argument("--files-per-output", type=_common.positive_int,
                         help="read *.jsonl.zst directly, in concat's groups of N per output")
-    parser.add_argument("--workers", type=positive_int, default=default_workers(),
+    parser.add_argument("--workers", type=_common.positive_int, default=default_workers(),
                         help="tokenizer processes in this rank (default: the CPUs it may use)")
     args = parser.parse_args(argv)
     if not args.in_dir.is_dir():

@@ -447,35 +447,28 @@ def summarize(args: argparse.Namespace, cfg: dict, state: dict, model: nn.Module
 
 # ---------------------------------------------------------------- CLI
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
-    return value
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", required=True, type=Path, help="preprocess output: .bin/.idx + manifests")
     parser.add_argument("--results", required=True, type=Path, help="results folder; the run lives in RESULTS/NAME")
     parser.add_argument("--run-name", default="smoke", help="same name -> continue from its last checkpoint")
-    parser.add_argument("--steps", type=positive_int, default=60)
-    parser.add_argument("--checkpoint-every", type=positive_int, default=20)
-    parser.add_argument("--keep-checkpoints", type=positive_int, default=3)
-    parser.add_argument("--seq-length", type=positive_int, default=128)
-    parser.add_argument("--micro-batch-size", type=positive_int, default=4)
+    parser.add_argument("--steps", type=_common.positive_int, default=60)
+    parser.add_argument("--checkpoint-every", type=_common.positive_int, default=20)
+    parser.add_argument("--keep-checkpoints", type=_common.positive_int, default=3)
+    parser.add_argument("--seq-length", type=_common.positive_int, default=128)
+    parser.add_argument("--micro-batch-size", type=_common.positive_int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: steps // 10")
     parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--layers", type=positive_int, default=2)
-    parser.add_argument("--hidden", type=positive_int, default=128)
-    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--layers", type=_common.positive_int, default=2)
+    parser.add_argument("--hidden", type=_common.positive_int, default=128)
+    parser.add_argument("--heads", type=_common.positive_int, default=4)
     parser.add_argument("--split", default="100,0,0", help="megatron train,valid,test split (no validation here)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--threads", type=positive_int, default=min(os.cpu_count() or 1, 8),
+    parser.add_argument("--threads", type=_common.positive_int, default=min(os.cpu_count() or 1, 8),
                         help="torch CPU threads; keep it equal across a resume for bit-identical results")
-    parser.add_argument("--log-every", type=positive_int, default=1)
+    parser.add_argument("--log-every", type=_common.positive_int, default=1)
     args = parser.parse_args(argv)
     if args.hidden % args.heads:
         parser.error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")

@@ -317,21 +317,14 @@ def write_sample_file(path: Path, lines: list[str]) -> int:
     return total
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sample.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="mirror root; files go to train/chunkC/")
-    parser.add_argument("--chunks", type=positive_int, required=True, help="number of chunks (chunk1..chunkC)")
-    parser.add_argument("--files-per-chunk", type=positive_int, required=True)
-    parser.add_argument("--docs-per-file", type=positive_int, required=True)
+    parser.add_argument("--chunks", type=_common.positive_int, required=True, help="number of chunks (chunk1..chunkC)")
+    parser.add_argument("--files-per-chunk", type=_common.positive_int, required=True)
+    parser.add_argument("--docs-per-file", type=_common.positive_int, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--mean-words", type=positive_int, default=700,
+    parser.add_argument("--mean-words", type=_common.positive_int, default=700,
                         help="mean words per document (SlimPajama: about 700, 4.4 KB) (default: %(default)s)")
     parser.add_argument("--bpe-out", type=Path, default=None, help="also write GPT-2 vocab.json + merges.txt here")
     return parser.parse_args(argv)
