@@ -107,19 +107,9 @@ def write_manifest(out_dir: Path, items: list[Item], rank: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         if path.read_bytes() == data:
             return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # The rank is in the temporary name: ranks on different nodes (containers) can share a PID and a folder.
-    tmp = path.with_name(f".{path.name}.tmp-r{rank}-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    _common.fsync_dir(path.parent)
+    # Every rank writes the same bytes; _common's temporary names carry host and pid, so ranks never collide.
+    with _common.atomic_output(path) as handle:
+        handle.write(data)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,10 @@ can be told to fail or to stall through marker files in its output folder, so te
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,3 +99,20 @@ def write_chain_project(root: Path, config_text: str = CHAIN_CONFIG) -> Path:
     config = root / "pipelines.yaml"
     config.write_text(config_text)
     return config
+
+
+def start_orchestrator(config: Path, *args: str) -> subprocess.Popen:
+    """`bcp-pipeline --config CONFIG ARGS` as a real subprocess (so a test can SIGKILL it)."""
+    return subprocess.Popen([sys.executable, "-m", "bcp_pipeline.cli", "--config", str(config), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    """Poll `predicate` until it returns something true; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

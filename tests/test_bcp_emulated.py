@@ -8,7 +8,6 @@ real JSON shapes. It can fail, preempt or hold jobs and fail CLI calls, which th
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from bcp_pipeline.cli import main
 from bcp_pipeline.config import load_config
 from bcp_pipeline.state import RunStore, StageStatus
 from golden_files import REPO
-from pipeline_fixtures import CHAIN_CONFIG, write_chain_project
+from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
 
 sys.path.insert(0, str(REPO / "tests" / "fakes"))
 from ngc_control import FakeNgc  # noqa: E402
@@ -141,29 +140,19 @@ def stage_state(project: Path, stage: str) -> dict | None:
         return None
 
 
-def wait_until(predicate, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
-def orchestrator(project: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bcp_pipeline.cli", "--config", str(project), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_sigkill_after_submit_then_resume_submits_no_duplicate(fake, project):
     fake.hold_queued(name="chain.second", times=1)
-    process = orchestrator(project, "run", "chain", "--backend", "bcp")
-    wait_until(lambda: (stage_state(project, "second") or {}).get("status") == "running")
+    process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
+    wait_for(lambda: (stage_state(project, "second") or {}).get("status") == "running")
     process.kill()
     process.wait()
     job_id = int(stage_state(project, "second")["jobs"][0]["job_id"])
     assert fake.status(job_id) == "QUEUED"
-    resumed = orchestrator(project, "resume")
+    resumed = start_orchestrator(project, "resume")
     time.sleep(1.0)
     assert resumed.poll() is None
     fake.release(job_id)
@@ -224,10 +213,10 @@ def test_transient_cli_errors_do_not_fail_stages(fake, project, capsys):
     assert "submitting its stage job failed (`ngc` exited 1: Service Unavailable (503)" in capsys.readouterr().out
     # Failing status calls while jobs run: the orchestrator keeps polling and says so.
     fake.hold_queued(name="chain.first", times=1)
-    process = orchestrator(project, "run", "chain", "--backend", "bcp", "--restart")
-    wait_until(lambda: len(jobs_by_stage(fake)["chain.first"]) == 2)  # the new run's job is held queued
+    process = start_orchestrator(project, "run", "chain", "--backend", "bcp", "--restart")
+    wait_for(lambda: len(jobs_by_stage(fake)["chain.first"]) == 2)  # the new run's job is held queued
     fake.fail_calls(5, match="*job list*", message="Gateway Timeout (504)")
-    wait_until(lambda: sum(c["exit"] == 1 for c in fake.calls("job list")) >= 9)
+    wait_for(lambda: sum(c["exit"] == 1 for c in fake.calls("job list")) >= 9)
     fake.release()
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 0, output
@@ -236,8 +225,8 @@ def test_transient_cli_errors_do_not_fail_stages(fake, project, capsys):
 
 def test_cancel_kills_the_active_job(fake, project, capsys):
     fake.hold_queued(name="chain.first", times=1)
-    process = orchestrator(project, "run", "chain", "--backend", "bcp")
-    wait_until(lambda: (stage_state(project, "first") or {}).get("status") == "running")
+    process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
+    wait_for(lambda: (stage_state(project, "first") or {}).get("status") == "running")
     run_id = latest(project).run_id
     assert run(project, "cancel", run_id) == 0
     output, _ = process.communicate(timeout=60)

@@ -6,11 +6,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from bcp_pipeline.cli import main
 from bcp_pipeline.config import load_config
 from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.jobs import JobRequest

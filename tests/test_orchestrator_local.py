@@ -7,18 +7,13 @@ subprocess where a test kills it.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from bcp_pipeline.cli import main
 from bcp_pipeline.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, write_chain_project
+from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
 
 
 def cli(config: Path, *args: str) -> int:
@@ -34,19 +29,8 @@ def workspace_files(config: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("item-*.txt"))}
 
 
-def start_orchestrator(config: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bcp_pipeline.cli", "--config", str(config), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def stage_status(config: Path, stage: str) -> str | None:

@@ -171,7 +171,7 @@ def test_container_stage_golden(tmp_path):
     script = backend.render(request).printable
     assert_golden("slurm/container-stage.sbatch", normalize(script, tmp_path))
     srun = script[script.index("\nsrun "):]
-    assert f"--container-image='nvcr.io#nvidia/nemo:24.05'" in srun and "bootstrap.sh" in srun
+    assert "--container-image='nvcr.io#nvidia/nemo:24.05'" in srun and "bootstrap.sh" in srun
     assert "#SBATCH --time=1-02:00:00" in script and "#SBATCH --nodes=2" in script  # derived from the BCP section
     assert backend.sharding(request) == {"replicas": 2, "processes": 4}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import yaml
 from bcp_pipeline.cli import main
 from bcp_pipeline.config import load_config
 from bcp_pipeline.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
+from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
 from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
@@ -64,19 +63,8 @@ def jobs_named(run_id: str) -> list[tuple[str, str, str]]:
     return sorted((r for r in rows if r[1].startswith(run_id + ".")), key=lambda r: int(r[0]))
 
 
-def start_orchestrator(config: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bcp_pipeline.cli", "--config", str(config), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def stage_job(config: Path, stage: str, state: str = "RUNNING") -> str | None:
