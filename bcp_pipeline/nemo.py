@@ -189,5 +189,11 @@ def training_commandline(stage: "StageConfig", *, cluster_type: str, nodes: str,
     launcher = " ".join(["python3", shlex.quote(f"{stage.nemo.launcher_dir}/main.py"), *words,
                          f'"$(cat {shlex.quote(data_list_file)})"'])
     log = shlex.quote(f"{log_dir.rstrip('/')}/{stage.nemo.run_name}-pretrain.log")
-    script = f"set -o pipefail; {' '.join(map(shlex.quote, build_list))} && {launcher} 2>&1 | tee -a {log}"
+    # After training, the run's small files (configs, logs; not the checkpoints) are copied to the job's result
+    # folder, so they show with the job; the launcher's exit status is kept whatever the copy does.
+    results = substitute(stage.nemo.results_dir, values).rstrip("/")
+    sync = (f"tar -C {shlex.quote(results)} --exclude=checkpoints -cf - {shlex.quote(stage.nemo.run_name)} "
+            f"| tar -C {shlex.quote(log_dir)} -xf - || echo 'could not copy the run folder to {log_dir}' >&2")
+    script = (f"set -o pipefail; {' '.join(map(shlex.quote, build_list))} && {launcher} 2>&1 | tee -a {log}; "
+              f"status=$?; {sync}; exit $status")
     return f"bash -c {shlex.quote(script)}"

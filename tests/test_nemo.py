@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -62,7 +63,13 @@ LAUNCHER = """
 import json, sys
 from pathlib import Path
 Path(sys.argv[0]).with_name("argv.json").write_text(json.dumps(sys.argv[1:]))
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+run = Path(args["base_results_dir"]) / args["training.run.name"]
+(run / "results/checkpoints").mkdir(parents=True, exist_ok=True)
+(run / "results/checkpoints/megatron_gpt--step=10-last.ckpt").write_text("big")
+(run / "results/hparams.yaml").write_text("cfg")
 print("stand-in launcher ran")
+sys.exit(int(Path(sys.argv[0]).with_name("exit_code").read_text()))
 """
 
 
@@ -83,12 +90,16 @@ def test_rendered_training_job_builds_the_data_list_from_manifests(tmp_path):
     (tmp_path / "launcher").mkdir()
     (tmp_path / "launcher/main.py").write_text(LAUNCHER)
     code_dir = text.split("python3 ")[1].split("/data_list.py")[0]
-    local = (text.replace(code_dir, str(REPO / "stages")).replace("/mount_workspace", str(workspace))
-             .replace("/results", str(results)).replace("python3 ", f"{sys.executable} "))
+    local = text.replace(code_dir, str(REPO / "stages")).replace("python3 ", f"{sys.executable} ")
+    local = re.sub(r"(?<![\w/])/results", str(results), local.replace("/mount_workspace", str(workspace)))
     results.mkdir()
+    (tmp_path / "launcher/exit_code").write_text("0")
     done = subprocess.run(["bash", "-c", local],
                           env={**os.environ, "NGC_ARRAY_SIZE": "8"}, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    # The run folder's small files are copied to the job's results, the checkpoints are not.
+    assert (results / "gpt_8b/results/hparams.yaml").read_text() == "cfg"
+    assert not (results / "gpt_8b/results/checkpoints").exists()
     argv = json.loads((tmp_path / "launcher/argv.json").read_text())
     assert argv[:3] == ["cluster_type=bcp", "stages=[training]", "training=gpt3/7b_improved"]
     assert "training.trainer.num_nodes=8" in argv and "training.trainer.max_time=4:23:15:00" in argv
@@ -101,3 +112,8 @@ def test_rendered_training_job_builds_the_data_list_from_manifests(tmp_path):
     assert abs(sum(weights) - 1) < 1e-9
     assert weights == pytest.approx([t / sum(tokens) for t in tokens], abs=1e-6)
     assert "stand-in launcher ran" in (results / "gpt_8b-pretrain.log").read_text()
+    # The job ends with the launcher's exit status (a failed training is a failed job).
+    (tmp_path / "launcher/exit_code").write_text("3")
+    failed = subprocess.run(["bash", "-c", local], env={**os.environ, "NGC_ARRAY_SIZE": "8"}, capture_output=True,
+                            text=True, timeout=60)
+    assert failed.returncode == 3
