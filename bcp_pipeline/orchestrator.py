@@ -212,6 +212,8 @@ class Orchestrator:
 
     def finish_stage_job(self, name: str, stage_state: StageState, job: JobRecord, status: JobStatus) -> None:
         self.update_progress(name, job)
+        if status.state is JobState.SUCCEEDED:
+            self.record_summary(stage_state, job)
         continuation = self.pipeline.stages[name].continuation
         if continuation and status.state.value in continuation.resubmit_on:
             if status.state is not JobState.SUCCEEDED:
@@ -231,6 +233,15 @@ class Orchestrator:
             stage_state.status = StageStatus.VERIFYING  # submit_ready submits the verification job
         else:
             self.succeed(name, stage_state)
+
+    def record_summary(self, stage_state: StageState, job: JobRecord) -> None:
+        """Keep the `##bcp-pipeline summary` line a stage program printed (e.g. the loss of a training run)."""
+        try:
+            lines = parse_lines(self.backend.logs(job.job_id, rank=0, tail=50), "summary")
+        except (PipelineError, OSError):
+            return  # a summary is a nicety: never fail a stage over it
+        if lines and isinstance(lines[-1].get("text"), str):
+            stage_state.extra["summary"] = lines[-1]["text"]
 
     def finish_verification(self, name: str, stage_state: StageState, job: JobRecord, status: JobStatus) -> None:
         try:
@@ -298,7 +309,8 @@ class Orchestrator:
         stage_state.status = StageStatus.SUCCEEDED
         stage_state.finished_at = time.time()
         stage_state.error = None
-        self.reporter.event(f"{name}: succeeded{_verification_text(stage_state)}")
+        summary = stage_state.extra.get("summary")
+        self.reporter.event(f"{name}: succeeded{_verification_text(stage_state)}" + (f"; {summary}" if summary else ""))
 
 
 def verification_args(pipeline: PipelineConfig, stage: StageConfig) -> list[str]:

@@ -53,6 +53,10 @@ def render_status(state: RunState, job_url=None) -> str:
     """The `status` view: a table of stages, then the errors of failed stages with their log tails."""
     lines = [f"run {state.run_id}  pipeline {state.pipeline}  backend {state.backend}  status {state.status}", "",
              format_table(status_rows(state))]
+    summaries = [f"{name}: {stage.extra['summary']}" for name, stage in state.stages.items()
+                 if stage.extra.get("summary") and stage.status is StageStatus.SUCCEEDED]
+    if summaries:
+        lines += [""] + summaries
     for name, stage in state.stages.items():
         if stage.error:
             lines += ["", f"{name}: {stage.error}"]

@@ -8,7 +8,8 @@ orchestrator relies on:
 * atomic outputs: write `.NAME.tmp-PID` in the same folder, fsync, rename, fsync the folder;
 * a per-rank completion record, written last (datatrove's convention);
 * machine-readable lines on stdout, prefixed with `##bcp-pipeline `, that the orchestrator parses:
-  `##bcp-pipeline progress {"done": 3, "total": 40, "rank": 0}` and `##bcp-pipeline verify {...}`.
+  `##bcp-pipeline progress {"done": 3, "total": 40, "rank": 0}`, `##bcp-pipeline verify {...}`, and
+  `##bcp-pipeline summary {"text": "..."}` (one line about the result, shown when the stage succeeds).
 """
 
 from __future__ import annotations

@@ -493,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     _common.atomic_write_json(args.results / args.run_name / SUMMARY, summary)
     print(f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, "
           f"{summary['tokens_seen']} tokens, {summary['steps_per_s_this_run']} steps/s", flush=True)
+    _common.emit("summary", {"text": f"loss {summary['first_loss']:.2f} -> {summary['last_loss']:.2f} over "
+                                     f"{summary['steps']} steps"})
     return 0
 
 
