@@ -81,5 +81,18 @@ def last_lines(text: str, count: int) -> str:
     return "\n".join(text.rstrip("\n").splitlines()[-count:])
 
 
+_DOUBLE_QUOTE_SPECIAL = frozenset('$`"\\!')
+
+
+def shell_quote(text: str) -> str:
+    """shlex.quote, except that a value holding single quotes and nothing a double-quoted string would expand is
+    double-quoted, so nested command lines read like the guide's: `--commandline "bcprun ... --cmd 'python3 ...'"`."""
+    quoted = shlex.quote(text)
+    if quoted != text and "'" in text and not _DOUBLE_QUOTE_SPECIAL.intersection(text):
+        return f'"{text}"'
+    return quoted
+
+
 def shell_join(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
+    """A command line a POSIX shell splits back into exactly `argv`."""
+    return " ".join(shell_quote(a) for a in argv)
