@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """extract stage: `IN/X.jsonl.zst` -> `OUT/X.jsonl`, streaming, sharded by rank, resumable, never with a hole.
 
-    python3 extract.py --in DIR --out DIR [--keep-source] [--validate-json]
+    python3 extract.py --in DIR --out DIR [--keep-source] [--validate-json] [--threads N]
 
 Decompression streams through every zstd frame of a file. A file that ends inside a frame, or holds bytes that are
 not zstd, fails its item with the file named (the guide's extract skipped such files and concat then silently lost
@@ -15,6 +15,10 @@ change while ranks run and a rank that starts late would compute different shard
 `--validate-json` checks that every line is a JSON object with a string `text`. Bad lines are reported as
 `X.jsonl:LINE: reason` and counted, but they do not fail the item and the output stays byte-exact: extraction is
 lossless, and deciding what to drop is the tokenizer's job (preprocess skips and reports the same lines).
+
+`--threads N` (default: 2, or 1 when this process may use only one CPU) extracts up to N files of the rank's shard
+at once: zstandard and file writes release the GIL, so one file's decompression overlaps another's writeback and
+fsync. Outputs are the same bytes whatever N is; each file still becomes visible only by its own rename.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import contextlib
 import json
 import os
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -44,6 +49,7 @@ MAX_REPORTED_LINES = 20  # bad lines printed per file; the rest are only counted
 SHORT_LINES = 1024  # newlines per block beyond which count_newlines stops hopping and counts every byte
 WRITEBACK_BYTES = 8 << 20  # start writing the output to disk every 8 MiB (see start_writeback)
 MAX_UNCOMMITTED = 2  # extracted files waiting for their fsync + rename at most
+MAX_DEFAULT_THREADS = 2  # files extracted at once by default (more only adds memory and disk contention here)
 
 
 class CorruptInput(_common.StageError):
@@ -249,18 +255,24 @@ def commit(tmp: Path, final: Path, source: Path, keep_source: bool) -> None:
 
 
 class Committer:
-    """Runs `commit` on one background thread, so the disk flush of a file overlaps decompressing the next."""
+    """Runs `commit` on one background thread, so the disk flush of a file overlaps decompressing the next.
+
+    `submit` may be called from several extracting threads at once."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-commit")
         self._pending: list[tuple[Finished, Path, Future]] = []
+        self._lock = threading.Lock()
 
     def submit(self, done: Finished, tmp: Path, final: Path, source: Path, keep_source: bool) -> None:
         # Bounded: when the disk is slower than decompression, wait here rather than pile up uncommitted files.
-        unfinished = [future for _, _, future in self._pending if not future.done()]
-        if len(unfinished) >= MAX_UNCOMMITTED:
+        while True:
+            with self._lock:
+                unfinished = [future for _, _, future in self._pending if not future.done()]
+                if len(unfinished) < MAX_UNCOMMITTED:
+                    self._pending.append((done, tmp, self._pool.submit(commit, tmp, final, source, keep_source)))
+                    return
             wait(unfinished[:1])
-        self._pending.append((done, tmp, self._pool.submit(commit, tmp, final, source, keep_source)))
 
     def drain(self) -> tuple[list[Finished], dict[str, str]]:
         """Wait for every commit: the finished items, and the failures by source name."""
@@ -319,16 +331,23 @@ def run(args: argparse.Namespace, rank: int, world: int) -> int:
     committer = Committer()
     finished: list[Finished] = []
     failures: dict[str, str] = {}
+
+    def record(stem: str, attempt) -> None:
+        try:
+            done = attempt()
+        except (_common.StageError, OSError) as exc:
+            failures[stem + IN_SUFFIX] = str(exc)
+            done = None
+        if done is not None:
+            finished.append(done)
+        progress.advance()
+
     try:
-        for stem in mine:
-            try:
-                done = extract_one(stem, args, committer)
-            except (_common.StageError, OSError) as exc:
-                failures[stem + IN_SUFFIX] = str(exc)
-                done = None
-            if done is not None:
-                finished.append(done)
-            progress.advance()
+        if args.threads == 1:
+            for stem in mine:
+                record(stem, lambda: extract_one(stem, args, committer))
+        else:
+            extract_concurrently(mine, args, committer, record)
     finally:
         committed, commit_failures = committer.drain()
     finished += committed
@@ -339,11 +358,43 @@ def run(args: argparse.Namespace, rank: int, world: int) -> int:
     return 0
 
 
+def extract_concurrently(stems: list[str], args: argparse.Namespace, committer: Committer, record) -> None:
+    """Extract `stems` with up to `args.threads` files in flight, in shard order; `record(stem, result)` runs on
+    this thread for each file as it finishes (so progress lines and the failure list are never touched at once)."""
+    pool = ThreadPoolExecutor(max_workers=args.threads, thread_name_prefix="extract")
+    in_flight: dict[Future, str] = {}
+    try:
+        for stem in stems:
+            if len(in_flight) >= args.threads:
+                settle(wait(in_flight, return_when=FIRST_COMPLETED).done, in_flight, record)
+            in_flight[pool.submit(extract_one, stem, args, committer)] = stem
+        while in_flight:
+            settle(wait(in_flight, return_when=FIRST_COMPLETED).done, in_flight, record)
+    finally:
+        # On an interrupt: files not yet started never start; those in flight finish (or clean up) first, so no
+        # thread is still writing when the committer drains.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def settle(futures, in_flight: dict[Future, str], record) -> None:
+    for future in sorted(futures, key=lambda f: in_flight[f]):
+        record(in_flight.pop(future), future.result)
+
+
 def summarize(finished: list[Finished]) -> dict:
     new = [f for f in finished if not f.skipped]
     return {"files": len(finished), "extracted": len(new), "already_complete": len(finished) - len(new),
             "lines": sum(f.lines for f in new), "bytes": sum(f.bytes_out for f in new),
             "bad_lines": sum(f.bad_lines for f in new)}
+
+
+def default_threads() -> int:
+    """min(MAX_DEFAULT_THREADS, the CPUs this process may use: Slurm and containers restrict affinity)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity (not Linux)
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_THREADS, cpus))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -353,6 +404,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-source", action="store_true", help="do not delete X.jsonl.zst after extracting it")
     parser.add_argument("--validate-json", action="store_true",
                         help="report (and count) lines that are not JSON objects with a string 'text'")
+    parser.add_argument("--threads", type=_common.positive_int, default=default_threads(),
+                        help="files extracted at once (default: %(default)s)")
     args = parser.parse_args(argv)
     if not args.in_dir.is_dir():
         parser.error(f"--in {args.in_dir}: not a folder")

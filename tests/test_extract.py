@@ -117,3 +117,29 @@ def copy_tree(source: Path, target: Path) -> None:
     target.mkdir(parents=True)
     for path in source.iterdir():
         (target / path.name).write_bytes(path.read_bytes())
+
+
+def test_threads_give_the_same_outputs_and_still_name_a_corrupt_file(tmp_path, monkeypatch, capsys):
+    sources = make_shards(tmp_path / "pristine", files=6, docs_per_file=40, frames=2)
+    results = {}
+    for threads in (1, 2):
+        work_in, out = tmp_path / f"in-{threads}", tmp_path / f"out-{threads}"
+        copy_tree(tmp_path / "pristine", work_in)
+        argv = ["--in", str(work_in), "--out", str(out), "--threads", str(threads)]
+        assert run_as_rank(extract.main, argv, 0, 1, monkeypatch) == 0
+        results[threads] = {p.name: p.read_bytes() for p in out.glob("*.jsonl")}
+        assert completion_records(out, "extract")[0]["lines"] == 6 * 40
+        assert not list(work_in.glob("*.zst")) and temporaries(out) == []
+    assert results[2] == results[1] == {p.name[: -len(".zst")]: expected_text(p) for p in sources}
+
+    work_in, out = tmp_path / "in-bad", tmp_path / "out-bad"
+    copy_tree(tmp_path / "pristine", work_in)
+    bad = work_in / sources[3].name
+    bad.write_bytes(bad.read_bytes()[:-9])
+    capsys.readouterr()
+    argv = ["--in", str(work_in), "--out", str(out), "--threads", "2"]
+    assert run_as_rank(extract.main, argv, 0, 1, monkeypatch) == 1
+    assert f"{bad.name}: {bad.name}: truncated zstd stream" in capsys.readouterr().err
+    assert sorted(p.name for p in out.glob("*.jsonl")) == sorted(n for n in results[1] if n != bad.name[:-4])
+    assert bad.exists() and len(list(work_in.glob("*.zst"))) == 1, "only the failed source is kept"
+    assert not (out / ".completions").exists() and temporaries(out) == []
