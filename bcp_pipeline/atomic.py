@@ -31,5 +31,5 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.close(dir_fd)
 
 
-def atomic_write_json(path: Path, payload: Any) -> None:
-    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+def atomic_write_json(path: Path, payload: Any, sort_keys: bool = True) -> None:
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=sort_keys) + "\n")

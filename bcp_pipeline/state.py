@@ -139,7 +139,8 @@ class RunStore:
 
     def save(self, state: RunState) -> None:
         state.updated_at = time.time()
-        atomic_write_json(self.state_path(state.run_id), state.to_json())
+        # Unsorted: the stages stay in pipeline order, which `status` shows.
+        atomic_write_json(self.state_path(state.run_id), state.to_json(), sort_keys=False)
 
     def load(self, run_id: str) -> RunState:
         path = self.state_path(run_id)

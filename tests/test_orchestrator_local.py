@@ -254,3 +254,14 @@ def test_corrupt_state_file_is_an_error_not_a_guess(tmp_path, capsys):
     assert cli(config, "status") == 1
     err = capsys.readouterr().err
     assert f"{state_path}: unreadable run state" in err and "--restart" in err
+
+
+def test_status_lists_stages_in_pipeline_order(tmp_path, capsys):
+    config = write_chain_project(tmp_path, CHAIN_CONFIG.replace("      first:", "      zfirst:")
+                                 .replace("needs: [first]", "needs: [zfirst]").replace("expect_from: first",
+                                                                                     "expect_from: zfirst"))
+    assert cli(config, "run", "chain") == 0
+    capsys.readouterr()
+    assert cli(config, "status") == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:6]]
+    assert rows == ["zfirst", "second", "third"]
