@@ -46,6 +46,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may use (Slurm and containers restrict affinity), not the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (not Linux)
+        return max(1, os.cpu_count() or 1)
+
+
 def rank_and_world_size(environ: dict[str, str] | None = None) -> tuple[int, int]:
     """Return (rank, world_size) from torchrun/bcprun variables, else Slurm's, else (0, 1)."""
     env = os.environ if environ is None else environ

@@ -389,12 +389,8 @@ def summarize(finished: list[Finished]) -> dict:
 
 
 def default_threads() -> int:
-    """min(MAX_DEFAULT_THREADS, the CPUs this process may use: Slurm and containers restrict affinity)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # no sched_getaffinity (not Linux)
-        cpus = os.cpu_count() or 1
-    return max(1, min(MAX_DEFAULT_THREADS, cpus))
+    """min(MAX_DEFAULT_THREADS, the CPUs this process may use)."""
+    return min(MAX_DEFAULT_THREADS, _common.usable_cpus())
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

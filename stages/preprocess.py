@@ -26,7 +26,6 @@ file, so memory does not grow with the input.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
@@ -410,10 +409,8 @@ def timed_build(item: OutputItem, ctx: Context) -> dict:
 
 
 def default_workers() -> int:
-    """The CPUs this process may use (Slurm and containers restrict affinity), not the machine's count."""
-    with contextlib.suppress(AttributeError):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+    """One tokenizer process per CPU this process may use."""
+    return _common.usable_cpus()
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, TokenizerSpec]:
