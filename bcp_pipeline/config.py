@@ -20,7 +20,6 @@ Top-level keys starting with `x-` are ignored, so they can hold YAML anchors.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ import yaml
 from .errors import ConfigError
 from .resources import OPTION_TYPES, RESOURCE_TYPES, BcpResources, LocalResources, SlurmResources
 from .resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
-from .typed import Duration, Where, build, convert
+from .typed import Duration, Where, build
 from .yaml_lines import LineDict, load_yaml_with_lines
 
 PLACEHOLDER = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
@@ -438,15 +437,3 @@ def expected_count(pipeline: PipelineConfig, stage_name: str, check: Check, seen
     if check.group is not None:
         return -(-base // resolve_int(str(check.group), pipeline.vars))
     return base * check.per
-
-
-def stage_fields_doc() -> dict[str, list[str]]:
-    """Valid keys per section, for `bcp-pipeline list --keys` and error messages."""
-    from .typed import field_names
-
-    return {"stage": field_names(StageConfig), "check": field_names(Check),
-            **{backend: field_names(cls) for backend, cls in RESOURCE_TYPES.items()}}
-
-
-__all__ = ["Check", "Config", "PipelineConfig", "StageConfig", "Workspace", "load_config", "substitute",
-           "expected_count", "convert", "dataclasses"]

@@ -57,15 +57,3 @@ def downstream_of(needs: dict[str, list[str]], start: str) -> set[str]:
                 selected.add(node)
                 changed = True
     return selected
-
-
-def upstream_of(needs: dict[str, list[str]], start: str) -> set[str]:
-    """Every stage `start` depends on, directly or not (not `start` itself)."""
-    found: set[str] = set()
-    stack = list(needs.get(start, []))
-    while stack:
-        node = stack.pop()
-        if node not in found:
-            found.add(node)
-            stack.extend(needs.get(node, []))
-    return found

@@ -15,7 +15,7 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .atomic import atomic_write_json
 from .errors import StateError
@@ -213,9 +213,3 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def iter_stage_jobs(state: RunState) -> Iterator[tuple[str, JobRecord]]:
-    for name, stage in state.stages.items():
-        for job in stage.jobs:
-            yield name, job

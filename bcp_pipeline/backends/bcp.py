@@ -18,7 +18,7 @@ from ..errors import CommandError, SubmissionError
 from ..jobs import Backend, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
 from ..procs import run_command
 from ..resources import BcpOptions
-from .bcp_render import code_destination, job_labels, job_run_argv, label, upload_argv
+from .bcp_render import code_destination, job_run_argv, label, upload_argv
 from .common import last_lines, shell_join
 
 # All 25 BCP job statuses (ngc-cli.md). PREEMPTED waits for `job resume`; unknown ones are "not finished".
@@ -200,5 +200,3 @@ def _status_of(job: dict[str, Any]) -> JobStatus:
 def _indent(text: str) -> str:
     return "\n".join(f"    {line}" for line in text.splitlines())
 
-
-__all__ = ["BcpBackend", "STATE_MAP", "job_labels"]
