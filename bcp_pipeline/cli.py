@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import __version__
 from .backends import BACKENDS, make_backend
-from .config import Config, PipelineConfig, load_config
+from .config import Config, PipelineConfig, load_config, substitute
 from .errors import PipelineError, StateError
 from .jobs import JobState
 from .orchestrator import Orchestrator
@@ -193,7 +193,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         request = submission.request
         what = "verification of " if request.kind == "verify" else "stage "
         needs = f" (after {', '.join(request.stage.needs)})" if request.kind == "stage" and request.stage.needs else ""
-        print(f"\n# {what}{request.stage.name}{needs}\n{submission.printable}")
+        description = substitute(request.stage.description, request.pipeline.vars)
+        about = f": {description}" if request.kind == "stage" and description else ""
+        print(f"\n# {what}{request.stage.name}{needs}{about}\n{submission.printable}")
     return 0
 
 
