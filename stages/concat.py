@@ -5,8 +5,9 @@
 
 Groups are fixed by the sorted input list (sorted by name without `.jsonl`, the same order preprocess uses for
 `.jsonl.zst` groups), so `train_chunk_{i}` holds the same files whichever rank builds it and whenever it starts.
-Ranks build different groups in parallel (the guide ran this on one node for 4+ hours). Each input is copied inside
-the kernel (copy_file_range, else sendfile, else large buffered copies); an input whose last line has no newline
+Ranks build different groups in parallel (the guide ran this on one node for 4+ hours). Inputs are read straight
+into large aligned buffers that go to the disk by direct I/O while the next ones fill (`_durable.py`: durable at
+the disk's speed, with no page-cache writeback to wait for at the fsync). An input whose last line has no newline
 gets one, so two documents never merge into one line, and that is counted and reported. Outputs appear only by
 rename; an output that exists is complete and is skipped on rerun.
 """
@@ -14,21 +15,17 @@ rename; an output that exists is complete and is skipped on rerun.
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import _common
+import _durable
 
 STAGE = "concat"
 IN_SUFFIX = ".jsonl"
 OUTPUT_TEMPLATE = "train_chunk_{index}.jsonl"  # the NeMo launcher's name for concatenated shards
-KERNEL_COPY_BYTES = 1 << 30  # per copy_file_range / sendfile call
-BUFFER_BYTES = 16 << 20  # fallback userspace copies
-# Errors that mean "this kernel/filesystem cannot do that copy in the kernel", not "the data is bad".
-NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -55,68 +52,19 @@ def output_name(index: int) -> str:
 # Copying
 # ---------------------------------------------------------------------------------------------------------------
 
-def kernel_copy(src: int, dst: int, size: int) -> bool:
-    """Copy `size` bytes from src's offset 0 to dst's position in the kernel; False if the kernel cannot."""
-    start = os.lseek(dst, 0, os.SEEK_CUR)
-    for copy in (_copy_file_range, _sendfile):
-        try:
-            copy(src, dst, size)
-            return True
-        except OSError as exc:
-            if exc.errno not in NO_KERNEL_COPY:
-                raise
-            # Undo whatever part was copied before the method gave up, so the next one starts afresh.
-            os.ftruncate(dst, start)
-            os.lseek(dst, start, os.SEEK_SET)
-    return False
-
-
-def _copy_file_range(src: int, dst: int, size: int) -> None:
-    done = 0
-    while done < size:
-        count = os.copy_file_range(src, dst, min(size - done, KERNEL_COPY_BYTES), done)
-        if count == 0:
-            raise _common.StageError(f"input shrank while being copied ({done} of {size} bytes)")
-        done += count
-
-
-def _sendfile(src: int, dst: int, size: int) -> None:
-    done = 0
-    while done < size:
-        count = os.sendfile(dst, src, done, min(size - done, KERNEL_COPY_BYTES))
-        if count == 0:
-            raise _common.StageError(f"input shrank while being copied ({done} of {size} bytes)")
-        done += count
-
-
-def buffered_copy(src: int, dst: int, size: int) -> None:
-    buffer = bytearray(BUFFER_BYTES)
-    view = memoryview(buffer)
-    done = 0
-    while done < size:
-        count = os.preadv(src, [view[: min(BUFFER_BYTES, size - done)]], done)
-        if count == 0:
-            raise _common.StageError(f"input shrank while being copied ({done} of {size} bytes)")
-        written = 0
-        while written < count:
-            written += os.write(dst, view[written:count])
-        done += count
-
-
-def append_file(path: Path, dst: int) -> tuple[int, bool]:
-    """Append all of `path` to `dst` (an fd), adding a final newline when missing; (bytes appended, fixed?)."""
+def append_file(path: Path, out: _durable.DurableFile) -> tuple[int, bool]:
+    """Append all of `path` to `out`, adding a final newline when missing; (bytes appended, fixed?)."""
     src = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(src).st_size
         if size == 0:
             return 0, False
-        if not kernel_copy(src, dst, size):
-            buffered_copy(src, dst, size)
+        out.append_from(src, size)
         if os.pread(src, 1, size - 1) == b"\n":
             return size, False
     finally:
         os.close(src)
-    os.write(dst, b"\n")
+    out.write(b"\n")
     return size + 1, True
 
 
@@ -142,12 +90,9 @@ def build_output(index: int, names: list[str], in_dir: Path, out_dir: Path) -> B
     if final.exists():
         built.skipped = True
         return built
-    with _common.atomic_output(final, "wb") as handle:
-        dst = handle.fileno()  # every write goes through the fd, so the file object's buffer stays empty
+    with _durable.durable_output(final) as out:
         for name in names:
-            appended, fixed = append_file(in_dir / name, dst)
-            # The disk writes this input while the next is copied; the fsync at the end then has little left.
-            _common.start_writeback(dst, built.bytes_out, appended)
+            appended, fixed = append_file(in_dir / name, out)
             built.bytes_out += appended
             if fixed:
                 built.fixed_newlines += 1

@@ -5,8 +5,9 @@
 
 Decompression streams through every zstd frame of a file. A file that ends inside a frame, or holds bytes that are
 not zstd, fails its item with the file named (the guide's extract skipped such files and concat then silently lost
-their documents). Each output is written under a hidden temporary name and renamed only when complete; the source
-is deleted only after that (unless `--keep-source`).
+their documents). Each output is written under a hidden temporary name (full blocks go to the disk by direct I/O
+while decompression goes on, see `_durable.py`), fsynced, and renamed only when complete; the source is deleted
+only after that (unless `--keep-source`).
 
 The item list is the download manifest `IN/.manifest/download.json` when present, else the sorted union of the
 `*.jsonl.zst` stems in IN and the `*.jsonl` already in OUT: extract deletes its sources, so a plain listing would
@@ -17,18 +18,16 @@ change while ranks run and a rank that starts late would compute different shard
 lossless, and deciding what to drop is the tokenizer's job (preprocess skips and reports the same lines).
 
 `--threads N` (default: 2, or 1 when this process may use only one CPU) extracts up to N files of the rank's shard
-at once: zstandard and file writes release the GIL, so one file's decompression overlaps another's writeback and
-fsync. Outputs are the same bytes whatever N is; each file still becomes visible only by its own rename.
+at once: zstandard and file writes release the GIL, so the two decompress on two cores while the writer threads
+send their blocks to the disk. Outputs are the same bytes whatever N is; each file still becomes visible only by its own rename.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
-import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Iterator
 import zstandard
 
 import _common
+import _durable
 
 STAGE = "extract"
 IN_SUFFIX = ".jsonl.zst"
@@ -47,8 +47,6 @@ DOWNLOAD_MANIFEST = Path(".manifest") / "download.json"
 READ_SIZE = 1 << 18
 MAX_REPORTED_LINES = 20  # bad lines printed per file; the rest are only counted
 SHORT_LINES = 1024  # newlines per block beyond which count_newlines stops hopping and counts every byte
-WRITEBACK_BYTES = 8 << 20  # start writing the output to disk every 8 MiB (see start_writeback)
-MAX_UNCOMMITTED = 2  # extracted files waiting for their fsync + rename at most
 MAX_DEFAULT_THREADS = 2  # files extracted at once by default (more only adds memory and disk contention here)
 
 
@@ -212,7 +210,7 @@ class LineStats:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# One item, and the background commit that overlaps one file's fsync with the next file's decompression
+# One item
 # ---------------------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -226,72 +224,8 @@ class Finished:
     skipped: bool = False
 
 
-def decompress_to_temporary(source: Path, tmp: Path, stats: LineStats) -> int:
-    """Write the decompressed `source` to `tmp` (its fsync comes later, in `commit`); return the byte count."""
-    written = flushed = 0
-    with open(tmp, "wb", buffering=0) as out:
-        for block in decompress_blocks(source):
-            stats.feed(block)
-            out.write(block)
-            written += len(block)
-            if written - flushed >= WRITEBACK_BYTES:
-                _common.start_writeback(out.fileno(), flushed, written - flushed)
-                flushed = written
-    stats.finish()
-    return written
-
-
-def commit(tmp: Path, final: Path, source: Path, keep_source: bool) -> None:
-    """fsync, rename into place, fsync the folder; only then delete the source."""
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
-    _common.fsync_dir(final.parent)
-    if not keep_source:
-        source.unlink(missing_ok=True)
-
-
-class Committer:
-    """Runs `commit` on one background thread, so the disk flush of a file overlaps decompressing the next.
-
-    `submit` may be called from several extracting threads at once."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-commit")
-        self._pending: list[tuple[Finished, Path, Future]] = []
-        self._lock = threading.Lock()
-
-    def submit(self, done: Finished, tmp: Path, final: Path, source: Path, keep_source: bool) -> None:
-        # Bounded: when the disk is slower than decompression, wait here rather than pile up uncommitted files.
-        while True:
-            with self._lock:
-                unfinished = [future for _, _, future in self._pending if not future.done()]
-                if len(unfinished) < MAX_UNCOMMITTED:
-                    self._pending.append((done, tmp, self._pool.submit(commit, tmp, final, source, keep_source)))
-                    return
-            wait(unfinished[:1])
-
-    def drain(self) -> tuple[list[Finished], dict[str, str]]:
-        """Wait for every commit: the finished items, and the failures by source name."""
-        finished, failures = [], {}
-        for done, tmp, future in self._pending:
-            try:
-                future.result()
-                finished.append(done)
-            except OSError as exc:
-                failures[done.stem + IN_SUFFIX] = f"could not commit the output: {exc}"
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
-        self._pending.clear()
-        self._pool.shutdown()
-        return finished, failures
-
-
-def extract_one(stem: str, args: argparse.Namespace, committer: Committer) -> Finished | None:
-    """Extract one item; None when it was handed to the committer, a Finished record when it was already done."""
+def extract_one(stem: str, args: argparse.Namespace) -> Finished:
+    """Extract one item: the output is on disk under its final name before the source is deleted."""
     source, final = args.in_dir / (stem + IN_SUFFIX), args.out_dir / (stem + OUT_SUFFIX)
     if final.exists():
         # Complete already (outputs appear only by rename); a kill may have come before the source was deleted.
@@ -300,20 +234,18 @@ def extract_one(stem: str, args: argparse.Namespace, committer: Committer) -> Fi
         return Finished(stem, skipped=True)
     if not source.exists():
         raise _common.StageError(f"{source.name} is missing and {final.name} was never completed")
-    tmp = _common.temp_path_for(final)
     stats = LineStats(final.name, args.validate_json)
-    try:
-        written = decompress_to_temporary(source, tmp, stats)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    done = Finished(stem, lines=stats.lines, bytes_out=written, bad_lines=stats.bad_lines)
+    with _durable.durable_output(final) as out:
+        for block in decompress_blocks(source):
+            stats.feed(block)
+            out.write(block)
+        stats.finish()
+    if not args.keep_source:
+        source.unlink(missing_ok=True)
     if stats.bad_lines > MAX_REPORTED_LINES:
         print(f"{STAGE}: {final.name}: {stats.bad_lines} bad lines in all (first {MAX_REPORTED_LINES} shown)",
               file=sys.stderr)
-    committer.submit(done, tmp, final, source, args.keep_source)
-    return None
+    return Finished(stem, lines=stats.lines, bytes_out=out.size, bad_lines=stats.bad_lines)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -328,7 +260,6 @@ def run(args: argparse.Namespace, rank: int, world: int) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     _common.remove_stale_temporaries_of(args.out_dir / (stem + OUT_SUFFIX) for stem in mine)
     progress = _common.Progress(len(mine), rank)
-    committer = Committer()
     finished: list[Finished] = []
     failures: dict[str, str] = {}
 
@@ -342,23 +273,18 @@ def run(args: argparse.Namespace, rank: int, world: int) -> int:
             finished.append(done)
         progress.advance()
 
-    try:
-        if args.threads == 1:
-            for stem in mine:
-                record(stem, lambda: extract_one(stem, args, committer))
-        else:
-            extract_concurrently(mine, args, committer, record)
-    finally:
-        committed, commit_failures = committer.drain()
-    finished += committed
-    failures.update(commit_failures)
+    if args.threads == 1:
+        for stem in mine:
+            record(stem, lambda: extract_one(stem, args))
+    else:
+        extract_concurrently(mine, args, record)
     if failures:
         return _common.fail_with_items(STAGE, failures)
     _common.write_completion(args.out_dir, STAGE, rank, world, summarize(finished))
     return 0
 
 
-def extract_concurrently(stems: list[str], args: argparse.Namespace, committer: Committer, record) -> None:
+def extract_concurrently(stems: list[str], args: argparse.Namespace, record) -> None:
     """Extract `stems` with up to `args.threads` files in flight, in shard order; `record(stem, result)` runs on
     this thread for each file as it finishes (so progress lines and the failure list are never touched at once)."""
     pool = ThreadPoolExecutor(max_workers=args.threads, thread_name_prefix="extract")
@@ -367,12 +293,11 @@ def extract_concurrently(stems: list[str], args: argparse.Namespace, committer: 
         for stem in stems:
             if len(in_flight) >= args.threads:
                 settle(wait(in_flight, return_when=FIRST_COMPLETED).done, in_flight, record)
-            in_flight[pool.submit(extract_one, stem, args, committer)] = stem
+            in_flight[pool.submit(extract_one, stem, args)] = stem
         while in_flight:
             settle(wait(in_flight, return_when=FIRST_COMPLETED).done, in_flight, record)
     finally:
-        # On an interrupt: files not yet started never start; those in flight finish (or clean up) first, so no
-        # thread is still writing when the committer drains.
+        # On an interrupt: files not yet started never start; those in flight finish (or clean up) first.
         pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -1,13 +1,12 @@
-"""concat stage: fixed groups over ranks, every line kept and separated, kills harmless, copy fallbacks exact."""
+"""concat stage: fixed groups over ranks, every line kept and separated, kills harmless, both write paths exact."""
 
 from __future__ import annotations
 
-import errno
-import os
 from pathlib import Path
 
 import pytest
 
+import _durable
 import concat
 from stage_fixtures import (completion_records, iter_documents, jsonl_bytes, kill_when, run_as_rank, run_stage,
                             snapshot, stage_command, temporaries)
@@ -67,20 +66,19 @@ def test_complete_outputs_are_skipped_on_rerun(tmp_path, monkeypatch):
     assert completion_records(tmp_path / "out", "concat")[0]["already_complete"] == 2
 
 
-@pytest.mark.parametrize("broken", [("copy_file_range",), ("copy_file_range", "sendfile")])
-def test_fallback_copies_give_the_same_bytes(tmp_path, monkeypatch, broken):
-    contents = write_inputs(tmp_path / "in", 5)
+@pytest.mark.parametrize("direct_io", ["1", "0"])
+def test_direct_and_page_cache_writes_give_the_same_bytes(tmp_path, monkeypatch, direct_io):
+    # Small blocks, so these small outputs take the whole-block path (direct writes) as well as the tail path.
+    monkeypatch.setattr(_durable.Writers, "_shared", _durable.Writers(buffers=3, block_bytes=8192, threads=2))
+    monkeypatch.setenv(_durable.DIRECT_IO_ENV, direct_io)
+    contents = write_inputs(tmp_path / "in", 5, repeat=60)  # ~13 KB per input
     contents["part_02.jsonl"] = contents["part_02.jsonl"][:-1]
     (tmp_path / "in" / "part_02.jsonl").write_bytes(contents["part_02.jsonl"])
-
-    def unsupported(*_args, **_kwargs):
-        raise OSError(errno.EXDEV, "cross-device")
-
-    for name in broken:
-        monkeypatch.setattr(os, name, unsupported)
     argv = ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--files-per-output", "2"]
     assert run_as_rank(concat.main, argv, 0, 1, monkeypatch) == 0
-    assert snapshot(tmp_path / "out") == expected_outputs(contents, 2)
+    expected = expected_outputs(contents, 2)
+    assert max(map(len, expected.values())) > 3 * 8192
+    assert snapshot(tmp_path / "out") == expected
 
 
 def test_bad_arguments_and_empty_input_fail(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+import _durable
 import extract
 from stage_fixtures import (completion_records, compress, iter_documents, jsonl_bytes, kill_when, make_shards,
                             run_as_rank, run_stage, snapshot, stage_command, temporaries)
@@ -119,8 +120,13 @@ def copy_tree(source: Path, target: Path) -> None:
         (target / path.name).write_bytes(path.read_bytes())
 
 
-def test_threads_give_the_same_outputs_and_still_name_a_corrupt_file(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("direct_io", ["1", "0"])
+def test_threads_give_the_same_outputs_and_still_name_a_corrupt_file(tmp_path, monkeypatch, capsys, direct_io):
+    # Small blocks, so two files written at once share the buffers and writers through several whole blocks each.
+    monkeypatch.setattr(_durable.Writers, "_shared", _durable.Writers(buffers=4, block_bytes=8192, threads=2))
+    monkeypatch.setenv(_durable.DIRECT_IO_ENV, direct_io)
     sources = make_shards(tmp_path / "pristine", files=6, docs_per_file=40, frames=2)
+    assert all(len(expected_text(p)) > 3 * 8192 for p in sources)
     results = {}
     for threads in (1, 2):
         work_in, out = tmp_path / f"in-{threads}", tmp_path / f"out-{threads}"
