@@ -164,6 +164,15 @@ def measure_sync(paths) -> Run:
     return Run(time.perf_counter() - started, 0.0, 0.0)
 
 
+def cat_groups(in_dir: Path, groups: list[list[str]], out: Path) -> Run:
+    """`cat` each group of `in_dir` names into `out/train_chunk_{i}.jsonl`, as concat names them; the summed runs."""
+    total = Run(0.0, 0.0, 0.0)
+    for index, group in enumerate(groups):  # no sync between the cats: that would flush untimed
+        total += measure(["cat", *(str(in_dir / n) for n in group)], out / f"train_chunk_{index}.jsonl",
+                         sync_first=False)
+    return total
+
+
 def bench_concat(extracted: Path, work: Path, per_output: int, repeats: int) -> dict[str, Run]:
     names = sorted(p.name for p in extracted.glob("*.jsonl"))
     groups = [names[i:i + per_output] for i in range(0, len(names), per_output)]
@@ -172,10 +181,7 @@ def bench_concat(extracted: Path, work: Path, per_output: int, repeats: int) -> 
         for label in ("cat", "cat + sync"):
             out = fresh(work / label.replace(" + ", "-"))
             os.sync()
-            total = Run(0.0, 0.0, 0.0)
-            for index, group in enumerate(groups):  # no sync between the cats: that would flush untimed
-                total += measure(["cat", *(str(extracted / n) for n in group)], out / f"train_chunk_{index}.jsonl",
-                                 sync_first=False)
+            total = cat_groups(extracted, groups, out)
             if label == "cat + sync":
                 total += measure_sync(out.glob("*.jsonl"))
             runs[label].append(total)
@@ -238,11 +244,7 @@ def bench_at_scale(zst: Path, extracted: Path, work: Path, per_output: int, giga
                                              "--keep-source"), env=stage_env()))
         fresh(out)
         os.sync()
-        total = Run(0.0, 0.0, 0.0)
-        for index, group in enumerate(groups):
-            total += measure(["cat", *(str(work / "scale-text" / n) for n in group)],
-                             out / f"train_chunk_{index}.jsonl", sync_first=False)
-        runs["cat"].append(total)
+        runs["cat"].append(cat_groups(work / "scale-text", groups, out))
         shutil.rmtree(out)
         runs["concat"].append(measure(stage("concat", "--in", str(work / "scale-text"), "--out", str(out),
                                             "--files-per-output", str(per_output)), env=stage_env()))
