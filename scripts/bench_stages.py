@@ -13,9 +13,9 @@ kept, tools and stages interleaved, with `sync` before each so one run's writeba
 Targets (issue 3): extract >= 1.0x unzstd; concat >= 0.9x cat; preprocess >= 80 % of raw single-thread tiktoken
 `encode_ordinary` tokens/s per core; tokenizer peak RSS <= 300 MB per process and flat when the input grows 10x.
 The stages fsync each output before renaming it (a crash must not leave a partial file under a final name), which
-plain `unzstd` / `cat` do not. At the sample's size, cat's output fits in the page cache and is not on disk when
-cat exits, so concat is also compared at `--scale-gb` (default 10 GB; inputs are hard links, so only the outputs
-take disk space), past what the kernel holds back, as every real concat is (SlimPajama's outputs are ~35 GB each).
+plain `unzstd` / `cat` do not. At the sample's size, the tools' output fits in the page cache and is not on disk
+when they exit, so extract and concat are also compared at `--scale-gb` (default 10 GB; inputs are hard links, so
+only the outputs take disk space), past what the kernel holds back, as every real run is (SlimPajama is 2.6 TB).
 The small-scale comparisons, and those against the tools followed by `sync FILES`, are printed too.
 """
 
@@ -195,8 +195,9 @@ def kernel_dirty_limit_bytes() -> int:
     """About how much written data the kernel lets sit in the page cache before writers must wait for the disk."""
     vm = Path("/proc/sys/vm")
     try:
-        if int((vm / "dirty_bytes").read_text()):
-            return int((vm / "dirty_bytes").read_text())
+        fixed = int((vm / "dirty_bytes").read_text())
+        if fixed:
+            return fixed
         ratio = int((vm / "dirty_ratio").read_text())
         meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
         return int(meminfo["MemAvailable"].split()[0]) * 1024 * ratio // 100

@@ -19,7 +19,8 @@ lossless, and deciding what to drop is the tokenizer's job (preprocess skips and
 
 `--threads N` (default: 2, or 1 when this process may use only one CPU) extracts up to N files of the rank's shard
 at once: zstandard and file writes release the GIL, so the two decompress on two cores while the writer threads
-send their blocks to the disk. Outputs are the same bytes whatever N is; each file still becomes visible only by its own rename.
+send their blocks to the disk. Outputs are the same bytes whatever N is; each file still becomes visible only by
+its own rename.
 """
 
 from __future__ import annotations
