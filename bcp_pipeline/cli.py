@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .backends import BACKENDS, make_backend
+from .backends import BACKENDS, make_backend, preflight
 from .config import Config, PipelineConfig, load_config, substitute
 from .errors import PipelineError, StateError
 from .jobs import JobState
@@ -25,9 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Run the SlimPajama -> NeMo GPT pretraining DAG of pipelines.yaml on NGC Base Command Platform, "
         "Slurm, or locally."))
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--config", help="pipelines file (default: ./pipelines.yaml; for an existing run, the "
-                                         "file it was started with)")
-    parser.add_argument("--state-dir", help="where runs are kept (default: .bcp-pipeline next to the config file)")
+    add_global_options(parser, default=None)
+    # The global options are also taken after the verb (`plan demo --config other.yaml`), as ngc takes its own.
+    after_verb = argparse.ArgumentParser(add_help=False)
+    add_global_options(after_verb, default=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_pipeline_options(p: argparse.ArgumentParser) -> None:
@@ -36,40 +37,50 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.KEY=VALUE",
                        help="override a stage field (VALUE is YAML), e.g. download.bcp.replicas=4 or vars.files=10")
 
-    run = sub.add_parser("run", help="run a pipeline (continues its last unfinished run)")
+    run = sub.add_parser("run", parents=[after_verb], help="run a pipeline (continues its last unfinished run)")
     with_pipeline_options(run)
     run.add_argument("--restart", action="store_true", help="start a new run instead of continuing the last one")
     run.add_argument("--from", dest="from_stage", metavar="STAGE", help="run STAGE and everything after it")
     run.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE (repeatable)")
 
-    plan = sub.add_parser("plan", help="print every job exactly as it would be submitted; submits nothing")
+    plan = sub.add_parser("plan", parents=[after_verb],
+                          help="print every job exactly as it would be submitted; submits nothing")
     with_pipeline_options(plan)
     plan.add_argument("--json", action="store_true")
 
-    status = sub.add_parser("status", help="stages, jobs, progress and verification of a run")
+    status = sub.add_parser("status", parents=[after_verb], help="stages, jobs, progress and verification of a run")
     status.add_argument("run", nargs="?", help="run id (default: the latest run)")
     status.add_argument("--json", action="store_true")
 
-    resume = sub.add_parser("resume", help="re-attach to a run's jobs and continue it")
+    resume = sub.add_parser("resume", parents=[after_verb], help="re-attach to a run's jobs and continue it")
     resume.add_argument("run", nargs="?", help="run id (default: the latest run)")
 
-    logs = sub.add_parser("logs", help="a stage's job log")
+    logs = sub.add_parser("logs", parents=[after_verb], help="a stage's job log")
     logs.add_argument("run")
     logs.add_argument("stage")
     logs.add_argument("--rank", type=int, help="one rank/replica only")
     logs.add_argument("--verify", action="store_true", help="the verification job's log")
     logs.add_argument("--tail", type=int, help="last N lines")
 
-    cancel = sub.add_parser("cancel", help="stop a run's active jobs")
+    cancel = sub.add_parser("cancel", parents=[after_verb], help="stop a run's active jobs")
     cancel.add_argument("run")
 
-    lst = sub.add_parser("list", help="pipelines in the config file and runs so far")
+    lst = sub.add_parser("list", parents=[after_verb], help="pipelines in the config file and runs so far")
     lst.add_argument("--json", action="store_true")
 
-    verify = sub.add_parser("verify", help="run a stage's verification again and record the result")
+    verify = sub.add_parser("verify", parents=[after_verb],
+                            help="run a stage's verification again and record the result")
     verify.add_argument("run")
     verify.add_argument("stage")
     return parser
+
+
+def add_global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """--config and --state-dir; after the verb their default is SUPPRESS, so they override only when given."""
+    parser.add_argument("--config", default=default, help="pipelines file (default: ./pipelines.yaml; for an "
+                                                          "existing run, the file it was started with)")
+    parser.add_argument("--state-dir", default=default,
+                        help="where runs are kept (default: .bcp-pipeline next to the config file)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load(args, args.pipeline, args.overrides)
     pipeline = config.pipeline(args.pipeline)
     backend = args.backend or pipeline.backend
+    preflight(backend, config)  # before anything is recorded: a run that cannot start leaves nothing behind
     store = store_for(args, config.file)
     selection = Selection(from_stage=args.from_stage, only=args.only)
     previous = pick_run(store, pipeline, backend, restart=args.restart)
@@ -156,6 +168,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     store = store_for(args)
     state = store.resolve(args.run)
     config, pipeline = run_config(args, state)
+    preflight(state.backend, config)
     selected = continue_run(state, pipeline, Selection())
     selected = {name for name in selected if state.stages[name].status is not StageStatus.SKIPPED}
     return drive(config, pipeline, store, state, selected)

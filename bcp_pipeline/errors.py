@@ -28,7 +28,11 @@ class StateError(PipelineError):
     """A run's state file is missing, corrupt, or does not fit the request (e.g. re-sharding)."""
 
 
-class CommandError(PipelineError):
+class BackendCallError(PipelineError):
+    """A call to a backend's service failed (an external command, or an API call through a client library)."""
+
+
+class CommandError(BackendCallError):
     """An external command (ngc, sbatch, ...) failed; carries its argv, exit code and stderr."""
 
     def __init__(self, argv: list[str], returncode: int, stderr: str, hint: str = ""):

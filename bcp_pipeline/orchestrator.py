@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .config import PipelineConfig, StageConfig, expected_count, resolve_int
-from .errors import CommandError, PipelineError, StateError, SubmissionError
+from .errors import BackendCallError, PipelineError, StateError, SubmissionError
 from .jobs import Backend, JobRequest, JobState, JobStatus
 from .reporting import Reporter
 from .state import JobRecord, RunState, RunStore, StageState, StageStatus
@@ -105,7 +105,7 @@ class Orchestrator:
             except SubmissionError as exc:
                 self._fail(name, self.state.stages[name], f"cannot submit its {kind} job: {exc}")
                 changed = True
-            except (CommandError, OSError) as exc:  # retried after the poll back-off, which grows meanwhile
+            except (BackendCallError, OSError) as exc:  # retried after the poll back-off, which grows meanwhile
                 count = self._submit_failures[name] = self._submit_failures.get(name, 0) + 1
                 if count >= SUBMIT_ATTEMPTS:
                     self._fail(name, self.state.stages[name], f"submitting its {kind} job failed {count} times: {exc}")
@@ -164,7 +164,7 @@ class Orchestrator:
         """One backend call for every active job; a failing call is retried next cycle, not a stage failure."""
         try:
             statuses = self.backend.poll(list(waiting))
-        except (CommandError, OSError) as exc:
+        except (BackendCallError, OSError) as exc:
             self._poll_failures += 1
             if self._poll_failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
                 self.reporter.event(f"status query failed {self._poll_failures} times in a row, still retrying: {exc}")

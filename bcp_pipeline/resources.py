@@ -100,6 +100,8 @@ class LocalOptions:
 class BcpOptions:
     """`backends.bcp`: how to reach Base Command Platform."""
 
+    transport: Literal["auto", "cli", "sdk"] = "auto"  # how to reach BCP: the ngc CLI, ngcsdk 4.19.1 in-process, or
+    # auto (the CLI when `ngc` is on PATH, else ngcsdk)
     ngc: str = "ngc"  # path of the ngc CLI
     org: str | None = None  # else NGC_CLI_ORG or ~/.ngc/config
     team: str | None = None

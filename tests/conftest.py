@@ -7,3 +7,6 @@ REPO = Path(__file__).resolve().parent.parent
 STAGES = REPO / "stages"
 if str(STAGES) not in sys.path:
     sys.path.insert(0, str(STAGES))
+
+# The emulated BCP's fixtures (`fake`, once per transport), for every test module.
+from bcp_emulation import fake, ngc_tls_dir  # noqa: E402,F401

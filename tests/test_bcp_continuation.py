@@ -1,5 +1,6 @@
-"""On the emulated BCP: training that hits its runtime is resubmitted with identical arguments; the demo runs
-end to end with --backend bcp. (tests/fakes/ngc is an EMULATOR of the ngc CLI; see tests/fakes/README.md.)"""
+"""On the emulated BCP, on both transports: training that hits its runtime is resubmitted with identical arguments;
+the demo runs end to end with --backend bcp. (tests/fakes/ngc_api.py is an EMULATOR of the NGC API that NVIDIA's
+client talks to; see tests/fakes/README.md.)"""
 
 from __future__ import annotations
 
@@ -11,18 +12,17 @@ from bcp_pipeline.cli import main
 from bcp_pipeline.state import RunStore, StageStatus
 from golden_files import REPO
 from pipeline_fixtures import write_chain_project
-from test_bcp_emulated import fake, jobs_by_stage  # noqa: F401  (the emulator fixture)
+from bcp_emulation import needs_ngcsdk
+from test_bcp_emulated import jobs_by_stage
 from test_continuation import TRAINER
 
-import ngc_parser
-
-pytestmark = pytest.mark.skipif(not ngc_parser.available(), reason="ngcsdk[telemetry]==4.19.1 not installed")
+pytestmark = needs_ngcsdk
 
 CONFIG = """\
 version: 1
 stages_dir: stages
 backends:
-  bcp: {poll_min_seconds: 0.1, poll_max_seconds: 0.3}
+  bcp: {transport: TRANSPORT, poll_min_seconds: 0.1, poll_max_seconds: 0.3}
 pipelines:
   train:
     workspace: {name: main}
@@ -40,8 +40,9 @@ pipelines:
 """
 
 
-def project(tmp_path, advance: int):
-    config = write_chain_project(tmp_path / "project", CONFIG.replace("ADVANCE", str(advance)))
+def project(tmp_path, advance: int, transport: str):
+    config = write_chain_project(tmp_path / "project",
+                                 CONFIG.replace("ADVANCE", str(advance)).replace("TRANSPORT", transport))
     (config.parent / "stages/trainer.py").write_text(TRAINER)
     return config
 
@@ -50,8 +51,8 @@ def latest(config):
     return RunStore(config.parent / ".bcp-pipeline").latest()
 
 
-def test_run_limit_exceeded_is_resubmitted_with_identical_arguments(fake, tmp_path, capsys):  # noqa: F811
-    config = project(tmp_path, advance=4)
+def test_run_limit_exceeded_is_resubmitted_with_identical_arguments(fake, tmp_path, capsys):
+    config = project(tmp_path, advance=4, transport=fake.transport)
     fake.inject("FAILED_RUN_LIMIT_EXCEEDED", name="train.pretrain", times=2)
     assert main(["--config", str(config), "run", "train", "--backend", "bcp"]) == 0
     stage = latest(config).stages["pretrain"]
@@ -67,8 +68,8 @@ def test_run_limit_exceeded_is_resubmitted_with_identical_arguments(fake, tmp_pa
     assert "at step 8 of 10 after attempt 2; resubmitting to continue from the last checkpoint" in out
 
 
-def test_two_attempts_without_progress_stop_with_a_clear_message(fake, tmp_path):  # noqa: F811
-    config = project(tmp_path, advance=0)
+def test_two_attempts_without_progress_stop_with_a_clear_message(fake, tmp_path):
+    config = project(tmp_path, advance=0, transport=fake.transport)
     fake.inject("FAILED_RUN_LIMIT_EXCEEDED", name="train.pretrain", times=None)
     assert main(["--config", str(config), "run", "train", "--backend", "bcp"]) == 1
     stage = latest(config).stages["pretrain"]
@@ -76,7 +77,7 @@ def test_two_attempts_without_progress_stop_with_a_clear_message(fake, tmp_path)
     assert stage.error.startswith("no progress in the last two attempts (still at step 0 of 10)")
 
 
-def test_demo_runs_end_to_end_on_emulated_bcp(fake, tmp_path):  # noqa: F811
+def test_demo_runs_end_to_end_on_emulated_bcp(fake, tmp_path):
     """The bundled demo pipeline, every stage as an emulated `ngc base-command job run`."""
     missing = [p for p in ("sample", "download", "extract", "concat", "preprocess", "pretrain_local")
                if not (REPO / "stages" / f"{p}.py").is_file()]
@@ -88,7 +89,8 @@ def test_demo_runs_end_to_end_on_emulated_bcp(fake, tmp_path):  # noqa: F811
     text = (REPO / "pipelines.yaml").read_text()
     config = project_dir / "pipelines.yaml"
     config.write_text(text.replace("stages_dir: stages\n", "stages_dir: stages\nbackends:\n"
-                                   "  bcp: {poll_min_seconds: 0.2, poll_max_seconds: 0.5}\n", 1))
+                                   f"  bcp: {{transport: {fake.transport}, poll_min_seconds: 0.2, "
+                                   "poll_max_seconds: 0.5}\n", 1))
     fake.create_workspace("demo")
     assert main(["--config", str(config), "run", "demo", "--backend", "bcp", "--set", "vars.steps=6",
                  "--set", "pretrain.args=[--data-dir, '${data}/preprocessed', --results, '${workspace}/results', "

@@ -1,30 +1,26 @@
-"""The BCP backend end to end against the ngc EMULATOR (tests/fakes/ngc: a fake, named so).
+"""The BCP backend end to end on both transports (the ngc CLI's code, ngcsdk in-process), each NVIDIA's own client
+talking to the NGC API EMULATOR on loopback (tests/fakes/ngc_api.py: a fake, named so).
 
-The emulator accepts exactly what NVIDIA's parser accepts (it parses `job run` with ngcsdk 4.19.1), runs jobs as
-local processes with a local bcprun, and answers job info/list/log/kill/resume and workspace upload with the
-real JSON shapes. It can fail, preempt or hold jobs and fail CLI calls, which these tests use.
+The emulator answers the REST calls and the gRPC upload NVIDIA's client makes, runs jobs as local processes with a
+local bcprun, and can fail, preempt, hold or lose jobs and fail or delay API requests, which these tests use.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-import ngc_parser
+from bcp_emulation import needs_ngcsdk, status_calls
 from bcp_pipeline.cli import main
 from bcp_pipeline.config import load_config
 from bcp_pipeline.state import RunStore, StageStatus
-from golden_files import REPO
+from ngc_control import FakeNgc
 from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
 
-sys.path.insert(0, str(REPO / "tests" / "fakes"))
-from ngc_control import FakeNgc  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not ngc_parser.available(), reason="ngcsdk[telemetry]==4.19.1 not installed")
+pytestmark = needs_ngcsdk
 
 BCP_SECTIONS = """\
     defaults:
@@ -35,10 +31,10 @@ BCP_SECTIONS = """\
 """
 
 
-def bcp_chain_config() -> str:
+def bcp_chain_config(transport: str) -> str:
     text = CHAIN_CONFIG.replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
                                 "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
-                                "  bcp: {poll_min_seconds: 0.1, poll_max_seconds: 0.3}\n")
+                                f"  bcp: {{transport: {transport}, poll_min_seconds: 0.1, poll_max_seconds: 0.3}}\n")
     text = text.replace("    vars: {count: \"6\"}\n", "    vars: {count: \"6\"}\n" + BCP_SECTIONS)
     # The bcp sharding mirrors the local one: 2 replicas x 1 process, then 1 x 3 (under bcprun).
     text = text.replace("local: {replicas: 2, processes: 1}", "local: {replicas: 2, processes: 1}\n"
@@ -48,19 +44,8 @@ def bcp_chain_config() -> str:
 
 
 @pytest.fixture
-def fake(tmp_path, monkeypatch):
-    ngc = FakeNgc(tmp_path / "ngc-home")
-    ngc.create_workspace("main")
-    for key, value in ngc.env().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("NGC_CLI_API_KEY", "emulated-key-not-a-secret")
-    yield ngc
-    ngc.shutdown()
-
-
-@pytest.fixture
-def project(tmp_path):
-    return write_chain_project(tmp_path / "project", bcp_chain_config())
+def project(tmp_path, fake):
+    return write_chain_project(tmp_path / "project", bcp_chain_config(fake.transport))
 
 
 def run(config: Path, *args: str) -> int:
@@ -87,8 +72,11 @@ def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys
     assert (ws / "second/item-0002.txt").read_text() == "item-0002.txt by rank 2 of 3\n"
     assert (ws / "first/item-0001.txt").read_text() == "item-0001.txt by rank 1 of 2\n"
     assert state.stages["third"].verification["checks"][0]["found"] == 3
-    # The stage programs were uploaded once, and every job was labelled with the run and stage.
-    assert len(fake.calls("workspace upload")) == 1
+    # The stage programs were uploaded once, through NVIDIA's gRPC upload (no __pycache__), and every job was
+    # labelled with the run and stage.
+    code = [p for p in (ws / ".bcp-pipeline/code").rglob("*") if p.is_file()]
+    assert code and not any("__pycache__" in str(p) for p in code)
+    assert len(fake.requests("GRPC", "DataSetService/Put")) == len(code)
     names = sorted(jobs_by_stage(fake))
     assert names == ["chain.first", "chain.first-verify", "chain.second", "chain.second-verify", "chain.third",
                      "chain.third-verify"]
@@ -103,18 +91,20 @@ def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys
     status = json.loads(capsys.readouterr().out)
     assert status["status"] == "succeeded"
     assert status["stages"]["first"]["jobs"][0]["native"] == "FINISHED_SUCCESS"
-    # No secret reached a command line, a job definition, a log or the state file.
-    for path in [*project.parent.rglob("state.json"), fake.home / "calls.jsonl"]:
-        assert "emulated-key-not-a-secret" not in path.read_text()
+    # The API key reached no command line, job definition, log, state file or workspace file.
+    leaks = [p for p in [*project.parent.rglob("*"), *fake.home.rglob("*")]
+             if p.is_file() and fake.api_key.encode() in p.read_bytes()]
+    assert leaks == []
 
 
-def test_a_poll_cycle_costs_one_cli_call_whatever_the_number_of_jobs(fake, project):
+def test_a_poll_cycle_costs_one_list_call_whatever_the_number_of_jobs(fake, project):
     from bcp_pipeline.backends import make_backend
     from bcp_pipeline.jobs import JobRequest
 
     config = load_config(project)
     pipeline = config.pipeline("chain")
     fake.hold_queued(times=None)  # keep every job queued: only status calls happen
+    fake.set_page_size(2)  # and the list comes in pages, which NVIDIA's client follows
     counts = {}
     for jobs in (1, 6):
         backend = make_backend("bcp", config, pipeline, project.parent / f".bcp-pipeline/runs/chain-poll-{jobs}")
@@ -122,11 +112,16 @@ def test_a_poll_cycle_costs_one_cli_call_whatever_the_number_of_jobs(fake, proje
         ids = [backend.submit(backend.render(JobRequest(run_id=f"chain-poll-{jobs}", pipeline=pipeline, stage=stage,
                                                         kind="stage", program=stage.program, args=tuple(stage.args))))
                for _ in range(jobs)]
+        for job_id in ids:
+            fake.wait_for(int(job_id), {"QUEUED"})
         fake.clear_calls()
         statuses = backend.poll(ids)
         assert set(statuses) == set(ids) and all(s.native == "QUEUED" for s in statuses.values())
-        counts[jobs] = len(fake.calls())
+        counts[jobs] = status_calls(fake)
+        assert not fake.requests("GET", "/v2/org/*/jobs/*")  # no `job info`: the list had every job
     assert counts == {1: 1, 6: 1}
+    # The last poll: 6 jobs in pages of 2, which NVIDIA's client fetches as pages 0-3 (its own page arithmetic).
+    assert len(fake.requests("GET", "/v2/org/*/jobs")) == 4
     fake.release()
 
 
@@ -151,7 +146,7 @@ def test_sigkill_after_submit_then_resume_submits_no_duplicate(fake, project):
     process.kill()
     process.wait()
     job_id = int(stage_state(project, "second")["jobs"][0]["job_id"])
-    assert fake.status(job_id) == "QUEUED"
+    assert fake.wait_for(job_id, {"QUEUED"}) == "QUEUED"
     resumed = start_orchestrator(project, "resume")
     time.sleep(1.0)
     assert resumed.poll() is None
@@ -163,22 +158,21 @@ def test_sigkill_after_submit_then_resume_submits_no_duplicate(fake, project):
         "chain.third": 1, "chain.third-verify": 1}
 
 
-def test_crash_between_submit_and_record_finds_the_job_by_label(fake, project, monkeypatch):
-    from bcp_pipeline.backends.bcp import BcpBackend
-
+def test_killed_while_the_submit_answer_is_on_its_way_then_resume_finds_the_job_by_label(fake, project):
+    """The service created the job, but the orchestrator died before the answer (and so the job id) reached it."""
     fake.hold_queued(name="chain.first", times=1)
-    real_submit = BcpBackend.submit
-
-    def submit_then_die(self, submission):
-        real_submit(self, submission)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(BcpBackend, "submit", submit_then_die)
-    assert run(project, "run", "chain", "--backend", "bcp") == 130
+    fake.delay_requests(30, method="POST", path="/v2/org/*/jobs", after=True)
+    process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
+    wait_for(lambda: "chain.first" in jobs_by_stage(fake))
+    process.kill()
+    process.wait()
     assert latest(project).stages["first"].status is StageStatus.SUBMITTING
-    monkeypatch.setattr(BcpBackend, "submit", real_submit)
+    resumed = start_orchestrator(project, "resume")
+    wait_for(lambda: (stage_state(project, "first") or {}).get("status") == "running")  # re-attached, still held
     fake.release()
-    assert run(project, "resume") == 0
+    output, _ = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, output
+    assert "first: re-attached to stage job" in output
     assert len(jobs_by_stage(fake)["chain.first"]) == 1
     assert latest(project).stages["first"].attempts == 1
 
@@ -197,30 +191,54 @@ def test_failed_job_then_rerun_continues_from_that_stage(fake, project, capsys):
     assert counts["chain.first"] == 1 and counts["chain.second"] == 2 and counts["chain.third"] == 1
 
 
+def test_a_failing_replica_fails_the_stage_with_its_log_and_a_rerun_continues(fake, project):
+    first = fake.workspace_path("main") / "first"
+    first.mkdir(parents=True)
+    (first / "FAIL-item-0001.txt").touch()  # item 1 belongs to rank 1 of 2: the second replica
+    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    error = latest(project).stages["first"].error
+    assert "ended FAILED: Replica 1 exited with code 1" in error
+    assert "last lines of replica 1's log:" in error and "item-0001.txt: told to fail by a FAIL- marker" in error
+    (first / "FAIL-item-0001.txt").unlink()
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert latest(project).stages["first"].attempts == 2
+
+
+def test_a_lost_job_fails_its_stage_and_a_rerun_submits_it_again(fake, project):
+    fake.inject("TASK_LOST", name="chain.first", after_seconds=0, details="node went away")
+    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    assert "ended TASK_LOST: node went away" in latest(project).stages["first"].error
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert [j["jobStatus"]["status"] for j in jobs_by_stage(fake)["chain.first"]] == ["TASK_LOST", "FINISHED_SUCCESS"]
+
+
 def test_preempted_job_is_resumed(fake, project, capsys):
     fake.inject("PREEMPTED", name="chain.second", after_seconds=0.2)
     assert run(project, "run", "chain", "--backend", "bcp") == 0
     job_id = latest(project).stages["second"].jobs[0].job_id
-    assert len(fake.calls("job resume")) == 1
+    assert len(fake.requests("PATCH", f"/v2/org/*/jobs/{job_id}/resume")) == 1
     assert f"second: job {job_id} was preempted; resumed it" in capsys.readouterr().out
     assert len(jobs_by_stage(fake)["chain.second"]) == 1
 
 
-def test_transient_cli_errors_do_not_fail_stages(fake, project, capsys):
-    fake.fail_calls(4, match="*job list*", message="Service Unavailable (503)")
+def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
+    # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up (tests/test_ngc_emulator.py has those).
+    fake.fail_requests(4, method="GET", path="/v2/org/*/jobs", status=500, message="Internal Server Error")
     assert run(project, "run", "chain", "--backend", "bcp") == 0
-    assert [c["exit"] for c in fake.calls("job list")][:4] == [1, 1, 1, 1]
-    assert "submitting its stage job failed (`ngc` exited 1: Service Unavailable (503)" in capsys.readouterr().out
+    assert [r["status"] for r in fake.requests("GET", "/v2/org/*/jobs")][:4] == [500, 500, 500, 500]
+    out = capsys.readouterr().out
+    assert "submitting its stage job failed (" in out and "Server Error: 500 Response: Internal Server Error" in out
     # Failing status calls while jobs run: the orchestrator keeps polling and says so.
     fake.hold_queued(name="chain.first", times=1)
     process = start_orchestrator(project, "run", "chain", "--backend", "bcp", "--restart")
     wait_for(lambda: len(jobs_by_stage(fake)["chain.first"]) == 2)  # the new run's job is held queued
-    fake.fail_calls(5, match="*job list*", message="Gateway Timeout (504)")
-    wait_for(lambda: sum(c["exit"] == 1 for c in fake.calls("job list")) >= 9)
+    fake.fail_requests(5, method="GET", path="/v2/org/*/jobs", status=500, message="Bad Day")
+    wait_for(lambda: sum(r["status"] == 500 for r in fake.requests("GET", "/v2/org/*/jobs")) >= 9)
     fake.release()
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 0, output
-    assert "failed 3 times in a row, still retrying: `ngc` exited 1: Gateway Timeout (504)" in output
+    assert "failed 3 times in a row, still retrying:" in output
+    assert "Server Error: 500 Response: Bad Day" in output
 
 
 def test_cancel_kills_the_active_job(fake, project, capsys):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..durations import format_duration, parse_duration
@@ -73,44 +74,95 @@ def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path) -> s
     return inner
 
 
-def job_run_argv(request: JobRequest, options: BcpOptions, stages_dir: Path) -> list[str]:
-    """The full argv of `ngc base-command job run` for `request` (without secrets' values, which ngc resolves)."""
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """One `job run`, transport-neutral: every field is one `ngc base-command job run` flag (or one keyword of
+    ngcsdk's `Client().basecommand.jobs.run`). Both transports submit the same JobCreateRequest from it."""
+
+    name: str
+    image: str
+    instance: str
+    result: str
+    commandline: str
+    workspaces: tuple[str, ...] = ()  # NAME:MOUNT:MODE
+    replicas: int = 1
+    array_type: str | None = None  # with replicas > 1
+    total_runtime: str | None = None  # canonical [nD][nH][nM][nS]
+    min_timeslice: str | None = None
+    preempt: str = "RUNONCE"
+    priority: str = "NORMAL"
+    order: int = 50
+    labels: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()  # NAME or NAME:KEY:ENV (names only: ngc resolves the values)
+    env: tuple[str, ...] = ()  # KEY:VALUE
+    org: str | None = None
+    team: str | None = None
+    ace: str | None = None
+
+
+def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path) -> JobSpec:
+    """Pure: the job `request` becomes on BCP (without secrets' values, which ngc resolves)."""
     res: BcpResources = request.resources("bcp")
     where = f"stage {request.stage.name}" + (" (verification)" if request.kind == "verify" else "")
     if not res.instance or not res.image:
         raise SubmissionError(f"{where}: the bcp section needs `instance` and `image` (set them in pipelines.yaml "
                               "under defaults.bcp or the stage's bcp:)")
-    argv = ["ngc", "base-command", "job", "run", "--name", request.job_name, "--image", res.image,
-            "--instance", res.instance, "--result", res.result]
-    for mount in res.workspaces:
-        argv += ["--workspace", f"{mount.name}:{mount.mount}:{mount.mode}"]
-    if res.replicas > 1:
-        if res.total_runtime is None:
-            raise SubmissionError(f"{where}: replicas > 1 needs total_runtime")
-        argv += ["--replicas", str(res.replicas), "--array-type", res.array_type]
-    if res.total_runtime:
-        argv += ["--total-runtime", format_duration(parse_duration(res.total_runtime))]
-    if res.min_timeslice:
-        argv += ["--min-timeslice", format_duration(parse_duration(res.min_timeslice))]
-    argv += ["--preempt", res.preempt, "--priority", res.priority, "--order", str(res.order)]
-    for name in [*job_labels(request), *res.labels]:
-        argv += ["--label", name]
-    for secret in res.secrets:
-        argv += ["--secret", secret]
+    if res.replicas > 1 and res.total_runtime is None:
+        raise SubmissionError(f"{where}: replicas > 1 needs total_runtime")
     values = job_values(request, options, stages_dir)
-    for key, value in resolved_env(request, "bcp", values).items():
-        argv += ["--env-var", f"{key}:{value}"]
-    argv += ["--commandline", commandline(request, options, stages_dir)]
-    for flag, value in (("--org", options.org), ("--team", options.team), ("--ace", options.ace)):
+    return JobSpec(
+        name=request.job_name, image=res.image, instance=res.instance, result=res.result,
+        commandline=commandline(request, options, stages_dir),
+        workspaces=tuple(f"{m.name}:{m.mount}:{m.mode}" for m in res.workspaces),
+        replicas=res.replicas, array_type=res.array_type if res.replicas > 1 else None,
+        total_runtime=format_duration(parse_duration(res.total_runtime)) if res.total_runtime else None,
+        min_timeslice=format_duration(parse_duration(res.min_timeslice)) if res.min_timeslice else None,
+        preempt=res.preempt, priority=res.priority, order=res.order,
+        labels=(*job_labels(request), *res.labels), secrets=tuple(res.secrets),
+        env=tuple(f"{key}:{value}" for key, value in resolved_env(request, "bcp", values).items()),
+        org=options.org, team=options.team, ace=options.ace,
+    )
+
+
+def job_run_argv(spec: JobSpec) -> list[str]:
+    """The full argv of `ngc base-command job run` for `spec`."""
+    argv = ["ngc", "base-command", "job", "run", "--name", spec.name, "--image", spec.image,
+            "--instance", spec.instance, "--result", spec.result]
+    for mount in spec.workspaces:
+        argv += ["--workspace", mount]
+    if spec.replicas > 1:
+        argv += ["--replicas", str(spec.replicas), "--array-type", str(spec.array_type)]
+    if spec.total_runtime:
+        argv += ["--total-runtime", spec.total_runtime]
+    if spec.min_timeslice:
+        argv += ["--min-timeslice", spec.min_timeslice]
+    argv += ["--preempt", spec.preempt, "--priority", spec.priority, "--order", str(spec.order)]
+    for name in spec.labels:
+        argv += ["--label", name]
+    for secret in spec.secrets:
+        argv += ["--secret", secret]
+    for pair in spec.env:
+        argv += ["--env-var", pair]
+    argv += ["--commandline", spec.commandline]
+    return argv + global_flags(spec.org, spec.team, spec.ace)
+
+
+def global_flags(org: str | None, team: str | None, ace: str | None) -> list[str]:
+    """`--org/--team/--ace` where set (else ngc's own config or NGC_CLI_*), and JSON output."""
+    flags = []
+    for flag, value in (("--org", org), ("--team", team), ("--ace", ace)):
         if value:
-            argv += [flag, value]
-    return argv + ["--format_type", "json"]
+            flags += [flag, value]
+    return [*flags, "--format_type", "json"]
+
+
+UPLOAD_EXCLUDES = ("*__pycache__*",)
 
 
 def upload_argv(options: BcpOptions, workspace: str, stages_dir: Path) -> list[str]:
+    """`ngc workspace upload` of stages/ to its content-hash folder (what `plan` shows for the upload)."""
     argv = ["ngc", "workspace", "upload", workspace, "--source", str(stages_dir),
-            "--destination", code_destination(options, stages_dir), "--exclude", "__pycache__"]
-    for flag, value in (("--org", options.org), ("--team", options.team), ("--ace", options.ace)):
-        if value:
-            argv += [flag, value]
-    return argv + ["--format_type", "json"]
+            "--destination", code_destination(options, stages_dir)]
+    for pattern in UPLOAD_EXCLUDES:
+        argv += ["--exclude", pattern]
+    return argv + global_flags(options.org, options.team, options.ace)

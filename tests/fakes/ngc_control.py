@@ -1,16 +1,19 @@
-"""State layer and test controls of the ``ngc`` EMULATOR (tests/fakes/ngc). Test code, not NVIDIA code.
+"""State layer and test controls of the NGC API EMULATOR (tests/fakes/ngc_api.py). Test code, not NVIDIA code.
 
 The emulator keeps everything in one folder, ``$NGC_FAKE_HOME``:
 
-- ``state.json``   jobs (``{"job": ..., "jobStatusHistory": [...], "emu": ...}`` per id), workspaces, next id
-- ``control.json`` test controls: job rules (fail / preempt / hold QUEUED) and CLI call failures or delays
-- ``secrets.json`` ``{"secret-name": {"KEY": "value"}}`` for ``--secret``
-- ``calls.jsonl``  one line per ``ngc`` invocation: argv, command, exit code, duration, whether ngcsdk was imported
-- ``lock``         fcntl lock taken by every writer (CLI calls, job supervisors, these helpers)
+- ``state.json``    jobs (``{"job": ..., "jobStatusHistory": [...], "emu": ...}`` per id), workspaces, next id
+- ``control.json``  test controls: job rules (fail / preempt / hold QUEUED), API request faults, page size
+- ``timing.json``   how long jobs stay QUEUED / STARTING, and the longest a job may live
+- ``secrets.json``  ``{"secret-name": {"KEY": "value"}}`` for ``--secret``
+- ``requests.jsonl`` one line per API request answered: method, path, query, status (never a key or token)
+- ``calls.jsonl``   one line per ``ngc`` invocation (tests/fakes/ngc): argv with the key redacted, exit code
+- ``api.json``      where the running server listens: ``{url, grpc, ca, pid}``; ``tls/`` its certificate
+- ``lock``          fcntl lock taken by every writer (the server, job supervisors, these helpers)
 - ``workspaces/NAME/`` the workspace contents; ``jobs/ID/results/R/`` results of replica R (``joblog.log`` = log)
 
-Only the standard library is imported here: status calls of the emulator import this module and must answer
-in milliseconds. Writers hold the lock and replace files atomically; readers read without the lock.
+Only the standard library is imported here. Writers hold the lock and replace files atomically; readers read
+without the lock.
 
 Test-facing API: :class:`FakeNgc` (see its methods). The lower-level functions are shared with the emulator.
 """
@@ -19,17 +22,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import json
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
-
-if TYPE_CHECKING:
-    import subprocess
+from typing import Any, Iterator
 
 FAKES_DIR = Path(__file__).resolve().parent
 NGC_EMULATOR = FAKES_DIR / "ngc"
@@ -52,7 +55,7 @@ STATES_BEFORE_RUNNING = frozenset({"CREATED", "QUEUED", "STARTING", "PENDING_STO
 # JobStatus.statusType (enum UNKNOWN, OK, APPLICATION_ERROR, DOCKER_ERROR, CONTAINER_ERROR, SYSTEM_ERROR).
 DEFAULT_STATUS_TYPES = {"FAILED": "APPLICATION_ERROR", "KILLED_BY_SYSTEM": "SYSTEM_ERROR", "TASK_LOST": "SYSTEM_ERROR"}
 # What a test may inject into a job (the emulator kills the job's processes and sets the status).
-INJECTABLE = frozenset({"FAILED", "FAILED_RUN_LIMIT_EXCEEDED", "KILLED_BY_SYSTEM", "PREEMPTED"})
+INJECTABLE = frozenset({"FAILED", "FAILED_RUN_LIMIT_EXCEEDED", "KILLED_BY_SYSTEM", "TASK_LOST", "PREEMPTED"})
 
 
 class FakeStateError(RuntimeError):
@@ -73,28 +76,29 @@ def home_from_env(environ: dict[str, str] | None = None) -> Path:
     return home
 
 
-_LOCK_DEPTH: dict[Path, int] = {}
+_LOCK_DEPTH = threading.local()  # per thread: the API server answers requests on several threads
 
 
 @contextlib.contextmanager
 def locked(home: Path) -> Iterator[None]:
-    """Exclusive lock shared by every process writing the emulator's state; re-entrant within a process
-    (a second flock on a new descriptor would block on our own lock)."""
+    """Exclusive lock shared by every process and thread writing the emulator's state; re-entrant within a
+    thread (flock on a second descriptor blocks, also against another thread of the same process)."""
     key = Path(home).resolve()
-    if _LOCK_DEPTH.get(key):
-        _LOCK_DEPTH[key] += 1
+    depths = _LOCK_DEPTH.__dict__.setdefault("depths", {})
+    if depths.get(key):
+        depths[key] += 1
         try:
             yield
         finally:
-            _LOCK_DEPTH[key] -= 1
+            depths[key] -= 1
         return
     fd = os.open(key / "lock", os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        _LOCK_DEPTH[key] = 1
+        depths[key] = 1
         yield
     finally:
-        _LOCK_DEPTH[key] = 0
+        depths[key] = 0
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
@@ -113,7 +117,7 @@ def read_json(path: Path, default: Any) -> Any:
 
 def write_json(path: Path, data: Any) -> None:
     """Temp file + rename, so lock-free readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
     os.replace(tmp, path)
 
@@ -231,40 +235,133 @@ def stop_job(home: Path, job_id: int | str, status: str, *, details: str | None 
 
 
 class FakeNgc:
-    """Drive the emulator from tests: environment, workspaces, secrets, injected failures, call log.
+    """Drive the emulator from tests: the API server, environment, workspaces, secrets, faults, logs.
 
-    >>> fake = FakeNgc(tmp_path / "ngc")            # doctest: +SKIP
-    >>> fake.create_workspace("nemo-framework")     # doctest: +SKIP
-    >>> subprocess.run(["ngc", ...], env=fake.env())  # doctest: +SKIP
+    >>> fake = FakeNgc(tmp_path / "ngc").start()     # doctest: +SKIP
+    >>> fake.create_workspace("nemo-framework")      # doctest: +SKIP
+    >>> subprocess.run(["ngc", ...], env=fake.env())  # doctest: +SKIP  (NVIDIA's CLI code, tests/fakes/ngc)
+    >>> fake.shutdown()                              # doctest: +SKIP
     """
 
-    def __init__(self, home: Path | str) -> None:
+    API_KEY = "emulated-api-key-not-a-secret"  # what the emulator accepts at the token exchange
+
+    def __init__(self, home: Path | str, *, org: str = "bcpp-test-org", ace: str = "bcpp-test-ace",
+                 api_key: str | None = None, tls_dir: Path | None = None) -> None:
+        """``tls_dir``: where the server's certificate is kept (default HOME/tls). Share one across a test
+        session: gRPC reads its CA roots once per process."""
         self.home = Path(home)
+        self.tls_dir = Path(tls_dir) if tls_dir else self.home / "tls"
         self.home.mkdir(parents=True, exist_ok=True)
+        self.org = org
+        self.ace = ace
+        self.api_key = api_key or self.API_KEY
+        self._server: subprocess.Popen | None = None
+        self._forkserver: subprocess.Popen | None = None
+        self.api: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"FakeNgc({str(self.home)!r})"
 
+    def __enter__(self) -> "FakeNgc":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- the API server ----------------------------------------------------------------------------------------
+    def start(self, timeout: float = 30) -> "FakeNgc":
+        """Start the API emulator (tests/fakes/ngc_api.py) as a process; returns once it listens."""
+        announce = self.home / "api.json"
+        announce.unlink(missing_ok=True)
+        env = self._base_env()
+        env.update(NGC_FAKE_API_KEY=self.api_key, NGC_FAKE_ORG=self.org, NGC_FAKE_ACE=self.ace,
+                   NGC_FAKE_TLS_DIR=str(self.tls_dir))
+        with open(self.home / "api-server.log", "ab") as log:
+            self._server = subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, str(FAKES_DIR / "ngc_api.py"), str(self.home)], env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not announce.exists():
+            if self._server.poll() is not None or time.monotonic() > deadline:
+                log_text = (self.home / "api-server.log").read_text(errors="replace")[-2000:]
+                raise FakeStateError(f"the NGC API emulator did not start; its log:\n{log_text}")
+            time.sleep(0.05)
+        self.api = read_json(announce, {})
+        self._start_forkserver(deadline)
+        return self
+
+    def _start_forkserver(self, deadline: float) -> None:
+        """`ngc __forkserver__`: NVIDIA's CLI imported once, so each `ngc` call costs a fork, not an import."""
+        socket_path = self.home / "ngc-forkserver.sock"
+        socket_path.unlink(missing_ok=True)
+        with open(self.home / "ngc-forkserver.log", "ab") as log:
+            self._forkserver = subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, str(NGC_EMULATOR), "__forkserver__", str(socket_path)], env=self.env(),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        while not socket_path.exists():
+            if self._forkserver.poll() is not None or time.monotonic() > deadline:
+                raise FakeStateError("the ngc fork server did not start; see ngc-forkserver.log")
+            time.sleep(0.05)
+
+    def stop_server(self) -> None:
+        for process in (self._forkserver, self._server):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:  # it hangs: kill it
+                    process.kill()
+                    process.wait()
+        self._server = self._forkserver = None
+        (self.home / "ngc-forkserver.sock").unlink(missing_ok=True)
+
     # -- environment -------------------------------------------------------------------------------------------
-    def env(self, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
-        """Environment for running ``ngc``: tests/fakes and this Python first on PATH, NGC_FAKE_HOME, NGC_CLI_*."""
-        env = dict(os.environ if base is None else base)
+    def _base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
         path_parts = [str(FAKES_DIR), str(Path(sys.executable).parent)]
         env["PATH"] = os.pathsep.join(path_parts + [env.get("PATH", "")])
         env["NGC_FAKE_HOME"] = str(self.home)
-        env.setdefault("NGC_CLI_ORG", "bcpp-test-org")
-        env.setdefault("NGC_CLI_ACE", "bcpp-test-ace")
+        env["NO_PROXY"] = ",".join(filter(None, ["127.0.0.1", "localhost", env.get("NO_PROXY")]))
+        for key in [k for k in env if k.startswith("NGC_CLI_")]:
+            del env[key]  # the user's own NGC settings must not leak into a test
+        return env
+
+    def env(self, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+        """Environment for NVIDIA's client (``ngc`` = tests/fakes/ngc, or ngcsdk in-process) against this emulator:
+        API and auth URLs on loopback, the test certificate as CA bundle (HTTPS and gRPC), the test API key, an
+        empty CLI home, org and ACE. ``base`` replaces os.environ as the starting point."""
+        if not self.api:
+            raise FakeStateError("FakeNgc.start() first: the API emulator is not running")
+        env = self._base_env() if base is None else dict(base)
+        env.update(
+            NGC_FAKE_HOME=str(self.home),
+            NGC_CLI_API_URL=self.api["url"],
+            NGC_CLI_AUTH_URL=self.api["url"],
+            NGC_CLI_API_KEY=self.api_key,
+            NGC_CLI_ORG=self.org,
+            NGC_CLI_ACE=self.ace,
+            NGC_CLI_HOME=str(self.home / "cli-home"),
+            NGC_CLI_TRACE_DISABLE="1",
+            REQUESTS_CA_BUNDLE=self.api["ca"],
+            GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=self.api["ca"],
+        )
         env.update(extra)
         return env
 
     def ngc(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-        """Run the emulator with ``args`` (no leading 'ngc'); text output captured, never raises on exit code."""
-        import subprocess  # pylint: disable=import-outside-toplevel  (the emulator's status path skips it)
-
+        """Run ``ngc`` (NVIDIA's CLI code, tests/fakes/ngc) with ``args``; output captured, any exit code."""
         return subprocess.run(
             [sys.executable, str(NGC_EMULATOR), *args],
             env=env or self.env(), capture_output=True, text=True, timeout=timeout, check=False,
         )
+
+    def set_timing(self, *, queued_seconds: float = 0.05, starting_seconds: float = 0.05,
+                   max_job_seconds: float = 3600) -> None:
+        """How long new jobs stay QUEUED and STARTING, and when a forgotten job is ended KILLED_BY_SYSTEM."""
+        with locked(self.home):
+            write_json(self.home / "timing.json", {"queued_seconds": queued_seconds,
+                                                   "starting_seconds": starting_seconds,
+                                                   "max_job_seconds": max_job_seconds})
 
     # -- workspaces and secrets -------------------------------------------------------------------------------
     def create_workspace(self, name: str) -> str:
@@ -286,7 +383,7 @@ class FakeNgc:
     def inject(self, status: str, *, name: str | None = None, label: str | None = None,
                after_seconds: float | None = None, times: int | None = 1, details: str | None = None) -> None:
         """Make the next matching job(s) end with ``status`` (FAILED, FAILED_RUN_LIMIT_EXCEEDED, KILLED_BY_SYSTEM,
-        PREEMPTED).
+        TASK_LOST, PREEMPTED).
 
         ``name``/``label`` are fnmatch patterns (None: any job). ``after_seconds`` None: the job's command runs
         to its end, then the status replaces the real outcome; 0: the command never starts; t > 0: its
@@ -328,30 +425,44 @@ class FakeNgc:
         with update_control(self.home) as control:
             control.setdefault("rules", []).append(rule)
 
-    # -- CLI call failures and the call log ---------------------------------------------------------------------
-    def fail_calls(self, count: int, *, match: str | None = None, message: str | None = None,
-                   exit_code: int = 1) -> None:
-        """Make the next ``count`` CLI calls (whose joined argv matches the fnmatch ``match``) fail as a
-        transient error would: ``{"error": message}`` on stderr, exit ``exit_code``, nothing done."""
-        with update_control(self.home) as control:
-            control["fail"] = {"count": count, "match": match, "message": message, "exit_code": exit_code}
+    # -- API faults, the request log and the CLI call log ----------------------------------------------------
+    def fail_requests(self, count: int, *, method: str | None = None, path: str | None = None, status: int = 503,
+                      message: str | None = None) -> None:
+        """Make the next ``count`` API requests matching ``method`` (e.g. "GET", "GET,POST") and the fnmatch
+        ``path`` (e.g. "*/jobs") fail with HTTP ``status``, as a transient error of the service would."""
+        self._add_fault({"count": count, "method": method, "path": path, "status": status, "message": message})
 
-    def delay_calls(self, seconds: float, *, count: int = 1, match: str | None = None) -> None:
-        """Make the next ``count`` matching CLI calls sleep ``seconds`` first (for caller timeouts)."""
+    def delay_requests(self, seconds: float, *, count: int = 1, method: str | None = None,
+                       path: str | None = None, after: bool = False) -> None:
+        """Make the next ``count`` matching API requests wait ``seconds``: before they are carried out, or with
+        ``after`` once they are carried out and before the answer (the job exists; the client does not know)."""
+        self._add_fault({"count": count, "method": method, "path": path, "status": None, "delay_seconds": seconds,
+                         "after": after})
+
+    def _add_fault(self, fault: dict[str, Any]) -> None:
         with update_control(self.home) as control:
-            control["delay"] = {"count": count, "match": match, "seconds": seconds}
+            control.setdefault("faults", []).append(fault)
+
+    def set_page_size(self, size: int | None) -> None:
+        """Cap the page size of every paged answer (``job list``...), so clients must follow the pages."""
+        with update_control(self.home) as control:
+            control["page_size"] = size
+
+    def requests(self, method: str | None = None, path: str | None = None) -> list[dict[str, Any]]:
+        """API requests the emulator answered, oldest first: ``{"method", "path", "query", "status", ...}``."""
+        records = _read_jsonl(self.home / "requests.jsonl")
+        return [r for r in records if (method is None or r["method"] == method)
+                and (path is None or fnmatch.fnmatchcase(r["path"], path))]
 
     def calls(self, command: str | None = None) -> list[dict[str, Any]]:
         """Logged invocations, oldest first; ``command`` filters on the normalized name, e.g. 'job list'."""
-        path = self.home / "calls.jsonl"
-        if not path.exists():
-            return []
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        return [r for r in records if command is None or r["command"] == command]
+        return [r for r in _read_jsonl(self.home / "calls.jsonl") if command is None or r["command"] == command]
 
     def clear_calls(self) -> None:
+        """Forget the CLI call log and the API request log."""
         with locked(self.home):
             (self.home / "calls.jsonl").unlink(missing_ok=True)
+            (self.home / "requests.jsonl").unlink(missing_ok=True)
 
     # -- inspection and clean-up --------------------------------------------------------------------------------
     def jobs(self) -> dict[int, dict[str, Any]]:
@@ -384,6 +495,7 @@ class FakeNgc:
             for pid in entry["emu"].get("supervisorPids", []):
                 while _alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
+        self.stop_server()
 
 
 def ensure_workspace(
@@ -404,6 +516,12 @@ def ensure_workspace(
         }
     (home / "workspaces" / name).mkdir(parents=True, exist_ok=True)
     return workspaces[name]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,277 @@
+"""How the BCP backend talks to Base Command: NVIDIA's `ngc` CLI (a subprocess) or ngcsdk's Python API (in-process).
+
+Both transports take the same JobSpec and give back the same job objects (the JSON shape of `job info`/`job list`:
+`{"id", "jobStatus": {"status", "statusDetails"}, "labels": {"userLabels": {"values": [...]}}, ...}`), so the
+backend above them does not know which one it has. The API key reaches either only through NGC's own settings
+(NGC_CLI_API_KEY or ~/.ngc/config): never argv, a log or the run state.
+
+`backends.bcp.transport: auto` takes the CLI when `ngc` is on PATH, else ngcsdk when it imports.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shutil
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+from ..durations import parse_duration
+from ..errors import BackendCallError, ConfigError
+from ..procs import run_command
+from ..resources import BcpOptions
+from .bcp_render import JobSpec, global_flags, job_run_argv
+
+SDK_VERSION = "4.19.1"  # the last ngcsdk with Base Command in it
+INSTALL_HINT = ("install one of: NVIDIA's ngc CLI (https://org.ngc.nvidia.com/setup/installers/cli, then put `ngc` "
+                f"on PATH or set backends.bcp.ngc), or ngcsdk {SDK_VERSION}: pip install \"bcp-pipeline[bcp]\"")
+CONFIG_HINT = "check `ngc config current` (API key, org, ACE) or NGC_CLI_API_KEY / NGC_CLI_ORG / NGC_CLI_ACE"
+
+
+class Transport(abc.ABC):
+    """The operations the BCP backend needs; each raises BackendCallError when the call fails."""
+
+    name = ""
+
+    def __init__(self, options: BcpOptions) -> None:
+        self.options = options
+
+    @abc.abstractmethod
+    def submit(self, spec: JobSpec) -> str:
+        """Submit one job; its id."""
+
+    @abc.abstractmethod
+    def list_jobs(self, labels: list[str]) -> list[dict[str, Any]]:
+        """Jobs with any of `labels` (filtered on the server), created within `options.list_duration`."""
+
+    @abc.abstractmethod
+    def job(self, job_id: str) -> dict[str, Any]:
+        """One job object, as `job info` has it."""
+
+    @abc.abstractmethod
+    def log(self, job_id: str, replica: int | None, tail: int | None) -> str:
+        """Replica `replica`'s log (replica 0 when None); the last `tail` lines when given."""
+
+    @abc.abstractmethod
+    def kill(self, job_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def resume(self, job_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def upload(self, workspace: str, source: Path, destination: str, exclude: tuple[str, ...]) -> None:
+        """Put the contents of folder `source` at `destination` in the workspace."""
+
+
+# -- the ngc CLI ---------------------------------------------------------------------------------------------
+class CliTransport(Transport):
+    """NVIDIA's `ngc` CLI, one subprocess per call, `--format_type json`."""
+
+    name = "cli"
+
+    def _ngc(self, args: list[str], timeout: float = 120) -> str:
+        return run_command([self.options.ngc, *args], timeout=timeout, hint=CONFIG_HINT).stdout
+
+    def _globals(self) -> list[str]:
+        return global_flags(self.options.org, self.options.team, self.options.ace)
+
+    def submit(self, spec: JobSpec) -> str:
+        output = self._ngc(job_run_argv(spec)[1:])
+        try:
+            return str(first_json(output)["job"]["id"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendCallError(f"`ngc base-command job run` printed no job id ({exc}); output: {output[:500]}")
+
+    def list_jobs(self, labels: list[str]) -> list[dict[str, Any]]:
+        args = ["base-command", "job", "list", "--duration", self.options.list_duration]
+        for name in labels:
+            args += ["--label", name]
+        data = first_json(self._ngc(args + self._globals()))
+        return [job_object(item) for item in (data if isinstance(data, list) else [])]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return job_object(first_json(self._ngc(["base-command", "job", "info", job_id, *self._globals()])))
+
+    def log(self, job_id: str, replica: int | None, tail: int | None) -> str:
+        # No --format_type json: NVIDIA's printer prints nothing for `job log` in JSON mode.
+        args = ["base-command", "job", "log", f"{job_id}:{replica}" if replica is not None else job_id]
+        if tail:
+            args += ["--tail", "--lines", str(tail)]
+        return self._ngc(args)
+
+    def kill(self, job_id: str) -> None:
+        # `job kill` exits 0 even when the kill fails; its error is JSON on stderr, which run_command ignores
+        # then, so the caller's next poll is what tells.
+        self._ngc(["base-command", "job", "kill", job_id, *self._globals()])
+
+    def resume(self, job_id: str) -> None:
+        self._ngc(["base-command", "job", "resume", job_id, *self._globals()])
+
+    def upload(self, workspace: str, source: Path, destination: str, exclude: tuple[str, ...]) -> None:
+        args = ["workspace", "upload", workspace, "--source", str(source), "--destination", destination]
+        for pattern in exclude:
+            args += ["--exclude", pattern]
+        self._ngc(args + self._globals(), timeout=1800)
+
+
+# -- ngcsdk ----------------------------------------------------------------------------------------------------
+class SdkTransport(Transport):
+    """ngcsdk 4.19.1's `Client().basecommand` in this process: no CLI download, one import for the whole run."""
+
+    name = "sdk"
+
+    def __init__(self, options: BcpOptions) -> None:
+        super().__init__(options)
+        self._client: Any = None
+
+    def _make_client(self) -> Any:
+        import ngcsdk  # pylint: disable=import-outside-toplevel
+
+        client = ngcsdk.Client()
+        # The key stays where NGC keeps it (NGC_CLI_API_KEY / ~/.ngc/config); only org/team/ACE are ours.
+        client.configure(org_name=self.options.org, team_name=self.options.team, ace_name=self.options.ace)
+        return client
+
+    def _call(self, what: str, operation: Callable[[Any], Any]) -> Any:
+        """Run one ngcsdk operation on the (lazily made) client; its prints (progress, transfer summaries) are
+        kept off our stdout; its errors become BackendCallError."""
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                if self._client is None:
+                    self._client = self._make_client()
+                return operation(self._client)
+        except Exception as exc:  # ngcsdk raises NgcException, requests' errors, ValueError for bad config...
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            raise BackendCallError(f"ngcsdk {what}: {message}\n  {CONFIG_HINT}") from None
+
+    def submit(self, spec: JobSpec) -> str:
+        kwargs = sdk_run_kwargs(spec)
+        return str(self._call("basecommand.jobs.run", lambda c: c.basecommand.jobs.run(**kwargs).id))
+
+    def list_jobs(self, labels: list[str]) -> list[dict[str, Any]]:
+        duration = timedelta(seconds=parse_duration(self.options.list_duration))
+        jobs = self._call("basecommand.jobs.list",
+                          lambda c: c.basecommand.jobs.list(labels=list(labels), duration=duration))
+        return [job.toDict() for job in jobs or []]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        job, _history = self._call("basecommand.jobs.info", lambda c: c.basecommand.jobs.info(int(job_id)))
+        return job.toDict()
+
+    def log(self, job_id: str, replica: int | None, tail: int | None) -> str:
+        lines = self._call("basecommand.jobs.log", lambda c: list(c.basecommand.jobs.log(
+            int(job_id), replica_id=replica, tail=bool(tail) or None, lines=tail or None)))
+        return "".join(lines)
+
+    def kill(self, job_id: str) -> None:
+        # kill_job, not jobs.kill: the latter prints its errors instead of raising them.
+        self._call("basecommand.jobs.kill", lambda c: c.basecommand.jobs.kill_job(
+            self.options.org or c.config.org_name, int(job_id), team_name=self.options.team or c.config.team_name))
+
+    def resume(self, job_id: str) -> None:
+        self._call("basecommand.jobs.resume", lambda c: c.basecommand.jobs.resume(int(job_id)))
+
+    def upload(self, workspace: str, source: Path, destination: str, exclude: tuple[str, ...]) -> None:
+        self._call("basecommand.workspace.upload", lambda c: c.basecommand.workspace.upload(
+            workspace, source=str(source), destination=destination, exclude=list(exclude)))
+
+
+def sdk_run_kwargs(spec: JobSpec) -> dict[str, Any]:
+    """`Client().basecommand.jobs.run(**kwargs)` for `spec`: the same JobCreateRequest as the CLI's argv.
+
+    The CLI's parser turns flags into these types (durations to timedelta, secrets to tuples) and always
+    coschedules replicas (minAvailability = replicas); the Python API leaves that to us.
+    """
+    kwargs: dict[str, Any] = {
+        "name": spec.name, "image": spec.image, "instance": spec.instance, "result": spec.result,
+        "commandline": spec.commandline, "workspace": list(spec.workspaces) or None,
+        "preempt": spec.preempt, "priority": spec.priority, "order": spec.order,
+        "label": list(spec.labels) or None, "secret": [tuple(s.split(":")) for s in spec.secrets] or None,
+        "env_var": list(spec.env) or None, "org": spec.org, "team": spec.team, "ace": spec.ace,
+    }
+    if spec.replicas > 1:
+        kwargs.update(replicas=spec.replicas, array_type=spec.array_type, coscheduling=True)
+    for key, value in (("total_runtime", spec.total_runtime), ("min_timeslice", spec.min_timeslice)):
+        if value:
+            kwargs[key] = timedelta(seconds=parse_duration(value))
+    return kwargs
+
+
+# -- choosing one ----------------------------------------------------------------------------------------------
+def sdk_available() -> bool:
+    return importlib.util.find_spec("ngcsdk") is not None and importlib.util.find_spec("basecommand") is not None
+
+
+def cli_available(options: BcpOptions) -> bool:
+    return shutil.which(options.ngc) is not None
+
+
+def choose_transport(options: BcpOptions) -> str:
+    """`cli` or `sdk` for `options.transport`; a ConfigError that says how to get one when neither is there."""
+    wanted = options.transport
+    if wanted in ("cli", "auto") and cli_available(options):
+        return "cli"
+    if wanted in ("sdk", "auto") and sdk_available():
+        return "sdk"
+    if wanted == "cli":
+        raise ConfigError(f"backends.bcp.transport is cli, but the ngc CLI {options.ngc!r} is not on PATH; "
+                          f"{INSTALL_HINT} (and set transport: sdk or auto)")
+    if wanted == "sdk":
+        raise ConfigError(f"backends.bcp.transport is sdk, but ngcsdk {SDK_VERSION} cannot be imported: "
+                          f"pip install \"bcp-pipeline[bcp]\"")
+    raise ConfigError(f"the BCP backend needs NVIDIA's ngc CLI or ngcsdk {SDK_VERSION}, and neither is here: "
+                      f"{INSTALL_HINT}")
+
+
+def make_transport(options: BcpOptions) -> Transport:
+    return CliTransport(options) if choose_transport(options) == "cli" else SdkTransport(options)
+
+
+def check_credentials(options: BcpOptions, environ: dict[str, str] | None = None) -> None:
+    """Before a run is recorded: an API key and an ACE must be configured (names what is missing, and where)."""
+    env = os.environ if environ is None else environ
+    config = read_ngc_config(env)
+    missing = []
+    if not (env.get("NGC_CLI_API_KEY") or config.get("apikey")):
+        missing.append("an API key (NGC_CLI_API_KEY, or `ngc config set`)")
+    if not (options.org or env.get("NGC_CLI_ORG") or config.get("org")):
+        missing.append("an org (backends.bcp.org, NGC_CLI_ORG, or `ngc config set`)")
+    if not (options.ace or env.get("NGC_CLI_ACE") or config.get("ace")):
+        missing.append("an ACE (backends.bcp.ace, NGC_CLI_ACE, or `ngc config set`)")
+    if missing:
+        raise ConfigError("the BCP backend is missing " + "; ".join(missing) + ". Nothing was submitted or recorded")
+
+
+def read_ngc_config(environ: dict[str, str]) -> dict[str, str]:
+    """The `[CURRENT]` section of NGC's config file (`$NGC_CLI_HOME/.ngc/config`, else `~/.ngc/config`)."""
+    import configparser  # pylint: disable=import-outside-toplevel
+
+    home = Path(environ.get("NGC_CLI_HOME") or Path.home())
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(home / ".ngc" / "config")
+    except configparser.Error:
+        return {}
+    return dict(parser["CURRENT"]) if parser.has_section("CURRENT") else {}
+
+
+def first_json(text: str) -> Any:
+    """The first JSON document on stdout (`--waitrun` appends more documents after it)."""
+    decoder = json.JSONDecoder()
+    text = text.lstrip()
+    if not text:
+        raise ValueError("empty output")
+    value, _ = decoder.raw_decode(text)
+    return value
+
+
+def job_object(item: Any) -> dict[str, Any]:
+    """`job info` wraps the job as {"job": {...}}; `job list` items are the job itself."""
+    if isinstance(item, dict) and isinstance(item.get("job"), dict):
+        return item["job"]
+    return item if isinstance(item, dict) else {}

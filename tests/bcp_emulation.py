@@ -1,0 +1,65 @@
+"""Fixtures for tests on the emulated BCP: NVIDIA's client (ngc CLI code, or ngcsdk in-process) against the NGC API
+EMULATOR on loopback (tests/fakes/ngc_api.py, a fake, named so). Every `fake` test runs once per transport."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import ngc_parser
+from golden_files import REPO
+
+sys.path.insert(0, str(REPO / "tests" / "fakes"))
+from ngc_control import FakeNgc  # noqa: E402
+
+TRANSPORTS = ("cli", "sdk")
+needs_ngcsdk = pytest.mark.skipif(not ngc_parser.available(), reason="ngcsdk[telemetry]==4.19.1 not installed")
+
+
+def point_ngcsdk_at_environment() -> None:
+    """ngcsdk reads NGC_CLI_* once, when first imported (two modules copy the URLs by name) and keeps tokens in a
+    class-level cache. Each test starts its own emulator, so an in-process client must read them again.
+    ngcsdk is imported here first the way the offline parser check imports it (tests/ngc_parser.py, with its own
+    placeholder settings), so that a later parser check cannot leave those settings behind."""
+    ngc_parser.parse_args(["batch", "list"])
+    import ngcbase.api.authentication as authentication  # pylint: disable=import-outside-toplevel
+    import ngcbase.environ as environ  # pylint: disable=import-outside-toplevel
+    import ngcbase.util.utils as utils  # pylint: disable=import-outside-toplevel
+
+    importlib.reload(environ)
+    authentication.NGC_CLI_AUTH_URL = environ.NGC_CLI_AUTH_URL
+    utils.NGC_CLI_API_URL = environ.NGC_CLI_API_URL
+    authentication.Authentication.clear_in_memory_cache()
+
+
+@pytest.fixture(scope="session")
+def ngc_tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One certificate for the session: gRPC reads GRPC_DEFAULT_SSL_ROOTS_FILE_PATH once per process."""
+    return tmp_path_factory.mktemp("ngc-tls")
+
+
+@pytest.fixture(params=TRANSPORTS)
+def fake(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ngc_tls_dir: Path):
+    """A running emulator with workspace `main`; this process's environment points NVIDIA's client at it.
+    `fake.transport` is the transport the test's config should name."""
+    ngc = FakeNgc(tmp_path / "ngc-home", tls_dir=ngc_tls_dir).start()
+    ngc.transport = request.param
+    ngc.create_workspace("main")
+    for key in [k for k in os.environ if k.startswith("NGC_CLI_")]:
+        monkeypatch.delenv(key)
+    for key, value in ngc.env().items():
+        monkeypatch.setenv(key, value)
+    point_ngcsdk_at_environment()
+    yield ngc
+    ngc.shutdown()
+
+
+def status_calls(fake: FakeNgc) -> int:
+    """`job list` calls made so far: CLI invocations, or the lists ngcsdk asked for (first pages)."""
+    if fake.transport == "cli":
+        return len(fake.calls("job list"))
+    return len([r for r in fake.requests("GET", "/v2/org/*/jobs") if "page-number=" not in r["query"]])
