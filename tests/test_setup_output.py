@@ -25,7 +25,8 @@ def fake_python(folder: Path, lines: list[str], status: int) -> Path:
     and exits with `status`."""
     script = folder / "python"
     printed = "\n".join(f"echo {shlex.quote(line)} >&{1 + i % 2}" for i, line in enumerate(lines))
-    script.write_text(f'#!/usr/bin/env bash\necho "$@" > {shlex.quote(str(folder / "argv"))}\n{printed}\nexit {status}\n')
+    record = f'echo "$@" > {shlex.quote(str(folder / "argv"))}'
+    script.write_text(f"#!/usr/bin/env bash\n{record}\n{printed}\nexit {status}\n")
     script.chmod(0o755)
     return script
 
