@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import __version__
 from .backends import BACKENDS, make_backend
+from .completion import enable_completion
 from .config import Config, PipelineConfig, load_config, substitute
 from .errors import PipelineError, StateError
 from .jobs import JobState
@@ -73,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    enable_completion(parser)  # answers a shell's <TAB> and exits; returns at once otherwise
+    args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except PipelineError as exc:
