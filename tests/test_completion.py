@@ -99,8 +99,9 @@ def test_runs_of_the_state_folder(project: Path, tmp_path_factory: pytest.TempPa
 def test_verbs_options_and_choices(project: Path) -> None:
     assert candidates(project, "bcp-pipeline ") == VERBS
     assert candidates(project, "bcp-pipeline l") == ["logs", "list"]
+    # --config and --state-dir are taken after the verb too, as ngc takes its global options anywhere.
     assert set(candidates(project, "bcp-pipeline run alpha --")) == {"--help", "--backend", "--set", "--restart",
-                                                                     "--from", "--only"}
+                                                                     "--from", "--only", "--config", "--state-dir"}
     assert candidates(project, "bcp-pipeline plan alpha --backend ") == ["local", "bcp", "slurm"]
     assert candidates(project, "bcp-pipeline logs x y --tail ") == []
 
