@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from bcp_emulation import needs_ngcsdk, status_calls
+from bcp_pipeline.backends import make_backend
 from bcp_pipeline.cli import main
 from bcp_pipeline.config import load_config
+from bcp_pipeline.errors import BackendCallError
 from bcp_pipeline.state import RunStore, StageStatus
 from ngc_control import FakeNgc
 from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
@@ -98,7 +100,6 @@ def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys
 
 
 def test_a_poll_cycle_costs_one_list_call_whatever_the_number_of_jobs(fake, project):
-    from bcp_pipeline.backends import make_backend
     from bcp_pipeline.jobs import JobRequest
 
     config = load_config(project)
@@ -252,6 +253,11 @@ def test_cancel_kills_the_active_job(fake, project, capsys):
     job_id = int(latest(project).stages["first"].jobs[0].job_id)
     assert fake.status(job_id) == "KILLED_BY_USER"
     assert latest(project).stages["first"].status is StageStatus.CANCELLED
+    # A kill that fails (the job has ended) is an error on both transports, not silence.
+    config = load_config(project)
+    backend = make_backend("bcp", config, config.pipeline("chain"), project.parent / ".bcp-pipeline/runs/x")
+    with pytest.raises(BackendCallError, match=f"could not kill every job:\n  job {job_id}: .*KILLED_BY_USER"):
+        backend.cancel([str(job_id)])
 
 
 def test_logs_come_from_ngc_job_log(fake, project, capsys):

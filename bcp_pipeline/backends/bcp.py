@@ -127,8 +127,15 @@ class BcpBackend(Backend):
         return self.transport.log(job_id, rank, tail)
 
     def cancel(self, job_ids: list[str]) -> None:
+        """Kill every job; a kill that fails (e.g. the job ended meanwhile) does not stop the others."""
+        failures = []
         for job_id in job_ids:
-            self.transport.kill(job_id)
+            try:
+                self.transport.kill(job_id)
+            except BackendCallError as exc:
+                failures.append(f"job {job_id}: {exc}")
+        if failures:
+            raise BackendCallError("could not kill every job:\n  " + "\n  ".join(failures))
 
     def resume(self, job_id: str) -> bool:
         self.transport.resume(job_id)

@@ -11,18 +11,20 @@ backend above them does not know which one it has. The API key reaches either on
 from __future__ import annotations
 
 import abc
+import configparser
 import contextlib
 import importlib.util
 import io
 import json
 import os
 import shutil
+import subprocess
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
 from ..durations import parse_duration
-from ..errors import BackendCallError, ConfigError
+from ..errors import BackendCallError, CommandError, ConfigError
 from ..procs import run_command
 from ..resources import BcpOptions
 from .bcp_render import JobSpec, global_flags, job_run_argv
@@ -75,7 +77,10 @@ class CliTransport(Transport):
     name = "cli"
 
     def _ngc(self, args: list[str], timeout: float = 120) -> str:
-        return run_command([self.options.ngc, *args], timeout=timeout, hint=CONFIG_HINT).stdout
+        return self._run(args, timeout).stdout
+
+    def _run(self, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return run_command([self.options.ngc, *args], timeout=timeout, hint=CONFIG_HINT)
 
     def _globals(self) -> list[str]:
         return global_flags(self.options.org, self.options.team, self.options.ace)
@@ -105,9 +110,15 @@ class CliTransport(Transport):
         return self._ngc(args)
 
     def kill(self, job_id: str) -> None:
-        # `job kill` exits 0 even when the kill fails; its error is JSON on stderr, which run_command ignores
-        # then, so the caller's next poll is what tells.
-        self._ngc(["base-command", "job", "kill", job_id, *self._globals()])
+        # `job kill` exits 0 even when the kill fails: its error is the JSON on stderr.
+        argv = ["base-command", "job", "kill", job_id, *self._globals()]
+        stderr = self._run(argv).stderr
+        try:
+            failed = "error" in first_json(stderr)
+        except (ValueError, TypeError):
+            failed = False  # no JSON error document: warnings at most
+        if failed:
+            raise CommandError([self.options.ngc, *argv], 0, stderr, hint=CONFIG_HINT)
 
     def resume(self, job_id: str) -> None:
         self._ngc(["base-command", "job", "resume", job_id, *self._globals()])
@@ -249,8 +260,6 @@ def check_credentials(options: BcpOptions, environ: dict[str, str] | None = None
 
 def read_ngc_config(environ: dict[str, str]) -> dict[str, str]:
     """The `[CURRENT]` section of NGC's config file (`$NGC_CLI_HOME/.ngc/config`, else `~/.ngc/config`)."""
-    import configparser  # pylint: disable=import-outside-toplevel
-
     home = Path(environ.get("NGC_CLI_HOME") or Path.home())
     parser = configparser.ConfigParser()
     try:
