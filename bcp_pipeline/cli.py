@@ -9,10 +9,11 @@ from pathlib import Path
 
 from . import __version__
 from .backends import BACKENDS, make_backend
-from .config import Config, PipelineConfig, load_config, substitute
+from .config import Config, PipelineConfig, substitute
 from .errors import PipelineError, StateError
 from .jobs import JobState
 from .orchestrator import Orchestrator
+from .preflight import load_and_check
 from .reporting import Reporter, format_table, render_status
 from .runs import Selection, continue_run, new_run, pick_run
 from .state import RunLock, RunState, RunStore, StageStatus
@@ -96,13 +97,13 @@ def store_for(args: argparse.Namespace, config_file: Path | None = None) -> RunS
 
 
 def load(args: argparse.Namespace, pipeline: str | None = None, overrides: list[str] | None = None) -> Config:
-    return load_config(Path(args.config or DEFAULT_CONFIG), overrides=overrides, pipeline=pipeline)
+    return load_and_check(Path(args.config or DEFAULT_CONFIG), overrides=overrides, pipeline=pipeline)
 
 
 def run_config(args: argparse.Namespace, state: RunState) -> tuple[Config, PipelineConfig]:
     """The config a stored run was driven with: --config if given, else its own file; and its --set overrides."""
     path = Path(args.config) if args.config else Path(state.config_file)
-    config = load_config(path, overrides=state.overrides, pipeline=state.pipeline)
+    config = load_and_check(path, overrides=state.overrides, pipeline=state.pipeline)
     return config, config.pipeline(state.pipeline)
 
 
