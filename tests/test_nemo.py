@@ -77,7 +77,8 @@ def test_rendered_training_job_builds_the_data_list_from_manifests(tmp_path):
     """Run the job's real commandline with /mount_workspace mapped to a folder and a stand-in launcher."""
     from test_data_list import chunk_name, fabricate
 
-    config = load_and_check(CONFIG, pipeline="slimpajama-8b", overrides=[f"pretrain.nemo.launcher_dir={tmp_path}/launcher"])
+    config = load_and_check(CONFIG, pipeline="slimpajama-8b",
+                            overrides=[f"pretrain.nemo.launcher_dir={tmp_path}/launcher"])
     pipeline = config.pipeline("slimpajama-8b")
     stage = pipeline.stages["pretrain"]
     request = JobRequest(run_id="r", pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
