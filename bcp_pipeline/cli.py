@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .backends import BACKENDS, make_backend, preflight
+from .backends import BACKENDS, check_backend_ready, make_backend
 from .completion import enable_completion
-from .config import Config, PipelineConfig, load_config, substitute
+from .config import Config, PipelineConfig, substitute
 from .errors import PipelineError, StateError
 from .jobs import JobState
 from .orchestrator import Orchestrator
+from .preflight import load_and_check
 from .reporting import Reporter, format_table, render_status
 from .runs import Selection, continue_run, new_run, pick_run
 from .state import RunLock, RunState, RunStore, StageStatus
@@ -110,13 +111,13 @@ def store_for(args: argparse.Namespace, config_file: Path | None = None) -> RunS
 
 
 def load(args: argparse.Namespace, pipeline: str | None = None, overrides: list[str] | None = None) -> Config:
-    return load_config(Path(args.config or DEFAULT_CONFIG), overrides=overrides, pipeline=pipeline)
+    return load_and_check(Path(args.config or DEFAULT_CONFIG), overrides=overrides, pipeline=pipeline)
 
 
 def run_config(args: argparse.Namespace, state: RunState) -> tuple[Config, PipelineConfig]:
     """The config a stored run was driven with: --config if given, else its own file; and its --set overrides."""
     path = Path(args.config) if args.config else Path(state.config_file)
-    config = load_config(path, overrides=state.overrides, pipeline=state.pipeline)
+    config = load_and_check(path, overrides=state.overrides, pipeline=state.pipeline)
     return config, config.pipeline(state.pipeline)
 
 
@@ -140,7 +141,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load(args, args.pipeline, args.overrides)
     pipeline = config.pipeline(args.pipeline)
     backend = args.backend or pipeline.backend
-    preflight(backend, config)  # before anything is recorded: a run that cannot start leaves nothing behind
+    check_backend_ready(backend, config)  # before anything is recorded: a run that cannot start leaves nothing behind
     store = store_for(args, config.file)
     selection = Selection(from_stage=args.from_stage, only=args.only)
     previous = pick_run(store, pipeline, backend, restart=args.restart)
@@ -171,7 +172,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     store = store_for(args)
     state = store.resolve(args.run)
     config, pipeline = run_config(args, state)
-    preflight(state.backend, config)
+    check_backend_ready(state.backend, config)
     selected = continue_run(state, pipeline, Selection())
     selected = {name for name in selected if state.stages[name].status is not StageStatus.SKIPPED}
     return drive(config, pipeline, store, state, selected)

@@ -15,6 +15,10 @@ Layout of the file:
           STAGE: {program: x.py, args: [...], needs: [...], verify: [...], bcp: {...}, local: {...}, slurm: {...}}
 
 Top-level keys starting with `x-` are ignored, so they can hold YAML anchors.
+
+This module checks the file on its own terms (keys, types, placeholders, the DAG). What needs knowledge of a
+stage's program, such as a NeMo training config against its nodes, is checked afterwards by preflight.py;
+commands load through `preflight.load_and_check`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import yaml
 from .errors import ConfigError
 from .resources import OPTION_TYPES, RESOURCE_TYPES, BcpResources, LocalResources, SlurmResources
 from .resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
-from .typed import Duration, Where, build
+from .typed import Duration, Where, build, field_names
 from .yaml_lines import LineDict, load_yaml_with_lines
 
 PLACEHOLDER = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
@@ -69,7 +73,9 @@ class Continuation:
 class NemoTraining:
     """Pretraining with NVIDIA's NeMo launcher (on BCP and Slurm; the local backend runs `program` instead).
 
-    The launcher's data list is built inside the job from the preprocess manifests under `data_dir`.
+    The launcher's data list is built inside the job from the preprocess manifests under `data_dir`. Loading
+    checks only the section's shape; preflight.py checks it against the nodes and runtime and derives the stage's
+    continuation from it.
     """
 
     model: str  # training config, e.g. gpt3/7b_improved or gpt3/126m
@@ -108,16 +114,23 @@ class StageConfig:
     outputs: list[str] = field(default_factory=list)
     verify: list[Check] = field(default_factory=list)
     reshardable: bool = False  # may resume with a different replicas x processes than it started with
-    continuation: Continuation | None = None
+    continuation: Continuation | None = None  # with `nemo:` and none given, preflight.py derives it
     nemo: NemoTraining | None = None
     bcp: BcpResources = field(default_factory=BcpResources)
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)
     name: str = field(default="", metadata={"internal": True})
     line: int | None = field(default=None, metadata={"internal": True})
+    # Where each key was written (file:line, or the --set that gave it; a key left out points at the stage), so
+    # the checks that run after loading (preflight.py) name the same place the loader's own errors do.
+    locations: dict[str, Where] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def resources(self, backend: str) -> Any:
         return getattr(self, backend)
+
+    def where(self, key: str) -> Where:
+        """Where `key` of this stage came from, for errors raised after loading."""
+        return self.locations[key]
 
 
 @dataclass(kw_only=True)
@@ -166,7 +179,10 @@ class Config:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None, pipeline: str | None = None) -> Config:
-    """Load and validate `path`; `overrides` (`STAGE.KEY=VALUE`, `vars.NAME=VALUE`) apply to `pipeline`."""
+    """Load and validate `path`; `overrides` (`STAGE.KEY=VALUE`, `vars.NAME=VALUE`) apply to `pipeline`.
+
+    The NeMo preflight is not part of this: `preflight.load_and_check` runs both.
+    """
     file = Path(path)
     if not file.is_file():
         raise ConfigError("file not found; pass --config FILE or run from the folder holding pipelines.yaml",
@@ -236,7 +252,9 @@ def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> Pipel
         if not STAGE_NAME.match(str(stage_name)):
             raise stage_where.error("stage names are lower-case letters, digits, '-' and '_' (<= 41 chars)")
         merged = _merge_backend_sections(body, defaults, stage_where)
-        stages[stage_name] = build(StageConfig, merged, stage_where, name=stage_name, line=stage_where.line)
+        locations = {key: stage_where.child(key, body) for key in field_names(StageConfig)}
+        stages[stage_name] = build(StageConfig, merged, stage_where, name=stage_name, line=stage_where.line,
+                                   locations=locations)
     verification_raw = _merge_backend_sections(raw.get("verification") or {}, defaults, where.child("verification", raw))
     body = {k: v for k, v in raw.items() if k not in ("stages", "verification")}
     pipeline = build(PipelineConfig, body, where, name=name, stages=stages,
@@ -321,19 +339,8 @@ def _validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where,
                 f"stage program {stage.program!r} not found in {stages_dir}")
         _validate_placeholders(pipeline, stage, body, stage_where)
         _validate_bcp(stage.bcp, stage_where.child("bcp", body) if "bcp" in body else stage_where)
-        if stage.nemo:
-            from .nemo import static_preflight
-
-            try:
-                static_preflight(pipeline, stage)
-            except ValueError as exc:
-                raise stage_where.child("nemo", body).error(str(exc)) from None
-            if stage.continuation is None:
-                from .nemo import derived_continuation
-
-                stage.continuation = derived_continuation(stage)
         if stage.continuation:
-            _validate_continuation(pipeline, stage.continuation, stage_where.child("continuation", body))
+            validate_continuation(pipeline, stage.continuation, stage_where.child("continuation", body))
         for index, check in enumerate(stage.verify):
             _validate_check(pipeline, stage, check, stage_where.child("verify", body).child(index, body["verify"]))
     cycle = find_cycle({name: stage.needs for name, stage in pipeline.stages.items()})
@@ -381,7 +388,8 @@ def _validate_bcp(res: BcpResources, where: Where) -> None:
             raise where.error(f"env var {key!r} must match [A-Za-z0-9_.-]{{1,63}} with a value <= 2048 chars")
 
 
-def _validate_continuation(pipeline: PipelineConfig, continuation: Continuation, where: Where) -> None:
+def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, where: Where) -> None:
+    """Refuse a target or attempt count below 1 (public: preflight.py checks the continuation it derives)."""
     try:
         target = resolve_int(str(continuation.target_steps), pipeline.vars)
     except ValueError as exc:

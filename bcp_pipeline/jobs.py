@@ -126,7 +126,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def submit(self, submission: Submission) -> str:
-        """Submit; return the backend's job id. Raises SubmissionError / CommandError."""
+        """Submit; return the backend's job id. Raises SubmissionError / BackendCallError."""
 
     @abc.abstractmethod
     def poll(self, job_ids: list[str]) -> dict[str, JobStatus]:

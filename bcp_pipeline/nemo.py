@@ -10,12 +10,9 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from .config import Continuation, PipelineConfig, StageConfig, substitute
 from .durations import format_clock, parse_duration
-
-if TYPE_CHECKING:
-    from .config import Continuation, PipelineConfig, StageConfig
 
 
 @dataclass(frozen=True)
@@ -39,7 +36,7 @@ MAX_NODES_LISTED = 256
 DATA_LIST_FILE = "data_prefix.txt"
 
 
-def model_config(stage: "StageConfig") -> ModelConfig:
+def model_config(stage: StageConfig) -> ModelConfig:
     """The known model's facts, with any value the pipeline gives taking precedence."""
     nemo = stage.nemo
     assert nemo is not None
@@ -57,7 +54,7 @@ def model_config(stage: "StageConfig") -> ModelConfig:
     return ModelConfig(**values)
 
 
-def gpus_per_node(stage: "StageConfig", instance: str | None) -> int:
+def gpus_per_node(stage: StageConfig, instance: str | None) -> int:
     if stage.nemo and stage.nemo.gpus_per_node:
         return stage.nemo.gpus_per_node
     match = re.search(r"\.(\d+)\.[a-z]+$", instance or "")
@@ -84,7 +81,7 @@ def _parallel_error(model: ModelConfig, nodes: int, gpus: int) -> str | None:
     return None
 
 
-def check_parallelism(stage: "StageConfig", nodes: int, gpus: int) -> None:
+def check_parallelism(stage: StageConfig, nodes: int, gpus: int) -> None:
     model = model_config(stage)
     problem = _parallel_error(model, nodes, gpus)
     if problem:
@@ -99,7 +96,7 @@ class TimeLimits:
     time_limit: str  # run.time_limit, D-HH:MM:SS: the launcher's own limit, between max_time and the runtime
 
 
-def time_limits(stage: "StageConfig", total_runtime: str | None) -> TimeLimits:
+def time_limits(stage: StageConfig, total_runtime: str | None) -> TimeLimits:
     if not total_runtime:
         raise ValueError("pretraining needs total_runtime: max_time is derived from it")
     runtime = parse_duration(total_runtime)
@@ -114,7 +111,7 @@ def time_limits(stage: "StageConfig", total_runtime: str | None) -> TimeLimits:
                       time_limit=f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}")
 
 
-def static_preflight(pipeline: "PipelineConfig", stage: "StageConfig") -> None:
+def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
     """Checks that need no data: parallel sizes vs nodes, time limits. Raises ValueError with the fix."""
     bcp = stage.bcp
     model_config(stage)
@@ -127,23 +124,19 @@ def static_preflight(pipeline: "PipelineConfig", stage: "StageConfig") -> None:
         check_parallelism(stage, nodes, gpus)
 
 
-def checkpoint_dir(stage: "StageConfig") -> str:
+def checkpoint_dir(stage: StageConfig) -> str:
     nemo = stage.nemo
     return f"{nemo.results_dir.rstrip('/')}/{nemo.run_name}/results/checkpoints"
 
 
-def derived_continuation(stage: "StageConfig") -> "Continuation":
-    from .config import Continuation
-
+def derived_continuation(stage: StageConfig) -> Continuation:
     return Continuation(checkpoints=checkpoint_dir(stage), target_steps=model_config(stage).max_steps,
                         max_attempts=stage.nemo.max_attempts)
 
 
-def launcher_overrides(stage: "StageConfig", *, cluster_type: str, nodes: str, total_runtime: str | None,
+def launcher_overrides(stage: StageConfig, *, cluster_type: str, nodes: str, total_runtime: str | None,
                        values: dict[str, str]) -> list[str]:
     """The launcher's Hydra overrides (placeholders resolved with `values`), data_prefix excluded."""
-    from .config import substitute
-
     nemo = stage.nemo
     model = model_config(stage)
     limits = time_limits(stage, total_runtime)
@@ -169,15 +162,13 @@ def launcher_overrides(stage: "StageConfig", *, cluster_type: str, nodes: str, t
     ]
 
 
-def training_commandline(stage: "StageConfig", *, cluster_type: str, nodes: str, total_runtime: str | None,
+def training_commandline(stage: StageConfig, *, cluster_type: str, nodes: str, total_runtime: str | None,
                          values: dict[str, str], scratch: str, log_dir: str) -> str:
     """The whole job command: build the data list from the manifests, run the launcher, keep its log.
 
     `nodes` is shell text (e.g. `${NGC_ARRAY_SIZE}`) and the data list is read with `$(cat FILE)`: those two are
     double-quoted so the job's shell expands them; every other value is shell-quoted.
     """
-    from .config import substitute
-
     data_dir = substitute(stage.nemo.data_dir, values)
     data_list_file = f"{scratch.rstrip('/')}/{DATA_LIST_FILE}"
     build_list = ["python3", f"{values['code']}/data_list.py", "--data-dir", data_dir, "--format", "hydra",

@@ -9,6 +9,7 @@ import pytest
 from bcp_pipeline.config import expected_count, load_config
 from bcp_pipeline.durations import format_duration, parse_duration
 from bcp_pipeline.errors import ConfigError
+from bcp_pipeline.preflight import load_and_check
 from pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
 
 
@@ -30,7 +31,7 @@ def error_of(tmp_path: Path, text: str, overrides: list[str] | None = None) -> s
 
 
 def test_bundled_pipelines_load_with_the_guides_numbers():
-    config = load_config(REPO / "pipelines.yaml")
+    config = load_and_check(REPO / "pipelines.yaml")
     assert {"slimpajama-8b", "slimpajama-126m", "demo"} <= set(config.pipelines)
     big = config.pipeline("slimpajama-8b")
     assert big.order()[-1] == "pretrain"

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from bcp_pipeline.config import load_config
 from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.jobs import JobRequest
 from bcp_pipeline.nemo import time_limits, valid_node_counts, KNOWN_MODELS
+from bcp_pipeline.preflight import load_and_check
 from bcp_pipeline.backends.bcp_render import commandline
 from bcp_pipeline.resources import BcpOptions
 from golden_files import REPO
@@ -28,34 +28,34 @@ def test_valid_node_counts_of_the_known_models():
 
 def test_invalid_node_count_is_refused_with_the_valid_list():
     with pytest.raises(ConfigError) as info:
-        load_config(CONFIG, overrides=["pretrain.bcp.replicas=3"], pipeline="slimpajama-8b")
+        load_and_check(CONFIG, overrides=["pretrain.bcp.replicas=3"], pipeline="slimpajama-8b")
     message = str(info.value)
     assert "gpt3/7b_improved on 3 node(s)" in message
     assert "stages.pretrain.nemo" in message
     assert "global batch 512 is not divisible by micro batch 1 x data-parallel size 6" in message
     assert "valid node counts with 8 GPUs per node: 1, 2, 4, 8, 16, 32, 64, 128, 256" in message
     with pytest.raises(ConfigError, match="valid node counts with 8 GPUs per node: 1, 2, 4, 8$"):
-        load_config(CONFIG, overrides=["pretrain.bcp.replicas=16"], pipeline="slimpajama-126m")
+        load_and_check(CONFIG, overrides=["pretrain.bcp.replicas=16"], pipeline="slimpajama-126m")
 
 
 def test_unknown_model_needs_its_parallel_sizes():
     with pytest.raises(ConfigError, match="give tensor_parallel, pipeline_parallel"):
-        load_config(CONFIG, overrides=["pretrain.nemo.model=gpt3/40b"], pipeline="slimpajama-8b")
-    config = load_config(CONFIG, pipeline="slimpajama-8b", overrides=[
+        load_and_check(CONFIG, overrides=["pretrain.nemo.model=gpt3/40b"], pipeline="slimpajama-8b")
+    config = load_and_check(CONFIG, pipeline="slimpajama-8b", overrides=[
         "pretrain.nemo.model=gpt3/40b", "pretrain.nemo.tensor_parallel=8", "pretrain.nemo.pipeline_parallel=4",
         "pretrain.nemo.global_batch_size=1024", "pretrain.nemo.micro_batch_size=1", "pretrain.nemo.max_steps=1000"])
     assert config.pipeline("slimpajama-8b").stages["pretrain"].continuation.target_steps == 1000
 
 
 def test_max_time_is_runtime_minus_margin():
-    stage = load_config(CONFIG).pipeline("slimpajama-8b").stages["pretrain"]
+    stage = load_and_check(CONFIG).pipeline("slimpajama-8b").stages["pretrain"]
     limits = time_limits(stage, "5D")
     assert limits.max_time == "4:23:15:00"  # 5 days - 45 min
     assert limits.time_limit == "4-23:37:30"  # between max_time and the hard runtime kill
     stage.nemo.time_margin = "30m"
     assert time_limits(stage, "10h").max_time == "0:09:30:00"
     with pytest.raises(ConfigError, match="time_margin 6h leaves no training time in total_runtime 5h"):
-        load_config(CONFIG, pipeline="slimpajama-8b",
+        load_and_check(CONFIG, pipeline="slimpajama-8b",
                     overrides=["pretrain.nemo.time_margin=6h", "pretrain.bcp.total_runtime=5h"])
 
 
@@ -77,7 +77,8 @@ def test_rendered_training_job_builds_the_data_list_from_manifests(tmp_path):
     """Run the job's real commandline with /mount_workspace mapped to a folder and a stand-in launcher."""
     from test_data_list import chunk_name, fabricate
 
-    config = load_config(CONFIG, pipeline="slimpajama-8b", overrides=[f"pretrain.nemo.launcher_dir={tmp_path}/launcher"])
+    config = load_and_check(CONFIG, pipeline="slimpajama-8b",
+                            overrides=[f"pretrain.nemo.launcher_dir={tmp_path}/launcher"])
     pipeline = config.pipeline("slimpajama-8b")
     stage = pipeline.stages["pretrain"]
     request = JobRequest(run_id="r", pipeline=pipeline, stage=stage, kind="stage", program=stage.program,

@@ -18,6 +18,7 @@ from bcp_pipeline.cli import main
 from bcp_pipeline.config import load_config
 from bcp_pipeline.errors import CommandError, SubmissionError
 from bcp_pipeline.jobs import JobRequest, JobState, JobStatus
+from bcp_pipeline.preflight import load_and_check
 from golden_files import REPO, assert_golden, normalize
 from pipeline_fixtures import make_stages_dir
 
@@ -120,7 +121,7 @@ def test_nemo_launcher_command_with_a_data_list_golden(tmp_path):
     import data_list
 
     overrides = ["pretrain.slurm.partition=batch", "pretrain.slurm.container_image=nvcr.io#nvidia/nemo:24.05"]
-    config = load_config(REPO / "pipelines.yaml", overrides=overrides, pipeline="slimpajama-126m")
+    config = load_and_check(REPO / "pipelines.yaml", overrides=overrides, pipeline="slimpajama-126m")
     pipeline = config.pipeline("slimpajama-126m")
     backend = SlurmBackend(config.options["slurm"], config_dir=Path("/proj"), stages_dir=Path("/proj/stages"),
                            run_dir=Path("/proj/.bcp-pipeline/runs/RUN"), workspace_name="nemo-framework")

@@ -31,7 +31,7 @@ def make_backend(name: str, config: Config, pipeline: PipelineConfig, run_dir: P
     raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
-def preflight(name: str, config: Config) -> None:
+def check_backend_ready(name: str, config: Config) -> None:
     """What a backend needs before the first submission, checked before a run is recorded: raises a
     PipelineError naming what is missing and how to get it. `plan` does not call this: it needs nothing."""
     if name == "bcp":
