@@ -1,7 +1,7 @@
 """The BCP backend's two transports (the ngc CLI, ngcsdk in-process) and what is checked before a run is recorded.
 
-The CLI side of a job is NVIDIA's own request builder fed with our argv (tests/ngc_parser.py); the SDK side is
-ngcsdk's `jobs.run` submitting to the NGC API EMULATOR (tests/fakes/ngc_api.py), which records each body it got.
+Both transports submit every bundled job to the NGC API EMULATOR (tests/fakes/ngc_api.py), which records each
+JobCreateRequest it got; NVIDIA's own request builder fed with our argv (tests/ngc_parser.py) is the reference.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ngc_parser
 from bcp_emulation import needs_ngcsdk
 from bcp_pipeline.backends import bcp_transport, make_backend
 from bcp_pipeline.backends.bcp_render import job_run_argv, job_spec
-from bcp_pipeline.backends.bcp_transport import SdkTransport
+from bcp_pipeline.backends.bcp_transport import CliTransport, SdkTransport
 from bcp_pipeline.cli import main
 from bcp_pipeline.config import load_config
 from bcp_pipeline.jobs import JobRequest
@@ -41,22 +41,25 @@ def bundled_requests() -> list[JobRequest]:
     return requests
 
 
-@pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # the CLI's side needs no emulator
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # one emulator; both transports talk to it
 def test_both_transports_submit_the_same_job_create_request_for_every_bundled_job(fake):
     options = BUNDLED.options["bcp"]
     for workspace in {p.workspace.name for p in BUNDLED.pipelines.values()}:
         fake.create_workspace(workspace)
     fake.set_secret("hf-token", {"token": "not-a-real-token"})
-    fake.hold_queued(times=None)  # nothing needs to run: the request is the point
-    sdk = SdkTransport(options)
+    # Nothing needs to run (the request is the point): every job ends at once, so no supervisor lingers.
+    fake.inject("FAILED", after_seconds=0, times=None, details="not run: this test compares requests")
+    transports = {"cli": CliTransport(options), "sdk": SdkTransport(options)}
     requests = bundled_requests()
     assert len(requests) > 30
     for request in requests:
         spec = job_spec(request, options, BUNDLED.stages_dir)
-        through_cli = ngc_parser.job_create_request(job_run_argv(spec), org=fake.org, ace=fake.ace)
-        job_id = int(sdk.submit(spec))
-        through_sdk = fake.jobs()[job_id]["emu"]["request"]
-        assert through_sdk == through_cli, f"{request.job_name}: the transports disagree"
+        reference = ngc_parser.job_create_request(job_run_argv(spec), org=fake.org, ace=fake.ace)
+        for name, transport in transports.items():
+            job_id = int(transport.submit(spec))  # every job of every golden plan gets an id
+            received = fake.jobs()[job_id]["emu"]["request"]
+            assert received == reference, f"{request.job_name}: the {name} transport sent another request"
+    assert len(fake.calls("job run")) == len(requests)
 
 
 def test_every_bundled_commandline_is_one_program_and_its_arguments():
