@@ -307,6 +307,14 @@ def test_a_corrupt_or_hand_edited_state_json_is_refused_by_name_and_left_as_it_i
         assert snapshot(tmp_path / "ws") == workspace
 
 
+def stage_status(run_dir: Path, stage: str) -> str | None:
+    """A stage's status in the run's state.json, or None while that file is not written yet."""
+    try:
+        return json.loads((run_dir / "state.json").read_text())["stages"][stage]["status"]
+    except FileNotFoundError:
+        return None
+
+
 def test_a_stale_lock_of_a_dead_orchestrator_is_taken_over_and_a_live_one_is_refused(tmp_path, capsys):
     config = write_chain_project(tmp_path)
     stall = tmp_path / "ws/main/second/STALL"  # items.py waits while this file exists
@@ -317,8 +325,7 @@ def test_a_stale_lock_of_a_dead_orchestrator_is_taken_over_and_a_live_one_is_ref
         lock = wait_for(lambda: next((tmp_path / ".bcp-pipeline/runs").glob("*/orchestrator.lock"), None),
                         what="the run lock")
         run_dir = lock.parent
-        wait_for(lambda: json.loads((run_dir / "state.json").read_text())["stages"]["second"]["status"] == "running",
-                 what="stage second to run")
+        wait_for(lambda: stage_status(run_dir, "second") == "running", what="stage second to run")
         capsys.readouterr()
         assert cli(config, "resume") == 1
         assert (f"run {run_dir.name} is being driven by pid {orchestrator.pid}; watch it with `bcp-pipeline status`"
