@@ -191,7 +191,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None, pipeline: 
         raw = load_yaml_with_lines(file)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', None) or exc}", file=str(file),
+        problem = str(getattr(exc, "problem", None) or exc)
+        if "'\\t'" in problem:
+            problem += " (YAML indents with spaces only: replace the tab)"
+        raise ConfigError(f"invalid YAML: {problem}", file=str(file),
                           line=mark.line + 1 if mark else None) from None
     top = Where(str(file))
     if not isinstance(raw, dict):

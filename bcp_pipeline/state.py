@@ -113,11 +113,19 @@ class RunState:
             raise ValueError(f"state version {payload.get('version')!r}, this tool reads {STATE_VERSION}")
         stages = {}
         for name, raw in payload.pop("stages").items():
-            raw = dict(raw)
-            raw["status"] = StageStatus(raw["status"])
-            raw["jobs"] = [JobRecord(**job) for job in raw.get("jobs", [])]
-            stages[name] = StageState(**raw)
+            try:
+                raw = dict(raw)
+                raw["status"] = StageStatus(raw["status"])
+                raw["jobs"] = [JobRecord(**job) for job in raw.get("jobs", [])]
+                stages[name] = StageState(**raw)
+            except (ValueError, KeyError, TypeError) as exc:  # name the stage: the file has one block per stage
+                raise ValueError(f"stages.{name}: {_reason(exc)}") from exc
         return cls(stages=stages, **payload)
+
+
+def _reason(exc: Exception) -> str:
+    """An error from reading state, in words (a bare KeyError prints as just the key)."""
+    return f"missing key {exc.args[0]!r}" if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
 def new_run_id(pipeline: str) -> str:
@@ -149,9 +157,9 @@ class RunStore:
             raise StateError(f"no run {run_id!r} under {self.root / 'runs'}; recent runs: {known}")
         try:
             return RunState.from_json(json.loads(path.read_text(encoding="utf-8")))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # AttributeError: e.g. "stages": []
             # Never guess: a corrupt state could resubmit jobs that are still running.
-            raise StateError(f"{path}: unreadable run state ({exc}); inspect or move it aside "
+            raise StateError(f"{path}: unreadable run state ({_reason(exc)}); inspect or move it aside "
                              "and start over with `run --restart`") from None
 
     def runs(self, pipeline: str | None = None) -> list[RunState]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
 import functools
 import json
 import os
@@ -29,6 +30,7 @@ from typing import IO, Iterable, Iterator, Sequence, TypeVar
 LINE_PREFIX = "##bcp-pipeline "
 COMPLETIONS_DIR = ".completions"
 T = TypeVar("T")
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # write errors that name no file
 
 
 class StageError(Exception):
@@ -103,10 +105,20 @@ def atomic_output(path: Path, mode: str = "wb") -> Iterator[IO]:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        if (named := error_naming(exc, path)) is not None:
+            raise named from exc
         raise
+
+
+def error_naming(exc: BaseException, path: Path) -> OSError | None:
+    """For a full disk or quota (errors only a write gives, and without a file name), the same error naming `path`:
+    "[Errno 28] No space left on device" alone does not say which output could not be written. Else None."""
+    if isinstance(exc, OSError) and exc.filename is None and exc.errno in OUT_OF_SPACE:
+        return OSError(exc.errno, exc.strerror, str(path))
+    return None
 
 
 def atomic_write_json(path: Path, payload: object) -> None:

@@ -243,8 +243,10 @@ def durable_output(path: Path, writers: Writers | None = None, direct: bool | No
         out.close()
         os.replace(tmp, path)
         _common.fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
         out.abort()
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        if (named := _common.error_naming(exc, path)) is not None:
+            raise named from exc
         raise

@@ -49,6 +49,9 @@ READ_SIZE = 1 << 18
 MAX_REPORTED_LINES = 20  # bad lines printed per file; the rest are only counted
 SHORT_LINES = 1024  # newlines per block beyond which count_newlines stops hopping and counts every byte
 MAX_DEFAULT_THREADS = 2  # files extracted at once by default (more only adds memory and disk contention here)
+# Magic numbers of what else a file named .zst turns out to be, named in the error.
+FOREIGN_MAGIC = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"), (b"PK\x03\x04", "zip"),
+                 (b"{", "uncompressed JSON"))
 
 
 class CorruptInput(_common.StageError):
@@ -119,7 +122,8 @@ def decompress_blocks(path: Path, read_size: int = READ_SIZE) -> Iterator[bytes]
                 try:
                     block = frame.decompress(chunk)
                 except zstandard.ZstdError as exc:
-                    raise CorruptInput(f"{path.name}: not valid zstd near compressed byte {consumed}: {exc}") from exc
+                    raise CorruptInput(f"{path.name}: not valid zstd near compressed byte {consumed}: {exc}"
+                                       + foreign_format(path)) from exc
                 if block:
                     yield block
                 if frame.eof:
@@ -130,6 +134,17 @@ def decompress_blocks(path: Path, read_size: int = READ_SIZE) -> Iterator[bytes]
         raise CorruptInput(f"{path.name}: empty file, not a zstd stream")
     if frame is not None:
         raise CorruptInput(f"{path.name}: truncated zstd stream (ends inside a frame after {consumed} bytes)")
+
+
+def foreign_format(path: Path) -> str:
+    """What `path` is when it starts with another format's magic number, as words to append to the error, else
+    "": a gzip file named .zst would otherwise read as just "Unknown frame descriptor"."""
+    with open(path, "rb") as handle:
+        head = handle.read(6)
+    for magic, name in FOREIGN_MAGIC:
+        if head.startswith(magic):
+            return f" (it is {name} data, not zstd: recompress it with zstd or download it again)"
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -322,8 +322,9 @@ def build_output(item: OutputItem, ctx: Context) -> dict:
                 writer.add_batch(result.tokens, result.lengths)
                 tally.add(result)
             if tally.documents == 0:  # nothing to train on: an upstream problem, not an output to publish
-                raise _common.StageError(f"no usable documents: all {tally.skipped} lines were skipped "
-                                         f"(is --json-key right?) and {tally.empty} texts were empty")
+                raise _common.StageError(f"{', '.join(item.sources)}: no usable documents: all {tally.skipped} "
+                                         f"lines were skipped (is --json-key right?) and {tally.empty} texts were "
+                                         "empty")
             with _common.atomic_output(idx_path) as idx_file:
                 idx_out = HashingWriter(idx_file)
                 writer.write_index(idx_out)

@@ -64,16 +64,44 @@ def gpt2_mergeable_ranks(vocab: Path, merges: Path) -> tuple[dict[bytes, int], d
     order, chars = gpt2_byte_order()
     table = str.maketrans({char: chr(b) for char, b in chars.items()})  # then .encode("latin-1") gives the bytes
     ranks = {bytes([b]): rank for rank, b in enumerate(order)}
-    lines = merges.read_text(encoding="utf-8").split("\n")
-    for rank, line in enumerate((line for line in lines[1:] if line), start=len(ranks)):  # [0] is "#version"
-        first, second = line.split()
+    for rank, (first, second) in enumerate(read_merges(merges), start=len(ranks)):
         ranks[(first + second).translate(table).encode("latin-1")] = rank
-    encoder = json.loads(vocab.read_text(encoding="utf-8"))
+    encoder = read_vocab(vocab)
     from_vocab = {token.translate(table).encode("latin-1"): rank for token, rank in encoder.items()
                   if token not in SPECIAL_TOKENS}
     if from_vocab != ranks:
         raise TokenizerError(f"{vocab} and {merges} do not match (the merge order must give the vocabulary's ids)")
     return ranks, encoder
+
+
+def read_merges(merges: Path) -> list[tuple[str, str]]:
+    """The merge pairs of a GPT-2 merges.txt, in order; TokenizerError naming the file and line otherwise."""
+    try:
+        lines = merges.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise TokenizerError(f"{merges}: not a GPT-2 merges.txt ({exc}); is --merges the right file?") from exc
+    if not lines[0].startswith("#version"):
+        raise TokenizerError(f"{merges}:1: not a GPT-2 merges.txt (it starts with {lines[0][:40]!r}, not the "
+                             "'#version' header); is --merges the right file?")
+    pairs = []
+    for number, line in enumerate(lines[1:], start=2):
+        if line:
+            pair = line.split()
+            if len(pair) != 2:
+                raise TokenizerError(f"{merges}:{number}: expected two tokens separated by a space, got {line[:40]!r}")
+            pairs.append((pair[0], pair[1]))
+    return pairs
+
+
+def read_vocab(vocab: Path) -> dict[str, int]:
+    """A GPT-2 vocab.json (`{token: id}`); TokenizerError naming the file otherwise."""
+    try:
+        encoder = json.loads(vocab.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise TokenizerError(f"{vocab}: not a GPT-2 vocab.json ({exc}); is --vocab the right file?") from exc
+    if not isinstance(encoder, dict) or not all(isinstance(i, int) for i in encoder.values()):
+        raise TokenizerError(f"{vocab}: not a GPT-2 vocab.json (expected a JSON object of token: id)")
+    return encoder
 
 
 class Gpt2Bpe:
@@ -91,7 +119,7 @@ class Gpt2Bpe:
             ranks, encoder = gpt2_mergeable_ranks(vocab, merges)
         except TokenizerError:
             raise
-        except (ValueError, OSError) as exc:  # UnicodeError and JSONDecodeError are ValueErrors
+        except (ValueError, OSError) as exc:  # UnicodeError (merges.txt) is a ValueError
             raise TokenizerError(f"{vocab} / {merges}: not a GPT-2 vocab.json + merges.txt ({exc!r})") from exc
         if EOD_TOKEN not in encoder:
             raise TokenizerError(f"{vocab}: has no {EOD_TOKEN} entry")
