@@ -408,16 +408,18 @@ class ApiServer:
 
     def take_fault(self, method: str, path: str) -> dict[str, Any]:
         """The first matching test fault (``fail_requests`` / ``delay_requests``), consumed; {} when none."""
-        if not (self.home / "control.json").exists():
-            return {}
+        def matches(fault: dict[str, Any]) -> bool:
+            return method in (fault.get("method") or method).split(",") \
+                and fnmatch.fnmatchcase(path, fault.get("path") or "*")
+
+        if not any(map(matches, nc.read_json(self.home / "control.json", {}).get("faults", []))):
+            return {}  # the common case, answered without taking the lock
         with nc.update_control(self.home) as control:
             faults = control.get("faults", [])
-            for fault in faults:
-                if method in (fault.get("method") or method).split(",") \
-                        and fnmatch.fnmatchcase(path, fault.get("path") or "*"):
-                    fault["count"] -= 1
-                    control["faults"] = [f for f in faults if f["count"] > 0]
-                    return fault
+            for fault in filter(matches, faults):
+                fault["count"] -= 1
+                control["faults"] = [f for f in faults if f["count"] > 0]
+                return fault
         return {}
 
     def log_request(self, method: str, path: str, query: str, status: int, seconds: float) -> None:
