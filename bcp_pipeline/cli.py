@@ -12,6 +12,7 @@ from .backends import BACKENDS, check_backend_ready, make_backend
 from .completion import enable_completion
 from .config import Config, PipelineConfig, substitute
 from .errors import PipelineError, StateError
+from .estimates import estimate_pipeline, instances_table, render_estimates
 from .jobs import JobState
 from .orchestrator import Orchestrator
 from .preflight import load_and_check
@@ -197,10 +198,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             submissions.append(backend.render(JobRequest(
                 run_id=run_id, pipeline=pipeline, stage=stage, kind="verify", program="verify.py",
                 args=tuple(verification_args(pipeline, stage)))))
+    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances))
     if args.json:
         print(json.dumps({"pipeline": pipeline.name, "backend": backend_name, "run_id": run_id,
                           "prepare": [{"description": a.description, "printable": a.printable} for a in actions],
-                          "jobs": [s.as_json() for s in submissions]}, indent=2))
+                          "jobs": [s.as_json() for s in submissions], "estimates": estimate.as_json()}, indent=2))
         return 0
     print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s); nothing is submitted.")
     print(f"# {run_id} stands for the run id a real run gets.")
@@ -213,6 +215,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         description = substitute(request.stage.description, request.pipeline.vars)
         about = f": {description}" if request.kind == "stage" and description else ""
         print(f"\n# {what}{request.stage.name}{needs}{about}\n{submission.printable}")
+    print()
+    print("\n".join(render_estimates(estimate)))
     return 0
 
 
