@@ -17,6 +17,7 @@ from .config import PipelineConfig, StageConfig, expected_count
 from .durations import format_elapsed, parse_duration
 from .nemo import KNOWN_SHAPES, ModelShape, model_config
 from .resources import InstanceType
+from .state import StageState
 
 A100_BF16_TFLOPS = 312.0  # NVIDIA A100 datasheet: BF16 Tensor Core, dense (624 with sparsity)
 H100_SXM_BF16_TFLOPS = 989.0  # NVIDIA H100 datasheet, SXM: 1,979 with sparsity, half of it dense
@@ -213,14 +214,19 @@ def _estimate_data(pipeline: PipelineConfig, stage: StageConfig, instance: Insta
 
 def cores_per_node(stage: StageConfig, program: Throughput, instance: InstanceType) -> int:
     """Processes x the program's threads (or workers) per process, at most the instance's cores."""
-    threads = program.default_threads
-    if program.threads_option and program.threads_option in stage.args:
-        index = stage.args.index(program.threads_option)
-        if index + 1 < len(stage.args) and re.fullmatch(r"\d+", stage.args[index + 1]):
-            threads = int(stage.args[index + 1])
+    threads = _threads(stage, program)
     if threads is None:
         return instance.cpu_cores
     return max(1, min(stage.bcp.processes * threads, instance.cpu_cores))
+
+
+def _threads(stage: StageConfig, program: Throughput) -> int | None:
+    """The program's threads (or workers) per process as the stage's args give them, else its default."""
+    if program.threads_option and program.threads_option in stage.args:
+        index = stage.args.index(program.threads_option)
+        if index + 1 < len(stage.args) and re.fullmatch(r"\d+", stage.args[index + 1]):
+            return int(stage.args[index + 1])
+    return program.default_threads
 
 
 def token_file_bytes(tokens: float | None, documents: float | None) -> float | None:
@@ -273,6 +279,36 @@ def _warnings(stage: StageConfig, est: StageEstimate) -> list[str]:
         return [f"{stage.name}: estimated {format_elapsed(est.seconds)} exceeds total_runtime {runtime}: raise "
                 f"{stage.name}.bcp.total_runtime or replicas (a rerun continues from finished items)"]
     return []
+
+
+# -- estimate against actual (status) ---------------------------------------------------------------------------
+def actual_rates(stage: StageConfig, state: StageState, now: float) -> dict:
+    """Elapsed seconds and the effective throughput of a started stage, from its run state.
+
+    Elapsed runs from the first submission to the end of its verification (or `now`), queueing included. Items
+    and bytes are the first verification check's (bytes: what the outputs hold); the tokens of tokenize-preprocess
+    are its .bin bytes / 2 (uint16 ids); steps are the checkpoint step its verification read.
+    """
+    if state.started_at is None:
+        return {}
+    elapsed = max((state.finished_at or now) - state.started_at, 1e-9)
+    result: dict = {"elapsed_s": elapsed}
+    checks = (state.verification or {}).get("checks") or []
+    done = checks[0]["found"] if checks else (state.progress or {}).get("done")
+    if done is not None:
+        result["items_per_s"] = done / elapsed
+    written = checks[0].get("bytes") if checks else None
+    if written:
+        result["mb_per_s"] = written / 1e6 / elapsed
+        program = DATA_PROGRAMS.get(stage.program)
+        if program is not None and state.sharding:
+            cores = state.sharding["replicas"] * state.sharding["processes"] * (_threads(stage, program) or 1)
+            per_core = (written / TOKEN_BYTES if program.unit == "tokens/s" else written / 1e6) / elapsed / cores
+            result["tokens_per_s_per_core" if program.unit == "tokens/s" else "mb_per_s_per_core"] = per_core
+    steps = (state.verification or {}).get("steps")
+    if steps is not None:
+        result["steps_per_s"] = steps / elapsed
+    return result
 
 
 # -- text ------------------------------------------------------------------------------------------------------
