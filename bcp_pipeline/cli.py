@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from . import __version__
@@ -12,6 +13,7 @@ from .backends import BACKENDS, check_backend_ready, make_backend
 from .completion import enable_completion
 from .config import Config, PipelineConfig, substitute
 from .errors import PipelineError, StateError
+from .estimates import actual_rates, estimate_pipeline, instances_table, render_estimates
 from .jobs import JobState
 from .orchestrator import Orchestrator
 from .preflight import load_and_check
@@ -197,10 +199,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             submissions.append(backend.render(JobRequest(
                 run_id=run_id, pipeline=pipeline, stage=stage, kind="verify", program="verify.py",
                 args=tuple(verification_args(pipeline, stage)))))
+    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances))
     if args.json:
         print(json.dumps({"pipeline": pipeline.name, "backend": backend_name, "run_id": run_id,
                           "prepare": [{"description": a.description, "printable": a.printable} for a in actions],
-                          "jobs": [s.as_json() for s in submissions]}, indent=2))
+                          "jobs": [s.as_json() for s in submissions], "estimates": estimate.as_json()}, indent=2))
         return 0
     print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s); nothing is submitted.")
     print(f"# {run_id} stands for the run id a real run gets.")
@@ -213,28 +216,44 @@ def cmd_plan(args: argparse.Namespace) -> int:
         description = substitute(request.stage.description, request.pipeline.vars)
         about = f": {description}" if request.kind == "stage" and description else ""
         print(f"\n# {what}{request.stage.name}{needs}{about}\n{submission.printable}")
+    print()
+    print("\n".join(render_estimates(estimate)))
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     store = store_for(args)
     state = store.resolve(args.run)
-    backend = None
+    backend = config = pipeline = None
     try:
         config, pipeline = run_config(args, state)
         backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
         refresh(backend, state)
     except PipelineError as exc:
         print(f"(could not refresh job states: {exc})", file=sys.stderr)
+    estimate, actual = estimate_against_actual(config, pipeline, state)
     if args.json:
         payload = state.to_json()
         if backend is not None:
             payload["job_urls"] = {j.job_id: backend.job_url(j.job_id) for s in state.stages.values() for j in s.jobs
                                    if backend.job_url(j.job_id)}
+        if estimate is not None:
+            seconds = {s.stage: s.seconds for s in estimate.stages}
+            payload["estimates"] = {name: {"estimate_s": seconds.get(name), **rates} for name, rates in actual.items()}
         print(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        print(render_status(state, backend.job_url if backend else None))
+        print(render_status(state, backend.job_url if backend else None, estimate, actual))
     return 0
+
+
+def estimate_against_actual(config: Config | None, pipeline: PipelineConfig | None, state: RunState):
+    """The pipeline's estimate and each stage's effective rates so far (None, {} without a loaded config)."""
+    if config is None or pipeline is None:
+        return None, {}
+    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances))
+    now = time.time()
+    return estimate, {name: actual_rates(pipeline.stages[name], stage, now) for name, stage in state.stages.items()
+                      if name in pipeline.stages}
 
 
 def refresh(backend, state: RunState) -> None:

@@ -11,6 +11,7 @@ Layout of the file:
         vars: {files: 59166}      # ${files} in args, globs and expected counts
         defaults: {bcp: {...}, slurm: {...}, local: {...}}    # merged under every stage's sections
         verification: {bcp: {...}, ...}                       # resources of the verification jobs
+        estimates: {tokens: ..., mfu: 0.4, ...}                # declared figures for the estimates (Estimates)
         stages:
           STAGE: {program: x.py, args: [...], needs: [...], verify: [...], bcp: {...}, local: {...}, slurm: {...}}
 
@@ -143,6 +144,41 @@ class VerificationResources:
 
 
 @dataclass(kw_only=True)
+class Estimates:
+    """`estimates:` of a pipeline: the declared figures `plan` and `status` estimate from (estimates.py).
+
+    Data-set sizes are numbers or `${var}` (YAML reads `895e9` as text; it is taken as a number here). README
+    ("Where the estimate figures come from") says where each default comes from.
+    """
+
+    compressed_bytes: float | str | None = None  # what download fetches (.jsonl.zst)
+    text_bytes: float | str | None = None  # the same uncompressed (.jsonl)
+    documents: float | str | None = None  # adds the .idx bytes (20 per document) when given
+    tokens: float | str | None = None  # in the training tokenizer's count
+    download_mb_per_s_per_node: float | None = None  # declared, never measured here; no figure: no download time
+    storage_mb_per_s_per_node: float | None = None  # declared workspace read or write rate per node; caps the
+    # data stages (no figure: their times are CPU-bound only)
+    mfu: float = 0.40  # model FLOPs utilisation of pretraining (declared; the README says why 0.40)
+    per_core: dict[str, float] = field(default_factory=dict)  # PROGRAM: per-core figure replacing the benchmark's
+    # (extract.py, concat.py: MB/s written; preprocess.py: tokens/s)
+
+    def number(self, key: str, variables: dict[str, str]) -> float | None:
+        """A data-set size as a number, `${var}` resolved; ValueError naming the text otherwise."""
+        value = getattr(self, key)
+        if value is None or isinstance(value, float):
+            return value
+        resolved = substitute(value, variables)
+        try:
+            return float(resolved)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a number" + (f" (it is {resolved!r})" if resolved != value else "")) \
+                from None
+
+
+ESTIMATE_SIZES = ("compressed_bytes", "text_bytes", "documents", "tokens")
+
+
+@dataclass(kw_only=True)
 class PipelineConfig:
     """A DAG of stages with shared workspace, variables and defaults."""
 
@@ -153,6 +189,7 @@ class PipelineConfig:
     vars: dict[str, str] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     verification: VerificationResources = field(default_factory=VerificationResources)
+    estimates: Estimates = field(default_factory=Estimates)
     name: str = field(default="", metadata={"internal": True})
 
     def order(self) -> list[str]:
@@ -263,6 +300,7 @@ def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> Pipel
     pipeline = build(PipelineConfig, body, where, name=name, stages=stages,
                      verification=build(VerificationResources, verification_raw, where.child("verification", raw)))
     _validate_pipeline(pipeline, stages_raw, where_stages, stages_dir)
+    _validate_estimates(pipeline, raw.get("estimates") or {}, where.child("estimates", raw))
     return pipeline
 
 
@@ -389,6 +427,29 @@ def _validate_bcp(res: BcpResources, where: Where) -> None:
     for key, value in res.env.items():
         if not ENV_KEY.match(key) or len(value) > 2048:
             raise where.error(f"env var {key!r} must match [A-Za-z0-9_.-]{{1,63}} with a value <= 2048 chars")
+
+
+def _validate_estimates(pipeline: PipelineConfig, raw: dict, where: Where) -> None:
+    estimates = pipeline.estimates
+    for key in ESTIMATE_SIZES:
+        try:
+            value = estimates.number(key, pipeline.vars)
+        except ValueError as exc:
+            raise where.child(key, raw).error(str(exc)) from None
+        if value is not None and value <= 0:
+            raise where.child(key, raw).error(f"must be > 0, got {value:g}")
+    if not 0 < estimates.mfu <= 1:
+        raise where.child("mfu", raw).error(f"mfu is a fraction of peak in (0, 1], got {estimates.mfu:g}")
+    for key in ("download_mb_per_s_per_node", "storage_mb_per_s_per_node"):
+        if getattr(estimates, key) is not None and getattr(estimates, key) <= 0:
+            raise where.child(key, raw).error(f"must be > 0, got {getattr(estimates, key):g}")
+    programs = sorted({stage.program for stage in pipeline.stages.values()})
+    for program, value in estimates.per_core.items():
+        key_where = where.child("per_core", raw).child(program, raw.get("per_core") or {})
+        if program not in programs:
+            raise key_where.error(f"no stage of this pipeline runs {program!r}; its programs: {', '.join(programs)}")
+        if value <= 0:
+            raise key_where.error(f"must be > 0, got {value:g}")
 
 
 def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, where: Where) -> None:

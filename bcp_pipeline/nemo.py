@@ -32,6 +32,27 @@ KNOWN_MODELS = {
     "gpt3/7b_improved": ModelConfig(tensor_parallel=4, pipeline_parallel=1, global_batch_size=512,
                                     micro_batch_size=1, max_steps=300000),
 }
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape facts of a launcher training config, for the FLOPs of a training token (estimates.py)."""
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    seq_length: int
+    gated_mlp: bool  # swiglu: three FFN matrices instead of two
+    make_vocab_size_divisible_by: int = 128  # Megatron pads the vocabulary to a multiple of this x TP
+    vocab_size: int = 50257  # GPT-2 BPE, the tokenizer of both configs
+
+
+# From conf/training/gpt3/{126m,7b_improved}.yaml of NVIDIA/NeMo-Framework-Launcher (model: section).
+KNOWN_SHAPES = {
+    "gpt3/126m": ModelShape(num_layers=12, hidden_size=768, ffn_hidden_size=3072, seq_length=2048, gated_mlp=False),
+    "gpt3/7b_improved": ModelShape(num_layers=32, hidden_size=4096, ffn_hidden_size=10880, seq_length=2048,
+                                   gated_mlp=True),  # activation: fast-swiglu
+}
 MAX_NODES_LISTED = 256
 DATA_LIST_FILE = "data_prefix.txt"
 

@@ -7,6 +7,7 @@ import time
 from typing import IO
 
 from .durations import format_elapsed
+from .estimates import PlanEstimate, format_seconds
 from .state import RunState, StageState, StageStatus
 
 
@@ -49,10 +50,33 @@ def format_table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
 
 
-def render_status(state: RunState, job_url=None) -> str:
-    """The `status` view: a table of stages, then the errors of failed stages with their log tails."""
+def estimate_rows(state: RunState, estimate: PlanEstimate, actual: dict[str, dict]) -> list[list[str]]:
+    """Each started stage's estimate next to its elapsed time, and its effective throughput."""
+    rows = [["STAGE", "ESTIMATE", "ELAPSED", "ITEMS/S", "MB/S", "PER CORE", "STEPS/S"]]
+    estimates = {s.stage: s for s in estimate.stages}
+    for name, rates in actual.items():
+        if not rates:
+            continue
+        per_core = (f"{rates['tokens_per_s_per_core']:,.0f} tokens/s" if "tokens_per_s_per_core" in rates else
+                    f"{rates['mb_per_s_per_core']:.3g} MB/s" if "mb_per_s_per_core" in rates else "-")
+        rows.append([name, format_seconds(estimates[name].seconds if name in estimates else None),
+                     format_elapsed(rates["elapsed_s"]), _rate(rates.get("items_per_s")), _rate(rates.get("mb_per_s")),
+                     per_core, _rate(rates.get("steps_per_s"))])
+    return rows
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None = None,
+                  actual: dict[str, dict] | None = None) -> str:
+    """The `status` view: a table of stages, estimate against actual (when given), then errors with log tails."""
     lines = [f"run {state.run_id}  pipeline {state.pipeline}  backend {state.backend}  status {state.status}", "",
              format_table(status_rows(state))]
+    if estimate is not None and actual and any(actual.values()):
+        lines += ["", "estimate against actual (elapsed includes queueing and verification):",
+                  format_table(estimate_rows(state, estimate, actual))]
     summaries = [f"{name}: {stage.extra['summary']}" for name, stage in state.stages.items()
                  if stage.extra.get("summary") and stage.status is StageStatus.SUCCEEDED]
     if summaries:

@@ -97,6 +97,15 @@ class LocalOptions:
 
 
 @dataclass(kw_only=True)
+class InstanceType:
+    """An instance type's facts for estimates (`backends.bcp.instances`; estimates.py holds the known DGX ones)."""
+
+    gpus: int  # GPUs per node
+    cpu_cores: int  # physical CPU cores the job gets
+    gpu_peak_tflops: float  # peak dense BF16 TFLOP/s of one GPU
+
+
+@dataclass(kw_only=True)
 class BcpOptions:
     """`backends.bcp`: how to reach Base Command Platform."""
 
@@ -112,6 +121,8 @@ class BcpOptions:
     poll_max_seconds: float = 60.0
     list_duration: Duration = Duration("30D")  # `job list --duration`: ngc's default 7-day window misses long runs
     ui_url: str | None = "https://bc.ngc.nvidia.com/jobs/{job_id}"  # job page shown by `status`; null to hide
+    instances: dict[str, InstanceType] = field(default_factory=dict)  # instance types for estimates, added to or
+    # replacing the known DGX ones (estimates.KNOWN_INSTANCES)
 
 
 @dataclass(kw_only=True)
