@@ -180,6 +180,17 @@ def test_preempted_job_waits_for_resume_and_reruns(fake: FakeNgc) -> None:
     assert not_preempted.returncode == 1 and "only a PREEMPTED job" in json.loads(not_preempted.stderr)["error"]
 
 
+def test_preempt_by_the_user_then_kill(fake: FakeNgc) -> None:
+    job_id = submit(fake, "exec sleep 60")
+    wait_status(fake, job_id, {"RUNNING"})
+    preempt = ngc(fake, "base-command", "job", "preempt", str(job_id), "--format_type", "json")
+    assert preempt.returncode == 0, preempt.stderr
+    assert wait_status(fake, job_id, {"PREEMPTED"})["job"]["jobStatus"]["statusDetails"] == "Preempted by user"
+    assert len(fake.requests("PATCH", f"/v2/org/*/jobs/{job_id}/preempt")) == 1
+    assert ngc(fake, "base-command", "job", "kill", str(job_id), "--format_type", "json").returncode == 0
+    assert wait_status(fake, job_id)["job"]["jobStatus"]["status"] == "KILLED_BY_USER"
+
+
 def test_injected_and_real_failures(fake: FakeNgc) -> None:
     fake.inject("FAILED", name="never_*", after_seconds=0, details="disk on fire")
     fake.inject("FAILED_RUN_LIMIT_EXCEEDED", name="long_*", after_seconds=0.3)
