@@ -13,13 +13,14 @@ from .backends import BACKENDS, check_backend_ready, make_backend
 from .completion import enable_completion
 from .config import Config, PipelineConfig, substitute
 from .errors import PipelineError, StateError
-from .estimates import actual_rates, estimate_pipeline, instances_table, render_estimates
+from .estimates import actual_rates, estimate_pipeline, instances_table
 from .jobs import JobState
 from .orchestrator import Orchestrator
 from .preflight import load_and_check
-from .reporting import Reporter, format_table, render_status
+from .reporting import Reporter, format_table, render_estimates, render_status
 from .runs import Selection, continue_run, new_run, pick_run
 from .state import RunLock, RunState, RunStore, StageStatus
+from .submitter import planned_requests
 
 PLAN_RUN_ID = "{pipeline}-RUN"
 
@@ -181,24 +182,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .orchestrator import verification_args
-    from .jobs import JobRequest
-
     config = load(args, args.pipeline, args.overrides)
     pipeline = config.pipeline(args.pipeline)
     backend_name = args.backend or pipeline.backend
     run_id = PLAN_RUN_ID.format(pipeline=pipeline.name)
     backend = make_backend(backend_name, config, pipeline, store_for(args, config.file).run_dir(run_id))
     actions = backend.prepare(pipeline, execute=False)
-    submissions = []
-    for name in pipeline.order():
-        stage = pipeline.stages[name]
-        submissions.append(backend.render(JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage",
-                                                     program=stage.program, args=tuple(stage.args))))
-        if stage.verify:
-            submissions.append(backend.render(JobRequest(
-                run_id=run_id, pipeline=pipeline, stage=stage, kind="verify", program="verify.py",
-                args=tuple(verification_args(pipeline, stage)))))
+    submissions = [backend.render(request) for request in planned_requests(pipeline, run_id)]
     estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances))
     if args.json:
         print(json.dumps({"pipeline": pipeline.name, "backend": backend_name, "run_id": run_id,

@@ -19,7 +19,7 @@ from .context import RunContext
 from .errors import StateError
 from .outcomes import Outcomes
 from .poller import Poller
-from .submitter import Submitter, verification_args  # verification_args: imported from here by cli.py's plan
+from .submitter import Submitter
 
 
 @dataclass

@@ -75,14 +75,9 @@ class Submitter(RunContext):
 
     def request(self, name: str, kind: str) -> JobRequest:
         """The backend-neutral request for stage `name`'s next job of `kind` (pure)."""
-        stage = self.pipeline.stages[name]
-        stage_state = self.state.stages[name]
-        if kind == "verify":
-            args = verification_args(self.pipeline, stage)
-            return JobRequest(run_id=self.state.run_id, pipeline=self.pipeline, stage=stage, kind="verify",
-                              program="verify.py", args=tuple(args), attempt=stage_state.attempts)
-        return JobRequest(run_id=self.state.run_id, pipeline=self.pipeline, stage=stage, kind="stage",
-                          program=stage.program, args=tuple(stage.args), attempt=stage_state.attempts + 1)
+        attempts = self.state.stages[name].attempts
+        return job_request(self.pipeline, self.pipeline.stages[name], kind, self.state.run_id,
+                           attempt=attempts if kind == "verify" else attempts + 1)
 
     def submit(self, name: str, kind: str) -> None:
         """Submit the stage's job (or its verification), never a second one while one is alive."""
@@ -111,6 +106,26 @@ class Submitter(RunContext):
         stage_state.jobs.append(JobRecord(job_id=job_id, kind=kind, attempt=request.attempt, submitted_at=time.time()))
         stage_state.status = StageStatus.RUNNING if kind == "stage" else StageStatus.VERIFYING
         self.store.save(self.state)
+
+
+def job_request(pipeline: PipelineConfig, stage: StageConfig, kind: str, run_id: str, attempt: int = 1) -> JobRequest:
+    """Stage `stage`'s job of `kind`: its program, or verify.py with the stage's checks (pure)."""
+    if kind == "verify":
+        return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="verify", program="verify.py",
+                          args=tuple(verification_args(pipeline, stage)), attempt=attempt)
+    return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
+                      args=tuple(stage.args), attempt=attempt)
+
+
+def planned_requests(pipeline: PipelineConfig, run_id: str) -> list[JobRequest]:
+    """Every job a run of `pipeline` submits once, in DAG order: each stage, then its verification (pure)."""
+    requests = []
+    for name in pipeline.order():
+        stage = pipeline.stages[name]
+        requests.append(job_request(pipeline, stage, "stage", run_id))
+        if stage.verify:
+            requests.append(job_request(pipeline, stage, "verify", run_id))
+    return requests
 
 
 def verification_args(pipeline: PipelineConfig, stage: StageConfig) -> list[str]:

@@ -19,26 +19,18 @@ from bcp_pipeline.backends.bcp_transport import CliTransport, SdkTransport
 from bcp_pipeline.cli import main
 from bcp_pipeline.config import load_config
 from bcp_pipeline.jobs import JobRequest
-from bcp_pipeline.orchestrator import verification_args
+from bcp_pipeline.preflight import load_and_check
+from bcp_pipeline.submitter import planned_requests
 from golden_files import REPO
 
 pytestmark = needs_ngcsdk
-BUNDLED = load_config(REPO / "pipelines.yaml")
+BUNDLED = load_and_check(REPO / "pipelines.yaml")  # as `plan` and `run` load it
 
 
 def bundled_requests() -> list[JobRequest]:
     """Every job of every bundled pipeline: each stage and its verification."""
-    requests = []
-    for pipeline in BUNDLED.pipelines.values():
-        for name in pipeline.order():
-            stage = pipeline.stages[name]
-            requests.append(JobRequest(run_id=f"{pipeline.name}-RUN", pipeline=pipeline, stage=stage, kind="stage",
-                                       program=stage.program, args=tuple(stage.args)))
-            if stage.verify:
-                requests.append(JobRequest(run_id=f"{pipeline.name}-RUN", pipeline=pipeline, stage=stage,
-                                           kind="verify", program="verify.py",
-                                           args=tuple(verification_args(pipeline, stage))))
-    return requests
+    return [request for pipeline in BUNDLED.pipelines.values()
+            for request in planned_requests(pipeline, f"{pipeline.name}-RUN")]
 
 
 @pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # one emulator; both transports talk to it
