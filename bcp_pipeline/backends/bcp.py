@@ -88,7 +88,7 @@ class BcpBackend(Backend):
     def prepare(self, pipeline: PipelineConfig, execute: bool) -> list[PreparedAction]:
         """Upload stages/ into the workspace once per content hash (recorded in the run folder's parent)."""
         destination = code_destination(self.options, self.stages_dir)
-        argv = upload_argv(self.options, self.workspace_name, self.stages_dir)
+        argv = upload_argv(self.options, self.workspace_name, self.stages_dir, destination)
         action = PreparedAction(description=f"upload stages/ to workspace {self.workspace_name} at {destination} "
                                             "(once per content hash)", printable=shell_join(argv))
         if execute:

@@ -159,10 +159,10 @@ def global_flags(org: str | None, team: str | None, ace: str | None) -> list[str
 UPLOAD_EXCLUDES = ("*__pycache__*",)
 
 
-def upload_argv(options: BcpOptions, workspace: str, stages_dir: Path) -> list[str]:
-    """`ngc workspace upload` of stages/ to its content-hash folder (what `plan` shows for the upload)."""
-    argv = ["ngc", "workspace", "upload", workspace, "--source", str(stages_dir),
-            "--destination", code_destination(options, stages_dir)]
-    for pattern in UPLOAD_EXCLUDES:
+def upload_argv(options: BcpOptions, workspace: str, source: Path, destination: str,
+                exclude: tuple[str, ...] = UPLOAD_EXCLUDES) -> list[str]:
+    """`ngc workspace upload`: the contents of folder `source` to `destination` in the workspace."""
+    argv = ["ngc", "workspace", "upload", workspace, "--source", str(source), "--destination", destination]
+    for pattern in exclude:
         argv += ["--exclude", pattern]
     return argv + global_flags(options.org, options.team, options.ace)

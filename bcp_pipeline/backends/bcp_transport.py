@@ -27,7 +27,7 @@ from ..durations import parse_duration
 from ..errors import BackendCallError, CommandError, ConfigError
 from ..procs import run_command
 from ..resources import BcpOptions
-from .bcp_render import JobSpec, global_flags, job_run_argv
+from .bcp_render import JobSpec, global_flags, job_run_argv, upload_argv
 
 SDK_VERSION = "4.19.1"  # the last ngcsdk with Base Command in it
 INSTALL_HINT = ("install one of: NVIDIA's ngc CLI (https://org.ngc.nvidia.com/setup/installers/cli, then put `ngc` "
@@ -124,10 +124,7 @@ class CliTransport(Transport):
         self._ngc(["base-command", "job", "resume", job_id, *self._globals()])
 
     def upload(self, workspace: str, source: Path, destination: str, exclude: tuple[str, ...]) -> None:
-        args = ["workspace", "upload", workspace, "--source", str(source), "--destination", destination]
-        for pattern in exclude:
-            args += ["--exclude", pattern]
-        self._ngc(args + self._globals(), timeout=1800)
+        self._ngc(upload_argv(self.options, workspace, source, destination, exclude)[1:], timeout=1800)
 
 
 # -- ngcsdk ----------------------------------------------------------------------------------------------------
