@@ -3,7 +3,6 @@ EMULATOR on loopback (tests/fakes/ngc_api.py, a fake, named so). Every `fake` te
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -14,26 +13,18 @@ import ngc_parser
 from golden_files import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "fakes"))
-from ngc_control import FakeNgc  # noqa: E402
+from ngc_control import FakeNgc, reread_ngcsdk_environment  # noqa: E402
 
 TRANSPORTS = ("cli", "sdk")
 needs_ngcsdk = pytest.mark.skipif(not ngc_parser.available(), reason="ngcsdk[telemetry]==4.19.1 not installed")
 
 
 def point_ngcsdk_at_environment() -> None:
-    """ngcsdk reads NGC_CLI_* once, when first imported (two modules copy the URLs by name) and keeps tokens in a
-    class-level cache. Each test starts its own emulator, so an in-process client must read them again.
+    """Each test starts its own emulator, so an in-process ngcsdk must read its NGC_CLI_* settings again.
     ngcsdk is imported here first the way the offline parser check imports it (tests/ngc_parser.py, with its own
     placeholder settings), so that a later parser check cannot leave those settings behind."""
     ngc_parser.parse_args(["batch", "list"])
-    import ngcbase.api.authentication as authentication  # pylint: disable=import-outside-toplevel
-    import ngcbase.environ as environ  # pylint: disable=import-outside-toplevel
-    import ngcbase.util.utils as utils  # pylint: disable=import-outside-toplevel
-
-    importlib.reload(environ)
-    authentication.NGC_CLI_AUTH_URL = environ.NGC_CLI_AUTH_URL
-    utils.NGC_CLI_API_URL = environ.NGC_CLI_API_URL
-    authentication.Authentication.clear_in_memory_cache()
+    reread_ngcsdk_environment()
 
 
 @pytest.fixture(scope="session")

@@ -267,8 +267,9 @@ def _run_command_decorator_checks(namespace: argparse.Namespace) -> None:
 _GLOBALS_WITH_VALUE = ("--format_type", "--org", "--ace", "--team", "--config-profile")
 
 
-def is_job_run(argv: list[str]) -> bool:
-    """True when argv (program name optional) is ``[bc|base-command] job run`` or the alias ``batch run``."""
+def command_words(argv: list[str], count: int = 3) -> list[str]:
+    """The first ``count`` command words of an ``ngc`` argv (program name optional), global options and their values
+    left out wherever they stand; ``bc`` is spelled ``base-command``."""
     words: list[str] = []
     skip = False
     for arg in _strip_program(argv):
@@ -278,10 +279,16 @@ def is_job_run(argv: list[str]) -> bool:
             skip = True  # its value is not a command word
         elif not arg.startswith("-"):
             words.append(arg)
-        if len(words) == 3:
+        if len(words) == count:
             break
     if words[:1] == ["bc"]:
         words[0] = "base-command"
+    return words
+
+
+def is_job_run(argv: list[str]) -> bool:
+    """True when argv (program name optional) is ``[bc|base-command] job run`` or the alias ``batch run``."""
+    words = command_words(argv)
     return any(tuple(words[: len(prefix)]) == prefix for prefix in _JOB_RUN_PREFIXES)
 
 

@@ -518,6 +518,22 @@ def ensure_workspace(
     return workspaces[name]
 
 
+def reread_ngcsdk_environment() -> None:
+    """ngcsdk reads NGC_CLI_* once, when first imported (two modules copy the URLs by name), and keeps tokens in a
+    class-level cache: read them again for an imported ngcsdk that must now talk to another emulator."""
+    # pylint: disable=import-outside-toplevel
+    import importlib
+
+    import ngcbase.api.authentication as authentication
+    import ngcbase.environ as environ
+    import ngcbase.util.utils as utils
+
+    importlib.reload(environ)
+    authentication.NGC_CLI_AUTH_URL = environ.NGC_CLI_AUTH_URL
+    utils.NGC_CLI_API_URL = environ.NGC_CLI_API_URL
+    authentication.Authentication.clear_in_memory_cache()
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
