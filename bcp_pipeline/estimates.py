@@ -202,7 +202,7 @@ def _estimate_data(pipeline: PipelineConfig, stage: StageConfig, instance: Insta
     replicas = stage.bcp.replicas
     est.seconds = work / (per_core * scale * cores * replicas)
     source = "declared" if stage.program in pipeline.estimates.per_core else "benchmark"
-    est.basis = f"{replicas} x {cores} cores x {_number(per_core)} {program.unit} ({source})"
+    est.basis = f"{replicas} x {cores} cores x {short_number(per_core)} {program.unit} ({source})"
     storage = pipeline.estimates.storage_mb_per_s_per_node
     io_bytes = max(est.bytes_in or 0.0, est.bytes_out or 0.0)
     if storage is None:
@@ -311,62 +311,10 @@ def actual_rates(stage: StageConfig, state: StageState, now: float) -> dict:
     return result
 
 
-# -- text ------------------------------------------------------------------------------------------------------
-def _number(value: float) -> str:
+# -- numbers ------------------------------------------------------------------------------------------------------
+def short_number(value: float) -> str:
+    """1.95e6 -> '1.95 M': three significant digits and an SI prefix."""
     for limit, suffix in ((1e12, " T"), (1e9, " G"), (1e6, " M"), (1e3, " k")):
         if abs(value) >= limit:
             return f"{value / limit:.3g}{suffix}"
     return f"{value:g}"
-
-
-def format_bytes(value: float | None) -> str:
-    return "-" if value is None else _number(value) + "B"
-
-
-def format_hours(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
-
-
-def format_seconds(value: float | None) -> str:
-    return "-" if value is None else format_elapsed(value)
-
-
-def render_estimates(plan: PlanEstimate) -> list[str]:
-    """The table of `plan`'s text output, its total, the training arithmetic, notes and warnings."""
-    from .reporting import format_table  # reporting imports this module for `status`
-
-    rows = [["STAGE", "INSTANCE", "NODES", "ITEMS IN", "ITEMS OUT", "BYTES IN", "BYTES OUT", "WALL", "NODE-H",
-             "GPU-H", "FROM"]]
-    for s in plan.stages:
-        rows.append([s.stage, s.instance or "-", str(s.nodes), _count(s.items_in),
-                     f"{_count(s.items_out)} {s.unit_out}" if s.items_out is not None else "-",
-                     format_bytes(s.bytes_in), format_bytes(s.bytes_out), format_seconds(s.seconds),
-                     format_hours(s.node_hours), format_hours(s.gpu_hours), s.basis or "-"])
-    rows.append(["total", "", "", "", "", "", "", format_seconds(plan.seconds) + ("" if plan.complete else "+"),
-                 format_hours(plan.node_hours), format_hours(plan.gpu_hours), "longest path; sum of hours"])
-    lines = ["# estimates (README: \"Where the estimate figures come from\"; no queueing, start-up or verification)",
-             format_table(rows)]
-    for s in plan.stages:
-        t = s.training
-        if t:
-            line = (f"{s.stage}: {t['steps']:,} steps x {t['global_batch_size']} x {t['seq_length']} = "
-                    f"{_number(t['tokens'])} tokens x {_number(t['flops_per_token'])} FLOPs/token "
-                    f"= {t['flops']:.3g} FLOPs")
-            if s.seconds is not None:
-                line += f"; {s.basis}: {format_seconds(s.seconds)} ({s.seconds / 86400:.1f} days)"
-            if "attempts" in t:
-                covered = "covers it" if t["attempts"] <= t["max_attempts"] else "does NOT cover it"
-                line += (f"; {t['attempts']} attempt(s) of {t['total_runtime']} ({format_seconds(t['attempt_seconds'])}"
-                         f" of training each), max_attempts {t['max_attempts']} {covered}")
-            lines.append(line)
-    notes: dict[str, list[str]] = {}
-    for s in plan.stages:
-        for note in s.notes:
-            notes.setdefault(note, []).append(s.stage)
-    lines += [f"{', '.join(stages)}: {note}" for note, stages in notes.items()]
-    lines += [f"WARNING: {w}" for w in plan.warnings]
-    return lines
-
-
-def _count(value: int | None) -> str:
-    return "-" if value is None else f"{value:,}"

@@ -1,4 +1,4 @@
-"""What the user sees: live progress while a run is driven, and the status table of a run."""
+"""What the user sees: live progress while a run is driven, the status table of a run, and `plan`'s estimates."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from typing import IO
 
 from .durations import format_elapsed
-from .estimates import PlanEstimate, format_seconds
+from .estimates import PlanEstimate, short_number
 from .state import RunState, StageState, StageStatus
 
 
@@ -124,3 +124,55 @@ class Reporter:
                 job = stage.jobs[-1].job_id if stage.jobs else "-"
                 self._print(f"{name}: {stage.status.value} job {job}, {stage_elapsed(stage)} elapsed, "
                             f"progress {progress_text(stage)}")
+
+
+# -- `plan`'s estimates ---------------------------------------------------------------------------------
+def format_bytes(value: float | None) -> str:
+    return "-" if value is None else short_number(value) + "B"
+
+
+def format_hours(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def format_seconds(value: float | None) -> str:
+    return "-" if value is None else format_elapsed(value)
+
+
+def render_estimates(plan: PlanEstimate) -> list[str]:
+    """The table of `plan`'s text output, its total, the training arithmetic, notes and warnings."""
+    rows = [["STAGE", "INSTANCE", "NODES", "ITEMS IN", "ITEMS OUT", "BYTES IN", "BYTES OUT", "WALL", "NODE-H",
+             "GPU-H", "FROM"]]
+    for s in plan.stages:
+        rows.append([s.stage, s.instance or "-", str(s.nodes), _count(s.items_in),
+                     f"{_count(s.items_out)} {s.unit_out}" if s.items_out is not None else "-",
+                     format_bytes(s.bytes_in), format_bytes(s.bytes_out), format_seconds(s.seconds),
+                     format_hours(s.node_hours), format_hours(s.gpu_hours), s.basis or "-"])
+    rows.append(["total", "", "", "", "", "", "", format_seconds(plan.seconds) + ("" if plan.complete else "+"),
+                 format_hours(plan.node_hours), format_hours(plan.gpu_hours), "longest path; sum of hours"])
+    lines = ["# estimates (README: \"Where the estimate figures come from\"; no queueing, start-up or verification)",
+             format_table(rows)]
+    for s in plan.stages:
+        t = s.training
+        if t:
+            line = (f"{s.stage}: {t['steps']:,} steps x {t['global_batch_size']} x {t['seq_length']} = "
+                    f"{short_number(t['tokens'])} tokens x {short_number(t['flops_per_token'])} FLOPs/token "
+                    f"= {t['flops']:.3g} FLOPs")
+            if s.seconds is not None:
+                line += f"; {s.basis}: {format_seconds(s.seconds)} ({s.seconds / 86400:.1f} days)"
+            if "attempts" in t:
+                covered = "covers it" if t["attempts"] <= t["max_attempts"] else "does NOT cover it"
+                line += (f"; {t['attempts']} attempt(s) of {t['total_runtime']} ({format_seconds(t['attempt_seconds'])}"
+                         f" of training each), max_attempts {t['max_attempts']} {covered}")
+            lines.append(line)
+    notes: dict[str, list[str]] = {}
+    for s in plan.stages:
+        for note in s.notes:
+            notes.setdefault(note, []).append(s.stage)
+    lines += [f"{', '.join(stages)}: {note}" for note, stages in notes.items()]
+    lines += [f"WARNING: {w}" for w in plan.warnings]
+    return lines
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
