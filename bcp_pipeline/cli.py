@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,8 +12,11 @@ from pathlib import Path
 from . import __version__
 from .backends import BACKENDS, check_backend_ready, make_backend
 from .completion import enable_completion
+from .backends.bcp_render import job_run_argv, upload_argv
+from .backends.common import shell_join
 from .config import Config, PipelineConfig, substitute
-from .errors import PipelineError, StateError
+from .detached import DetachedRun, driver_spec, is_driver_owned, render_driver, workspace_run_path
+from .errors import ConfigError, PipelineError, StateError
 from .estimates import actual_rates, estimate_pipeline, instances_table
 from .jobs import JobState
 from .orchestrator import Orchestrator
@@ -47,11 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--restart", action="store_true", help="start a new run instead of continuing the last one")
     run.add_argument("--from", dest="from_stage", metavar="STAGE", help="run STAGE and everything after it")
     run.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE (repeatable)")
+    run.add_argument("--detach", action="store_true",
+                     help="BCP: run the orchestrator itself as a BCP job and return at once (see `status`)")
 
     plan = sub.add_parser("plan", parents=[after_verb],
                           help="print every job exactly as it would be submitted; submits nothing")
     with_pipeline_options(plan)
     plan.add_argument("--json", action="store_true")
+    plan.add_argument("--detach", action="store_true", help="also show the driver job `run --detach` submits")
 
     status = sub.add_parser("status", parents=[after_verb], help="stages, jobs, progress and verification of a run")
     status.add_argument("run", nargs="?", help="run id (default: the latest run)")
@@ -59,10 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = sub.add_parser("resume", parents=[after_verb], help="re-attach to a run's jobs and continue it")
     resume.add_argument("run", nargs="?", help="run id (default: the latest run)")
+    resume.add_argument("--detach", action="store_true",
+                        help="BCP: continue under a new driver job (without it, a detached run is taken back here)")
 
     logs = sub.add_parser("logs", parents=[after_verb], help="a stage's job log")
     logs.add_argument("run")
-    logs.add_argument("stage")
+    logs.add_argument("stage", help="a stage, or `driver` for a detached run's driver job")
     logs.add_argument("--rank", type=int, help="one rank/replica only")
     logs.add_argument("--verify", action="store_true", help="the verification job's log")
     logs.add_argument("--tail", type=int, help="last N lines")
@@ -145,6 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     pipeline = config.pipeline(args.pipeline)
     backend = args.backend or pipeline.backend
     check_backend_ready(backend, config)  # before anything is recorded: a run that cannot start leaves nothing behind
+    if args.detach and backend != "bcp":
+        raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend!r}")
     store = store_for(args, config.file)
     selection = Selection(from_stage=args.from_stage, only=args.only)
     previous = pick_run(store, pipeline, backend, restart=args.restart)
@@ -152,6 +163,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         state = new_run(pipeline, backend, str(config.file.resolve()), args.overrides, selection)
         selected = selection.stages(pipeline)
     else:
+        if is_driver_owned(previous):
+            raise StateError(f"the last run of {pipeline.name} ({previous.run_id}) is detached: follow it with "
+                             f"`bcp-pipeline status {previous.run_id}`, continue it with `bcp-pipeline resume "
+                             f"{previous.run_id} --detach` (or without --detach, here), or pass --restart")
         if args.overrides and args.overrides != previous.overrides:
             previous.overrides = args.overrides
         elif previous.overrides:
@@ -161,7 +176,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         selected = continue_run(state, pipeline, selection)
         print(f"continuing run {state.run_id} (its last state: {_first_unfinished(state)}); "
               "pass --restart to start over")
+    if args.detach:
+        return detach(config, pipeline, store, state)
     return drive(config, pipeline, store, state, selected)
+
+
+def detach(config: Config, pipeline: PipelineConfig, store: RunStore, state: RunState) -> int:
+    """Hand the run to a driver job on BCP and return: the laptop may close."""
+    run = detached_run(config, pipeline, store, state)
+    job_id, resumed = run.start(os.environ)
+    url = run.backend.job_url(job_id)
+    print(f"run {state.run_id} ({pipeline.name}) is detached: driver job {job_id} {'resumed' if resumed else 'submitted'}"
+          + (f" ({url})" if url else ""))
+    print(f"  follow it:  bcp-pipeline status {state.run_id}    (a stage's log: bcp-pipeline logs {state.run_id} STAGE)")
+    print(f"  stop it:    bcp-pipeline cancel {state.run_id}    (bring it back here: bcp-pipeline resume {state.run_id})")
+    return 0
+
+
+def detached_run(config: Config, pipeline: PipelineConfig, store: RunStore, state: RunState) -> DetachedRun:
+    backend = make_backend("bcp", config, pipeline, store.run_dir(state.run_id))
+    return DetachedRun(config=config, pipeline=pipeline, store=store, state=state, backend=backend)
 
 
 def _first_unfinished(state: RunState) -> str:
@@ -176,6 +210,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
     state = store.resolve(args.run)
     config, pipeline = run_config(args, state)
     check_backend_ready(state.backend, config)
+    if args.detach:
+        if state.backend != "bcp":
+            raise ConfigError(f"--detach needs a run on the bcp backend; run {state.run_id} is on {state.backend!r}")
+        if not is_driver_owned(state):
+            continue_run(state, pipeline, Selection())
+        return detach(config, pipeline, store, state)
+    if is_driver_owned(state):
+        stopped = detached_run(config, pipeline, store, state).take_back()
+        print(f"run {state.run_id} taken back from its driver job(s) {', '.join(stopped) or '(none running)'}: "
+              "it continues here")
     selected = continue_run(state, pipeline, Selection())
     selected = {name for name in selected if state.stages[name].status is not StageStatus.SKIPPED}
     return drive(config, pipeline, store, state, selected)
@@ -190,13 +234,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     actions = backend.prepare(pipeline, execute=False)
     submissions = [backend.render(request) for request in planned_requests(pipeline, run_id)]
     estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances))
+    if args.detach and backend_name != "bcp":
+        raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend_name!r}")
+    driver = planned_driver(config, pipeline, run_id) if args.detach else None
     if args.json:
         print(json.dumps({"pipeline": pipeline.name, "backend": backend_name, "run_id": run_id,
                           "prepare": [{"description": a.description, "printable": a.printable} for a in actions],
-                          "jobs": [s.as_json() for s in submissions], "estimates": estimate.as_json()}, indent=2))
+                          "jobs": [s.as_json() for s in submissions], "estimates": estimate.as_json(),
+                          **({"driver": driver} if driver else {})}, indent=2))
         return 0
     print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s); nothing is submitted.")
     print(f"# {run_id} stands for the run id a real run gets.")
+    if driver:
+        print(f"\n# --detach: upload the orchestrator, stages/ and the config for the driver\n{driver['upload']}")
+        print(f"\n# --detach: the driver job, which submits everything below from inside BCP\n{driver['printable']}")
     for action in actions:
         print(f"\n# before the first stage: {action.description}\n{action.printable}")
     for submission in submissions:
@@ -208,16 +259,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"\n# {what}{request.stage.name}{needs}{about}\n{submission.printable}")
     print()
     print("\n".join(render_estimates(estimate)))
+    if driver:
+        print(driver_cost_line(config, pipeline, estimate))
     return 0
+
+
+def driver_cost_line(config: Config, pipeline: PipelineConfig, estimate) -> str:
+    """What the detached driver adds: one small instance for the whole run (queueing not counted)."""
+    instance = config.options["bcp"].driver.instance or pipeline.verification.bcp.instance
+    gpus = instances_table(config.options["bcp"].instances).get(instance)
+    hours = estimate.seconds / 3600
+    gpu_hours = hours * gpus.gpus if gpus else None
+    share = f", {100 * gpu_hours / estimate.gpu_hours:.1f} % of the run's GPU-hours" if gpu_hours and \
+        estimate.gpu_hours else ""
+    return (f"driver (--detach): 1 x {instance} for the whole run: {hours:,.0f} node-hours"
+            + (f", {gpu_hours:,.0f} GPU-hours{share}" if gpu_hours is not None else ""))
+
+
+def planned_driver(config: Config, pipeline: PipelineConfig, run_id: str) -> dict:
+    """The upload and the driver job `run --detach` would make (pure but for reading NGC's settings)."""
+    spec = driver_spec(config, pipeline, run_id, os.environ)
+    upload = upload_argv(config.options["bcp"], pipeline.workspace.name, Path("BUNDLE"), workspace_run_path(run_id))
+    argv = job_run_argv(spec)
+    return {"upload": shell_join(upload), "printable": shell_join(argv), "argv": argv}
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     store = store_for(args)
     state = store.resolve(args.run)
-    backend = config = pipeline = None
+    backend = config = pipeline = view = None
     try:
         config, pipeline = run_config(args, state)
         backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
+        if is_driver_owned(state):
+            view = detached_run(config, pipeline, store, state).refresh()
         refresh(backend, state)
     except PipelineError as exc:
         print(f"(could not refresh job states: {exc})", file=sys.stderr)
@@ -230,9 +305,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         if estimate is not None:
             seconds = {s.stage: s.seconds for s in estimate.stages}
             payload["estimates"] = {name: {"estimate_s": seconds.get(name), **rates} for name, rates in actual.items()}
+        if view is not None:
+            payload["driver"] = view.as_json()
         print(json.dumps(payload, indent=2, sort_keys=True))
     else:
         print(render_status(state, backend.job_url if backend else None, estimate, actual))
+        if view is not None:
+            print("\n".join(render_driver(view, state.run_id, state.status == "succeeded", backend.job_url)))
     return 0
 
 
@@ -275,6 +354,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
     state = store.resolve(args.run)
     config, pipeline = run_config(args, state)
     backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
+    if state.detached:
+        view = detached_run(config, pipeline, store, state).refresh()
+        if args.stage == "driver" and args.stage not in state.stages:
+            if view.latest is None:
+                raise StateError(f"run {state.run_id} has no driver job")
+            print(backend.logs(view.latest.job_id, tail=args.tail))
+            return 0
     job = stage_job(state, args.stage, args.verify)
     print(backend.logs(job.job_id, rank=args.rank, tail=args.tail))
     return 0
@@ -284,6 +370,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     store = store_for(args)
     state = store.resolve(args.run)
     config, pipeline = run_config(args, state)
+    if is_driver_owned(state):
+        stopped = detached_run(config, pipeline, store, state).cancel()
+        print(f"cancelled run {state.run_id}: its driver and {len(stopped)} job(s) in all stopped "
+              f"({', '.join(stopped) or 'none active'})")
+        return 0
     backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
     active = [job.job_id for stage in state.stages.values() if (job := stage.active_job())]
     if active:

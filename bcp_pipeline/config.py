@@ -267,7 +267,13 @@ def _load_options(raw: Any, where: Where) -> dict[str, Any]:
     for key in raw:
         if key not in OPTION_TYPES:
             raise where.child(key, raw).error(f"unknown backend {key!r}; valid: {', '.join(OPTION_TYPES)}")
-    return {name: build(cls, raw.get(name), where.child(name, raw)) for name, cls in OPTION_TYPES.items()}
+    options = {name: build(cls, raw.get(name), where.child(name, raw)) for name, cls in OPTION_TYPES.items()}
+    driver, where_bcp = options["bcp"].driver, where.child("bcp", raw)
+    for key in ("secret", "secret_key"):
+        if not SECRET_PART.match(getattr(driver, key)):
+            raise where_bcp.error(f"driver.{key} {getattr(driver, key)!r}: a secret name or key is 1-63 of "
+                                  "A-Z a-z 0-9 . _ -")
+    return options
 
 
 def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> PipelineConfig:

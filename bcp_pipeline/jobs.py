@@ -136,6 +136,14 @@ class Backend(abc.ABC):
     def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
         """Jobs of this run, stage and kind that are not finished (guards against a second job on a stage)."""
 
+    def find_submitted(self, run_id: str, stage: str, kind: str) -> list[str]:
+        """Jobs of this run, stage and kind, finished ones too where the backend still knows them, oldest first.
+
+        The submitter adopts one it has no record of (the orchestrator died between the submit call and saving
+        its id) instead of submitting again. By default only live jobs: a backend that forgets finished jobs
+        (Slurm's squeue) can do no better, and the stage then runs again."""
+        return self.find_active(run_id, stage, kind)
+
     @abc.abstractmethod
     def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
         """The job's log (one rank/replica when given); `tail` keeps the last lines."""

@@ -28,6 +28,8 @@ class Orchestrator(RunContext):
 
     selected: set[str] = field(default_factory=set)  # stages this invocation may submit
     sleep: Callable[[float], None] = time.sleep
+    should_stop: Callable[[], bool] = lambda: False  # asked after each cycle: a detached driver's hand-over time
+    stopped: bool = field(default=False, init=False)  # drive() returned because should_stop said so
     submitter: Submitter = field(init=False)
     poller: Poller = field(init=False)
 
@@ -50,6 +52,9 @@ class Orchestrator(RunContext):
             if waiting:
                 changed |= self.poller.poll_once(waiting)
             self.reporter.update(self.state)
+            if self.should_stop():  # at a cycle's end: never between a submit call and recording its job id
+                self.stopped = True
+                return False
             delay = self.backend.poll_min_seconds if changed else min(delay * 1.5, self.backend.poll_max_seconds)
             self.sleep(delay)
         self.reporter.update(self.state, final=True)

@@ -106,6 +106,21 @@ class InstanceType:
 
 
 @dataclass(kw_only=True)
+class DriverOptions:
+    """`backends.bcp.driver`: the small job that runs the orchestrator inside BCP (`run --detach`)."""
+
+    instance: str | None = None  # default: the instance of the pipeline's verification jobs (its smallest)
+    image: str | None = None  # default: the image of the pipeline's verification jobs
+    total_runtime: Duration = Duration("5D")  # the driver's own --total-runtime ...
+    handover_before: Duration = Duration("30M")  # ... it submits its successor this long before that ends
+    secret: str = "bcp-pipeline-ngc"  # the BCP secret (`ngc user secret create`) that holds the NGC API key ...
+    secret_key: str = "api_key"  # ... under this key; it reaches the driver as NGC_CLI_API_KEY, nowhere else
+    install_ngcsdk: bool = True  # pip install ngcsdk (and PyYAML) in the driver when its image lacks them
+    python: str | None = None  # the driver's interpreter (default: backends.bcp.python)
+    priority: Literal["HIGH", "NORMAL", "LOW"] = "NORMAL"
+
+
+@dataclass(kw_only=True)
 class BcpOptions:
     """`backends.bcp`: how to reach Base Command Platform."""
 
@@ -123,6 +138,7 @@ class BcpOptions:
     ui_url: str | None = "https://bc.ngc.nvidia.com/jobs/{job_id}"  # job page shown by `status`; null to hide
     instances: dict[str, InstanceType] = field(default_factory=dict)  # instance types for estimates, added to or
     # replacing the known DGX ones (estimates.KNOWN_INSTANCES)
+    driver: DriverOptions = field(default_factory=DriverOptions)  # `run --detach`: the orchestrator as a BCP job
 
 
 @dataclass(kw_only=True)

@@ -85,6 +85,7 @@ class RunState:
     stages: dict[str, StageState] = field(default_factory=dict)
     version: int = STATE_VERSION
     updated_at: float = 0.0
+    detached: dict[str, Any] | None = None  # `run --detach`: {"owner": "driver" | "local"}; see detached.py
 
     @property
     def status(self) -> str:

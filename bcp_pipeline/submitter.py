@@ -2,7 +2,7 @@
 
 Crash safety rests on the order in `Submitter.submit`: the stage is marked SUBMITTING and the state saved BEFORE
 the backend's submit call, so an orchestrator that dies in between finds the mark on resume and looks the job up
-by its labels (`find_active`) instead of submitting a second one.
+by its labels (`find_submitted`: live or ended, any job it has no record of) instead of submitting a second one.
 """
 
 from __future__ import annotations
@@ -94,10 +94,11 @@ class Submitter(RunContext):
         else:
             stage_state.status = StageStatus.VERIFYING
         self.store.save(self.state)  # the mark is on disk before the job can exist: see the module docstring
-        existing = self.backend.find_active(self.state.run_id, name, kind)
-        if existing:
-            job_id = existing[0]
-            self.reporter.event(f"{name}: re-attached to {kind} job {job_id} (still active)")
+        known = {job.job_id for job in stage_state.jobs}
+        unrecorded = [j for j in self.backend.find_submitted(self.state.run_id, name, kind) if j not in known]
+        if unrecorded:  # submitted by an orchestrator that died before it saved the id: adopt it, live or ended
+            job_id = unrecorded[-1]
+            self.reporter.event(f"{name}: re-attached to {kind} job {job_id} (submitted before a restart)")
         else:
             job_id = self.backend.submit(submission)
             self.reporter.event(f"{name}: submitted {'verification ' if kind == 'verify' else ''}job {job_id}")

@@ -132,3 +132,41 @@ def test_odd_names_run_on_the_local_backend(tmp_path):
     assert main(["--config", str(config), "run", "odd"]) == 0
     out_dir = tmp_path / "local ws" / "team's ws" / "it's here; rm -rf \"x\" $HOME"
     assert sorted(p.name for p in out_dir.glob("item-*.txt")) == ["item-0000.txt", "item-0001.txt"]
+
+
+@needs_parser
+def test_the_detached_driver_job_passes_nvidias_parser_with_the_key_only_as_a_secret(capsys, monkeypatch):
+    monkeypatch.setenv("NGC_CLI_API_KEY", "canary-key-never-in-a-job-definition")
+    monkeypatch.setenv("NGC_CLI_ORG", "my-org")
+    monkeypatch.setenv("NGC_CLI_ACE", "my-ace")
+    payload = json.loads(plan(capsys, "slimpajama-8b", "--backend", "bcp", "--json", "--detach"))
+    driver = payload["driver"]
+    assert "canary-key" not in json.dumps(payload)
+    request = ngc_parser.job_create_request(driver["argv"])
+    assert request["name"] == "slimpajama-8b.driver"
+    assert request["aceInstance"] == "dgxa100.80g.1.norm"  # the pipeline's verification instance: its smallest
+    assert request["userSecretsSpec"] == [{"name": "bcp-pipeline-ngc", "allKeys": False,
+                                           "keysSpec": [{"keyName": "api_key", "envName": "NGC_CLI_API_KEY"}]}]
+    assert {"name": "NGC_CLI_ORG", "value": "my-org"} in request["envs"]
+    assert {"name": "NGC_CLI_ACE", "value": "my-ace"} in request["envs"]
+    assert request["runPolicy"]["totalRuntimeSeconds"] == 5 * 86400
+    assert request["workspaceMounts"] == [{"id": "nemo-framework", "containerMountPoint": "/mount_workspace",
+                                           "mountMode": "RW"}]
+    assert sorted(request["userLabels"]) == ["bcpp_kind_driver", "bcpp_run_slimpajama_8b_RUN"]
+    assert "python3 -m bcp_pipeline.driver --workspace-root /mount_workspace" in request["command"]
+    assert "--hand-over-after 430200" in request["command"]  # 5 days less the 30-minute hand-over margin
+    assert driver["upload"].startswith("ngc workspace upload nemo-framework --source BUNDLE "
+                                       "--destination .bcp-pipeline/runs/slimpajama-8b-RUN")
+
+
+def test_detach_needs_the_bcp_backend(capsys):
+    assert main(["--config", str(REPO / "pipelines.yaml"), "plan", "demo", "--backend", "local", "--detach"]) == 2
+    assert "--detach runs the orchestrator as a BCP job: it needs --backend bcp" in capsys.readouterr().err
+
+
+def test_plan_detach_prints_the_driver_and_its_cost(capsys):
+    text = plan(capsys, "slimpajama-8b", "--backend", "bcp", "--detach")
+    assert "# --detach: the driver job, which submits everything below from inside BCP" in text
+    assert "--secret bcp-pipeline-ngc:api_key:NGC_CLI_API_KEY" in text
+    assert "driver (--detach): 1 x dgxa100.80g.1.norm for the whole run: 473 node-hours, 473 GPU-hours, " \
+           "1.6 % of the run's GPU-hours" in text

@@ -176,3 +176,11 @@ def test_set_overrides_apply_and_errors_name_the_override(tmp_path):
 def test_missing_file_names_it(tmp_path):
     with pytest.raises(ConfigError, match="nope.yaml: file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_a_bad_driver_secret_name_is_refused_with_its_line(tmp_path):
+    config = tmp_path / "pipelines.yaml"
+    config.write_text("version: 1\nbackends:\n  bcp: {driver: {secret: 'bad name'}}\n"
+                      "pipelines:\n  x: {workspace: {name: a, mount: /m}, stages: {}}\n")
+    with pytest.raises(ConfigError, match=r"pipelines.yaml:3: backends.bcp: driver.secret 'bad name'"):
+        load_config(config)

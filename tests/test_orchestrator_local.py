@@ -177,6 +177,30 @@ def test_crash_between_submit_and_record_adopts_the_live_job(tmp_path, monkeypat
     assert state.stages["first"].attempts == 1
 
 
+def test_crash_between_submit_and_record_adopts_the_job_even_after_it_ended(tmp_path, monkeypatch):
+    from bcp_pipeline.backends.local import LocalBackend
+
+    config = write_chain_project(tmp_path)
+    real_submit = LocalBackend.submit
+    submitted = []
+
+    def submit_then_die(self, submission):
+        submitted.append(real_submit(self, submission))
+        raise KeyboardInterrupt  # the orchestrator dies before it records the job id
+
+    monkeypatch.setattr(LocalBackend, "submit", submit_then_die)
+    assert cli(config, "run", "chain") == 130
+    run_dir = next((config.parent / ".bcp-pipeline/runs").iterdir())
+    wait_for(lambda: json.loads((run_dir / "jobs/first.1/status.json").read_text()).get("state") == "succeeded"
+             if (run_dir / "jobs/first.1/status.json").is_file() else False, what="the orphan job to end")
+    monkeypatch.setattr(LocalBackend, "submit", real_submit)
+    assert cli(config, "resume") == 0
+    state = state_of(config)
+    assert [job.job_id for job in state.stages["first"].jobs if job.kind == "stage"] == submitted == ["first.1"]
+    assert state.stages["first"].attempts == 1 and state.status == "succeeded"
+    assert not (run_dir / "jobs/first.2").exists()  # adopted, not run twice
+
+
 def test_resharding_is_refused_unless_the_stage_allows_it(tmp_path, capsys):
     config = write_chain_project(tmp_path)
     second = config.parent / "ws/main/second"

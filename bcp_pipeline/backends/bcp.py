@@ -7,7 +7,9 @@ One `job list --label <run label>` call per poll cycle covers all of a run's job
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -57,7 +59,7 @@ class BcpBackend(Backend):
     name = "bcp"
 
     def __init__(self, options: BcpOptions, *, pipeline: PipelineConfig, config_dir: Path, stages_dir: Path,
-                 run_dir: Path, workspace_name: str) -> None:
+                 run_dir: Path, workspace_name: str, mounted_workspace: Path | None = None) -> None:
         self.options = options
         self.pipeline = pipeline
         self.stages_dir = stages_dir
@@ -66,6 +68,8 @@ class BcpBackend(Backend):
         self.workspace_name = workspace_name
         self.poll_min_seconds = options.poll_min_seconds
         self.poll_max_seconds = options.poll_max_seconds
+        self.mounted_workspace = mounted_workspace  # where the workspace is mounted when the orchestrator runs in
+        # a BCP job itself (the detached driver): stages/ is then copied in, not uploaded
         self._transport: Transport | None = None
 
     @property
@@ -91,7 +95,9 @@ class BcpBackend(Backend):
         argv = upload_argv(self.options, self.workspace_name, self.stages_dir, destination)
         action = PreparedAction(description=f"upload stages/ to workspace {self.workspace_name} at {destination} "
                                             "(once per content hash)", printable=shell_join(argv))
-        if execute:
+        if execute and self.mounted_workspace is not None:
+            copy_code(self.stages_dir, self.mounted_workspace / destination)
+        elif execute:
             uploads = self.run_dir.parent.parent / "bcp-uploads"
             marker = uploads / f"{self.workspace_name}-{destination.replace('/', '_')}"
             if not marker.is_file():
@@ -110,18 +116,23 @@ class BcpBackend(Backend):
         for job in self.transport.list_jobs([label("run", self.run_id)]):
             job_id = str(job.get("id"))
             if job_id in job_ids:
-                statuses[job_id] = _status_of(job)
+                statuses[job_id] = status_of(job)
         for job_id in set(job_ids) - set(statuses):
-            statuses[job_id] = _status_of(self.transport.job(job_id))
+            statuses[job_id] = status_of(self.transport.job(job_id))
         return statuses
 
     def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
+        return [str(job.get("id")) for job in self._labelled(run_id, stage, kind) if not status_of(job).state.finished]
+
+    def find_submitted(self, run_id: str, stage: str, kind: str) -> list[str]:
+        """Finished jobs too: `job list` keeps them (within list_duration)."""
+        return [str(job.get("id")) for job in self._labelled(run_id, stage, kind)]
+
+    def _labelled(self, run_id: str, stage: str, kind: str) -> list[dict[str, Any]]:
+        """The run's jobs carrying this stage's and kind's labels, oldest first (ids grow with time)."""
         wanted = {label("run", run_id), label("stage", stage), label("kind", kind)}
-        active = []
-        for job in self.transport.list_jobs([label("run", run_id)]):
-            if wanted <= set(_labels_of(job)) and not _status_of(job).state.finished:
-                active.append(str(job.get("id")))
-        return active
+        jobs = [job for job in self.transport.list_jobs([label("run", run_id)]) if wanted <= set(labels_of(job))]
+        return sorted(jobs, key=lambda job: (len(str(job.get("id"))), str(job.get("id"))))
 
     def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
         return self.transport.log(job_id, rank, tail)
@@ -159,7 +170,23 @@ class BcpBackend(Backend):
         return self.options.ui_url.format(job_id=job_id, org=self.options.org or "", team=self.options.team or "")
 
 
-def _labels_of(job: dict[str, Any]) -> list[str]:
+def copy_code(source: Path, target: Path) -> None:
+    """Put the stage programs at `target` in a mounted workspace once: copied beside it, then renamed into place,
+    so a job never sees half of them (the folder name is their content hash)."""
+    if target.is_dir():
+        return
+    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, ignore=shutil.ignore_patterns(*UPLOAD_EXCLUDES))
+    try:
+        os.rename(staging, target)
+    except OSError:  # another driver put it there meanwhile (rename onto a non-empty folder fails)
+        shutil.rmtree(staging, ignore_errors=True)
+        if not target.is_dir():
+            raise
+
+
+def labels_of(job: dict[str, Any]) -> list[str]:
     labels = job.get("labels") or {}
     user = labels.get("userLabels") if isinstance(labels, dict) else None
     if isinstance(user, dict):
@@ -168,7 +195,7 @@ def _labels_of(job: dict[str, Any]) -> list[str]:
     return list(user or definition.get("userLabels") or [])
 
 
-def _status_of(job: dict[str, Any]) -> JobStatus:
+def status_of(job: dict[str, Any]) -> JobStatus:
     status = job.get("jobStatus") or {}
     native = str(status.get("status") or "")
     return JobStatus(job_id=str(job.get("id")), state=map_native_state(native, STATE_MAP), native=native,

@@ -137,16 +137,23 @@ class LocalBackend(Backend):
                          detail="; ".join(failed), exit_code=max(codes, key=abs) if codes else None)
 
     def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
+        return [job_id for job_id, status in self._labelled(run_id, stage, kind) if not status.state.finished]
+
+    def find_submitted(self, run_id: str, stage: str, kind: str) -> list[str]:
+        return [job_id for job_id, _status in self._labelled(run_id, stage, kind)]
+
+    def _labelled(self, run_id: str, stage: str, kind: str) -> list[tuple[str, JobStatus]]:
+        """This run's job records with these labels and a readable status, oldest first."""
         jobs = self.run_dir / "jobs"
         if not jobs.is_dir():
             return []
         found = []
-        for job_dir in sorted(jobs.iterdir()):
+        for job_dir in sorted(jobs.iterdir(), key=_claim_order):
             spec = _read_json(job_dir / "spec.json")
             if spec and spec["labels"] == {"run": run_id, "stage": stage, "kind": kind}:
                 status = self._status(job_dir.name)
-                if status is not None and not status.state.finished:
-                    found.append(job_dir.name)
+                if status is not None:
+                    found.append((job_dir.name, status))
         return found
 
     def _rank_logs(self, job_id: str) -> list[Path]:
@@ -196,6 +203,12 @@ class LocalBackend(Backend):
             status = _read_json(job_dir / "status.json") or {}
             if status.get("state") in (None, "running"):
                 atomic_write_json(job_dir / "status.json", {**owner, "state": "cancelled", "ended_at": time.time()})
+
+
+def _claim_order(job_dir: Path) -> tuple[str, int]:
+    """`STAGE[.verify].N` by prefix, then N as a number (so .10 follows .9)."""
+    prefix, _, number = job_dir.name.rpartition(".")
+    return (prefix, int(number)) if number.isdigit() else (job_dir.name, 0)
 
 
 def _read_json(path: Path) -> dict | None:

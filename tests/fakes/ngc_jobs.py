@@ -390,7 +390,19 @@ def _replica_env(home: Path, entry: dict[str, Any], replica: int, results: str,
     for item in job["jobDefinition"].get("envs") or []:
         env[item["name"]] = substitute_mounts(item.get("value") or "", mounts)
     env.update(_check_secrets(home, job["jobDefinition"].get("userSecretsSpec") or []))
+    env.update(_network_env(home, Path(results).parent.parent / "work" / str(replica)))
     return env
+
+
+def _network_env(home: Path, work: Path) -> dict[str, str]:
+    """What a real job's network gives it: NGC's API at its usual address. Here that address is the emulator's,
+    which NVIDIA's client only finds through these settings (never the key: that comes from a --secret)."""
+    api = nc.read_json(home / "api.json", {})
+    if not api:
+        return {}
+    return {"NGC_CLI_API_URL": api["url"], "NGC_CLI_AUTH_URL": api["url"], "REQUESTS_CA_BUNDLE": api["ca"],
+            "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": api["ca"], "NGC_CLI_TRACE_DISABLE": "1",
+            "NGC_CLI_HOME": str(work / ".ngc-home")}
 
 
 def _injected_details(inject: dict[str, Any]) -> str:
