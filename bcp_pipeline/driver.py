@@ -105,6 +105,7 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     backend = BcpBackend(options, pipeline=pipeline, config_dir=config.file.parent, stages_dir=config.stages_dir,
                          run_dir=store.run_dir(run_id), workspace_name=pipeline.workspace.name,
                          mounted_workspace=root)
+    check_credentials(backend, active_drivers, run_id, options.driver)
     lease = Lease(store.run_dir(run_id) / "driver.lease", own_id)
     lease.take(backend, deadline)
     print(f"driver job {own_id}: driving run {run_id} ({pipeline.name}); hand-over in "
@@ -138,6 +139,19 @@ def record_term(state: RunState, job_id: str) -> list[dict]:
     terms = state.detached.setdefault("drivers", [])
     terms.append({"job_id": job_id, "since": time.time(), "until": None})
     return terms
+
+
+def check_credentials(backend, active_drivers, run_id: str, driver) -> None:
+    """One cheap API call first, so a wrong key fails the driver at once, naming the secret it came from."""
+    from .errors import BackendCallError  # pylint: disable=import-outside-toplevel
+
+    try:
+        active_drivers(backend.transport, run_id)
+    except BackendCallError as exc:
+        raise BackendCallError(
+            f"the driver cannot call the NGC API with the key from BCP secret {driver.secret} (key "
+            f"{driver.secret_key}): {exc}. Check it with `ngc user secret info {driver.secret}` and recreate it "
+            "with your current API key if needed") from None
 
 
 class Lease:

@@ -350,3 +350,23 @@ def test_the_demo_pipeline_runs_detached(fake, tmp_path, capsys):
     assert payload["stages"]["pretrain"]["verification"]["steps"] == 6
     assert len(driver_jobs(fake)) == 1
     assert_once_per_attempt(fake, local_state(config))
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_a_wrong_key_in_the_secret_fails_the_driver_at_once_and_status_names_the_secret(fake, project, capsys):
+    fake.set_secret(SECRET, {"api_key": "not-the-right-key"})
+    run_id = detach(project, capsys)
+    driver = wait_for_driver(fake, {"FAILED"}, timeout=60)
+    assert cli(project, "status", run_id) == 0
+    out = capsys.readouterr().out
+    assert f"driver: job {driver['id']} FAILED" in out
+    assert "the driver cannot call the NGC API with the key from BCP secret bcp-pipeline-ngc" in out
+    assert not stage_jobs(fake)
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_a_missing_secret_fails_run_detach_with_nvidias_message(fake, tmp_path, capsys):
+    project = write_chain_project(tmp_path / "project", bcp_chain_config(fake.transport))
+    assert cli(project, "run", "chain", "--backend", "bcp", "--detach") == 1
+    assert "Secret 'bcp-pipeline-ngc' not found" in capsys.readouterr().err
+    assert not driver_jobs(fake)

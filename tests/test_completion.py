@@ -101,7 +101,8 @@ def test_verbs_options_and_choices(project: Path) -> None:
     assert candidates(project, "bcp-pipeline l") == ["logs", "list"]
     # --config and --state-dir are taken after the verb too, as ngc takes its global options anywhere.
     assert set(candidates(project, "bcp-pipeline run alpha --")) == {"--help", "--backend", "--set", "--restart",
-                                                                     "--from", "--only", "--config", "--state-dir"}
+                                                                     "--from", "--only", "--detach", "--config",
+                                                                     "--state-dir"}
     assert candidates(project, "bcp-pipeline plan alpha --backend ") == ["local", "bcp", "slurm"]
     assert candidates(project, "bcp-pipeline logs x y --tail ") == []
 
