@@ -21,6 +21,7 @@ from .estimates import actual_rates, estimate_pipeline, instances_table
 from .jobs import JobState
 from .orchestrator import Orchestrator
 from .preflight import load_and_check
+from .report import write_report
 from .reporting import Reporter, format_table, render_estimates, render_status
 from .runs import Selection, continue_run, new_run, pick_run
 from .state import RunLock, RunState, RunStore, StageStatus
@@ -81,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     lst = sub.add_parser("list", parents=[after_verb], help="pipelines in the config file and runs so far")
     lst.add_argument("--json", action="store_true")
+
+    report = sub.add_parser("report", parents=[after_verb],
+                            help="one self-contained HTML page: job timeline, loss curve, throughput, estimates")
+    report.add_argument("run", nargs="?", help="run id (default: the latest run)")
+    report.add_argument("--out", metavar="FILE", help="where to write it (default: RUNS/RUN/report.html)")
 
     verify = sub.add_parser("verify", parents=[after_verb],
                             help="run a stage's verification again and record the result")
@@ -315,6 +321,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Gathered like `status` (live job states where the backend answers); report.py does the rest."""
+    store = store_for(args)
+    state = store.resolve(args.run)
+    backend = config = pipeline = None
+    notes = []
+    try:
+        config, pipeline = run_config(args, state)
+        backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
+        refresh(backend, state)
+    except PipelineError as exc:
+        notes.append(f"job states as last recorded (could not refresh them: {exc})")
+    estimate, actual = estimate_against_actual(config, pipeline, state)
+    path = write_report(store, state, pipeline=pipeline, backend=backend, estimate=estimate, actual=actual,
+                        out=Path(args.out) if args.out else None, notes=notes)
+    print(f"report of run {state.run_id} ({state.status}): {path}")
+    return 0
+
+
 def estimate_against_actual(config: Config | None, pipeline: PipelineConfig | None, state: RunState):
     """The pipeline's estimate and each stage's effective rates so far (None, {} without a loaded config)."""
     if config is None or pipeline is None:
@@ -441,7 +466,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "plan": cmd_plan, "status": cmd_status, "resume": cmd_resume, "logs": cmd_logs,
-            "cancel": cmd_cancel, "list": cmd_list, "verify": cmd_verify}
+            "cancel": cmd_cancel, "list": cmd_list, "verify": cmd_verify,
+            "report": cmd_report}
 
 
 if __name__ == "__main__":

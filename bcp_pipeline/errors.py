@@ -67,3 +67,7 @@ class StageFailed(PipelineError):
 
 class VerificationFailed(StageFailed):
     """A stage's verification found a different number of outputs than expected."""
+
+
+class ReportError(PipelineError):
+    """The run report cannot be made: its optional extra is missing, or its file cannot be written."""

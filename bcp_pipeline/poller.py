@@ -57,6 +57,8 @@ class Poller(RunContext):
         stage_state = self.state.stages[name]
         changed = (job.state, job.native) != (status.state.value, status.native)
         job.state, job.native, job.detail = status.state.value, status.native, status.detail
+        if status.state is JobState.RUNNING and job.started_at is None:
+            job.started_at = time.time()  # the queued/running split of `report`'s timeline, to one poll interval
         if not status.state.finished:
             if job.kind == "stage":
                 self.update_progress(name, job)

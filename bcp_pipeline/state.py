@@ -51,6 +51,7 @@ class JobRecord:
     state: str = "queued"  # JobState value
     native: str = ""
     detail: str = ""
+    started_at: float | None = None  # when a poll first saw it running (None: never seen running)
     ended_at: float | None = None
 
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .atomic import atomic_write_text
 from .config import PipelineConfig, StageConfig, expected_count, resolve_int
 from .context import RunContext
 from .errors import BackendCallError, SubmissionError
 from .jobs import JobRequest
 from .outcomes import Outcomes
+from .redact import redact, secret_values
 from .state import JobRecord, StageStatus
 
 SUBMIT_ATTEMPTS = 6  # consecutive failed submit calls before the stage fails (status calls retry forever)
@@ -107,6 +109,19 @@ class Submitter(RunContext):
         stage_state.jobs.append(JobRecord(job_id=job_id, kind=kind, attempt=request.attempt, submitted_at=time.time()))
         stage_state.status = StageStatus.RUNNING if kind == "stage" else StageStatus.VERIFYING
         self.store.save(self.state)
+        if not existing:
+            self.record_submission(job_id, submission.printable)
+
+    def record_submission(self, job_id: str, printable: str) -> None:
+        """Keep what was submitted for `report` (`<run>/submitted/<job id>.txt`), secret values redacted.
+
+        After the state is saved: the job exists either way, and losing this copy only makes `report` re-render it.
+        """
+        path = self.store.run_dir(self.state.run_id) / "submitted" / f"{job_id}.txt"
+        try:
+            atomic_write_text(path, redact(printable, secret_values()) + "\n")
+        except OSError as exc:
+            self.reporter.event(f"could not keep the submitted command of job {job_id} ({exc}); report re-renders it")
 
 
 def job_request(pipeline: PipelineConfig, stage: StageConfig, kind: str, run_id: str, attempt: int = 1) -> JobRequest:

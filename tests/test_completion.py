@@ -17,7 +17,7 @@ from bcp_pipeline.completion import pipeline_names, run_ids, stage_names
 
 BIN = Path(sys.executable).parent
 COMMAND = BIN / "bcp-pipeline"
-VERBS = ["run", "plan", "status", "resume", "logs", "cancel", "list", "verify"]
+VERBS = ["run", "plan", "status", "resume", "logs", "cancel", "list", "report", "verify"]
 CONFIG = """\
 version: 1
 x-stages: &stages
@@ -121,7 +121,7 @@ def test_stage_names_of_the_chosen_pipeline(project: Path) -> None:
 
 
 def test_run_ids_and_the_stages_of_a_run(project: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    for verb in ("status", "resume", "logs", "cancel", "verify"):
+    for verb in ("status", "resume", "logs", "cancel", "report", "verify"):
         assert candidates(project, f"bcp-pipeline {verb} ") == [RUN_ID]
     assert candidates(project, f"bcp-pipeline logs {RUN_ID} ") == ["fetch", "train"]
     assert candidates(project, f"bcp-pipeline verify {RUN_ID} t") == ["train"]

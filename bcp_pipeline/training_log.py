@@ -1,0 +1,72 @@
+"""Loss and step points from a training job's log, for the run report's charts. Pure (text in, points out).
+
+Three forms are read, each a line (a progress bar's updates, separated by carriage returns, count as lines):
+- the local smoke pretrain (stages/pretrain_local.py): `step 12/60 loss 9.1234 lr 1.000e-03 2.34 steps/s`, the
+  rate being the average since this attempt's first step, so its elapsed time is (step - first step) / rate;
+- NeMo (PyTorch Lightning's progress bar): `... reduced_train_loss=10.80, global_step=9.000, ...,
+  train_step_timing in s=2.34]`, elapsed time summed from the step timings;
+- Megatron-LM: ` iteration   10/  500000 | ... | elapsed time per iteration (ms): 2345.6 | ... | lm loss: 1.08E+01 |`.
+A step logged more than once (a progress bar redrawn) keeps its last value.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_LOCAL = re.compile(rf"^step (\d+)/\d+ loss ({_NUMBER}) lr {_NUMBER} ({_NUMBER}) steps/s")
+_LOCAL_FIRST = re.compile(r"(?:resuming from .* at step (\d+) of|starting at step (\d+) of)")
+_NEMO_LOSS = re.compile(rf"\breduced_train_loss=({_NUMBER})")
+_NEMO_STEP = re.compile(rf"\bglobal_step=({_NUMBER})")
+_NEMO_TIMING = re.compile(rf"\btrain_step_timing in s=({_NUMBER})")
+_MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)/\s*\d+")
+_MEGATRON_LOSS = re.compile(rf"\blm loss: ({_NUMBER})")
+_MEGATRON_TIMING = re.compile(rf"\belapsed time per iteration \(ms\): ({_NUMBER})")
+
+
+@dataclass(frozen=True)
+class TrainingPoint:
+    step: int
+    loss: float
+    seconds: float | None  # since the attempt's first step; None where the log gives no timing
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def parse_training_log(text: str) -> list[TrainingPoint]:
+    """Every (step, loss, elapsed) the log reports, in step order; [] for a log with no training lines."""
+    points: dict[int, TrainingPoint] = {}
+    first_step = 0
+    summed = 0.0  # NeMo / Megatron: elapsed time, summed from per-step timings
+    last_timed_step: int | None = None
+    for line in re.split(r"[\r\n]+", text):
+        line = line.strip()
+        if match := _LOCAL_FIRST.search(line):
+            first_step = int(match.group(1) or match.group(2))
+            continue
+        if match := _LOCAL.match(line):
+            step, loss, rate = int(match.group(1)), float(match.group(2)), float(match.group(3))
+            points[step] = TrainingPoint(step, loss, (step - first_step) / rate if rate > 0 else None)
+            continue
+        step, loss, timing = _step_loss_timing(line)
+        if step is None or loss is None:
+            continue
+        seconds = None
+        if timing is not None:
+            summed += timing * (step - last_timed_step if last_timed_step is not None and step > last_timed_step else 1)
+            last_timed_step, seconds = step, summed
+        points[step] = TrainingPoint(step, loss, seconds)
+    return [points[step] for step in sorted(points)]
+
+
+def _step_loss_timing(line: str) -> tuple[int | None, float | None, float | None]:
+    """A NeMo or Megatron-LM log line's step, loss and seconds per step (None for what it lacks)."""
+    if (loss := _NEMO_LOSS.search(line)) and (step := _NEMO_STEP.search(line)):
+        timing = _NEMO_TIMING.search(line)
+        return int(float(step.group(1))), float(loss.group(1)), float(timing.group(1)) if timing else None
+    if (step := _MEGATRON_STEP.search(line)) and (loss := _MEGATRON_LOSS.search(line)):
+        timing = _MEGATRON_TIMING.search(line)
+        return int(step.group(1)), float(loss.group(1)), float(timing.group(1)) / 1000 if timing else None
+    return None, None, None
