@@ -515,6 +515,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="fetch only paths matching GLOB (fnmatch, `*` crosses /); repeatable")
     hub.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                      help="skip paths matching GLOB; repeatable")
+    hub.add_argument("--listing-wait", type=float, default=300.0, metavar="SECONDS",
+                     help="ranks other than 0 wait this long for rank 0's manifest before listing the revision "
+                     "themselves (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.hf_dataset is not None:
         if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", args.hf_dataset):
@@ -568,13 +571,13 @@ def main(argv: list[str] | None = None) -> int:
             write_manifest(args.out, items, rank)
         else:
             try:
-                items = pin_listing(fetcher, args, log)
+                items = pin_listing(fetcher, args, rank, log)
             except hf_listing.PinnedRevisionError as exc:
                 log(str(exc))
                 return 2
             except (hf_listing.ListingError, FetchError) as exc:
-                log(f"cannot list {args.hf_dataset} at revision {args.revision!r}: {exc} (a private or gated "
-                    "dataset needs HF_TOKEN; is the repo id right?)")
+                log(f"cannot list {args.hf_dataset} at revision {args.revision!r}: {exc} (are the repo id, "
+                    "--revision and --include right? a private or gated dataset needs HF_TOKEN)")
                 return 1
         failures, fetched, summary = fetch_shard(fetcher, items, rank, world, args.workers)
     if failures:
@@ -583,13 +586,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def pin_listing(fetcher: Fetcher, args: argparse.Namespace, log: Callable[[str], None]) -> list[HubItem]:
+def pin_listing(fetcher: Fetcher, args: argparse.Namespace, rank: int, log: Callable[[str], None]) -> list[HubItem]:
     """The manifest's items (listing the revision first when there is no manifest yet); points `fetcher` at the
     pinned commit, on the Hub this run was given (HF_ENDPOINT may name a mirror on a resume)."""
     endpoint = hf_listing.endpoint_from_env()
     wanted = hf_listing.Source(args.hf_dataset, args.revision, "", tuple(args.include), tuple(args.exclude),
                                endpoint)
-    source, items = hf_listing.pin(fetcher.get_json, wanted, args.out / MANIFEST, STAGE, log)
+    source, items = hf_listing.pin(fetcher.get_json, wanted, args.out / MANIFEST, STAGE, log,
+                                   wait_seconds=args.listing_wait if rank else 0.0)
     fetcher.base_url = dataclasses.replace(source, endpoint=endpoint).resolve_base()
     return items
 

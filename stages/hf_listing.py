@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import itertools
 import json
 import os
 import posixpath
 import re
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -93,8 +95,22 @@ def revision_url(endpoint: str, repo: str, revision: str) -> str:
     return f"{endpoint}/api/datasets/{repo}/revision/{quote(revision, safe='')}"
 
 
-def tree_url(endpoint: str, repo: str, commit: str) -> str:
-    return f"{endpoint}/api/datasets/{repo}/tree/{commit}?recursive=true"
+def tree_url(endpoint: str, repo: str, commit: str, under: str = "") -> str:
+    folder = f"/{quote(under)}" if under else ""
+    return f"{endpoint}/api/datasets/{repo}/tree/{commit}{folder}?recursive=true"
+
+
+def listing_root(include: Iterable[str]) -> str:
+    """The deepest folder every `include` glob lies under (its leading components without a wildcard), so only
+    that part of the tree is listed: `train/chunk*/*.jsonl.zst` -> `train`. "" (the whole repo) when none."""
+    roots = [list(itertools.takewhile(lambda part: part and not any(c in part for c in "*?["),
+                                      pattern.split("/")[:-1])) for pattern in include]
+    common: list[str] = []
+    for parts in zip(*roots) if roots else ():
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return "/".join(common)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -130,13 +146,14 @@ def parse_tree_page(payload: object, url: str) -> list[HubItem]:
     return files
 
 
-def list_revision(get_json: GetJson, endpoint: str, repo: str, revision: str) -> tuple[str, list[HubItem]]:
-    """(commit, every file of the repo at that commit), all pages read. The tree is listed at the commit, not at
-    `revision`, so pages cannot come from two versions even when the branch moves meanwhile."""
+def list_revision(get_json: GetJson, endpoint: str, repo: str, revision: str,
+                  under: str = "") -> tuple[str, list[HubItem]]:
+    """(commit, every file of the repo at that commit below the folder `under`), all pages read. The tree is
+    listed at the commit, not at `revision`, so pages cannot come from two versions even when the branch moves."""
     url = revision_url(endpoint, repo, revision)
     commit = parse_commit(get_json(url)[0], url)
     files: list[HubItem] = []
-    next_url: str | None = tree_url(endpoint, repo, commit)
+    next_url: str | None = tree_url(endpoint, repo, commit, under)
     for _ in range(MAX_PAGES):
         if next_url is None:
             break
@@ -144,7 +161,8 @@ def list_revision(get_json: GetJson, endpoint: str, repo: str, revision: str) ->
         files += parse_tree_page(payload, next_url)
         next_url = following
     else:
-        raise ListingError(f"{tree_url(endpoint, repo, commit)}: more than {MAX_PAGES} pages; a pagination loop?")
+        raise ListingError(f"{tree_url(endpoint, repo, commit, under)}: more than {MAX_PAGES} pages; a pagination "
+                           "loop?")
     paths = [item.path for item in files]
     if len(set(paths)) != len(paths):
         duplicate = next(p for p in paths if paths.count(p) > 1)
@@ -251,17 +269,29 @@ def publish_once(path: Path, data: bytes) -> bool:
     return True
 
 
-def pin(get_json: GetJson, wanted: Source, manifest_path: Path, stage: str,
-        log: Callable[[str], None]) -> tuple[Source, list[HubItem]]:
+def wait_for(path: Path, seconds: float, poll: float = 0.5) -> None:
+    """Return once `path` exists or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(poll)
+
+
+def pin(get_json: GetJson, wanted: Source, manifest_path: Path, stage: str, log: Callable[[str], None],
+        wait_seconds: float = 0.0) -> tuple[Source, list[HubItem]]:
     """The source and items this rank downloads: the manifest's when there is one (after checking that the
     revision still resolves to its commit), else a fresh listing, published as the manifest unless another rank
-    published one first (then that one, checked the same way)."""
+    published one first (then that one, checked the same way). With `wait_seconds`, first wait that long for
+    another rank's manifest: a hundred ranks each reading SlimPajama's sixty-odd tree pages would only be told
+    to slow down (429)."""
     url = revision_url(wanted.endpoint, wanted.hf_dataset, wanted.revision)
+    if wait_seconds > 0:
+        wait_for(manifest_path, wait_seconds)
     existing = read_manifest(manifest_path)
     if existing is not None:
         check_same_request(existing[0], wanted, parse_commit(get_json(url)[0], url), manifest_path)
         return existing
-    commit, files = list_revision(get_json, wanted.endpoint, wanted.hf_dataset, wanted.revision)
+    commit, files = list_revision(get_json, wanted.endpoint, wanted.hf_dataset, wanted.revision,
+                                  listing_root(wanted.include))
     items = named(select(files, wanted.include, wanted.exclude))
     if not items:
         raise ListingError(f"{wanted.hf_dataset}@{commit}: no file matches --include {list(wanted.include)} "

@@ -63,8 +63,8 @@ def test_ranks_list_every_page_pin_the_commit_and_check_sha256(hub, tmp_path, mo
     files = dataset_files()
     commit = hub.commit(REPO, files)
     out = tmp_path / "out"
-    for rank in (1, 0):
-        assert run_as_rank(download.main, args(out), rank, 2, monkeypatch) == 0
+    for rank in (1, 0):  # rank 1 first: it waits --listing-wait for rank 0's manifest, then lists itself
+        assert run_as_rank(download.main, args(out, "--listing-wait", "0.2"), rank, 2, monkeypatch) == 0
     written = manifest(out)
     assert written["source"]["commit"] == commit and written["source"]["revision"] == "main"
     assert written["files"] == ["000_00000.parquet", "001_00000.parquet", "002_00000.parquet"]
@@ -73,8 +73,9 @@ def test_ranks_list_every_page_pin_the_commit_and_check_sha256(hub, tmp_path, mo
         assert (out / entry["name"]).read_bytes() == data
         assert entry["sha256"] == hashlib.sha256(data).hexdigest() and entry["size"] == len(data)
     # The tree is read at the commit, page after page (8 entries, 2 a page); files come from the commit too.
+    # Listed once, below the include's folder (3 entries, 2 a page); rank 0 used rank 1's manifest.
     tree = hub.requests_to("hub", "/tree/")
-    assert len(tree) >= 4 and all(f"/tree/{commit}" in path for _, path, _ in tree)
+    assert len(tree) == 2 and all(path.endswith(f"/tree/{commit}/sample/10BT") for _, path, _ in tree)
     assert all(f"/resolve/{commit}/" in path for _, path, _ in hub.requests_to("hub", "/resolve/"))
     # The token goes to the hub, never to the CDN the downloads are redirected to, and is never printed.
     assert {auth for _, _, auth in hub.requests_to("hub")} == {f"Bearer {TOKEN}"}
@@ -155,9 +156,13 @@ def test_unknown_repo_or_revision_fails_with_its_name(hub, tmp_path, monkeypatch
     assert run_as_rank(download.main, args(out, "--revision", "v9", "--attempts", "1"), 0, 1, monkeypatch) == 1
     err = capsys.readouterr().err
     assert f"cannot list {REPO} at revision 'v9'" in err and "HTTP 404" in err
-    other = ["--hf-dataset", REPO, "--include", "nothing/*", "--out", str(tmp_path / "other")]
+    other = ["--hf-dataset", REPO, "--include", "sample/*/*.csv", "--out", str(tmp_path / "other")]
     assert run_as_rank(download.main, other, 0, 1, monkeypatch) == 1
-    assert "no file matches --include ['nothing/*'] --exclude [] (6 files in the revision)" in capsys.readouterr().err
+    assert "no file matches --include ['sample/*/*.csv'] --exclude [] (4 files in the revision)" in \
+        capsys.readouterr().err
+    missing = ["--hf-dataset", REPO, "--include", "nothing/*", "--out", str(tmp_path / "other"), "--attempts", "1"]
+    assert run_as_rank(download.main, missing, 0, 1, monkeypatch) == 1
+    assert "/tree/" in capsys.readouterr().err
     assert not (out / ".completions").exists() and not (tmp_path / "other" / ".completions").exists()
 
 
@@ -171,6 +176,9 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
 
 
 def test_names_selection_and_bad_listings():
+    assert hf_listing.listing_root(["train/chunk*/*.jsonl.zst"]) == "train"
+    assert hf_listing.listing_root(["sample/10BT/*.parquet", "sample/100BT/a.parquet"]) == "sample"
+    assert hf_listing.listing_root(["*.md", "data/x"]) == "" and hf_listing.listing_root([]) == ""
     item = lambda path: hf_listing.HubItem("", path, 1)  # noqa: E731
     named = hf_listing.named(hf_listing.select(
         [item("a/b/x.parquet"), item("a/b/c/y.parquet"), item("a/.cache/z"), item("a/b/.gitattributes")], [], []))

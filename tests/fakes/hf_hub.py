@@ -224,6 +224,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json({"error": "this emulator lists recursively only"}, 400)
         start = int(query.get("cursor", ["0"])[0])
         entries = hub.tree_entries(repo, commit, under)
+        if under and not entries:
+            return self._send_json({"error": f"Entry not found: {under}"}, 404)
         page = entries[start:start + hub.page_size]
         headers = {}
         if start + hub.page_size < len(entries):
