@@ -15,7 +15,7 @@ import pytest
 
 import download
 import hf_listing
-from stage_fixtures import iter_documents, run_as_rank, temporaries
+from stage_fixtures import iter_documents, jsonl_bytes, run_as_rank, temporaries
 
 sys.path.insert(0, str(Path(__file__).parent / "fakes"))
 from hf_hub import FakeHub  # noqa: E402
@@ -194,3 +194,35 @@ def test_names_selection_and_bad_listings():
         hf_listing.parse_tree_page([{"type": "file", "path": "a", "size": 1, "lfs": {"oid": "x"}}], "URL")
     with pytest.raises(hf_listing.ListingError, match="40-hex-digit"):
         hf_listing.parse_commit({"sha": "main"}, "URL")
+
+
+def test_slimpajama_through_the_listing_keeps_its_names_and_checks_zstd_and_sha256(hub, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """The slimpajama-* pipelines' download args (pipelines.yaml) against a SlimPajama-shaped repo."""
+    from stage_fixtures import compress
+
+    from bcp_pipeline.config import load_config
+
+    shard = lambda seed: compress(jsonl_bytes(iter_documents(seed, 5)))  # noqa: E731
+    files = {f"{split}/chunk{c}/{stem}_{i}.jsonl.zst": shard(100 * c + i)
+             for split, stem in (("train", "example_train"), ("validation", "example_holdout"))
+             for c in (1, 2) for i in range(3)}
+    files["README.md"] = b"# SlimPajama-627B\n"
+    hub.commit("cerebras/SlimPajama-627B", files)
+    hub.fault("cdn", "train/chunk1/example_train_2.jsonl.zst", "cut")
+    pipeline = load_config(Path(__file__).resolve().parent.parent / "pipelines.yaml").pipeline("slimpajama-126m")
+    argv = [arg.replace("${include}", stage_vars(pipeline)["include"]).replace("${data}", str(tmp_path))
+            for arg in pipeline.stages["download"].args] + ["--backoff", "0.01"]
+    assert "--hf-dataset" in argv and "train/chunk1/*.jsonl.zst" in argv
+    assert run_as_rank(download.main, argv, 0, 1, monkeypatch) == 0
+    out = tmp_path / "zst"
+    names = [f"example_train_chunk1_{i}.jsonl.zst" for i in range(3)]
+    assert manifest(out)["files"] == names == sorted(p.name for p in out.glob("*.jsonl.zst"))
+    for name, entry in zip(names, manifest(out)["entries"]):
+        assert (out / name).read_bytes() == files[entry["path"]] and entry["sha256"]
+    # The built-in counts stay what verification expects: the pipeline's `files` is chunk 1's real count.
+    assert stage_vars(pipeline)["files"] == str(download.TRAIN_FILES_PER_CHUNK[0])
+
+
+def stage_vars(pipeline) -> dict[str, str]:
+    return {key: str(value) for key, value in pipeline.vars.items()}
