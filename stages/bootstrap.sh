@@ -8,7 +8,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${1:?usage: bootstrap.sh PYTHON PROGRAM [ARGS...]}"
-modules="zstandard requests tenacity tiktoken numpy"
+modules="zstandard requests tenacity tiktoken numpy pyarrow"
 
 have_packages() {
   "$python" - "$modules" <<'PY' >/dev/null 2>&1

@@ -10,12 +10,20 @@ or 401/403 fails the file at once. `HF_TOKEN` is sent as a bearer token and neve
 
 Every rank writes the same `OUT/.manifest/download.json` (the full list of expected names) before downloading, so
 later stages can list their inputs without racing the downloads. Exit 0 only when every file of the shard is in place.
+
+`--hf-dataset REPO [--revision REV] [--include GLOB] [--exclude GLOB]` fetches any dataset repo instead: the file
+list comes from the Hub's tree API at the commit REV resolves to (hf_listing.py), and the manifest records that
+commit, each file's size and, for LFS files, its sha256. A file is renamed into place only when its size and its
+sha256 (git blob id for non-LFS files) match the listing; a mismatch is retried like a cut body. A resume, or a
+rank started later, downloads the manifest's commit, and refuses to go on when REV has moved meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -27,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, TypeVar
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
@@ -38,6 +46,8 @@ from requests.adapters import HTTPAdapter
 from requests.auth import AuthBase
 
 import _common
+import hf_listing
+from hf_listing import HubItem
 
 STAGE = "download"
 DEFAULT_BASE_URL = "https://huggingface.co/datasets/cerebras/SlimPajama-627B/resolve/main"
@@ -47,6 +57,7 @@ SPLIT_CHUNKS = {"train": 10, "validation": 5, "test": 5}
 MANIFEST = Path(".manifest") / "download.json"
 READ_BYTES = 1 << 20  # 1 MiB reads: few syscalls, bounded memory per worker
 USER_AGENT = "bcp-pipeline-download/0.1"
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -156,18 +167,67 @@ class ZstdStreamCheck:
             raise FetchError("empty body: not a zstd stream", transient=True)
 
 
-def save_stream(chunks: Iterable[bytes], expected_length: int | None, dest: Path) -> int:
-    """Write `chunks` to `dest` through a temporary, renamed only if length and zstd stream check out."""
-    check = ZstdStreamCheck()
+class ListedSize:
+    """The body has the size the Hub's listing gives (Content-Length alone misses a CDN serving another file)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.received = size, 0
+
+    def feed(self, data: bytes) -> None:
+        self.received += len(data)
+
+    def finish(self) -> None:
+        if self.received != self.size:
+            raise FetchError(f"size mismatch: {self.received} bytes, the listing says {self.size}", transient=True)
+
+
+class DigestCheck:
+    """The body's digest equals the listing's: sha256 of an LFS file, or a git blob id (sha1 over a `blob SIZE\\0`
+    header, then the content) of a file kept in git. A mismatch is transient: a retry may get the right bytes."""
+
+    def __init__(self, expected: str, kind: str, size: int = 0) -> None:
+        self.expected, self.kind = expected, kind
+        self._hash = hashlib.sha256() if kind == "sha256" else hashlib.sha1(b"blob %d\0" % size)
+
+    def feed(self, data: bytes) -> None:
+        self._hash.update(data)
+
+    def finish(self) -> None:
+        got = self._hash.hexdigest()
+        if got != self.expected:
+            raise FetchError(f"{self.kind} mismatch: got {got}, the listing says {self.expected}", transient=True)
+
+
+def checks_for(item: Item | HubItem) -> list:
+    """What proves a download of `item` whole: the zstd stream for SlimPajama's list; for a listed file its size,
+    its digest, and the zstd stream too when it is one. Size first, so a cut body reads as one, not as a bad hash."""
+    if isinstance(item, Item):
+        return [ZstdStreamCheck()]
+    checks: list = [ListedSize(item.size)]
+    if item.sha256:
+        checks.append(DigestCheck(item.sha256, "sha256"))
+    elif item.git_oid:
+        checks.append(DigestCheck(item.git_oid, "git blob id", item.size))
+    if item.name.endswith(".zst"):
+        checks.append(ZstdStreamCheck())
+    return checks
+
+
+def save_stream(chunks: Iterable[bytes], expected_length: int | None, dest: Path, checks: list | None = None) -> int:
+    """Write `chunks` to `dest` through a temporary, renamed only if the length and every check hold (by default
+    the zstd stream check)."""
+    checks = [ZstdStreamCheck()] if checks is None else checks
     received = 0
     with _common.atomic_output(dest) as handle:
         for chunk in chunks:
             handle.write(chunk)
-            check.feed(chunk)
+            for check in checks:
+                check.feed(chunk)
             received += len(chunk)
         if expected_length is not None and received != expected_length:
             raise FetchError(f"short body: {received} of {expected_length} bytes (Content-Length)", transient=True)
-        check.finish()
+        for check in checks:
+            check.finish()
     return received
 
 
@@ -227,18 +287,18 @@ def describe(exc: requests.RequestException) -> str:
     return f"{type(exc).__name__}: {detail or inner or exc}"
 
 
-def fetch_http(session: requests.Session, url: str, dest: Path, timeout: float) -> int:
+def fetch_http(session: requests.Session, url: str, dest: Path, timeout: float, checks: list | None = None) -> int:
     """One HTTP(S) attempt: stream `url` into `dest`. Returns the bytes written; raises FetchError."""
     try:
         with session.get(url, stream=True, timeout=(min(timeout, 30.0), timeout)) as response:
             _check_status(response)
-            return save_stream(response.iter_content(READ_BYTES), _content_length(response), dest)
+            return save_stream(response.iter_content(READ_BYTES), _content_length(response), dest, checks)
     except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
             requests.exceptions.ContentDecodingError) as exc:
         raise FetchError(describe(exc), transient=True) from exc
 
 
-def fetch_file(url: str, dest: Path) -> int:
+def fetch_file(url: str, dest: Path, checks: list | None = None) -> int:
     """One file:// attempt (offline mirrors): same checks as over HTTP."""
     path = Path(url2pathname(urlsplit(url).path))
     try:
@@ -259,7 +319,7 @@ def fetch_file(url: str, dest: Path) -> int:
             yield data
 
     with handle:
-        return save_stream(chunks(), os.fstat(handle.fileno()).st_size, dest)
+        return save_stream(chunks(), os.fstat(handle.fileno()).st_size, dest, checks)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -294,6 +354,33 @@ class WaitForServer(tenacity.wait.wait_base):
         return min(hint + random.uniform(0, self.policy.backoff), self.policy.max_wait)
 
 
+def with_retries(policy: RetryPolicy, label: str, url: str, log: Callable[[str], None], attempt: Callable[[], T]) -> T:
+    """`attempt()` until it succeeds, fails for good, or attempts run out; raises FetchError naming the last cause."""
+    attempts = 0
+
+    def counted() -> T:
+        nonlocal attempts
+        attempts += 1
+        return attempt()
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        cause = state.outcome.exception() if state.outcome else None
+        log(f"{label}: {getattr(cause, 'reason', cause)}; attempt {state.attempt_number}/"
+            f"{policy.attempts} failed, retrying in {state.upcoming_sleep:.1f}s")
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(policy.attempts),
+        wait=WaitForServer(policy),
+        retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, FetchError) and exc.transient),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    try:
+        return retrying(counted)
+    except FetchError as exc:
+        raise FetchError(f"{exc.reason} ({url}, {attempts} attempt(s))", transient=False) from exc
+
+
 @dataclass
 class Fetcher:
     """Fetches items with retries, sharing one pooled session among the worker threads of this process."""
@@ -304,34 +391,35 @@ class Fetcher:
     session: requests.Session
     log: Callable[[str], None]
 
-    def fetch(self, item: Item) -> int:
+    def fetch(self, item: Item | HubItem) -> int:
         """Download one item until it is in place or attempts run out; raises FetchError naming the last cause."""
         url, dest = item.url(self.base_url), self.out_dir / item.name
-        attempts = 0
 
         def attempt() -> int:
-            nonlocal attempts
-            attempts += 1
+            checks = checks_for(item)  # fresh per attempt: each one hashes the body it gets
             if urlsplit(url).scheme == "file":
-                return fetch_file(url, dest)
-            return fetch_http(self.session, url, dest, self.policy.timeout)
+                return fetch_file(url, dest, checks)
+            return fetch_http(self.session, url, dest, self.policy.timeout, checks)
 
-        def before_sleep(state: tenacity.RetryCallState) -> None:
-            cause = state.outcome.exception() if state.outcome else None
-            self.log(f"{item.name}: {getattr(cause, 'reason', cause)}; attempt {state.attempt_number}/"
-                     f"{self.policy.attempts} failed, retrying in {state.upcoming_sleep:.1f}s")
+        return with_retries(self.policy, item.name, url, self.log, attempt)
 
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.policy.attempts),
-            wait=WaitForServer(self.policy),
-            retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, FetchError) and exc.transient),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
-        try:
-            return retrying(attempt)
-        except FetchError as exc:
-            raise FetchError(f"{exc.reason} ({url}, {attempts} attempt(s))", transient=False) from exc
+    def get_json(self, url: str) -> tuple[object, str | None]:
+        """One Hub API answer, with the same retries as a file: (its JSON, the `rel="next"` page URL or None)."""
+
+        def attempt() -> tuple[object, str | None]:
+            try:
+                with self.session.get(url, timeout=(min(self.policy.timeout, 30.0), self.policy.timeout)) as response:
+                    _check_status(response)
+                    try:
+                        payload = response.json()
+                    except ValueError as exc:
+                        raise FetchError(f"not JSON: {response.text[:200]!r}", transient=True) from exc
+                    return payload, response.links.get("next", {}).get("url")
+            except (requests.ConnectionError, requests.Timeout,
+                    requests.exceptions.ChunkedEncodingError) as exc:
+                raise FetchError(describe(exc), transient=True) from exc
+
+        return with_retries(self.policy, "listing", url, self.log, attempt)
 
 
 class BearerToken(AuthBase):
@@ -373,7 +461,7 @@ def redactor(secret: str | None) -> Callable[[str], str]:
 # The stage
 # ---------------------------------------------------------------------------------------------------------------
 
-def download_all(fetcher: Fetcher, items: list[Item], workers: int,
+def download_all(fetcher: Fetcher, items: list[Item] | list[HubItem], workers: int,
                  progress: _common.Progress) -> tuple[dict[str, str], int]:
     """Fetch `items` on a thread pool; returns ({name: reason} for each that could not be fetched, bytes fetched)."""
     failures: dict[str, str] = {}
@@ -418,7 +506,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="cap on any single wait, Retry-After included (default: %(default)s)")
     parser.add_argument("--timeout", type=positive_float, default=60.0,
                         help="seconds without data before an attempt is abandoned (default: %(default)s)")
+    hub = parser.add_argument_group("any Hugging Face dataset repo (instead of SlimPajama's built-in list)")
+    hub.add_argument("--hf-dataset", metavar="REPO", help="dataset repo id, e.g. HuggingFaceFW/fineweb-edu; the "
+                     f"Hub is ${hf_listing.ENDPOINT_ENV} when set, else {hf_listing.DEFAULT_ENDPOINT}")
+    hub.add_argument("--revision", default="main", help="branch, tag or commit (default: %(default)s); the manifest "
+                     "pins the commit it resolves to")
+    hub.add_argument("--include", action="append", default=[], metavar="GLOB",
+                     help="fetch only paths matching GLOB (fnmatch, `*` crosses /); repeatable")
+    hub.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                     help="skip paths matching GLOB; repeatable")
+    hub.add_argument("--listing-wait", type=float, default=300.0, metavar="SECONDS",
+                     help="ranks other than 0 wait this long for rank 0's manifest before listing the revision "
+                     "themselves (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.hf_dataset is not None:
+        if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", args.hf_dataset):
+            parser.error(f"--hf-dataset {args.hf_dataset!r}: expected a repo id like OWNER/NAME")
+        given = [flag for flag, value in (("--chunks", args.chunks), ("--files-per-chunk", args.files_per_chunk),
+                                          ("--max-files", args.max_files)) if value is not None]
+        if args.base_url != DEFAULT_BASE_URL or args.split != "train":
+            given += ["--base-url/--split"]
+        if given:
+            parser.error(f"--hf-dataset takes its file list from the Hub; {', '.join(given)} do not apply "
+                         "(select files with --include/--exclude)")
+        return args
+    if args.include or args.exclude or args.revision != "main":
+        parser.error("--revision, --include and --exclude need --hf-dataset")
     scheme = urlsplit(args.base_url).scheme
     if scheme not in ("https", "http", "file"):
         parser.error(f"--base-url {args.base_url!r}: the scheme must be https, http or file")
@@ -449,26 +562,54 @@ def main(argv: list[str] | None = None) -> int:
     except _common.StageError as exc:
         log(str(exc))
         return 2
-    items = expected_items(args.split, args.chunk_list, args.files_per_chunk, args.max_files)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_manifest(args.out, items, rank)
-    mine = _common.shard(items, rank, world)
-    _common.remove_stale_temporaries_of(args.out / item.name for item in mine)
-    todo = [item for item in mine if not (args.out / item.name).exists()]
-    log(f"rank {rank}/{world}: {len(mine)} of {len(items)} files, {len(mine) - len(todo)} already present")
-
-    progress = _common.Progress(len(mine), rank)
-    progress.advance(len(mine) - len(todo))
     policy = RetryPolicy(args.attempts, args.backoff, args.max_wait, args.timeout)
     with make_session(args.workers, token) as session:
         fetcher = Fetcher(args.base_url, args.out, policy, session, log)
-        failures, fetched = download_all(fetcher, todo, args.workers, progress)
+        if args.hf_dataset is None:
+            items = expected_items(args.split, args.chunk_list, args.files_per_chunk, args.max_files)
+            write_manifest(args.out, items, rank)
+        else:
+            try:
+                items = pin_listing(fetcher, args, rank, log)
+            except hf_listing.PinnedRevisionError as exc:
+                log(str(exc))
+                return 2
+            except (hf_listing.ListingError, FetchError) as exc:
+                log(f"cannot list {args.hf_dataset} at revision {args.revision!r}: {exc} (are the repo id, "
+                    "--revision and --include right? a private or gated dataset needs HF_TOKEN)")
+                return 1
+        failures, fetched, summary = fetch_shard(fetcher, items, rank, world, args.workers)
     if failures:
         return _common.fail_with_items(STAGE, {name: redact(reason) for name, reason in failures.items()})
-    _common.write_completion(args.out, STAGE, rank, world, {
-        "files": len(mine), "downloaded": len(todo), "already_present": len(mine) - len(todo),
-        "bytes_downloaded": fetched})
+    _common.write_completion(args.out, STAGE, rank, world, {**summary, "bytes_downloaded": fetched})
     return 0
+
+
+def pin_listing(fetcher: Fetcher, args: argparse.Namespace, rank: int, log: Callable[[str], None]) -> list[HubItem]:
+    """The manifest's items (listing the revision first when there is no manifest yet); points `fetcher` at the
+    pinned commit, on the Hub this run was given (HF_ENDPOINT may name a mirror on a resume)."""
+    endpoint = hf_listing.endpoint_from_env()
+    wanted = hf_listing.Source(args.hf_dataset, args.revision, "", tuple(args.include), tuple(args.exclude),
+                               endpoint)
+    source, items = hf_listing.pin(fetcher.get_json, wanted, args.out / MANIFEST, STAGE, log,
+                                   wait_seconds=args.listing_wait if rank else 0.0)
+    fetcher.base_url = dataclasses.replace(source, endpoint=endpoint).resolve_base()
+    return items
+
+
+def fetch_shard(fetcher: Fetcher, items: list[Item] | list[HubItem], rank: int, world: int,
+                workers: int) -> tuple[dict[str, str], int, dict]:
+    """Fetch this rank's share of `items` that is not in place yet: (failures, bytes fetched, counts)."""
+    out, log = fetcher.out_dir, fetcher.log
+    mine = _common.shard(items, rank, world)
+    _common.remove_stale_temporaries_of(out / item.name for item in mine)
+    todo = [item for item in mine if not (out / item.name).exists()]
+    log(f"rank {rank}/{world}: {len(mine)} of {len(items)} files, {len(mine) - len(todo)} already present")
+    progress = _common.Progress(len(mine), rank)
+    progress.advance(len(mine) - len(todo))
+    failures, fetched = download_all(fetcher, todo, workers, progress)
+    return failures, fetched, {"files": len(mine), "downloaded": len(todo), "already_present": len(mine) - len(todo)}
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@
 
 Each `IN/train_chunk_{i}.jsonl` (concat's outputs) becomes `OUT/train_chunk_{i}.jsonl_text_document.bin/.idx`
 (the NeMo launcher's names) plus `.manifest.json`, written last: documents, tokens, bytes, sha256 of both files,
-sources, skipped lines, tokenizer. With `--files-per-output N` the inputs are instead the sorted `IN/*.jsonl.zst`
-(the download manifest's list when there is one) in groups of N, exactly concat's groups, so a pipeline can go
-straight from download to tokens without writing the decompressed text twice.
+sources, skipped lines, tokenizer. With `--files-per-output N` the inputs are instead the sorted `IN/*.jsonl.zst`,
+`*.jsonl.gz`, `*.parquet` and `*.jsonl` (the download manifest's list when there is one) in groups of N, exactly
+concat's groups, so a pipeline can go straight from download to tokens without writing the text twice. A parquet
+input is read one row group at a time, and only its `--json-key` column (doc_sources.py).
 
 Every document becomes its token ids followed by the EOD id (50256 for GPT-2), one sequence per document, in input
 order, like Megatron's preprocess_data.py with --append-eod; a document whose text has no tokens (empty text) gets
@@ -18,7 +19,7 @@ string `--json-key` are skipped and reported as `SOURCE:LINE: reason` (the first
 in `skipped_lines`); an output without a single document fails (every line skipped: a wrong --json-key?).
 
 Outputs are sharded across ranks; within a rank, `--workers` processes tokenize ~1 MiB batches of whole lines
-(reading plain inputs themselves; `.jsonl.zst` is decompressed by the main process) while the main process writes
+(reading plain inputs themselves; compressed and parquet inputs are read by the main process) while it writes
 the results in input order. A bounded window of batches is in flight and document lengths are spilled to a scratch
 file, so memory does not grow with the input.
 """
@@ -43,7 +44,8 @@ from typing import Iterator
 import numpy as np
 
 import _common
-from extract import IN_SUFFIX as ZST_SUFFIX
+from doc_sources import GZ_SUFFIX, INPUT_SUFFIXES, PARQUET_SUFFIX, ZST_SUFFIX
+from doc_sources import gzip_blocks, input_suffix, parquet_texts
 from extract import decompress_blocks, download_manifest_names, line_problem, visible_names
 from megatron_index import LENGTH_DTYPE, HashingWriter, IndexedDatasetWriter
 from tokenizers_gpt2 import Tokenizer, TokenizerError, TokenizerSpec, describe, token_dtype
@@ -80,8 +82,9 @@ def list_items(in_dir: Path, files_per_output: int | None) -> list[OutputItem]:
         return [OutputItem(index, (name,)) for index, name in indexed]
     names = download_manifest_names(in_dir)
     if names is None:
-        names = visible_names(in_dir, ZST_SUFFIX)
-    names = sorted((n for n in names if n.endswith(ZST_SUFFIX)), key=lambda n: n[: -len(ZST_SUFFIX)])
+        names = [name for suffix in INPUT_SUFFIXES for name in visible_names(in_dir, suffix)]
+    # Sorted by the name without its format suffix, as concat sorts extract's outputs (0, 1, 10 in name order).
+    names = sorted({n for n in names if input_suffix(n)}, key=lambda n: n[: -len(input_suffix(n))])
     return [OutputItem(i, tuple(names[start:start + files_per_output]))
             for i, start in enumerate(range(0, len(names), files_per_output))]
 
@@ -93,13 +96,15 @@ def list_items(in_dir: Path, files_per_output: int | None) -> list[OutputItem]:
 @dataclass(frozen=True)
 class Batch:
     """Whole lines of one source: a byte range of a plain file, which the worker reads itself (so the text does
-    not travel through the main process and a pipe), or bytes the main process decompressed from a .jsonl.zst."""
+    not travel through the main process and a pipe), or bytes the main process decompressed from a .jsonl.zst or
+    .jsonl.gz; or, from a parquet file, the texts themselves (one per row, None for a null)."""
 
     source: int  # index into the item's sources
     data: bytes = b""
     path: str = ""
     start: int = 0
     end: int = 0
+    texts: list[str | None] | None = None
 
     def text(self) -> bytes:
         if not self.path:
@@ -130,10 +135,10 @@ def line_ranges(path: Path, batch_bytes: int) -> Iterator[tuple[int, int]]:
 
 
 def compressed_batches(source: int, path: Path, batch_bytes: int) -> Iterator[Batch]:
-    """Decompressed whole lines of a .jsonl.zst (a truncated stream raises, naming the file)."""
+    """Decompressed whole lines of a .jsonl.zst or .jsonl.gz (a truncated stream raises, naming the file)."""
     pending: list[bytes] = []
     size = 0
-    for block in decompress_blocks(path):
+    for block in (gzip_blocks if path.name.endswith(GZ_SUFFIX) else decompress_blocks)(path):
         pending.append(block)
         size += len(block)
         last_newline = block.rfind(b"\n")
@@ -147,11 +152,14 @@ def compressed_batches(source: int, path: Path, batch_bytes: int) -> Iterator[Ba
         yield Batch(source, data=b"".join(pending))
 
 
-def read_batches(paths: list[Path], batch_bytes: int) -> Iterator[Batch]:
-    """Every source in order, cut into batches of whole lines; batches never span two sources."""
+def read_batches(paths: list[Path], batch_bytes: int, key: str = "text") -> Iterator[Batch]:
+    """Every source in order, cut into batches of whole lines (of rows of the `key` column, for parquet); batches
+    never span two sources."""
     for source, path in enumerate(paths):
-        if path.name.endswith(ZST_SUFFIX):
+        if path.name.endswith((ZST_SUFFIX, GZ_SUFFIX)):
             yield from compressed_batches(source, path, batch_bytes)
+        elif path.name.endswith(PARQUET_SUFFIX):
+            yield from (Batch(source, texts=texts) for texts in parquet_texts(path, key, batch_bytes))
         else:
             for start, end in line_ranges(path, batch_bytes):
                 yield Batch(source, path=str(path), start=start, end=end)
@@ -202,24 +210,25 @@ def exit_when_orphaned(parent: int, interval: float = 0.5) -> None:
 
 
 def tokenize_batch(batch: Batch) -> BatchResult:
-    """Tokenize every line of `batch`: ids + EOD per usable document; bad lines listed, not raised."""
+    """Tokenize every line (or parquet row) of `batch`: ids + EOD per usable document; bad ones listed, not raised."""
     state = _STATE
     assert state is not None, "init_worker was not called in this process"
-    encode, key, loads, eod = state.tokenizer.encode, state.key, json.loads, state.eod
+    encode, key, eod = state.tokenizer.encode, state.key, state.eod
     pieces: list[np.ndarray] = []
     lengths: list[int] = []
     result = BatchResult(batch.source)
-    lines = batch.text().split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()  # the batch ends with a newline; that is not one more (empty) line
-    result.lines = len(lines)
-    for offset, line in enumerate(lines):
-        try:
-            text = loads(line)[key]
-            if text.__class__ is not str:
-                raise TypeError
-        except (ValueError, KeyError, TypeError, IndexError):
-            result.bad.append((offset, line_problem(line, key) or "unusable"))
+    if batch.texts is not None:
+        records, read = batch.texts, parquet_text
+    else:
+        records = batch.text().split(b"\n")
+        if records[-1] == b"":
+            records.pop()  # the batch ends with a newline; that is not one more (empty) line
+        read = json_text
+    result.lines = len(records)
+    for offset, record in enumerate(records):
+        text = read(record, key)
+        if text.__class__ is not str:
+            result.bad.append((offset, text))
             continue
         ids = encode(text)
         if ids.size == 0:
@@ -233,6 +242,25 @@ def tokenize_batch(batch: Batch) -> BatchResult:
         result.lengths = np.array(lengths, dtype=LENGTH_DTYPE).tobytes()
     result.documents = len(lengths)
     return result
+
+
+class Problem(str):
+    """Why a record has no usable text (a str subclass, told apart from a text by its class)."""
+
+
+def json_text(line: bytes, key: str) -> str | Problem:
+    """The `key` string of a JSON line, else why not."""
+    try:
+        text = json.loads(line)[key]
+        if text.__class__ is str:
+            return text
+    except (ValueError, KeyError, TypeError, IndexError):
+        pass
+    return Problem(line_problem(line, key) or "unusable")
+
+
+def parquet_text(value: str | None, key: str) -> str | Problem:
+    return value if value is not None else Problem(f"{key!r} is null")
 
 
 def ordered_results(batches: Iterator[Batch], executor: Executor | None, window: int) -> Iterator[BatchResult]:
@@ -266,6 +294,7 @@ class Context:
     tokenizer: Tokenizer
     executor: Executor | None
     window: int
+    json_key: str = "text"
 
 
 @dataclass
@@ -313,7 +342,7 @@ def build_output(item: OutputItem, ctx: Context) -> dict:
     manifest_path.unlink(missing_ok=True)  # a stale manifest must not vouch for the files being rewritten
     spill_path = _common.temp_path_for(ctx.out_dir / f"{item.prefix}.lengths")
     tally = Tally(item)
-    batches = read_batches([ctx.in_dir / name for name in item.sources], BATCH_BYTES)
+    batches = read_batches([ctx.in_dir / name for name in item.sources], BATCH_BYTES, ctx.json_key)
     try:
         with open(spill_path, "w+b") as spill, _common.atomic_output(bin_path) as bin_file:
             bin_out = HashingWriter(bin_file)
@@ -362,7 +391,7 @@ def make_executor(workers: int, spec: TokenizerSpec, key: str) -> Executor | Non
 def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, rank: int, world: int) -> int:
     items = list_items(args.in_dir, args.files_per_output)
     if not items:
-        wanted = f"*{ZST_SUFFIX}" if args.files_per_output else "train_chunk_{i}.jsonl"
+        wanted = "/".join(f"*{s}" for s in INPUT_SUFFIXES) if args.files_per_output else "train_chunk_{i}.jsonl"
         return _common.fail_with_items(STAGE, {str(args.in_dir): f"no {wanted} inputs"})
     mine = _common.shard(items, rank, world)
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -371,7 +400,7 @@ def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, ran
     _common.remove_stale_temporaries_of(own)
     progress = _common.Progress(len(mine), rank, unit="outputs")
     ctx = Context(args.in_dir, args.out_dir, tokenizer, make_executor(args.workers, spec, args.json_key),
-                  window=2 * args.workers)
+                  window=2 * args.workers, json_key=args.json_key)
     failures: dict[str, str] = {}
     manifests: list[dict] = []
     skipped_complete = 0
@@ -417,15 +446,18 @@ def default_workers() -> int:
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, TokenizerSpec]:
     parser = argparse.ArgumentParser(prog="preprocess.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--in", dest="in_dir", type=Path, required=True,
-                        help="folder of train_chunk_{i}.jsonl (or of *.jsonl.zst with --files-per-output)")
+                        help="folder of train_chunk_{i}.jsonl (or, with --files-per-output, of *.jsonl.zst, "
+                        "*.jsonl.gz, *.parquet, *.jsonl)")
     parser.add_argument("--out", dest="out_dir", type=Path, required=True, help="folder for .bin/.idx/.manifest.json")
     parser.add_argument("--vocab", type=Path, help="GPT-2 vocab.json")
     parser.add_argument("--merges", type=Path, help="GPT-2 merges.txt")
     parser.add_argument("--tokenizer-json", type=Path, help="an HF tokenizer.json instead of GPT-2 BPE")
     parser.add_argument("--eod-token", help="end-of-document token of --tokenizer-json (default: a known one)")
-    parser.add_argument("--json-key", default="text", help="the JSON key holding the document text")
+    parser.add_argument("--json-key", default="text",
+                        help="the JSON key (the column, in parquet) holding the document text")
     parser.add_argument("--files-per-output", type=_common.positive_int,
-                        help="read *.jsonl.zst directly, in concat's groups of N per output")
+                        help="read downloaded files directly (.jsonl.zst, .jsonl.gz, .parquet, .jsonl), in concat's "
+                        "groups of N per output")
     parser.add_argument("--workers", type=_common.positive_int, default=default_workers(),
                         help="tokenizer processes in this rank (default: the CPUs it may use)")
     args = parser.parse_args(argv)
