@@ -109,7 +109,7 @@ class Submitter(RunContext):
         stage_state.jobs.append(JobRecord(job_id=job_id, kind=kind, attempt=request.attempt, submitted_at=time.time()))
         stage_state.status = StageStatus.RUNNING if kind == "stage" else StageStatus.VERIFYING
         self.store.save(self.state)
-        if not existing:
+        if not unrecorded:
             self.record_submission(job_id, submission.printable)
 
     def record_submission(self, job_id: str, printable: str) -> None:

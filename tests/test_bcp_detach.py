@@ -8,7 +8,6 @@ key and look for it everywhere afterwards.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
