@@ -330,6 +330,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         config, pipeline = run_config(args, state)
         backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
+        if is_driver_owned(state):
+            detached_run(config, pipeline, store, state).refresh()  # the stages as its driver last saved them
         refresh(backend, state)
     except PipelineError as exc:
         notes.append(f"job states as last recorded (could not refresh them: {exc})")

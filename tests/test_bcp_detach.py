@@ -7,6 +7,7 @@ key and look for it everywhere afterwards.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -138,6 +139,11 @@ def test_detached_run_completes_under_the_driver_job(fake, project, capsys):
     assert "third" in table and "succeeded" in table and f"driver: job {driver['id']} FINISHED_SUCCESS" in table
     assert cli(project, "logs", run_id, "driver") == 0
     assert f"run {run_id} succeeded" in capsys.readouterr().out
+    assert cli(project, "logs", run_id, "second", "--rank", "0") == 0
+    if importlib.util.find_spec("plotly"):
+        assert cli(project, "report", run_id) == 0
+        html = (project.parent / ".bcp-pipeline/runs" / run_id / "report.html").read_text()
+        assert "chain.third-verify" in html and fake.api_key not in html
     # The key: in no call log, request log, job definition, job log, state or workspace file, nor the plan.
     assert cli(project, "plan", "chain", "--backend", "bcp", "--detach") == 0
     assert fake.api_key not in capsys.readouterr().out
