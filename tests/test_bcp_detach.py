@@ -19,6 +19,7 @@ from golden_files import REPO
 from bcp_pipeline.cli import main
 from bcp_pipeline.state import RunStore, StageStatus
 from ngc_control import FakeNgc
+from pipeline_fixtures import wait_for
 from test_bcp_emulated import bcp_chain_config, write_chain_project
 
 pytestmark = needs_ngcsdk
@@ -164,13 +165,11 @@ def workspace_state(fake: FakeNgc, run_id: str) -> dict:
 
 
 def wait_until(predicate, timeout: float = 120, what: str = "condition", fake: FakeNgc | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}\n{_driver_logs(fake) if fake else ''}")
+    """pipeline_fixtures.wait_for, with the driver jobs' logs in the failure."""
+    try:
+        return wait_for(predicate, timeout, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_driver_logs(fake) if fake else ''}") from None
 
 
 def stage_status(fake: FakeNgc, run_id: str, stage: str) -> str | None:
