@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator, Sequence, TypeVar
 
 LINE_PREFIX = "##bcp-pipeline "
+STARTED_AT = time.time()  # about when this stage program started (its imports before this one aside)
 COMPLETIONS_DIR = ".completions"
 T = TypeVar("T")
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # write errors that name no file
@@ -145,7 +146,8 @@ def completion_path(output_dir: Path, stage: str, rank: int, world_size: int) ->
 def write_completion(output_dir: Path, stage: str, rank: int, world_size: int, summary: dict) -> None:
     """The last thing a rank writes: proof that every item of its shard is complete."""
     atomic_write_json(completion_path(output_dir, stage, rank, world_size),
-                      {"stage": stage, "rank": rank, "world_size": world_size, "finished_at": time.time(), **summary})
+                      {"stage": stage, "rank": rank, "world_size": world_size, "started_at": STARTED_AT,
+                       "finished_at": time.time(), **summary})
 
 
 def emit(kind: str, payload: dict, stream: IO[str] | None = None) -> None:

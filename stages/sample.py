@@ -321,7 +321,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sample.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="mirror root; files go to train/chunkC/")
     parser.add_argument("--chunks", type=_common.positive_int, required=True, help="number of chunks (chunk1..chunkC)")
-    parser.add_argument("--files-per-chunk", type=_common.positive_int, required=True)
+    parser.add_argument("--files-per-chunk", type=files_per_chunk, required=True,
+                        help="files in each chunk, or `real`: SlimPajama's own train counts (5,912 ... 5,912 = 59,166 "
+                             "over 10 chunks), for a mirror at its real cardinality")
     parser.add_argument("--docs-per-file", type=_common.positive_int, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mean-words", type=_common.positive_int, default=700,
@@ -330,10 +332,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def sample_paths(out: Path, chunks: int, files_per_chunk: int) -> list[tuple[Path, int, int]]:
+def files_per_chunk(text: str) -> int | str:
+    return "real" if text == "real" else _common.positive_int(text)
+
+
+def chunk_sizes(chunks: int, per_chunk: int | str) -> list[int]:
+    """Files in chunk1..chunkC: `per_chunk` each, or SlimPajama's real train counts (download.py's table)."""
+    if per_chunk != "real":
+        return [int(per_chunk)] * chunks
+    from download import TRAIN_FILES_PER_CHUNK  # pylint: disable=import-outside-toplevel  (a sibling stage)
+
+    if chunks > len(TRAIN_FILES_PER_CHUNK):
+        raise SystemExit(f"sample.py: --files-per-chunk real knows {len(TRAIN_FILES_PER_CHUNK)} train chunks, "
+                         f"not {chunks}")
+    return list(TRAIN_FILES_PER_CHUNK[:chunks])
+
+
+def sample_paths(out: Path, chunks: int, per_chunk: int | str) -> list[tuple[Path, int, int]]:
     """Every (path, chunk, index) of the mirror, sorted by path (the order shards are cut from)."""
     entries = [(out / "train" / f"chunk{c}" / f"example_train_{i}.jsonl.zst", c, i)
-               for c in range(1, chunks + 1) for i in range(files_per_chunk)]
+               for c, count in enumerate(chunk_sizes(chunks, per_chunk), start=1) for i in range(count)]
     return sorted(entries, key=lambda entry: str(entry[0]))
 
 
