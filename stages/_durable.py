@@ -133,6 +133,12 @@ class DurableFile:
             done += count
             self._hand_off_if_full()
 
+    def last_byte(self) -> int | None:
+        """The byte appended last, while it is still in the buffer being filled (None once that was handed off)."""
+        if self._buffer is None or self._filled == 0:
+            return None
+        return self._buffer[self._filled - 1]
+
     def close(self) -> int:
         """Write the rest, wait for every write, fsync, close; the file's size. Raises the first write error."""
         try:
