@@ -1,0 +1,114 @@
+"""The chaos run (tests/chaos_run.py, scripts/chaos): a short seeded one on the local backend, and its checks failing
+when what they look for is there.
+
+The short run takes the demo pipeline without its pretrain stage (about 10 s clean on 2 cores) and makes one kill
+of every kind: a stage rank, a verification job's rank, a job's supervisor and the orchestrator, with the HTTP
+source faulting a third of its answers. Long runs are in README.md (Chaos).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from chaos_backends import LocalChaos
+from chaos_checks import check_one_live_job, check_outputs
+from chaos_monkey import Monkey, Target
+from chaos_run import ChaosOptions, chaos_run, make_project, table
+from pipeline_fixtures import wait_for, write_chain_project
+
+import random
+
+DEMO_WITHOUT_PRETRAIN = ["sample", "bpe", "download", "extract", "concat", "tokenize-preprocess"]
+
+
+def test_a_short_seeded_chaos_run_of_the_demo_ends_with_the_clean_run_s_bytes(tmp_path):
+    options = ChaosOptions(pipeline="demo", backend="local", seed=3, kills=4, only=DEMO_WITHOUT_PRETRAIN,
+                           fault_rate=0.35, gap=(0.3, 1.0), workdir=tmp_path, timeout=240, echo=False)
+    report = chaos_run(options)
+    text = table(report)
+    print(text)
+    assert report.ok, text
+    assert report.chaos.kills == {"rank": 1, "verify": 1, "supervisor": 1, "orchestrator": 1}, text
+    assert report.chaos.resumes >= 1 and report.chaos.http_requests > 8, text
+    assert sum(report.chaos.faults.values()) >= 1, text
+    assert "result                                                         PASS" in text
+
+
+def test_the_monkey_hits_every_kind_once_per_round_in_a_seeded_order():
+    hit = []
+
+    def targets(kind):
+        return [Target(kind, f"{kind}-{i}", lambda kind=kind, i=i: hit.append(f"{kind}-{i}")) for i in range(3)]
+
+    orders = []
+    for _ in range(2):
+        hit.clear()
+        monkey = Monkey(rng=random.Random(7), kinds=["a", "b", "c"], total=6, gap=(0.0, 0.0))
+        while not monkey.done:
+            monkey.tick(targets)
+        orders.append(list(hit))
+    assert orders[0] == orders[1]  # the seed fixes the choices
+    kinds = [name.split("-")[0] for name in orders[0]]
+    assert sorted(kinds[:3]) == ["a", "b", "c"] and sorted(kinds[3:]) == ["a", "b", "c"]
+
+
+def test_output_check_fails_on_a_torn_file_under_a_final_name_and_ignores_temporaries(tmp_path):
+    clean, chaos = tmp_path / "clean", tmp_path / "chaos"
+    for root in (clean, chaos):
+        (root / "data").mkdir(parents=True)
+        (root / "data" / "a.bin").write_bytes(b"0123456789")
+        (root / "data" / "a.idx").write_bytes(b"index")
+    (chaos / "data" / ".a.bin.tmp-host-1").write_bytes(b"01234")  # a killed writer's temporary: allowed
+    bin_idx, finals = check_outputs(clean, chaos, [])
+    assert bin_idx.ok and finals.ok and "1 hidden temporaries left" in finals.detail
+    (chaos / "data" / "a.bin").write_bytes(b"01234")  # torn, under its final name
+    (chaos / "data" / "b.jsonl").write_text("{}\n")
+    bin_idx, finals = check_outputs(clean, chaos, [])
+    assert not bin_idx.ok and bin_idx.problems == ["differs or missing: data/a.bin"]
+    assert not finals.ok and finals.problems == ["differs: data/a.bin", "not in the clean run: data/b.jsonl"]
+
+
+def test_one_live_job_check_fails_on_overlapping_jobs_of_one_stage():
+    spans = [("s", "s.1", 0.0, 2.0), ("s", "s.verify.1", 2.1, 3.0), ("t", "t.1", 1.0, 5.0)]
+    assert check_one_live_job(10, [], spans).ok
+    overlapping = check_one_live_job(10, [], [*spans, ("s", "s.2", 2.5, 4.0)])
+    assert not overlapping.ok and overlapping.problems == ["s: s.2 started 0.500 s before s.verify.1 ended"]
+    assert not check_one_live_job(10, ["s: jobs s.1, s.2 alive at once"], spans).ok
+
+
+def test_a_job_whose_supervisor_was_killed_ends_only_after_its_ranks_and_never_beside_the_next_one(tmp_path):
+    """Found by scripts/chaos: a SIGKILLed local supervisor left its ranks running, the job was reported lost at
+    once, and the stage's next job ran beside them (two pretrain jobs writing one checkpoint folder). Now the
+    backend stops the orphaned ranks before the job counts as ended."""
+    config = write_chain_project(tmp_path)
+    stall = config.parent / "ws/main/first/STALL"
+    stall.parent.mkdir(parents=True)
+    stall.touch()
+    backend = LocalChaos(config.parent, "chain")
+    first = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.cli", "--config", str(config), "run", "chain"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    wait_for(lambda: len(backend.job_targets("rank")) == 2, what="the ranks of first.1")
+    first.kill()  # no orchestrator polls while the supervisor dies
+    first.wait()
+    [supervisor] = backend.job_targets("supervisor")
+    supervisor.kill()
+    time.sleep(0.3)
+    assert backend.live_jobs() == {"first": {"first.1"}}  # its ranks outlive it: the job is still alive
+    seen = []
+
+    def resume() -> int:
+        process = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.cli", "--config", str(config), "resume"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        while process.poll() is None:
+            seen.append(backend.live_jobs())
+            time.sleep(0.02)
+        return process.returncode
+
+    assert resume() == 1  # the lost job fails its stage, once its ranks are stopped
+    assert backend.live_jobs() == {}
+    stall.unlink()
+    assert resume() == 0
+    assert all(len(jobs) <= 1 for sample in seen for jobs in sample.values()), seen
+    assert backend.live_jobs() == {}
