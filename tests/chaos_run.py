@@ -18,7 +18,6 @@ import collections
 import hashlib
 import json
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -35,7 +34,6 @@ from bcp_pipeline.config import load_config, substitute
 from bcp_pipeline.state import RunState, RunStore, StageStatus
 
 REPO = Path(__file__).resolve().parent.parent
-SAMPLE_SECONDS = 0.025  # how often the backend's records are read for two live jobs on one stage
 
 
 @dataclass(kw_only=True)
@@ -93,15 +91,17 @@ class ChaosReport:
         return all(check.ok for check in self.checks)
 
 
-def make_project(folder: Path, config: Path) -> Path:
-    """A project folder with a copy of `config` whose `stages_dir` points at the original stage programs."""
+def make_project(folder: Path, config: Path, backend_options: dict | None = None) -> Path:
+    """A project folder with a copy of `config` whose `stages_dir` points at the original stage programs, and
+    whose `backends:` gets `backend_options` (the emulated BCP's short poll intervals)."""
+    import yaml
+
     folder.mkdir(parents=True, exist_ok=True)
-    text = config.read_text()
-    match = re.search(r"^stages_dir:\s*(\S+)\s*$", text, re.MULTILINE)
-    stages = (config.parent / (match.group(1) if match else "stages")).resolve()
-    line = f"stages_dir: {json.dumps(str(stages))}"
-    text = text[:match.start()] + line + text[match.end():] if match else f"{line}\n{text}"
-    (folder / "pipelines.yaml").write_text(text)
+    raw = yaml.safe_load(config.read_text())  # anchors and merge keys resolved: the copy needs neither
+    raw["stages_dir"] = str((config.parent / raw.get("stages_dir", "stages")).resolve())
+    for name, options in (backend_options or {}).items():
+        raw.setdefault("backends", {}).setdefault(name, {}).update(options)
+    (folder / "pipelines.yaml").write_text(yaml.safe_dump(raw, sort_keys=False, width=120))
     return folder
 
 
@@ -148,17 +148,18 @@ def finished(state: RunState | None) -> bool:
 
 
 class Sampler(threading.Thread):
-    """Reads the backend's records every SAMPLE_SECONDS and notes every moment a stage had two live jobs."""
+    """Reads the backend's records every few milliseconds and notes every moment a stage had two live jobs."""
 
-    def __init__(self, backend: ChaosBackend) -> None:
+    def __init__(self, backend: ChaosBackend, seconds: float) -> None:
         super().__init__(name="chaos-sampler", daemon=True)
         self.backend = backend
+        self.seconds = seconds
         self.samples = 0
         self.overlaps: list[str] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.wait(SAMPLE_SECONDS):
+        while not self.stop.wait(self.seconds):
             try:
                 live = self.backend.live_jobs()
             except Exception as exc:  # noqa: BLE001 - a sample that cannot be read is noted, not fatal
@@ -173,6 +174,7 @@ class Sampler(threading.Thread):
 def drive(backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, fault_rate: float,
           label: str) -> RunRecord:
     """Run the pipeline in `backend.project` to its end (resuming after every stop), under `monkey` if given."""
+    backend.start()
     record = RunRecord(project=backend.project, workspace=backend.workspace())
     mirror = http_mirror(backend, options)
     server = None
@@ -185,7 +187,7 @@ def drive(backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, f
     argv += [a for stage in options.only for a in ("--only", stage)]
     argv += [a for value in overrides for a in ("--set", value)]
     max_rounds = options.max_rounds or 3 * options.kills + 10
-    sampler = Sampler(backend)
+    sampler = Sampler(backend, backend.sample_seconds)
     sampler.start()
     started = time.monotonic()
     deadline = started + options.timeout
@@ -200,7 +202,7 @@ def drive(backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, f
                 backend.orchestrator = process
                 while process.poll() is None:
                     if monkey is not None and (kill := monkey.tick(backend.targets)) is not None:
-                        note = f"[{label} {kill.at:6.1f}s] round {record.rounds}: SIGKILL {kill.kind}: {kill.name}"
+                        note = f"[{label} {kill.at:6.1f}s] round {record.rounds}: {kill.kind}: {kill.name}"
                         log.write(f"### {note}\n".encode())
                         if options.echo:
                             print(note, flush=True)
@@ -244,20 +246,32 @@ def clean_key(options: ChaosOptions) -> str:
     return digest.hexdigest()[:12]
 
 
+def open_backend(folder: Path, options: ChaosOptions, *, fresh: bool) -> ChaosBackend:
+    """The chaos backend of a project folder; `fresh` makes the folder anew (a copy of the config)."""
+    kind = BACKENDS[options.backend]
+    if fresh:
+        shutil.rmtree(folder, ignore_errors=True)
+        make_project(folder, options.config, kind.config_options)
+    return kind(folder, options.pipeline)
+
+
 def clean_run(options: ChaosOptions) -> tuple[RunRecord, bool]:
     """The reference run, reused from --workdir when one with the same key succeeded."""
     folder = options.workdir / f"clean-{options.pipeline}-{options.backend}-{clean_key(options)}"
-    backend = BACKENDS[options.backend](folder, options.pipeline)
+    state = state_of(folder)
+    figures = folder / "clean-run.json"
+    if finished(state) and figures.is_file():
+        backend = open_backend(folder, options, fresh=False)
+        wall = json.loads(figures.read_text())["wall_seconds"]
+        return RunRecord(project=folder, state=state, workspace=backend.workspace(), wall=wall), True
+    backend = open_backend(folder, options, fresh=True)
     try:
-        state = state_of(folder)
-        if finished(state):
-            return RunRecord(project=folder, state=state, workspace=backend.workspace()), True
-        backend.close()
-        shutil.rmtree(folder, ignore_errors=True)
-        backend = BACKENDS[options.backend](make_project(folder, options.config), options.pipeline)
-        return drive(backend, options, None, 0.0, "clean"), False
+        record = drive(backend, options, None, 0.0, "clean")
     finally:
         backend.close()
+    if finished(record.state):
+        figures.write_text(json.dumps({"wall_seconds": record.wall}))
+    return record, False
 
 
 def chaos_run(options: ChaosOptions) -> ChaosReport:
@@ -266,9 +280,9 @@ def chaos_run(options: ChaosOptions) -> ChaosReport:
     if not finished(clean.state):
         raise SystemExit(f"chaos: the clean run of {options.pipeline} did not succeed; see "
                          f"{clean.project / 'orchestrator.log'}")
-    folder = options.workdir / f"chaos-{options.pipeline}-{options.backend}-seed{options.seed}-{time.strftime('%H%M%S')}"
-    shutil.rmtree(folder, ignore_errors=True)
-    backend = BACKENDS[options.backend](make_project(folder, options.config), options.pipeline)
+    stamp = time.strftime("%H%M%S")
+    backend = open_backend(options.workdir / f"chaos-{options.pipeline}-{options.backend}-seed{options.seed}-{stamp}",
+                           options, fresh=True)
     try:
         kinds = options.kinds or [*backend.kinds, "orchestrator"]
         unknown = sorted(set(kinds) - {*backend.kinds, "orchestrator"})
@@ -325,7 +339,7 @@ def table(report: ChaosReport) -> str:
         ("retries", f"{stage_retries} stage job(s) resubmitted, {verify_retries} verification job(s) rerun, "
                     f"{chaos.http_retried} HTTP request(s) repeated of {chaos.http_requests}"),
         ("resumes", str(chaos.resumes)),
-        ("wall time", f"{chaos.wall:.1f} s (clean run: " + ("cached" if report.clean_cached else f"{clean.wall:.1f} s")
+        ("wall time", f"{chaos.wall:.1f} s (clean run: {clean.wall:.1f} s" + (", reused" if report.clean_cached else "")
          + ")"),
     ]
     rows += [(f"check: {c.name}", ("ok" if c.ok else "FAILED") + f" ({c.detail})") for c in report.checks]
