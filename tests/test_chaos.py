@@ -8,6 +8,8 @@ source faulting a third of its answers. Long runs are in README.md (Chaos).
 
 from __future__ import annotations
 
+import json
+import random
 import subprocess
 import sys
 import time
@@ -15,10 +17,8 @@ import time
 from chaos_backends import LocalChaos
 from chaos_checks import check_one_live_job, check_outputs
 from chaos_monkey import Monkey, Target
-from chaos_run import ChaosOptions, chaos_run, make_project, table
+from chaos_run import ChaosOptions, chaos_run, table
 from pipeline_fixtures import wait_for, write_chain_project
-
-import random
 
 DEMO_WITHOUT_PRETRAIN = ["sample", "bpe", "download", "extract", "concat", "tokenize-preprocess"]
 
@@ -112,3 +112,20 @@ def test_a_job_whose_supervisor_was_killed_ends_only_after_its_ranks_and_never_b
     assert resume() == 0
     assert all(len(jobs) <= 1 for sample in seen for jobs in sample.values()), seen
     assert backend.live_jobs() == {}
+
+
+def test_a_completion_record_half_written_by_a_killed_rank_leaves_no_temporary_after_the_rerun(tmp_path):
+    """Found by scripts/chaos on Slurm: a rank killed while writing its completion record left the record's
+    hidden temporary behind for good (the rerun wrote the record, not the temporary's cleanup)."""
+    from _common import completion_path, write_completion
+
+    record = completion_path(tmp_path, "download", 1, 4)
+    record.parent.mkdir(parents=True)
+    stale = record.with_name(f".{record.name}.tmp-otherhost-4242")
+    stale.write_text('{"stage": "downl')
+    other_rank = completion_path(tmp_path, "download", 2, 4)
+    other_stale = other_rank.with_name(f".{other_rank.name}.tmp-otherhost-4243")  # another rank's: not ours
+    other_stale.write_text("{")
+    write_completion(tmp_path, "download", 1, 4, {"items": 2})
+    assert not stale.exists() and other_stale.exists()
+    assert json.loads(record.read_text())["items"] == 2
