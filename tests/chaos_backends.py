@@ -337,7 +337,9 @@ class SlurmChaos(ChaosBackend):
                 for pid, job_id in _slurm_tasks(set(running))]
 
     def _scancel(self, job_id: str) -> None:
-        subprocess.run(["scancel", job_id], capture_output=True, env=self.env(), timeout=30, check=True)
+        done = subprocess.run(["scancel", job_id], capture_output=True, text=True, env=self.env(), timeout=30)
+        if done.returncode != 0:
+            raise ProcessLookupError(f"scancel {job_id}: {done.stderr.strip()}")  # it ended first: try again
 
     def live_jobs(self) -> dict[str, set[str]]:
         live: dict[str, set[str]] = {}
