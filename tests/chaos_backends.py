@@ -215,8 +215,6 @@ class BcpChaos(ChaosBackend):
                 and any(a.endswith(".py") for a in argv) and "bcprun" not in " ".join(argv[:2])]
 
     def job_targets(self, kind: str) -> list[Target]:
-        from ngc_control import stop_job
-
         targets = []
         for job_id, stage, job_kind, entry in self._jobs():
             status = entry["job"]["jobStatus"]["status"]

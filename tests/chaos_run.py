@@ -31,7 +31,7 @@ from chaos_checks import Check, check_one_live_job, check_outputs, check_verific
 from chaos_monkey import HTTP_FAULTS, ChaosHttpSource, Monkey
 
 from bcp_pipeline.config import load_config, substitute
-from bcp_pipeline.state import RunState, RunStore, StageStatus
+from bcp_pipeline.state import RunState, RunStore
 
 REPO = Path(__file__).resolve().parent.parent
 
