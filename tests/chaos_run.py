@@ -26,14 +26,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos_backends import BACKENDS, ChaosBackend
+from chaos_backends import ChaosBackend, LocalChaos
+from chaos_bcp import BcpChaos
 from chaos_checks import Check, check_one_live_job, check_outputs, check_verification
 from chaos_monkey import HTTP_FAULTS, ChaosHttpSource, Monkey
+from chaos_slurm import SlurmChaos
 
 from bcp_pipeline.config import load_config, substitute
 from bcp_pipeline.state import RunState, RunStore
 
 REPO = Path(__file__).resolve().parent.parent
+BACKENDS: dict[str, type[ChaosBackend]] = {"local": LocalChaos, "bcp": BcpChaos, "slurm": SlurmChaos}
 
 
 @dataclass(kw_only=True)

@@ -14,11 +14,13 @@ import subprocess
 import sys
 import time
 
-from chaos_backends import LocalChaos
+from chaos_backends import LocalChaos, children_of
 from chaos_checks import check_one_live_job, check_outputs
 from chaos_monkey import Monkey, Target
 from chaos_run import ChaosOptions, chaos_run, table
 from pipeline_fixtures import wait_for, write_chain_project
+
+from bcp_pipeline.procs import process_start_ticks
 
 DEMO_WITHOUT_PRETRAIN = ["sample", "bpe", "download", "extract", "concat", "tokenize-preprocess"]
 
@@ -129,3 +131,19 @@ def test_a_completion_record_half_written_by_a_killed_rank_leaves_no_temporary_a
     write_completion(tmp_path, "download", 1, 4, {"items": 2})
     assert not stale.exists() and other_stale.exists()
     assert json.loads(record.read_text())["items"] == 2
+
+
+def test_a_command_the_orchestrator_runs_dies_with_it(tmp_path):
+    """Found by scripts/chaos on the emulated BCP: an orchestrator SIGKILLed while `ngc job run` was on its way left
+    the call running; it created its job after the resumed orchestrator had looked for one by label, and the stage
+    had two live jobs. Commands run through procs.run_command now die with the orchestrator."""
+    marker = tmp_path / "created-after-the-caller-died"
+    caller = subprocess.Popen([sys.executable, "-c", "import sys; from bcp_pipeline.procs import run_command; "
+                               "run_command(['sh', '-c', 'sleep 1.5; touch ' + sys.argv[1]])", str(marker)])
+    wait_for(lambda: children_of(caller.pid), what="the command to start")
+    [command] = children_of(caller.pid)
+    caller.kill()
+    caller.wait()
+    wait_for(lambda: process_start_ticks(command) is None, timeout=5, what="the command to die with its caller")
+    time.sleep(2.0)
+    assert not marker.exists()
