@@ -80,10 +80,9 @@ def test_one_live_job_check_fails_on_overlapping_jobs_of_one_stage():
     assert not check_one_live_job(10, ["s: jobs s.1, s.2 alive at once"], spans).ok
 
 
-def test_a_job_whose_supervisor_was_killed_ends_only_after_its_ranks_and_never_beside_the_next_one(tmp_path):
+def test_a_job_whose_supervisor_was_killed_is_lost_and_never_runs_beside_the_next_one(tmp_path):
     """Found by scripts/chaos: a SIGKILLed local supervisor left its ranks running, the job was reported lost at
-    once, and the stage's next job ran beside them (two pretrain jobs writing one checkpoint folder). Now the
-    backend stops the orphaned ranks before the job counts as ended."""
+    once, and the stage's next job ran beside them (two pretrain jobs writing one checkpoint folder)."""
     config = write_chain_project(tmp_path)
     stall = config.parent / "ws/main/first/STALL"
     stall.parent.mkdir(parents=True)
@@ -96,8 +95,7 @@ def test_a_job_whose_supervisor_was_killed_ends_only_after_its_ranks_and_never_b
     first.wait()
     [supervisor] = backend.job_targets("supervisor")
     supervisor.kill()
-    time.sleep(0.3)
-    assert backend.live_jobs() == {"first": {"first.1"}}  # its ranks outlive it: the job is still alive
+    wait_for(lambda: backend.live_jobs() == {}, timeout=5, what="the ranks to die with their supervisor")
     seen = []
 
     def resume() -> int:
@@ -108,12 +106,37 @@ def test_a_job_whose_supervisor_was_killed_ends_only_after_its_ranks_and_never_b
             time.sleep(0.02)
         return process.returncode
 
-    assert resume() == 1  # the lost job fails its stage, once its ranks are stopped
-    assert backend.live_jobs() == {}
+    assert resume() == 1  # the lost job fails its stage
     stall.unlink()
     assert resume() == 0
     assert all(len(jobs) <= 1 for sample in seen for jobs in sample.values()), seen
     assert backend.live_jobs() == {}
+
+
+def test_processes_a_dead_supervisor_left_behind_are_stopped_before_its_job_counts_as_ended(tmp_path):
+    """The local backend's second line: a recorded rank still alive after its supervisor died (one started before
+    ranks died with their supervisor, say) is killed with the supervisor's process group; until it is gone the
+    job is still running, so nothing is submitted beside it."""
+    from bcp_pipeline.backends.local import LocalBackend
+    from bcp_pipeline.jobs import JobState
+    from bcp_pipeline.resources import LocalOptions
+
+    leader = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    rank = int(leader.stdout.readline())
+    leader.kill()  # the "supervisor" dies; its child lives on in its process group
+    leader.wait()
+    job_dir = tmp_path / "run" / "jobs" / "first.1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "spec.json").write_text(json.dumps({"labels": {"run": "r", "stage": "first", "kind": "stage"}}))
+    (job_dir / "status.json").write_text(json.dumps({
+        "pid": leader.pid, "start_ticks": 1, "state": "running", "started_at": 0.0,
+        "ranks": [{"pid": rank, "start_ticks": process_start_ticks(rank)}]}))
+    backend = LocalBackend(LocalOptions(), config_dir=tmp_path, stages_dir=tmp_path, run_dir=tmp_path / "run",
+                           workspace_name="main")
+    assert backend.poll(["first.1"])["first.1"].state is JobState.RUNNING
+    wait_for(lambda: process_start_ticks(rank) is None, timeout=5, what="the left-behind rank to be killed")
+    assert backend.poll(["first.1"])["first.1"].state is JobState.LOST
 
 
 def test_a_completion_record_half_written_by_a_killed_rank_leaves_no_temporary_after_the_rerun(tmp_path):
@@ -147,3 +170,18 @@ def test_a_command_the_orchestrator_runs_dies_with_it(tmp_path):
     wait_for(lambda: process_start_ticks(command) is None, timeout=5, what="the command to die with its caller")
     time.sleep(2.0)
     assert not marker.exists()
+
+
+def test_the_ranks_of_a_local_job_die_with_its_supervisor(tmp_path):
+    """Found by scripts/chaos: a supervisor killed before it had recorded its ranks' pids left ranks no record
+    named, and a download rank wrote a shard back after extract had consumed it. Ranks now die with it."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    spec = {"argv": [sys.executable, "-c", "import time; time.sleep(60)"], "env": {}, "replicas": 1, "processes": 2,
+            "cwd": str(tmp_path), "log_dir": str(tmp_path / "logs"), "master_port": 29999}
+    (job_dir / "spec.json").write_text(json.dumps(spec))
+    supervisor = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local_supervisor", str(job_dir)])
+    ranks = wait_for(lambda: len(children_of(supervisor.pid)) == 2 and children_of(supervisor.pid), what="2 ranks")
+    supervisor.kill()
+    supervisor.wait()
+    wait_for(lambda: all(process_start_ticks(pid) is None for pid in ranks), timeout=5, what="the ranks to die")
