@@ -223,6 +223,9 @@ def drive(backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, f
                 argv = [*cli, "resume"]
         record.wall = time.monotonic() - started
     finally:
+        if backend.orchestrator is not None and backend.orchestrator.poll() is None:
+            backend.orchestrator.kill()  # stopped early (a signal, an error): leave no orchestrator behind
+            backend.orchestrator.wait()
         sampler.stop.set()
         sampler.join()
         if server is not None:
