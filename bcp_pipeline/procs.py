@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from .errors import CommandError
@@ -14,7 +17,7 @@ def run_command(argv: list[str], *, timeout: float = 120, env: dict[str, str] | 
     """Run `argv`, capture output; raise CommandError (with stderr) on a non-zero exit or a missing binary."""
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, input=input_text,
-                                check=False)
+                                check=False, preexec_fn=die_with_parent(os.getpid()))
     except FileNotFoundError:
         raise CommandError(argv, 127, f"{argv[0]}: command not found", hint=hint) from None
     except subprocess.TimeoutExpired as exc:
@@ -22,6 +25,28 @@ def run_command(argv: list[str], *, timeout: float = 120, env: dict[str, str] | 
     if result.returncode != 0:
         raise CommandError(argv, result.returncode, result.stderr or result.stdout, hint=hint)
     return result
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int):
+    """A `preexec_fn` that makes the child die (SIGKILL) with `parent` (Linux; None elsewhere).
+
+    Used for the commands the orchestrator runs: an `ngc job run` or `sbatch` still on its way when the
+    orchestrator is killed would otherwise create its job after the resumed orchestrator looked for it by label,
+    and the stage would get a second job (found by scripts/chaos on the emulated BCP). And for the ranks of a
+    local job, which die with their supervisor as a node's processes die with it.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def in_child() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the orchestrator died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return in_child
 
 
 def process_start_ticks(pid: int) -> int | None:

@@ -45,12 +45,17 @@ def continue_run(state: RunState, pipeline: PipelineConfig, selection: Selection
 
     Failed and cancelled stages go back to PENDING (their attempts and job history stay); `--from` also resets
     the stages downstream of it; succeeded stages are not redone otherwise. Active stages are re-attached.
+    Without `--from`/`--only` the run continues with the stages it was started with: a stage it skipped stays
+    skipped (`resume` of a run started with `--only` must not start the stages the user left out).
     """
     missing = set(pipeline.stages) ^ set(state.stages)
     if missing:
         raise StateError(f"run {state.run_id} has stages {sorted(state.stages)} but pipeline {pipeline.name} now "
                          f"has {sorted(pipeline.stages)}; start a new run with --restart")
-    selected = selection.stages(pipeline)
+    if selection.from_stage or selection.only:
+        selected = selection.stages(pipeline)
+    else:
+        selected = {name for name, stage in state.stages.items() if stage.status is not StageStatus.SKIPPED}
     for name in selected:
         stage = state.stages[name]
         reset = stage.status in (StageStatus.FAILED, StageStatus.CANCELLED, StageStatus.SKIPPED)

@@ -145,9 +145,10 @@ def completion_path(output_dir: Path, stage: str, rank: int, world_size: int) ->
 
 def write_completion(output_dir: Path, stage: str, rank: int, world_size: int, summary: dict) -> None:
     """The last thing a rank writes: proof that every item of its shard is complete."""
-    atomic_write_json(completion_path(output_dir, stage, rank, world_size),
-                      {"stage": stage, "rank": rank, "world_size": world_size, "started_at": STARTED_AT,
-                       "finished_at": time.time(), **summary})
+    path = completion_path(output_dir, stage, rank, world_size)
+    remove_stale_temporaries_of([path])  # a rank killed while writing this record left its temporary (scripts/chaos)
+    atomic_write_json(path, {"stage": stage, "rank": rank, "world_size": world_size, "started_at": STARTED_AT,
+                             "finished_at": time.time(), **summary})
 
 
 def emit(kind: str, payload: dict, stream: IO[str] | None = None) -> None:

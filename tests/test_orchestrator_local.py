@@ -289,3 +289,22 @@ def test_status_lists_stages_in_pipeline_order(tmp_path, capsys):
     assert cli(config, "status") == 0
     rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:6]]
     assert rows == ["zfirst", "second", "third"]
+
+
+def test_resume_of_a_run_started_with_only_keeps_the_other_stages_skipped(tmp_path):
+    # Found by scripts/chaos: `resume` after a failure reset the stages left out with --only and ran them.
+    config = write_chain_project(tmp_path)
+    first = config.parent / "ws/main/first"
+    first.mkdir(parents=True)
+    (first / "FAIL-item-0001.txt").touch()
+    assert cli(config, "run", "chain", "--only", "first") == 1
+    (first / "FAIL-item-0001.txt").unlink()
+    assert cli(config, "resume") == 0
+    state = state_of(config)
+    assert state.stages["first"].status is StageStatus.SUCCEEDED and state.stages["first"].attempts == 2
+    for name in ("second", "third"):
+        assert state.stages[name].status is StageStatus.SKIPPED and not state.stages[name].jobs
+    assert not (config.parent / "ws/main/second").exists()
+    # `run` continuing the same run keeps to it too; naming stages again selects them.
+    assert cli(config, "run", "chain", "--only", "second") == 0
+    assert state_of(config).stages["third"].status is StageStatus.SKIPPED

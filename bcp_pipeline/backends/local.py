@@ -127,6 +127,9 @@ class LocalBackend(Backend):
             return JobStatus(job_id=job_id, state=JobState.QUEUED, native="queued")
         native = status["state"]
         if native == "running" and not is_alive(status["pid"], status.get("start_ticks")):
+            if _stop_orphaned_ranks(status):
+                return JobStatus(job_id=job_id, state=JobState.RUNNING, native="running",
+                                 detail="its supervisor died; stopping its ranks")
             if cancelled:
                 return JobStatus(job_id=job_id, state=JobState.CANCELLED, native="cancelled")
             return JobStatus(job_id=job_id, state=JobState.LOST, native="lost",
@@ -209,6 +212,21 @@ def _claim_order(job_dir: Path) -> tuple[str, int]:
     """`STAGE[.verify].N` by prefix, then N as a number (so .10 follows .9)."""
     prefix, _, number = job_dir.name.rpartition(".")
     return (prefix, int(number)) if number.isdigit() else (job_dir.name, 0)
+
+
+def _stop_orphaned_ranks(record: dict) -> bool:
+    """SIGKILL the ranks a dead supervisor left running; True while any of them still runs.
+
+    A supervisor killed on its own (OOM killer, a stray kill) does not take its ranks with it. The job is lost,
+    but until its ranks are gone it must not count as ended: the stage would be submitted again while they still
+    write its files (found by scripts/chaos: two pretrain jobs writing one checkpoint folder). The ranks and their
+    own children are in the supervisor's process group, and while a recorded rank lives that group id cannot have
+    been reused, so the group kill reaches exactly them.
+    """
+    alive = [rank for rank in record.get("ranks", []) if is_alive(rank["pid"], rank.get("start_ticks"))]
+    if alive:
+        signal_group(record["pid"], signal.SIGKILL)
+    return bool(alive)
 
 
 def _read_json(path: Path) -> dict | None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..atomic import atomic_write_json
-from ..procs import process_start_ticks
+from ..procs import die_with_parent, process_start_ticks
 
 
 def rank_environment(base: dict[str, str], replica: int, local_rank: int, replicas: int, processes: int,
@@ -64,19 +64,28 @@ def supervise(job_dir: Path) -> int:
 
     signal.signal(signal.SIGTERM, on_cancel)
     signal.signal(signal.SIGINT, on_cancel)
-    atomic_write_json(status_path, {**me, "state": "running", "started_at": time.time()})
+    started_at = time.time()
+    atomic_write_json(status_path, {**me, "state": "running", "started_at": started_at})
     base_env = {**os.environ, **spec["env"]}
     for replica in range(replicas):
         for local_rank in range(processes):
             rank = replica * processes + local_rank
             log = open(log_dir / f"rank-{rank:05d}.log", "ab")
             env = rank_environment(base_env, replica, local_rank, replicas, processes, spec["master_port"])
+            # A rank dies with its supervisor: killed before it recorded its ranks (below), it would otherwise
+            # leave ranks no record names, still writing the stage's files beside its next job (scripts/chaos).
             children.append(subprocess.Popen(spec["argv"], env=env, cwd=spec["cwd"], stdin=subprocess.DEVNULL,
-                                             stdout=log, stderr=subprocess.STDOUT))
+                                             stdout=log, stderr=subprocess.STDOUT,
+                                             preexec_fn=die_with_parent(os.getpid())))
             log.close()
+    # The rank pids go into the job's record: a rank that outlives a killed supervisor is still this job's, and
+    # `status`, `cancel` and the chaos checks (tests/chaos_backends.py) must be able to see it.
+    ranks = [{"pid": child.pid, "start_ticks": process_start_ticks(child.pid)} for child in children]
+    atomic_write_json(status_path, {**me, "state": "running", "started_at": started_at, "ranks": ranks})
     exit_codes = [child.wait() for child in children]
     state = "succeeded" if all(code == 0 for code in exit_codes) else "failed"
-    atomic_write_json(status_path, {**me, "state": state, "exit_codes": exit_codes, "ended_at": time.time()})
+    atomic_write_json(status_path, {**me, "state": state, "started_at": started_at, "ranks": ranks,
+                                    "exit_codes": exit_codes, "ended_at": time.time()})
     return 0
 
 
