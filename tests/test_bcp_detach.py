@@ -212,6 +212,7 @@ def test_killed_driver_then_resume_detach_completes_with_no_duplicate_job(fake, 
     assert f"driver: job {killed['id']} KILLED_BY_SYSTEM" in out and f"resume {run_id} --detach" in out
     assert cli(project, "resume", run_id, "--detach") == 0
     wait_for_success(project, capsys, run_id, fake)
+    wait_for_driver(fake, {"FINISHED_SUCCESS"}, index=1)  # it saves the final state, then its job ends
     assert [d["jobStatus"]["status"] for d in driver_jobs(fake)] == ["KILLED_BY_SYSTEM", "FINISHED_SUCCESS"]
     state = local_state(project)
     assert_once_per_attempt(fake, state)
