@@ -314,7 +314,9 @@ def _merge_backend_sections(body: Any, defaults: dict, where: Where) -> Any:
     """Merge the pipeline's `defaults.BACKEND` under each `BACKEND:` section of `body` (stage wins)."""
     if not isinstance(body, dict):
         return body
-    merged = body if isinstance(body, LineDict) else LineDict(body)
+    # A copy: YAML anchors (`<<: *stages`) hand several pipelines the same dict, and one pipeline's defaults
+    # must not reach the others' stages.
+    merged = copy.copy(body) if isinstance(body, LineDict) else LineDict(body)
     for backend, default_section in defaults.items():
         own = body.get(backend)
         if own is not None and not isinstance(own, dict):

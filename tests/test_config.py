@@ -184,3 +184,27 @@ def test_a_bad_driver_secret_name_is_refused_with_its_line(tmp_path):
                       "pipelines:\n  x: {workspace: {name: a, mount: /m}, stages: {}}\n")
     with pytest.raises(ConfigError, match=r"pipelines.yaml:3: backends.bcp: driver.secret 'bad name'"):
         load_config(config)
+
+
+def test_pipelines_sharing_anchored_stages_do_not_share_their_defaults(tmp_path):
+    write_chain_project(tmp_path)
+    config = tmp_path / "pipelines.yaml"
+    config.write_text("""\
+version: 1
+stages_dir: stages
+x-stages: &stages
+  first: {program: items.py, args: [--out, "${workspace}/a", --count, "1"]}
+pipelines:
+  small:
+    workspace: {name: a, mount: /m}
+    defaults: {slurm: {nodes: 1, ntasks_per_node: 2, time: 2h}, local: {processes: 2}}
+    stages: {<<: *stages}
+  big:
+    workspace: {name: a, mount: /m}
+    stages: {<<: *stages}
+""")
+    loaded = load_config(config)
+    assert loaded.pipeline("small").stages["first"].slurm.ntasks_per_node == 2
+    assert loaded.pipeline("small").stages["first"].local.processes == 2
+    big = loaded.pipeline("big").stages["first"]
+    assert big.slurm.ntasks_per_node is None and big.slurm.time is None and big.local.processes == 1
