@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from .atomic import atomic_write_json
-from .errors import PipelineError, StateError
+from .errors import BackendCallError, PipelineError, StateError
 from .state import RunState, RunStore
 
 SNAPSHOT_PREFIX = "BCPP-STATE "  # a log line holding the whole run state, after each save
@@ -105,9 +105,10 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     backend = BcpBackend(options, pipeline=pipeline, config_dir=config.file.parent, stages_dir=config.stages_dir,
                          run_dir=store.run_dir(run_id), workspace_name=pipeline.workspace.name,
                          mounted_workspace=root)
-    check_credentials(backend, active_drivers, run_id, options.driver)
+    check_credentials(backend, run_id, options.driver)
     lease = Lease(store.run_dir(run_id) / "driver.lease", own_id)
     lease.take(backend, deadline)
+    state = store.load(run_id)  # again: the driver before this one may have saved until its job ended
     print(f"driver job {own_id}: driving run {run_id} ({pipeline.name}); hand-over in "
           f"{max(0, deadline - time.monotonic()):.0f} s", flush=True)
     selected = {n for n in continue_run(state, pipeline, Selection()) if state.stages[n].status is not StageStatus.SKIPPED}
@@ -141,9 +142,9 @@ def record_term(state: RunState, job_id: str) -> list[dict]:
     return terms
 
 
-def check_credentials(backend, active_drivers, run_id: str, driver) -> None:
+def check_credentials(backend, run_id: str, driver) -> None:
     """One cheap API call first, so a wrong key fails the driver at once, naming the secret it came from."""
-    from .errors import BackendCallError  # pylint: disable=import-outside-toplevel
+    from .detached import active_drivers  # pylint: disable=import-outside-toplevel
 
     try:
         active_drivers(backend.transport, run_id)
