@@ -22,7 +22,7 @@ from typing import Callable
 from chaos_monkey import Target
 
 from bcp_pipeline.procs import is_alive
-from bcp_pipeline.state import RunStore
+from bcp_pipeline.engine.state import RunStore
 
 FINAL_LOCAL_STATES = {"succeeded", "failed", "cancelled"}
 
@@ -105,7 +105,7 @@ class LocalChaos(ChaosBackend):
     kinds = ("rank", "verify", "supervisor")
 
     def workspace(self) -> Path:
-        from bcp_pipeline.config import load_config
+        from bcp_pipeline.config.pipelines import load_config
 
         config = load_config(self.config, pipeline=self.pipeline)
         options = config.options["local"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from bcp_pipeline.state import RunState, StageStatus
+from bcp_pipeline.engine.state import RunState, StageStatus
 
 
 @dataclass

@@ -32,8 +32,8 @@ from chaos_checks import Check, check_one_live_job, check_outputs, check_verific
 from chaos_monkey import HTTP_FAULTS, ChaosHttpSource, Monkey
 from chaos_slurm import SlurmChaos
 
-from bcp_pipeline.config import load_config, substitute
-from bcp_pipeline.state import RunState, RunStore
+from bcp_pipeline.config.pipelines import load_config, substitute
+from bcp_pipeline.engine.state import RunState, RunStore
 
 REPO = Path(__file__).resolve().parent.parent
 BACKENDS: dict[str, type[ChaosBackend]] = {"local": LocalChaos, "bcp": BcpChaos, "slurm": SlurmChaos}
@@ -185,7 +185,7 @@ def drive(backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, f
     if mirror is not None:
         server = ChaosHttpSource(mirror[0], random.Random(f"{options.seed}-http"), fault_rate, options.faults).start()
         overrides += url_overrides(mirror[1], server.url)
-    cli = [sys.executable, "-m", "bcp_pipeline.cli", "--config", str(backend.config)]
+    cli = [sys.executable, "-m", "bcp_pipeline.cli.main", "--config", str(backend.config)]
     argv = [*cli, "run", options.pipeline, "--backend", backend.name]
     argv += [a for stage in options.only for a in ("--only", stage)]
     argv += [a for value in overrides for a in ("--set", value)]

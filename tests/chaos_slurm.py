@@ -11,7 +11,7 @@ from pathlib import Path
 from chaos_backends import ChaosBackend, processes, sigkill
 from chaos_monkey import Target
 
-from bcp_pipeline.state import RunStore
+from bcp_pipeline.engine.state import RunStore
 
 
 class SlurmChaos(ChaosBackend):
@@ -49,7 +49,7 @@ class SlurmChaos(ChaosBackend):
         return {**os.environ, "SLURM_CONF": self.slurm_conf or ""}
 
     def workspace(self) -> Path:
-        from bcp_pipeline.config import load_config
+        from bcp_pipeline.config.pipelines import load_config
 
         config = load_config(self.config, pipeline=self.pipeline)
         options = config.options["slurm"]

@@ -7,6 +7,12 @@ REPO = Path(__file__).resolve().parent.parent
 STAGES = REPO / "stages"
 if str(STAGES) not in sys.path:
     sys.path.insert(0, str(STAGES))
+# Tests are grouped in folders by the part they test (engine/, backends/, stages/, ...); the shared helpers here
+# and the test modules some tests borrow from (test_preprocess's reference tokenizer, ...) import by plain name.
+TESTS = Path(__file__).resolve().parent
+for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
+    if str(folder) not in sys.path:
+        sys.path.insert(1, str(folder))
 
 # The emulated BCP's fixtures (`fake`, once per transport), for every test module.
 from bcp_emulation import fake, ngc_tls_dir  # noqa: E402,F401

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import Config, PipelineConfig
+from ..config.pipelines import Config, PipelineConfig
 from ..errors import ConfigError
-from ..jobs import Backend
+from .contract import Backend
 
 BACKENDS = ("local", "bcp", "slurm")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_json
-from ..config import PipelineConfig
+from ..config.pipelines import PipelineConfig
 from ..errors import BackendCallError
-from ..jobs import Backend, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
-from ..resources import BcpOptions
+from .contract import Backend, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
+from ..config.resources import BcpOptions
 from .bcp_render import UPLOAD_EXCLUDES, JobSpec, code_destination, job_run_argv, job_spec, label, upload_argv
 from .bcp_transport import Transport, make_transport
 from .common import last_lines, shell_join

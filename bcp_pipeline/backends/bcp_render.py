@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..durations import format_duration, parse_duration
+from ..config.durations import format_duration, parse_duration
 from ..errors import SubmissionError
-from ..jobs import JobRequest
-from ..resources import BcpOptions, BcpResources
+from .contract import JobRequest
+from ..config.resources import BcpOptions, BcpResources
 from .common import placeholder_values, resolved_env, shell_join, stage_command
 
 LABEL_PREFIX = "bcpp"
@@ -56,7 +56,7 @@ def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path) -> s
     values = job_values(request, options, stages_dir)
     resources: BcpResources = request.resources("bcp")
     if request.kind == "stage" and request.stage.nemo and not resources.command:
-        from ..nemo import training_commandline
+        from ..config.nemo import training_commandline
 
         try:
             return training_commandline(request.stage, cluster_type="bcp", nodes="${NGC_ARRAY_SIZE}",

@@ -23,10 +23,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
-from ..durations import parse_duration
+from ..config.durations import parse_duration
 from ..errors import BackendCallError, CommandError, ConfigError
 from ..procs import run_command
-from ..resources import BcpOptions
+from ..config.resources import BcpOptions
 from .bcp_render import JobSpec, global_flags, job_run_argv, upload_argv
 
 SDK_VERSION = "4.19.1"  # the last ngcsdk with Base Command in it

@@ -7,8 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..config import substitute
-from ..jobs import JobProgress, JobRequest
+from ..config.pipelines import substitute
+from .contract import JobProgress, JobRequest
 
 LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
 

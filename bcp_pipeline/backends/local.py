@@ -18,9 +18,9 @@ from pathlib import Path
 
 from ..atomic import atomic_write_json
 from ..errors import SubmissionError
-from ..jobs import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission
+from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission
 from ..procs import is_alive, process_start_ticks, signal_group
-from ..resources import LocalOptions
+from ..config.resources import LocalOptions
 from .common import last_lines, placeholder_values, progress_from_logs, read_tail, resolved_env, shell_join
 from .common import stage_command
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CommandError, SubmissionError
-from ..jobs import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
+from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
 from ..procs import run_command
-from ..resources import SlurmOptions
+from ..config.resources import SlurmOptions
 from .common import last_lines, progress_from_logs, read_tail
 from .slurm_render import NEMO_SUFFIX, batch_script, job_name, nemo_job_name_prefix, nemo_launcher_script, paths_for
 from .slurm_render import shape

@@ -21,10 +21,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..durations import parse_duration
+from ..config.durations import parse_duration
 from ..errors import SubmissionError
-from ..jobs import JobRequest
-from ..resources import SlurmOptions, SlurmResources
+from .contract import JobRequest
+from ..config.resources import SlurmOptions, SlurmResources
 from .common import placeholder_values, resolved_env, shell_join, stage_command
 
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -165,7 +165,7 @@ def nemo_job_name_prefix(request: JobRequest) -> str:
 
 def nemo_launcher_overrides(request: JobRequest, options: SlurmOptions, paths: Paths) -> list[str]:
     """NeMo launcher Hydra overrides for a Slurm cluster (`cluster_type=bcm`), data_prefix excluded."""
-    from ..nemo import gpus_per_node, launcher_overrides
+    from ..config.nemo import gpus_per_node, launcher_overrides
 
     res: SlurmResources = request.resources("slurm")
     stage = request.stage
@@ -193,8 +193,8 @@ def nemo_launcher_script(request: JobRequest, options: SlurmOptions, paths: Path
     """Shell script for the submit host: build the data list from the manifests, then run the launcher, which
     `sbatch`es the training job. `data_prefix` (a rendered `training.model.data.data_prefix=[...]`) replaces the
     list built at submit time, for tests and for users who pin one."""
-    from ..config import substitute
-    from ..nemo import DATA_LIST_FILE
+    from ..config.pipelines import substitute
+    from ..config.nemo import DATA_LIST_FILE
 
     stage = request.stage
     assert stage.nemo is not None

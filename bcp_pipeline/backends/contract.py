@@ -1,0 +1,168 @@
+"""The backend contract: what the orchestrator asks of a backend, and the one generic job-state enum.
+
+A backend renders a JobRequest into a Submission (pure, printable: `plan` shows exactly what `run` submits),
+submits it, polls many jobs in one call, fetches logs and cancels. Each backend maps its native job states to
+JobState through an explicit dict; a native state missing from the dict is UNKNOWN, which means "not finished
+yet", never "failed" (treating it as failed would launch a duplicate on resume).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from ..config.pipelines import PipelineConfig, StageConfig
+
+
+class JobState(enum.Enum):
+    """Generic state of one backend job."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"  # hit its runtime limit (BCP FAILED_RUN_LIMIT_EXCEEDED, Slurm TIMEOUT)
+    PREEMPTED = "preempted"  # stopped by the scheduler; may be resumed
+    CANCELLED = "cancelled"
+    LOST = "lost"  # the job vanished (node or supervisor died) without a result
+    UNKNOWN = "unknown"  # a native state we do not know: treated as not finished
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {JobState.SUCCEEDED, JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED, JobState.LOST}
+
+
+def map_native_state(native: str, mapping: dict[str, JobState]) -> JobState:
+    """Map a backend's state string; anything unknown is UNKNOWN (not finished)."""
+    return mapping.get(native.strip().upper(), JobState.UNKNOWN)
+
+
+@dataclass(kw_only=True)
+class JobStatus:
+    """What one poll says about one job."""
+
+    job_id: str
+    state: JobState
+    native: str = ""  # the backend's own state name, shown to users
+    detail: str = ""  # e.g. BCP statusDetails, Slurm reason, failing ranks
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRequest:
+    """A backend-neutral request: run this stage's program (or its verification) for this run."""
+
+    run_id: str
+    pipeline: "PipelineConfig"
+    stage: "StageConfig"
+    kind: Literal["stage", "verify"]
+    program: str  # file in stages/
+    args: tuple[str, ...]  # may hold ${placeholders}; the backend resolves them for where the job runs
+    attempt: int = 1
+
+    @property
+    def job_name(self) -> str:
+        suffix = "-verify" if self.kind == "verify" else ""
+        return f"{self.pipeline.name}.{self.stage.name}{suffix}"
+
+    def resources(self, backend: str) -> Any:
+        """The typed resources for `backend`: the stage's, or the pipeline's verification resources."""
+        source = self.pipeline.verification if self.kind == "verify" else self.stage
+        return getattr(source, backend)
+
+
+@dataclass(kw_only=True)
+class Submission:
+    """A rendered job: `printable` is exactly what would be submitted (a command line, a script...)."""
+
+    request: JobRequest
+    printable: str
+    payload: dict[str, Any] = field(default_factory=dict)  # backend-specific, JSON-serialisable
+
+    def as_json(self) -> dict[str, Any]:
+        return {"stage": self.request.stage.name, "kind": self.request.kind, "name": self.request.job_name,
+                "printable": self.printable, **self.payload}
+
+
+@dataclass(kw_only=True)
+class PreparedAction:
+    """A side effect a backend needs once per run before the first stage (e.g. uploading stages/)."""
+
+    description: str
+    printable: str
+
+
+@dataclass(kw_only=True)
+class JobProgress:
+    done: int
+    total: int
+    unit: str = "items"
+
+
+class Backend(abc.ABC):
+    """The contract every backend implements; nothing else in the orchestrator is backend-specific."""
+
+    name: str = ""
+    poll_min_seconds: float = 1.0
+    poll_max_seconds: float = 10.0
+
+    def prepare(self, pipeline: "PipelineConfig", execute: bool) -> list[PreparedAction]:
+        """Once per run before the first submission; with execute=False only describe it (for `plan`)."""
+        return []
+
+    @abc.abstractmethod
+    def sharding(self, request: JobRequest) -> dict[str, int]:
+        """`{"replicas": R, "processes": P}` the request would run with (recorded, checked on resume)."""
+
+    @abc.abstractmethod
+    def render(self, request: JobRequest) -> Submission:
+        """Pure: turn a request into a submission. Raises SubmissionError when it cannot be rendered."""
+
+    @abc.abstractmethod
+    def submit(self, submission: Submission) -> str:
+        """Submit; return the backend's job id. Raises SubmissionError / BackendCallError."""
+
+    @abc.abstractmethod
+    def poll(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """Status of all `job_ids` in ONE backend call; ids the backend no longer knows are omitted."""
+
+    @abc.abstractmethod
+    def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
+        """Jobs of this run, stage and kind that are not finished (guards against a second job on a stage)."""
+
+    def find_submitted(self, run_id: str, stage: str, kind: str) -> list[str]:
+        """Jobs of this run, stage and kind, finished ones too where the backend still knows them, oldest first.
+
+        The submitter adopts one it has no record of (the orchestrator died between the submit call and saving
+        its id) instead of submitting again. By default only live jobs: a backend that forgets finished jobs
+        (Slurm's squeue) can do no better, and the stage then runs again."""
+        return self.find_active(run_id, stage, kind)
+
+    @abc.abstractmethod
+    def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
+        """The job's log (one rank/replica when given); `tail` keeps the last lines."""
+
+    @abc.abstractmethod
+    def cancel(self, job_ids: list[str]) -> None:
+        """Stop these jobs."""
+
+    def resume(self, job_id: str) -> bool:
+        """Resume a PREEMPTED job; False when the backend cannot (the orchestrator then resubmits)."""
+        return False
+
+    def progress(self, job_id: str) -> JobProgress | None:
+        """Items done of total, when the stage reports it and the backend can read it cheaply."""
+        return None
+
+    def failure_detail(self, job_id: str, status: JobStatus) -> str:
+        """A human explanation of a failed job: failing ranks, the tail of their logs, scheduler reason."""
+        return status.detail
+
+    def job_url(self, job_id: str) -> str | None:
+        return None

@@ -1,0 +1,209 @@
+"""The orchestrator as a BCP job: what `run --detach` submits. Runs inside the job as
+
+    cd ROOT/.bcp-pipeline/runs/RUN/driver && python3 -m bcp_pipeline.detach.driver --workspace-root ROOT --run RUN ...
+
+where ROOT is the pipeline's workspace mount and the folder holds what the laptop uploaded (this package, stages/
+and pipelines.yaml). The run state lives beside it in the workspace (`ROOT/.bcp-pipeline/runs/RUN/state.json`);
+every save is also printed to the job log as one `BCPP-STATE {...}` line, which is how `status` on the laptop
+reads it. The NGC API key arrives only as the BCP secret the job names (NGC_CLI_API_KEY in the environment).
+
+One driver at a time: a new one takes the lease file (`driver.lease` in the run folder) only once the job holding
+it has ended. Shortly before its own --total-runtime ends, a driver submits its successor and exits.
+
+Until it has checked the image (ngcsdk, PyYAML), this module uses nothing outside the standard library: a driver
+that cannot work fails at once, with a `BCPP-ERROR` line that `status` shows on the laptop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..atomic import atomic_write_json
+from ..errors import BackendCallError, PipelineError, StateError
+from ..engine.state import RunState, RunStore
+
+SNAPSHOT_PREFIX = "BCPP-STATE "  # a log line holding the whole run state, after each save
+ERROR_PREFIX = "BCPP-ERROR "  # a log line with the reason a driver gave up
+EXIT_MISSING_SOFTWARE = 3
+SDK_REQUIREMENT = "ngcsdk==4.19.1"
+LEASE_POLL_SECONDS = 2.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bcp_pipeline.detach.driver",
+                                     description="the bcp-pipeline orchestrator inside a BCP job (run --detach)")
+    parser.add_argument("--workspace-root", required=True, type=Path, help="where the pipeline workspace is mounted")
+    parser.add_argument("--run", required=True, help="run id")
+    parser.add_argument("--hand-over-after", type=float, required=True,
+                        help="seconds after start to submit the successor driver and exit")
+    parser.add_argument("--install", action="store_true", help="pip install what the image lacks")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    missing = ensure_software(install=args.install)
+    if missing:
+        return fail(missing, EXIT_MISSING_SOFTWARE)
+    try:
+        return drive_detached(args.workspace_root, args.run, deadline=started + args.hand_over_after)
+    except PipelineError as exc:
+        return fail(str(exc), exc.exit_code)
+
+
+def fail(message: str, code: int) -> int:
+    print(ERROR_PREFIX + " ".join(message.split()), flush=True)
+    return code
+
+
+def ensure_software(*, install: bool) -> str | None:
+    """None when ngcsdk and PyYAML import (after installing them when allowed); else why not, in words."""
+    wanted = {"ngcsdk": SDK_REQUIREMENT, "yaml": "pyyaml"}
+    missing = [requirement for module, requirement in wanted.items() if importlib.util.find_spec(module) is None]
+    if not missing:
+        return None
+    python = sys.executable
+    if not install:
+        return (f"the driver's image lacks {', '.join(missing)} for {python}, and backends.bcp.driver.install_ngcsdk "
+                "is false: use an image that has them, or allow the install")
+    print(f"installing {' '.join(missing)} into {python}", flush=True)
+    result = subprocess.run([python, "-m", "pip", "install", "--quiet", *missing], capture_output=True, text=True,
+                            check=False)
+    importlib.invalidate_caches()
+    if result.returncode != 0 or any(importlib.util.find_spec(m) is None for m in wanted):
+        reason = " ".join((result.stderr or result.stdout).split())[-500:] or f"exit {result.returncode}"
+        return (f"the driver's image lacks {', '.join(missing)} for {python}, and `pip install` of them failed "
+                f"({reason}): use an image that has them (backends.bcp.driver.image) or one with pip and network")
+    return None
+
+
+def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
+    """Take the lease, drive the run from the workspace state, hand over before the deadline: the exit status."""
+    # pylint: disable=import-outside-toplevel  (these need PyYAML, checked by now)
+    from ..backends.bcp import BcpBackend
+    from .laptop import DRIVER_FOLDER, active_drivers, driver_spec, workspace_state_root
+    from ..engine.orchestrator import Orchestrator
+    from ..config.preflight import load_and_check
+    from ..report.text import Reporter
+    from ..engine.selection import Selection, continue_run
+    from ..engine.state import StageStatus
+
+    own_id = os.environ.get("NGC_JOB_ID", "")
+    if not own_id:
+        raise StateError("NGC_JOB_ID is not set: bcp_pipeline.detach.driver runs only inside a BCP job (`run --detach`)")
+    store = SnapshotStore(workspace_state_root(root))
+    state = store.load(run_id)
+    config_file = store.run_dir(run_id) / DRIVER_FOLDER / "pipelines.yaml"
+    config = load_and_check(config_file, overrides=state.overrides, pipeline=state.pipeline)
+    pipeline = config.pipeline(state.pipeline)
+    options = config.options["bcp"]
+    options.transport = "sdk"  # the ngc CLI is not in the images; ngcsdk is
+    backend = BcpBackend(options, pipeline=pipeline, config_dir=config.file.parent, stages_dir=config.stages_dir,
+                         run_dir=store.run_dir(run_id), workspace_name=pipeline.workspace.name,
+                         mounted_workspace=root)
+    check_credentials(backend, run_id, options.driver)
+    lease = Lease(store.run_dir(run_id) / "driver.lease", own_id)
+    lease.take(backend, deadline)
+    state = store.load(run_id)  # again: the driver before this one may have saved until its job ended
+    print(f"driver job {own_id}: driving run {run_id} ({pipeline.name}); hand-over in "
+          f"{max(0, deadline - time.monotonic()):.0f} s", flush=True)
+    selected = {n for n in continue_run(state, pipeline, Selection()) if state.stages[n].status is not StageStatus.SKIPPED}
+    terms = record_term(state, own_id)
+    store.save(state)
+    orchestrator = Orchestrator(pipeline=pipeline, backend=backend, store=store, state=state, reporter=Reporter(),
+                                selected=selected, should_stop=lambda: time.monotonic() >= deadline)
+    try:
+        ok = orchestrator.drive()
+    finally:
+        terms[-1]["until"] = time.time()
+        store.save(state)
+    if orchestrator.stopped:
+        others = [job for job in active_drivers(backend.transport, run_id) if str(job.get("id")) != own_id]
+        if others:  # someone (a user's `resume --detach`) already started one: never two successors
+            print(f"driver job {own_id}: job {others[0].get('id')} already takes over; exiting", flush=True)
+            return 0
+        spec = driver_spec(config, pipeline, run_id, dict(os.environ))
+        successor = backend.transport.submit(spec)
+        print(f"driver job {own_id}: runtime nearly spent; successor driver job {successor} takes over", flush=True)
+        return 0
+    print(f"driver job {own_id}: run {run_id} {'succeeded' if ok else state.status}", flush=True)
+    return 0 if ok else 1
+
+
+def record_term(state: RunState, job_id: str) -> list[dict]:
+    """Note in the state which driver drives the run from now (`detached.drivers`: job_id, since, until)."""
+    state.detached = {**(state.detached or {}), "owner": "driver"}
+    terms = state.detached.setdefault("drivers", [])
+    terms.append({"job_id": job_id, "since": time.time(), "until": None})
+    return terms
+
+
+def check_credentials(backend, run_id: str, driver) -> None:
+    """One cheap API call first, so a wrong key fails the driver at once, naming the secret it came from."""
+    from .laptop import active_drivers  # pylint: disable=import-outside-toplevel
+
+    try:
+        active_drivers(backend.transport, run_id)
+    except BackendCallError as exc:
+        raise BackendCallError(
+            f"the driver cannot call the NGC API with the key from BCP secret {driver.secret} (key "
+            f"{driver.secret_key}): {exc}. Check it with `ngc user secret info {driver.secret}` and recreate it "
+            "with your current API key if needed") from None
+
+
+class Lease:
+    """`driver.lease` in the run folder: the job id of the driver that drives the run.
+
+    A driver takes it only when it is free, its own, or held by a job that has ended; until then it waits (up to
+    its own hand-over deadline). Jobs end for good on BCP, so a lease cannot be taken from a live driver.
+    """
+
+    def __init__(self, path: Path, job_id: str) -> None:
+        self.path = path
+        self.job_id = job_id
+
+    def holder(self) -> str | None:
+        try:
+            return str(json.loads(self.path.read_text(encoding="utf-8"))["job_id"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"{self.path}: unreadable driver lease ({exc}); remove it once no driver job of this "
+                             "run is running") from None
+
+    def take(self, backend, deadline: float, sleep=time.sleep) -> None:
+        from ..backends.bcp import status_of  # pylint: disable=import-outside-toplevel
+
+        while (holder := self.holder()) not in (None, self.job_id):
+            status = status_of(backend.transport.job(holder))
+            if status.state.finished:
+                break
+            if time.monotonic() >= deadline:
+                raise StateError(f"driver job {holder} still drives this run ({status.native}); this driver "
+                                 f"({self.job_id}) gave up waiting for it to end")
+            print(f"driver job {self.job_id}: waiting for driver job {holder} ({status.native}) to end", flush=True)
+            sleep(LEASE_POLL_SECONDS)
+        atomic_write_json(self.path, {"job_id": self.job_id, "taken_at": time.time()})
+
+
+def snapshot_line(payload: dict) -> str:
+    return SNAPSHOT_PREFIX + json.dumps(payload, separators=(",", ":"))
+
+
+class SnapshotStore(RunStore):
+    """Saves as RunStore does, after printing the state to the job log as one line (the laptop's view of it).
+
+    Printed first: the log is then never behind the file, and the file never behind what was submitted."""
+
+    def save(self, state: RunState) -> None:
+        state.updated_at = time.time()
+        print(snapshot_line(state.to_json()), flush=True)
+        super().save(state)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

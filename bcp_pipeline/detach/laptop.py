@@ -1,0 +1,280 @@
+"""Detached runs on BCP (`run --detach`): the orchestrator runs as a small BCP job, the driver (driver.py).
+
+From the laptop, a detached run is a run like any other. Its local state file is a mirror: `status`, `logs` and
+`cancel` refresh it from the last `BCPP-STATE` line of the driver's job log (read through the transport), and
+`state.detached["owner"]` says which copy is authoritative:
+
+- "driver": the workspace's copy (`.bcp-pipeline/runs/RUN/state.json` under the mount), which drivers save;
+- "local": the laptop's, after `cancel` or after `resume` without --detach took the run back. The next
+  `--detach` uploads it.
+
+Driver jobs carry the run's label and `bcpp_kind_driver`, so they are found by one labelled `job list`, which is
+also how a second driver for the same run is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..backends.bcp import BcpBackend, labels_of, status_of
+from ..backends.bcp_render import UPLOAD_EXCLUDES, JobSpec, label
+from ..backends.bcp_transport import Transport, read_ngc_config
+from ..backends.common import shell_join
+from ..config.pipelines import Config, PipelineConfig
+from .driver import ERROR_PREFIX, SNAPSHOT_PREFIX
+from ..config.durations import format_duration, parse_duration
+from ..errors import BackendCallError, ConfigError, StateError, SubmissionError
+from ..backends.contract import JobState, JobStatus
+from ..engine.state import RunState, RunStore, StageStatus
+
+WORKSPACE_STATE_DIR = ".bcp-pipeline"  # under the workspace mount: runs/RUN/{state.json, driver.lease, driver/}
+DRIVER_FOLDER = "driver"  # in the run folder: what the driver runs (this package, stages/, pipelines.yaml)
+DRIVER_KIND = "driver"
+LOG_TAIL_LINES = 400
+STOP_WAIT_SECONDS = 120.0
+
+
+def workspace_state_root(mount: Path) -> Path:
+    return mount / WORKSPACE_STATE_DIR
+
+
+def workspace_run_path(run_id: str) -> str:
+    """The run's folder, relative to the workspace."""
+    return f"{WORKSPACE_STATE_DIR}/runs/{run_id}"
+
+
+def is_driver_owned(state: RunState) -> bool:
+    return bool(state.detached) and state.detached.get("owner") == "driver"
+
+
+# -- pure -----------------------------------------------------------------------------------------------------
+def driver_spec(config: Config, pipeline: PipelineConfig, run_id: str, environ: Mapping[str, str]) -> JobSpec:
+    """The driver job of run `run_id`: no key anywhere in it, only the name of the secret that holds one."""
+    options = config.options["bcp"]
+    driver = options.driver
+    verification = pipeline.verification.bcp
+    instance, image = driver.instance or verification.instance, driver.image or verification.image
+    if not instance or not image:
+        raise SubmissionError(f"pipeline {pipeline.name}: the driver job needs an instance and an image: set "
+                              "backends.bcp.driver.instance/image, or the pipeline's verification bcp section")
+    runtime, before = parse_duration(driver.total_runtime), parse_duration(driver.handover_before)
+    if before >= runtime:
+        raise ConfigError(f"backends.bcp.driver.handover_before ({driver.handover_before}) must be shorter than "
+                          f"its total_runtime ({driver.total_runtime})", file=str(config.file))
+    mount = pipeline.workspace.mount.rstrip("/")
+    program = [driver.python or options.python, "-m", "bcp_pipeline.detach.driver", "--workspace-root", mount,
+               "--run", run_id, "--hand-over-after", str(runtime - before),
+               *(["--install"] if driver.install_ngcsdk else [])]
+    folder = f"{mount}/{workspace_run_path(run_id)}/{DRIVER_FOLDER}"
+    settings = ngc_settings(options.org, options.team, options.ace, environ)
+    return JobSpec(
+        name=f"{pipeline.name}.driver", image=image, instance=instance, result="/results",
+        commandline=f"cd {shlex.quote(folder)} && exec {shell_join(program)}",
+        workspaces=(f"{pipeline.workspace.name}:{mount}:RW",), total_runtime=format_duration(runtime),
+        priority=driver.priority, labels=(label("run", run_id), label("kind", DRIVER_KIND)),
+        secrets=(f"{driver.secret}:{driver.secret_key}:NGC_CLI_API_KEY",),
+        env=tuple(f"{key}:{value}" for key, value in settings.items()),
+        org=options.org, team=options.team, ace=options.ace,
+    )
+
+
+def ngc_settings(org: str | None, team: str | None, ace: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """Org, team and ACE for the driver's ngcsdk, as plain settings: pipelines.yaml, else this machine's NGC ones."""
+    saved = read_ngc_config(dict(environ))
+    values = {"NGC_CLI_ORG": org or environ.get("NGC_CLI_ORG") or saved.get("org"),
+              "NGC_CLI_TEAM": team or environ.get("NGC_CLI_TEAM") or saved.get("team"),
+              "NGC_CLI_ACE": ace or environ.get("NGC_CLI_ACE") or saved.get("ace")}
+    return {key: value for key, value in values.items() if value and value != "no-team"}
+
+
+def last_snapshot(log: str) -> dict[str, Any] | None:
+    """The run state in the last complete `BCPP-STATE` line of a driver's log."""
+    for line in reversed(log.splitlines()):
+        if line.startswith(SNAPSHOT_PREFIX):
+            try:
+                return json.loads(line[len(SNAPSHOT_PREFIX):])
+            except ValueError:
+                continue  # cut off mid-line by a kill: the one before is whole
+    return None
+
+
+def last_error(log: str) -> str | None:
+    for line in reversed(log.splitlines()):
+        if line.startswith(ERROR_PREFIX):
+            return line[len(ERROR_PREFIX):].strip()
+    return None
+
+
+def build_bundle(config: Config, into: Path, state: RunState | None) -> None:
+    """What `--detach` uploads to the run folder in the workspace: driver/ (this package, stages/, the config with
+    its stages_dir pointing at that copy) and, when the laptop's copy is the authoritative one, state.json."""
+    folder = into / DRIVER_FOLDER
+    ignore = shutil.ignore_patterns(*UPLOAD_EXCLUDES, "*.pyc")
+    shutil.copytree(Path(__file__).resolve().parents[1], folder / "bcp_pipeline", ignore=ignore)
+    shutil.copytree(config.stages_dir, folder / "stages", ignore=ignore)
+    text = config.file.read_text(encoding="utf-8")
+    text = STAGES_DIR_LINE.sub("stages_dir: stages  # the driver's copy (bcp-pipeline run --detach)", text)
+    (folder / "pipelines.yaml").write_text(text, encoding="utf-8")
+    if state is not None:
+        (into / "state.json").write_text(json.dumps(state.to_json(), indent=2) + "\n", encoding="utf-8")
+
+
+STAGES_DIR_LINE = re.compile(r"^stages_dir:.*$", re.MULTILINE)
+
+
+# -- through the transport -------------------------------------------------------------------------------------
+def active_drivers(transport: Transport, run_id: str) -> list[dict[str, Any]]:
+    return [job for job in driver_jobs(transport, run_id) if not status_of(job).state.finished]
+
+
+def driver_jobs(transport: Transport, run_id: str) -> list[dict[str, Any]]:
+    """Every driver job of the run, oldest first (one labelled `job list`)."""
+    wanted = label("kind", DRIVER_KIND)
+    jobs = [job for job in transport.list_jobs([label("run", run_id)]) if wanted in labels_of(job)]
+    return sorted(jobs, key=lambda job: int(str(job.get("id"))) if str(job.get("id")).isdigit() else 0)
+
+
+@dataclass(kw_only=True)
+class DriverView:
+    """What `status` shows about a detached run's drivers."""
+
+    jobs: list[JobStatus] = field(default_factory=list)  # oldest first
+    error: str | None = None  # the latest driver's BCPP-ERROR line, when it gave up
+    snapshot_from: str | None = None  # the driver job whose log the stages were read from
+
+    @property
+    def latest(self) -> JobStatus | None:
+        return self.jobs[-1] if self.jobs else None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"jobs": [{"job_id": j.job_id, "state": j.state.value, "native": j.native, "detail": j.detail}
+                         for j in self.jobs], "error": self.error, "snapshot_from": self.snapshot_from}
+
+
+@dataclass
+class DetachedRun:
+    """A run's driver jobs, seen and steered from the laptop."""
+
+    config: Config
+    pipeline: PipelineConfig
+    store: RunStore
+    state: RunState
+    backend: BcpBackend
+
+    @property
+    def transport(self) -> Transport:
+        return self.backend.transport
+
+    def start(self, environ: Mapping[str, str]) -> tuple[str, bool]:
+        """Submit a driver (uploading what it runs first), or resume a preempted one: (job id, resumed)."""
+        for job in active_drivers(self.transport, self.state.run_id):
+            status = status_of(job)
+            if status.state is JobState.PREEMPTED:
+                self.transport.resume(status.job_id)
+                return status.job_id, True
+            raise StateError(f"run {self.state.run_id} is already driven by driver job {status.job_id} "
+                             f"({status.native}): follow it with `bcp-pipeline status {self.state.run_id}`, "
+                             f"stop it with `bcp-pipeline cancel {self.state.run_id}`")
+        upload_state = not is_driver_owned(self.state)
+        self.state.detached = {"owner": "driver"}
+        with tempfile.TemporaryDirectory(prefix="bcpp-driver-") as tmp:
+            build_bundle(self.config, Path(tmp), self.state if upload_state else None)
+            self.transport.upload(self.pipeline.workspace.name, Path(tmp), workspace_run_path(self.state.run_id),
+                                  UPLOAD_EXCLUDES)
+        job_id = self.transport.submit(driver_spec(self.config, self.pipeline, self.state.run_id, environ))
+        self.store.save(self.state)
+        return job_id, False
+
+    def refresh(self) -> DriverView:
+        """Driver jobs and their last saved run state (into self.state and the local mirror, while they own it)."""
+        jobs = driver_jobs(self.transport, self.state.run_id)
+        view = DriverView(jobs=[status_of(job) for job in jobs])
+        for status in reversed(view.jobs):
+            log = self._log(status.job_id)
+            if status is view.latest and status.state.finished:
+                view.error = last_error(log)
+            snapshot = last_snapshot(log) or (last_snapshot(self._log(status.job_id, full=True)) if log else None)
+            if snapshot is not None:
+                view.snapshot_from = status.job_id
+                if is_driver_owned(self.state):
+                    self._mirror(snapshot)
+                break
+        return view
+
+    def _log(self, job_id: str, full: bool = False) -> str:
+        try:
+            return self.transport.log(job_id, None, None if full else LOG_TAIL_LINES)
+        except BackendCallError:
+            return ""  # a job that never started has no log yet
+
+    def _mirror(self, snapshot: dict[str, Any]) -> None:
+        try:
+            fresh = RunState.from_json(snapshot)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"run {self.state.run_id}: the driver's last state line is unreadable ({exc})") from None
+        self.state.stages, self.state.updated_at = fresh.stages, fresh.updated_at
+        self.state.detached = {**(fresh.detached or {}), "owner": "driver"}
+        self.store.save(self.state)
+
+    def stop_drivers(self, wait_seconds: float = STOP_WAIT_SECONDS) -> list[str]:
+        """Kill the run's live drivers and wait until BCP reports them ended: their ids."""
+        ids = [str(job.get("id")) for job in active_drivers(self.transport, self.state.run_id)]
+        if ids:
+            self.backend.cancel(ids)
+        deadline = time.monotonic() + wait_seconds
+        while ids and active_drivers(self.transport, self.state.run_id):
+            if time.monotonic() > deadline:
+                raise StateError(f"driver job(s) {', '.join(ids)} of run {self.state.run_id} were killed but have "
+                                 f"not ended after {wait_seconds:.0f} s; try again")
+            time.sleep(1.0)
+        return ids
+
+    def take_back(self) -> list[str]:
+        """Stop the drivers and make the laptop's copy of the state (their last one) the authoritative one."""
+        stopped = self.stop_drivers()
+        self.refresh()
+        self.state.detached = {"owner": "local"}
+        self.store.save(self.state)
+        return stopped
+
+    def cancel(self) -> list[str]:
+        """Kill the drivers, then every unfinished job of the run; the stages left are marked cancelled."""
+        stopped = self.take_back()
+        unfinished = [str(job.get("id")) for job in self.transport.list_jobs([label("run", self.state.run_id)])
+                      if not status_of(job).state.finished]
+        if unfinished:
+            self.backend.cancel(unfinished)
+        for stage in self.state.stages.values():
+            if stage.status.active or stage.status is StageStatus.PENDING:
+                stage.status = StageStatus.CANCELLED
+                for job in stage.jobs:
+                    if job.ended_at is None:
+                        job.state = JobState.CANCELLED.value
+        self.store.save(self.state)
+        return stopped + unfinished
+
+
+def render_driver(view: DriverView, run_id: str, finished: bool, job_url) -> list[str]:
+    """`status` lines about a detached run's drivers."""
+    latest = view.latest
+    if latest is None:
+        return [f"driver: none found for run {run_id} (`bcp-pipeline resume {run_id} --detach` starts one)"]
+    url = job_url(latest.job_id) if job_url else None
+    count = f", driver {len(view.jobs)} of this run" if len(view.jobs) > 1 else ""
+    lines = [f"driver: job {latest.job_id} {latest.native or latest.state.value}{count}" + (f"  {url}" if url else "")]
+    if latest.state.finished and not finished:
+        reason = view.error or latest.detail or "no reason given"
+        lines.append(f"  the driver ended ({reason}); the run is not advancing: "
+                     f"`bcp-pipeline resume {run_id} --detach` starts a new one, "
+                     f"`bcp-pipeline resume {run_id}` continues it here")
+    elif latest.state is JobState.PREEMPTED:
+        lines.append(f"  the driver was preempted: `bcp-pipeline resume {run_id} --detach` resumes it")
+    return lines

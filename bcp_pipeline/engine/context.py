@@ -1,0 +1,25 @@
+"""What the orchestrator and its parts (submitter, poller, outcomes) share: one run and what it runs on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config.pipelines import PipelineConfig
+from ..backends.contract import Backend
+from ..report.text import Reporter
+from .state import RunState, RunStore
+
+
+@dataclass
+class RunContext:
+    """One run's pipeline, backend, state and the store it is saved to, and the reporter; the same objects for all.
+
+    The parts change `state` in place. The submitter and the poller save it after every change they make; the
+    changes Outcomes makes are saved by the poller that handed it the finished job.
+    """
+
+    pipeline: PipelineConfig
+    backend: Backend
+    store: RunStore
+    state: RunState
+    reporter: Reporter

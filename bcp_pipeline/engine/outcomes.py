@@ -1,0 +1,133 @@
+"""What a finished job means for its stage: succeed, fail, verify next, or resubmit to continue training.
+
+Outcomes only changes the in-memory run state and tells the reporter; the caller (poller.py) saves the state file
+once the whole transition is made.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .context import RunContext
+from ..errors import PipelineError
+from ..backends.contract import JobState, JobStatus
+from .state import JobRecord, StageState, StageStatus
+from ..backends.common import last_lines, parse_lines
+
+
+@dataclass
+class Outcomes(RunContext):
+    """Stage transitions decided from a finished stage job or verification job."""
+
+
+    def finish_stage_job(self, name: str, stage_state: StageState, job: JobRecord, status: JobStatus) -> None:
+        """A stage job ended: verify it next (always, for a continued stage), succeed, or fail."""
+        if status.state is JobState.SUCCEEDED:
+            self.record_summary(stage_state, job)
+        continuation = self.pipeline.stages[name].continuation
+        if continuation and status.state.value in continuation.resubmit_on:
+            if status.state is not JobState.SUCCEEDED:
+                self.reporter.event(f"{name}: job {job.job_id} ended {status.native or status.state.value}; "
+                                    "checking how far it got")
+            stage_state.status = StageStatus.VERIFYING  # the submitter submits the verification job
+            return
+        if status.state is not JobState.SUCCEEDED:
+            stage_state.status = StageStatus.CANCELLED if status.state is JobState.CANCELLED else StageStatus.FAILED
+            detail = self.backend.failure_detail(job.job_id, status) or status.detail
+            stage_state.error = f"job {job.job_id} ended {status.native or status.state.value}" + (
+                f": {detail}" if detail else "")
+            stage_state.finished_at = time.time()
+            self.reporter.event(f"{name}: FAILED ({stage_state.error.splitlines()[0]})")
+            return
+        if self.pipeline.stages[name].verify or continuation:
+            stage_state.status = StageStatus.VERIFYING  # the submitter submits the verification job
+        else:
+            self.succeed(name, stage_state)
+
+    def record_summary(self, stage_state: StageState, job: JobRecord) -> None:
+        """Keep the `##bcp-pipeline summary` line a stage program printed (e.g. the loss of a training run)."""
+        try:
+            lines = parse_lines(self.backend.logs(job.job_id, rank=0, tail=50), "summary")
+        except (PipelineError, OSError):
+            return  # a summary is a nicety: never fail a stage over it
+        if lines and isinstance(lines[-1].get("text"), str):
+            stage_state.extra["summary"] = lines[-1]["text"]
+
+    def finish_verification(self, name: str, stage_state: StageState, job: JobRecord, status: JobStatus) -> None:
+        """A verification job ended: its last `##bcp-pipeline verify` line decides the stage."""
+        try:
+            text = self.backend.logs(job.job_id, rank=0)
+        except PipelineError as exc:
+            text = ""
+            self.reporter.event(f"{name}: could not read verification log: {exc}")
+        results = parse_lines(text, "verify")
+        if not results:
+            stage_state.status = StageStatus.FAILED
+            stage_state.error = (f"verification job {job.job_id} ended {status.native} without a result line; "
+                                 f"log tail:\n{last_lines(text, 10) or '(empty)'}")
+            stage_state.finished_at = time.time()
+            self.reporter.event(f"{name}: verification FAILED (no result line)")
+            return
+        result = results[-1]
+        stage_state.verification = result
+        if "steps" in result and not result.get("ok") and self.continue_stage(name, stage_state, result):
+            return
+        if result.get("ok"):
+            self.succeed(name, stage_state)
+            return
+        stage_state.status = StageStatus.FAILED
+        stage_state.error = "verification failed: " + "; ".join(
+            [f"{c['glob']}: expected {c['expected']}, found {c['found']}"
+             for c in result.get("checks", []) if c.get("found") != c.get("expected")]
+            + ([f"step {result['steps']} of {result['target']}"] if "steps" in result else []))
+        stage_state.finished_at = time.time()
+        self.reporter.event(f"{name}: {stage_state.error}")
+
+    def continue_stage(self, name: str, stage_state: StageState, result: dict) -> bool:
+        """Training ended short of its target: resubmit the same job, or fail if it is stuck or out of attempts.
+
+        Always handles the result (returns True): the stage is resubmitted or failed with a clear message.
+        """
+        continuation = self.pipeline.stages[name].continuation
+        assert continuation is not None
+        history = stage_state.extra.setdefault("steps_after_attempt", [])
+        history.append(int(result["steps"]))
+        stage_state.extra.update(steps=int(result["steps"]), target_steps=int(result["target"]))
+        stage_state.progress = {"done": int(result["steps"]), "total": int(result["target"]), "unit": "steps"}
+        gains = [after - before for before, after in zip([0, *history], history)]
+        if len(gains) >= 2 and gains[-1] <= 0 and gains[-2] <= 0:
+            self.fail(name, stage_state, f"no progress in the last two attempts (still at step {history[-1]} of "
+                                         f"{result['target']}): training is not advancing; read `bcp-pipeline logs "
+                                         f"{self.state.run_id} {name}` before spending more GPU hours")
+            return True
+        if stage_state.attempts >= continuation.max_attempts:
+            self.fail(name, stage_state, f"reached max_attempts ({continuation.max_attempts}) at step "
+                                         f"{history[-1]} of {result['target']}; raise continuation.max_attempts "
+                                         "and run again to continue")
+            return True
+        self.reporter.event(f"{name}: at step {history[-1]} of {result['target']} after attempt "
+                            f"{stage_state.attempts}; resubmitting to continue from the last checkpoint")
+        stage_state.status = StageStatus.SUBMITTING  # the submitter submits the same job again
+        return True
+
+    def fail(self, name: str, stage_state: StageState, message: str) -> None:
+        stage_state.status = StageStatus.FAILED
+        stage_state.error = message
+        stage_state.finished_at = time.time()
+        self.reporter.event(f"{name}: FAILED: {message}")
+
+    def succeed(self, name: str, stage_state: StageState) -> None:
+        stage_state.status = StageStatus.SUCCEEDED
+        stage_state.finished_at = time.time()
+        stage_state.error = None
+        summary = stage_state.extra.get("summary")
+        self.reporter.event(f"{name}: succeeded{_verification_text(stage_state)}" + (f"; {summary}" if summary else ""))
+
+
+def _verification_text(stage_state: StageState) -> str:
+    result = stage_state.verification
+    if not result:
+        return ""
+    return " (verified: " + ", ".join(f"{c['found']}/{c['expected']} {c['glob'].rsplit('/', 1)[-1]}"
+                                      for c in result.get("checks", [])) + ")"

@@ -1,0 +1,89 @@
+"""Polling: one backend call per cycle for every active job, and each job's new status recorded in the run state.
+
+A failing status call is retried next cycle (reported after a few in a row), never a stage failure: the jobs may
+well be running fine. A job the backend does not list this cycle is "not finished yet".
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .context import RunContext
+from ..errors import BackendCallError
+from ..backends.contract import JobState, JobStatus
+from .outcomes import Outcomes
+from .state import JobRecord
+
+TRANSIENT_ERRORS_BEFORE_NOTICE = 3
+
+
+@dataclass
+class Poller(RunContext):
+    """Maps the backend's job statuses onto the run state; a finished job goes to Outcomes to decide its stage."""
+
+    outcomes: Outcomes
+    _failures: int = 0  # status calls failed in a row
+
+    def active_jobs(self) -> dict[str, tuple[str, JobRecord]]:
+        """Job id -> (stage name, job) for every job a stage is waiting on."""
+        waiting = {}
+        for name, stage_state in self.state.stages.items():
+            job = stage_state.active_job()
+            if job is not None:
+                waiting[job.job_id] = (name, job)
+        return waiting
+
+    def poll_once(self, waiting: dict[str, tuple[str, JobRecord]]) -> bool:
+        """One backend call for every active job; a failing call is retried next cycle, not a stage failure."""
+        try:
+            statuses = self.backend.poll(list(waiting))
+        except (BackendCallError, OSError) as exc:
+            self._failures += 1
+            if self._failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
+                self.reporter.event(f"status query failed {self._failures} times in a row, still retrying: {exc}")
+            return False
+        self._failures = 0
+        changed = False
+        for job_id, (name, job) in waiting.items():
+            status = statuses.get(job_id)
+            if status is None:
+                continue  # not listed this cycle: unknown is "not finished"
+            changed |= self.handle(name, job, status)
+        return changed
+
+    def handle(self, name: str, job: JobRecord, status: JobStatus) -> bool:
+        """Record one job's status and, once it finished, its stage's transition; save on any change."""
+        stage_state = self.state.stages[name]
+        changed = (job.state, job.native) != (status.state.value, status.native)
+        job.state, job.native, job.detail = status.state.value, status.native, status.detail
+        if status.state is JobState.RUNNING and job.started_at is None:
+            job.started_at = time.time()  # the queued/running split of `report`'s timeline, to one poll interval
+        if not status.state.finished:
+            if job.kind == "stage":
+                self.update_progress(name, job)
+            if status.state is JobState.PREEMPTED and changed:
+                self.on_preempted(name, job)
+            if changed:
+                self.store.save(self.state)
+            return changed
+        job.ended_at = time.time()
+        if job.kind == "stage":
+            self.update_progress(name, job)  # its last count, before the stage moves on
+            self.outcomes.finish_stage_job(name, stage_state, job, status)
+        else:
+            self.outcomes.finish_verification(name, stage_state, job, status)
+        self.store.save(self.state)
+        return True
+
+    def update_progress(self, name: str, job: JobRecord) -> None:
+        progress = self.backend.progress(job.job_id)
+        if progress is not None:
+            self.state.stages[name].progress = {"done": progress.done, "total": progress.total, "unit": progress.unit}
+
+    def on_preempted(self, name: str, job: JobRecord) -> None:
+        policy = getattr(self.pipeline.stages[name].resources(self.backend.name), "on_preempted", "wait")
+        if policy == "resume" and self.backend.resume(job.job_id):
+            self.reporter.event(f"{name}: job {job.job_id} was preempted; resumed it")
+        else:
+            self.reporter.event(f"{name}: job {job.job_id} was preempted; waiting for it to be resumed")

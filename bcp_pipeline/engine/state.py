@@ -1,0 +1,225 @@
+"""Run state on disk: one JSON file per run, written atomically after every change.
+
+It is enough to re-attach after the orchestrator dies: every submitted job id is recorded (and the stage marked
+SUBMITTING before the submit call, so a crash between submit and record is detected and the backend is asked for
+the job by its labels instead of submitting a second one).
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import json
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_write_json
+from ..errors import StateError
+
+STATE_VERSION = 1
+
+
+class StageStatus(enum.Enum):
+    PENDING = "pending"
+    SUBMITTING = "submitting"  # recorded before the submit call; the job id follows
+    RUNNING = "running"  # the stage's job is queued or running
+    VERIFYING = "verifying"  # the stage's job succeeded; its verification job is queued or running
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # not selected (--from/--only): assumed done by the user
+    CANCELLED = "cancelled"
+
+    @property
+    def done(self) -> bool:
+        return self in (StageStatus.SUCCEEDED, StageStatus.SKIPPED)
+
+    @property
+    def active(self) -> bool:
+        return self in (StageStatus.SUBMITTING, StageStatus.RUNNING, StageStatus.VERIFYING)
+
+
+@dataclass(kw_only=True)
+class JobRecord:
+    job_id: str
+    kind: str  # "stage" or "verify"
+    attempt: int
+    submitted_at: float
+    state: str = "queued"  # JobState value
+    native: str = ""
+    detail: str = ""
+    started_at: float | None = None  # when a poll first saw it running (None: never seen running)
+    ended_at: float | None = None
+
+
+@dataclass(kw_only=True)
+class StageState:
+    status: StageStatus = StageStatus.PENDING
+    sharding: dict[str, int] | None = None  # {"replicas": R, "processes": P} it was (first) submitted with
+    attempts: int = 0  # stage job submissions, resubmissions included
+    jobs: list[JobRecord] = field(default_factory=list)
+    started_at: float | None = None
+    finished_at: float | None = None
+    verification: dict[str, Any] | None = None  # {"ok": bool, "checks": [{glob, expected, found}]}
+    error: str | None = None
+    progress: dict[str, Any] | None = None  # {"done": n, "total": m, "unit": "files"}
+    extra: dict[str, Any] = field(default_factory=dict)  # stage-specific facts (e.g. pretrain steps done)
+
+    def active_job(self) -> JobRecord | None:
+        """The job the stage is waiting on, if any (the last one, while the stage is active)."""
+        if self.status in (StageStatus.RUNNING, StageStatus.VERIFYING) and self.jobs and self.jobs[-1].ended_at is None:
+            return self.jobs[-1]
+        return None
+
+
+@dataclass(kw_only=True)
+class RunState:
+    run_id: str
+    pipeline: str
+    backend: str
+    config_file: str
+    created_at: float
+    overrides: list[str] = field(default_factory=list)
+    stages: dict[str, StageState] = field(default_factory=dict)
+    version: int = STATE_VERSION
+    updated_at: float = 0.0
+    detached: dict[str, Any] | None = None  # `run --detach`: {"owner": "driver" | "local"}; see detached.py
+
+    @property
+    def status(self) -> str:
+        """Derived from the stages: failed, cancelled, succeeded, or running/pending."""
+        statuses = [s.status for s in self.stages.values()]
+        if any(s is StageStatus.FAILED for s in statuses):
+            return "failed"
+        if any(s is StageStatus.CANCELLED for s in statuses):
+            return "cancelled"
+        if all(s.done for s in statuses):
+            return "succeeded"
+        return "running" if any(s.active for s in statuses) else "pending"
+
+    def to_json(self) -> dict[str, Any]:
+        payload = asdict(self)
+        for stage in payload["stages"].values():
+            stage["status"] = stage["status"].value
+        payload["status"] = self.status
+        return payload
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> "RunState":
+        payload = dict(payload)
+        payload.pop("status", None)
+        if payload.get("version") != STATE_VERSION:
+            raise ValueError(f"state version {payload.get('version')!r}, this tool reads {STATE_VERSION}")
+        stages = {}
+        for name, raw in payload.pop("stages").items():
+            try:
+                raw = dict(raw)
+                raw["status"] = StageStatus(raw["status"])
+                raw["jobs"] = [JobRecord(**job) for job in raw.get("jobs", [])]
+                stages[name] = StageState(**raw)
+            except (ValueError, KeyError, TypeError) as exc:  # name the stage: the file has one block per stage
+                raise ValueError(f"stages.{name}: {_reason(exc)}") from exc
+        return cls(stages=stages, **payload)
+
+
+def _reason(exc: Exception) -> str:
+    """An error from reading state, in words (a bare KeyError prints as just the key)."""
+    return f"missing key {exc.args[0]!r}" if isinstance(exc, KeyError) and exc.args else str(exc)
+
+
+def new_run_id(pipeline: str) -> str:
+    """`PIPELINE-YYYYmmdd-HHMMSS-xxxx`: sortable by time, unique, readable."""
+    return f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+class RunStore:
+    """The folder holding every run: `<root>/runs/<run_id>/{state.json, logs/, jobs/}`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / "runs" / run_id
+
+    def state_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "state.json"
+
+    def save(self, state: RunState) -> None:
+        state.updated_at = time.time()
+        # Unsorted: the stages stay in pipeline order, which `status` shows.
+        atomic_write_json(self.state_path(state.run_id), state.to_json(), sort_keys=False)
+
+    def load(self, run_id: str) -> RunState:
+        path = self.state_path(run_id)
+        if not path.is_file():
+            known = ", ".join(r.run_id for r in self.runs()[-5:]) or "(none)"
+            raise StateError(f"no run {run_id!r} under {self.root / 'runs'}; recent runs: {known}")
+        try:
+            return RunState.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # AttributeError: e.g. "stages": []
+            # Never guess: a corrupt state could resubmit jobs that are still running.
+            raise StateError(f"{path}: unreadable run state ({_reason(exc)}); inspect or move it aside "
+                             "and start over with `run --restart`") from None
+
+    def runs(self, pipeline: str | None = None) -> list[RunState]:
+        """Runs, oldest first (run ids sort by creation time)."""
+        runs_dir = self.root / "runs"
+        if not runs_dir.is_dir():
+            return []
+        found = []
+        for path in sorted(runs_dir.iterdir(), key=lambda p: p.name):
+            if (path / "state.json").is_file():
+                state = self.load(path.name)
+                if pipeline is None or state.pipeline == pipeline:
+                    found.append(state)
+        return sorted(found, key=lambda s: (s.created_at, s.run_id))
+
+    def latest(self, pipeline: str | None = None) -> RunState | None:
+        runs = self.runs(pipeline)
+        return runs[-1] if runs else None
+
+    def resolve(self, run_id: str | None) -> RunState:
+        """A run by id, or the most recent run when `run_id` is None."""
+        if run_id:
+            return self.load(run_id)
+        latest = self.latest()
+        if latest is None:
+            raise StateError(f"no runs yet under {self.root / 'runs'}; start one with `bcp-pipeline run PIPELINE`")
+        return latest
+
+
+class RunLock:
+    """An exclusive lock held while an orchestrator drives a run; released by the kernel even on SIGKILL."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "orchestrator.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise StateError(f"run {self.path.parent.name} is being driven by pid {holder}; "
+                             "watch it with `bcp-pipeline status`, or stop that process first") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

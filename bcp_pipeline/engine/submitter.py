@@ -1,0 +1,155 @@
+"""Submission: which jobs are due, and submitting them without ever running two jobs for one stage.
+
+Crash safety rests on the order in `Submitter.submit`: the stage is marked SUBMITTING and the state saved BEFORE
+the backend's submit call, so an orchestrator that dies in between finds the mark on resume and looks the job up
+by its labels (`find_submitted`: live or ended, any job it has no record of) instead of submitting a second one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..atomic import atomic_write_text
+from ..config.pipelines import PipelineConfig, StageConfig, expected_count, resolve_int
+from .context import RunContext
+from ..errors import BackendCallError, SubmissionError
+from ..backends.contract import JobRequest
+from .outcomes import Outcomes
+from ..redact import redact, secret_values
+from .state import JobRecord, StageStatus
+
+SUBMIT_ATTEMPTS = 6  # consecutive failed submit calls before the stage fails (status calls retry forever)
+
+
+@dataclass
+class Submitter(RunContext):
+    """Submits each stage's job and verification job when due; failed submit calls are retried a few times."""
+
+    outcomes: Outcomes
+    selected: set[str]  # stages this invocation may submit
+    _failures: dict[str, int] = field(default_factory=dict)  # stage -> submit calls failed in a row
+
+    def due(self, name: str) -> str | None:
+        """The kind of job stage `name` needs submitted now ("stage" / "verify"), or None.
+
+        In-flight work (a stage marked SUBMITTING, a finished stage awaiting its verification job) is always
+        completed; new stages start only while no stage has failed, so a failure stops the DAG.
+        """
+        if name not in self.selected:
+            return None
+        stage_state = self.state.stages[name]
+        if stage_state.status is StageStatus.SUBMITTING:
+            return "stage"  # also after a crash between marking and recording: submit() looks for the job first
+        if stage_state.status is StageStatus.VERIFYING and stage_state.active_job() is None:
+            return "verify"
+        stopped = any(s.status in (StageStatus.FAILED, StageStatus.CANCELLED) for s in self.state.stages.values())
+        if (not stopped and stage_state.status is StageStatus.PENDING
+                and all(self.state.stages[need].status.done for need in self.pipeline.stages[name].needs)):
+            return "stage"
+        return None
+
+    def anything_due(self) -> bool:
+        return any(self.due(name) for name in self.pipeline.stages)
+
+    def submit_ready(self) -> bool:
+        """Submit every job that is due; a failing submit is retried next cycle, then fails its stage."""
+        changed = False
+        for name in self.pipeline.order():
+            kind = self.due(name)  # asked per stage: a failure just above stops the stages after it
+            if kind is None:
+                continue
+            try:
+                self.submit(name, kind)
+                self._failures.pop(name, None)
+                changed = True
+            except SubmissionError as exc:
+                self.outcomes.fail(name, self.state.stages[name], f"cannot submit its {kind} job: {exc}")
+                changed = True
+            except (BackendCallError, OSError) as exc:  # retried after the poll back-off, which grows meanwhile
+                count = self._failures[name] = self._failures.get(name, 0) + 1
+                if count >= SUBMIT_ATTEMPTS:
+                    self.outcomes.fail(name, self.state.stages[name],
+                                       f"submitting its {kind} job failed {count} times: {exc}")
+                else:
+                    self.reporter.event(f"{name}: submitting its {kind} job failed ({exc}); retrying")
+        return changed
+
+    def request(self, name: str, kind: str) -> JobRequest:
+        """The backend-neutral request for stage `name`'s next job of `kind` (pure)."""
+        attempts = self.state.stages[name].attempts
+        return job_request(self.pipeline, self.pipeline.stages[name], kind, self.state.run_id,
+                           attempt=attempts if kind == "verify" else attempts + 1)
+
+    def submit(self, name: str, kind: str) -> None:
+        """Submit the stage's job (or its verification), never a second one while one is alive."""
+        stage_state = self.state.stages[name]
+        request = self.request(name, kind)
+        submission = self.backend.render(request)  # before any state change: a render error submits nothing
+        if kind == "stage":
+            stage_state.status = StageStatus.SUBMITTING
+            stage_state.error = None
+            stage_state.started_at = stage_state.started_at or time.time()
+            sharding = self.backend.sharding(request)
+            if stage_state.sharding is None or self.pipeline.stages[name].reshardable:
+                stage_state.sharding = sharding
+        else:
+            stage_state.status = StageStatus.VERIFYING
+        self.store.save(self.state)  # the mark is on disk before the job can exist: see the module docstring
+        known = {job.job_id for job in stage_state.jobs}
+        unrecorded = [j for j in self.backend.find_submitted(self.state.run_id, name, kind) if j not in known]
+        if unrecorded:  # submitted by an orchestrator that died before it saved the id: adopt it, live or ended
+            job_id = unrecorded[-1]
+            self.reporter.event(f"{name}: re-attached to {kind} job {job_id} (submitted before a restart)")
+        else:
+            job_id = self.backend.submit(submission)
+            self.reporter.event(f"{name}: submitted {'verification ' if kind == 'verify' else ''}job {job_id}")
+        if kind == "stage":
+            stage_state.attempts += 1
+        stage_state.jobs.append(JobRecord(job_id=job_id, kind=kind, attempt=request.attempt, submitted_at=time.time()))
+        stage_state.status = StageStatus.RUNNING if kind == "stage" else StageStatus.VERIFYING
+        self.store.save(self.state)
+        if not unrecorded:
+            self.record_submission(job_id, submission.printable)
+
+    def record_submission(self, job_id: str, printable: str) -> None:
+        """Keep what was submitted for `report` (`<run>/submitted/<job id>.txt`), secret values redacted.
+
+        After the state is saved: the job exists either way, and losing this copy only makes `report` re-render it.
+        """
+        path = self.store.run_dir(self.state.run_id) / "submitted" / f"{job_id}.txt"
+        try:
+            atomic_write_text(path, redact(printable, secret_values()) + "\n")
+        except OSError as exc:
+            self.reporter.event(f"could not keep the submitted command of job {job_id} ({exc}); report re-renders it")
+
+
+def job_request(pipeline: PipelineConfig, stage: StageConfig, kind: str, run_id: str, attempt: int = 1) -> JobRequest:
+    """Stage `stage`'s job of `kind`: its program, or verify.py with the stage's checks (pure)."""
+    if kind == "verify":
+        return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="verify", program="verify.py",
+                          args=tuple(verification_args(pipeline, stage)), attempt=attempt)
+    return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
+                      args=tuple(stage.args), attempt=attempt)
+
+
+def planned_requests(pipeline: PipelineConfig, run_id: str) -> list[JobRequest]:
+    """Every job a run of `pipeline` submits once, in DAG order: each stage, then its verification (pure)."""
+    requests = []
+    for name in pipeline.order():
+        stage = pipeline.stages[name]
+        requests.append(job_request(pipeline, stage, "stage", run_id))
+        if stage.verify:
+            requests.append(job_request(pipeline, stage, "verify", run_id))
+    return requests
+
+
+def verification_args(pipeline: PipelineConfig, stage: StageConfig) -> list[str]:
+    """`--check GLOB=COUNT` for each check, with the count derived through expect_from (pure)."""
+    args = []
+    for check in stage.verify:
+        args += ["--check", f"{check.glob}={expected_count(pipeline, stage.name, check)}"]
+    if stage.continuation:
+        target = resolve_int(str(stage.continuation.target_steps), pipeline.vars)
+        args += ["--progress", f"{stage.continuation.checkpoints}={target}"]
+    return args

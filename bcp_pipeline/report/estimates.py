@@ -1,0 +1,320 @@
+"""Estimates for `plan` and `status`: items, bytes, wall time, node-hours and GPU-hours of each stage. Pure (no I/O).
+
+Data stages: the declared data-set sizes (`estimates:` of the pipeline) over per-core throughputs (defaults from
+this project's benchmark, README "Performance") times the cores the stage uses on its BCP instance; download over a
+declared per-node rate. Pretraining: tokens = steps x global batch x sequence; FLOPs per token from the model
+shape; GPUs x peak dense BF16 x a declared MFU. README "Where the estimate figures come from" sources every figure.
+Queueing, job start-up, verification jobs and restarts between training attempts are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+
+from ..config.pipelines import PipelineConfig, StageConfig, expected_count
+from ..config.durations import format_elapsed, parse_duration
+from ..config.nemo import KNOWN_SHAPES, ModelShape, model_config
+from ..config.resources import InstanceType
+from ..engine.state import StageState
+
+A100_BF16_TFLOPS = 312.0  # NVIDIA A100 datasheet: BF16 Tensor Core, dense (624 with sparsity)
+H100_SXM_BF16_TFLOPS = 989.0  # NVIDIA H100 datasheet, SXM: 1,979 with sparsity, half of it dense
+DGX_A100_CORES = 128  # DGX A100 datasheet: 2 x AMD EPYC 7742, 64 cores each (256 threads)
+DGX_H100_CORES = 112  # DGX H100 datasheet: 2 x Intel Xeon Platinum 8480C, 56 cores each (224 threads)
+
+KNOWN_INSTANCES = {
+    # A partial DGX A100 instance gets its share of the cores (16 per GPU): a declared assumption, not a BCP fact.
+    **{f"dgxa100.80g.{g}.norm": InstanceType(gpus=g, cpu_cores=DGX_A100_CORES * g // 8,
+                                             gpu_peak_tflops=A100_BF16_TFLOPS) for g in (1, 2, 4, 8)},
+    "dgxa100.40g.8.norm": InstanceType(gpus=8, cpu_cores=DGX_A100_CORES, gpu_peak_tflops=A100_BF16_TFLOPS),
+    "dgxh100.80g.8.norm": InstanceType(gpus=8, cpu_cores=DGX_H100_CORES, gpu_peak_tflops=H100_SXM_BF16_TFLOPS),
+}
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """A data program's per-core rate and how many cores one of its processes uses."""
+
+    per_core: float  # default, from this project's benchmark (README "Performance")
+    unit: str  # "MB/s" (of output written) or "tokens/s"
+    threads_option: str | None = None  # the program's option giving cores per process
+    default_threads: int | None = 1  # without the option; None: every core of the node
+
+
+DATA_PROGRAMS = {
+    "extract.py": Throughput(312.0, "MB/s", "--threads", 2),  # 625 MB/s with --threads 2 on 2 cores, 9.8 GB
+    "concat.py": Throughput(976.0, "MB/s"),  # one process, 9.8 GB
+    "preprocess.py": Throughput(1.95e6, "tokens/s", "--workers", None),  # tokens/s per core, 2 workers
+}
+DOWNLOAD_PROGRAM = "download.py"
+IDX_BYTES_PER_DOCUMENT = 20  # Megatron .idx: int32 size + int64 pointer + int64 document index per document
+TOKEN_BYTES = 2  # .bin holds uint16 ids for vocabularies under 65,500 (GPT-2)
+
+
+@dataclass
+class StageEstimate:
+    """One stage's estimate; None where a figure is unknown (its reason is in `notes`)."""
+
+    stage: str
+    instance: str | None
+    nodes: int
+    gpus_per_node: int
+    items_in: int | None = None
+    items_out: int | None = None
+    unit_out: str = "files"
+    bytes_in: float | None = None
+    bytes_out: float | None = None
+    seconds: float | None = None
+    basis: str = ""  # how the time was reached, in words
+    modelled: bool = True  # False: a program this module has no model for (small ones such as bpe); counted as 0
+    notes: list[str] = field(default_factory=list)
+    training: dict | None = None  # tokens, FLOPs per token, attempts (pretraining only)
+
+    @property
+    def node_hours(self) -> float | None:
+        return None if self.seconds is None else self.seconds / 3600 * self.nodes
+
+    @property
+    def gpu_hours(self) -> float | None:
+        return None if self.node_hours is None else self.node_hours * self.gpus_per_node
+
+    def as_json(self) -> dict:
+        return {**asdict(self), "node_hours": self.node_hours, "gpu_hours": self.gpu_hours}
+
+
+@dataclass
+class PlanEstimate:
+    stages: list[StageEstimate]
+    seconds: float  # along the longest path of the DAG; stages without a time count as 0
+    complete: bool  # every modelled stage had a time
+    warnings: list[str]
+
+    @property
+    def node_hours(self) -> float:
+        return sum(s.node_hours or 0.0 for s in self.stages)
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(s.gpu_hours or 0.0 for s in self.stages)
+
+    def as_json(self) -> dict:
+        return {"stages": [s.as_json() for s in self.stages],
+                "total": {"seconds": self.seconds, "node_hours": self.node_hours, "gpu_hours": self.gpu_hours,
+                          "complete": self.complete},
+                "warnings": self.warnings}
+
+
+def params_for_flops(shape: ModelShape, tensor_parallel: int) -> int:
+    """N: the weights of every matrix multiply a token goes through (layers and the output layer).
+
+    Per layer: QKV and projection 4 h^2, FFN 2 or 3 (gated) x h x ffn; the output layer V x h with V padded as
+    Megatron pads it. The input embedding is a lookup and position embeddings add no multiply; biases and norms
+    are left out (well under 1 %).
+    """
+    h = shape.hidden_size
+    per_layer = 4 * h * h + (3 if shape.gated_mlp else 2) * h * shape.ffn_hidden_size
+    multiple = shape.make_vocab_size_divisible_by * tensor_parallel
+    vocab = math.ceil(shape.vocab_size / multiple) * multiple
+    return shape.num_layers * per_layer + vocab * h
+
+
+def flops_per_token(shape: ModelShape, tensor_parallel: int) -> int:
+    """Training FLOPs per token, 6N + 12 L s h (Narayanan et al. 2021, eq. 3 without recomputation; PaLM, app. B).
+
+    6N: forward (2N) and backward (4N) through the weights; 12 L s h: the attention scores and their use
+    (QK^T and AV, 2 s h each per layer forward, x3 for training). Recomputed activations are not counted, as MFU
+    does not count them.
+    """
+    return 6 * params_for_flops(shape, tensor_parallel) + 12 * shape.num_layers * shape.seq_length * shape.hidden_size
+
+
+def instances_table(declared: dict[str, InstanceType]) -> dict[str, InstanceType]:
+    """The known DGX instances, with `backends.bcp.instances` added or replacing them."""
+    return {**KNOWN_INSTANCES, **declared}
+
+
+def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceType]) -> PlanEstimate:
+    """Every stage's estimate, the total along the DAG's longest path, and warnings."""
+    stages = {name: estimate_stage(pipeline, pipeline.stages[name], instances) for name in pipeline.order()}
+    finish: dict[str, float] = {}
+    for name in pipeline.order():
+        start = max((finish[n] for n in pipeline.stages[name].needs), default=0.0)
+        finish[name] = start + (stages[name].seconds or 0.0)
+    warnings = [w for s in stages.values() for w in _warnings(pipeline.stages[s.stage], s)]
+    return PlanEstimate(stages=list(stages.values()), seconds=max(finish.values(), default=0.0),
+                        complete=all(s.seconds is not None for s in stages.values() if s.modelled), warnings=warnings)
+
+
+def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict[str, InstanceType]) -> StageEstimate:
+    bcp = stage.bcp
+    instance = instances.get(bcp.instance or "")
+    est = StageEstimate(stage=stage.name, instance=bcp.instance, nodes=bcp.replicas,
+                        gpus_per_node=instance.gpus if instance else 0)
+    if instance is None:
+        est.notes.append(f"instance {bcp.instance!r} is not known: declare it under backends.bcp.instances")
+    if stage.verify:
+        est.items_out = expected_count(pipeline, stage.name, stage.verify[0])
+    upstream = [pipeline.stages[n] for n in stage.needs if pipeline.stages[n].verify]
+    if upstream:
+        est.items_in = expected_count(pipeline, upstream[0].name, upstream[0].verify[0])
+    size = {key: pipeline.estimates.number(key, pipeline.vars)
+            for key in ("compressed_bytes", "text_bytes", "documents", "tokens")}
+    if stage.nemo:
+        _estimate_training(pipeline, stage, instance, est, size)
+    elif stage.program == DOWNLOAD_PROGRAM:
+        est.items_in = est.items_out
+        est.bytes_in = est.bytes_out = size["compressed_bytes"]
+        rate = pipeline.estimates.download_mb_per_s_per_node
+        if rate is None:
+            est.notes.append("no download rate declared (estimates.download_mb_per_s_per_node)")
+        elif est.bytes_in is not None:
+            est.seconds = est.bytes_in / (rate * 1e6 * bcp.replicas)
+            est.basis = f"{bcp.replicas} node(s) x {rate:g} MB/s (declared)"
+    elif stage.program in DATA_PROGRAMS:
+        _estimate_data(pipeline, stage, instance, est, size)
+    else:
+        est.modelled = False
+        est.basis = "not modelled (counted as 0)"
+    return est
+
+
+def _estimate_data(pipeline: PipelineConfig, stage: StageConfig, instance: InstanceType | None,
+                   est: StageEstimate, size: dict[str, float | None]) -> None:
+    program = DATA_PROGRAMS[stage.program]
+    reads_zst = any(pipeline.stages[n].program == DOWNLOAD_PROGRAM for n in stage.needs)
+    if stage.program == "extract.py":
+        est.bytes_in, est.bytes_out = size["compressed_bytes"], size["text_bytes"]
+    elif stage.program == "concat.py":
+        est.bytes_in = est.bytes_out = size["text_bytes"]
+    else:
+        est.bytes_in = size["compressed_bytes"] if reads_zst else size["text_bytes"]
+        est.bytes_out = token_file_bytes(size["tokens"], size["documents"])
+    work = size["tokens"] if program.unit == "tokens/s" else est.bytes_out
+    if instance is None or work is None:
+        if work is None:
+            est.notes.append("data-set size not declared (estimates: text_bytes, tokens)")
+        return
+    per_core = pipeline.estimates.per_core.get(stage.program, program.per_core)
+    cores = cores_per_node(stage, program, instance)
+    scale = 1e6 if program.unit == "MB/s" else 1.0
+    replicas = stage.bcp.replicas
+    est.seconds = work / (per_core * scale * cores * replicas)
+    source = "declared" if stage.program in pipeline.estimates.per_core else "benchmark"
+    est.basis = f"{replicas} x {cores} cores x {short_number(per_core)} {program.unit} ({source})"
+    storage = pipeline.estimates.storage_mb_per_s_per_node
+    io_bytes = max(est.bytes_in or 0.0, est.bytes_out or 0.0)
+    if storage is None:
+        est.notes.append("CPU-bound only: no storage_mb_per_s_per_node declared")
+    elif io_bytes / (storage * 1e6 * replicas) > est.seconds:
+        est.seconds = io_bytes / (storage * 1e6 * replicas)
+        est.basis = f"{replicas} node(s) x {storage:g} MB/s storage (declared)"
+
+
+def cores_per_node(stage: StageConfig, program: Throughput, instance: InstanceType) -> int:
+    """Processes x the program's threads (or workers) per process, at most the instance's cores."""
+    threads = _threads(stage, program)
+    if threads is None:
+        return instance.cpu_cores
+    return max(1, min(stage.bcp.processes * threads, instance.cpu_cores))
+
+
+def _threads(stage: StageConfig, program: Throughput) -> int | None:
+    """The program's threads (or workers) per process as the stage's args give them, else its default."""
+    if program.threads_option and program.threads_option in stage.args:
+        index = stage.args.index(program.threads_option)
+        if index + 1 < len(stage.args) and re.fullmatch(r"\d+", stage.args[index + 1]):
+            return int(stage.args[index + 1])
+    return program.default_threads
+
+
+def token_file_bytes(tokens: float | None, documents: float | None) -> float | None:
+    if tokens is None:
+        return None
+    return tokens * TOKEN_BYTES + (documents or 0) * IDX_BYTES_PER_DOCUMENT
+
+
+def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: InstanceType | None,
+                       est: StageEstimate, size: dict[str, float | None]) -> None:
+    model = model_config(stage)
+    shape = KNOWN_SHAPES.get(stage.nemo.model)
+    est.unit_out = "steps"
+    est.items_out = model.max_steps
+    est.bytes_in = token_file_bytes(size["tokens"], size["documents"])
+    if stage.nemo.gpus_per_node:
+        est.gpus_per_node = stage.nemo.gpus_per_node
+    if shape is None:
+        est.notes.append(f"no model shape for {stage.nemo.model!r}: no FLOPs, no training time")
+        return
+    tokens = model.max_steps * model.global_batch_size * shape.seq_length
+    per_token = flops_per_token(shape, model.tensor_parallel)
+    mfu = pipeline.estimates.mfu
+    est.training = {"tokens": tokens, "flops_per_token": per_token, "flops": tokens * per_token, "mfu": mfu,
+                    "steps": model.max_steps, "global_batch_size": model.global_batch_size,
+                    "seq_length": shape.seq_length}
+    if instance is None:
+        return
+    gpus = est.nodes * est.gpus_per_node
+    est.seconds = tokens * per_token / (gpus * instance.gpu_peak_tflops * 1e12 * mfu)
+    est.basis = f"{gpus} GPUs x {instance.gpu_peak_tflops:g} TFLOP/s x MFU {mfu:g}"
+    if stage.bcp.total_runtime:
+        per_attempt = parse_duration(stage.bcp.total_runtime) - parse_duration(stage.nemo.time_margin)
+        max_attempts = stage.continuation.max_attempts if stage.continuation else stage.nemo.max_attempts
+        est.training.update(attempt_seconds=per_attempt, attempts=math.ceil(est.seconds / per_attempt),
+                            max_attempts=max_attempts, total_runtime=stage.bcp.total_runtime)
+
+
+def _warnings(stage: StageConfig, est: StageEstimate) -> list[str]:
+    training = est.training or {}
+    if "attempts" in training:
+        if training["attempts"] > training["max_attempts"]:
+            return [f"{stage.name}: training needs {training['attempts']} attempts of {training['total_runtime']} "
+                    f"but max_attempts is {training['max_attempts']}: the stage stops short of "
+                    f"{training['steps']:,} steps. Set {stage.name}.nemo.max_attempts to {training['attempts']} or "
+                    f"more (--set {stage.name}.nemo.max_attempts={training['attempts']}), or give it more nodes."]
+        return []
+    runtime = stage.bcp.total_runtime
+    if est.seconds is not None and runtime and not stage.continuation and est.seconds > parse_duration(runtime):
+        return [f"{stage.name}: estimated {format_elapsed(est.seconds)} exceeds total_runtime {runtime}: raise "
+                f"{stage.name}.bcp.total_runtime or replicas (a rerun continues from finished items)"]
+    return []
+
+
+# -- estimate against actual (status) ---------------------------------------------------------------------------
+def actual_rates(stage: StageConfig, state: StageState, now: float) -> dict:
+    """Elapsed seconds and the effective throughput of a started stage, from its run state.
+
+    Elapsed runs from the first submission to the end of its verification (or `now`), queueing included. Items
+    and bytes are the first verification check's (bytes: what the outputs hold); the tokens of tokenize-preprocess
+    are its .bin bytes / 2 (uint16 ids); steps are the checkpoint step its verification read.
+    """
+    if state.started_at is None:
+        return {}
+    elapsed = max((state.finished_at or now) - state.started_at, 1e-9)
+    result: dict = {"elapsed_s": elapsed}
+    checks = (state.verification or {}).get("checks") or []
+    done = checks[0]["found"] if checks else (state.progress or {}).get("done")
+    if done is not None:
+        result["items_per_s"] = done / elapsed
+    written = checks[0].get("bytes") if checks else None
+    if written:
+        result["mb_per_s"] = written / 1e6 / elapsed
+        program = DATA_PROGRAMS.get(stage.program)
+        if program is not None and state.sharding:
+            cores = state.sharding["replicas"] * state.sharding["processes"] * (_threads(stage, program) or 1)
+            per_core = (written / TOKEN_BYTES if program.unit == "tokens/s" else written / 1e6) / elapsed / cores
+            result["tokens_per_s_per_core" if program.unit == "tokens/s" else "mb_per_s_per_core"] = per_core
+    steps = (state.verification or {}).get("steps")
+    if steps is not None:
+        result["steps_per_s"] = steps / elapsed
+    return result
+
+
+# -- numbers ------------------------------------------------------------------------------------------------------
+def short_number(value: float) -> str:
+    """1.95e6 -> '1.95 M': three significant digits and an SI prefix."""
+    for limit, suffix in ((1e12, " T"), (1e9, " G"), (1e6, " M"), (1e3, " k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    return f"{value:g}"

@@ -1,0 +1,96 @@
+"""`bcp-pipeline report RUN [--out FILE]`: gather what a run left behind, turn it into the report's data
+(report_data.py, pure) and its HTML (report_html.py, pure), and write the file atomically.
+
+What is read: the run state; each training stage's job logs through the backend (rank 0, the rank that logs the
+loss; one `job log` call per training attempt on BCP); the command lines the submitter kept in
+`<run>/submitted/<job id>.txt`, or, for jobs submitted before it kept them, the command re-rendered from the config.
+Works on every backend and for failed runs: whatever cannot be read becomes a note in the report, not an error.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ..atomic import atomic_write_text
+from ..config.pipelines import PipelineConfig, StageConfig
+from ..errors import PipelineError, ReportError
+from .estimates import PlanEstimate
+from ..backends.contract import Backend
+from ..redact import secret_values
+from .data import SubmittedCommand, report_data
+from .html import render_report, require_plotly
+from ..engine.state import RunState, RunStore
+from ..engine.submitter import job_request
+
+RECORDED = "recorded at submission"
+RERENDERED = "re-rendered from the config: not recorded at submission"
+
+
+def write_report(store: RunStore, state: RunState, *, pipeline: PipelineConfig | None, backend: Backend | None,
+                 estimate: PlanEstimate | None, actual: dict[str, dict], out: Path | None = None,
+                 notes: list[str] | None = None) -> Path:
+    """Write the report of `state` to `out` (default `<run>/report.html`); returns the path written."""
+    require_plotly()
+    notes = list(notes or [])
+    run_dir = store.run_dir(state.run_id)
+    logs = training_logs(state, pipeline, backend, notes)
+    commands = submitted_commands(state, run_dir, pipeline, backend, notes)
+    data = report_data(state, now=time.time(), estimate=estimate, actual=actual, training_logs=logs,
+                       commands=commands, secrets=secret_values(), notes=notes)
+    page = render_report(data)
+    path = out or run_dir / "report.html"
+    try:
+        atomic_write_text(path, page)
+    except OSError as exc:
+        raise ReportError(f"cannot write the report to {path}: {exc}; choose another file with --out FILE") from None
+    return path
+
+
+def is_training_stage(name: str, stage: StageConfig | None, state: RunState) -> bool:
+    """A stage whose log holds loss lines: NeMo training, a continued stage, or one that verified steps."""
+    if stage is not None and (stage.nemo is not None or stage.continuation is not None):
+        return True
+    return "steps" in (state.stages[name].verification or {})
+
+
+def training_logs(state: RunState, pipeline: PipelineConfig | None, backend: Backend | None,
+                  notes: list[str]) -> dict[str, str]:
+    """Rank 0's log of every attempt of every training stage, by job id."""
+    logs = {}
+    for name, stage_state in state.stages.items():
+        stage = pipeline.stages.get(name) if pipeline is not None else None
+        jobs = [job for job in stage_state.jobs if job.kind == "stage"]
+        if not jobs or not is_training_stage(name, stage, state):
+            continue
+        if backend is None:
+            notes.append(f"{name}: training log not read (the run's config could not be loaded)")
+            continue
+        for job in jobs:
+            try:
+                logs[job.job_id] = backend.logs(job.job_id, rank=0)
+            except (PipelineError, OSError) as exc:
+                notes.append(f"{name}: could not read the log of job {job.job_id}: {exc}")
+    return logs
+
+
+def submitted_commands(state: RunState, run_dir: Path, pipeline: PipelineConfig | None, backend: Backend | None,
+                       notes: list[str]) -> dict[str, SubmittedCommand]:
+    """Each job's command as kept at submission; else re-rendered from the config (the same renderer `run` uses)."""
+    commands, missing = {}, []
+    for name, stage_state in state.stages.items():
+        for job in stage_state.jobs:
+            path = run_dir / "submitted" / f"{job.job_id}.txt"
+            if path.is_file():
+                commands[job.job_id] = SubmittedCommand(path.read_text(encoding="utf-8").rstrip("\n"), RECORDED)
+            else:
+                missing.append((name, job))
+    if missing and pipeline is not None and backend is not None:
+        try:
+            backend.prepare(pipeline, execute=False)  # BCP: the code folder's content hash, which commands name
+            for name, job in missing:
+                request = job_request(pipeline, pipeline.stages[name], job.kind, state.run_id, attempt=job.attempt)
+                commands[job.job_id] = SubmittedCommand(backend.render(request).printable, RERENDERED)
+        except (PipelineError, OSError, KeyError) as exc:
+            notes.append(f"commands not kept at submission could not be re-rendered: {exc}")
+    return commands

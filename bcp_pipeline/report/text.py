@@ -1,0 +1,178 @@
+"""What the user sees: live progress while a run is driven, the status table of a run, and `plan`'s estimates."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO
+
+from ..config.durations import format_elapsed
+from .estimates import PlanEstimate, short_number
+from ..engine.state import RunState, StageState, StageStatus
+
+
+def stage_elapsed(stage: StageState, now: float | None = None) -> str:
+    if stage.started_at is None:
+        return "-"
+    end = stage.finished_at or (now or time.time())
+    return format_elapsed(end - stage.started_at)
+
+
+def progress_text(stage: StageState) -> str:
+    if not stage.progress:
+        return "-"
+    p = stage.progress
+    return f"{p['done']}/{p['total']} {p.get('unit', '')}".strip()
+
+
+def verification_text(stage: StageState) -> str:
+    result = stage.verification
+    if not result:
+        return "-"
+    parts = [f"{c['found']}/{c['expected']}" for c in result.get("checks", [])]
+    if "steps" in result:
+        parts.append(f"step {result['steps']}/{result['target']}")
+    return ", ".join(parts) or "-"
+
+
+def status_rows(state: RunState, job_url=None) -> list[list[str]]:
+    rows = [["STAGE", "STATUS", "JOBS", "SHARDING", "TRIES", "ELAPSED", "PROGRESS", "VERIFIED"]]
+    for name, stage in state.stages.items():
+        jobs = ", ".join(f"{j.job_id}{'*' if j.kind == 'verify' else ''}({j.native or j.state})" for j in stage.jobs[-3:])
+        sharding = f"{stage.sharding['replicas']}x{stage.sharding['processes']}" if stage.sharding else "-"
+        rows.append([name, stage.status.value, jobs or "-", sharding, str(stage.attempts), stage_elapsed(stage),
+                     progress_text(stage), verification_text(stage)])
+    return rows
+
+
+def format_table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def estimate_rows(state: RunState, estimate: PlanEstimate, actual: dict[str, dict]) -> list[list[str]]:
+    """Each started stage's estimate next to its elapsed time, and its effective throughput."""
+    rows = [["STAGE", "ESTIMATE", "ELAPSED", "ITEMS/S", "MB/S", "PER CORE", "STEPS/S"]]
+    estimates = {s.stage: s for s in estimate.stages}
+    for name, rates in actual.items():
+        if not rates:
+            continue
+        per_core = (f"{rates['tokens_per_s_per_core']:,.0f} tokens/s" if "tokens_per_s_per_core" in rates else
+                    f"{rates['mb_per_s_per_core']:.3g} MB/s" if "mb_per_s_per_core" in rates else "-")
+        rows.append([name, format_seconds(estimates[name].seconds if name in estimates else None),
+                     format_elapsed(rates["elapsed_s"]), _rate(rates.get("items_per_s")), _rate(rates.get("mb_per_s")),
+                     per_core, _rate(rates.get("steps_per_s"))])
+    return rows
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None = None,
+                  actual: dict[str, dict] | None = None) -> str:
+    """The `status` view: a table of stages, estimate against actual (when given), then errors with log tails."""
+    lines = [f"run {state.run_id}  pipeline {state.pipeline}  backend {state.backend}  status {state.status}", "",
+             format_table(status_rows(state))]
+    if estimate is not None and actual and any(actual.values()):
+        lines += ["", "estimate against actual (elapsed includes queueing and verification):",
+                  format_table(estimate_rows(state, estimate, actual))]
+    summaries = [f"{name}: {stage.extra['summary']}" for name, stage in state.stages.items()
+                 if stage.extra.get("summary") and stage.status is StageStatus.SUCCEEDED]
+    if summaries:
+        lines += [""] + summaries
+    for name, stage in state.stages.items():
+        if stage.error:
+            lines += ["", f"{name}: {stage.error}"]
+    if job_url:
+        urls = [(name, job.job_id, job_url(job.job_id)) for name, stage in state.stages.items() for job in stage.jobs[-1:]]
+        urls = [u for u in urls if u[2]]
+        if urls:
+            lines += [""] + [f"{name}: {url}" for name, _, url in urls]
+    lines += ["", "(* = verification job)"] if any(j.kind == "verify" for s in state.stages.values() for j in s.jobs) else []
+    return "\n".join(lines)
+
+
+class Reporter:
+    """Prints events as they happen and, every few seconds, one progress line per running stage."""
+
+    def __init__(self, stream: IO[str] | None = None, interval: float = 5.0) -> None:
+        self.stream = stream or sys.stdout
+        self.interval = interval
+        self._last_progress = 0.0
+        self._started = time.monotonic()
+
+    def _print(self, text: str) -> None:
+        stamp = format_elapsed(time.monotonic() - self._started)
+        self.stream.write(f"[{stamp:>6}] {text}\n")
+        self.stream.flush()
+
+    def event(self, text: str) -> None:
+        self._print(text)
+
+    def update(self, state: RunState, final: bool = False) -> None:
+        if final:
+            self.stream.write("\n" + render_status(state) + "\n")
+            self.stream.flush()
+            return
+        now = time.monotonic()
+        if now - self._last_progress < self.interval:
+            return
+        self._last_progress = now
+        for name, stage in state.stages.items():
+            if stage.status in (StageStatus.RUNNING, StageStatus.VERIFYING):
+                job = stage.jobs[-1].job_id if stage.jobs else "-"
+                self._print(f"{name}: {stage.status.value} job {job}, {stage_elapsed(stage)} elapsed, "
+                            f"progress {progress_text(stage)}")
+
+
+# -- `plan`'s estimates ---------------------------------------------------------------------------------
+def format_bytes(value: float | None) -> str:
+    return "-" if value is None else short_number(value) + "B"
+
+
+def format_hours(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def format_seconds(value: float | None) -> str:
+    return "-" if value is None else format_elapsed(value)
+
+
+def render_estimates(plan: PlanEstimate) -> list[str]:
+    """The table of `plan`'s text output, its total, the training arithmetic, notes and warnings."""
+    rows = [["STAGE", "INSTANCE", "NODES", "ITEMS IN", "ITEMS OUT", "BYTES IN", "BYTES OUT", "WALL", "NODE-H",
+             "GPU-H", "FROM"]]
+    for s in plan.stages:
+        rows.append([s.stage, s.instance or "-", str(s.nodes), _count(s.items_in),
+                     f"{_count(s.items_out)} {s.unit_out}" if s.items_out is not None else "-",
+                     format_bytes(s.bytes_in), format_bytes(s.bytes_out), format_seconds(s.seconds),
+                     format_hours(s.node_hours), format_hours(s.gpu_hours), s.basis or "-"])
+    rows.append(["total", "", "", "", "", "", "", format_seconds(plan.seconds) + ("" if plan.complete else "+"),
+                 format_hours(plan.node_hours), format_hours(plan.gpu_hours), "longest path; sum of hours"])
+    lines = ["# estimates (README: \"Where the estimate figures come from\"; no queueing, start-up or verification)",
+             format_table(rows)]
+    for s in plan.stages:
+        t = s.training
+        if t:
+            line = (f"{s.stage}: {t['steps']:,} steps x {t['global_batch_size']} x {t['seq_length']} = "
+                    f"{short_number(t['tokens'])} tokens x {short_number(t['flops_per_token'])} FLOPs/token "
+                    f"= {t['flops']:.3g} FLOPs")
+            if s.seconds is not None:
+                line += f"; {s.basis}: {format_seconds(s.seconds)} ({s.seconds / 86400:.1f} days)"
+            if "attempts" in t:
+                covered = "covers it" if t["attempts"] <= t["max_attempts"] else "does NOT cover it"
+                line += (f"; {t['attempts']} attempt(s) of {t['total_runtime']} ({format_seconds(t['attempt_seconds'])}"
+                         f" of training each), max_attempts {t['max_attempts']} {covered}")
+            lines.append(line)
+    notes: dict[str, list[str]] = {}
+    for s in plan.stages:
+        for note in s.notes:
+            notes.setdefault(note, []).append(s.stage)
+    lines += [f"{', '.join(stages)}: {note}" for note, stages in notes.items()]
+    lines += [f"WARNING: {w}" for w in plan.warnings]
+    return lines
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"

@@ -1,0 +1,172 @@
+"""`plan` on the BCP backend: golden command lines, and every one accepted by NVIDIA's own ngc parser."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+import ngc_parser
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.config.pipelines import load_config
+from golden_files import REPO, assert_golden, normalize
+from pipeline_fixtures import make_stages_dir
+
+needs_parser = pytest.mark.skipif(not ngc_parser.available(), reason="ngcsdk[telemetry]==4.19.1 is not installed "
+                                  "(pip install -e '.[test]')")
+
+
+def plan(capsys, *args: str) -> str:
+    capsys.readouterr()
+    assert main(["--config", str(REPO / "pipelines.yaml"), "plan", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_plan_slimpajama_8b_golden(capsys):
+    assert_golden("plan-slimpajama-8b-bcp.txt", normalize(plan(capsys, "slimpajama-8b")))
+
+
+def test_plan_slimpajama_126m_golden(capsys):
+    assert_golden("plan-slimpajama-126m-bcp.txt", normalize(plan(capsys, "slimpajama-126m", "--backend", "bcp")))
+
+
+def jobs_of(capsys, pipeline: str) -> list[dict]:
+    return json.loads(plan(capsys, pipeline, "--backend", "bcp", "--json"))["jobs"]
+
+
+@needs_parser
+@pytest.mark.parametrize("pipeline", sorted(load_config(REPO / "pipelines.yaml").pipelines))
+def test_every_bundled_command_passes_nvidias_parser(capsys, pipeline):
+    config = load_config(REPO / "pipelines.yaml").pipeline(pipeline)
+    for job in jobs_of(capsys, pipeline):
+        request = ngc_parser.job_create_request(job["argv"])
+        stage = config.stages[job["stage"]]
+        res = config.verification.bcp if job["kind"] == "verify" else stage.bcp
+        assert request["name"] == job["name"]
+        assert request["aceInstance"] == res.instance
+        assert "nvcr.io/" + request["dockerImageName"] == res.image
+        assert request.get("replicaCount", 1) == res.replicas
+        if res.replicas > 1:
+            assert request["arrayType"] == res.array_type
+        assert request["workspaceMounts"] == [{"id": m.name, "containerMountPoint": m.mount, "mountMode": m.mode}
+                                              for m in res.workspaces]
+        assert request["resultContainerMountPoint"] == res.result
+        assert request["runPolicy"]["preemptClass"] == res.preempt
+        if res.total_runtime:
+            assert request["runPolicy"]["totalRuntimeSeconds"] == parse_duration(res.total_runtime)
+        labels = request["userLabels"]
+        assert f"bcpp_stage_{job['stage'].replace('-', '_')}" in labels and f"bcpp_kind_{job['kind']}" in labels
+        assert request["command"] == job["argv"][job["argv"].index("--commandline") + 1]
+
+
+@needs_parser
+def test_guide_numbers_reach_the_job_request(capsys):
+    jobs = {(j["stage"], j["kind"]): j for j in jobs_of(capsys, "slimpajama-8b")}
+    download = ngc_parser.job_create_request(jobs[("download", "stage")]["argv"])
+    assert (download["aceInstance"], download["replicaCount"], download["arrayType"]) == \
+        ("dgxa100.80g.8.norm", 2, "PYTORCH")
+    assert download["runPolicy"] == {"preemptClass": "RUNONCE", "totalRuntimeSeconds": 36000}
+    assert download["jobPriority"] == "NORMAL" and download["jobOrder"] == 50
+    assert download["command"].startswith("bcprun --nnodes 2 --npernode 48 --no_redirect --cmd ")
+    verify = ngc_parser.job_create_request(jobs[("download", "verify")]["argv"])
+    assert verify["aceInstance"] == "dgxa100.80g.1.norm" and "replicaCount" not in verify
+    assert verify["workspaceMounts"][0]["mountMode"] == "RO"
+    pretrain = ngc_parser.job_create_request(jobs[("pretrain", "stage")]["argv"])
+    assert (pretrain["replicaCount"], pretrain["runPolicy"]["totalRuntimeSeconds"]) == (8, 5 * 86400)
+    assert "launcher_scripts/main.py cluster_type=bcp" in pretrain["command"]
+    assert '"training.trainer.num_nodes=${NGC_ARRAY_SIZE}"' in pretrain["command"]
+
+
+ODD_CONFIG = """\
+version: 1
+stages_dir: stages
+backends:
+  local: {workspace_dir: "local ws", poll_seconds: 0.05}
+pipelines:
+  odd:
+    workspace: {name: "team's ws", mount: /mount_workspace}
+    defaults:
+      bcp: {image: "nvcr.io/nvaie/nemo-framework-training:23.11", instance: dgxa100.80g.8.norm, total_runtime: 1h,
+            workspaces: [{name: "team's ws", mount: /mount_workspace, mode: RW}]}
+    stages:
+      write:
+        program: items.py
+        args: [--out, "${workspace}/it's here; rm -rf \\"x\\" $HOME", --count, "2", --name, "a b"]
+        bcp: {replicas: 2, processes: 3, env: {NOTE: "a 'quoted' value; with spaces"}}
+        verify:
+          - {glob: "${workspace}/it's here; rm -rf \\"x\\" $HOME/item-*.txt", expect: 2}
+"""
+
+
+def odd_project(tmp_path):
+    make_stages_dir(tmp_path)
+    config = tmp_path / "pipelines.yaml"
+    config.write_text(ODD_CONFIG)
+    return config
+
+
+def test_plan_quotes_names_with_spaces_quotes_and_semicolons(tmp_path, capsys):
+    config = odd_project(tmp_path)
+    capsys.readouterr()
+    assert main(["--config", str(config), "plan", "odd", "--backend", "bcp"]) == 0
+    text = capsys.readouterr().out
+    assert_golden("plan-odd-bcp.txt", normalize(text, tmp_path))
+    assert main(["--config", str(config), "plan", "odd", "--backend", "local"]) == 0
+    assert_golden("plan-odd-local.txt", normalize(capsys.readouterr().out, tmp_path))
+    # The printed ngc line is copy-pasteable: a shell splits it back into exactly the argv we would run.
+    assert main(["--config", str(config), "plan", "odd", "--backend", "bcp", "--json"]) == 0
+    job = json.loads(capsys.readouterr().out)["jobs"][0]
+    assert shlex.split(job["printable"]) == job["argv"]
+    commandline = job["argv"][job["argv"].index("--commandline") + 1]
+    bcprun = shlex.split(commandline)
+    assert bcprun[:6] == ["bcprun", "--nnodes", "2", "--npernode", "3", "--no_redirect"]
+    inner = shlex.split(bcprun[bcprun.index("--cmd") + 1])
+    assert inner[-6:] == ["--out", "/mount_workspace/it's here; rm -rf \"x\" $HOME", "--count", "2", "--name", "a b"]
+    assert "--env-var" in job["argv"] and "NOTE:a 'quoted' value; with spaces" in job["argv"]
+
+
+def test_odd_names_run_on_the_local_backend(tmp_path):
+    config = odd_project(tmp_path)
+    assert main(["--config", str(config), "run", "odd"]) == 0
+    out_dir = tmp_path / "local ws" / "team's ws" / "it's here; rm -rf \"x\" $HOME"
+    assert sorted(p.name for p in out_dir.glob("item-*.txt")) == ["item-0000.txt", "item-0001.txt"]
+
+
+@needs_parser
+def test_the_detached_driver_job_passes_nvidias_parser_with_the_key_only_as_a_secret(capsys, monkeypatch):
+    monkeypatch.setenv("NGC_CLI_API_KEY", "canary-key-never-in-a-job-definition")
+    monkeypatch.setenv("NGC_CLI_ORG", "my-org")
+    monkeypatch.setenv("NGC_CLI_ACE", "my-ace")
+    payload = json.loads(plan(capsys, "slimpajama-8b", "--backend", "bcp", "--json", "--detach"))
+    driver = payload["driver"]
+    assert "canary-key" not in json.dumps(payload)
+    request = ngc_parser.job_create_request(driver["argv"])
+    assert request["name"] == "slimpajama-8b.driver"
+    assert request["aceInstance"] == "dgxa100.80g.1.norm"  # the pipeline's verification instance: its smallest
+    assert request["userSecretsSpec"] == [{"name": "bcp-pipeline-ngc", "allKeys": False,
+                                           "keysSpec": [{"keyName": "api_key", "envName": "NGC_CLI_API_KEY"}]}]
+    assert {"name": "NGC_CLI_ORG", "value": "my-org"} in request["envs"]
+    assert {"name": "NGC_CLI_ACE", "value": "my-ace"} in request["envs"]
+    assert request["runPolicy"]["totalRuntimeSeconds"] == 5 * 86400
+    assert request["workspaceMounts"] == [{"id": "nemo-framework", "containerMountPoint": "/mount_workspace",
+                                           "mountMode": "RW"}]
+    assert sorted(request["userLabels"]) == ["bcpp_kind_driver", "bcpp_run_slimpajama_8b_RUN"]
+    assert "python3 -m bcp_pipeline.detach.driver --workspace-root /mount_workspace" in request["command"]
+    assert "--hand-over-after 430200" in request["command"]  # 5 days less the 30-minute hand-over margin
+    assert driver["upload"].startswith("ngc workspace upload nemo-framework --source BUNDLE "
+                                       "--destination .bcp-pipeline/runs/slimpajama-8b-RUN")
+
+
+def test_detach_needs_the_bcp_backend(capsys):
+    assert main(["--config", str(REPO / "pipelines.yaml"), "plan", "demo", "--backend", "local", "--detach"]) == 2
+    assert "--detach runs the orchestrator as a BCP job: it needs --backend bcp" in capsys.readouterr().err
+
+
+def test_plan_detach_prints_the_driver_and_its_cost(capsys):
+    text = plan(capsys, "slimpajama-8b", "--backend", "bcp", "--detach")
+    assert "# --detach: the driver job, which submits everything below from inside BCP" in text
+    assert "--secret bcp-pipeline-ngc:api_key:NGC_CLI_API_KEY" in text
+    assert "driver (--detach): 1 x dgxa100.80g.1.norm for the whole run: 473 node-hours, 473 GPU-hours, " \
+           "1.6 % of the run's GPU-hours" in text

@@ -1,0 +1,377 @@
+"""`run --detach` on the emulated BCP: the orchestrator runs as a driver job, through ngcsdk, inside the emulator
+(tests/fakes/ngc_api.py, an EMULATOR of the NGC API, named so), while the laptop (this test) only looks at it.
+
+The driver's job gets the API key only from the BCP secret the job names; these tests give the emulator a canary
+key and look for it everywhere afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from bcp_emulation import needs_ngcsdk
+from golden_files import REPO
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.engine.state import RunStore, StageStatus
+from ngc_control import FakeNgc
+from pipeline_fixtures import wait_for
+from test_bcp_emulated import bcp_chain_config, write_chain_project
+
+pytestmark = needs_ngcsdk
+
+SECRET = "bcp-pipeline-ngc"
+DRIVER_LABEL = "bcpp_kind_driver"
+
+
+@pytest.fixture
+def project(tmp_path, fake):
+    fake.set_secret(SECRET, {"api_key": fake.api_key})
+    text = bcp_chain_config(fake.transport).replace(
+        "poll_max_seconds: 0.3}", "poll_max_seconds: 0.3, driver: {total_runtime: 1h, handover_before: 10m}}")
+    # Slow enough that a test can kill the driver while `second` runs.
+    text = text.replace("--name, second]", "--name, second, --sleep, '0.3']")
+    return write_chain_project(tmp_path / "project", text)
+
+
+def cli(config: Path, *args: str) -> int:
+    return main(["--config", str(config), *args])
+
+
+def local_state(config: Path):
+    return RunStore(config.parent / ".bcp-pipeline").latest()
+
+
+def driver_jobs(fake: FakeNgc) -> list[dict]:
+    return sorted((r["job"] for r in fake.jobs().values() if DRIVER_LABEL in _labels(r["job"])),
+                  key=lambda job: job["id"])
+
+
+def stage_jobs(fake: FakeNgc) -> list[dict]:
+    return [r["job"] for r in fake.jobs().values() if DRIVER_LABEL not in _labels(r["job"])]
+
+
+def _labels(job: dict) -> list[str]:
+    return job.get("labels", {}).get("userLabels", {}).get("values", []) or \
+        job["jobDefinition"].get("userLabels", [])
+
+
+def wait_for_driver(fake: FakeNgc, statuses: set[str], index: int = -1, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        drivers = driver_jobs(fake)
+        if drivers and len(drivers) > (index if index >= 0 else 0):
+            job = drivers[index]
+            if job["jobStatus"]["status"] in statuses:
+                return job
+        time.sleep(0.2)
+    raise AssertionError(f"no driver reached {statuses}; drivers: "
+                         f"{[(j['id'], j['jobStatus']['status']) for j in driver_jobs(fake)]}\n{_driver_logs(fake)}")
+
+
+def _driver_logs(fake: FakeNgc) -> str:
+    return "\n".join((fake.home / "jobs" / str(j["id"]) / "results" / "0" / "joblog.log").read_text(errors="replace")[-3000:]
+                     for j in driver_jobs(fake))
+
+
+def status_json(config: Path, capsys, run_id: str) -> dict:
+    capsys.readouterr()
+    assert cli(config, "status", run_id, "--json") == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def submissions_per_stage(fake: FakeNgc) -> dict[tuple[str, str], int]:
+    counts: dict[tuple[str, str], int] = {}
+    for job in stage_jobs(fake):
+        labels = _labels(job)
+        stage = next(l for l in labels if l.startswith("bcpp_stage_"))[len("bcpp_stage_"):]
+        kind = next(l for l in labels if l.startswith("bcpp_kind_"))[len("bcpp_kind_"):]
+        counts[(stage, kind)] = counts.get((stage, kind), 0) + 1
+    return counts
+
+
+def assert_once_per_attempt(fake: FakeNgc, state) -> None:
+    """From the emulator's records: each stage job was submitted once per attempt the run recorded."""
+    counts = submissions_per_stage(fake)
+    for name, stage in state.stages.items():
+        name = name.replace("-", "_")  # as in its label
+        assert counts.get((name, "stage"), 0) == stage.attempts == len([j for j in stage.jobs if j.kind == "stage"]), \
+            (name, counts)
+
+
+def test_detached_run_completes_under_the_driver_job(fake, project, capsys):
+    started = time.monotonic()
+    assert cli(project, "run", "chain", "--backend", "bcp", "--detach") == 0
+    assert time.monotonic() - started < 30
+    out = capsys.readouterr().out
+    run_id = local_state(project).run_id
+    assert f"run {run_id} (chain) is detached: driver job" in out and f"bcp-pipeline status {run_id}" in out
+    # No orchestrator here: main() returned; the stages run under the driver job.
+    seen_running = False
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        payload = status_json(project, capsys, run_id)
+        statuses = {name: stage["status"] for name, stage in payload["stages"].items()}
+        seen_running |= any(s in ("running", "verifying") for s in statuses.values())
+        if payload["status"] == "succeeded":
+            break
+        assert payload["driver"]["jobs"], payload
+        time.sleep(0.5)
+    assert payload["status"] == "succeeded", (payload, _driver_logs(fake))
+    assert seen_running, "status showed the stages progressing"
+    driver = wait_for_driver(fake, {"FINISHED_SUCCESS"})
+    assert len(driver_jobs(fake)) == 1
+    state = local_state(project)
+    assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+    assert_once_per_attempt(fake, state)
+    assert state.stages["third"].verification["checks"][0]["found"] == 3
+    # The workspace holds the driver's state, and the stages' outputs.
+    ws = fake.workspace_path("main")
+    assert json.loads((ws / ".bcp-pipeline/runs" / run_id / "state.json").read_text())["status"] == "succeeded"
+    assert (ws / "third/item-0002.txt").is_file()
+    # The final table, from the laptop.
+    capsys.readouterr()
+    assert cli(project, "status", run_id) == 0
+    table = capsys.readouterr().out
+    assert "third" in table and "succeeded" in table and f"driver: job {driver['id']} FINISHED_SUCCESS" in table
+    assert cli(project, "logs", run_id, "driver") == 0
+    assert f"run {run_id} succeeded" in capsys.readouterr().out
+    assert cli(project, "logs", run_id, "second", "--rank", "0") == 0
+    if importlib.util.find_spec("plotly"):
+        assert cli(project, "report", run_id) == 0
+        html = (project.parent / ".bcp-pipeline/runs" / run_id / "report.html").read_text()
+        assert "chain.third-verify" in html and fake.api_key not in html
+    # The key: in no call log, request log, job definition, job log, state or workspace file, nor the plan.
+    assert cli(project, "plan", "chain", "--backend", "bcp", "--detach") == 0
+    assert fake.api_key not in capsys.readouterr().out
+    for root in (fake.home, project.parent):
+        for path in root.rglob("*"):
+            if path.is_file() and path.name != "secrets.json":
+                assert fake.api_key not in path.read_text(errors="replace"), path
+    definition = json.dumps(driver["jobDefinition"])
+    assert "NGC_CLI_API_KEY" in definition and SECRET in definition  # only the secret's name
+
+
+def workspace_state(fake: FakeNgc, run_id: str) -> dict:
+    path = fake.workspace_path("main") / ".bcp-pipeline/runs" / run_id / "state.json"
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def wait_until(predicate, timeout: float = 120, what: str = "condition", fake: FakeNgc | None = None):
+    """pipeline_fixtures.wait_for, with the driver jobs' logs in the failure."""
+    try:
+        return wait_for(predicate, timeout, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_driver_logs(fake) if fake else ''}") from None
+
+
+def stage_status(fake: FakeNgc, run_id: str, stage: str) -> str | None:
+    return (workspace_state(fake, run_id).get("stages", {}).get(stage) or {}).get("status")
+
+
+def detach(project: Path, capsys) -> str:
+    assert cli(project, "run", "chain", "--backend", "bcp", "--detach") == 0
+    capsys.readouterr()
+    return local_state(project).run_id
+
+
+def kill_driver(fake: FakeNgc, status: str = "KILLED_BY_SYSTEM") -> dict:
+    import ngc_control
+
+    driver = wait_for_driver(fake, {"RUNNING"})
+    ngc_control.stop_job(fake.home, driver["id"], status, details="killed by the test")
+    return wait_for_driver(fake, {status})
+
+
+def wait_for_success(project: Path, capsys, run_id: str, fake: FakeNgc, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        payload = status_json(project, capsys, run_id)
+        if payload["status"] in ("succeeded", "failed"):
+            break
+        time.sleep(0.5)
+    assert payload["status"] == "succeeded", (payload, _driver_logs(fake))
+    return payload
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_killed_driver_then_resume_detach_completes_with_no_duplicate_job(fake, project, capsys):
+    run_id = detach(project, capsys)
+    wait_until(lambda: stage_status(fake, run_id, "second") == "running", what="second running", fake=fake)
+    killed = kill_driver(fake)
+    capsys.readouterr()
+    assert cli(project, "status", run_id) == 0
+    out = capsys.readouterr().out
+    assert f"driver: job {killed['id']} KILLED_BY_SYSTEM" in out and f"resume {run_id} --detach" in out
+    assert cli(project, "resume", run_id, "--detach") == 0
+    wait_for_success(project, capsys, run_id, fake)
+    wait_for_driver(fake, {"FINISHED_SUCCESS"}, index=1)  # it saves the final state, then its job ends
+    assert [d["jobStatus"]["status"] for d in driver_jobs(fake)] == ["KILLED_BY_SYSTEM", "FINISHED_SUCCESS"]
+    state = local_state(project)
+    assert_once_per_attempt(fake, state)
+    assert state.stages["second"].attempts == 1  # the second driver re-attached to the job the first one started
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_driver_killed_between_submit_and_saving_the_job_id(fake, project, capsys):
+    """The service created `second`'s job, but the driver died before the answer (its id) reached it."""
+    fake.hold_queued(name="chain.first-verify")
+    run_id = detach(project, capsys)
+    wait_until(lambda: any(j["jobDefinition"]["name"] == "chain.first-verify" for j in stage_jobs(fake)),
+               what="first's verification job", fake=fake)
+    fake.delay_requests(30, method="POST", path="/v2/org/*/jobs", after=True)  # the next submit: second's
+    fake.release()
+    wait_until(lambda: stage_status(fake, run_id, "second") == "submitting", what="second submitting", fake=fake)
+    wait_until(lambda: any("chain.second" == j["jobDefinition"]["name"] for j in stage_jobs(fake)),
+               what="second's job created", fake=fake)
+    kill_driver(fake)
+    assert stage_status(fake, run_id, "second") == "submitting"
+    assert cli(project, "resume", run_id, "--detach") == 0
+    wait_for_success(project, capsys, run_id, fake)
+    state = local_state(project)
+    assert_once_per_attempt(fake, state)
+    assert submissions_per_stage(fake)[("second", "stage")] == 1
+    second_driver_log = (fake.home / "jobs" / str(driver_jobs(fake)[1]["id"]) / "results/0/joblog.log").read_text()
+    assert "second: re-attached to stage job" in second_driver_log
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_a_driver_hands_over_to_its_successor_before_its_runtime_ends(fake, project, capsys):
+    project.write_text(project.read_text().replace("driver: {total_runtime: 1h, handover_before: 10m}",
+                                                   "driver: {total_runtime: 8s, handover_before: 5s}")
+                       .replace("--sleep, '0.3'", "--sleep, '1.5'"))
+    run_id = detach(project, capsys)
+    wait_for_success(project, capsys, run_id, fake, timeout=240)
+    wait_until(lambda: all(d["jobStatus"]["status"] == "FINISHED_SUCCESS" for d in driver_jobs(fake)),
+               what="every driver job ended well", fake=fake)
+    drivers = driver_jobs(fake)
+    assert len(drivers) >= 2, _driver_logs(fake)
+    assert "successor driver job" in (fake.home / "jobs" / str(drivers[0]["id"]) / "results/0/joblog.log").read_text()
+    state = local_state(project)
+    assert_once_per_attempt(fake, state)
+    # Never two drivers at once: each drove the run only after the one before it had ended (the emulator's
+    # record of its end), and the terms the drivers recorded do not overlap.
+    terms = state.detached["drivers"]
+    assert [t["job_id"] for t in terms] == [str(d["id"]) for d in drivers]
+    for before, after, record in zip(terms, terms[1:], drivers):
+        ended = max(h["timestamp"] for h in fake.jobs()[record["id"]]["jobStatusHistory"]
+                    if h["status"] == "FINISHED_SUCCESS") / 1000
+        assert before["until"] <= after["since"] and ended <= after["since"] + 0.05, (terms, ended)
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_resume_without_detach_takes_the_run_back_to_this_machine(fake, project, capsys):
+    run_id = detach(project, capsys)
+    wait_until(lambda: stage_status(fake, run_id, "second") == "running", what="second running", fake=fake)
+    assert cli(project, "resume", run_id) == 0
+    out = capsys.readouterr().out
+    assert f"run {run_id} taken back from its driver job(s)" in out
+    assert [d["jobStatus"]["status"] for d in driver_jobs(fake)] == ["KILLED_BY_USER"]
+    state = local_state(project)
+    assert state.status == "succeeded" and state.detached["owner"] == "local"
+    assert_once_per_attempt(fake, state)
+    assert state.stages["second"].attempts == 1
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_cancel_stops_the_driver_and_the_runs_jobs_then_resume_detach_finishes(fake, project, capsys):
+    run_id = detach(project, capsys)
+    wait_until(lambda: stage_status(fake, run_id, "second") == "running", what="second running", fake=fake)
+    assert cli(project, "resume", run_id, "--detach") == 1  # one driver per run
+    assert "is already driven by driver job" in capsys.readouterr().err
+    assert cli(project, "cancel", run_id) == 0
+    ended = {record["job"]["jobStatus"]["status"] for record in fake.jobs().values()}
+    assert ended <= {"KILLED_BY_USER", "FINISHED_SUCCESS"} and "KILLED_BY_USER" in ended, ended
+    assert local_state(project).stages["second"].status is StageStatus.CANCELLED
+    assert cli(project, "resume", run_id, "--detach") == 0
+    wait_for_success(project, capsys, run_id, fake)
+    assert len(driver_jobs(fake)) == 2
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_a_driver_without_ngcsdk_and_no_way_to_install_it_fails_fast_and_says_why(fake, project, capsys, tmp_path):
+    import subprocess
+    import sys
+
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    project.write_text(project.read_text().replace(
+        "handover_before: 10m}", f"handover_before: 10m, python: {bare / 'bin' / 'python'}}}"))
+    run_id = detach(project, capsys)
+    driver = wait_for_driver(fake, {"FAILED"}, timeout=60)
+    assert cli(project, "status", run_id) == 0
+    out = capsys.readouterr().out
+    assert f"driver: job {driver['id']} FAILED" in out
+    assert "the driver's image lacks ngcsdk==4.19.1, pyyaml" in out and "pip install" in out
+    assert not stage_jobs(fake)
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_a_preempted_driver_is_resumed_by_resume_detach(fake, project, capsys):
+    run_id = detach(project, capsys)
+    wait_until(lambda: stage_status(fake, run_id, "second") == "running", what="second running", fake=fake)
+    driver = wait_for_driver(fake, {"RUNNING"})
+    fake.preempt(driver["id"])
+    wait_for_driver(fake, {"PREEMPTED"})
+    assert cli(project, "status", run_id) == 0
+    assert "the driver was preempted" in capsys.readouterr().out
+    assert cli(project, "resume", run_id, "--detach") == 0
+    assert f"driver job {driver['id']} resumed" in capsys.readouterr().out
+    wait_for_success(project, capsys, run_id, fake)
+    assert len(driver_jobs(fake)) == 1
+    assert_once_per_attempt(fake, local_state(project))
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_the_demo_pipeline_runs_detached(fake, tmp_path, capsys):
+    """The bundled demo DAG (sample -> ... -> a small GPT pretrained on CPU), every stage submitted by the driver."""
+    pytest.importorskip("megatron.core", reason="the demo's smoke pretrain needs the [pretrain] extra")
+    import shutil
+
+    fake.set_secret(SECRET, {"api_key": fake.api_key})
+    fake.create_workspace("demo")
+    project_dir = tmp_path / "demo"
+    shutil.copytree(REPO / "stages", project_dir / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    config = project_dir / "pipelines.yaml"
+    config.write_text((REPO / "pipelines.yaml").read_text().replace(
+        "stages_dir: stages\n", "stages_dir: stages\nbackends:\n  bcp: {transport: sdk, poll_min_seconds: 0.2, "
+        "poll_max_seconds: 0.5}\n", 1))
+    started = time.monotonic()
+    assert cli(config, "run", "demo", "--backend", "bcp", "--detach", "--set", "vars.steps=6",
+               "--set", "pretrain.args=[--data-dir, '${data}/preprocessed', --results, '${workspace}/results', "
+               "--run-name, demo-gpt, --steps, '${steps}', --checkpoint-every, '3', --hidden, '64']") == 0
+    assert time.monotonic() - started < 30
+    run_id = local_state(config).run_id
+    payload = wait_for_success(config, capsys, run_id, fake, timeout=400)
+    counts = {name: [c["found"] for c in s["verification"]["checks"]] for name, s in payload["stages"].items()}
+    assert counts["download"] == [8] and counts["concat"] == [2] and counts["tokenize-preprocess"] == [2, 2]
+    assert payload["stages"]["pretrain"]["verification"]["steps"] == 6
+    assert len(driver_jobs(fake)) == 1
+    assert_once_per_attempt(fake, local_state(config))
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_a_wrong_key_in_the_secret_fails_the_driver_at_once_and_status_names_the_secret(fake, project, capsys):
+    fake.set_secret(SECRET, {"api_key": "not-the-right-key"})
+    run_id = detach(project, capsys)
+    driver = wait_for_driver(fake, {"FAILED"}, timeout=60)
+    assert cli(project, "status", run_id) == 0
+    out = capsys.readouterr().out
+    assert f"driver: job {driver['id']} FAILED" in out
+    assert "the driver cannot call the NGC API with the key from BCP secret bcp-pipeline-ngc" in out
+    assert not stage_jobs(fake)
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_a_missing_secret_fails_run_detach_with_nvidias_message(fake, tmp_path, capsys):
+    project = write_chain_project(tmp_path / "project", bcp_chain_config(fake.transport))
+    assert cli(project, "run", "chain", "--backend", "bcp", "--detach") == 1
+    assert "Secret 'bcp-pipeline-ngc' not found" in capsys.readouterr().err
+    assert not driver_jobs(fake)

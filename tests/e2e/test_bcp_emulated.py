@@ -1,0 +1,268 @@
+"""The BCP backend end to end on both transports (the ngc CLI's code, ngcsdk in-process), each NVIDIA's own client
+talking to the NGC API EMULATOR on loopback (tests/fakes/ngc_api.py: a fake, named so).
+
+The emulator answers the REST calls and the gRPC upload NVIDIA's client makes, runs jobs as local processes with a
+local bcprun, and can fail, preempt, hold or lose jobs and fail or delay API requests, which these tests use.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from bcp_emulation import needs_ngcsdk, status_calls
+from bcp_pipeline.backends import make_backend
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.errors import BackendCallError
+from bcp_pipeline.engine.state import RunStore, StageStatus
+from ngc_control import FakeNgc
+from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+
+pytestmark = needs_ngcsdk
+
+BCP_SECTIONS = """\
+    defaults:
+      bcp: {image: "nvcr.io/nvaie/nemo-framework-training:23.11", instance: dgxa100.80g.8.norm, total_runtime: 1h,
+            workspaces: [{name: main, mount: /mount_workspace, mode: RW}]}
+    verification:
+      bcp: {instance: dgxa100.80g.1.norm, workspaces: [{name: main, mount: /mount_workspace, mode: RO}]}
+"""
+
+
+def bcp_chain_config(transport: str) -> str:
+    text = CHAIN_CONFIG.replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
+                                "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
+                                f"  bcp: {{transport: {transport}, poll_min_seconds: 0.1, poll_max_seconds: 0.3}}\n")
+    text = text.replace("    vars: {count: \"6\"}\n", "    vars: {count: \"6\"}\n" + BCP_SECTIONS)
+    # The bcp sharding mirrors the local one: 2 replicas x 1 process, then 1 x 3 (under bcprun).
+    text = text.replace("local: {replicas: 2, processes: 1}", "local: {replicas: 2, processes: 1}\n"
+                        "        bcp: {replicas: 2, processes: 1}")
+    return text.replace("local: {replicas: 1, processes: 3}", "local: {replicas: 1, processes: 3}\n"
+                        "        bcp: {replicas: 1, processes: 3}")
+
+
+@pytest.fixture
+def project(tmp_path, fake):
+    return write_chain_project(tmp_path / "project", bcp_chain_config(fake.transport))
+
+
+def run(config: Path, *args: str) -> int:
+    return main(["--config", str(config), *args])
+
+
+def latest(config: Path):
+    return RunStore(config.parent / ".bcp-pipeline").latest()
+
+
+def jobs_by_stage(fake: FakeNgc) -> dict[str, list[dict]]:
+    grouped: dict[str, list[dict]] = {}
+    for record in fake.jobs().values():
+        grouped.setdefault(record["job"]["jobDefinition"]["name"], []).append(record["job"])
+    return grouped
+
+
+def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys):
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    state = latest(project)
+    assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+    ws = fake.workspace_path("main")
+    # bcprun gave 3 ranks on one node for `second`: RANK/WORLD_SIZE reached the program.
+    assert (ws / "second/item-0002.txt").read_text() == "item-0002.txt by rank 2 of 3\n"
+    assert (ws / "first/item-0001.txt").read_text() == "item-0001.txt by rank 1 of 2\n"
+    assert state.stages["third"].verification["checks"][0]["found"] == 3
+    # The stage programs were uploaded once, through NVIDIA's gRPC upload (no __pycache__), and every job was
+    # labelled with the run and stage.
+    code = [p for p in (ws / ".bcp-pipeline/code").rglob("*") if p.is_file()]
+    assert code and not any("__pycache__" in str(p) for p in code)
+    assert len(fake.requests("GRPC", "DataSetService/Put")) == len(code)
+    names = sorted(jobs_by_stage(fake))
+    assert names == ["chain.first", "chain.first-verify", "chain.second", "chain.second-verify", "chain.third",
+                     "chain.third-verify"]
+    labels = fake.jobs()[int(state.stages["second"].jobs[0].job_id)]["job"]["labels"]["userLabels"]["values"]
+    assert "bcpp_stage_second" in labels and any(l.startswith("bcpp_run_chain_") for l in labels)
+    # Verification jobs mount the workspace read-only on the small instance.
+    verify_job = fake.jobs()[int(state.stages["first"].jobs[1].job_id)]["job"]["jobDefinition"]
+    assert verify_job["resources"]["name"] == "dgxa100.80g.1.norm"
+    assert verify_job["workspaceMounts"][0]["mountMode"] == "RO"
+    capsys.readouterr()
+    assert run(project, "status", "--json") == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["status"] == "succeeded"
+    assert status["stages"]["first"]["jobs"][0]["native"] == "FINISHED_SUCCESS"
+    # The API key reached no command line, job definition, log, state file or workspace file.
+    leaks = [p for p in [*project.parent.rglob("*"), *fake.home.rglob("*")]
+             if p.is_file() and fake.api_key.encode() in p.read_bytes()]
+    assert leaks == []
+
+
+def test_a_poll_cycle_costs_one_list_call_whatever_the_number_of_jobs(fake, project):
+    from bcp_pipeline.backends.contract import JobRequest
+
+    config = load_config(project)
+    pipeline = config.pipeline("chain")
+    fake.hold_queued(times=None)  # keep every job queued: only status calls happen
+    fake.set_page_size(2)  # and the list comes in pages, which NVIDIA's client follows
+    counts = {}
+    for jobs in (1, 6):
+        backend = make_backend("bcp", config, pipeline, project.parent / f".bcp-pipeline/runs/chain-poll-{jobs}")
+        stage = pipeline.stages["first"]
+        ids = [backend.submit(backend.render(JobRequest(run_id=f"chain-poll-{jobs}", pipeline=pipeline, stage=stage,
+                                                        kind="stage", program=stage.program, args=tuple(stage.args))))
+               for _ in range(jobs)]
+        for job_id in ids:
+            fake.wait_for(int(job_id), {"QUEUED"})
+        fake.clear_calls()
+        statuses = backend.poll(ids)
+        assert set(statuses) == set(ids) and all(s.native == "QUEUED" for s in statuses.values())
+        counts[jobs] = status_calls(fake)
+        assert not fake.requests("GET", "/v2/org/*/jobs/*")  # no `job info`: the list had every job
+    assert counts == {1: 1, 6: 1}
+    # The last poll: 6 jobs in pages of 2, which NVIDIA's client fetches as pages 0-3 (its own page arithmetic).
+    assert len(fake.requests("GET", "/v2/org/*/jobs")) == 4
+    fake.release()
+
+
+def stage_state(project: Path, stage: str) -> dict | None:
+    states = sorted((project.parent / ".bcp-pipeline/runs").glob("*/state.json"))
+    if not states:
+        return None
+    try:
+        return json.loads(states[-1].read_text())["stages"][stage]
+    except (ValueError, KeyError):
+        return None
+
+
+
+
+
+
+def test_sigkill_after_submit_then_resume_submits_no_duplicate(fake, project):
+    fake.hold_queued(name="chain.second", times=1)
+    process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
+    wait_for(lambda: (stage_state(project, "second") or {}).get("status") == "running")
+    process.kill()
+    process.wait()
+    job_id = int(stage_state(project, "second")["jobs"][0]["job_id"])
+    assert fake.wait_for(job_id, {"QUEUED"}) == "QUEUED"
+    resumed = start_orchestrator(project, "resume")
+    time.sleep(1.0)
+    assert resumed.poll() is None
+    fake.release(job_id)
+    output, _ = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, output
+    assert {name: len(jobs) for name, jobs in jobs_by_stage(fake).items()} == {
+        "chain.first": 1, "chain.first-verify": 1, "chain.second": 1, "chain.second-verify": 1,
+        "chain.third": 1, "chain.third-verify": 1}
+
+
+def test_killed_while_the_submit_answer_is_on_its_way_then_resume_finds_the_job_by_label(fake, project):
+    """The service created the job, but the orchestrator died before the answer (and so the job id) reached it."""
+    fake.hold_queued(name="chain.first", times=1)
+    fake.delay_requests(30, method="POST", path="/v2/org/*/jobs", after=True)
+    process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
+    wait_for(lambda: "chain.first" in jobs_by_stage(fake))
+    process.kill()
+    process.wait()
+    assert latest(project).stages["first"].status is StageStatus.SUBMITTING
+    resumed = start_orchestrator(project, "resume")
+    wait_for(lambda: (stage_state(project, "first") or {}).get("status") == "running")  # re-attached, still held
+    fake.release()
+    output, _ = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, output
+    assert "first: re-attached to stage job" in output
+    assert len(jobs_by_stage(fake)["chain.first"]) == 1
+    assert latest(project).stages["first"].attempts == 1
+
+
+def test_failed_job_then_rerun_continues_from_that_stage(fake, project, capsys):
+    fake.inject("FAILED", name="chain.second", details="Replica 0 exited with code 7")
+    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    state = latest(project)
+    assert state.stages["second"].status is StageStatus.FAILED
+    assert "ended FAILED: Replica 0 exited with code 7" in state.stages["second"].error
+    assert state.stages["third"].status is StageStatus.PENDING
+    capsys.readouterr()
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert "continuing run" in capsys.readouterr().out
+    counts = {name: len(jobs) for name, jobs in jobs_by_stage(fake).items()}
+    assert counts["chain.first"] == 1 and counts["chain.second"] == 2 and counts["chain.third"] == 1
+
+
+def test_a_failing_replica_fails_the_stage_with_its_log_and_a_rerun_continues(fake, project):
+    first = fake.workspace_path("main") / "first"
+    first.mkdir(parents=True)
+    (first / "FAIL-item-0001.txt").touch()  # item 1 belongs to rank 1 of 2: the second replica
+    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    error = latest(project).stages["first"].error
+    assert "ended FAILED: Replica 1 exited with code 1" in error
+    assert "last lines of replica 1's log:" in error and "item-0001.txt: told to fail by a FAIL- marker" in error
+    (first / "FAIL-item-0001.txt").unlink()
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert latest(project).stages["first"].attempts == 2
+
+
+def test_a_lost_job_fails_its_stage_and_a_rerun_submits_it_again(fake, project):
+    fake.inject("TASK_LOST", name="chain.first", after_seconds=0, details="node went away")
+    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    assert "ended TASK_LOST: node went away" in latest(project).stages["first"].error
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert [j["jobStatus"]["status"] for j in jobs_by_stage(fake)["chain.first"]] == ["TASK_LOST", "FINISHED_SUCCESS"]
+
+
+def test_preempted_job_is_resumed(fake, project, capsys):
+    fake.inject("PREEMPTED", name="chain.second", after_seconds=0.2)
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    job_id = latest(project).stages["second"].jobs[0].job_id
+    assert len(fake.requests("PATCH", f"/v2/org/*/jobs/{job_id}/resume")) == 1
+    assert f"second: job {job_id} was preempted; resumed it" in capsys.readouterr().out
+    assert len(jobs_by_stage(fake)["chain.second"]) == 1
+
+
+def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
+    # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up (tests/test_ngc_emulator.py has those).
+    fake.fail_requests(4, method="GET", path="/v2/org/*/jobs", status=500, message="Internal Server Error")
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert [r["status"] for r in fake.requests("GET", "/v2/org/*/jobs")][:4] == [500, 500, 500, 500]
+    out = capsys.readouterr().out
+    assert "submitting its stage job failed (" in out and "Server Error: 500 Response: Internal Server Error" in out
+    # Failing status calls while jobs run: the orchestrator keeps polling and says so.
+    fake.hold_queued(name="chain.first", times=1)
+    process = start_orchestrator(project, "run", "chain", "--backend", "bcp", "--restart")
+    wait_for(lambda: len(jobs_by_stage(fake)["chain.first"]) == 2)  # the new run's job is held queued
+    fake.fail_requests(5, method="GET", path="/v2/org/*/jobs", status=500, message="Bad Day")
+    wait_for(lambda: sum(r["status"] == 500 for r in fake.requests("GET", "/v2/org/*/jobs")) >= 9)
+    fake.release()
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output
+    assert "failed 3 times in a row, still retrying:" in output
+    assert "Server Error: 500 Response: Bad Day" in output
+
+
+def test_cancel_kills_the_active_job(fake, project, capsys):
+    fake.hold_queued(name="chain.first", times=1)
+    process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
+    wait_for(lambda: (stage_state(project, "first") or {}).get("status") == "running")
+    run_id = latest(project).run_id
+    assert run(project, "cancel", run_id) == 0
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 1, output
+    job_id = int(latest(project).stages["first"].jobs[0].job_id)
+    assert fake.status(job_id) == "KILLED_BY_USER"
+    assert latest(project).stages["first"].status is StageStatus.CANCELLED
+    # A kill that fails (the job has ended) is an error on both transports, not silence.
+    config = load_config(project)
+    backend = make_backend("bcp", config, config.pipeline("chain"), project.parent / ".bcp-pipeline/runs/x")
+    with pytest.raises(BackendCallError, match=f"could not kill every job:\n  job {job_id}: .*KILLED_BY_USER"):
+        backend.cancel([str(job_id)])
+
+
+def test_logs_come_from_ngc_job_log(fake, project, capsys):
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    run_id = latest(project).run_id
+    capsys.readouterr()
+    assert run(project, "logs", run_id, "first", "--verify") == 0
+    assert "##bcp-pipeline verify" in capsys.readouterr().out

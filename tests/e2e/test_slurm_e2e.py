@@ -1,0 +1,250 @@
+"""The Slurm backend on a real single-node Slurm cluster (scripts/slurm-cluster via the `slurm_cluster` fixture).
+
+The `chain` pipeline of tests/pipeline_fixtures.py runs as real sbatch jobs (the orchestrator as a real
+subprocess where a test kills it), in a workspace whose path holds spaces, quotes and ';'. The last test runs the
+bundled `demo` pipeline with `--backend slurm`. Where Slurm cannot be installed, the fixture skips every test here
+and prints why.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.engine.state import RunStore, StageStatus
+from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
+from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+
+pytestmark = pytest.mark.usefixtures("slurm_cluster")
+WORKSPACE_DIR = "ws dir/it's;odd"
+SLURM_CHAIN = (CHAIN_CONFIG
+               .replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
+                        "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
+                        f"  slurm: {{workspace_dir: \"{WORKSPACE_DIR}\", poll_seconds: 0.2, poll_max_seconds: 1}}\n")
+               .replace("        local: {replicas: 2, processes: 1}\n",
+                        "        local: {replicas: 2, processes: 1}\n        slurm: {ntasks_per_node: 2}\n")
+               .replace("        local: {replicas: 1, processes: 3}\n",
+                        "        local: {replicas: 1, processes: 3}\n        slurm: {ntasks_per_node: 3}\n"))
+
+
+def project(root: Path) -> Path:
+    return write_chain_project(root, SLURM_CHAIN)
+
+
+def cli(config: Path, *args: str) -> int:
+    return main(["--config", str(config), *args])
+
+
+def run_chain(config: Path, *args: str) -> int:
+    return cli(config, "run", "chain", "--backend", "slurm", *args)
+
+
+def state_of(config: Path):
+    return RunStore(config.parent / ".bcp-pipeline").latest()
+
+
+def workspace_files(config: Path) -> dict[str, str]:
+    root = config.parent / WORKSPACE_DIR / "main"
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("item-*.txt"))}
+
+
+def jobs_named(run_id: str) -> list[tuple[str, str, str]]:
+    """(id, name, state) of every Slurm job of the run, as squeue lists them: what was really sbatch'd."""
+    out = subprocess.run(["squeue", "--noheader", "--states=all", "--Format=JobID:|,Name:|,State:|"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [tuple(line.split("|")[:3]) for line in out.splitlines()]
+    return sorted((r for r in rows if r[1].startswith(run_id + ".")), key=lambda r: int(r[0]))
+
+
+
+
+
+
+def stage_job(config: Path, stage: str, state: str = "RUNNING") -> str | None:
+    """The id of the stage's job once the run records it and Slurm says it is in `state`."""
+    runs = sorted((config.parent / ".bcp-pipeline/runs").glob("*/state.json"))
+    try:
+        data = json.loads(runs[-1].read_text()) if runs else None
+    except ValueError:
+        return None
+    jobs = data and [j for j in data["stages"][stage]["jobs"] if j["kind"] == "stage"]
+    if not jobs:
+        return None
+    job_id = jobs[-1]["job_id"]
+    listed = [r for r in jobs_named(data["run_id"]) if r[0] == job_id]
+    return job_id if listed and listed[0][2] == state else None
+
+
+def stall(config: Path, stage: str) -> Path:
+    marker = config.parent / WORKSPACE_DIR / "main" / stage / "STALL"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return marker
+
+
+def test_chain_runs_as_slurm_jobs_and_status_shows_their_ids(tmp_path, capsys):
+    config = project(tmp_path)
+    assert run_chain(config) == 0
+    state = state_of(config)
+    assert [s.status for s in state.stages.values()] == [StageStatus.SUCCEEDED] * 3
+    assert state.stages["second"].sharding == {"replicas": 1, "processes": 3}
+    files = workspace_files(config)
+    assert len(files) == 15
+    assert files["first/item-0001.txt"] == "item-0001.txt by rank 1 of 2\n"  # SLURM_PROCID/SLURM_NTASKS -> RANK
+    assert files["second/item-0002.txt"] == "item-0002.txt by rank 2 of 3\n"
+    listed = jobs_named(state.run_id)
+    names = [name for _, name, _ in listed]
+    assert names == [f"{state.run_id}.{s}{k}" for s in ("first", "second", "third") for k in ("", ".verify")]
+    assert all(slurm_state == "COMPLETED" for _, _, slurm_state in listed)
+    recorded = [j.job_id for s in state.stages.values() for j in s.jobs]
+    assert recorded == [job_id for job_id, _, _ in listed]
+    capsys.readouterr()
+    assert cli(config, "status") == 0
+    out = capsys.readouterr().out
+    assert "backend slurm" in out and f"{recorded[0]}(COMPLETED), {recorded[1]}*(COMPLETED)" in out
+    assert cli(config, "logs", state.run_id, "first", "--rank", "1") == 0
+    assert '"rank": 1' in capsys.readouterr().out
+
+
+def test_sigkilled_orchestrator_resumes_without_duplicate_jobs(tmp_path):
+    reference = project(tmp_path / "reference")
+    assert run_chain(reference) == 0
+
+    config = project(tmp_path / "killed")
+    marker = stall(config, "second")
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "slurm")
+    job_id = wait_for(lambda: stage_job(config, "second"), what="stage second's job to run")
+    orchestrator.kill()  # SIGKILL: no cleanup at all
+    orchestrator.wait()
+    run_id = state_of(config).run_id
+    time.sleep(0.5)
+    assert (job_id, f"{run_id}.second", "RUNNING") in jobs_named(run_id)  # the job outlived its orchestrator
+
+    resumed = start_orchestrator(config, "resume")
+    time.sleep(1.5)
+    assert resumed.poll() is None  # re-attached and waiting on the live job
+    assert [r[0] for r in jobs_named(run_id) if r[1] == f"{run_id}.second"] == [job_id]
+    marker.unlink()
+    output, _ = resumed.communicate(timeout=90)
+    assert resumed.returncode == 0, output
+    names = [name for _, name, _ in jobs_named(run_id)]
+    assert sorted(names) == sorted(f"{run_id}.{s}{k}" for s in ("first", "second", "third") for k in ("", ".verify"))
+    assert workspace_files(config) == workspace_files(reference)
+
+
+def test_crash_between_sbatch_and_record_adopts_the_live_job(tmp_path, monkeypatch):
+    from bcp_pipeline.backends.slurm import SlurmBackend
+
+    config = project(tmp_path)
+    marker = stall(config, "first")
+    real_submit = SlurmBackend.submit
+
+    def submit_then_die(self, submission):
+        real_submit(self, submission)
+        raise KeyboardInterrupt  # the orchestrator dies before it records the job id
+
+    monkeypatch.setattr(SlurmBackend, "submit", submit_then_die)
+    assert run_chain(config) == 130
+    state = state_of(config)
+    assert state.stages["first"].status is StageStatus.SUBMITTING and not state.stages["first"].jobs
+    monkeypatch.setattr(SlurmBackend, "submit", real_submit)
+    marker.unlink()
+    assert cli(config, "resume") == 0
+    state = state_of(config)
+    adopted = [r[0] for r in jobs_named(state.run_id) if r[1] == f"{state.run_id}.first"]
+    assert len(adopted) == 1 and state.stages["first"].jobs[0].job_id == adopted[0]
+    assert state.stages["first"].attempts == 1
+
+
+def test_failing_task_fails_its_stage_with_the_log_tail_and_rerun_continues(tmp_path, capsys):
+    config = project(tmp_path)
+    second = config.parent / WORKSPACE_DIR / "main/second"
+    second.mkdir(parents=True)
+    (second / "FAIL-item-0004.txt").touch()  # item 4 belongs to rank 1 of 3
+    assert run_chain(config) == 1
+    state = state_of(config)
+    first_jobs = [j.job_id for j in state.stages["first"].jobs]
+    assert state.stages["first"].status is StageStatus.SUCCEEDED
+    assert state.stages["second"].status is StageStatus.FAILED
+    assert state.stages["third"].status is StageStatus.PENDING and not state.stages["third"].jobs
+    error = state.stages["second"].error
+    failed_job = state.stages["second"].jobs[-1].job_id
+    assert error.startswith(f"job {failed_job} ended FAILED: Slurm reason NonZeroExitCode; exit code 1")
+    assert "rank 1 exited 1" in error and "item-0004.txt: told to fail by a FAIL- marker" in error  # the tail
+    (second / "FAIL-item-0004.txt").unlink()
+    assert run_chain(config) == 0
+    state = state_of(config)
+    assert len(RunStore(config.parent / ".bcp-pipeline").runs()) == 1  # the same run continued
+    assert [j.job_id for j in state.stages["first"].jobs] == first_jobs  # not redone
+    assert state.stages["second"].attempts == 2
+    assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+
+
+def test_scancel_of_a_stage_job_is_reported_cancelled_and_rerun_continues(tmp_path):
+    config = project(tmp_path)
+    marker = stall(config, "first")
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "slurm")
+    job_id = wait_for(lambda: stage_job(config, "first"), what="stage first's job to run")
+    subprocess.run(["scancel", job_id], check=True)
+    output, _ = orchestrator.communicate(timeout=60)
+    assert orchestrator.returncode == 1, output
+    state = state_of(config)
+    assert state.stages["first"].status is StageStatus.CANCELLED
+    assert state.stages["first"].error.startswith(f"job {job_id} ended CANCELLED")
+    marker.unlink()
+    assert run_chain(config) == 0
+    state = state_of(config)
+    assert [j.job_id for j in state.stages["first"].jobs if j.kind == "stage"][0] == job_id
+    assert state.stages["first"].attempts == 2
+    assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+
+
+def test_a_job_too_big_for_the_cluster_fails_at_once_instead_of_pending_forever(tmp_path):
+    config = project(tmp_path)
+    started = time.monotonic()
+    assert run_chain(config, "--set", "first.slurm.nodes=2") == 1
+    assert time.monotonic() - started < 30
+    state = state_of(config)
+    job_id = state.stages["first"].jobs[-1].job_id
+    assert "can never start" in state.stages["first"].error
+    wait_for(lambda: [r for r in jobs_named(state.run_id) if r[0] == job_id and r[2] == "CANCELLED"],
+             timeout=20, what="the job to be cancelled")
+
+
+def demo_missing() -> str | None:
+    demo = load_config(REPO / "pipelines.yaml").pipeline("demo")
+    needed = {s.program for s in demo.stages.values()} | {"verify.py"}
+    missing = sorted(needed - {p.name for p in (REPO / "stages").glob("*.py")})
+    return f"demo stage programs not written yet: {', '.join(missing)}" if missing else None
+
+
+def test_demo_pipeline_runs_on_slurm(tmp_path, capsys):
+    if reason := demo_missing():
+        pytest.skip(reason)
+    pytest.importorskip("torch", reason="the demo's pretrain needs torch (scripts/setup installs it)")
+    raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
+    raw = {"version": raw.get("version", 1), "stages_dir": str(REPO / "stages"),
+           "backends": {**(raw.get("backends") or {}),
+                        "slurm": {**((raw.get("backends") or {}).get("slurm") or {}),
+                                  "poll_seconds": 0.2, "poll_max_seconds": 1.0}},
+           "pipelines": {"demo": raw["pipelines"]["demo"]}}
+    config = tmp_path / "pipelines.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    quick = ["--set", "vars.steps=10"] if "steps" in raw["pipelines"]["demo"].get("vars", {}) else []
+    assert cli(config, "run", "demo", "--backend", "slurm", *quick) == 0, capsys.readouterr().out
+    state = state_of(config)
+    assert state.backend == "slurm" and all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+    assert state.stages["download"].sharding == {"replicas": 1, "processes": 4}
+    listed = {job_id for job_id, _, slurm_state in jobs_named(state.run_id) if slurm_state == "COMPLETED"}
+    assert {j.job_id for s in state.stages.values() for j in s.jobs} <= listed
+    capsys.readouterr()
+    assert cli(config, "status") == 0
+    out = capsys.readouterr().out
+    assert f"{state.stages['pretrain'].jobs[0].job_id}(COMPLETED)" in out
