@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from .. import __version__
-from ..backends import BACKENDS, check_backend_ready, make_backend
+from ..backends.registry import BACKENDS, check_backend_ready, make_backend
 from .completion import enable_completion
 from ..backends.bcp_render import job_run_argv, upload_argv
 from ..backends.common import shell_join

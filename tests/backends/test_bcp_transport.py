@@ -13,7 +13,8 @@ import pytest
 
 import ngc_parser
 from bcp_emulation import needs_ngcsdk
-from bcp_pipeline.backends import bcp_transport, make_backend
+from bcp_pipeline.backends import bcp_transport
+from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.backends.bcp_render import job_run_argv, job_spec
 from bcp_pipeline.backends.bcp_transport import CliTransport, SdkTransport
 from bcp_pipeline.cli.main import main

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bcp_emulation import needs_ngcsdk, status_calls
-from bcp_pipeline.backends import make_backend
+from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
 from bcp_pipeline.errors import BackendCallError

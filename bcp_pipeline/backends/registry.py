@@ -1,0 +1,42 @@
+"""Backends by name. Each lives in its own module and implements contract.Backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config.pipelines import Config, PipelineConfig
+from ..errors import ConfigError
+from .contract import Backend
+
+BACKENDS = ("local", "bcp", "slurm")
+
+
+def make_backend(name: str, config: Config, pipeline: PipelineConfig, run_dir: Path) -> Backend:
+    """The backend `name`, bound to one run's folder (logs, local job records)."""
+    options = config.options.get(name)
+    common = {"config_dir": config.file.parent.resolve(), "stages_dir": config.stages_dir, "run_dir": run_dir,
+              "workspace_name": pipeline.workspace.name}
+    if name == "local":
+        from .local import LocalBackend
+
+        return LocalBackend(options, **common)
+    if name == "bcp":
+        from .bcp import BcpBackend
+
+        return BcpBackend(options, pipeline=pipeline, **common)
+    if name == "slurm":
+        from .slurm import SlurmBackend
+
+        return SlurmBackend(options, **common)
+    raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def check_backend_ready(name: str, config: Config) -> None:
+    """What a backend needs before the first submission, checked before a run is recorded: raises a
+    PipelineError naming what is missing and how to get it. `plan` does not call this: it needs nothing."""
+    if name == "bcp":
+        from .bcp_transport import check_credentials, choose_transport
+
+        options = config.options["bcp"]
+        choose_transport(options)
+        check_credentials(options)
