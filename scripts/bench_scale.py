@@ -74,7 +74,7 @@ class Sampler(threading.Thread):
 
 def run_sim(work: Path) -> tuple[dict, Sampler, float]:
     config = work / "pipelines.yaml"
-    command = [sys.executable, "-m", "bcp_pipeline.cli.main", "--config", str(config), "run", PIPELINE, "--restart"]
+    command = [sys.executable, "-m", "bcp_pipeline", "--config", str(config), "run", PIPELINE, "--restart"]
     started = time.monotonic()
     with open(work / "run.log", "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=work)
@@ -94,7 +94,7 @@ def latency(work: Path, *args: str, repeat: int = 3) -> float:
     best = float("inf")
     for _ in range(repeat):
         started = time.monotonic()
-        subprocess.run([sys.executable, "-m", "bcp_pipeline.cli.main", "--config", str(work / "pipelines.yaml"), *args],
+        subprocess.run([sys.executable, "-m", "bcp_pipeline", "--config", str(work / "pipelines.yaml"), *args],
                        check=True, capture_output=True)
         best = min(best, time.monotonic() - started)
     return best

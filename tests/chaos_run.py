@@ -1,6 +1,6 @@
 """A pipeline run to completion under a seeded chaos monkey, checked against a clean run of the same pipeline.
 
-`scripts/chaos` is the command-line entry point; `tests/test_chaos.py` runs a short seeded run in CI. The steps:
+`scripts/chaos` is the command-line entry point; `tests/e2e/test_chaos.py` runs a short seeded run in CI. The steps:
 1. a clean run of the pipeline in its own project folder (kept under --workdir and reused while the config, the
    stage programs and the options are the same), for the reference bytes and counts;
 2. the chaos run in a fresh project folder: the orchestrator runs as a subprocess, and while it runs the monkey
@@ -185,7 +185,7 @@ def drive(backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, f
     if mirror is not None:
         server = ChaosHttpSource(mirror[0], random.Random(f"{options.seed}-http"), fault_rate, options.faults).start()
         overrides += url_overrides(mirror[1], server.url)
-    cli = [sys.executable, "-m", "bcp_pipeline.cli.main", "--config", str(backend.config)]
+    cli = [sys.executable, "-m", "bcp_pipeline", "--config", str(backend.config)]
     argv = [*cli, "run", options.pipeline, "--backend", backend.name]
     argv += [a for stage in options.only for a in ("--only", stage)]
     argv += [a for value in overrides for a in ("--set", value)]

@@ -21,7 +21,7 @@ API (everything raises :class:`NgcRejected` when the real CLI would refuse the a
 ``--org``/``--ace``/``--team`` in argv override them, as in the real CLI. The user's ``~/.ngc/config`` is
 never read (``NGC_CLI_HOME`` points at an empty private folder), so results do not depend on the machine.
 
-Findings (ngcsdk 4.19.1, checked by tests/test_ngc_parser.py; details in tests/fakes/README.md):
+Findings (ngcsdk 4.19.1, checked by tests/backends/test_ngc_parser.py; details in tests/fakes/README.md):
 
 - ``--total-runtime``/``--min-timeslice``: ``[nD][nH][nM][nS]``, case-insensitive (upper-cased, then read as
   ISO-8601 ``P{n}DT{rest}``). Accepted: ``10h``, ``10H``, ``5D``, ``5d``, ``1h30m``, ``90m``, ``36000s``, ``1D12H``,

@@ -103,7 +103,7 @@ def write_chain_project(root: Path, config_text: str = CHAIN_CONFIG) -> Path:
 
 def start_orchestrator(config: Path, *args: str) -> subprocess.Popen:
     """`bcp-pipeline --config CONFIG ARGS` as a real subprocess (so a test can SIGKILL it)."""
-    return subprocess.Popen([sys.executable, "-m", "bcp_pipeline.cli.main", "--config", str(config), *args],
+    return subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -18,6 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..config.pipelines import DEFAULT_CONFIG_FILE
+from ..engine.state import store_for
+
 # A completer gets the arguments parsed so far and returns candidates, each with a description (shown by zsh).
 Candidates = dict[str, str]
 Completer = Callable[[argparse.Namespace], Candidates]
@@ -107,9 +110,7 @@ def stage_names(args: argparse.Namespace) -> Candidates:
 
 # -- reading the files -------------------------------------------------------------------------------------------
 def _config_file(args: argparse.Namespace) -> Path:
-    from .main import DEFAULT_CONFIG
-
-    return Path(getattr(args, "config", None) or DEFAULT_CONFIG)
+    return Path(getattr(args, "config", None) or DEFAULT_CONFIG_FILE)
 
 
 def _pipelines(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -124,10 +125,7 @@ def _pipelines(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 def _state_root(args: argparse.Namespace) -> Path:
     # The commands' own rule for where runs are kept, so completion offers exactly the runs they will find.
-    from .main import store_for
-
-    state_dir = getattr(args, "state_dir", None)
-    return store_for(argparse.Namespace(state_dir=state_dir, config=str(_config_file(args)))).root
+    return store_for(_config_file(args), getattr(args, "state_dir", None)).root
 
 
 def _run_state(args: argparse.Namespace, run_id: str) -> dict[str, Any]:

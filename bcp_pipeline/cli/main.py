@@ -7,25 +7,28 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..backends.registry import BACKENDS, check_backend_ready, make_backend
-from .completion import enable_completion
 from ..backends.bcp_render import job_run_argv, upload_argv
 from ..backends.common import shell_join
-from ..config.pipelines import Config, PipelineConfig, substitute
-from ..detach.laptop import DetachedRun, driver_spec, is_driver_owned, render_driver, workspace_run_path
+from ..backends.contract import Backend
+from ..backends.registry import BACKENDS, make_backend
+from ..config.pipelines import DEFAULT_CONFIG_FILE, Config, PipelineConfig, substitute
+from ..config.preflight import load_and_check
+from ..detach.jobs import driver_spec
+from ..detach.laptop import DetachedRun, DriverView, render_driver
+from ..detach.protocol import workspace_run_path
+from ..engine.drive import cancel_run, drive_run, refresh_jobs, verify_stage
+from ..engine.selection import ChosenRun, RunRequest, choose_resume, choose_run, open_run, run_config
+from ..engine.state import RunState, RunStore, store_for
+from ..engine.submitter import planned_requests
 from ..errors import ConfigError, PipelineError, StateError
 from ..report.estimates import actual_rates, estimate_pipeline, instances_table
-from ..backends.contract import JobState
-from ..engine.orchestrator import Orchestrator
-from ..config.preflight import load_and_check
 from ..report.gather import write_report
 from ..report.text import Reporter, format_table, render_estimates, render_status
-from ..engine.selection import Selection, continue_run, new_run, pick_run
-from ..engine.state import RunLock, RunState, RunStore, StageStatus
-from ..engine.submitter import planned_requests
+from .completion import enable_completion
 
 PLAN_RUN_ID = "{pipeline}-RUN"
 
@@ -119,89 +122,58 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-DEFAULT_CONFIG = Path("pipelines.yaml")
+def config_file(args: argparse.Namespace) -> Path:
+    return Path(args.config or DEFAULT_CONFIG_FILE)
 
 
-def store_for(args: argparse.Namespace, config_file: Path | None = None) -> RunStore:
-    if args.state_dir:
-        return RunStore(Path(args.state_dir))
-    return RunStore((config_file or Path(args.config or DEFAULT_CONFIG)).resolve().parent / ".bcp-pipeline")
+def run_store(args: argparse.Namespace) -> RunStore:
+    return store_for(config_file(args), args.state_dir)
 
 
-def load(args: argparse.Namespace, pipeline: str | None = None, overrides: list[str] | None = None) -> Config:
-    return load_and_check(Path(args.config or DEFAULT_CONFIG), overrides=overrides, pipeline=pipeline)
+def stored_run(args: argparse.Namespace) -> ChosenRun:
+    """The run named on the command line (default: the latest), with the config it is driven with."""
+    return open_run(run_store(args), args.run, Path(args.config) if args.config else None)
 
 
-def run_config(args: argparse.Namespace, state: RunState) -> tuple[Config, PipelineConfig]:
-    """The config a stored run was driven with: --config if given, else its own file; and its --set overrides."""
-    path = Path(args.config) if args.config else Path(state.config_file)
-    config = load_and_check(path, overrides=state.overrides, pipeline=state.pipeline)
-    return config, config.pipeline(state.pipeline)
-
-
-def drive(config: Config, pipeline: PipelineConfig, store: RunStore, state: RunState, selected: set[str]) -> int:
-    run_dir = store.run_dir(state.run_id)
-    with RunLock(run_dir):
-        backend = make_backend(state.backend, config, pipeline, run_dir)
-        store.save(state)
-        print(f"run {state.run_id} ({pipeline.name} on {state.backend}); state in {store.state_path(state.run_id)}")
-        orchestrator = Orchestrator(pipeline=pipeline, backend=backend, store=store, state=state,
-                                    reporter=Reporter(), selected=selected)
-        ok = orchestrator.drive()
+def drive(chosen: ChosenRun) -> int:
+    ok = drive_run(chosen, Reporter())
     if not ok:
-        print(f"\nrun {state.run_id} did not finish: fix the cause above, then `bcp-pipeline run {pipeline.name}` "
-              f"(or `bcp-pipeline resume {state.run_id}`) continues from the failed stage.", file=sys.stderr)
+        state = chosen.state
+        print(f"\nrun {state.run_id} did not finish: fix the cause above, then `bcp-pipeline run "
+              f"{chosen.pipeline.name}` (or `bcp-pipeline resume {state.run_id}`) continues from the failed stage.",
+              file=sys.stderr)
     return 0 if ok else 1
 
 
 # -- commands -------------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    config = load(args, args.pipeline, args.overrides)
-    pipeline = config.pipeline(args.pipeline)
-    backend = args.backend or pipeline.backend
-    check_backend_ready(backend, config)  # before anything is recorded: a run that cannot start leaves nothing behind
-    if args.detach and backend != "bcp":
-        raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend!r}")
-    store = store_for(args, config.file)
-    selection = Selection(from_stage=args.from_stage, only=args.only)
-    previous = pick_run(store, pipeline, backend, restart=args.restart)
-    if previous is None:
-        state = new_run(pipeline, backend, str(config.file.resolve()), args.overrides, selection)
-        selected = selection.stages(pipeline)
-    else:
-        if is_driver_owned(previous):
-            raise StateError(f"the last run of {pipeline.name} ({previous.run_id}) is detached: follow it with "
-                             f"`bcp-pipeline status {previous.run_id}`, continue it with `bcp-pipeline resume "
-                             f"{previous.run_id} --detach` (or without --detach, here), or pass --restart")
-        if args.overrides and args.overrides != previous.overrides:
-            previous.overrides = args.overrides
-        elif previous.overrides:
-            config = load(args, args.pipeline, previous.overrides)
-            pipeline = config.pipeline(args.pipeline)
-        state = previous
-        selected = continue_run(state, pipeline, selection)
-        print(f"continuing run {state.run_id} (its last state: {_first_unfinished(state)}); "
+    request = RunRequest(pipeline=args.pipeline, config_file=config_file(args), backend=args.backend,
+                         overrides=args.overrides, from_stage=args.from_stage, only=args.only, restart=args.restart,
+                         detach=args.detach)
+    chosen = choose_run(request, run_store(args))
+    if chosen.continued:
+        print(f"continuing run {chosen.state.run_id} (its last state: {_first_unfinished(chosen.state)}); "
               "pass --restart to start over")
-    if args.detach:
-        return detach(config, pipeline, store, state)
-    return drive(config, pipeline, store, state, selected)
+    return detach(chosen) if args.detach else drive(chosen)
 
 
-def detach(config: Config, pipeline: PipelineConfig, store: RunStore, state: RunState) -> int:
+def detach(chosen: ChosenRun) -> int:
     """Hand the run to a driver job on BCP and return: the laptop may close."""
-    run = detached_run(config, pipeline, store, state)
+    state = chosen.state
+    run = detached_run(chosen)
     job_id, resumed = run.start(os.environ)
     url = run.backend.job_url(job_id)
-    print(f"run {state.run_id} ({pipeline.name}) is detached: driver job {job_id} {'resumed' if resumed else 'submitted'}"
-          + (f" ({url})" if url else ""))
+    print(f"run {state.run_id} ({chosen.pipeline.name}) is detached: driver job {job_id} "
+          f"{'resumed' if resumed else 'submitted'}" + (f" ({url})" if url else ""))
     print(f"  follow it:  bcp-pipeline status {state.run_id}    (a stage's log: bcp-pipeline logs {state.run_id} STAGE)")
     print(f"  stop it:    bcp-pipeline cancel {state.run_id}    (bring it back here: bcp-pipeline resume {state.run_id})")
     return 0
 
 
-def detached_run(config: Config, pipeline: PipelineConfig, store: RunStore, state: RunState) -> DetachedRun:
-    backend = make_backend("bcp", config, pipeline, store.run_dir(state.run_id))
-    return DetachedRun(config=config, pipeline=pipeline, store=store, state=state, backend=backend)
+def detached_run(chosen: ChosenRun) -> DetachedRun:
+    backend = make_backend("bcp", chosen.config, chosen.pipeline, chosen.store.run_dir(chosen.state.run_id))
+    return DetachedRun(config=chosen.config, pipeline=chosen.pipeline, store=chosen.store, state=chosen.state,
+                       backend=backend)
 
 
 def _first_unfinished(state: RunState) -> str:
@@ -212,31 +184,24 @@ def _first_unfinished(state: RunState) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    store = store_for(args)
-    state = store.resolve(args.run)
-    config, pipeline = run_config(args, state)
-    check_backend_ready(state.backend, config)
-    if args.detach:
-        if state.backend != "bcp":
-            raise ConfigError(f"--detach needs a run on the bcp backend; run {state.run_id} is on {state.backend!r}")
-        if not is_driver_owned(state):
-            continue_run(state, pipeline, Selection())
-        return detach(config, pipeline, store, state)
-    if is_driver_owned(state):
-        stopped = detached_run(config, pipeline, store, state).take_back()
-        print(f"run {state.run_id} taken back from its driver job(s) {', '.join(stopped) or '(none running)'}: "
-              "it continues here")
-    selected = continue_run(state, pipeline, Selection())
-    selected = {name for name in selected if state.stages[name].status is not StageStatus.SKIPPED}
-    return drive(config, pipeline, store, state, selected)
+    chosen = choose_resume(run_store(args), args.run, config_file=Path(args.config) if args.config else None,
+                           detach=args.detach, take_back=take_back)
+    return detach(chosen) if args.detach else drive(chosen)
+
+
+def take_back(chosen: ChosenRun) -> None:
+    """A detached run, stopped on BCP to continue here (its driver's last state becomes the local one)."""
+    stopped = detached_run(chosen).take_back()
+    print(f"run {chosen.state.run_id} taken back from its driver job(s) {', '.join(stopped) or '(none running)'}: "
+          "it continues here")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    config = load(args, args.pipeline, args.overrides)
+    config = load_and_check(config_file(args), overrides=args.overrides, pipeline=args.pipeline)
     pipeline = config.pipeline(args.pipeline)
     backend_name = args.backend or pipeline.backend
     run_id = PLAN_RUN_ID.format(pipeline=pipeline.name)
-    backend = make_backend(backend_name, config, pipeline, store_for(args, config.file).run_dir(run_id))
+    backend = make_backend(backend_name, config, pipeline, run_store(args).run_dir(run_id))
     actions = backend.prepare(pipeline, execute=False)
     submissions = [backend.render(request) for request in planned_requests(pipeline, run_id)]
     estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances))
@@ -290,19 +255,41 @@ def planned_driver(config: Config, pipeline: PipelineConfig, run_id: str) -> dic
     return {"upload": shell_join(upload), "printable": shell_join(argv), "argv": argv}
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    store = store_for(args)
-    state = store.resolve(args.run)
-    backend = config = pipeline = view = None
+@dataclass
+class LiveRun:
+    """A stored run with live job states where its backend answers (in memory only: the orchestrator driving the
+    run owns its state file); what could not be had is None, and `problem` says why."""
+
+    state: RunState
+    config: Config | None = None
+    pipeline: PipelineConfig | None = None
+    backend: Backend | None = None
+    view: DriverView | None = None  # a detached run's drivers
+    problem: str | None = None
+
+
+def live_run(args: argparse.Namespace) -> tuple[RunStore, LiveRun]:
+    store = run_store(args)
+    live = LiveRun(state=store.resolve(args.run))
+    state = live.state
     try:
-        config, pipeline = run_config(args, state)
-        backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
-        if is_driver_owned(state):
-            view = detached_run(config, pipeline, store, state).refresh()
-        refresh(backend, state)
+        live.config, live.pipeline = run_config(state, Path(args.config) if args.config else None)
+        live.backend = make_backend(state.backend, live.config, live.pipeline, store.run_dir(state.run_id))
+        if state.driver_owned:  # the stages as its driver last saved them
+            chosen = ChosenRun(config=live.config, pipeline=live.pipeline, store=store, state=state, selected=set())
+            live.view = detached_run(chosen).refresh()
+        refresh_jobs(live.backend, state)
     except PipelineError as exc:
-        print(f"(could not refresh job states: {exc})", file=sys.stderr)
-    estimate, actual = estimate_against_actual(config, pipeline, state)
+        live.problem = str(exc)
+    return store, live
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _, live = live_run(args)
+    state, backend, view = live.state, live.backend, live.view
+    if live.problem:
+        print(f"(could not refresh job states: {live.problem})", file=sys.stderr)
+    estimate, actual = estimate_against_actual(live.config, live.pipeline, state)
     if args.json:
         payload = state.to_json()
         if backend is not None:
@@ -322,23 +309,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Gathered like `status` (live job states where the backend answers); report.py does the rest."""
-    store = store_for(args)
-    state = store.resolve(args.run)
-    backend = config = pipeline = None
-    notes = []
-    try:
-        config, pipeline = run_config(args, state)
-        backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
-        if is_driver_owned(state):
-            detached_run(config, pipeline, store, state).refresh()  # the stages as its driver last saved them
-        refresh(backend, state)
-    except PipelineError as exc:
-        notes.append(f"job states as last recorded (could not refresh them: {exc})")
-    estimate, actual = estimate_against_actual(config, pipeline, state)
-    path = write_report(store, state, pipeline=pipeline, backend=backend, estimate=estimate, actual=actual,
-                        out=Path(args.out) if args.out else None, notes=notes)
-    print(f"report of run {state.run_id} ({state.status}): {path}")
+    """Gathered like `status` (live job states where the backend answers); report/gather.py does the rest."""
+    store, live = live_run(args)
+    notes = [f"job states as last recorded (could not refresh them: {live.problem})"] if live.problem else []
+    estimate, actual = estimate_against_actual(live.config, live.pipeline, live.state)
+    path = write_report(store, live.state, pipeline=live.pipeline, backend=live.backend, estimate=estimate,
+                        actual=actual, out=Path(args.out) if args.out else None, notes=notes)
+    print(f"report of run {live.state.run_id} ({live.state.status}): {path}")
     return 0
 
 
@@ -352,21 +329,6 @@ def estimate_against_actual(config: Config | None, pipeline: PipelineConfig | No
                       if name in pipeline.stages}
 
 
-def refresh(backend, state: RunState) -> None:
-    """Show live job states and progress (in memory only: the driving orchestrator owns the state file)."""
-    active = {job.job_id: (name, job) for name, s in state.stages.items() if (job := s.active_job())}
-    if not active:
-        return
-    statuses = backend.poll(list(active))
-    for job_id, (name, job) in active.items():
-        status = statuses.get(job_id)
-        if status is not None:
-            job.state, job.native = status.state.value, status.native
-        progress = backend.progress(job_id)
-        if progress is not None:
-            state.stages[name].progress = {"done": progress.done, "total": progress.total, "unit": progress.unit}
-
-
 def stage_job(state: RunState, stage: str, verify: bool):
     if stage not in state.stages:
         raise StateError(f"run {state.run_id} has no stage {stage!r}; stages: {', '.join(state.stages)}")
@@ -377,12 +339,11 @@ def stage_job(state: RunState, stage: str, verify: bool):
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    store = store_for(args)
-    state = store.resolve(args.run)
-    config, pipeline = run_config(args, state)
-    backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
+    chosen = stored_run(args)
+    state = chosen.state
+    backend = make_backend(state.backend, chosen.config, chosen.pipeline, chosen.store.run_dir(state.run_id))
     if state.detached:
-        view = detached_run(config, pipeline, store, state).refresh()
+        view = detached_run(chosen).refresh()
         if args.stage == "driver" and args.stage not in state.stages:
             if view.latest is None:
                 raise StateError(f"run {state.run_id} has no driver job")
@@ -394,42 +355,25 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    store = store_for(args)
-    state = store.resolve(args.run)
-    config, pipeline = run_config(args, state)
-    if is_driver_owned(state):
-        stopped = detached_run(config, pipeline, store, state).cancel()
+    chosen = stored_run(args)
+    state = chosen.state
+    if state.driver_owned:
+        stopped = detached_run(chosen).cancel()
         print(f"cancelled run {state.run_id}: its driver and {len(stopped)} job(s) in all stopped "
               f"({', '.join(stopped) or 'none active'})")
         return 0
-    backend = make_backend(state.backend, config, pipeline, store.run_dir(state.run_id))
-    active = [job.job_id for stage in state.stages.values() if (job := stage.active_job())]
-    if active:
-        backend.cancel(active)
-    lock = RunLock(store.run_dir(state.run_id))
-    try:
-        lock.acquire()
-    except StateError:
-        print(f"cancelled {len(active)} job(s): {', '.join(active) or '-'}; the orchestrator driving the run records it")
+    cancelled, recorded = cancel_run(chosen)
+    if not recorded:
+        print(f"cancelled {len(cancelled)} job(s): {', '.join(cancelled) or '-'}; the orchestrator driving the run "
+              "records it")
         return 0
-    try:
-        for stage in state.stages.values():
-            if stage.status.active or stage.status is StageStatus.PENDING:
-                stage.status = StageStatus.CANCELLED
-                for job in stage.jobs:
-                    if job.ended_at is None:
-                        job.state = JobState.CANCELLED.value
-        store.save(state)
-    finally:
-        lock.release()
-    print(f"cancelled run {state.run_id}: {len(active)} job(s) stopped ({', '.join(active) or 'none active'})")
+    print(f"cancelled run {state.run_id}: {len(cancelled)} job(s) stopped ({', '.join(cancelled) or 'none active'})")
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    config = load(args)
-    store = store_for(args, config.file)
-    runs = store.runs()
+    config = load_and_check(config_file(args))
+    runs = run_store(args).runs()
     if args.json:
         print(json.dumps({
             "pipelines": [{"name": p.name, "backend": p.backend, "description": p.description, "stages": p.order()}
@@ -450,21 +394,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    store = store_for(args)
-    state = store.resolve(args.run)
-    config, pipeline = run_config(args, state)
-    if args.stage not in pipeline.stages or not pipeline.stages[args.stage].verify:
-        raise StateError(f"stage {args.stage!r} of {pipeline.name} has no verification; stages with one: "
-                         + ", ".join(n for n, s in pipeline.stages.items() if s.verify))
-    run_dir = store.run_dir(state.run_id)
-    with RunLock(run_dir):
-        backend = make_backend(state.backend, config, pipeline, run_dir)
-        state.stages[args.stage].status = StageStatus.VERIFYING  # with no verification job yet: one is submitted
-        orchestrator = Orchestrator(pipeline=pipeline, backend=backend, store=store, state=state, reporter=Reporter(),
-                                    selected={args.stage})
-        orchestrator.drive()
-    stage = state.stages[args.stage]
-    return 0 if stage.status is StageStatus.SUCCEEDED else 1
+    return 0 if verify_stage(stored_run(args), args.stage, Reporter()) else 1
 
 
 COMMANDS = {"run": cmd_run, "plan": cmd_plan, "status": cmd_status, "resume": cmd_resume, "logs": cmd_logs,

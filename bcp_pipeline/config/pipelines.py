@@ -38,6 +38,8 @@ from .resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
 from .typed import Duration, Where, build, field_names
 from .yaml_lines import LineDict, load_yaml_with_lines
 
+DEFAULT_CONFIG_FILE = Path("pipelines.yaml")  # what every command reads without --config
+
 PLACEHOLDER = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
 BUILTIN_PLACEHOLDERS = ("workspace", "results", "code", "run_id", "stage", "python")
 STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")

@@ -18,22 +18,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from ..atomic import atomic_write_json
-from ..errors import BackendCallError, PipelineError, StateError
 from ..engine.state import RunState, RunStore
+from ..errors import BackendCallError, PipelineError, StateError
+from .protocol import DRIVER_FOLDER, ERROR_PREFIX, snapshot_line, workspace_state_root
 
-SNAPSHOT_PREFIX = "BCPP-STATE "  # a log line holding the whole run state, after each save
-ERROR_PREFIX = "BCPP-ERROR "  # a log line with the reason a driver gave up
 EXIT_MISSING_SOFTWARE = 3
 SDK_REQUIREMENT = "ngcsdk==4.19.1"
-LEASE_POLL_SECONDS = 2.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,12 +81,11 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     """Take the lease, drive the run from the workspace state, hand over before the deadline: the exit status."""
     # pylint: disable=import-outside-toplevel  (these need PyYAML, checked by now)
     from ..backends.bcp import BcpBackend
-    from .laptop import DRIVER_FOLDER, active_drivers, driver_spec, workspace_state_root
-    from ..engine.orchestrator import Orchestrator
     from ..config.preflight import load_and_check
+    from ..engine.orchestrator import Orchestrator
+    from ..engine.selection import resume_selection
     from ..report.text import Reporter
-    from ..engine.selection import Selection, continue_run
-    from ..engine.state import StageStatus
+    from .jobs import Lease, active_drivers, driver_spec
 
     own_id = os.environ.get("NGC_JOB_ID", "")
     if not own_id:
@@ -111,10 +106,10 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     state = store.load(run_id)  # again: the driver before this one may have saved until its job ended
     print(f"driver job {own_id}: driving run {run_id} ({pipeline.name}); hand-over in "
           f"{max(0, deadline - time.monotonic()):.0f} s", flush=True)
-    selected = {n for n in continue_run(state, pipeline, Selection()) if state.stages[n].status is not StageStatus.SKIPPED}
+    selected = resume_selection(state, pipeline)
     terms = record_term(state, own_id)
     store.save(state)
-    orchestrator = Orchestrator(pipeline=pipeline, backend=backend, store=store, state=state, reporter=Reporter(),
+    orchestrator = Orchestrator(pipeline=pipeline, backend=backend, store=store, state=state, progress=Reporter(),
                                 selected=selected, should_stop=lambda: time.monotonic() >= deadline)
     try:
         ok = orchestrator.drive()
@@ -144,7 +139,7 @@ def record_term(state: RunState, job_id: str) -> list[dict]:
 
 def check_credentials(backend, run_id: str, driver) -> None:
     """One cheap API call first, so a wrong key fails the driver at once, naming the secret it came from."""
-    from .laptop import active_drivers  # pylint: disable=import-outside-toplevel
+    from .jobs import active_drivers  # pylint: disable=import-outside-toplevel  (needs PyYAML, checked by now)
 
     try:
         active_drivers(backend.transport, run_id)
@@ -153,45 +148,6 @@ def check_credentials(backend, run_id: str, driver) -> None:
             f"the driver cannot call the NGC API with the key from BCP secret {driver.secret} (key "
             f"{driver.secret_key}): {exc}. Check it with `ngc user secret info {driver.secret}` and recreate it "
             "with your current API key if needed") from None
-
-
-class Lease:
-    """`driver.lease` in the run folder: the job id of the driver that drives the run.
-
-    A driver takes it only when it is free, its own, or held by a job that has ended; until then it waits (up to
-    its own hand-over deadline). Jobs end for good on BCP, so a lease cannot be taken from a live driver.
-    """
-
-    def __init__(self, path: Path, job_id: str) -> None:
-        self.path = path
-        self.job_id = job_id
-
-    def holder(self) -> str | None:
-        try:
-            return str(json.loads(self.path.read_text(encoding="utf-8"))["job_id"])
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StateError(f"{self.path}: unreadable driver lease ({exc}); remove it once no driver job of this "
-                             "run is running") from None
-
-    def take(self, backend, deadline: float, sleep=time.sleep) -> None:
-        from ..backends.bcp import status_of  # pylint: disable=import-outside-toplevel
-
-        while (holder := self.holder()) not in (None, self.job_id):
-            status = status_of(backend.transport.job(holder))
-            if status.state.finished:
-                break
-            if time.monotonic() >= deadline:
-                raise StateError(f"driver job {holder} still drives this run ({status.native}); this driver "
-                                 f"({self.job_id}) gave up waiting for it to end")
-            print(f"driver job {self.job_id}: waiting for driver job {holder} ({status.native}) to end", flush=True)
-            sleep(LEASE_POLL_SECONDS)
-        atomic_write_json(self.path, {"job_id": self.job_id, "taken_at": time.time()})
-
-
-def snapshot_line(payload: dict) -> str:
-    return SNAPSHOT_PREFIX + json.dumps(payload, separators=(",", ":"))
 
 
 class SnapshotStore(RunStore):

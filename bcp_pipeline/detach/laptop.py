@@ -8,15 +8,13 @@ From the laptop, a detached run is a run like any other. Its local state file is
 - "local": the laptop's, after `cancel` or after `resume` without --detach took the run back. The next
   `--detach` uploads it.
 
-Driver jobs carry the run's label and `bcpp_kind_driver`, so they are found by one labelled `job list`, which is
-also how a second driver for the same run is refused.
+The driver jobs themselves (their spec, look-up and lease) are in jobs.py; what both sides share, in protocol.py.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 import shutil
 import tempfile
 import time
@@ -24,93 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..backends.bcp import BcpBackend, labels_of, status_of
-from ..backends.bcp_render import UPLOAD_EXCLUDES, JobSpec, label
-from ..backends.bcp_transport import Transport, read_ngc_config
-from ..backends.common import shell_join
-from ..config.pipelines import Config, PipelineConfig
-from .driver import ERROR_PREFIX, SNAPSHOT_PREFIX
-from ..config.durations import format_duration, parse_duration
-from ..errors import BackendCallError, ConfigError, StateError, SubmissionError
+from ..backends.bcp import BcpBackend, status_of
+from ..backends.bcp_render import UPLOAD_EXCLUDES, label
+from ..backends.bcp_transport import Transport
 from ..backends.contract import JobState, JobStatus
-from ..engine.state import RunState, RunStore, StageStatus
+from ..config.pipelines import Config, PipelineConfig
+from ..engine.state import RunState, RunStore
+from ..errors import BackendCallError, StateError
+from .jobs import active_drivers, driver_jobs, driver_spec
+from .protocol import DRIVER_FOLDER, last_error, last_snapshot, workspace_run_path
 
-WORKSPACE_STATE_DIR = ".bcp-pipeline"  # under the workspace mount: runs/RUN/{state.json, driver.lease, driver/}
-DRIVER_FOLDER = "driver"  # in the run folder: what the driver runs (this package, stages/, pipelines.yaml)
-DRIVER_KIND = "driver"
 LOG_TAIL_LINES = 400
 STOP_WAIT_SECONDS = 120.0
-
-
-def workspace_state_root(mount: Path) -> Path:
-    return mount / WORKSPACE_STATE_DIR
-
-
-def workspace_run_path(run_id: str) -> str:
-    """The run's folder, relative to the workspace."""
-    return f"{WORKSPACE_STATE_DIR}/runs/{run_id}"
-
-
-def is_driver_owned(state: RunState) -> bool:
-    return bool(state.detached) and state.detached.get("owner") == "driver"
-
-
-# -- pure -----------------------------------------------------------------------------------------------------
-def driver_spec(config: Config, pipeline: PipelineConfig, run_id: str, environ: Mapping[str, str]) -> JobSpec:
-    """The driver job of run `run_id`: no key anywhere in it, only the name of the secret that holds one."""
-    options = config.options["bcp"]
-    driver = options.driver
-    verification = pipeline.verification.bcp
-    instance, image = driver.instance or verification.instance, driver.image or verification.image
-    if not instance or not image:
-        raise SubmissionError(f"pipeline {pipeline.name}: the driver job needs an instance and an image: set "
-                              "backends.bcp.driver.instance/image, or the pipeline's verification bcp section")
-    runtime, before = parse_duration(driver.total_runtime), parse_duration(driver.handover_before)
-    if before >= runtime:
-        raise ConfigError(f"backends.bcp.driver.handover_before ({driver.handover_before}) must be shorter than "
-                          f"its total_runtime ({driver.total_runtime})", file=str(config.file))
-    mount = pipeline.workspace.mount.rstrip("/")
-    program = [driver.python or options.python, "-m", "bcp_pipeline.detach.driver", "--workspace-root", mount,
-               "--run", run_id, "--hand-over-after", str(runtime - before),
-               *(["--install"] if driver.install_ngcsdk else [])]
-    folder = f"{mount}/{workspace_run_path(run_id)}/{DRIVER_FOLDER}"
-    settings = ngc_settings(options.org, options.team, options.ace, environ)
-    return JobSpec(
-        name=f"{pipeline.name}.driver", image=image, instance=instance, result="/results",
-        commandline=f"cd {shlex.quote(folder)} && exec {shell_join(program)}",
-        workspaces=(f"{pipeline.workspace.name}:{mount}:RW",), total_runtime=format_duration(runtime),
-        priority=driver.priority, labels=(label("run", run_id), label("kind", DRIVER_KIND)),
-        secrets=(f"{driver.secret}:{driver.secret_key}:NGC_CLI_API_KEY",),
-        env=tuple(f"{key}:{value}" for key, value in settings.items()),
-        org=options.org, team=options.team, ace=options.ace,
-    )
-
-
-def ngc_settings(org: str | None, team: str | None, ace: str | None, environ: Mapping[str, str]) -> dict[str, str]:
-    """Org, team and ACE for the driver's ngcsdk, as plain settings: pipelines.yaml, else this machine's NGC ones."""
-    saved = read_ngc_config(dict(environ))
-    values = {"NGC_CLI_ORG": org or environ.get("NGC_CLI_ORG") or saved.get("org"),
-              "NGC_CLI_TEAM": team or environ.get("NGC_CLI_TEAM") or saved.get("team"),
-              "NGC_CLI_ACE": ace or environ.get("NGC_CLI_ACE") or saved.get("ace")}
-    return {key: value for key, value in values.items() if value and value != "no-team"}
-
-
-def last_snapshot(log: str) -> dict[str, Any] | None:
-    """The run state in the last complete `BCPP-STATE` line of a driver's log."""
-    for line in reversed(log.splitlines()):
-        if line.startswith(SNAPSHOT_PREFIX):
-            try:
-                return json.loads(line[len(SNAPSHOT_PREFIX):])
-            except ValueError:
-                continue  # cut off mid-line by a kill: the one before is whole
-    return None
-
-
-def last_error(log: str) -> str | None:
-    for line in reversed(log.splitlines()):
-        if line.startswith(ERROR_PREFIX):
-            return line[len(ERROR_PREFIX):].strip()
-    return None
 
 
 def build_bundle(config: Config, into: Path, state: RunState | None) -> None:
@@ -128,18 +51,6 @@ def build_bundle(config: Config, into: Path, state: RunState | None) -> None:
 
 
 STAGES_DIR_LINE = re.compile(r"^stages_dir:.*$", re.MULTILINE)
-
-
-# -- through the transport -------------------------------------------------------------------------------------
-def active_drivers(transport: Transport, run_id: str) -> list[dict[str, Any]]:
-    return [job for job in driver_jobs(transport, run_id) if not status_of(job).state.finished]
-
-
-def driver_jobs(transport: Transport, run_id: str) -> list[dict[str, Any]]:
-    """Every driver job of the run, oldest first (one labelled `job list`)."""
-    wanted = label("kind", DRIVER_KIND)
-    jobs = [job for job in transport.list_jobs([label("run", run_id)]) if wanted in labels_of(job)]
-    return sorted(jobs, key=lambda job: int(str(job.get("id"))) if str(job.get("id")).isdigit() else 0)
 
 
 @dataclass(kw_only=True)
@@ -183,7 +94,7 @@ class DetachedRun:
             raise StateError(f"run {self.state.run_id} is already driven by driver job {status.job_id} "
                              f"({status.native}): follow it with `bcp-pipeline status {self.state.run_id}`, "
                              f"stop it with `bcp-pipeline cancel {self.state.run_id}`")
-        upload_state = not is_driver_owned(self.state)
+        upload_state = not self.state.driver_owned
         self.state.detached = {"owner": "driver"}
         with tempfile.TemporaryDirectory(prefix="bcpp-driver-") as tmp:
             build_bundle(self.config, Path(tmp), self.state if upload_state else None)
@@ -204,7 +115,7 @@ class DetachedRun:
             snapshot = last_snapshot(log) or (last_snapshot(self._log(status.job_id, full=True)) if log else None)
             if snapshot is not None:
                 view.snapshot_from = status.job_id
-                if is_driver_owned(self.state):
+                if self.state.driver_owned:
                     self._mirror(snapshot)
                 break
         return view
@@ -252,12 +163,7 @@ class DetachedRun:
                       if not status_of(job).state.finished]
         if unfinished:
             self.backend.cancel(unfinished)
-        for stage in self.state.stages.values():
-            if stage.status.active or stage.status is StageStatus.PENDING:
-                stage.status = StageStatus.CANCELLED
-                for job in stage.jobs:
-                    if job.ended_at is None:
-                        job.state = JobState.CANCELLED.value
+        self.state.mark_cancelled()
         self.store.save(self.state)
         return stopped + unfinished
 

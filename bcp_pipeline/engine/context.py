@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 from ..config.pipelines import PipelineConfig
 from ..backends.contract import Backend
-from ..report.text import Reporter
+from .progress import Progress
 from .state import RunState, RunStore
 
 
 @dataclass
 class RunContext:
-    """One run's pipeline, backend, state and the store it is saved to, and the reporter; the same objects for all.
+    """One run's pipeline, backend, state, the store it is saved to, and where progress goes; the same objects for all.
 
     The parts change `state` in place. The submitter and the poller save it after every change they make; the
     changes Outcomes makes are saved by the poller that handed it the finished job.
@@ -22,4 +22,4 @@ class RunContext:
     backend: Backend
     store: RunStore
     state: RunState
-    reporter: Reporter
+    progress: Progress

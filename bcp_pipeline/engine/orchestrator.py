@@ -51,13 +51,13 @@ class Orchestrator(RunContext):
                 break
             if waiting:
                 changed |= self.poller.poll_once(waiting)
-            self.reporter.update(self.state)
+            self.progress.update(self.state)
             if self.should_stop():  # at a cycle's end: never between a submit call and recording its job id
                 self.stopped = True
                 return False
             delay = self.backend.poll_min_seconds if changed else min(delay * 1.5, self.backend.poll_max_seconds)
             self.sleep(delay)
-        self.reporter.update(self.state, final=True)
+        self.progress.update(self.state, final=True)
         return all(self.state.stages[name].status.done for name in self.selected)
 
     def check_sharding(self) -> None:

@@ -1,6 +1,6 @@
 """What a finished job means for its stage: succeed, fail, verify next, or resubmit to continue training.
 
-Outcomes only changes the in-memory run state and tells the reporter; the caller (poller.py) saves the state file
+Outcomes only changes the in-memory run state and tells the progress; the caller (poller.py) saves the state file
 once the whole transition is made.
 """
 
@@ -28,7 +28,7 @@ class Outcomes(RunContext):
         continuation = self.pipeline.stages[name].continuation
         if continuation and status.state.value in continuation.resubmit_on:
             if status.state is not JobState.SUCCEEDED:
-                self.reporter.event(f"{name}: job {job.job_id} ended {status.native or status.state.value}; "
+                self.progress.event(f"{name}: job {job.job_id} ended {status.native or status.state.value}; "
                                     "checking how far it got")
             stage_state.status = StageStatus.VERIFYING  # the submitter submits the verification job
             return
@@ -38,7 +38,7 @@ class Outcomes(RunContext):
             stage_state.error = f"job {job.job_id} ended {status.native or status.state.value}" + (
                 f": {detail}" if detail else "")
             stage_state.finished_at = time.time()
-            self.reporter.event(f"{name}: FAILED ({stage_state.error.splitlines()[0]})")
+            self.progress.event(f"{name}: FAILED ({stage_state.error.splitlines()[0]})")
             return
         if self.pipeline.stages[name].verify or continuation:
             stage_state.status = StageStatus.VERIFYING  # the submitter submits the verification job
@@ -60,14 +60,14 @@ class Outcomes(RunContext):
             text = self.backend.logs(job.job_id, rank=0)
         except PipelineError as exc:
             text = ""
-            self.reporter.event(f"{name}: could not read verification log: {exc}")
+            self.progress.event(f"{name}: could not read verification log: {exc}")
         results = parse_lines(text, "verify")
         if not results:
             stage_state.status = StageStatus.FAILED
             stage_state.error = (f"verification job {job.job_id} ended {status.native} without a result line; "
                                  f"log tail:\n{last_lines(text, 10) or '(empty)'}")
             stage_state.finished_at = time.time()
-            self.reporter.event(f"{name}: verification FAILED (no result line)")
+            self.progress.event(f"{name}: verification FAILED (no result line)")
             return
         result = results[-1]
         stage_state.verification = result
@@ -82,7 +82,7 @@ class Outcomes(RunContext):
              for c in result.get("checks", []) if c.get("found") != c.get("expected")]
             + ([f"step {result['steps']} of {result['target']}"] if "steps" in result else []))
         stage_state.finished_at = time.time()
-        self.reporter.event(f"{name}: {stage_state.error}")
+        self.progress.event(f"{name}: {stage_state.error}")
 
     def continue_stage(self, name: str, stage_state: StageState, result: dict) -> bool:
         """Training ended short of its target: resubmit the same job, or fail if it is stuck or out of attempts.
@@ -106,7 +106,7 @@ class Outcomes(RunContext):
                                          f"{history[-1]} of {result['target']}; raise continuation.max_attempts "
                                          "and run again to continue")
             return True
-        self.reporter.event(f"{name}: at step {history[-1]} of {result['target']} after attempt "
+        self.progress.event(f"{name}: at step {history[-1]} of {result['target']} after attempt "
                             f"{stage_state.attempts}; resubmitting to continue from the last checkpoint")
         stage_state.status = StageStatus.SUBMITTING  # the submitter submits the same job again
         return True
@@ -115,14 +115,14 @@ class Outcomes(RunContext):
         stage_state.status = StageStatus.FAILED
         stage_state.error = message
         stage_state.finished_at = time.time()
-        self.reporter.event(f"{name}: FAILED: {message}")
+        self.progress.event(f"{name}: FAILED: {message}")
 
     def succeed(self, name: str, stage_state: StageState) -> None:
         stage_state.status = StageStatus.SUCCEEDED
         stage_state.finished_at = time.time()
         stage_state.error = None
         summary = stage_state.extra.get("summary")
-        self.reporter.event(f"{name}: succeeded{_verification_text(stage_state)}" + (f"; {summary}" if summary else ""))
+        self.progress.event(f"{name}: succeeded{_verification_text(stage_state)}" + (f"; {summary}" if summary else ""))
 
 
 def _verification_text(stage_state: StageState) -> str:

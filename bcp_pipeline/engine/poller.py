@@ -41,7 +41,7 @@ class Poller(RunContext):
         except (BackendCallError, OSError) as exc:
             self._failures += 1
             if self._failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
-                self.reporter.event(f"status query failed {self._failures} times in a row, still retrying: {exc}")
+                self.progress.event(f"status query failed {self._failures} times in a row, still retrying: {exc}")
             return False
         self._failures = 0
         changed = False
@@ -84,6 +84,6 @@ class Poller(RunContext):
     def on_preempted(self, name: str, job: JobRecord) -> None:
         policy = getattr(self.pipeline.stages[name].resources(self.backend.name), "on_preempted", "wait")
         if policy == "resume" and self.backend.resume(job.job_id):
-            self.reporter.event(f"{name}: job {job.job_id} was preempted; resumed it")
+            self.progress.event(f"{name}: job {job.job_id} was preempted; resumed it")
         else:
-            self.reporter.event(f"{name}: job {job.job_id} was preempted; waiting for it to be resumed")
+            self.progress.event(f"{name}: job {job.job_id} was preempted; waiting for it to be resumed")

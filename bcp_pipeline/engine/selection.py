@@ -1,14 +1,128 @@
-"""Choosing what a `run` / `resume` invocation drives: a new run, or the continuation of the last one."""
+"""Choosing what a `run` / `resume` invocation drives: a new run, or the continuation of the last one.
+
+The one place that decides. `choose_run` and `choose_resume` take what the command line asked for and return a
+`ChosenRun`: the run's state, the config it is driven with, and the stages this invocation may submit. Callers
+drive it (engine/drive.py) and print; they change no state of their own.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from ..config.pipelines import PipelineConfig
+from ..backends.registry import check_backend_ready
 from ..config.dag import downstream_of
+from ..config.pipelines import Config, PipelineConfig
+from ..config.preflight import load_and_check
 from ..errors import ConfigError, StateError
 from .state import RunState, RunStore, StageState, StageStatus, new_run_id
+
+
+@dataclass(kw_only=True)
+class RunRequest:
+    """What `run PIPELINE` asked for, as the command line parsed it."""
+
+    pipeline: str
+    config_file: Path
+    backend: str | None = None  # None: the pipeline's own
+    overrides: list[str] = field(default_factory=list)  # --set STAGE.KEY=VALUE
+    from_stage: str | None = None
+    only: list[str] | None = None
+    restart: bool = False
+    detach: bool = False  # the run goes to a BCP driver job, which chooses its own stages
+
+
+@dataclass(kw_only=True)
+class ChosenRun:
+    """What one `run` or `resume` drives: a run, the config it is driven with, and the stages it may submit."""
+
+    config: Config
+    pipeline: PipelineConfig
+    store: RunStore
+    state: RunState
+    selected: set[str]
+    continued: bool = False  # an unfinished run is continued, rather than a new one started
+
+
+def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
+    """`run`: a new run, or the continuation of the pipeline's last unfinished one.
+
+    Everything that can refuse the run is checked before a run is recorded, so a run that cannot start leaves
+    nothing behind: the config, the backend's readiness (credentials, org, ACE), and --detach going to BCP.
+    A continued run keeps its own --set overrides unless new ones are given, which replace them.
+    """
+    config = load_and_check(request.config_file, overrides=request.overrides, pipeline=request.pipeline)
+    pipeline = config.pipeline(request.pipeline)
+    backend = request.backend or pipeline.backend
+    check_backend_ready(backend, config)
+    if request.detach and backend != "bcp":
+        raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend!r}")
+    selection = Selection(from_stage=request.from_stage, only=request.only)
+    previous = pick_run(store, pipeline, backend, restart=request.restart)
+    if previous is None:
+        state = new_run(pipeline, backend, str(config.file.resolve()), request.overrides, selection)
+        return ChosenRun(config=config, pipeline=pipeline, store=store, state=state,
+                         selected=selection.stages(pipeline))
+    if previous.driver_owned:
+        raise StateError(f"the last run of {pipeline.name} ({previous.run_id}) is detached: follow it with "
+                         f"`bcp-pipeline status {previous.run_id}`, continue it with `bcp-pipeline resume "
+                         f"{previous.run_id} --detach` (or without --detach, here), or pass --restart")
+    if request.overrides and request.overrides != previous.overrides:
+        previous.overrides = request.overrides
+    elif previous.overrides:
+        config = load_and_check(request.config_file, overrides=previous.overrides, pipeline=request.pipeline)
+        pipeline = config.pipeline(request.pipeline)
+    selected = continue_run(previous, pipeline, selection)
+    return ChosenRun(config=config, pipeline=pipeline, store=store, state=previous, selected=selected,
+                     continued=True)
+
+
+def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | None, detach: bool,
+                  take_back: Callable[[ChosenRun], None]) -> ChosenRun:
+    """`resume [RUN] [--detach]`: the run (default: the latest) continued with the stages it was started with.
+
+    With `detach` the run goes (back) to a driver job, which selects for itself. Without it, a run that a driver
+    job owns is first taken back from it by `take_back` (detach/laptop.py; the engine knows no drivers), which
+    refreshes the state to the driver's last one.
+    """
+    state = store.resolve(run_id)
+    config, pipeline = run_config(state, config_file)
+    check_backend_ready(state.backend, config)
+    chosen = ChosenRun(config=config, pipeline=pipeline, store=store, state=state, selected=set(), continued=True)
+    if detach:
+        if state.backend != "bcp":
+            raise ConfigError(f"--detach needs a run on the bcp backend; run {state.run_id} is on {state.backend!r}")
+        if not state.driver_owned:
+            continue_run(state, pipeline, Selection())
+        return chosen
+    if state.driver_owned:
+        take_back(chosen)
+    chosen.selected = resume_selection(state, pipeline)
+    return chosen
+
+
+def open_run(store: RunStore, run_id: str | None, config_file: Path | None = None) -> ChosenRun:
+    """A stored run (default: the latest) with its config, for `status`, `logs`, `report`, `cancel`, `verify`:
+    nothing is selected and nothing is checked but the config."""
+    state = store.resolve(run_id)
+    config, pipeline = run_config(state, config_file)
+    return ChosenRun(config=config, pipeline=pipeline, store=store, state=state, selected=set(), continued=True)
+
+
+def run_config(state: RunState, config_file: Path | None = None) -> tuple[Config, PipelineConfig]:
+    """The config a stored run is driven with: `config_file` (--config) if given, else the file it was started
+    with; and the run's own --set overrides."""
+    config = load_and_check(config_file or Path(state.config_file), overrides=state.overrides,
+                            pipeline=state.pipeline)
+    return config, config.pipeline(state.pipeline)
+
+
+def resume_selection(state: RunState, pipeline: PipelineConfig) -> set[str]:
+    """Continue `state` with the stages it was started with (a resumed driver job does the same)."""
+    return {name for name in continue_run(state, pipeline, Selection())
+            if state.stages[name].status is not StageStatus.SKIPPED}
 
 
 @dataclass(kw_only=True)

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_json
+from ..backends.contract import JobState
 from ..errors import StateError
 
 STATE_VERSION = 1
+STATE_FOLDER = ".bcp-pipeline"  # next to the config file, unless --state-dir says where
 
 
 class StageStatus(enum.Enum):
@@ -86,7 +88,21 @@ class RunState:
     stages: dict[str, StageState] = field(default_factory=dict)
     version: int = STATE_VERSION
     updated_at: float = 0.0
-    detached: dict[str, Any] | None = None  # `run --detach`: {"owner": "driver" | "local"}; see detached.py
+    detached: dict[str, Any] | None = None  # `run --detach`: {"owner": "driver" | "local"}; see detach/laptop.py
+
+    @property
+    def driver_owned(self) -> bool:
+        """A detached run whose driver job, not this copy of the state, is the authority (detach/laptop.py)."""
+        return bool(self.detached) and self.detached.get("owner") == "driver"
+
+    def mark_cancelled(self) -> None:
+        """Every stage not yet done (active or pending) and each of its unfinished jobs: cancelled."""
+        for stage in self.stages.values():
+            if stage.status.active or stage.status is StageStatus.PENDING:
+                stage.status = StageStatus.CANCELLED
+                for job in stage.jobs:
+                    if job.ended_at is None:
+                        job.state = JobState.CANCELLED.value
 
     @property
     def status(self) -> str:
@@ -133,6 +149,11 @@ def _reason(exc: Exception) -> str:
 def new_run_id(pipeline: str) -> str:
     """`PIPELINE-YYYYmmdd-HHMMSS-xxxx`: sortable by time, unique, readable."""
     return f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def store_for(config_file: Path, state_dir: str | Path | None = None) -> "RunStore":
+    """Where runs are kept: `state_dir` (--state-dir), else `.bcp-pipeline` next to the config file."""
+    return RunStore(Path(state_dir) if state_dir else config_file.resolve().parent / STATE_FOLDER)
 
 
 class RunStore:

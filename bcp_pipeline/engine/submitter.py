@@ -72,7 +72,7 @@ class Submitter(RunContext):
                     self.outcomes.fail(name, self.state.stages[name],
                                        f"submitting its {kind} job failed {count} times: {exc}")
                 else:
-                    self.reporter.event(f"{name}: submitting its {kind} job failed ({exc}); retrying")
+                    self.progress.event(f"{name}: submitting its {kind} job failed ({exc}); retrying")
         return changed
 
     def request(self, name: str, kind: str) -> JobRequest:
@@ -100,10 +100,10 @@ class Submitter(RunContext):
         unrecorded = [j for j in self.backend.find_submitted(self.state.run_id, name, kind) if j not in known]
         if unrecorded:  # submitted by an orchestrator that died before it saved the id: adopt it, live or ended
             job_id = unrecorded[-1]
-            self.reporter.event(f"{name}: re-attached to {kind} job {job_id} (submitted before a restart)")
+            self.progress.event(f"{name}: re-attached to {kind} job {job_id} (submitted before a restart)")
         else:
             job_id = self.backend.submit(submission)
-            self.reporter.event(f"{name}: submitted {'verification ' if kind == 'verify' else ''}job {job_id}")
+            self.progress.event(f"{name}: submitted {'verification ' if kind == 'verify' else ''}job {job_id}")
         if kind == "stage":
             stage_state.attempts += 1
         stage_state.jobs.append(JobRecord(job_id=job_id, kind=kind, attempt=request.attempt, submitted_at=time.time()))
@@ -121,7 +121,7 @@ class Submitter(RunContext):
         try:
             atomic_write_text(path, redact(printable, secret_values()) + "\n")
         except OSError as exc:
-            self.reporter.event(f"could not keep the submitted command of job {job_id} ({exc}); report re-renders it")
+            self.progress.event(f"could not keep the submitted command of job {job_id} ({exc}); report re-renders it")
 
 
 def job_request(pipeline: PipelineConfig, stage: StageConfig, kind: str, run_id: str, attempt: int = 1) -> JobRequest:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import IO
 
 from ..config.durations import format_elapsed
@@ -94,7 +95,8 @@ def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None =
 
 
 class Reporter:
-    """Prints events as they happen and, every few seconds, one progress line per running stage."""
+    """Prints events as they happen and, every few seconds, one progress line per running stage: the engine's
+    `Progress` (engine/progress.py) on a terminal or in a detached driver's job log."""
 
     def __init__(self, stream: IO[str] | None = None, interval: float = 5.0) -> None:
         self.stream = stream or sys.stdout
@@ -105,6 +107,10 @@ class Reporter:
     def _print(self, text: str) -> None:
         stamp = format_elapsed(time.monotonic() - self._started)
         self.stream.write(f"[{stamp:>6}] {text}\n")
+        self.stream.flush()
+
+    def started(self, state: RunState, state_file: Path) -> None:
+        self.stream.write(f"run {state.run_id} ({state.pipeline} on {state.backend}); state in {state_file}\n")
         self.stream.flush()
 
     def event(self, text: str) -> None:

@@ -1,4 +1,4 @@
-"""Shell completion: the candidates (bcp_pipeline/completion.py), the installed command answering argcomplete's
+"""Shell completion: the candidates (bcp_pipeline/cli/completion.py), the installed command answering argcomplete's
 protocol, and the bash and zsh functions that `register-python-argcomplete bcp-pipeline` defines."""
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ def test_preempted_job_is_resumed(fake, project, capsys):
 
 
 def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
-    # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up (tests/test_ngc_emulator.py has those).
+    # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up (tests/backends/test_ngc_emulator.py has those).
     fake.fail_requests(4, method="GET", path="/v2/org/*/jobs", status=500, message="Internal Server Error")
     assert run(project, "run", "chain", "--backend", "bcp") == 0
     assert [r["status"] for r in fake.requests("GET", "/v2/org/*/jobs")][:4] == [500, 500, 500, 500]

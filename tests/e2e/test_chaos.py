@@ -88,7 +88,7 @@ def test_a_job_whose_supervisor_was_killed_is_lost_and_never_runs_beside_the_nex
     stall.parent.mkdir(parents=True)
     stall.touch()
     backend = LocalChaos(config.parent, "chain")
-    first = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.cli.main", "--config", str(config), "run", "chain"],
+    first = subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "run", "chain"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     wait_for(lambda: len(backend.job_targets("rank")) == 2, what="the ranks of first.1")
     first.kill()  # no orchestrator polls while the supervisor dies
@@ -99,7 +99,7 @@ def test_a_job_whose_supervisor_was_killed_is_lost_and_never_runs_beside_the_nex
     seen = []
 
     def resume() -> int:
-        process = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.cli.main", "--config", str(config), "resume"],
+        process = subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "resume"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         while process.poll() is None:
             seen.append(backend.live_jobs())

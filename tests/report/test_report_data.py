@@ -3,7 +3,7 @@ training-log parser on the three log forms it reads; secrets redacted from the c
 
 The run is a stored state with fixed times (a retried pretrain: a first attempt that timed out, a second that
 finished, a failed verification of another stage), so the data is the same on every machine. Rewrite the golden
-files after an intended change with `UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_report_data.py`.
+files after an intended change with `UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/report/test_report_data.py`.
 """
 
 from __future__ import annotations

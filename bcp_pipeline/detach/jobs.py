@@ -1,0 +1,108 @@
+"""A detached run's driver jobs on BCP: the job spec, finding them by label, and the lease that lets one drive.
+
+Driver jobs carry the run's label and `bcpp_kind_driver`, so one labelled `job list` finds them all; that is also
+how a second driver for the same run is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..atomic import atomic_write_json
+from ..backends.bcp import labels_of, status_of
+from ..backends.bcp_render import JobSpec, label
+from ..backends.bcp_transport import Transport, read_ngc_config
+from ..backends.common import shell_join
+from ..config.durations import format_duration, parse_duration
+from ..config.pipelines import Config, PipelineConfig
+from ..errors import ConfigError, StateError, SubmissionError
+from .protocol import DRIVER_FOLDER, DRIVER_KIND, workspace_run_path
+
+LEASE_POLL_SECONDS = 2.0
+
+
+def driver_spec(config: Config, pipeline: PipelineConfig, run_id: str, environ: Mapping[str, str]) -> JobSpec:
+    """The driver job of run `run_id`: no key anywhere in it, only the name of the secret that holds one."""
+    options = config.options["bcp"]
+    driver = options.driver
+    verification = pipeline.verification.bcp
+    instance, image = driver.instance or verification.instance, driver.image or verification.image
+    if not instance or not image:
+        raise SubmissionError(f"pipeline {pipeline.name}: the driver job needs an instance and an image: set "
+                              "backends.bcp.driver.instance/image, or the pipeline's verification bcp section")
+    runtime, before = parse_duration(driver.total_runtime), parse_duration(driver.handover_before)
+    if before >= runtime:
+        raise ConfigError(f"backends.bcp.driver.handover_before ({driver.handover_before}) must be shorter than "
+                          f"its total_runtime ({driver.total_runtime})", file=str(config.file))
+    mount = pipeline.workspace.mount.rstrip("/")
+    program = [driver.python or options.python, "-m", "bcp_pipeline.detach.driver", "--workspace-root", mount,
+               "--run", run_id, "--hand-over-after", str(runtime - before),
+               *(["--install"] if driver.install_ngcsdk else [])]
+    folder = f"{mount}/{workspace_run_path(run_id)}/{DRIVER_FOLDER}"
+    settings = ngc_settings(options.org, options.team, options.ace, environ)
+    return JobSpec(
+        name=f"{pipeline.name}.driver", image=image, instance=instance, result="/results",
+        commandline=f"cd {shlex.quote(folder)} && exec {shell_join(program)}",
+        workspaces=(f"{pipeline.workspace.name}:{mount}:RW",), total_runtime=format_duration(runtime),
+        priority=driver.priority, labels=(label("run", run_id), label("kind", DRIVER_KIND)),
+        secrets=(f"{driver.secret}:{driver.secret_key}:NGC_CLI_API_KEY",),
+        env=tuple(f"{key}:{value}" for key, value in settings.items()),
+        org=options.org, team=options.team, ace=options.ace,
+    )
+
+
+def ngc_settings(org: str | None, team: str | None, ace: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """Org, team and ACE for the driver's ngcsdk, as plain settings: pipelines.yaml, else this machine's NGC ones."""
+    saved = read_ngc_config(dict(environ))
+    values = {"NGC_CLI_ORG": org or environ.get("NGC_CLI_ORG") or saved.get("org"),
+              "NGC_CLI_TEAM": team or environ.get("NGC_CLI_TEAM") or saved.get("team"),
+              "NGC_CLI_ACE": ace or environ.get("NGC_CLI_ACE") or saved.get("ace")}
+    return {key: value for key, value in values.items() if value and value != "no-team"}
+
+
+def active_drivers(transport: Transport, run_id: str) -> list[dict[str, Any]]:
+    return [job for job in driver_jobs(transport, run_id) if not status_of(job).state.finished]
+
+
+def driver_jobs(transport: Transport, run_id: str) -> list[dict[str, Any]]:
+    """Every driver job of the run, oldest first (one labelled `job list`)."""
+    wanted = label("kind", DRIVER_KIND)
+    jobs = [job for job in transport.list_jobs([label("run", run_id)]) if wanted in labels_of(job)]
+    return sorted(jobs, key=lambda job: int(str(job.get("id"))) if str(job.get("id")).isdigit() else 0)
+
+
+class Lease:
+    """`driver.lease` in the run folder: the job id of the driver that drives the run.
+
+    A driver takes it only when it is free, its own, or held by a job that has ended; until then it waits (up to
+    its own hand-over deadline). Jobs end for good on BCP, so a lease cannot be taken from a live driver.
+    """
+
+    def __init__(self, path: Path, job_id: str) -> None:
+        self.path = path
+        self.job_id = job_id
+
+    def holder(self) -> str | None:
+        try:
+            return str(json.loads(self.path.read_text(encoding="utf-8"))["job_id"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"{self.path}: unreadable driver lease ({exc}); remove it once no driver job of this "
+                             "run is running") from None
+
+    def take(self, backend, deadline: float, sleep=time.sleep) -> None:
+        while (holder := self.holder()) not in (None, self.job_id):
+            status = status_of(backend.transport.job(holder))
+            if status.state.finished:
+                break
+            if time.monotonic() >= deadline:
+                raise StateError(f"driver job {holder} still drives this run ({status.native}); this driver "
+                                 f"({self.job_id}) gave up waiting for it to end")
+            print(f"driver job {self.job_id}: waiting for driver job {holder} ({status.native}) to end", flush=True)
+            sleep(LEASE_POLL_SECONDS)
+        atomic_write_json(self.path, {"job_id": self.job_id, "taken_at": time.time()})
