@@ -26,12 +26,43 @@ class ModelConfig:
     max_steps: int
 
 
-KNOWN_MODELS = {
-    "gpt3/126m": ModelConfig(tensor_parallel=1, pipeline_parallel=1, global_batch_size=256, micro_batch_size=4,
-                             max_steps=600000),
-    "gpt3/7b_improved": ModelConfig(tensor_parallel=4, pipeline_parallel=1, global_batch_size=512,
-                                    micro_batch_size=1, max_steps=300000),
+FACT_FIELDS = ("tensor_parallel", "pipeline_parallel", "global_batch_size", "micro_batch_size", "max_steps")
+LauncherVersion = tuple[int, int]  # (YY, MM) of a NeMo Framework release, from its image tag: 23.08.03 -> (23, 8)
+
+# The facts move between launcher releases, so they are keyed by the release the stage's image carries; a release
+# takes the facts of the newest key not after it (24.05 -> 23.11), and one before every key has none. Read from
+# launcher_scripts/conf/training/gpt3/{126m,7b_improved}.yaml in NVIDIA's launcher repository
+# (NeMo-Framework-Launcher, formerly NeMo-Megatron-Launcher), at the commits named below; a commit is tied to a
+# release by the container its conf/config.yaml names.
+KNOWN_MODELS: dict[LauncherVersion, dict[str, ModelConfig]] = {
+    # 23.08: NeMo-Framework-Launcher@056a90ed (pre-mcore configs): 7b_improved TP 2, PP 1, MBS 1, GBS 512,
+    # 300000 steps; 126m TP 1, PP 1, MBS 4, GBS 256, 600000 steps. Not verified against the 23.08.03 tag itself
+    # (the index holds no conf/config.yaml at 056a90ed); what ties TP 2 to 23.08 is that the first TP 4 version
+    # (NeMo-Framework-Launcher@6247dc87) still names the 23.08.03 container, i.e. TP 4 came after that release.
+    # 126m's values are the same in a fork on the 23.08.03 container (Riccorl/NeMo-Megatron-Launcher@46b7bcba).
+    (23, 8): {
+        "gpt3/126m": ModelConfig(tensor_parallel=1, pipeline_parallel=1, global_batch_size=256, micro_batch_size=4,
+                                 max_steps=600000),
+        "gpt3/7b_improved": ModelConfig(tensor_parallel=2, pipeline_parallel=1, global_batch_size=512,
+                                        micro_batch_size=1, max_steps=300000),
+    },
+    # 23.11: NeMo-Megatron-Launcher@0c6c960d, whose conf/config.yaml names nemofw-training:23.11: 7b_improved TP 4,
+    # PP 1, MBS 1, GBS 512, 300000 steps; 126m TP 1, PP 1, MBS 4, GBS 256, 600000 steps. Later releases take these:
+    # the index holds no 7b_improved.yaml of a 24.x commit to check them against (shared/notes/nemo-launcher.md
+    # reads TP 4 through 24.12; not verified here).
+    (23, 11): {
+        "gpt3/126m": ModelConfig(tensor_parallel=1, pipeline_parallel=1, global_batch_size=256, micro_batch_size=4,
+                                 max_steps=600000),
+        "gpt3/7b_improved": ModelConfig(tensor_parallel=4, pipeline_parallel=1, global_batch_size=512,
+                                        micro_batch_size=1, max_steps=300000),
+    },
 }
+# A declared size reaches the launcher as this override, so the job trains with the sizes the preflight checked.
+SIZE_OVERRIDES = {"tensor_parallel": "training.model.tensor_model_parallel_size",
+                  "pipeline_parallel": "training.model.pipeline_model_parallel_size",
+                  "global_batch_size": "training.model.global_batch_size",
+                  "micro_batch_size": "training.model.micro_batch_size"}
+_TAG_VERSION = re.compile(r"(\d{2})\.(\d{2})(?:[.-][0-9A-Za-z._-]*)?")
 
 
 @dataclass(frozen=True)
@@ -47,7 +78,8 @@ class ModelShape:
     vocab_size: int = 50257  # GPT-2 BPE, the tokenizer of both configs
 
 
-# From conf/training/gpt3/{126m,7b_improved}.yaml of NVIDIA/NeMo-Framework-Launcher (model: section).
+# From conf/training/gpt3/{126m,7b_improved}.yaml (model: section); the same at both keyed releases (the
+# commits named above), so not keyed by release.
 KNOWN_SHAPES = {
     "gpt3/126m": ModelShape(num_layers=12, hidden_size=768, ffn_hidden_size=3072, seq_length=2048, gated_mlp=False),
     "gpt3/7b_improved": ModelShape(num_layers=32, hidden_size=4096, ffn_hidden_size=10880, seq_length=2048,
@@ -57,22 +89,72 @@ MAX_NODES_LISTED = 256
 DATA_LIST_FILE = "data_prefix.txt"
 
 
-def model_config(stage: StageConfig) -> ModelConfig:
-    """The known model's facts, with any value the pipeline gives taking precedence."""
+def launcher_version(image: str) -> LauncherVersion | None:
+    """The NeMo launcher release an image carries, from its YY.MM tag; None when the tag is not one."""
+    name = image.rsplit("/", 1)[-1].split("@", 1)[0]  # past the registry (its port has a colon too), no digest
+    if ":" not in name:
+        return None
+    match = _TAG_VERSION.fullmatch(name.rsplit(":", 1)[1])
+    if not match or not 1 <= int(match.group(2)) <= 12:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
+def known_models(version: LauncherVersion) -> dict[str, ModelConfig] | None:
+    """The facts of the newest keyed release not after `version`; None before the first."""
+    keys = [key for key in KNOWN_MODELS if key <= version]
+    return KNOWN_MODELS[max(keys)] if keys else None
+
+
+def launcher_image(stage: StageConfig, backend: str | None = None) -> tuple[str | None, str]:
+    """The image whose launcher runs the stage on `backend`, and the key that sets it.
+
+    BCP runs the launcher inside `bcp.image`. On Slurm the training runs in `slurm.container_image`; without one
+    the launcher uses its own default container, and `bcp.image`, the pipeline's NeMo image, is the best guess of
+    its release. No backend: the stage's BCP image, or its Slurm one when only that is given.
+    """
+    if backend is None:
+        backend = "slurm" if stage.bcp.image is None and stage.slurm.container_image else "bcp"
+    if backend == "slurm" and stage.slurm.container_image:
+        return stage.slurm.container_image, "slurm.container_image"
+    return stage.bcp.image, "bcp.image"
+
+
+def model_config(stage: StageConfig, backend: str | None = None) -> ModelConfig:
+    """The model's facts at the launcher release of the stage's image, any value the pipeline gives winning."""
     nemo = stage.nemo
     assert nemo is not None
-    known = KNOWN_MODELS.get(nemo.model)
-    values = {}
-    for field in ("tensor_parallel", "pipeline_parallel", "global_batch_size", "micro_batch_size", "max_steps"):
-        value = getattr(nemo, field)
-        if value is None and known is not None:
-            value = getattr(known, field)
-        if value is None:
-            raise ValueError(f"model {nemo.model!r} is not one of the known configs ({', '.join(KNOWN_MODELS)}): "
-                             f"give tensor_parallel, pipeline_parallel, global_batch_size, micro_batch_size and "
-                             f"max_steps in the stage's nemo: section")
-        values[field] = value
+    image, key = launcher_image(stage, backend)
+    version = launcher_version(image) if image else None
+    table = known_models(version) if version else None
+    known = table.get(nemo.model) if table else None
+    values = {field: getattr(nemo, field) for field in FACT_FIELDS}
+    if known is not None:
+        values = {field: getattr(known, field) if value is None else value for field, value in values.items()}
+    if None in values.values():
+        raise ValueError(_no_facts_message(stage, image, key, version, table))
     return ModelConfig(**values)
+
+
+def _no_facts_message(stage: StageConfig, image: str | None, key: str, version: LauncherVersion | None,
+                      table: dict[str, ModelConfig] | None) -> str:
+    model = stage.nemo.model
+    declare = ("give tensor_parallel, pipeline_parallel, global_batch_size, micro_batch_size and max_steps in "
+               "the stage's nemo: section")
+    anywhere = sorted({name for models in KNOWN_MODELS.values() for name in models})
+    if table is not None or model not in anywhere:  # the release would not help: no release knows the model
+        return f"model {model!r} is not one of the known configs ({', '.join(table or anywhere)}): {declare}"
+    known = ", ".join(f"{yy:02d}.{mm:02d}" for yy, mm in sorted(KNOWN_MODELS))
+    if image is None:
+        problem = f"has no image ({key}) to tell its NeMo launcher release from"
+    elif version is None:
+        problem = f"runs image {image!r} ({key}), whose tag is no YY.MM release, so its NeMo launcher is unknown"
+    else:
+        problem = (f"runs image {image!r} ({key}), NeMo launcher {version[0]:02d}.{version[1]:02d}, older than "
+                   f"every release with known facts")
+    return (f"stage {stage.name} {problem}: the parallel sizes of {model} are known for launcher releases {known} "
+            f"(a later release takes those of the newest one not after it). Set {key} to a NeMo image tagged with "
+            f"its release (e.g. nvcr.io/nvidia/nemo:24.05), or {declare}")
 
 
 def gpus_per_node(stage: StageConfig, instance: str | None) -> int:
@@ -102,8 +184,8 @@ def _parallel_error(model: ModelConfig, nodes: int, gpus: int) -> str | None:
     return None
 
 
-def check_parallelism(stage: StageConfig, nodes: int, gpus: int) -> None:
-    model = model_config(stage)
+def check_parallelism(stage: StageConfig, nodes: int, gpus: int, backend: str | None = None) -> None:
+    model = model_config(stage, backend)
     problem = _parallel_error(model, nodes, gpus)
     if problem:
         valid = valid_node_counts(model, gpus)
@@ -137,12 +219,12 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
     bcp = stage.bcp
     model_config(stage)
     if bcp.instance:
-        check_parallelism(stage, bcp.replicas, gpus_per_node(stage, bcp.instance))
+        check_parallelism(stage, bcp.replicas, gpus_per_node(stage, bcp.instance), "bcp")
         time_limits(stage, bcp.total_runtime)
     if stage.slurm.nodes or stage.slurm.gpus_per_node:
         nodes = stage.slurm.nodes or bcp.replicas
         gpus = stage.slurm.gpus_per_node or gpus_per_node(stage, bcp.instance)
-        check_parallelism(stage, nodes, gpus)
+        check_parallelism(stage, nodes, gpus, "slurm")
 
 
 def checkpoint_dir(stage: StageConfig) -> str:
@@ -159,7 +241,8 @@ def launcher_overrides(stage: StageConfig, *, cluster_type: str, nodes: str, tot
                        values: dict[str, str]) -> list[str]:
     """The launcher's Hydra overrides (placeholders resolved with `values`), data_prefix excluded."""
     nemo = stage.nemo
-    model = model_config(stage)
+    # cluster_type bcp runs in the BCP image; bcm is a Slurm cluster (backends/slurm_render.py).
+    model = model_config(stage, "bcp" if cluster_type == "bcp" else "slurm")
     limits = time_limits(stage, total_runtime)
     bpe = substitute(nemo.bpe_dir, values).rstrip("/")
     results = substitute(nemo.results_dir, values).rstrip("/")
@@ -179,8 +262,18 @@ def launcher_overrides(stage: StageConfig, *, cluster_type: str, nodes: str, tot
         f"training.trainer.max_steps={model.max_steps}",
         f"training.model.tokenizer.vocab_file={bpe}/vocab.json",
         f"training.model.tokenizer.merge_file={bpe}/merges.txt",
+        *declared_sizes(stage),
         *[substitute(o, values) for o in nemo.overrides],
     ]
+
+
+def declared_sizes(stage: StageConfig) -> list[str]:
+    """Overrides for the parallel and batch sizes the stage's nemo: section gives (the launcher's own config
+    supplies the others), except one its verbatim `overrides` already set: Hydra refuses a key given twice."""
+    nemo = stage.nemo
+    verbatim = {o.split("=", 1)[0].lstrip("+~") for o in nemo.overrides}
+    return [f"{key}={getattr(nemo, field)}" for field, key in SIZE_OVERRIDES.items()
+            if getattr(nemo, field) is not None and key not in verbatim]
 
 
 def training_commandline(stage: StageConfig, *, cluster_type: str, nodes: str, total_runtime: str | None,

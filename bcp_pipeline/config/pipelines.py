@@ -90,7 +90,8 @@ class NemoTraining:
     time_margin: Duration = Duration("45m")  # trainer.max_time = total runtime - margin (the guide: 30-60 min)
     gpus_per_node: int | None = None  # default: from the instance name (dgxa100.80g.8.norm -> 8)
     max_steps: int | None = None  # default: the model's
-    tensor_parallel: int | None = None  # required for models not in the known table, like the next three
+    tensor_parallel: int | None = None  # required for a model, or an image release, without known facts (nemo.py);
+    # like the next three and max_steps. Given, they are passed to the launcher.
     pipeline_parallel: int | None = None
     global_batch_size: int | None = None
     micro_batch_size: int | None = None
