@@ -144,11 +144,44 @@ def completion_path(output_dir: Path, stage: str, rank: int, world_size: int) ->
 
 
 def write_completion(output_dir: Path, stage: str, rank: int, world_size: int, summary: dict) -> None:
-    """The last thing a rank writes: proof that every item of its shard is complete."""
+    """The last thing a rank writes: proof that every item of its shard is complete, and where it ran."""
     path = completion_path(output_dir, stage, rank, world_size)
     remove_stale_temporaries_of([path])  # a rank killed while writing this record left its temporary (scripts/chaos)
     atomic_write_json(path, {"stage": stage, "rank": rank, "world_size": world_size, "started_at": STARTED_AT,
-                             "finished_at": time.time(), **summary})
+                             "finished_at": time.time(), "ran_on": ran_on(), **summary})
+
+
+def ran_on(environ: dict[str, str] | None = None) -> dict:
+    """Where this process runs: hostname, Slurm's node name (when under Slurm) and the machine's IPv4 addresses.
+
+    Containers and network namespaces may share one hostname across nodes; the node name and the addresses tell
+    the nodes apart in the completion records.
+    """
+    env = os.environ if environ is None else environ
+    where: dict = {"hostname": socket.gethostname()}
+    if env.get("SLURMD_NODENAME"):
+        where["slurmd_nodename"] = env["SLURMD_NODENAME"]
+    where["addresses"] = ipv4_addresses()
+    return where
+
+
+def ipv4_addresses() -> list[str]:
+    """The IPv4 address of every interface but loopback (Linux ioctl, no subprocess); [] where unavailable."""
+    try:
+        import fcntl
+        import struct
+        names = [name for _, name in socket.if_nameindex() if name != "lo"]
+    except (ImportError, OSError):
+        return []
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for name in names:
+            try:  # SIOCGIFADDR: the interface's primary IPv4 address, at bytes 20..24 of the struct ifreq answer
+                answer = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address on this interface
+            found.append(socket.inet_ntoa(answer[20:24]))
+    return sorted(found)
 
 
 def emit(kind: str, payload: dict, stream: IO[str] | None = None) -> None:

@@ -10,10 +10,15 @@ one is already running (CI starts it before pytest), exports SLURM_CONF, and sto
 session only if it started it. Where Slurm cannot run (not Linux, not root, no apt-get, the install fails) the
 tests that use it are skipped, and the reason is printed on the terminal as well as in the `-ra` summary.
 Set BCP_SLURM_INSTALL=0 to never install packages (skip instead).
+
+`two_node_cluster` (module scope) is a separate two-node cluster (`start --nodes 2`: each slurmd in its own network
+namespace on a private bridge) under a base folder of its own; it is always stopped at the end, namespaces and
+bridge included, and one left behind by a killed session is stopped before the new one starts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -110,3 +115,73 @@ def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = saved
+
+
+@dataclass(frozen=True)
+class MultiNodeCluster:
+    base: Path
+    conf: Path
+    nodes: dict[str, str]  # node name -> its address on the cluster's bridge
+
+    def script(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """scripts/slurm-cluster COMMAND --base BASE ARGS (COMMAND first)."""
+        return script(args[0], "--base", str(self.base), *args[1:], timeout=timeout)
+
+    def kill_node(self, node: str) -> None:
+        """Lose `node`: SIGKILL its slurmd and everything running on it."""
+        res = self.script("kill-node", node)
+        assert res.returncode == 0, res.stderr
+
+    def restart_missing_nodes(self) -> None:
+        res = self.script("start", "--nodes", str(len(self.nodes)))
+        assert res.returncode == 0, res.stderr
+
+
+def multinode_base(repo: Path = REPO) -> Path:
+    """One base folder per checkout, in /tmp (munged refuses pytest's 0700 tmp folders), found again after a kill."""
+    return Path("/tmp") / f"bcp-pipeline-slurm-2n-{hashlib.sha1(str(repo).encode()).hexdigest()[:8]}"
+
+
+def node_addresses(conf: Path) -> dict[str, str]:
+    """NodeName -> NodeAddr, from the cluster's slurm.conf."""
+    nodes = {}
+    for line in conf.read_text().splitlines():
+        if line.startswith("NodeName="):
+            fields = dict(field.split("=", 1) for field in line.split())
+            nodes[fields["NodeName"]] = fields["NodeAddr"]
+    return nodes
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster(request: pytest.FixtureRequest) -> Iterator[MultiNodeCluster]:
+    config = request.config
+    if reason := unavailable_reason():
+        _skip(config, reason)
+    if os.environ.get("BCP_SLURM_INSTALL") != "0":
+        res = script("install")
+        if res.returncode != 0:
+            _skip(config, f"Slurm could not be installed: {res.stderr.strip()[-1500:]}")
+    if shutil.which("ip") is None:
+        _skip(config, "a multi-node Slurm needs iproute2 (`ip`)")
+    base = multinode_base()
+    base.mkdir(mode=0o755, exist_ok=True)
+    saved = os.environ.get("SLURM_CONF")
+    stale = script("stop", "--base", str(base))  # a cluster a killed session left behind: jobs, daemons, namespaces
+    assert stale.returncode == 0, f"stopping a stale cluster under {base} failed:\n{stale.stderr}"
+    try:
+        res = script("start", "--base", str(base), "--nodes", "2", "--cpus", "4", timeout=120)
+        if res.returncode != 0:
+            pytest.fail(f"scripts/slurm-cluster start --nodes 2 failed (exit {res.returncode}):\n{res.stderr}",
+                        pytrace=False)
+        conf = base / "etc" / "slurm.conf"
+        os.environ["SLURM_CONF"] = str(conf)
+        yield MultiNodeCluster(base=base, conf=conf, nodes=node_addresses(conf))
+    finally:
+        res = script("stop", "--base", str(base), timeout=120)
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+        assert res.returncode == 0, f"scripts/slurm-cluster stop failed:\n{res.stderr}"
+        left = script("status", "--base", str(base), timeout=60)
+        assert left.returncode == 3 and "absent; namespaces: none" in left.stdout, left.stdout

@@ -122,7 +122,7 @@ case "$1" in
   update) : > "$FAKE_DIR/updated" ;;
   install)  # fails until the package lists are updated, like a fresh container
     [ -e "$FAKE_DIR/updated" ] || { echo "E: Unable to locate package slurmctld" >&2; exit 100; }
-    for b in slurmctld slurmd sbatch srun squeue scontrol scancel sinfo munged runuser; do
+    for b in slurmctld slurmd sbatch srun squeue scontrol scancel sinfo munged runuser ip nsenter unshare; do
       printf '#!/bin/sh\n' > "$FAKE_DIR/$b"; /bin/chmod +x "$FAKE_DIR/$b"
     done ;;
 esac
@@ -139,7 +139,7 @@ def test_install_updates_lists_once_and_is_idempotent(tmp_path: Path) -> None:
         res = subprocess.run([sys.executable, str(SCRIPT), "install"], env=env, capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
     assert "already installed" in res.stderr
-    install = "install -y -q --no-install-recommends slurmctld slurmd slurm-client munge"
+    install = "install -y -q --no-install-recommends slurmctld slurmd slurm-client munge iproute2"
     assert (tmp_path / "calls").read_text().splitlines() == [install, "update -q", install]
 
 
