@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bcp_pipeline.cli import main
-from bcp_pipeline.state import RunStore, StageStatus
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.engine.state import RunStore, StageStatus
 from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
 from slurm_cluster import MultiNodeCluster, node_addresses, script, two_node_cluster  # noqa: F401 (the fixture)
 
