@@ -222,6 +222,18 @@ def test_preempted_job_is_resumed(fake, project, capsys):
     assert len(jobs_by_stage(fake)["chain.second"]) == 1
 
 
+def test_a_failing_resume_of_a_preempted_job_is_tried_again_next_cycle(fake, project, capsys):
+    fake.inject("PREEMPTED", name="chain.second", after_seconds=0.2)
+    fake.fail_requests(3, method="PATCH", path="/v2/org/*/jobs/*/resume", status=500, message="Resume Refused")
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    job_id = latest(project).stages["second"].jobs[0].job_id
+    assert [r["status"] for r in fake.requests("PATCH", f"/v2/org/*/jobs/{job_id}/resume")] == [500, 500, 500, 200]
+    out = capsys.readouterr().out
+    assert f"second: resuming preempted job {job_id} failed 3 times in a row, still retrying: " in out
+    assert "Resume Refused" in out and f"second: job {job_id} was preempted; resumed it" in out
+    assert len(jobs_by_stage(fake)["chain.second"]) == 1
+
+
 def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
     # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up (tests/backends/test_ngc_emulator.py has those).
     fake.fail_requests(4, method="GET", path="/v2/org/*/jobs", status=500, message="Internal Server Error")
