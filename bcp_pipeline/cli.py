@@ -159,7 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load(args, args.pipeline, args.overrides)
     pipeline = config.pipeline(args.pipeline)
     backend = args.backend or pipeline.backend
-    check_backend_ready(backend, config)  # before anything is recorded: a run that cannot start leaves nothing behind
+    check_backend_ready(backend, config, pipeline)  # before anything is recorded: a run that cannot start leaves nothing behind
     if args.detach and backend != "bcp":
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend!r}")
     store = store_for(args, config.file)
@@ -215,7 +215,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     store = store_for(args)
     state = store.resolve(args.run)
     config, pipeline = run_config(args, state)
-    check_backend_ready(state.backend, config)
+    check_backend_ready(state.backend, config, pipeline)
     if args.detach:
         if state.backend != "bcp":
             raise ConfigError(f"--detach needs a run on the bcp backend; run {state.run_id} is on {state.backend!r}")

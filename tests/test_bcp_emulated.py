@@ -266,3 +266,56 @@ def test_logs_come_from_ngc_job_log(fake, project, capsys):
     capsys.readouterr()
     assert run(project, "logs", run_id, "first", "--verify") == 0
     assert "##bcp-pipeline verify" in capsys.readouterr().out
+
+
+# -- other plausible variants of the service (tests/fakes/README.md "Variants") ------------------------------------
+
+NVAPI_KEY = "nvapi-emulated-personal-key-not-a-secret"
+
+
+def with_org_team_ace_in_yaml(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """org/team/ACE only in pipelines.yaml, as the README says is enough: none in the environment."""
+    for name in ("NGC_CLI_ORG", "NGC_CLI_ACE", "NGC_CLI_TEAM"):
+        monkeypatch.delenv(name, raising=False)
+    config.write_text(config.read_text().replace(
+        "  bcp: {transport:", "  bcp: {org: bcpp-test-org, team: bcpp-test-team, ace: bcpp-test-ace, transport:"))
+
+
+@pytest.mark.emulator(api_key=NVAPI_KEY)
+def test_org_team_and_ace_only_in_pipelines_yaml_with_an_nvapi_key(fake, project, monkeypatch, capsys):
+    with_org_team_ace_in_yaml(project, monkeypatch)
+    fake.inject("FAILED", name="chain.third", details="Replica 0 exited with code 9")  # after its log is written
+    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    state = latest(project)
+    assert [state.stages[s].status for s in ("first", "second")] == [StageStatus.SUCCEEDED] * 2
+    # every job log read (verification counts, the failure's tail) went to the configured org
+    assert state.stages["second"].verification["checks"][0]["found"] == 6
+    assert "(job log unavailable" not in (state.stages["third"].error or "")
+    capsys.readouterr()
+    assert run(project, "logs", state.run_id, "first", "--verify") == 0
+    assert "##bcp-pipeline verify" in capsys.readouterr().out
+    if fake.transport == "cli":
+        logs = fake.calls("job log")
+        assert logs and all("--org" in c["argv"] and "--ace" in c["argv"] for c in logs), logs[:1]
+    assert fake.requests("POST", "/v3/keys/get-caller-info") and not fake.requests("GET", "/token")
+
+
+@pytest.mark.emulator(api_key=NVAPI_KEY, variants={"key_org": "the-keys-own-org"})
+def test_an_nvapi_key_of_another_org_is_refused_naming_its_org(fake, project, monkeypatch, capsys):
+    with_org_team_ace_in_yaml(project, monkeypatch)
+    assert run(project, "run", "chain", "--backend", "bcp") != 0
+    err = capsys.readouterr().err
+    nvidia = "doesn't match organization" if fake.transport == "sdk" else "403"
+    assert nvidia in err, err
+    assert "belongs to org 'the-keys-own-org'" in err and "set in backends.bcp.org" in err
+    assert "backends.bcp.org: the-keys-own-org" in err
+    assert fake.jobs() == {} and not (project.parent / ".bcp-pipeline" / "runs").exists()
+
+
+@pytest.mark.emulator(variants={"commandline": "launcher", "bcprun_in_single_replica_jobs": False})
+def test_chain_when_the_commandline_runs_once_and_one_replica_jobs_have_no_bcprun(fake, project):
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    ws = fake.workspace_path("main")
+    assert (ws / "second/item-0002.txt").read_text() == "item-0002.txt by rank 2 of 3\n"
+    assert (ws / "first/item-0001.txt").read_text() == "item-0001.txt by rank 1 of 2\n"
+    assert latest(project).stages["third"].verification["checks"][0]["found"] == 3
