@@ -255,7 +255,7 @@ def test_cancel_kills_the_active_job(fake, project, capsys):
     assert latest(project).stages["first"].status is StageStatus.CANCELLED
     # A kill that fails (the job has ended) is an error on both transports, not silence.
     config = load_config(project)
-    backend = make_backend("bcp", config, config.pipeline("chain"), project.parent / ".bcp-pipeline/runs/x")
+    backend = make_backend("bcp", config, config.pipeline("chain"), project.parent / ".bcp-pipeline/runs" / run_id)
     with pytest.raises(BackendCallError, match=f"could not kill every job:\n  job {job_id}: .*KILLED_BY_USER"):
         backend.cancel([str(job_id)])
 
@@ -319,3 +319,24 @@ def test_chain_when_the_commandline_runs_once_and_one_replica_jobs_have_no_bcpru
     assert (ws / "second/item-0002.txt").read_text() == "item-0002.txt by rank 2 of 3\n"
     assert (ws / "first/item-0001.txt").read_text() == "item-0001.txt by rank 1 of 2\n"
     assert latest(project).stages["third"].verification["checks"][0]["found"] == 3
+
+
+@pytest.mark.emulator(variants={"ace": {"terminationGracePeriodSeconds": 2}})
+def test_cancel_kills_only_this_runs_jobs_and_waits_out_the_termination_grace(fake, project):
+    config = load_config(project)
+    backend = make_backend("bcp", config, config.pipeline("chain"), project.parent / ".bcp-pipeline/runs/chain-x")
+    ours, foreign = (json.loads(fake.ngc(
+        "base-command", "job", "run", "--name", name, "--image", "nvcr.io/nvaie/nemo-framework-training:23.11",
+        "--instance", "dgxa100.80g.1.norm", "--result", "/results", "--commandline", "exec sleep 60",
+        "--label", label, "--format_type", "json").stdout)["job"]["id"] for name, label in
+        (("ours", "bcpp_run_chain_x"), ("foreign", "someone_elses")))
+    for job_id in (ours, foreign):
+        fake.wait_for(job_id, {"RUNNING"})
+    started = time.monotonic()
+    with pytest.raises(BackendCallError, match=f"job {foreign}: not killed: it does not carry this run's label "
+                                               "bcpp_run_chain_x"):
+        backend.cancel([str(ours), str(foreign)])
+    # The kill went through PENDING_TERMINATION for the ACE's 2 s, and cancel returned only once it had ended.
+    assert fake.status(ours) == "KILLED_BY_USER" and time.monotonic() - started > 1.5
+    assert "PENDING_TERMINATION" in [h["status"] for h in fake.jobs()[ours]["jobStatusHistory"]]
+    assert fake.status(foreign) == "RUNNING"
