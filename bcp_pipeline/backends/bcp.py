@@ -21,7 +21,7 @@ from ..errors import BackendCallError
 from .contract import Backend, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
 from ..config.resources import BcpOptions
 from .bcp_render import UPLOAD_EXCLUDES, JobSpec, code_destination, job_run_argv, job_spec, label, upload_argv
-from .bcp_transport import Transport, make_transport
+from .bcp_transport import Transport, make_transport, read_ngc_config
 from .common import last_lines, shell_join
 
 # All 25 BCP job statuses (ngc-cli.md). PREEMPTED waits for `job resume`; unknown ones are "not finished".
@@ -52,6 +52,7 @@ STATE_MAP: dict[str, JobState] = {
     "RESOURCE_GRANT_DENIED": JobState.FAILED,
     "RESOURCE_LIMIT_EXCEEDED": JobState.FAILED,
 }
+KILL_MARGIN_SECONDS = 60.0  # beyond the ACE's termination grace, before `cancel` says a killed job has not ended
 FAILED_REPLICA = re.compile(r"\bReplica (\d+)\b")  # statusDetails like "Replica 1 exited with code 3"
 
 
@@ -138,15 +139,63 @@ class BcpBackend(Backend):
         return self.transport.log(job_id, rank, tail)
 
     def cancel(self, job_ids: list[str]) -> None:
-        """Kill every job; a kill that fails (e.g. the job ended meanwhile) does not stop the others."""
-        failures = []
+        """Kill every job of this run, then wait until BCP reports them ended (a kill passes through
+        PENDING_TERMINATION for the ACE's termination grace period). A job that does not carry this run's label,
+        as read here whatever a server-side label filter returned, is not killed; a kill that fails (e.g. the job
+        ended meanwhile) does not stop the others."""
+        own = label("run", self.run_id)
+        failures, killed = [], []
         for job_id in job_ids:
             try:
+                labels = labels_of(self.transport.job(job_id))
+                if own not in labels:
+                    failures.append(f"job {job_id}: not killed: it does not carry this run's label {own} "
+                                    f"(its labels: {', '.join(labels) or 'none'})")
+                    continue
                 self.transport.kill(job_id)
+                killed.append(job_id)
             except BackendCallError as exc:
                 failures.append(f"job {job_id}: {exc}")
+        try:
+            self._wait_ended(killed)
+        except BackendCallError as exc:
+            failures.append(str(exc))
         if failures:
             raise BackendCallError("could not kill every job:\n  " + "\n  ".join(failures))
+
+    def _wait_ended(self, job_ids: list[str]) -> None:
+        """Until every killed job has ended: at most the ACE's terminationGracePeriodSeconds (asked only when a
+        job has not ended at the first look) plus a margin."""
+        pending, grace, deadline = list(job_ids), None, None
+        delay = self.poll_min_seconds
+        while pending:
+            statuses = self.poll(pending)
+            pending = [job_id for job_id in pending if job_id in statuses and not statuses[job_id].state.finished]
+            if not pending:
+                return
+            if deadline is None:
+                grace = self.termination_grace_seconds()
+                deadline = time.monotonic() + (grace or 0) + KILL_MARGIN_SECONDS
+            if time.monotonic() > deadline:
+                raise BackendCallError(
+                    f"job(s) {', '.join(pending)} were killed but are still "
+                    f"{', '.join(sorted({statuses[j].native for j in pending}))} after the ACE's termination grace "
+                    f"period ({grace or 0:.0f} s) and {KILL_MARGIN_SECONDS:.0f} s more; check them with "
+                    "`ngc base-command job info`")
+            time.sleep(delay)
+            delay = min(delay * 2, self.poll_max_seconds)
+
+    def termination_grace_seconds(self) -> float | None:
+        """The ACE's terminationGracePeriodSeconds (how long a killed job may stay PENDING_TERMINATION); None
+        when the ACE does not say or cannot be read."""
+        name = self.options.ace or os.environ.get("NGC_CLI_ACE") or read_ngc_config(dict(os.environ)).get("ace")
+        if not name:
+            return None
+        try:
+            value = self.transport.ace(name).get("terminationGracePeriodSeconds")
+        except BackendCallError:
+            return None
+        return float(value) if isinstance(value, (int, float)) else None
 
     def resume(self, job_id: str) -> bool:
         self.transport.resume(job_id)

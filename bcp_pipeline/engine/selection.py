@@ -56,7 +56,7 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     config = load_and_check(request.config_file, overrides=request.overrides, pipeline=request.pipeline)
     pipeline = config.pipeline(request.pipeline)
     backend = request.backend or pipeline.backend
-    check_backend_ready(backend, config)
+    check_backend_ready(backend, config, pipeline)
     if request.detach and backend != "bcp":
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend!r}")
     selection = Selection(from_stage=request.from_stage, only=request.only)
@@ -89,7 +89,7 @@ def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | No
     """
     state = store.resolve(run_id)
     config, pipeline = run_config(state, config_file)
-    check_backend_ready(state.backend, config)
+    check_backend_ready(state.backend, config, pipeline)
     chosen = ChosenRun(config=config, pipeline=pipeline, store=store, state=state, selected=set(), continued=True)
     if detach:
         if state.backend != "bcp":
