@@ -678,6 +678,9 @@ def main(argv: list[str] | None = None) -> int:
         rdzv = _common.rendezvous()
         check_batch_split(args, rdzv.world_size)
         comm = Comm(rdzv, pick_device(args.device, rdzv.local_rank), args.collective_timeout)
+        if comm.world > 1:
+            print(f"rank {comm.rank} of {comm.world}: met at {rdzv.master_addr}:{rdzv.master_port} "
+                  f"({torch.distributed.get_backend()}, {comm.device}); rank 0 logs the steps", flush=True)
         summary = train(args, comm)
         print(f"rank {comm.rank} of {comm.world}: weights_sha256 {summary['weights_sha256']}", flush=True)
         comm.barrier("waiting for every rank to finish")  # the run is done when all ranks are

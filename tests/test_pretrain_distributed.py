@@ -106,6 +106,7 @@ def test_two_ranks_hold_equal_weights_and_follow_the_one_process_curve(data_dir:
     assert code0 == 0 and code1 == 0, err0 + err1
     assert "2 rank(s), global batch 4 = micro batch 2 x 2 rank(s) x 1 accumulation step(s)" in out0
     assert logged_steps(out0) == list(range(1, STEPS + 1)) and logged_steps(out1) == []  # rank 0 speaks
+    assert "rank 1 of 2: met at 127.0.0.1:" in out1 and "(gloo, cpu)" in out1
     (digest0,), (digest1,) = digest_lines(out0), digest_lines(out1)
     result = summary(tmp_path, "two")
     assert digest0 == digest1 == result["weights_sha256"]  # DDP kept the ranks' weights bit-identical
