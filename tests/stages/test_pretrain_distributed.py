@@ -21,7 +21,7 @@ import _common
 import pretrain_local
 from test_pretrain_local import child_env, logged_steps, make_dataset, summary
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "stages" / "pretrain_local.py"
 STEPS = 12
 LOSS_RTOL = 1e-4
