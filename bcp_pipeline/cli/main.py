@@ -126,13 +126,18 @@ def config_file(args: argparse.Namespace) -> Path:
     return Path(args.config or DEFAULT_CONFIG_FILE)
 
 
+def given_config(args: argparse.Namespace) -> Path | None:
+    """--config when given: a stored run is otherwise driven with the file it was started with."""
+    return Path(args.config) if args.config else None
+
+
 def run_store(args: argparse.Namespace) -> RunStore:
     return store_for(config_file(args), args.state_dir)
 
 
 def stored_run(args: argparse.Namespace) -> ChosenRun:
     """The run named on the command line (default: the latest), with the config it is driven with."""
-    return open_run(run_store(args), args.run, Path(args.config) if args.config else None)
+    return open_run(run_store(args), args.run, given_config(args))
 
 
 def drive(chosen: ChosenRun) -> int:
@@ -184,7 +189,7 @@ def _first_unfinished(state: RunState) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    chosen = choose_resume(run_store(args), args.run, config_file=Path(args.config) if args.config else None,
+    chosen = choose_resume(run_store(args), args.run, config_file=given_config(args),
                            detach=args.detach, take_back=take_back)
     return detach(chosen) if args.detach else drive(chosen)
 
@@ -273,7 +278,7 @@ def live_run(args: argparse.Namespace) -> tuple[RunStore, LiveRun]:
     live = LiveRun(state=store.resolve(args.run))
     state = live.state
     try:
-        live.config, live.pipeline = run_config(state, Path(args.config) if args.config else None)
+        live.config, live.pipeline = run_config(state, given_config(args))
         live.backend = make_backend(state.backend, live.config, live.pipeline, store.run_dir(state.run_id))
         if state.driver_owned:  # the stages as its driver last saved them
             chosen = ChosenRun(config=live.config, pipeline=live.pipeline, store=store, state=state, selected=set())
