@@ -206,7 +206,7 @@ def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path) -> JobS
         name=request.job_name, image=res.image, instance=res.instance, result=res.result,
         commandline=commandline(request, options, stages_dir),
         workspaces=tuple(f"{m.name}:{m.mount}:{m.mode}" for m in res.workspaces),
-        replicas=request.rank_layout("bcp").nodes, array_type=res.array_type if res.replicas > 1 else None,
+        replicas=(nodes := request.rank_layout("bcp").nodes), array_type=res.array_type if nodes > 1 else None,
         total_runtime=format_duration(parse_duration(res.total_runtime)) if res.total_runtime else None,
         min_timeslice=format_duration(parse_duration(res.min_timeslice)) if res.min_timeslice else None,
         preempt=res.preempt, priority=res.priority, order=res.order,

@@ -92,7 +92,7 @@ class Submission:
     payload: dict[str, Any] = field(default_factory=dict)  # backend-specific, JSON-serialisable
     # Where a job of several ranks meets (MASTER_ADDR, MASTER_PORT, WORLD_SIZE as the job will get them, in
     # words where only the job knows the value); None for a job of one rank. `plan` prints it.
-    rendezvous: dict[str, str] | None = None
+    rendezvous: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         extra = {"rendezvous": self.rendezvous} if self.rendezvous is not None else {}

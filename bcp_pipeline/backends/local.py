@@ -87,7 +87,8 @@ class LocalBackend(Backend):
         spec = {**submission.payload, "job_id": job_id, "cwd": str(self.workspace_dir),
                 "log_dir": str(self.run_dir / "logs" / job_id),
                 # A per-job port keeps concurrent local jobs from colliding if a program opens one.
-                "master_port": MASTER_PORT_BASE + zlib.crc32(f"{request.run_id}/{job_id}".encode()) % MASTER_PORT_SPAN}
+                "master_port": MASTER_PORT_BASE
+                + zlib.crc32(f"{request.run_id}/{job_id}".encode()) % MASTER_PORT_SPAN}
         atomic_write_json(job_dir / "spec.json", spec)
         with open(job_dir / "supervisor.log", "ab") as log:
             process = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local_supervisor", str(job_dir)],

@@ -31,11 +31,11 @@ NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TASK_WRAPPER = ('export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID '
                 'LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE NODE_RANK=$SLURM_NODEID; exec "$@"')
-NEMO_SUFFIX = ".nemo."
+NEMO_SUFFIX = ".nemo."  # JOB_NAME.nemo.RUN_NAME: the name of the job the NeMo launcher submits
 # The batch script runs on the job's first node: its host name is the rendezvous address of every task, and the
 # port comes from the job id, so two jobs sharing a node do not collide (stages/_common.rendezvous falls back to the
 # same formula for tasks that lack the variable).
-MASTER_PORT_EXPR = "20000 + SLURM_JOB_ID % 20000"  # JOB_NAME.nemo.RUN_NAME: the name of the job the NeMo launcher submits
+MASTER_PORT_EXPR = "20000 + SLURM_JOB_ID % 20000"
 
 
 @dataclass(frozen=True, kw_only=True)

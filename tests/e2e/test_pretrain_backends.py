@@ -104,9 +104,14 @@ def stage_job(stage) -> str:
     return [job for job in stage.jobs if job.kind == "stage"][-1].job_id
 
 
-def rank_process(marker: Path, rank: int) -> int | None:
-    """The pid of the Python process running pretrain_local.py as RANK `rank` with `marker` on its command line
-    (wrappers, bash and bcprun, carry the same variables but are not Python)."""
+RENDEZVOUS_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def rank_processes(marker: Path) -> dict[int, tuple[int, dict[str, str]]]:
+    """RANK -> (pid, rendezvous variables as the backend's launch set them) of each Python process running
+    pretrain_local.py with `marker` on its command line (wrappers, bash and bcprun, carry the same variables but
+    are not Python)."""
+    ranks = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -116,21 +121,31 @@ def rank_process(marker: Path, rank: int) -> int | None:
         except OSError:
             continue
         if (len(argv) > 1 and Path(argv[0].decode()).name.startswith("python") and argv[1].endswith(
-                b"pretrain_local.py") and str(marker).encode() in b" ".join(argv)
-                and f"RANK={rank}".encode() in environ):
-            return int(entry.name)
-    return None
+                b"pretrain_local.py") and str(marker).encode() in b" ".join(argv)):
+            env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+            if "RANK" in env:
+                ranks[int(env["RANK"])] = (int(entry.name), {k: env.get(k, "") for k in RENDEZVOUS_KEYS})
+    return ranks
 
 
-def kill_rank_after_a_checkpoint(config: Path, results: Path, marker: Path, *args: str) -> tuple[str, float, int]:
-    """Run the pipeline in a real orchestrator process; once a checkpoint exists, SIGKILL rank 1. Returns the
-    orchestrator's output, the seconds from the kill to its exit, and the checkpoint step the run had."""
+def kill_rank_after_a_checkpoint(config: Path, results: Path, marker: Path, *args: str,
+                                 expect_env: dict[int, dict[str, str]]) -> tuple[str, float, int]:
+    """Run the pipeline in a real orchestrator process; once a checkpoint exists, check both ranks' launch
+    variables (`expect_env`: rank -> the values known beforehand; both must share MASTER_ADDR and MASTER_PORT),
+    then SIGKILL rank 1. Returns the orchestrator's output, the seconds from the kill to its exit, and the checkpoint
+    step the run had."""
     orchestrator = start_orchestrator(config, "run", "ddp", *args)
     checkpoints = results / RUN_NAME / "checkpoints"
     try:
         wait_for(lambda: pretrain_local.latest_checkpoint(checkpoints), timeout=120, what="a first checkpoint")
-        pid = wait_for(lambda: rank_process(marker, 1), timeout=10, what="rank 1's process")
-        os.kill(pid, signal.SIGKILL)
+        ranks = wait_for(lambda: (found := rank_processes(marker)).keys() == {0, 1} and found, timeout=10,
+                         what="both ranks' processes")
+        envs = {rank: env for rank, (_pid, env) in ranks.items()}
+        for rank, expected in expect_env.items():
+            assert {k: envs[rank][k] for k in expected} == expected, envs
+        assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] and envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+        assert int(envs[1]["MASTER_PORT"]) > 0 and all(env["WORLD_SIZE"] == "2" for env in envs.values())
+        os.kill(ranks[1][0], signal.SIGKILL)
         killed = time.monotonic()
         output, _ = orchestrator.communicate(timeout=TIMEOUT + 90)
         waited = time.monotonic() - killed
@@ -173,7 +188,9 @@ def test_local_rank_killed_fails_the_job_and_resume_continues(tmp_path: Path, da
                                                               reference: dict) -> None:
     config = write_project(tmp_path / "p", data_dir)
     results = config.parent / "ws/main/results"
-    output, waited, step = kill_rank_after_a_checkpoint(config, results, config.parent, "--backend", "local")
+    output, waited, step = kill_rank_after_a_checkpoint(
+        config, results, config.parent, "--backend", "local",
+        expect_env={rank: {"RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1"} for rank in (0, 1)})
     assert waited < TIMEOUT + 30, f"the job took {waited:.0f} s to fail after the kill"
     assert "rank 1 exited -9" in output and "another rank died, hangs or cannot be reached" in output, output
     assert_failed_then_resumed(config, results, reference, step, lambda job: rank_logs(config, job))
@@ -183,7 +200,8 @@ def test_local_rank_killed_fails_the_job_and_resume_continues(tmp_path: Path, da
 
 def bcp_logs(fake, job_id: str) -> list[str]:
     """Every replica's job log (one per replica; under the launcher model replica 0's holds both ranks)."""
-    return [p.read_text(errors="replace") for p in sorted((fake.home / "jobs" / job_id / "results").glob("*/joblog.log"))]
+    results = fake.home / "jobs" / job_id / "results"
+    return [p.read_text(errors="replace") for p in sorted(results.glob("*/joblog.log"))]
 
 
 @needs_ngcsdk
@@ -213,7 +231,9 @@ def test_bcp_rank_killed_fails_the_job_and_resume_continues(fake, tmp_path: Path
                                                             reference: dict) -> None:
     config = write_project(tmp_path / "p", data_dir, fake.transport)
     results = fake.workspace_path("main") / "results"
-    output, waited, step = kill_rank_after_a_checkpoint(config, results, fake.home, "--backend", "bcp")
+    output, waited, step = kill_rank_after_a_checkpoint(  # one rank on each replica: LOCAL_RANK 0 on both
+        config, results, fake.home, "--backend", "bcp",
+        expect_env={rank: {"RANK": str(rank), "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"} for rank in (0, 1)})
     assert waited < TIMEOUT + 45, f"the job took {waited:.0f} s to fail after the kill"
     assert "Replica 1 exited with code 137" in output, output
     assert_failed_then_resumed(config, results, reference, step, lambda job: bcp_logs(fake, job))
@@ -238,7 +258,27 @@ def test_slurm_rank_killed_fails_the_job_and_resume_continues(two_node_cluster: 
                                                               data_dir: Path, reference: dict) -> None:
     config = write_project(tmp_path / "p", data_dir)
     results = config.parent / "ws/main/results"
-    output, waited, step = kill_rank_after_a_checkpoint(config, results, config.parent, "--backend", "slurm")
+    output, waited, step = kill_rank_after_a_checkpoint(  # one task on each node, meeting at the first node
+        config, results, config.parent, "--backend", "slurm",
+        expect_env={rank: {"RANK": str(rank), "LOCAL_RANK": "0", "MASTER_ADDR": "node1"} for rank in (0, 1)})
     assert waited < TIMEOUT + 45, f"the job took {waited:.0f} s to fail after the kill"
     assert "ended FAILED" in output, output
     assert_failed_then_resumed(config, results, reference, step, lambda job: rank_logs(config, job))
+
+
+@needs_ngcsdk
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_bcp_one_replica_two_processes_meet_on_loopback(fake, tmp_path: Path, data_dir: Path,
+                                                        reference: dict) -> None:
+    """One replica x 2 processes: the job's own shell starts the ranks (no bcprun) and gives them MASTER_ADDR and
+    MASTER_PORT; without those they would try NGC_MASTER_ADDR (launcher-svc-<id>), which a one-node job cannot use."""
+    config = write_project(tmp_path / "p", data_dir, fake.transport)
+    assert cli(config, "run", "ddp", "--backend", "bcp", "--set", "pretrain.bcp.replicas=1",
+               "--set", "pretrain.bcp.processes=2") == 0
+    stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
+    job = fake.jobs()[int(stage_job(stage))]["job"]["jobDefinition"]
+    assert job.get("replicaCount", 1) == 1 and "bcprun" not in job["command"]
+    (log,) = bcp_logs(fake, stage_job(stage))
+    assert "rank 1 of 2: met at 127.0.0.1:" in log
+    assert_trained_like_one_process(fake.workspace_path("main") / "results" / RUN_NAME / "train_summary.json", [log],
+                                    reference)
