@@ -62,7 +62,13 @@ def usable_cpus() -> int:
 
 
 def rank_and_world_size(environ: dict[str, str] | None = None) -> tuple[int, int]:
-    """Return (rank, world_size) from torchrun/bcprun variables, else Slurm's, else (0, 1)."""
+    """Return (rank, world_size) from torchrun/bcprun variables, else Slurm's, else (0, 1).
+
+    Not from NGC_ARRAY_INDEX/NGC_ARRAY_SIZE: where BCP runs a multi-replica job's commandline once, on replica 0,
+    a rank taken from them would be rank 0 of N waiting for ranks nobody starts. Multi-replica stage jobs start
+    under bcprun instead, which sets RANK/WORLD_SIZE under both ways of running the commandline (the BCP renderer
+    refuses `launcher: none` on several replicas for a stage program).
+    """
     env = os.environ if environ is None else environ
     for rank_key, world_key in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
         if rank_key in env and world_key in env:

@@ -20,7 +20,8 @@ from ..config.pipelines import PipelineConfig
 from ..errors import BackendCallError
 from .contract import Backend, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
 from ..config.resources import BcpOptions
-from .bcp_render import UPLOAD_EXCLUDES, JobSpec, code_destination, job_run_argv, job_spec, label, upload_argv
+from .bcp_render import UPLOAD_EXCLUDES, JobSpec, code_destination, job_rendezvous, job_run_argv, job_spec, label
+from .bcp_render import upload_argv
 from .bcp_transport import Transport, make_transport, read_ngc_config
 from .common import last_lines, shell_join
 
@@ -82,13 +83,14 @@ class BcpBackend(Backend):
 
     # -- pure ------------------------------------------------------------------------------------------
     def sharding(self, request: JobRequest) -> dict[str, int]:
-        res = request.resources("bcp")
-        return {"replicas": res.replicas, "processes": res.processes}
+        layout = request.rank_layout("bcp")
+        return {"replicas": layout.nodes, "processes": layout.per_node}
 
     def render(self, request: JobRequest) -> Submission:
         spec = job_spec(request, self.options, self.stages_dir)
         argv = job_run_argv(spec)
-        return Submission(request=request, printable=shell_join(argv), payload={"argv": argv, "spec": asdict(spec)})
+        return Submission(request=request, printable=shell_join(argv), payload={"argv": argv, "spec": asdict(spec)},
+                          rendezvous=job_rendezvous(request))
 
     def prepare(self, pipeline: PipelineConfig, execute: bool) -> list[PreparedAction]:
         """Upload stages/ into the workspace once per content hash (recorded in the run folder's parent)."""

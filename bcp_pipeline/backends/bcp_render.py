@@ -19,12 +19,15 @@ from pathlib import Path
 
 from ..config.durations import format_duration, parse_duration
 from ..config.pipelines import PipelineConfig, StageConfig
-from ..config.resources import BcpOptions, BcpResources
+from ..config.resources import BcpOptions, BcpResources, RankLayout
 from ..errors import ConfigError, SubmissionError
 from .contract import JobRequest
-from .common import placeholder_values, resolved_env, shell_join, stage_command
+from .common import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
 
 LABEL_PREFIX = "bcpp"
+# A one-replica job's own ranks meet on loopback at a port from the job id (29500 is torchrun's default), so
+# concurrent jobs sharing a machine (the emulator's, a shared node) do not collide.
+LOCAL_MASTER_PORT_EXPR = "29500 + ${NGC_JOB_ID:-0} % 1000"
 CODE_FILES = ("*.py", "*.sh", "requirements*.txt")
 
 
@@ -76,23 +79,47 @@ def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path) -> s
     if not (request.kind == "stage" and resources.command):
         program = ["bash", f"{values['code']}/bootstrap.sh", *program]
     inner = shell_join(program)
-    if resources.launcher == "bcprun" and resources.replicas > 1:
-        return shell_join(["bcprun", "--nnodes", str(resources.replicas), "--npernode", str(resources.processes),
+    layout = request.rank_layout("bcp")
+    if resources.launcher == "bcprun" and layout.nodes > 1:
+        return shell_join(["bcprun", "--nnodes", str(layout.nodes), "--npernode", str(layout.per_node),
                            "-no_redirect", "--cmd", inner])
-    if resources.launcher == "bcprun" and resources.processes > 1:
-        return local_ranks(inner, resources.processes)
+    if resources.launcher == "bcprun" and layout.per_node > 1:
+        return local_ranks(inner, layout.per_node)
     return inner
 
 
 def local_ranks(inner: str, processes: int) -> str:
     """`inner` as `processes` ranks on this one node, started by the job's shell (no bcprun needed): each gets
-    RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE as bcprun would give them; the job exits with the first failing
-    rank's status, after every rank has ended (stage programs are idempotent: a rerun redoes only what is missing)."""
-    script = (f"pids=(); for rank in $(seq 0 {processes - 1}); do RANK=$rank WORLD_SIZE={processes} "
+    RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE as bcprun would give them, and MASTER_ADDR/MASTER_PORT on loopback
+    (all ranks share the node; without them a distributed program has no rendezvous); the job exits with the first
+    failing rank's status, after every rank has ended (stage programs are idempotent: a rerun redoes only what is
+    missing)."""
+    script = (f"export MASTER_ADDR=127.0.0.1 MASTER_PORT=$(({LOCAL_MASTER_PORT_EXPR})); "
+              f"pids=(); for rank in $(seq 0 {processes - 1}); do RANK=$rank WORLD_SIZE={processes} "
               f"LOCAL_RANK=$rank LOCAL_WORLD_SIZE={processes} {inner} & pids+=($!); done; status=0; "
               'for pid in "${pids[@]}"; do wait "$pid" || { code=$?; [ "$status" = 0 ] && status=$code; }; done; '
               'exit "$status"')
     return shell_join(["bash", "-c", script])
+
+
+def job_rendezvous(request: JobRequest) -> dict | None:
+    """Where the job's ranks meet, as `plan` shows it (None for one rank); it follows commandline()'s choice."""
+    res: BcpResources = request.resources("bcp")
+    layout = request.rank_layout("bcp")
+    if request.kind == "stage" and request.stage.nemo and not res.command:
+        from ..config.nemo import gpus_per_node
+
+        # The launcher starts one rank per GPU on each of the job's nodes, with its own torchrun rendezvous.
+        try:
+            layout = RankLayout(nodes=layout.nodes, per_node=gpus_per_node(request.stage, res.instance))
+        except ValueError as exc:
+            raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
+        return rendezvous(layout, "the NeMo launcher's own", "the NeMo launcher's own")
+    if request.kind == "stage" and (res.command or res.launcher == "none"):
+        return rendezvous(layout, "the command's own", "the command's own")
+    if layout.nodes > 1:  # bcprun's variables; a replica without them has NGC_MASTER_ADDR (stages/_common.py)
+        return rendezvous(layout, "set by bcprun (else NGC_MASTER_ADDR, launcher-svc-<job id>)", "set by bcprun")
+    return rendezvous(layout, "127.0.0.1", f"$(({LOCAL_MASTER_PORT_EXPR}))")
 
 
 def launcher_node_only(commandline: str) -> str:
@@ -117,6 +144,14 @@ def check_stage(stage: StageConfig) -> None:
         raise _stage_error(stage, f"stage {stage.name}: preempt RESTARTABLE is refused for a job with replicas > 1 "
                                   "(ngc allows only RUNONCE or RESUMABLE for multi-node jobs); set "
                                   f"`--set {stage.name}.bcp.preempt=RESUMABLE` (or RUNONCE)")
+    if res.launcher == "none" and res.replicas > 1 and not stage.nemo and not res.command:
+        # Without bcprun no replica gets RANK/WORLD_SIZE, and deriving them from NGC_ARRAY_INDEX is wrong in one
+        # of the two ways BCP may run the commandline: once on replica 0 only, rank 0 would wait for ranks that
+        # never start. So a stage program on several replicas always starts under bcprun (right under both).
+        raise _stage_error(stage, f"stage {stage.name}: launcher none with replicas > 1 runs {stage.program} with "
+                                  "no rank variables (RANK/WORLD_SIZE come from bcprun), so every replica would "
+                                  "take all items as rank 0 of 1, or only replica 0 would run; set "
+                                  f"`--set {stage.name}.bcp.launcher=bcprun`, or a `command` that starts its ranks")
     if res.array_type == "MPI" and res.replicas > 1 and res.launcher == "bcprun":
         raise _stage_error(stage, f"stage {stage.name}: array_type MPI is not supported: bcprun in an MPIJob gives "
                                   "its processes Open MPI's rank variables, not the RANK/WORLD_SIZE the stage "
@@ -171,7 +206,7 @@ def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path) -> JobS
         name=request.job_name, image=res.image, instance=res.instance, result=res.result,
         commandline=commandline(request, options, stages_dir),
         workspaces=tuple(f"{m.name}:{m.mount}:{m.mode}" for m in res.workspaces),
-        replicas=res.replicas, array_type=res.array_type if res.replicas > 1 else None,
+        replicas=(nodes := request.rank_layout("bcp").nodes), array_type=res.array_type if nodes > 1 else None,
         total_runtime=format_duration(parse_duration(res.total_runtime)) if res.total_runtime else None,
         min_timeslice=format_duration(parse_duration(res.min_timeslice)) if res.min_timeslice else None,
         preempt=res.preempt, priority=res.priority, order=res.order,

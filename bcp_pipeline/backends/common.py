@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.pipelines import substitute
+from ..config.resources import RankLayout
 from .contract import JobProgress, JobRequest
 
 LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
@@ -32,6 +33,15 @@ def placeholder_values(request: JobRequest, *, workspace: str, results: str, cod
 
 def resolved_env(request: JobRequest, backend: str, values: dict[str, str]) -> dict[str, str]:
     return {key: substitute(value, values) for key, value in request.resources(backend).env.items()}
+
+
+def rendezvous(layout: RankLayout, master_addr: str, master_port: str) -> dict[str, Any] | None:
+    """What `plan` shows of where a multi-rank job's ranks meet (None for one rank): the values, or how the job
+    derives them where only the running job knows them (a node name, a job id)."""
+    if layout.world_size == 1:
+        return None
+    return {"MASTER_ADDR": master_addr, "MASTER_PORT": master_port, "WORLD_SIZE": layout.world_size,
+            "nodes": layout.nodes, "per_node": layout.per_node}
 
 
 def parse_lines(text: str, kind: str) -> list[dict[str, Any]]:

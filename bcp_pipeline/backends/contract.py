@@ -13,6 +13,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..config.resources import RankLayout, rank_layout
+
 if TYPE_CHECKING:
     from ..config.pipelines import PipelineConfig, StageConfig
 
@@ -76,6 +78,10 @@ class JobRequest:
         source = self.pipeline.verification if self.kind == "verify" else self.stage
         return getattr(source, backend)
 
+    def rank_layout(self, backend: str) -> RankLayout:
+        """Nodes x processes per node on `backend` (config.resources.rank_layout, the one place they come from)."""
+        return rank_layout(self.pipeline.verification if self.kind == "verify" else self.stage, backend)
+
 
 @dataclass(kw_only=True)
 class Submission:
@@ -84,10 +90,14 @@ class Submission:
     request: JobRequest
     printable: str
     payload: dict[str, Any] = field(default_factory=dict)  # backend-specific, JSON-serialisable
+    # Where a job of several ranks meets (MASTER_ADDR, MASTER_PORT, WORLD_SIZE as the job will get them, in
+    # words where only the job knows the value); None for a job of one rank. `plan` prints it.
+    rendezvous: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
+        extra = {"rendezvous": self.rendezvous} if self.rendezvous is not None else {}
         return {"stage": self.request.stage.name, "kind": self.request.kind, "name": self.request.job_name,
-                "printable": self.printable, **self.payload}
+                "printable": self.printable, **self.payload, **extra}
 
 
 @dataclass(kw_only=True)

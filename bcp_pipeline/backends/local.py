@@ -21,10 +21,11 @@ from ..errors import SubmissionError
 from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission
 from ..procs import is_alive, process_start_ticks, signal_group
 from ..config.resources import LocalOptions
-from .common import last_lines, placeholder_values, progress_from_logs, read_tail, resolved_env, shell_join
-from .common import stage_command
+from .common import last_lines, placeholder_values, progress_from_logs, read_tail, rendezvous, resolved_env
+from .common import shell_join, stage_command
 
 CANCEL_MARKER = "cancel-requested"
+MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 20000  # a job's MASTER_PORT: BASE + crc32(run/job id) % SPAN
 STATE_MAP = {
     "queued": JobState.QUEUED,
     "running": JobState.RUNNING,
@@ -54,8 +55,8 @@ class LocalBackend(Backend):
                                   code=str(self.stages_dir), python=self.options.python or sys.executable)
 
     def sharding(self, request: JobRequest) -> dict[str, int]:
-        res = request.resources("local")
-        return {"replicas": res.replicas, "processes": res.processes}
+        layout = request.rank_layout("local")
+        return {"replicas": layout.nodes, "processes": layout.per_node}
 
     def render(self, request: JobRequest) -> Submission:
         values = self.values(request)
@@ -72,7 +73,11 @@ class LocalBackend(Backend):
                      f"{env_text} {shell_join(argv)}")
         payload = {"argv": argv, "env": env, **sharding,
                    "labels": {"run": request.run_id, "stage": request.stage.name, "kind": request.kind}}
-        return Submission(request=request, printable=printable, payload=payload)
+        # Every replica is a group of processes on this machine, so they all meet on loopback; the port is fixed
+        # at submit time (local_supervisor.rank_environment), when the job id it derives from exists.
+        meet = rendezvous(request.rank_layout("local"), "127.0.0.1",
+                          f"{MASTER_PORT_BASE} + crc32(RUN/JOB_ID) % {MASTER_PORT_SPAN}, fixed at submit")
+        return Submission(request=request, printable=printable, payload=payload, rendezvous=meet)
 
     # -- side effects ------------------------------------------------------------------------------------
     def submit(self, submission: Submission) -> str:
@@ -82,7 +87,8 @@ class LocalBackend(Backend):
         spec = {**submission.payload, "job_id": job_id, "cwd": str(self.workspace_dir),
                 "log_dir": str(self.run_dir / "logs" / job_id),
                 # A per-job port keeps concurrent local jobs from colliding if a program opens one.
-                "master_port": 20000 + zlib.crc32(f"{request.run_id}/{job_id}".encode()) % 20000}
+                "master_port": MASTER_PORT_BASE
+                + zlib.crc32(f"{request.run_id}/{job_id}".encode()) % MASTER_PORT_SPAN}
         atomic_write_json(job_dir / "spec.json", spec)
         with open(job_dir / "supervisor.log", "ab") as log:
             process = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local_supervisor", str(job_dir)],

@@ -23,7 +23,7 @@ from ..procs import run_command
 from ..config.resources import SlurmOptions
 from .common import last_lines, progress_from_logs, read_tail
 from .slurm_render import NEMO_SUFFIX, batch_script, job_name, nemo_job_name_prefix, nemo_launcher_script, paths_for
-from .slurm_render import shape
+from .slurm_render import job_rendezvous, nemo_rendezvous, shape
 
 # Every Slurm job state (squeue/sacct names). Unlisted ones map to UNKNOWN: "not finished", never "failed".
 STATE_MAP: dict[str, JobState] = {
@@ -106,10 +106,11 @@ class SlurmBackend(Backend):
             script = nemo_launcher_script(request, self.options, self.paths)
             printable = ("# runs on this machine: NeMo's launcher (cluster_type=bcm) writes and sbatch-es the "
                          f"training job {nemo_job_name_prefix(request)}{request.stage.nemo.run_name}\n{script}")
-            return Submission(request=request, printable=printable, payload={"submit_with": "nemo-launcher"})
+            return Submission(request=request, printable=printable, payload={"submit_with": "nemo-launcher"},
+                              rendezvous=nemo_rendezvous(request, self.options))
         return Submission(request=request, printable=batch_script(request, self.options, self.paths), payload={
             "submit_with": "sbatch", "job_name": job_name(request.run_id, request.stage.name, request.kind),
-            **self.sharding(request)})
+            **self.sharding(request)}, rendezvous=job_rendezvous(request))
 
     # -- side effects ------------------------------------------------------------------------------------
     def submit(self, submission: Submission) -> str:

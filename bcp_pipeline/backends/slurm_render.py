@@ -24,14 +24,18 @@ from pathlib import Path
 from ..config.durations import parse_duration
 from ..errors import SubmissionError
 from .contract import JobRequest
-from ..config.resources import SlurmOptions, SlurmResources
-from .common import placeholder_values, resolved_env, shell_join, stage_command
+from ..config.resources import RankLayout, SlurmOptions, SlurmResources
+from .common import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
 
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TASK_WRAPPER = ('export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID '
                 'LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE NODE_RANK=$SLURM_NODEID; exec "$@"')
 NEMO_SUFFIX = ".nemo."  # JOB_NAME.nemo.RUN_NAME: the name of the job the NeMo launcher submits
+# The batch script runs on the job's first node: its host name is the rendezvous address of every task, and the
+# port comes from the job id, so two jobs sharing a node do not collide (stages/_common.rendezvous falls back to the
+# same formula for tasks that lack the variable).
+MASTER_PORT_EXPR = "20000 + SLURM_JOB_ID % 20000"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,9 +80,9 @@ def slurm_time(duration: str) -> str:
 def shape(request: JobRequest, options: SlurmOptions) -> Shape:
     res: SlurmResources = request.resources("slurm")
     bcp = request.resources("bcp")
-    result = Shape(nodes=bcp.replicas if res.nodes is None else res.nodes,
-                   ntasks_per_node=bcp.processes if res.ntasks_per_node is None else res.ntasks_per_node,
-                   cpus_per_task=res.cpus_per_task, time=res.time or bcp.total_runtime,
+    layout = request.rank_layout("slurm")
+    result = Shape(nodes=layout.nodes, ntasks_per_node=layout.per_node, cpus_per_task=res.cpus_per_task,
+                   time=res.time or bcp.total_runtime,
                    partition=res.partition or options.partition, account=res.account or options.account)
     if min(result.nodes, result.ntasks_per_node, result.cpus_per_task) < 1:
         raise SubmissionError(f"{_where(request)}: slurm nodes, ntasks_per_node and cpus_per_task must be >= 1, got "
@@ -117,7 +121,7 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
             raise SubmissionError(f"{_where(request)}: slurm env name {key!r} is not a shell variable name")
     lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
     task = f"bash -c {shlex.quote(TASK_WRAPPER)} bcp-pipeline-task"
-    lines += ['export MASTER_ADDR="$(hostname)" MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"',
+    lines += [f'export MASTER_ADDR="$(hostname)" MASTER_PORT="$(({MASTER_PORT_EXPR}))"',
               'mkdir -p "$logs/$SLURM_JOB_ID"',
               "srun " + " \\\n  ".join([*srun_flags(res, paths), task, shell_join(program)]),
               "code=$?",
@@ -126,6 +130,12 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
               'mv -f "$logs/slurm-$SLURM_JOB_ID.exit.tmp" "$logs/slurm-$SLURM_JOB_ID.exit"',
               'exit "$code"']
     return "\n".join(lines) + "\n"
+
+
+def job_rendezvous(request: JobRequest) -> dict | None:
+    """Where the job's tasks meet, as `plan` shows it (None for one task)."""
+    return rendezvous(request.rank_layout("slurm"), "$(hostname) of the job's first node (the batch script)",
+                      f"$(({MASTER_PORT_EXPR}))")
 
 
 def sbatch_flags(request: JobRequest, size: Shape, paths: Paths) -> list[tuple[str, str]]:
@@ -161,6 +171,19 @@ def srun_flags(res: SlurmResources, paths: Paths) -> list[str]:
 def nemo_job_name_prefix(request: JobRequest) -> str:
     """The launcher names its job PREFIX + training.run.name: `RUN.STAGE.nemo.RUN_NAME`."""
     return job_name(request.run_id, request.stage.name, "stage") + NEMO_SUFFIX
+
+
+def nemo_rendezvous(request: JobRequest, options: SlurmOptions) -> dict | None:
+    """The NeMo launcher's job: one rank per GPU on each node, meeting through the launcher's own torchrun/srun."""
+    from ..config.nemo import gpus_per_node
+
+    res: SlurmResources = request.resources("slurm")
+    try:
+        gpus = res.gpus_per_node or gpus_per_node(request.stage, request.stage.bcp.instance)
+    except ValueError as exc:
+        raise SubmissionError(f"{_where(request)}: {exc}") from None
+    layout = RankLayout(nodes=shape(request, options).nodes, per_node=gpus)
+    return rendezvous(layout, "the NeMo launcher's own", "the NeMo launcher's own")
 
 
 def nemo_launcher_overrides(request: JobRequest, options: SlurmOptions, paths: Paths) -> list[str]:

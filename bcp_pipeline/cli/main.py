@@ -232,12 +232,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         needs = f" (after {', '.join(request.stage.needs)})" if request.kind == "stage" and request.stage.needs else ""
         description = substitute(request.stage.description, request.pipeline.vars)
         about = f": {description}" if request.kind == "stage" and description else ""
-        print(f"\n# {what}{request.stage.name}{needs}{about}\n{submission.printable}")
+        meet = f"\n{rendezvous_line(submission.rendezvous)}" if submission.rendezvous else ""
+        print(f"\n# {what}{request.stage.name}{needs}{about}{meet}\n{submission.printable}")
     print()
     print("\n".join(render_estimates(estimate)))
     if driver:
         print(driver_cost_line(config, pipeline, estimate))
     return 0
+
+
+def rendezvous_line(meet: dict) -> str:
+    """`# rendezvous: MASTER_ADDR=..., MASTER_PORT=..., WORLD_SIZE=N (NODES node(s) x PER_NODE)`."""
+    return (f"# rendezvous: MASTER_ADDR={meet['MASTER_ADDR']}, MASTER_PORT={meet['MASTER_PORT']}, "
+            f"WORLD_SIZE={meet['WORLD_SIZE']} ({meet['nodes']} node(s) x {meet['per_node']})")
 
 
 def driver_cost_line(config: Config, pipeline: PipelineConfig, estimate) -> str:

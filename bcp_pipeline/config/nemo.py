@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .pipelines import Continuation, PipelineConfig, StageConfig, substitute
 from .durations import format_clock, parse_duration
+from .resources import rank_layout
 
 
 @dataclass(frozen=True)
@@ -219,10 +220,10 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
     bcp = stage.bcp
     model_config(stage)
     if bcp.instance:
-        check_parallelism(stage, bcp.replicas, gpus_per_node(stage, bcp.instance), "bcp")
+        check_parallelism(stage, rank_layout(stage, "bcp").nodes, gpus_per_node(stage, bcp.instance), "bcp")
         time_limits(stage, bcp.total_runtime)
     if stage.slurm.nodes or stage.slurm.gpus_per_node:
-        nodes = stage.slurm.nodes or bcp.replicas
+        nodes = rank_layout(stage, "slurm").nodes
         gpus = stage.slurm.gpus_per_node or gpus_per_node(stage, bcp.instance)
         check_parallelism(stage, nodes, gpus, "slurm")
 

@@ -155,3 +155,34 @@ class SlurmOptions:
 
 
 OPTION_TYPES: dict[str, type] = {"bcp": BcpOptions, "local": LocalOptions, "slurm": SlurmOptions}
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """How a job's ranks are laid out on one backend: `nodes` x `per_node` processes, RANK 0..world_size-1."""
+
+    nodes: int
+    per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.per_node
+
+
+def rank_layout(sections: object, backend: str) -> RankLayout:
+    """The node and process counts of a job on `backend`, from a stage's (or the verification's) `bcp`, `local`
+    and `slurm` sections. The ONE place these counts come from: the local supervisor, the Slurm batch script, the
+    BCP job (`--replicas`, bcprun's `--nnodes/--npernode`), the recorded sharding, the rendezvous `plan` shows and
+    the estimates all call it, so they cannot disagree about a distributed stage's world size.
+
+    local: replicas x processes; bcp: replicas x processes; slurm: nodes x ntasks_per_node, each one unset taken
+    from the bcp section, so a pipeline written for BCP runs at the same shape on a Slurm cluster.
+    """
+    if backend == "slurm":
+        slurm, bcp = sections.slurm, sections.bcp  # type: ignore[attr-defined]
+        return RankLayout(nodes=bcp.replicas if slurm.nodes is None else slurm.nodes,
+                          per_node=bcp.processes if slurm.ntasks_per_node is None else slurm.ntasks_per_node)
+    if backend in ("local", "bcp"):
+        res = getattr(sections, backend)
+        return RankLayout(nodes=res.replicas, per_node=res.processes)
+    raise ValueError(f"no rank layout for backend {backend!r} (local, slurm, bcp)")

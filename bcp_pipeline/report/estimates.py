@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from ..config.pipelines import PipelineConfig, StageConfig, expected_count
 from ..config.durations import format_elapsed, parse_duration
 from ..config.nemo import KNOWN_SHAPES, ModelShape, model_config
-from ..config.resources import InstanceType
+from ..config.resources import InstanceType, rank_layout
 from ..engine.state import StageState
 
 A100_BF16_TFLOPS = 312.0  # NVIDIA A100 datasheet: BF16 Tensor Core, dense (624 with sparsity)
@@ -149,8 +149,9 @@ def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceTyp
 
 def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict[str, InstanceType]) -> StageEstimate:
     bcp = stage.bcp
+    layout = rank_layout(stage, "bcp")  # the job's shape as the BCP renderer makes it (one place for both)
     instance = instances.get(bcp.instance or "")
-    est = StageEstimate(stage=stage.name, instance=bcp.instance, nodes=bcp.replicas,
+    est = StageEstimate(stage=stage.name, instance=bcp.instance, nodes=layout.nodes,
                         gpus_per_node=instance.gpus if instance else 0)
     if instance is None:
         est.notes.append(f"instance {bcp.instance!r} is not known: declare it under backends.bcp.instances")
@@ -170,8 +171,8 @@ def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict
         if rate is None:
             est.notes.append("no download rate declared (estimates.download_mb_per_s_per_node)")
         elif est.bytes_in is not None:
-            est.seconds = est.bytes_in / (rate * 1e6 * bcp.replicas)
-            est.basis = f"{bcp.replicas} node(s) x {rate:g} MB/s (declared)"
+            est.seconds = est.bytes_in / (rate * 1e6 * layout.nodes)
+            est.basis = f"{layout.nodes} node(s) x {rate:g} MB/s (declared)"
     elif stage.program in DATA_PROGRAMS:
         _estimate_data(pipeline, stage, instance, est, size)
     else:
@@ -199,7 +200,7 @@ def _estimate_data(pipeline: PipelineConfig, stage: StageConfig, instance: Insta
     per_core = pipeline.estimates.per_core.get(stage.program, program.per_core)
     cores = cores_per_node(stage, program, instance)
     scale = 1e6 if program.unit == "MB/s" else 1.0
-    replicas = stage.bcp.replicas
+    replicas = rank_layout(stage, "bcp").nodes
     est.seconds = work / (per_core * scale * cores * replicas)
     source = "declared" if stage.program in pipeline.estimates.per_core else "benchmark"
     est.basis = f"{replicas} x {cores} cores x {short_number(per_core)} {program.unit} ({source})"
@@ -217,7 +218,7 @@ def cores_per_node(stage: StageConfig, program: Throughput, instance: InstanceTy
     threads = _threads(stage, program)
     if threads is None:
         return instance.cpu_cores
-    return max(1, min(stage.bcp.processes * threads, instance.cpu_cores))
+    return max(1, min(rank_layout(stage, "bcp").per_node * threads, instance.cpu_cores))
 
 
 def _threads(stage: StageConfig, program: Throughput) -> int | None:

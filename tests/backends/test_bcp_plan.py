@@ -73,7 +73,9 @@ def test_guide_numbers_reach_the_job_request(capsys):
     assert download["jobPriority"] == "NORMAL" and download["jobOrder"] == 50
     assert download["command"].startswith("bcprun --nnodes 2 --npernode 48 -no_redirect --cmd ")  # NVIDIA's spelling
     concat = ngc_parser.job_create_request(jobs[("concat", "stage")]["argv"])  # one node, 48 ranks: no bcprun
-    assert "replicaCount" not in concat and concat["command"].startswith("bash -c 'pids=(); for rank in $(seq 0 47)")
+    assert "replicaCount" not in concat and concat["command"].startswith(
+        "bash -c 'export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500 + ${NGC_JOB_ID:-0} % 1000)); pids=(); "
+        "for rank in $(seq 0 47)")  # its ranks meet on the node's loopback
     assert "bcprun" not in concat["command"]
     verify = ngc_parser.job_create_request(jobs[("download", "verify")]["argv"])
     assert verify["aceInstance"] == "dgxa100.80g.1.norm" and "replicaCount" not in verify
@@ -191,3 +193,58 @@ def test_one_node_ranks_start_without_bcprun(tmp_path):
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 5, done.stderr
     assert sorted(p.read_text() for p in tmp_path.glob("rank-*")) == [f"{r}/3/{r} {odd}\n" for r in range(3)]
+
+
+def plan_json(capsys, *args: str) -> dict:
+    return json.loads(plan(capsys, *args, "--json"))
+
+
+def test_plan_shows_each_backends_rendezvous_from_the_one_rank_layout(capsys):
+    """The node and process counts of a multi-rank stage come from config.resources.rank_layout on every backend:
+    the job itself (srun's/bcprun's counts, the supervisor's), the recorded sharding, the rendezvous `plan` shows
+    and the estimates agree, and a one-rank job shows no rendezvous."""
+    sets = ["--set", "download.slurm.nodes=2", "--set", "download.bcp.replicas=3", "--set", "concat.bcp.processes=2"]
+    local, slurm, bcp = (plan_json(capsys, "demo", "--backend", name, *sets) for name in ("local", "slurm", "bcp"))
+    jobs = {name: {(j["stage"], j["kind"]): j for j in plan["jobs"]}
+            for name, plan in (("local", local), ("slurm", slurm), ("bcp", bcp))}
+    download = {name: by_stage[("download", "stage")] for name, by_stage in jobs.items()}
+    assert download["local"]["rendezvous"] == {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": 4, "nodes": 2,
+                                               "per_node": 2, "MASTER_PORT": download["local"]["rendezvous"]
+                                               ["MASTER_PORT"]}
+    assert (download["local"]["replicas"], download["local"]["processes"]) == (2, 2)
+    slurm_meet = download["slurm"]["rendezvous"]
+    assert (slurm_meet["WORLD_SIZE"], slurm_meet["nodes"], slurm_meet["per_node"]) == (8, 2, 4)
+    assert slurm_meet["MASTER_PORT"] == "$((20000 + SLURM_JOB_ID % 20000))"
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4\n" in download["slurm"]["printable"]
+    assert 'export MASTER_ADDR="$(hostname)" MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"' in \
+        download["slurm"]["printable"]
+    assert (download["slurm"]["replicas"], download["slurm"]["processes"]) == (2, 4)
+    bcp_meet = download["bcp"]["rendezvous"]
+    assert (bcp_meet["WORLD_SIZE"], bcp_meet["nodes"], bcp_meet["per_node"]) == (6, 3, 2)
+    assert download["bcp"]["spec"]["replicas"] == 3 and "bcprun --nnodes 3 --npernode 2 " in \
+        download["bcp"]["spec"]["commandline"]
+    assert {s["stage"]: s["nodes"] for s in bcp["estimates"]["stages"]}["download"] == 3
+    # One replica x 2 processes on BCP: the job's shell starts them, meeting on loopback.
+    assert jobs["bcp"][("concat", "stage")]["rendezvous"]["MASTER_ADDR"] == "127.0.0.1"
+    for name, by_stage in jobs.items():  # one-rank jobs: no rendezvous
+        assert "rendezvous" not in by_stage[("sample", "stage")] and "rendezvous" not in by_stage[("download",
+                                                                                                 "verify")], name
+    text = plan(capsys, "demo", "--backend", "slurm", *sets)
+    assert ("# stage download (after sample)\n# rendezvous: MASTER_ADDR=$(hostname) of the job's first node (the "
+            "batch script), MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)), WORLD_SIZE=8 (2 node(s) x 4)\n#!/bin/bash"
+            ) in text
+
+
+def test_a_stage_program_on_several_replicas_without_bcprun_is_refused(tmp_path, capsys):
+    """`launcher: none` runs the commandline with no RANK/WORLD_SIZE: every replica would take all items as rank 0
+    of 1 (or, if BCP runs the commandline on replica 0 only, just one would run). A NeMo stage starts its own."""
+    config = tmp_path / "pipelines.yaml"
+    config.write_text((REPO / "pipelines.yaml").read_text().replace(
+        "stages_dir: stages\n", f"stages_dir: {REPO / 'stages'}\n", 1))
+    args = ["plan", "slimpajama-126m", "--backend", "bcp", "--config", str(config)]
+    assert main([*args, "--set", "download.bcp.launcher=none"]) == 2
+    error = capsys.readouterr().err
+    assert "stage download: launcher none with replicas > 1 runs download.py with no rank variables" in error
+    assert "`--set download.bcp.launcher=bcprun`" in error and "download.bcp" in error
+    assert main([*args, "--set", "download.bcp.replicas=1", "--set", "download.bcp.launcher=none"]) == 0
+    assert main(args) == 0  # its pretrain stage (NeMo) has launcher: none on 4 replicas
