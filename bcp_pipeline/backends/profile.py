@@ -18,11 +18,11 @@ from ..errors import StateError
 
 CHECKS_FOLDER = "checks"
 PROFILE_VERSION = 1
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def profile_key(*parts: str) -> str:
-    """`org-ace`, `slurm-cluster`, `local-host`: each part made safe for a file name (no `/`, no `-` inside)."""
+    """`org-ace`, `slurm-cluster`, `local-host`: each part made safe for a file name (no `/`, no spaces)."""
     return "-".join(_UNSAFE.sub("_", part).strip("_") or "_" for part in parts)
 
 

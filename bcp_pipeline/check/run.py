@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backends.profile import profile_key, save_profile
@@ -23,6 +23,7 @@ class CheckRequest:
     backend: str | None = None
     jobs: bool = True
     detach: bool = False
+    overrides: list[str] = field(default_factory=list)  # --set, as `run` takes them
 
 
 def backend_for(config: Config, request: CheckRequest) -> str:
@@ -37,7 +38,9 @@ def run_check(request: CheckRequest, environ: Mapping[str, str],
               announce: Callable[[str], None] = lambda line: None) -> tuple[CheckResult, Path]:
     """Every check of the backend; the result, and where its profile was saved (atomically). `announce` hears
     what a probe job costs before it is submitted."""
-    config = load_and_check(request.config_file, pipeline=request.pipeline)
+    if request.overrides and not request.pipeline:
+        raise ConfigError("--set needs a pipeline: `bcp-pipeline check PIPELINE --set STAGE.KEY=VALUE`")
+    config = load_and_check(request.config_file, overrides=request.overrides, pipeline=request.pipeline)
     backend = backend_for(config, request)
     ctx = CheckContext(config=config, pipeline=config.pipeline(request.pipeline) if request.pipeline else None,
                        backend_name=backend, state_root=request.state_root, environ=environ, jobs=request.jobs,

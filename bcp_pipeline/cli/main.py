@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-jobs", dest="jobs", action="store_false",
                        help="submit no probe job: only look-ups (free)")
     check.add_argument("--detach", action="store_true", help="BCP: also judge the ACE for `run --detach`'s driver")
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.KEY=VALUE",
+                       help="check the pipeline as `run --set` would run it")
     return parser
 
 
@@ -413,7 +415,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Thin: the checks live in bcp_pipeline/check/; exit 1 when a row is `different`."""
     request = CheckRequest(config_file=config_file(args), state_root=run_store(args).root, pipeline=args.pipeline,
-                           backend=args.backend, jobs=args.jobs, detach=args.detach)
+                           backend=args.backend, jobs=args.jobs, detach=args.detach, overrides=args.overrides)
     try:
         result, path = run_check(request, os.environ, announce=lambda line: print(f"# {line}", flush=True)
                                  if not args.json else None)

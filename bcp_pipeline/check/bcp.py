@@ -1,0 +1,255 @@
+"""Checks of a Base Command Platform org and ACE without submitting anything (`--no-jobs`): a few look-ups through
+the configured transport (NVIDIA's ngc CLI or ngcsdk).
+
+Credentials and the key's org; the team; the ACE and every instance the pipeline's jobs use (multi-node where
+replicas > 1); the ACE's limits against every job; each image; each workspace; the secrets the jobs name (names and
+key names only); the client's version. A look-up that fails for a reason other than "not there" is "could not
+check", with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..backends import bcp_lookups as lookups
+from ..backends.bcp_render import JobSpec
+from ..backends.bcp_transport import CONFIG_HINT, SDK_VERSION, Transport, make_transport, read_ngc_config
+from ..errors import BackendCallError, PipelineError
+from .context import CheckContext, job_label
+from .result import Row, different, ok, unchecked
+
+NOT_FOUND = re.compile(r"\b404\b|not found|could not be found|does not exist", re.I)
+REFUSED = re.compile(r"\b40[13]\b|invalid api ?key|unauthori[sz]ed|forbidden|invalid org|doesn't match organization",
+                     re.I)
+VERSION = re.compile(r"\b\d+\.\d+\.\d+\b")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedBcpJob:
+    label: str  # `stage X`, `stage X (verification)`, `the driver (--detach)`
+    spec: JobSpec
+
+
+@dataclass(kw_only=True)
+class Account:
+    org: str
+    team: str | None
+    ace: str
+
+
+def account(ctx: CheckContext) -> Account:
+    """org/team/ACE as the backend resolves them: pipelines.yaml, else NGC_CLI_*, else ngc's config file."""
+    options = ctx.config.options["bcp"]
+    saved = read_ngc_config(dict(ctx.environ))
+    pick = lambda own, env, key: own or ctx.environ.get(env) or saved.get(key) or None  # noqa: E731
+    return Account(org=pick(options.org, "NGC_CLI_ORG", "org") or "(no org)",
+                   team=pick(options.team, "NGC_CLI_TEAM", "team"),
+                   ace=pick(options.ace, "NGC_CLI_ACE", "ace") or "(no ACE)")
+
+
+def planned_jobs(ctx: CheckContext) -> list[PlannedBcpJob]:
+    jobs = [PlannedBcpJob(label=job_label(s), spec=JobSpec(**s.payload["spec"])) for s in ctx.submissions()]
+    if ctx.detach and ctx.pipeline is not None:
+        from ..detach.jobs import driver_spec
+
+        jobs.append(PlannedBcpJob(label="the driver (--detach)",
+                                  spec=driver_spec(ctx.config, ctx.pipeline, "CHECK", ctx.environ)))
+    return jobs
+
+
+def check_bcp(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, list[str]]:
+    who = account(ctx)
+    target = {"org": who.org, "ace": who.ace, **({"team": who.team} if who.team else {})}
+    transport = make_transport(ctx.config.options["bcp"])
+    jobs = planned_jobs(ctx)
+    rows: list[Row] = [credentials_row(transport, who)]
+    if rows[0].verdict.value == "different" and REFUSED.search(rows[0].showed):
+        return target, rows, {}, []  # every other call would be refused the same way
+    rows.append(team_row(transport, who))
+    ace_row_, ace_data = ace_row(transport, who)
+    rows.append(ace_row_)
+    facts: dict = {"transport": transport.name}
+    if ace_data is not None:
+        rows.append(instances_row(ace_data, jobs))
+        facts.update(ace_facts(ace_data))
+    rows += [image_row(transport, jobs), workspace_row(transport, jobs), secrets_row(transport, jobs),
+             version_row(transport)]
+    if ctx.jobs:
+        rows.append(unchecked("probe job", "the commandline, bcprun, the replicas' environment and the workspace "
+                              "mount behave as the backend renders for them",
+                              "probe jobs on BCP are not built yet: only the look-ups ran",
+                              "until then the backend keeps its safe defaults"))
+    return target, [r for r in rows if r is not None], facts, []
+
+
+MASKED_KEY = re.compile(r"\s*Using API key: '[^']*'[^.]*\.?", re.I)  # ngcsdk shows the key's last characters
+
+
+def _reason(exc: BaseException) -> str:
+    """The error in one line, without the transport's generic hint about ngc's settings and without any part of
+    the key (the row is saved in the profile)."""
+    return " ".join(MASKED_KEY.sub("", str(exc).replace(CONFIG_HINT, "")).split())[:300]
+
+
+def credentials_row(transport: Transport, who: Account) -> Row:
+    assumes = f"the API key is accepted and may act in org {who.org}"
+    try:
+        user = lookups.who(transport).get("user") or {}
+    except BackendCallError as exc:
+        if REFUSED.search(str(exc)):  # ngcsdk refuses an org the key has no role in before any call
+            return different("credentials", assumes, f"refused: {_reason(exc)}",
+                             "set a key of that org (NGC_CLI_API_KEY or `ngc config set`), or set backends.bcp.org "
+                             "(or NGC_CLI_ORG) to the key's org; nothing else can be checked")
+        return unchecked("credentials", assumes, f"`user who` failed: {_reason(exc)}")
+    orgs = sorted({str((r.get("org") or {}).get("name")) for r in user.get("roles") or [] if isinstance(r, dict)})
+    showed = f"key of user {user.get('name', '?')}; its orgs: {', '.join(orgs) or 'none listed'}"
+    if who.org in orgs:
+        return ok("credentials", assumes, showed)
+    return different("credentials", assumes, showed,
+                     f"every call in org {who.org} would be refused: set backends.bcp.org (or NGC_CLI_ORG) to one of "
+                     f"{', '.join(orgs) or 'the key’s orgs'}, or use a key of {who.org}")
+
+
+def team_row(transport: Transport, who: Account) -> Row:
+    assumes = "jobs run in the configured team (or in the org, with no team)"
+    if not who.team:
+        return ok("team", assumes, "no team configured: jobs run in the org")
+    try:
+        user = lookups.who(transport).get("user") or {}
+    except BackendCallError as exc:
+        return unchecked("team", assumes, f"`user who` failed: {_reason(exc)}")
+    teams = sorted({str((r.get("team") or {}).get("name")) for r in user.get("roles") or []
+                    if isinstance(r, dict) and isinstance(r.get("team"), dict)})
+    if who.team in teams:
+        return ok("team", assumes, f"team {who.team} is among the key's teams")
+    return different("team", assumes, f"team {who.team}; the key's roles name teams: {', '.join(teams) or 'none'}",
+                     "jobs and workspaces of that team may be refused: set backends.bcp.team to one of those, "
+                     "or leave it unset")
+
+
+def ace_row(transport: Transport, who: Account) -> tuple[Row, dict | None]:
+    assumes = f"ACE {who.ace} exists in org {who.org} and this key may use it"
+    try:
+        data = lookups.ace(transport, who.ace)
+    except BackendCallError as exc:
+        verdict = different if NOT_FOUND.search(str(exc)) or REFUSED.search(str(exc)) else None
+        if verdict:
+            return different("ace", assumes, _reason(exc), "set backends.bcp.ace (or NGC_CLI_ACE) to an ACE of "
+                             "the org: `ngc base-command ace list`"), None
+        return unchecked("ace", assumes, f"`ace info` failed: {_reason(exc)}"), None
+    ace = data.get("ace") if isinstance(data.get("ace"), dict) else data
+    instances = [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]
+    return ok("ace", assumes, f"ACE {ace.get('name', who.ace)}: {len(instances)} instance type(s)"), ace
+
+
+def ace_facts(ace: dict) -> dict:
+    """What the backend may adapt to (backends/profile.py): the ACE's limits as it states them."""
+    keys = ("maxRuntimeSeconds", "maxActiveJobsPerUser", "maxAllowedReplicas", "terminationGracePeriodSeconds")
+    return {"ace": {key: ace.get(key) for key in keys if key in ace},
+            "ace_instances": [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]}
+
+
+def instances_row(ace: dict, jobs: list[PlannedBcpJob]) -> Row | None:
+    if not jobs:
+        return None
+    offered = {str(i.get("name")): i for i in ace.get("instances") or [] if isinstance(i, dict)}
+    assumes = "every job's instance is in the ACE, and allows multi-node where replicas > 1"
+    problems = []
+    for job in jobs:
+        instance = offered.get(job.spec.instance)
+        if instance is None:
+            problems.append(f"{job.label}: {job.spec.instance} is not in the ACE")
+        elif job.spec.replicas > 1 and instance.get("allowMultinode") is False:
+            problems.append(f"{job.label}: {job.spec.replicas} replicas, but {job.spec.instance} allows one")
+    used = sorted({job.spec.instance for job in jobs})
+    if problems:
+        return different("instances", assumes, "; ".join(problems) + f" (the ACE offers: {', '.join(offered)})",
+                         "those jobs are refused at submission: --set STAGE.bcp.instance=... to one the ACE offers "
+                         "(or replicas=1)")
+    return ok("instances", assumes, f"{', '.join(used)}: all in the ACE")
+
+
+def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
+    images = sorted({job.spec.image for job in jobs})
+    if not images:
+        return None
+    assumes = "every job's image exists in the registry and this key may pull it"
+    found, missing, unknown = [], [], []
+    for name in images:
+        try:
+            info = lookups.image(transport, name)
+            size = info.get("size")
+            found.append(name + (f" ({int(size) / 1e9:.1f} GB)" if isinstance(size, (int, float)) else ""))
+        except BackendCallError as exc:
+            (missing if NOT_FOUND.search(str(exc)) or REFUSED.search(str(exc)) else unknown).append(
+                f"{name}: {_reason(exc)}")
+    if missing:
+        return different("image", assumes, "; ".join(missing + found), "jobs with it fail to start: fix the stage's "
+                         "bcp.image, or ask the image's owner for access")
+    if unknown:
+        return unchecked("image", assumes, "; ".join(unknown + found), "`ngc registry image info` could not answer")
+    return ok("image", assumes, "; ".join(found))
+
+
+def workspace_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
+    names = sorted({mount.split(":")[0] for job in jobs for mount in job.spec.workspaces})
+    if not names:
+        return None
+    assumes = "every workspace the jobs mount exists (size shown; the quota is not in `workspace info`)"
+    shown, missing, unknown = [], [], []
+    for name in names:
+        try:
+            info = lookups.workspace(transport, name)
+            info = info.get("workspace", info) if isinstance(info.get("workspace"), dict) else info
+            size = info.get("sizeInBytes")
+            shown.append(f"{name}: {int(size) / 1e9:,.1f} GB used" if isinstance(size, (int, float)) else name)
+        except BackendCallError as exc:
+            (missing if NOT_FOUND.search(str(exc)) else unknown).append(f"{name}: {_reason(exc)}")
+    if missing:
+        return different("workspace", assumes, "; ".join(missing + shown),
+                         "create it before the first run: `ngc workspace create --name NAME`")
+    if unknown:
+        return unchecked("workspace", assumes, "; ".join(unknown + shown))
+    return ok("workspace", assumes, "; ".join(shown))
+
+
+def secrets_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
+    wanted = sorted({secret for job in jobs for secret in job.spec.secrets})
+    if not wanted:
+        return None
+    assumes = "every secret the jobs name exists, with the key they take (names only, never values)"
+    try:
+        have = lookups.secret_keys(transport)
+    except BackendCallError as exc:
+        return unchecked("secrets", assumes, f"`user secret list` failed: {_reason(exc)}")
+    problems = []
+    for secret in wanted:
+        name, _, rest = secret.partition(":")
+        key = rest.split(":")[0] if rest else None
+        if name not in have:
+            problems.append(f"secret {name} does not exist")
+        elif key and key not in have[name]:
+            problems.append(f"secret {name} has no key {key} (it has: {', '.join(have[name]) or 'none'})")
+    names = ", ".join(sorted({s.split(':')[0] for s in wanted}))
+    if problems:
+        return different("secrets", assumes, "; ".join(problems), "`job run` refuses those jobs: create them with "
+                         "`ngc user secret create NAME --pair KEY:VALUE`")
+    return ok("secrets", assumes, f"{names}: present")
+
+
+def version_row(transport: Transport) -> Row:
+    """ngcsdk: the one version the backend was built against. The CLI: its version is shown (the look-ups above
+    already proved it has base-command); an answer without a version number is not recognised."""
+    if transport.name == "sdk":
+        assumes = f"ngcsdk {SDK_VERSION}, the last with Base Command, whose requests the backend was built on"
+    else:
+        assumes = "NVIDIA's ngc CLI with base-command (its version is recorded)"
+    try:
+        version = lookups.client_version(transport)
+    except (BackendCallError, PipelineError) as exc:
+        return unchecked("client version", assumes, f"`ngc version info`: {_reason(exc)}"[:300])
+    if version == f"ngcsdk {SDK_VERSION}" or (transport.name == "cli" and VERSION.search(version)):
+        return ok("client version", assumes, version)
+    return different("client version", assumes, version, f"untested with this client: if calls fail, use ngcsdk "
+                     f"{SDK_VERSION} (backends.bcp.transport: sdk)")
