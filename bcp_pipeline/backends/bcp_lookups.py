@@ -73,3 +73,16 @@ def _as_dict(value: Any) -> dict[str, Any]:
     if hasattr(value, "toDict"):
         return value.toDict()
     return value if isinstance(value, dict) else {}
+
+
+def job_history(transport: Transport, job_id: str) -> list[str]:
+    """The statuses a job went through, oldest first (`job info`'s jobStatusHistory)."""
+    if isinstance(transport, CliTransport):
+        data = _cli(transport, ["base-command", "job", "info", job_id])
+        history = data.get("jobStatusHistory") if isinstance(data, dict) else None
+    else:
+        _job, history = transport._call("basecommand.jobs.info", lambda c: c.basecommand.jobs.info(int(job_id)))
+        history = [_as_dict(item) for item in history or []]
+    items = [item for item in history or [] if isinstance(item, dict)]
+    items.sort(key=lambda item: item.get("timestamp") or 0)
+    return [str(item.get("status")) for item in items]

@@ -75,12 +75,16 @@ def check_bcp(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, list[
         facts.update(ace_facts(ace_data))
     rows += [image_row(transport, jobs), workspace_row(transport, jobs), secrets_row(transport, jobs),
              version_row(transport)]
-    if ctx.jobs:
-        rows.append(unchecked("probe job", "the commandline, bcprun, the replicas' environment and the workspace "
-                              "mount behave as the backend renders for them",
-                              "probe jobs on BCP are not built yet: only the look-ups ran",
-                              "until then the backend keeps its safe defaults"))
-    return target, [r for r in rows if r is not None], facts, []
+    notes = []
+    if ctx.jobs and ace_data is not None:
+        from .bcp_probe import run_probes
+
+        probe_rows, probe_facts = run_probes(ctx, transport, ace_data, notes)
+        rows += probe_rows
+        facts.update(probe_facts)
+    elif ctx.jobs:
+        rows.append(unchecked("probe job", "a probe job shows how jobs run here", "no ACE to run it in (above)"))
+    return target, [r for r in rows if r is not None], facts, notes
 
 
 MASKED_KEY = re.compile(r"\s*Using API key: '[^']*'[^.]*\.?", re.I)  # ngcsdk shows the key's last characters

@@ -12,7 +12,6 @@ import json
 import re
 import secrets
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from ..backends.slurm_render import paths_for, shape
 from ..config.durations import parse_duration
 from ..errors import CommandError
 from ..procs import run_command
+from .cleanup import always_cleaned_up
 from .context import CheckContext, job_label
 from .local import PROBE, MIN_STAGE_PYTHON, module_names
 from .result import Row, different, ok, unchecked
@@ -221,24 +221,16 @@ class _Job:
 
 @contextmanager
 def cancelled_at_exit(name: str) -> Iterator[_Job]:
-    """Whatever ends the block (an answer, an error, Ctrl-C, SIGTERM), the job named `name` is cancelled: by id
-    where sbatch answered, and by name too, for the case where the interrupt came before its answer."""
+    """Whatever ends the block, the job named `name` is cancelled: by id where sbatch answered, and by name too,
+    for the case where the interrupt came before its answer."""
     job = _Job()
-    previous = signal.getsignal(signal.SIGTERM)
 
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+    def cancel() -> None:
+        for argv in ([["scancel", job.id]] if job.id else []) + [["scancel", f"--name={name}"]]:
+            subprocess.run(argv, capture_output=True, timeout=60, check=False)
 
-    signal.signal(signal.SIGTERM, on_term)
-    try:
+    with always_cleaned_up(cancel):
         yield job
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the clean-up short
-        try:
-            for argv in ([["scancel", job.id]] if job.id else []) + [["scancel", f"--name={name}"]]:
-                subprocess.run(argv, capture_output=True, timeout=60, check=False)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def wait_gone(job_id: str, timeout: float) -> bool:
