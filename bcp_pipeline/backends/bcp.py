@@ -13,6 +13,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from ..atomic import atomic_write_json
@@ -21,7 +22,8 @@ from ..errors import BackendCallError
 from .contract import Backend, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
 from ..config.resources import BcpOptions
 from .bcp_render import UPLOAD_EXCLUDES, JobSpec, code_destination, job_run_argv, job_spec, label, upload_argv
-from .bcp_transport import Transport, make_transport
+from .bcp_transport import Transport, make_transport, read_ngc_config
+from .profile import profile_key
 from .common import last_lines, shell_join
 
 # All 25 BCP job statuses (ngc-cli.md). PREEMPTED waits for `job resume`; unknown ones are "not finished".
@@ -59,7 +61,8 @@ class BcpBackend(Backend):
     name = "bcp"
 
     def __init__(self, options: BcpOptions, *, pipeline: PipelineConfig, config_dir: Path, stages_dir: Path,
-                 run_dir: Path, workspace_name: str, mounted_workspace: Path | None = None) -> None:
+                 run_dir: Path, workspace_name: str, mounted_workspace: Path | None = None,
+                 profile: dict[str, Any] | None = None) -> None:
         self.options = options
         self.pipeline = pipeline
         self.stages_dir = stages_dir
@@ -71,6 +74,8 @@ class BcpBackend(Backend):
         self.mounted_workspace = mounted_workspace  # where the workspace is mounted when the orchestrator runs in
         # a BCP job itself (the detached driver): stages/ is then copied in, not uploaded
         self._transport: Transport | None = None
+        self.profile = profile  # what `check` found about this org/ACE (backends/profile.py); None: never checked
+        self.has_profile = profile is not None
 
     @property
     def transport(self) -> Transport:
@@ -164,6 +169,24 @@ class BcpBackend(Backend):
             lines.append(f"(job log unavailable: {exc})")
         return "\n".join(lines)
 
+    def refusals(self, submissions: list[Submission]) -> list[str]:
+        """Jobs rendered under `bcprun` where the profile found none (in any job, or in one-replica jobs)."""
+        bcprun = ((self.profile or {}).get("facts", {}).get("probe") or {}).get("bcprun") or {}
+        where = f"the check of {self.profile.get('key')} ({_when(self.profile)})" if self.profile else ""
+        found = []
+        for submission in submissions:
+            spec = submission.payload.get("spec") or {}
+            if not str(spec.get("commandline", "")).startswith("bcprun "):
+                continue
+            job = f"stage {submission.request.stage.name}" + (" (verification)" if submission.request.kind ==
+                                                              "verify" else "")
+            if bcprun.get("present") is False:
+                found.append(f"{job} starts under bcprun, which {where} found missing in jobs here")
+            elif spec.get("replicas") == 1 and bcprun.get("in_single_replica_jobs") is False:
+                found.append(f"{job} starts under bcprun with one replica, and {where} found no bcprun in "
+                             "one-replica jobs")
+        return found
+
     def job_url(self, job_id: str) -> str | None:
         if not self.options.ui_url:
             return None
@@ -205,3 +228,22 @@ def status_of(job: dict[str, Any]) -> JobStatus:
 def _indent(text: str) -> str:
     return "\n".join(f"    {line}" for line in text.splitlines())
 
+
+
+def _when(profile: dict[str, Any]) -> str:
+    checked = profile.get("checked_at")
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(checked)) if isinstance(checked, (int, float)) else "?"
+
+
+def account_of(options: BcpOptions, environ: Mapping[str, str]) -> tuple[str | None, str | None, str | None]:
+    """org, team, ACE as jobs get them: pipelines.yaml, else NGC_CLI_ORG/TEAM/ACE, else ngc's config file."""
+    saved = read_ngc_config(dict(environ))
+    return (options.org or environ.get("NGC_CLI_ORG") or saved.get("org") or None,
+            options.team or environ.get("NGC_CLI_TEAM") or saved.get("team") or None,
+            options.ace or environ.get("NGC_CLI_ACE") or saved.get("ace") or None)
+
+
+def profile_key_of(options: BcpOptions, environ: Mapping[str, str]) -> str | None:
+    """The name of the `check` profile for this org/ACE; None where either is not configured."""
+    org, _team, ace = account_of(options, environ)
+    return profile_key(org, ace) if org and ace else None

@@ -166,3 +166,10 @@ class Backend(abc.ABC):
 
     def job_url(self, job_id: str) -> str | None:
         return None
+
+    has_profile: bool = False  # a saved `check` profile of this service was found (backends/profile.py)
+
+    def refusals(self, submissions: list[Submission]) -> list[str]:
+        """Jobs that what `bcp-pipeline check` found about this service says cannot work, each named with the
+        difference; [] without a profile. Checked before a run is recorded."""
+        return []

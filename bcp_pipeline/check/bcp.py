@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from ..backends import bcp_lookups as lookups
 from ..backends.bcp_render import JobSpec
-from ..backends.bcp_transport import CONFIG_HINT, SDK_VERSION, Transport, make_transport, read_ngc_config
+from ..backends.bcp import account_of
+from ..backends.bcp_transport import CONFIG_HINT, SDK_VERSION, Transport, make_transport
 from ..errors import BackendCallError, PipelineError
 from .context import CheckContext, job_label
 from .result import Row, different, ok, unchecked
@@ -39,13 +40,9 @@ class Account:
 
 
 def account(ctx: CheckContext) -> Account:
-    """org/team/ACE as the backend resolves them: pipelines.yaml, else NGC_CLI_*, else ngc's config file."""
-    options = ctx.config.options["bcp"]
-    saved = read_ngc_config(dict(ctx.environ))
-    pick = lambda own, env, key: own or ctx.environ.get(env) or saved.get(key) or None  # noqa: E731
-    return Account(org=pick(options.org, "NGC_CLI_ORG", "org") or "(no org)",
-                   team=pick(options.team, "NGC_CLI_TEAM", "team"),
-                   ace=pick(options.ace, "NGC_CLI_ACE", "ace") or "(no ACE)")
+    """org/team/ACE as the backend resolves them (backends/bcp.py: pipelines.yaml, NGC_CLI_*, ngc's config)."""
+    org, team, ace = account_of(ctx.config.options["bcp"], ctx.environ)
+    return Account(org=org or "(no org)", team=team, ace=ace or "(no ACE)")
 
 
 def planned_jobs(ctx: CheckContext) -> list[PlannedBcpJob]:

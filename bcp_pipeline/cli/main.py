@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
+from ..backends.bcp import profile_key_of
 from ..backends.bcp_render import job_run_argv, upload_argv
+from ..backends.profile import load_profile
 from ..backends.common import shell_join
 from ..backends.contract import Backend
 from ..backends.registry import BACKENDS, make_backend
@@ -166,10 +168,22 @@ def cmd_run(args: argparse.Namespace) -> int:
                          overrides=args.overrides, from_stage=args.from_stage, only=args.only, restart=args.restart,
                          detach=args.detach)
     chosen = choose_run(request, run_store(args))
+    suggest_check(chosen)
     if chosen.continued:
         print(f"continuing run {chosen.state.run_id} (its last state: {_first_unfinished(chosen.state)}); "
               "pass --restart to start over")
     return detach(chosen) if args.detach else drive(chosen)
+
+
+def suggest_check(chosen: ChosenRun) -> None:
+    """On BCP, a first run against an org/ACE that `check` never looked at: say what a few minutes would settle."""
+    if chosen.state.backend != "bcp":
+        return
+    key = profile_key_of(chosen.config.options["bcp"], os.environ)
+    if key and load_profile(chosen.store.root, key) is None:
+        print(f"note: no `check` profile for {key} yet: `bcp-pipeline check {chosen.pipeline.name}` settles, on the "
+              "smallest instance in a few minutes, what this run assumes about your ACE (bcprun, ranks, limits); "
+              "running with the safe defaults", file=sys.stderr)
 
 
 def detach(chosen: ChosenRun) -> int:
@@ -231,6 +245,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s); nothing is submitted.")
     print(f"# {run_id} stands for the run id a real run gets.")
+    profile = getattr(backend, "profile", None)
+    if profile:
+        print(f"# rendered with what `bcp-pipeline check` found for {profile.get('key')} "
+              f"(.bcp-pipeline/checks/{profile.get('key')}.json)")
     if driver:
         print(f"\n# --detach: upload the orchestrator, stages/ and the config for the driver\n{driver['upload']}")
         print(f"\n# --detach: the driver job, which submits everything below from inside BCP\n{driver['printable']}")
