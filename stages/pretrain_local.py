@@ -12,16 +12,23 @@ Checkpoints and resume (NeMo's `resume_if_exists` semantics):
   `--keep-checkpoints` are kept. A kill between those renames can leave two `-last` files: the highest step
   wins, and the next save repairs the names.
 * Rerunning with the same `--run-name` continues from the highest-step checkpoint: model, optimizer, RNG state,
-  loss history and data position (sample `step * micro_batch_size` of a fixed, seeded sample order), so an
-  interrupted and resumed run ends with the same step count, and on the same machine and thread count the same
-  weights bit for bit (`weights_sha256` in the summary), as an uninterrupted one. Model shape, sequence length,
-  micro batch, seed and data list must match the checkpoint; `--steps` may grow (the sample order is then rebuilt
-  for the new length, as NeMo's is when max_steps changes).
+  loss history and data position (sample `step * global_batch_size` of a fixed, seeded sample order), so an
+  interrupted and resumed run ends with the same step count, and on the same machine, world size and thread count
+  the same weights bit for bit (`weights_sha256` in the summary), as an uninterrupted one. Model shape, sequence
+  length, global batch, seed and data list must match the checkpoint; `--steps` may grow (the sample order is then
+  rebuilt for the new length, as NeMo's is when max_steps changes); the number of ranks may change.
 * `<results>/<run-name>/train_summary.json` is written (atomically) when `--steps` are done; exit 0 only then.
   SIGTERM/SIGINT finish the current step, save a checkpoint and exit 1 ("rerun to continue").
 
-Ranks: with WORLD_SIZE > 1 (torchrun, srun) only rank 0 trains; the other ranks print why and exit 0 at once, so
-a multi-task launch neither fails nor trains the same run twice into the same folder.
+Ranks (data parallel): with WORLD_SIZE > 1 every rank trains, through torch DistributedDataParallel (gloo on CPU,
+nccl with `--device cuda`, one GPU per LOCAL_RANK), meeting where `_common.rendezvous()` says (torchrun, bcprun,
+Slurm). A step is `--global-batch-size` samples whatever the world size: rank r takes its contiguous share of them
+in micro batches of `--micro-batch-size` (gradient accumulation makes up the rest), and the loss is the global
+token mean, so N ranks follow the one-process curve up to float summation order. Rank 0 alone writes checkpoints,
+the summary and the loss lines; every rank loads the checkpoint rank 0 picked, so a run may resume on any world
+size that divides the global batch. The results folder must be shared by all ranks (as NeMo's). Every collective
+has `--collective-timeout`: a rank that dies or hangs makes the others exit 1 with a message, never wait forever.
+A stop signal on any rank stops all of them after the same step.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import signal
 import sys
 import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -54,8 +62,10 @@ CHECKPOINT_RE = re.compile(r"^step=(\d+)(-last)?\.pt$")
 CHECKPOINT_FORMAT = 1
 # What a resumed run must share with its checkpoint; anything else (lr, steps, logging) may change between runs.
 # The data is compared by output names and weights, not paths, so a moved data folder can still be resumed.
-RESUME_KEYS = ("vocab_size", "layers", "hidden", "heads", "seq_length", "micro_batch_size", "seed", "split",
+# The micro batch and the world size may change: they split a step's samples, they do not choose them.
+RESUME_KEYS = ("vocab_size", "layers", "hidden", "heads", "seq_length", "global_batch_size", "seed", "split",
                "data_names")
+DEFAULT_COLLECTIVE_TIMEOUT = 600  # seconds; NCCL's own default, and more than a checkpoint save takes
 
 
 # ---------------------------------------------------------------- model
@@ -106,11 +116,11 @@ class SmokeGPT(nn.Module):
         return F.linear(self.final_ln(x), self.embed.weight)
 
 
-def masked_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy over the positions GPTDataset marks (padding is masked out)."""
+def masked_loss_sum(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross entropy over the positions GPTDataset marks (padding is masked out); the caller
+    divides by the step's global token count, so micro batches and ranks add up to the one-batch mean."""
     per_token = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
-    mask = loss_mask.flatten().to(per_token.dtype)
-    return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    return (per_token * loss_mask.flatten().to(per_token.dtype)).sum()
 
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -181,8 +191,11 @@ def prepare_cache(cache_dir: Path) -> None:
 
 
 def build_train_dataset(prefixes: list[str], weights: list[float], tokenizer: IdsTokenizer, cfg: dict,
-                        num_samples: int, cache_dir: Path) -> Any:
-    """megatron-core's blended GPT dataset over the data list, at least `num_samples` long."""
+                        num_samples: int, cache_dir: Path, lead: bool = True) -> Any:
+    """megatron-core's blended GPT dataset over the data list, at least `num_samples` long.
+
+    Under a process group megatron builds the indices on rank 0, barriers, then the other ranks read its cache;
+    the caller (rank 0 only: `lead`) has prepared the cache folder and marks it complete."""
     with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": irrelevant to datasets
         warnings.simplefilter("ignore")
         from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
@@ -192,21 +205,36 @@ def build_train_dataset(prefixes: list[str], weights: list[float], tokenizer: Id
         tokenizer=tokenizer, path_to_cache=str(cache_dir), reset_position_ids=False, reset_attention_mask=False,
         eod_mask_loss=False, create_attention_mask=False,  # the model masks causally itself (SDPA is_causal)
     )
-    prepare_cache(cache_dir)
+    if lead:
+        prepare_cache(cache_dir)
     with single_process_group():
         train, _valid, _test = BlendedMegatronDatasetBuilder(GPTDataset, [num_samples, 0, 0], lambda: True,
                                                              config).build()
-    (cache_dir / ".complete").touch()
+    if lead:
+        (cache_dir / ".complete").touch()
     if train is None or len(train) < num_samples:
         raise _common.StageError(f"the training split holds {0 if train is None else len(train)} samples, "
                                  f"{num_samples} needed; check --split {cfg['split']!r} and the data")
     return train
 
 
-def get_batch(dataset: Any, step: int, micro_batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Samples [step*B, (step+1)*B) of the fixed sample order: the data position is a function of the step."""
-    samples = [dataset[i] for i in range(step * micro_batch_size, (step + 1) * micro_batch_size)]
-    return {key: torch.stack([s[key] for s in samples]).to(device) for key in ("tokens", "labels", "loss_mask")}
+def sample_range(step: int, global_batch: int, rank: int, world: int) -> range:
+    """This rank's samples of a step: its contiguous share of [step*G, (step+1)*G) of the fixed sample order, so the
+    data position is a function of the step alone and the ranks together read exactly the one-process batch."""
+    share = global_batch // world
+    first = step * global_batch + rank * share
+    return range(first, first + share)
+
+
+def get_micro_batches(dataset: Any, samples: range, micro_batch_size: int,
+                      device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """The samples in micro batches (one forward/backward each)."""
+    batches = []
+    for start in range(samples.start, samples.stop, micro_batch_size):
+        items = [dataset[i] for i in range(start, min(start + micro_batch_size, samples.stop))]
+        batches.append({key: torch.stack([s[key] for s in items]).to(device)
+                        for key in ("tokens", "labels", "loss_mask")})
+    return batches
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -284,12 +312,80 @@ class StopFlag:
         self.signal = signum
 
 
-def pick_device(choice: str) -> torch.device:
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
+class CollectiveFailed(Exception):
+    """A collective failed or timed out: another rank died, hangs, or cannot be reached."""
+
+
+class Comm:
+    """The job's ranks as this process sees them. In a world of one there is no process group and every
+    collective is the identity, so a single process runs exactly the code (and numbers) it always ran."""
+
+    def __init__(self, rdzv: _common.Rendezvous, device: torch.device, timeout_s: float) -> None:
+        self.rank, self.world, self.local_rank = rdzv.rank, rdzv.world_size, rdzv.local_rank
+        self.device, self.timeout_s = device, timeout_s
+        if self.world == 1:
+            return
+        host = f"[{rdzv.master_addr}]" if ":" in rdzv.master_addr else rdzv.master_addr  # an IPv6 literal
+        with self.guard("the rendezvous"):
+            torch.distributed.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{host}:{rdzv.master_port}",
+                rank=self.rank, world_size=self.world, timeout=timedelta(seconds=timeout_s))
+
+    @contextlib.contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """Turn torch's errors of a broken job into CollectiveFailed. gloo reports a dead peer ("Connection reset by
+        peer") and a timeout as plain RuntimeError (DistError is one too); the message keeps torch's first line."""
+        if self.world == 1:
+            yield
+            return
+        try:
+            yield
+        except RuntimeError as exc:
+            raise CollectiveFailed(f"rank {self.rank} of {self.world}: {what} failed ({type(exc).__name__}: "
+                                   f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'}); "
+                                   f"another rank died, hangs or cannot be reached (--collective-timeout "
+                                   f"{self.timeout_s:g} s)") from exc
+
+    def sum(self, values: list[float], what: str) -> list[float]:
+        if self.world == 1:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        with self.guard(what):
+            torch.distributed.all_reduce(tensor)
+        return tensor.tolist()
+
+    def from_rank0(self, value: Any, what: str) -> Any:
+        if self.world == 1:
+            return value
+        box = [value]
+        with self.guard(what):
+            torch.distributed.broadcast_object_list(box, src=0, device=self.device)
+        return box[0]
+
+    def barrier(self, what: str) -> None:
+        if self.world > 1:
+            with self.guard(what):
+                torch.distributed.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    def close(self) -> None:
+        if self.world > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    """CPU, or the GPU of this rank's LOCAL_RANK (one GPU per rank, as torchrun and bcprun lay them out)."""
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
         raise _common.StageError("--device cuda: no CUDA device is visible")
-    return torch.device(choice)
+    visible = torch.cuda.device_count()
+    # A launcher that binds one GPU to each task (srun --gpus-per-task) leaves each rank a single visible device.
+    index = 0 if visible == 1 else local_rank
+    if index >= visible:
+        raise _common.StageError(f"LOCAL_RANK {local_rank}: only {visible} CUDA device(s) visible; "
+                                 "start one rank per GPU")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def make_deterministic(threads: int, device: torch.device) -> None:
@@ -318,31 +414,49 @@ def keep_freed_memory() -> None:
     libc.mallopt(m_trim_threshold, 1 << 30)
 
 
-def run_config(args: argparse.Namespace, entries: list[data_list.DataEntry]) -> dict:
-    """Everything that defines this run, saved in every checkpoint."""
+def run_config(args: argparse.Namespace, entries: list[data_list.DataEntry], world: int) -> dict:
+    """Everything that defines this run, saved in every checkpoint (world size and micro batch for information)."""
     tokenizer = entries[0].tokenizer
     return {
         "vocab_size": int(tokenizer.get("vocab_size", 50257)), "eod": int(tokenizer.get("eod", 50256)),
         "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "seq_length": args.seq_length,
-        "micro_batch_size": args.micro_batch_size, "seed": args.seed, "split": args.split,
+        "global_batch_size": args.global_batch_size, "micro_batch_size": args.micro_batch_size,
+        "world_size": world, "seed": args.seed, "split": args.split,
         "lr": args.lr, "warmup_steps": args.warmup_steps, "weight_decay": args.weight_decay,
         "data": data_list.blend(entries), "data_names": [[e.weight, e.name] for e in entries], "threads": args.threads,
     }
 
 
-def train(args: argparse.Namespace, rank: int) -> dict:
-    """Train to `args.steps`, resuming from the run's last checkpoint; return the summary."""
+def check_batch_split(args: argparse.Namespace, world: int) -> None:
+    """The global batch must split evenly over the ranks, and each rank's share into whole micro batches."""
+    divisors = [n for n in range(1, args.global_batch_size + 1) if args.global_batch_size % n == 0]
+    if args.global_batch_size % world:
+        raise _common.StageError(f"--global-batch-size {args.global_batch_size} does not split over {world} ranks; "
+                                 f"run on a world size that divides it ({', '.join(map(str, divisors))})")
+    share = args.global_batch_size // world
+    if args.micro_batch_size is None:
+        args.micro_batch_size = share
+    if share % args.micro_batch_size:
+        raise _common.StageError(f"--micro-batch-size {args.micro_batch_size} does not divide this rank's "
+                                 f"{share} sample(s) of --global-batch-size {args.global_batch_size} over {world} "
+                                 "rank(s)")
+
+
+def train(args: argparse.Namespace, comm: Comm) -> dict:
+    """Train to `args.steps`, resuming from the run's last checkpoint; return the summary (all ranks)."""
     run_dir = args.results / args.run_name
     ckpt_dir = run_dir / "checkpoints"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    removed = _common.remove_stale_temporaries(ckpt_dir) + _common.remove_stale_temporaries(run_dir)
-    if removed:
-        print(f"removed {removed} partial file(s) left by a killed run")
-    # The summary means "done": a stale one from a shorter earlier run must not outlive this run's start.
-    (run_dir / SUMMARY).unlink(missing_ok=True)
+    lead = comm.rank == 0  # rank 0 alone touches the run folder and speaks for the job
+    if lead:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        removed = _common.remove_stale_temporaries(ckpt_dir) + _common.remove_stale_temporaries(run_dir)
+        if removed:
+            print(f"removed {removed} partial file(s) left by a killed run")
+        # The summary means "done": a stale one from a shorter earlier run must not outlive this run's start.
+        (run_dir / SUMMARY).unlink(missing_ok=True)
     entries = data_list.build_data_list(args.data_dir)
-    cfg = run_config(args, entries)
-    device = pick_device(args.device)
+    cfg = run_config(args, entries, comm.world)
+    device = comm.device
     make_deterministic(args.threads, device)
     if device.type == "cpu":
         keep_freed_memory()
@@ -350,31 +464,46 @@ def train(args: argparse.Namespace, rank: int) -> dict:
     model = SmokeGPT(cfg["vocab_size"], args.hidden, args.layers, args.heads, args.seq_length).to(device)
     optimizer = make_optimizer(model, args.lr, args.weight_decay)
     state = {"step": 0, "losses": []}
-    resume_from = latest_checkpoint(ckpt_dir)
+    # Every rank loads the checkpoint rank 0 found: ranks listing the folder themselves could disagree.
+    resume_from = comm.from_rank0(latest_checkpoint(ckpt_dir) if lead else None, "agreeing on the checkpoint")
     if resume_from is not None:
-        state = restore(resume_from, cfg, model, optimizer, device)
-        print(f"resuming from {resume_from} at step {state['step']} of {args.steps}", flush=True)
-    else:
-        print(f"no checkpoint in {ckpt_dir}: starting at step 0 of {args.steps}", flush=True)
-    print(f"data: {len(entries)} output(s), {sum(e.tokens for e in entries)} tokens; model: "
-          f"{sum(p.numel() for p in model.parameters())} parameters on {device}, {args.threads} thread(s)", flush=True)
+        state = restore(resume_from, cfg, model, optimizer, device, lead)
+    if lead:
+        print(f"resuming from {resume_from} at step {state['step']} of {args.steps}" if resume_from is not None else
+              f"no checkpoint in {ckpt_dir}: starting at step 0 of {args.steps}", flush=True)
+        print(f"data: {len(entries)} output(s), {sum(e.tokens for e in entries)} tokens; model: "
+              f"{sum(p.numel() for p in model.parameters())} parameters on {device}, {args.threads} thread(s); "
+              f"{comm.world} rank(s), global batch {args.global_batch_size} = micro batch {args.micro_batch_size} x "
+              f"{comm.world} rank(s) x {accumulation(args, comm.world)} accumulation step(s)", flush=True)
     start = state["step"]
     dataset = None
     if start < args.steps:  # a finished run (NeMo: max_steps reached) needs no data, and megatron's import is slow
         prefixes, weights = data_list.split_blend(cfg["data"])
-        dataset = build_train_dataset(prefixes, weights, IdsTokenizer(cfg["vocab_size"], cfg["eod"]), cfg,
-                                      args.steps * args.micro_batch_size, run_dir / "index_cache")
-    stats = loop(args, rank, model, optimizer, dataset, state, cfg, device, ckpt_dir)
-    return summarize(args, cfg, state, model, device, start, stats)
+        with comm.guard("building the dataset"):
+            dataset = build_train_dataset(prefixes, weights, IdsTokenizer(cfg["vocab_size"], cfg["eod"]), cfg,
+                                          args.steps * args.global_batch_size, run_dir / "index_cache", lead)
+    stats = loop(args, comm, model, optimizer, dataset, state, cfg, ckpt_dir)
+    return summarize(args, comm, cfg, state, model, start, stats)
 
 
-def restore(path: Path, cfg: dict, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> dict:
+def accumulation(args: argparse.Namespace, world: int) -> int:
+    return args.global_batch_size // (world * args.micro_batch_size)
+
+
+def restore(path: Path, cfg: dict, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+            lead: bool) -> dict:
     """Model, optimizer and RNG state from a checkpoint; returns {step, losses}."""
     payload = load_checkpoint(path, device)
-    check_resumable(path, payload["config"], cfg)
-    if payload["config"].get("threads") != cfg["threads"]:
-        print(f"note: the checkpoint ran with {payload['config'].get('threads')} thread(s), this run with "
+    saved = payload["config"]
+    # Checkpoints from before data parallelism ran one process whose micro batch was the whole step.
+    saved.setdefault("global_batch_size", saved.get("micro_batch_size"))
+    check_resumable(path, saved, cfg)
+    if lead and saved.get("threads") != cfg["threads"]:
+        print(f"note: the checkpoint ran with {saved.get('threads')} thread(s), this run with "
               f"{cfg['threads']}: the result may differ from an uninterrupted run in the last bits")
+    if lead and saved.get("world_size", 1) != cfg["world_size"]:
+        print(f"note: the checkpoint ran on {saved.get('world_size', 1)} rank(s), this run on {cfg['world_size']}: "
+              "same samples per step, float sums in another order")
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
     torch.set_rng_state(payload["rng"]["cpu"].cpu())
@@ -386,19 +515,51 @@ def restore(path: Path, cfg: dict, model: nn.Module, optimizer: torch.optim.Opti
 def checkpoint_payload(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, cfg: dict,
                        device: torch.device) -> dict:
     return {
-        "format": CHECKPOINT_FORMAT, "step": state["step"], "consumed_samples": state["step"] * cfg["micro_batch_size"],
+        "format": CHECKPOINT_FORMAT, "step": state["step"],
+        "consumed_samples": state["step"] * cfg["global_batch_size"],
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "config": cfg, "losses": state["losses"],
         "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None},
     }
 
 
-def loop(args: argparse.Namespace, rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Any,
-         state: dict, cfg: dict, device: torch.device, ckpt_dir: Path) -> dict:
+def train_step(comm: Comm, ddp: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
+               micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
+    """One optimizer step over this rank's micro batches; returns (this rank's loss sum, the step's global token
+    count): the step's loss is the sum over ranks divided by the count.
+
+    Each micro batch's loss sum is divided by the step's global token count and multiplied by the world size
+    (DDP averages gradients over ranks), so the summed gradients are those of the one-batch mean loss."""
+    local_tokens = sum(float(b["loss_mask"].sum()) for b in micro_batches)
+    global_tokens = max(comm.sum([local_tokens], "counting the step's tokens")[0], 1.0)
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for index, batch in enumerate(micro_batches):
+        last = index == len(micro_batches) - 1
+        # DDP all-reduces gradients on the last micro batch only; the others accumulate locally.
+        sync = contextlib.nullcontext() if last or ddp is model else ddp.no_sync()
+        with sync, comm.guard("the gradient all-reduce"):
+            summed = masked_loss_sum(ddp(batch["tokens"]), batch["labels"], batch["loss_mask"])
+            (summed * comm.world / global_tokens).backward()
+        loss_sum += float(summed.detach())
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss_sum, global_tokens
+
+
+def loop(args: argparse.Namespace, comm: Comm, model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Any,
+         state: dict, cfg: dict, ckpt_dir: Path) -> dict:
     """The training steps from state['step'] to args.steps, with logging, checkpoints and a clean stop."""
+    device, lead = comm.device, comm.rank == 0
     stop = StopFlag()
-    progress = _common.Progress(args.steps, rank, unit="steps")
-    if state["step"]:
+    progress = _common.Progress(args.steps, comm.rank, unit="steps")
+    if state["step"] and lead:
         progress.advance(state["step"])
+    ddp = model
+    if comm.world > 1:
+        from torch.nn.parallel import DistributedDataParallel  # pylint: disable=import-outside-toplevel
+
+        with comm.guard("wrapping the model in DDP"):  # DDP broadcasts rank 0's weights: a collective
+            ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     model.train()
     began, first = time.monotonic(), state["step"]
     while state["step"] < args.steps:
@@ -406,40 +567,45 @@ def loop(args: argparse.Namespace, rank: int, model: nn.Module, optimizer: torch
         lr = lr_at(step, args.steps, args.lr, args.warmup_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = get_batch(dataset, step, args.micro_batch_size, device)
-        loss = masked_loss(model(batch["tokens"]), batch["labels"], batch["loss_mask"])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        micro_batches = get_micro_batches(dataset, sample_range(step, args.global_batch_size, comm.rank, comm.world),
+                                          args.micro_batch_size, device)
+        loss_sum, tokens = train_step(comm, ddp, model, optimizer, micro_batches)
+        # One all-reduce for the log and the stop: a signal may reach some ranks only, or at different steps,
+        # and all must stop after the same one.
+        loss_sum, stops = comm.sum([loss_sum, float(stop.signal is not None)], "summing the loss")
+        loss, stopping = loss_sum / tokens, stops > 0
         state["step"] = step + 1
-        state["losses"].append(float(loss.item()))
+        state["losses"].append(loss)
         rate = (state["step"] - first) / max(time.monotonic() - began, 1e-9)
-        if state["step"] % args.log_every == 0 or state["step"] == args.steps:
-            print(f"step {state['step']}/{args.steps} loss {state['losses'][-1]:.4f} lr {lr:.3e} "
-                  f"{rate:.2f} steps/s", flush=True)
-        progress.advance()
+        if lead and (state["step"] % args.log_every == 0 or state["step"] == args.steps):
+            print(f"step {state['step']}/{args.steps} loss {loss:.4f} lr {lr:.3e} {rate:.2f} steps/s", flush=True)
+        if lead:
+            progress.advance()
         done = state["step"] == args.steps
-        if done or state["step"] % args.checkpoint_every == 0 or stop.signal is not None:
+        if lead and (done or state["step"] % args.checkpoint_every == 0 or stopping):
             path = save_checkpoint(ckpt_dir, state["step"], checkpoint_payload(model, optimizer, state, cfg, device),
                                    args.keep_checkpoints)
             print(f"checkpoint saved: {path}", flush=True)
-        if stop.signal is not None and not done:
-            raise _common.StageError(f"stopped by signal {stop.signal} at step {state['step']} of {args.steps} "
-                                     f"(checkpoint saved); rerun with --run-name {args.run_name} to continue")
+        if stopping and not done:
+            comm.barrier("waiting for the checkpoint")  # no rank reports the stop before the checkpoint exists
+            raise _common.StageError(f"stopped by signal {stop.signal or 'on another rank'} at step {state['step']} "
+                                     f"of {args.steps} (checkpoint saved); rerun with --run-name {args.run_name} "
+                                     "to continue")
     return {"steps_this_run": state["step"] - first, "seconds": time.monotonic() - began}
 
 
-def summarize(args: argparse.Namespace, cfg: dict, state: dict, model: nn.Module, device: torch.device,
-              start: int, stats: dict) -> dict:
+def summarize(args: argparse.Namespace, comm: Comm, cfg: dict, state: dict, model: nn.Module, start: int,
+              stats: dict) -> dict:
     losses = state["losses"]
     rate = stats["steps_this_run"] / stats["seconds"] if stats["steps_this_run"] else 0.0
     return {
         "run_name": args.run_name, "steps": state["step"], "target_steps": args.steps, "resumed_from_step": start,
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-        "tokens_seen": state["step"] * cfg["micro_batch_size"] * cfg["seq_length"],
-        "consumed_samples": state["step"] * cfg["micro_batch_size"], "weights_sha256": weights_digest(model),
-        "device": str(device), "threads": cfg["threads"], "steps_per_s_this_run": round(rate, 3),
+        "losses": losses, "tokens_seen": state["step"] * cfg["global_batch_size"] * cfg["seq_length"],
+        "consumed_samples": state["step"] * cfg["global_batch_size"], "weights_sha256": weights_digest(model),
+        "device": str(comm.device), "threads": cfg["threads"], "steps_per_s_this_run": round(rate, 3),
+        "world_size": comm.world, "global_batch_size": cfg["global_batch_size"],
+        "micro_batch_size": cfg["micro_batch_size"], "gradient_accumulation": accumulation(args, comm.world),
         "checkpoint": str(latest_checkpoint(args.results / args.run_name / "checkpoints")),
         "data_prefix": cfg["data"], "config": {k: v for k, v in cfg.items() if k not in ("data", "data_names")},
     }
@@ -456,7 +622,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=_common.positive_int, default=20)
     parser.add_argument("--keep-checkpoints", type=_common.positive_int, default=3)
     parser.add_argument("--seq-length", type=_common.positive_int, default=128)
-    parser.add_argument("--micro-batch-size", type=_common.positive_int, default=4)
+    parser.add_argument("--global-batch-size", type=_common.positive_int, default=4,
+                        help="samples per optimizer step over all ranks (fixed for the run)")
+    parser.add_argument("--micro-batch-size", type=_common.positive_int, default=None,
+                        help="samples per forward on each rank (default: the rank's whole share of the step; "
+                             "smaller means gradient accumulation)")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: steps // 10")
     parser.add_argument("--weight-decay", type=float, default=0.1)
@@ -466,35 +636,71 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--heads", type=_common.positive_int, default=4)
     parser.add_argument("--split", default="100,0,0", help="megatron train,valid,test split (no validation here)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--threads", type=_common.positive_int, default=min(os.cpu_count() or 1, 8),
-                        help="torch CPU threads; keep it equal across a resume for bit-identical results")
+    parser.add_argument("--threads", type=_common.positive_int, default=None,
+                        help="torch CPU threads (default: this node's CPUs / LOCAL_WORLD_SIZE, at most 8); keep it "
+                             "equal across a resume for bit-identical results")
+    parser.add_argument("--collective-timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT,
+                        help="seconds a rank waits for the others in a collective (rendezvous included) before it "
+                             "fails the job (default: %(default)s)")
     parser.add_argument("--log-every", type=_common.positive_int, default=1)
     args = parser.parse_args(argv)
     if args.hidden % args.heads:
         parser.error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     if not re.fullmatch(r"[A-Za-z0-9_.=-]+", args.run_name) or args.run_name.startswith("."):
         parser.error(f"--run-name {args.run_name!r}: use letters, digits and _ . = - (it names a folder)")
+    if args.collective_timeout <= 0:
+        parser.error(f"--collective-timeout {args.collective_timeout:g}: must be > 0 seconds")
     if args.warmup_steps is None:
         args.warmup_steps = max(1, args.steps // 10)
     return args
 
 
+def default_threads() -> int:
+    """This rank's CPUs, at most 8: Slurm's SLURM_CPUS_PER_TASK where set (the task's own CPUs), else an equal
+    share of the CPUs this process may use per local rank (torchrun and bcprun start a node's ranks on them all)."""
+    try:
+        cpus = int(os.environ["SLURM_CPUS_PER_TASK"])
+    except (KeyError, ValueError):
+        try:
+            local_world = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        except ValueError:
+            local_world = 1
+        cpus = _common.usable_cpus() // local_world
+    return max(1, min(cpus, 8))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rank, world = _common.rank_and_world_size()
-    if rank != 0:
-        print(f"rank {rank} of {world}: the local smoke pretrain trains on rank 0 only; nothing to do here")
-        return 0
+    if args.threads is None:
+        args.threads = default_threads()
+    comm = None
     try:
-        summary = train(args, rank)
+        rdzv = _common.rendezvous()
+        check_batch_split(args, rdzv.world_size)
+        comm = Comm(rdzv, pick_device(args.device, rdzv.local_rank), args.collective_timeout)
+        if comm.world > 1:
+            print(f"rank {comm.rank} of {comm.world}: met at {rdzv.master_addr}:{rdzv.master_port} "
+                  f"({torch.distributed.get_backend()}, {comm.device}); rank 0 logs the steps", flush=True)
+        summary = train(args, comm)
+        print(f"rank {comm.rank} of {comm.world}: weights_sha256 {summary['weights_sha256']}", flush=True)
+        comm.barrier("waiting for every rank to finish")  # the run is done when all ranks are
+    except CollectiveFailed as exc:
+        print(f"{STAGE}: {exc}", file=sys.stderr, flush=True)
+        # The process group of a broken job can block in its teardown: leave without it.
+        sys.stdout.flush()
+        os._exit(1)
     except (_common.StageError, data_list.DataListError) as exc:
         print(f"{STAGE}: {exc}", file=sys.stderr)
+        if comm is not None:
+            comm.close()
         return 1
-    _common.atomic_write_json(args.results / args.run_name / SUMMARY, summary)
-    print(f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, "
-          f"{summary['tokens_seen']} tokens, {summary['steps_per_s_this_run']} steps/s", flush=True)
-    _common.emit("summary", {"text": f"loss {summary['first_loss']:.2f} -> {summary['last_loss']:.2f} over "
-                                     f"{summary['steps']} steps"})
+    if comm.rank == 0:
+        _common.atomic_write_json(args.results / args.run_name / SUMMARY, summary)
+        print(f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, "
+              f"{summary['tokens_seen']} tokens, {summary['steps_per_s_this_run']} steps/s", flush=True)
+        _common.emit("summary", {"text": f"loss {summary['first_loss']:.2f} -> {summary['last_loss']:.2f} over "
+                                         f"{summary['steps']} steps"})
+    comm.close()
     return 0
 
 

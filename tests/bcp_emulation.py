@@ -36,8 +36,10 @@ def ngc_tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(params=TRANSPORTS)
 def fake(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ngc_tls_dir: Path):
     """A running emulator with workspace `main`; this process's environment points NVIDIA's client at it.
-    `fake.transport` is the transport the test's config should name."""
-    ngc = FakeNgc(tmp_path / "ngc-home", tls_dir=ngc_tls_dir).start()
+    `fake.transport` is the transport the test's config should name. `@pytest.mark.emulator(api_key=...,
+    variants={...})` starts it as another variant of the service (tests/fakes/README.md "Variants")."""
+    marker = request.node.get_closest_marker("emulator")
+    ngc = FakeNgc(tmp_path / "ngc-home", tls_dir=ngc_tls_dir, **(marker.kwargs if marker else {})).start()
     ngc.transport = request.param
     ngc.create_workspace("main")
     for key in [k for k in os.environ if k.startswith("NGC_CLI_")]:

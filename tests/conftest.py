@@ -16,3 +16,8 @@ for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p
 
 # The emulated BCP's fixtures (`fake`, once per transport), for every test module.
 from bcp_emulation import fake, ngc_tls_dir  # noqa: E402,F401
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "emulator(api_key=None, variants=None): start the `fake` NGC API emulator "
+                                       "as another variant of the service (tests/fakes/README.md)")

@@ -21,8 +21,9 @@ from ..config.pipelines import PipelineConfig
 from ..errors import BackendCallError
 from .contract import Backend, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
 from ..config.resources import BcpOptions
-from .bcp_render import UPLOAD_EXCLUDES, JobSpec, code_destination, job_run_argv, job_spec, label, upload_argv
+from .bcp_render import NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_run_argv, job_spec, label, upload_argv
 from .bcp_transport import Transport, make_transport, read_ngc_config
+from .bcp_policy import planned_jobs, violations
 from .profile import profile_key
 from .common import last_lines, shell_join
 
@@ -54,6 +55,7 @@ STATE_MAP: dict[str, JobState] = {
     "RESOURCE_GRANT_DENIED": JobState.FAILED,
     "RESOURCE_LIMIT_EXCEEDED": JobState.FAILED,
 }
+KILL_MARGIN_SECONDS = 60.0  # beyond the ACE's termination grace, before `cancel` says a killed job has not ended
 FAILED_REPLICA = re.compile(r"\bReplica (\d+)\b")  # statusDetails like "Replica 1 exited with code 3"
 
 
@@ -89,8 +91,17 @@ class BcpBackend(Backend):
         res = request.resources("bcp")
         return {"replicas": res.replicas, "processes": res.processes}
 
+    def probe_fact(self, *path: str) -> Any:
+        """A fact the `check` probe jobs found (facts.probe.PATH...), None without a profile or that fact."""
+        value: Any = ((self.profile or {}).get("facts") or {}).get("probe")
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
     def render(self, request: JobRequest) -> Submission:
-        spec = job_spec(request, self.options, self.stages_dir)
+        spelling = self.probe_fact("bcprun", "no_redirect_spelling")
+        spec = job_spec(request, self.options, self.stages_dir,
+                        no_redirect=spelling if spelling in ("-no_redirect", "--no_redirect") else NO_REDIRECT)
         argv = job_run_argv(spec)
         return Submission(request=request, printable=shell_join(argv), payload={"argv": argv, "spec": asdict(spec)})
 
@@ -143,15 +154,66 @@ class BcpBackend(Backend):
         return self.transport.log(job_id, rank, tail)
 
     def cancel(self, job_ids: list[str]) -> None:
-        """Kill every job; a kill that fails (e.g. the job ended meanwhile) does not stop the others."""
-        failures = []
+        """Kill every job of this run, then wait until BCP reports them ended (a kill passes through
+        PENDING_TERMINATION for the ACE's termination grace period). A job that does not carry this run's label,
+        as read here whatever a server-side label filter returned, is not killed; a kill that fails (e.g. the job
+        ended meanwhile) does not stop the others."""
+        own = label("run", self.run_id)
+        failures, killed = [], []
         for job_id in job_ids:
             try:
+                labels = labels_of(self.transport.job(job_id))
+                if own not in labels:
+                    failures.append(f"job {job_id}: not killed: it does not carry this run's label {own} "
+                                    f"(its labels: {', '.join(labels) or 'none'})")
+                    continue
                 self.transport.kill(job_id)
+                killed.append(job_id)
             except BackendCallError as exc:
                 failures.append(f"job {job_id}: {exc}")
+        try:
+            self._wait_ended(killed)
+        except BackendCallError as exc:
+            failures.append(str(exc))
         if failures:
             raise BackendCallError("could not kill every job:\n  " + "\n  ".join(failures))
+
+    def _wait_ended(self, job_ids: list[str]) -> None:
+        """Until every killed job has ended: at most the ACE's terminationGracePeriodSeconds (asked only when a
+        job has not ended at the first look) plus a margin."""
+        pending, grace, deadline = list(job_ids), None, None
+        delay = self.poll_min_seconds
+        while pending:
+            statuses = self.poll(pending)
+            pending = [job_id for job_id in pending if job_id in statuses and not statuses[job_id].state.finished]
+            if not pending:
+                return
+            if deadline is None:
+                grace = self.termination_grace_seconds()
+                measured = self.probe_fact("kill_seconds")  # how long a kill took when `check` timed one
+                if isinstance(measured, (int, float)):
+                    grace = max(grace or 0.0, float(measured))
+                deadline = time.monotonic() + (grace or 0) + KILL_MARGIN_SECONDS
+            if time.monotonic() > deadline:
+                raise BackendCallError(
+                    f"job(s) {', '.join(pending)} were killed but are still "
+                    f"{', '.join(sorted({statuses[j].native for j in pending}))} after the ACE's termination grace "
+                    f"period ({grace or 0:.0f} s) and {KILL_MARGIN_SECONDS:.0f} s more; check them with "
+                    "`ngc base-command job info`")
+            time.sleep(delay)
+            delay = min(delay * 2, self.poll_max_seconds)
+
+    def termination_grace_seconds(self) -> float | None:
+        """The ACE's terminationGracePeriodSeconds (how long a killed job may stay PENDING_TERMINATION); None
+        when the ACE does not say or cannot be read."""
+        name = self.options.ace or os.environ.get("NGC_CLI_ACE") or read_ngc_config(dict(os.environ)).get("ace")
+        if not name:
+            return None
+        try:
+            value = self.transport.ace(name).get("terminationGracePeriodSeconds")
+        except BackendCallError:  # the ACE as `check` saw it, where a profile exists
+            value = ((self.profile or {}).get("facts") or {}).get("ace", {}).get("terminationGracePeriodSeconds")
+        return float(value) if isinstance(value, (int, float)) else None
 
     def resume(self, job_id: str) -> bool:
         self.transport.resume(job_id)
@@ -169,22 +231,22 @@ class BcpBackend(Backend):
             lines.append(f"(job log unavailable: {exc})")
         return "\n".join(lines)
 
-    def refusals(self, submissions: list[Submission]) -> list[str]:
-        """Jobs rendered under `bcprun` where the profile found none (in any job, or in one-replica jobs)."""
-        bcprun = ((self.profile or {}).get("facts", {}).get("probe") or {}).get("bcprun") or {}
-        where = f"the check of {self.profile.get('key')} ({_when(self.profile)})" if self.profile else ""
+    def refusals(self, submissions: list[Submission], *, detach: bool = False) -> list[str]:
+        """What the profile rules out: jobs under a bcprun it found missing, and every limit of the ACE it saw
+        (bcp_policy) that a job breaks."""
+        if not self.profile:
+            return []
+        where = f"the check of {self.profile.get('key')} ({_when(self.profile)})"
         found = []
-        for submission in submissions:
-            spec = submission.payload.get("spec") or {}
-            if not str(spec.get("commandline", "")).startswith("bcprun "):
-                continue
-            job = f"stage {submission.request.stage.name}" + (" (verification)" if submission.request.kind ==
-                                                              "verify" else "")
-            if bcprun.get("present") is False:
-                found.append(f"{job} starts under bcprun, which {where} found missing in jobs here")
-            elif spec.get("replicas") == 1 and bcprun.get("in_single_replica_jobs") is False:
-                found.append(f"{job} starts under bcprun with one replica, and {where} found no bcprun in "
-                             "one-replica jobs")
+        if self.probe_fact("bcprun", "present") is False:
+            for submission in submissions:
+                spec = submission.payload.get("spec") or {}
+                if str(spec.get("commandline", "")).startswith("bcprun "):
+                    found.append(f"{_job(submission)} starts under bcprun, which {where} found missing in jobs here")
+        ace = (self.profile.get("facts") or {}).get("ace")
+        if isinstance(ace, dict):
+            found += [f"{violation} (as {where} saw the ACE)" for violation in
+                      violations(ace, planned_jobs(submissions), detach=detach)]
         return found
 
     def job_url(self, job_id: str) -> str | None:
@@ -228,6 +290,11 @@ def status_of(job: dict[str, Any]) -> JobStatus:
 def _indent(text: str) -> str:
     return "\n".join(f"    {line}" for line in text.splitlines())
 
+
+
+def _job(submission: Submission) -> str:
+    return f"stage {submission.request.stage.name}" + (" (verification)" if submission.request.kind == "verify"
+                                                      else "")
 
 
 def _when(profile: dict[str, Any]) -> str:

@@ -1,8 +1,8 @@
 """The read-only look-ups `bcp-pipeline check` makes on BCP, through either transport (bcp_transport.py).
 
-Who the key belongs to, the ACE, an image, a workspace, the user's secrets (names and key names: never values), and
+Who the key belongs to, an image, a workspace, the user's secrets (names and key names: never values), and
 the client's version. Each returns the JSON shape NVIDIA's printer prints for the CLI (and ngcsdk's `toDict()`),
-and raises BackendCallError when the call fails. Kept apart from the transports: `run` never needs them.
+and raises BackendCallError when the call fails. Kept apart from the transports: `run` never needs them (the ACE, which `run` needs too, is `Transport.ace`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,6 @@ def who(transport: Transport) -> dict[str, Any]:
     if isinstance(transport, CliTransport):
         return _cli(transport, ["user", "who"])
     return transport._call("users.user_who", lambda c: c.users.user_who().toDict())
-
-
-def ace(transport: Transport, name: str) -> dict[str, Any]:
-    """`ngc base-command ace info NAME`: the fields of ngcsdk's `Ace` (instances, limits)."""
-    if isinstance(transport, CliTransport):
-        return _cli(transport, ["base-command", "ace", "info", name])
-    return transport._call("basecommand.aces.info", lambda c: c.basecommand.aces.info(name).toDict())
 
 
 def image(transport: Transport, name: str) -> dict[str, Any]:

@@ -1,7 +1,13 @@
 """Pure rendering of `ngc base-command job run` command lines (no I/O besides hashing stages/).
 
 Every stage field maps to one flag; the job's commandline is a shell string built with shlex.quote on every
-value. Multi-process stages start under `bcprun --nnodes N --npernode P --cmd '...'`, which sets RANK/WORLD_SIZE.
+value. Multi-node stages start under `bcprun --nnodes N --npernode P -no_redirect --cmd '...'` (the spelling
+NVIDIA's own launcher uses), which sets RANK/WORLD_SIZE; a one-node multi-process stage starts its processes
+itself, so it does not depend on bcprun being in a one-replica job (which public sources dispute).
+
+Where the commandline runs in a multi-replica job is not known offline: once per replica, or once on the
+launcher node (replica 0) with bcprun fanning out. A bcprun launch is right under both (each node's bcprun starts
+its share, or the launcher's starts all); what must run once (the NeMo launcher) is guarded to replica 0.
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.durations import format_duration, parse_duration
-from ..errors import SubmissionError
-from .contract import JobRequest
+from ..config.pipelines import PipelineConfig, StageConfig
 from ..config.resources import BcpOptions, BcpResources
+from ..errors import ConfigError, SubmissionError
+from .contract import JobRequest
 from .common import placeholder_values, resolved_env, shell_join, stage_command
 
 LABEL_PREFIX = "bcpp"
@@ -51,7 +58,10 @@ def job_values(request: JobRequest, options: BcpOptions, stages_dir: Path) -> di
                               code=f"{mount}/{code_destination(options, stages_dir)}", python=options.python)
 
 
-def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path) -> str:
+NO_REDIRECT = "-no_redirect"  # NVIDIA's launcher's spelling; a `check` profile may show this ACE's bcprun wants another
+
+
+def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path, *, no_redirect: str = NO_REDIRECT) -> str:
     """The job's shell command: the bootstrap, then the program, under bcprun when it has several ranks."""
     values = job_values(request, options, stages_dir)
     resources: BcpResources = request.resources("bcp")
@@ -59,19 +69,67 @@ def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path) -> s
         from ..config.nemo import training_commandline
 
         try:
-            return training_commandline(request.stage, cluster_type="bcp", nodes="${NGC_ARRAY_SIZE}",
-                                        total_runtime=resources.total_runtime, values=values,
-                                        scratch=resources.result, log_dir=resources.result)
+            script = training_commandline(request.stage, cluster_type="bcp", nodes="${NGC_ARRAY_SIZE}",
+                                          total_runtime=resources.total_runtime, values=values,
+                                          scratch=resources.result, log_dir=resources.result)
         except ValueError as exc:
             raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
+        return launcher_node_only(script) if resources.replicas > 1 else script
     program = stage_command(request, "bcp", values)
     if not (request.kind == "stage" and resources.command):
         program = ["bash", f"{values['code']}/bootstrap.sh", *program]
     inner = shell_join(program)
-    if resources.launcher == "bcprun" and (resources.replicas > 1 or resources.processes > 1):
+    if resources.launcher == "bcprun" and resources.replicas > 1:
         return shell_join(["bcprun", "--nnodes", str(resources.replicas), "--npernode", str(resources.processes),
-                           "--no_redirect", "--cmd", inner])
+                           no_redirect, "--cmd", inner])
+    if resources.launcher == "bcprun" and resources.processes > 1:
+        return local_ranks(inner, resources.processes)
     return inner
+
+
+def local_ranks(inner: str, processes: int) -> str:
+    """`inner` as `processes` ranks on this one node, started by the job's shell (no bcprun needed): each gets
+    RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE as bcprun would give them; the job exits with the first failing
+    rank's status, after every rank has ended (stage programs are idempotent: a rerun redoes only what is missing)."""
+    script = (f"pids=(); for rank in $(seq 0 {processes - 1}); do RANK=$rank WORLD_SIZE={processes} "
+              f"LOCAL_RANK=$rank LOCAL_WORLD_SIZE={processes} {inner} & pids+=($!); done; status=0; "
+              'for pid in "${pids[@]}"; do wait "$pid" || { code=$?; [ "$status" = 0 ] && status=$code; }; done; '
+              'exit "$status"')
+    return shell_join(["bash", "-c", script])
+
+
+def launcher_node_only(commandline: str) -> str:
+    """Run `commandline` on replica 0 only. If BCP runs the commandline once per replica, the other replicas
+    leave at once (their ranks are started by the launcher's bcprun); if it runs once, this changes nothing."""
+    return shell_join(["bash", "-c", f'if [ "${{NGC_ARRAY_INDEX:-0}}" = 0 ]; then {commandline}; else '
+                                     'echo "replica ${NGC_ARRAY_INDEX}: the launcher runs on replica 0"; fi'])
+
+
+def check_stage_resources(pipeline: PipelineConfig) -> None:
+    """check_stage for every stage of the pipeline (before a run is recorded)."""
+    for stage in pipeline.stages.values():
+        check_stage(stage)
+
+
+def check_stage(stage: StageConfig) -> None:
+    """What BCP (or NVIDIA's client) would refuse or get wrong, as a ConfigError naming the stage and the fix,
+    before anything is submitted: not six retries of a "transient" submit error, nor ranks that all believe they
+    are rank 0 of 1."""
+    res: BcpResources = stage.resources("bcp")
+    if res.replicas > 1 and res.preempt == "RESTARTABLE":
+        raise _stage_error(stage, f"stage {stage.name}: preempt RESTARTABLE is refused for a job with replicas > 1 "
+                                  "(ngc allows only RUNONCE or RESUMABLE for multi-node jobs); set "
+                                  f"`--set {stage.name}.bcp.preempt=RESUMABLE` (or RUNONCE)")
+    if res.array_type == "MPI" and res.replicas > 1 and res.launcher == "bcprun":
+        raise _stage_error(stage, f"stage {stage.name}: array_type MPI is not supported: bcprun in an MPIJob gives "
+                                  "its processes Open MPI's rank variables, not the RANK/WORLD_SIZE the stage "
+                                  "programs read, so every process would take all items as rank 0 of 1; set "
+                                  f"`--set {stage.name}.bcp.array_type=PYTORCH`")
+
+
+def _stage_error(stage: StageConfig, message: str) -> ConfigError:
+    where = stage.locations.get("bcp")
+    return where.error(message) if where is not None else ConfigError(message)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,8 +158,9 @@ class JobSpec:
     ace: str | None = None
 
 
-def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path) -> JobSpec:
-    """Pure: the job `request` becomes on BCP (without secrets' values, which ngc resolves)."""
+def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path, *, no_redirect: str = NO_REDIRECT) -> JobSpec:
+    """Pure: the job `request` becomes on BCP (without secrets' values, which ngc resolves). `no_redirect`: the
+    spelling of bcprun's flag (from a `check` profile, else NVIDIA's launcher's)."""
     res: BcpResources = request.resources("bcp")
     where = f"stage {request.stage.name}" + (" (verification)" if request.kind == "verify" else "")
     if not res.instance or not res.image:
@@ -109,10 +168,12 @@ def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path) -> JobS
                               "under defaults.bcp or the stage's bcp:)")
     if res.replicas > 1 and res.total_runtime is None:
         raise SubmissionError(f"{where}: replicas > 1 needs total_runtime")
+    if request.kind == "stage":
+        check_stage(request.stage)
     values = job_values(request, options, stages_dir)
     return JobSpec(
         name=request.job_name, image=res.image, instance=res.instance, result=res.result,
-        commandline=commandline(request, options, stages_dir),
+        commandline=commandline(request, options, stages_dir, no_redirect=no_redirect),
         workspaces=tuple(f"{m.name}:{m.mount}:{m.mode}" for m in res.workspaces),
         replicas=res.replicas, array_type=res.array_type if res.replicas > 1 else None,
         total_runtime=format_duration(parse_duration(res.total_runtime)) if res.total_runtime else None,
@@ -147,13 +208,13 @@ def job_run_argv(spec: JobSpec) -> list[str]:
     return argv + global_flags(spec.org, spec.team, spec.ace)
 
 
-def global_flags(org: str | None, team: str | None, ace: str | None) -> list[str]:
+def global_flags(org: str | None, team: str | None, ace: str | None, *, json_output: bool = True) -> list[str]:
     """`--org/--team/--ace` where set (else ngc's own config or NGC_CLI_*), and JSON output."""
     flags = []
     for flag, value in (("--org", org), ("--team", team), ("--ace", ace)):
         if value:
             flags += [flag, value]
-    return [*flags, "--format_type", "json"]
+    return [*flags, "--format_type", "json"] if json_output else flags
 
 
 UPLOAD_EXCLUDES = ("*__pycache__*",)

@@ -69,6 +69,10 @@ class Transport(abc.ABC):
     def upload(self, workspace: str, source: Path, destination: str, exclude: tuple[str, ...]) -> None:
         """Put the contents of folder `source` at `destination` in the workspace."""
 
+    @abc.abstractmethod
+    def ace(self, name: str) -> dict[str, Any]:
+        """The ACE as `ace info` has it (its limits: maxRuntimeSeconds, terminationGracePeriodSeconds...)."""
+
 
 # -- the ngc CLI ---------------------------------------------------------------------------------------------
 class CliTransport(Transport):
@@ -103,11 +107,12 @@ class CliTransport(Transport):
         return job_object(first_json(self._ngc(["base-command", "job", "info", job_id, *self._globals()])))
 
     def log(self, job_id: str, replica: int | None, tail: int | None) -> str:
-        # No --format_type json: NVIDIA's printer prints nothing for `job log` in JSON mode.
+        # No --format_type json: NVIDIA's printer prints nothing for `job log` in JSON mode. The org/team/ACE
+        # flags as on every other call: without them ngc falls back to its own config (or "Missing org").
         args = ["base-command", "job", "log", f"{job_id}:{replica}" if replica is not None else job_id]
         if tail:
             args += ["--tail", "--lines", str(tail)]
-        return self._ngc(args)
+        return self._ngc(args + global_flags(self.options.org, self.options.team, self.options.ace, json_output=False))
 
     def kill(self, job_id: str) -> None:
         # `job kill` exits 0 even when the kill fails: its error is the JSON on stderr.
@@ -125,6 +130,10 @@ class CliTransport(Transport):
 
     def upload(self, workspace: str, source: Path, destination: str, exclude: tuple[str, ...]) -> None:
         self._ngc(upload_argv(self.options, workspace, source, destination, exclude)[1:], timeout=1800)
+
+    def ace(self, name: str) -> dict[str, Any]:
+        data = first_json(self._ngc(["base-command", "ace", "info", name, *self._globals()]))
+        return data.get("ace", data) if isinstance(data, dict) else {}
 
 
 # -- ngcsdk ----------------------------------------------------------------------------------------------------
@@ -188,6 +197,9 @@ class SdkTransport(Transport):
         self._call("basecommand.workspace.upload", lambda c: c.basecommand.workspace.upload(
             workspace, source=str(source), destination=destination, exclude=list(exclude)))
 
+    def ace(self, name: str) -> dict[str, Any]:
+        return self._call("basecommand.aces.info", lambda c: c.basecommand.aces.info(name).toDict())
+
 
 def sdk_run_kwargs(spec: JobSpec) -> dict[str, Any]:
     """`Client().basecommand.jobs.run(**kwargs)` for `spec`: the same JobCreateRequest as the CLI's argv.
@@ -240,19 +252,68 @@ def make_transport(options: BcpOptions) -> Transport:
     return CliTransport(options) if choose_transport(options) == "cli" else SdkTransport(options)
 
 
-def check_credentials(options: BcpOptions, environ: dict[str, str] | None = None) -> None:
-    """Before a run is recorded: an API key and an ACE must be configured (names what is missing, and where)."""
+SCOPED_KEY_PREFIX = "nvapi-"  # personal and service keys (ngcbase.constants): the bearer itself, one org each
+
+
+def check_credentials(options: BcpOptions, environ: dict[str, str] | None = None,
+                      transport: Transport | None = None) -> None:
+    """Before a run is recorded: an API key and an ACE must be configured (names what is missing, and where).
+
+    A personal or service key (`nvapi-...`) works in the one org it was made for, so with one the org is checked
+    too, by one call through `transport` (default: the configured one): NVIDIA's error, then which org the key
+    belongs to and where this run's org came from."""
     env = os.environ if environ is None else environ
     config = read_ngc_config(env)
     missing = []
-    if not (env.get("NGC_CLI_API_KEY") or config.get("apikey")):
+    key = env.get("NGC_CLI_API_KEY") or config.get("apikey") or ""
+    if not key:
         missing.append("an API key (NGC_CLI_API_KEY, or `ngc config set`)")
-    if not (options.org or env.get("NGC_CLI_ORG") or config.get("org")):
+    org = _setting(options.org, "backends.bcp.org", env, "NGC_CLI_ORG", config, "org")
+    ace = _setting(options.ace, "backends.bcp.ace", env, "NGC_CLI_ACE", config, "ace")
+    if not org:
         missing.append("an org (backends.bcp.org, NGC_CLI_ORG, or `ngc config set`)")
-    if not (options.ace or env.get("NGC_CLI_ACE") or config.get("ace")):
+    if not ace:
         missing.append("an ACE (backends.bcp.ace, NGC_CLI_ACE, or `ngc config set`)")
     if missing:
         raise ConfigError("the BCP backend is missing " + "; ".join(missing) + ". Nothing was submitted or recorded")
+    if key.startswith(SCOPED_KEY_PREFIX):
+        _check_key_org(transport or make_transport(options), key, org, ace[0])
+
+
+def _setting(value: str | None, name: str, env: dict[str, str], env_name: str, config: dict[str, str],
+             config_key: str) -> tuple[str, str] | None:
+    """(value, where it was set) in NGC's order of precedence for our calls: pipelines.yaml, env, `ngc config`."""
+    for found, where in ((value, name), (env.get(env_name), env_name), (config.get(config_key), "ngc config")):
+        if found:
+            return found, where
+    return None
+
+
+def _check_key_org(transport: Transport, key: str, org: tuple[str, str], ace: str) -> None:
+    try:
+        transport.ace(ace)
+    except BackendCallError as exc:
+        key_org = scoped_key_org(key)
+        if key_org is None or key_org == org[0]:
+            raise
+        raise ConfigError(f"{exc}\n  The NGC API key (an nvapi- key) belongs to org {key_org!r}, but this run uses "
+                          f"org {org[0]!r} (set in {org[1]}). Set backends.bcp.org: {key_org} in pipelines.yaml "
+                          f"(or NGC_CLI_ORG={key_org}), or use a key made in org {org[0]!r}. Nothing was submitted "
+                          "or recorded") from None
+
+
+def scoped_key_org(key: str) -> str | None:
+    """The org an nvapi- key belongs to, as NVIDIA's client asks it (`/v3/keys/get-caller-info`, through ngcsdk);
+    None when ngcsdk is not here or cannot tell."""
+    if not sdk_available():
+        return None
+    try:
+        import ngcsdk  # pylint: disable=import-outside-toplevel
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            return str(ngcsdk.Client().authentication.get_sak_key_details(key).orgName or "") or None
+    except Exception:  # pylint: disable=broad-except  # only a better message is at stake
+        return None
 
 
 def read_ngc_config(environ: dict[str, str]) -> dict[str, str]:

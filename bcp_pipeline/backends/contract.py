@@ -111,6 +111,10 @@ class Backend(abc.ABC):
     name: str = ""
     poll_min_seconds: float = 1.0
     poll_max_seconds: float = 10.0
+    # How long a job just created may stay missing from find_submitted (a service whose listing lags its
+    # submissions, or whose clock runs ahead of ours): a resumed orchestrator looks again until then before it
+    # submits a second job for a stage it found marked "submitting".
+    lookup_grace_seconds: float = 0.0
 
     def prepare(self, pipeline: "PipelineConfig", execute: bool) -> list[PreparedAction]:
         """Once per run before the first submission; with execute=False only describe it (for `plan`)."""
@@ -169,7 +173,7 @@ class Backend(abc.ABC):
 
     has_profile: bool = False  # a saved `check` profile of this service was found (backends/profile.py)
 
-    def refusals(self, submissions: list[Submission]) -> list[str]:
+    def refusals(self, submissions: list[Submission], *, detach: bool = False) -> list[str]:
         """Jobs that what `bcp-pipeline check` found about this service says cannot work, each named with the
-        difference; [] without a profile. Checked before a run is recorded."""
+        difference; [] without a profile. Checked before a run is recorded (`detach`: `run --detach`)."""
         return []

@@ -36,12 +36,15 @@ def make_backend(name: str, config: Config, pipeline: PipelineConfig, run_dir: P
     raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
-def check_backend_ready(name: str, config: Config) -> None:
+def check_backend_ready(name: str, config: Config, pipeline: PipelineConfig | None = None) -> None:
     """What a backend needs before the first submission, checked before a run is recorded: raises a
     PipelineError naming what is missing and how to get it. `plan` does not call this: it needs nothing."""
     if name == "bcp":
+        from .bcp_render import check_stage_resources
         from .bcp_transport import check_credentials, choose_transport
 
+        if pipeline is not None:
+            check_stage_resources(pipeline)
         options = config.options["bcp"]
         choose_transport(options)
         check_credentials(options)

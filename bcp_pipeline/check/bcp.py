@@ -13,11 +13,12 @@ import re
 from dataclasses import dataclass
 
 from ..backends import bcp_lookups as lookups
+from ..backends.bcp_policy import PlannedJob, violations
 from ..backends.bcp_render import JobSpec
 from ..backends.bcp import account_of
 from ..backends.bcp_transport import CONFIG_HINT, SDK_VERSION, Transport, make_transport
 from ..errors import BackendCallError, PipelineError
-from .context import CheckContext, job_label
+from .context import CheckContext
 from .result import Row, different, ok, unchecked
 
 NOT_FOUND = re.compile(r"\b404\b|not found|could not be found|does not exist", re.I)
@@ -28,8 +29,15 @@ VERSION = re.compile(r"\b\d+\.\d+\.\d+\b")
 
 @dataclass(frozen=True, kw_only=True)
 class PlannedBcpJob:
-    label: str  # `stage X`, `stage X (verification)`, `the driver (--detach)`
+    stage: str  # `(driver)` for the --detach driver
+    kind: str  # stage, verify, driver
     spec: JobSpec
+
+    @property
+    def label(self) -> str:
+        if self.kind == "driver":
+            return "the driver (--detach)"
+        return f"stage {self.stage}" + (" (verification)" if self.kind == "verify" else "")
 
 
 @dataclass(kw_only=True)
@@ -46,11 +54,12 @@ def account(ctx: CheckContext) -> Account:
 
 
 def planned_jobs(ctx: CheckContext) -> list[PlannedBcpJob]:
-    jobs = [PlannedBcpJob(label=job_label(s), spec=JobSpec(**s.payload["spec"])) for s in ctx.submissions()]
+    jobs = [PlannedBcpJob(stage=s.request.stage.name, kind=s.request.kind, spec=JobSpec(**s.payload["spec"]))
+            for s in ctx.submissions()]
     if ctx.detach and ctx.pipeline is not None:
         from ..detach.jobs import driver_spec
 
-        jobs.append(PlannedBcpJob(label="the driver (--detach)",
+        jobs.append(PlannedBcpJob(stage="(driver)", kind="driver",
                                   spec=driver_spec(ctx.config, ctx.pipeline, "CHECK", ctx.environ)))
     return jobs
 
@@ -68,7 +77,7 @@ def check_bcp(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, list[
     rows.append(ace_row_)
     facts: dict = {"transport": transport.name}
     if ace_data is not None:
-        rows.append(instances_row(ace_data, jobs))
+        rows += policy_rows(ace_data, jobs, ctx.detach)
         facts.update(ace_facts(ace_data))
     rows += [image_row(transport, jobs), workspace_row(transport, jobs), secrets_row(transport, jobs),
              version_row(transport)]
@@ -132,7 +141,7 @@ def team_row(transport: Transport, who: Account) -> Row:
 def ace_row(transport: Transport, who: Account) -> tuple[Row, dict | None]:
     assumes = f"ACE {who.ace} exists in org {who.org} and this key may use it"
     try:
-        data = lookups.ace(transport, who.ace)
+        data = transport.ace(who.ace)
     except BackendCallError as exc:
         verdict = different if NOT_FOUND.search(str(exc)) or REFUSED.search(str(exc)) else None
         if verdict:
@@ -145,30 +154,42 @@ def ace_row(transport: Transport, who: Account) -> tuple[Row, dict | None]:
 
 
 def ace_facts(ace: dict) -> dict:
-    """What the backend may adapt to (backends/profile.py): the ACE's limits as it states them."""
-    keys = ("maxRuntimeSeconds", "maxActiveJobsPerUser", "maxAllowedReplicas", "terminationGracePeriodSeconds")
-    return {"ace": {key: ace.get(key) for key in keys if key in ace},
-            "ace_instances": [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]}
+    """The ACE as `ace info` answered (limits and instances; not its storage endpoints), for the backend to hold
+    jobs against (bcp_policy) and to wait out its termination grace without asking again."""
+    return {"ace": {key: value for key, value in ace.items() if key not in ("storageServiceConfig",)}}
 
 
-def instances_row(ace: dict, jobs: list[PlannedBcpJob]) -> Row | None:
+INSTANCE_LIMITS = ("instances", "allowMultinode", "allowMultinodePreemptable", "multiNodeSupportedArrayTypes")
+DRIVER_FIX = re.compile(r"--set \(driver\)\.bcp\.(\w+)=(\S+)")
+
+
+def policy_rows(ace: dict, jobs: list[PlannedBcpJob], detach: bool) -> list[Row]:
+    """bcp_policy's violations of this ACE, as two rows: the instances (multi-node, array types) and the limits
+    (runtime, replicas, active jobs; the driver's needs with --detach)."""
     if not jobs:
-        return None
-    offered = {str(i.get("name")): i for i in ace.get("instances") or [] if isinstance(i, dict)}
-    assumes = "every job's instance is in the ACE, and allows multi-node where replicas > 1"
-    problems = []
-    for job in jobs:
-        instance = offered.get(job.spec.instance)
-        if instance is None:
-            problems.append(f"{job.label}: {job.spec.instance} is not in the ACE")
-        elif job.spec.replicas > 1 and instance.get("allowMultinode") is False:
-            problems.append(f"{job.label}: {job.spec.replicas} replicas, but {job.spec.instance} allows one")
+        return []
+    found = violations(ace, [PlannedJob(stage=j.stage, kind=j.kind, spec=j.spec) for j in jobs], detach=detach)
+    offered = [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]
     used = sorted({job.spec.instance for job in jobs})
-    if problems:
-        return different("instances", assumes, "; ".join(problems) + f" (the ACE offers: {', '.join(offered)})",
-                         "those jobs are refused at submission: --set STAGE.bcp.instance=... to one the ACE offers "
-                         "(or replicas=1)")
-    return ok("instances", assumes, f"{', '.join(used)}: all in the ACE")
+    limits = {key: ace.get(key) for key in ("maxRuntimeSeconds", "maxAllowedReplicas", "maxActiveJobsPerUser")
+              if ace.get(key) is not None}
+    rows = []
+    for topic, instance_kind, assumes, showed_ok, todo in (
+            ("instances", True,
+             "every job's instance is in the ACE, multi-node (and its array type) allowed where replicas > 1",
+             f"{', '.join(used)}: in the ACE, as each job uses it", "the jobs are refused at submission"),
+            ("ace limits", False, "every job fits the ACE's maxRuntimeSeconds, maxAllowedReplicas and "
+             "maxActiveJobsPerUser" + (" (with the --detach driver)" if detach else ""),
+             "; ".join(f"{k} {v}" for k, v in limits.items()) or "the ACE states no limits",
+             "NVIDIA's client or the scheduler refuses (or never starts) them")):
+        mine = [v for v in found if (v.limit in INSTANCE_LIMITS) == instance_kind]
+        if mine:
+            text = "; ".join(DRIVER_FIX.sub(r"set backends.bcp.driver.\1: \2", str(v)) for v in mine)
+            rows.append(different(topic, assumes, text + (f" (the ACE offers: {', '.join(offered)})"
+                                                          if instance_kind else ""), f"{todo}: fix as each says"))
+        else:
+            rows.append(ok(topic, assumes, showed_ok))
+    return rows
 
 
 def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:

@@ -250,20 +250,23 @@ def runs_on(plan: ProbePlan, logs: dict[int, str | None]) -> str:
 
 
 def replicas_row(plan: ProbePlan, logs: dict[int, str | None], ended) -> Row:
-    assumes = ("the commandline runs on every replica (each replica's bcprun starts that node's ranks)"
+    assumes = ("the commandline runs on every replica, or once on the launcher node (replica 0): the renderer is "
+               "right under both (a bcprun launch; NeMo's launcher on replica 0 only)"
                if plan.replicas > 1 else "the commandline runs once in a one-replica job")
     if ended is None:
         return different("replicas", assumes, f"the probe job had not ended after {WAIT_SECONDS:.0f} s (killed)",
                          "is the ACE full? look at `ngc base-command job list`")
     model = runs_on(plan, logs)
-    showed = f"ended {ended.native}; replicas whose log shows the commandline: " + \
-        (", ".join(str(r) for r, t in logs.items() if lines_of(t, "BCPP-PROBE")) or "none")
+    ran = ", ".join(str(r) for r, t in logs.items() if lines_of(t, "BCPP-PROBE")) or "none"
+    showed = f"ended {ended.native}; replicas whose log shows the commandline: {ran}"
     if ended.native != "FINISHED_SUCCESS":
         return different("replicas", assumes, showed + f" ({ended.detail})", "the probe itself failed: its log says why")
     if model == "per_replica":
-        return ok("replicas", assumes, showed)
-    return different("replicas", assumes, showed, "the commandline runs once, on the launcher node: multi-node stages "
-                     "need bcprun to start every node's ranks from there (the profile records it)")
+        return ok("replicas", assumes, showed + (" (on every replica)" if plan.replicas > 1 else ""))
+    if model == "launcher" and plan.replicas > 1:
+        return ok("replicas", assumes, showed + " (once, on the launcher node)",
+                  "multi-node stages rely on bcprun to start the other nodes' ranks from replica 0")
+    return different("replicas", assumes, showed, "neither model the renderer knows: report it")
 
 
 def env_row(plan: ProbePlan, logs: dict[int, str | None], job_id: str) -> Row:
@@ -307,8 +310,8 @@ def bcprun_facts(plan: ProbePlan, logs: dict[int, str | None], kill_log: str) ->
 def bcprun_row(plan: ProbePlan, logs: dict[int, str | None], kill_log: str) -> Row:
     facts = bcprun_facts(plan, logs, kill_log)
     flags = " ".join(plan.bcprun_flags)
-    assumes = f"bcprun exists (also in a one-replica job) and `bcprun {flags}` gives each rank its own RANK of " \
-              f"WORLD_SIZE {plan.replicas}"
+    assumes = f"bcprun exists in a {plan.replicas}-replica job, and `bcprun {flags}` (as rendered) gives each rank " \
+              f"its own RANK of WORLD_SIZE {plan.replicas} (one-replica stages start their ranks without it)"
     ranks = [fields(line) for t in logs.values() for line in lines_of(t, "BCPP-RANK")]
     rank_text = ", ".join(f"{f.get('rank')}/{f.get('world')}" for f in ranks) or "none"
     showed = (f"bcprun {'present' if facts['present'] else 'absent'} in the {plan.replicas}-replica job, "
@@ -317,13 +320,14 @@ def bcprun_row(plan: ProbePlan, logs: dict[int, str | None], kill_log: str) -> R
               f"{facts['no_redirect_spelling'] or 'no no_redirect flag'}")
     expected = {(str(r), str(plan.replicas)) for r in range(plan.replicas)}
     got = [(f.get("rank"), f.get("world")) for f in ranks]
-    if not facts["present"] or facts["in_single_replica_jobs"] is False:
-        return different("bcprun", assumes, showed, "stages launched under bcprun fail where it is missing: the "
-                         "profile records it (a one-replica stage then needs a launch without bcprun)")
+    if not facts["present"]:
+        return different("bcprun", assumes, showed, "multi-node stages under bcprun cannot start: `run` refuses "
+                         "them while this profile stands (launcher: none with a command starting its own ranks)")
     if sorted(got) != sorted(expected) or not facts["flags_accepted"]:
         return different("bcprun", assumes, showed + f"; exit {lines_of(logs.get(0), 'BCPP-BCPRUN-EXIT')[:1]}",
                          "multi-process stages would see wrong ranks or fail to start: report the bcprun usage above")
-    return ok("bcprun", assumes, showed)
+    return ok("bcprun", assumes, showed, "" if facts["in_single_replica_jobs"] is not False else
+              "no bcprun in one-replica jobs: the renderer does not use it there")
 
 
 def python_row(logs: dict[int, str | None]) -> Row:

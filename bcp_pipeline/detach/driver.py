@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
+import itertools
 import os
 import subprocess
 import sys
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from ..engine.state import RunState, RunStore
 from ..errors import BackendCallError, PipelineError, StateError
-from .protocol import DRIVER_FOLDER, ERROR_PREFIX, snapshot_line, workspace_state_root
+from .protocol import DRIVER_FOLDER, ERROR_PREFIX, MAX_LINE_BYTES, capped, snapshot_lines, workspace_state_root
 
 EXIT_MISSING_SOFTWARE = 3
 SDK_REQUIREMENT = "ngcsdk==4.19.1"
@@ -42,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--install", action="store_true", help="pip install what the image lacks")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    sys.stdout = CappedLines(sys.stdout)  # the job log: no line over MAX_LINE_BYTES, whatever is printed
     missing = ensure_software(install=args.install)
     if missing:
         return fail(missing, EXIT_MISSING_SOFTWARE)
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def fail(message: str, code: int) -> int:
-    print(ERROR_PREFIX + " ".join(message.split()), flush=True)
+    print(capped(ERROR_PREFIX + " ".join(message.split()))[0], flush=True)  # one line: the laptop reads one
     return code
 
 
@@ -85,7 +88,7 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     from ..engine.orchestrator import Orchestrator
     from ..engine.selection import resume_selection
     from ..report.text import Reporter
-    from .jobs import Lease, active_drivers, driver_spec
+    from .jobs import Lease, active_drivers, driver_spec, runtime_used
 
     own_id = os.environ.get("NGC_JOB_ID", "")
     if not own_id:
@@ -101,11 +104,16 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
                          run_dir=store.run_dir(run_id), workspace_name=pipeline.workspace.name,
                          mounted_workspace=root)
     check_credentials(backend, run_id, options.driver)
+    # --total-runtime bounds the job's cumulative RUNNING time: a driver resumed after a preemption has less left
+    # than its own process has lived. What BCP counts, not our clock, says how much is spent.
+    used = runtime_used(backend.transport.job(own_id))
+    deadline -= used
     lease = Lease(store.run_dir(run_id) / "driver.lease", own_id)
     lease.take(backend, deadline)
     state = store.load(run_id)  # again: the driver before this one may have saved until its job ended
     print(f"driver job {own_id}: driving run {run_id} ({pipeline.name}); hand-over in "
-          f"{max(0, deadline - time.monotonic()):.0f} s", flush=True)
+          f"{max(0, deadline - time.monotonic()):.0f} s" + (f" ({used:.0f} s of its runtime spent before this start)"
+                                                           if used else ""), flush=True)
     selected = resume_selection(state, pipeline)
     terms = record_term(state, own_id)
     store.save(state)
@@ -151,14 +159,43 @@ def check_credentials(backend, run_id: str, driver) -> None:
 
 
 class SnapshotStore(RunStore):
-    """Saves as RunStore does, after printing the state to the job log as one line (the laptop's view of it).
+    """Saves as RunStore does, after printing the state to the job log as numbered lines (the laptop's view).
 
     Printed first: the log is then never behind the file, and the file never behind what was submitted."""
 
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self._numbers = itertools.count(1)
+
     def save(self, state: RunState) -> None:
         state.updated_at = time.time()
-        print(snapshot_line(state.to_json()), flush=True)
+        print("\n".join(snapshot_lines(state.to_json(), next(self._numbers))), flush=True)
         super().save(state)
+
+
+class CappedLines(io.TextIOBase):
+    """A text stream passing on whole lines of at most MAX_LINE_BYTES: a longer one goes on as several lines.
+
+    Log pipelines split long lines at a limit of their own; here the driver chooses where, and every piece keeps
+    its place in the log."""
+
+    def __init__(self, stream: io.TextIOBase) -> None:
+        self.stream = stream
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            for piece in capped(line):
+                self.stream.write(piece + "\n")
+        if len(self.pending) > MAX_LINE_BYTES:  # a line still growing: what cannot fit goes on now
+            *full, self.pending = capped(self.pending)
+            for piece in full:
+                self.stream.write(piece + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 if __name__ == "__main__":

@@ -64,6 +64,18 @@ def ngc_settings(org: str | None, team: str | None, ace: str | None, environ: Ma
     return {key: value for key, value in values.items() if value and value != "no-team"}
 
 
+def runtime_used(job: dict[str, Any]) -> float:
+    """Seconds of its --total-runtime a job had spent RUNNING before its current run (0 for a first run).
+
+    ngcsdk's JobStatus carries `aggregatedPreviousRunTimeSeconds` (the time run before a preemption) and
+    `totalRuntimeSeconds` (the job's runtime so far, which may count the current run too). Either may be absent;
+    the larger is taken, so a driver hands over early rather than past its limit.
+    """
+    status = job.get("jobStatus") or {}
+    values = [status.get(key) for key in ("aggregatedPreviousRunTimeSeconds", "totalRuntimeSeconds")]
+    return float(max((v for v in values if isinstance(v, (int, float))), default=0))
+
+
 def active_drivers(transport: Transport, run_id: str) -> list[dict[str, Any]]:
     return [job for job in driver_jobs(transport, run_id) if not status_of(job).state.finished]
 

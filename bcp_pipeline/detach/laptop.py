@@ -108,11 +108,13 @@ class DetachedRun:
         """Driver jobs and their last saved run state (into self.state and the local mirror, while they own it)."""
         jobs = driver_jobs(self.transport, self.state.run_id)
         view = DriverView(jobs=[status_of(job) for job in jobs])
+        started = {str(job.get("id")) for job in jobs if (job.get("jobStatus") or {}).get("startedAt")}
         for status in reversed(view.jobs):
-            log = self._log(status.job_id)
+            ran = status.job_id in started or status.state is JobState.RUNNING
+            log = self._log(status.job_id, ran)
             if status is view.latest and status.state.finished:
                 view.error = last_error(log)
-            snapshot = last_snapshot(log) or (last_snapshot(self._log(status.job_id, full=True)) if log else None)
+            snapshot = last_snapshot(log) or (last_snapshot(self._log(status.job_id, ran, full=True)) if log else None)
             if snapshot is not None:
                 view.snapshot_from = status.job_id
                 if self.state.driver_owned:
@@ -120,11 +122,16 @@ class DetachedRun:
                 break
         return view
 
-    def _log(self, job_id: str, full: bool = False) -> str:
+    def _log(self, job_id: str, ran: bool, full: bool = False) -> str:
+        """The driver job's log; "" for a job that never ran (BCP has no log for it). Any other failure to read it
+        is an error: swallowed, `status` of a detached run would show nothing and say nothing."""
         try:
             return self.transport.log(job_id, None, None if full else LOG_TAIL_LINES)
-        except BackendCallError:
-            return ""  # a job that never started has no log yet
+        except BackendCallError as exc:
+            if not ran:
+                return ""
+            raise BackendCallError(f"could not read the log of driver job {job_id}, which holds the run's state: "
+                                   f"{exc}") from None
 
     def _mirror(self, snapshot: dict[str, Any]) -> None:
         try:

@@ -1,13 +1,14 @@
 """Polling: one backend call per cycle for every active job, and each job's new status recorded in the run state.
 
 A failing status call is retried next cycle (reported after a few in a row), never a stage failure: the jobs may
-well be running fine. A job the backend does not list this cycle is "not finished yet".
+well be running fine. So is a failing resume of a preempted job. A job the backend does not list this cycle is
+"not finished yet".
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .context import RunContext
 from ..errors import BackendCallError
@@ -24,6 +25,7 @@ class Poller(RunContext):
 
     outcomes: Outcomes
     _failures: int = 0  # status calls failed in a row
+    _resume_failures: dict[str, int] = field(default_factory=dict)  # job id -> resume calls failed in a row
 
     def active_jobs(self) -> dict[str, tuple[str, JobRecord]]:
         """Job id -> (stage name, job) for every job a stage is waiting on."""
@@ -62,7 +64,7 @@ class Poller(RunContext):
         if not status.state.finished:
             if job.kind == "stage":
                 self.update_progress(name, job)
-            if status.state is JobState.PREEMPTED and changed:
+            if status.state is JobState.PREEMPTED and (changed or job.job_id in self._resume_failures):
                 self.on_preempted(name, job)
             if changed:
                 self.store.save(self.state)
@@ -82,8 +84,21 @@ class Poller(RunContext):
             self.state.stages[name].progress = {"done": progress.done, "total": progress.total, "unit": progress.unit}
 
     def on_preempted(self, name: str, job: JobRecord) -> None:
+        """Resume a preempted job where its stage says so; a failing resume call is tried again next cycle."""
         policy = getattr(self.pipeline.stages[name].resources(self.backend.name), "on_preempted", "wait")
-        if policy == "resume" and self.backend.resume(job.job_id):
+        if policy != "resume":
+            self.progress.event(f"{name}: job {job.job_id} was preempted; waiting for it to be resumed")
+            return
+        try:
+            resumed = self.backend.resume(job.job_id)
+        except (BackendCallError, OSError) as exc:
+            failures = self._resume_failures[job.job_id] = self._resume_failures.get(job.job_id, 0) + 1
+            if failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
+                self.progress.event(f"{name}: resuming preempted job {job.job_id} failed {failures} times in a row, "
+                                    f"still retrying: {exc}")
+            return
+        self._resume_failures.pop(job.job_id, None)
+        if resumed:
             self.progress.event(f"{name}: job {job.job_id} was preempted; resumed it")
         else:
             self.progress.event(f"{name}: job {job.job_id} was preempted; waiting for it to be resumed")

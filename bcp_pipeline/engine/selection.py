@@ -59,8 +59,8 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     config = load_and_check(request.config_file, overrides=request.overrides, pipeline=request.pipeline)
     pipeline = config.pipeline(request.pipeline)
     backend = request.backend or pipeline.backend
-    check_backend_ready(backend, config)
-    refuse_what_the_profile_rules_out(backend, config, pipeline, store)
+    check_backend_ready(backend, config, pipeline)
+    refuse_what_the_profile_rules_out(backend, config, pipeline, store, detach=request.detach)
     if request.detach and backend != "bcp":
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend!r}")
     selection = Selection(from_stage=request.from_stage, only=request.only)
@@ -83,18 +83,17 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
                      continued=True)
 
 
-def refuse_what_the_profile_rules_out(backend: str, config: Config, pipeline: PipelineConfig,
-                                      store: RunStore) -> None:
+def refuse_what_the_profile_rules_out(backend: str, config: Config, pipeline: PipelineConfig, store: RunStore,
+                                      *, detach: bool = False) -> None:
     """Before a run is recorded: stages that the saved `check` profile of this service says cannot work."""
     probe = make_backend(backend, config, pipeline, store.run_dir(PROFILE_RUN_ID))
     if not probe.has_profile:
         return
-    problems = probe.refusals([probe.render(r) for r in planned_requests(pipeline, PROFILE_RUN_ID)])
+    problems = probe.refusals([probe.render(r) for r in planned_requests(pipeline, PROFILE_RUN_ID)], detach=detach)
     if problems:
         raise ConfigError("this service cannot run the pipeline as configured:\n  " + "\n  ".join(problems)
-                          + "\nChange those stages (e.g. --set STAGE.bcp.launcher=none with a command that starts "
-                            "its own ranks), or run `bcp-pipeline check` again if the service changed. Nothing was "
-                            "submitted or recorded.")
+                          + "\nChange those stages as each says, or run `bcp-pipeline check` again if the service "
+                            "changed. Nothing was submitted or recorded.")
 
 
 def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | None, detach: bool,
@@ -107,7 +106,7 @@ def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | No
     """
     state = store.resolve(run_id)
     config, pipeline = run_config(state, config_file)
-    check_backend_ready(state.backend, config)
+    check_backend_ready(state.backend, config, pipeline)
     chosen = ChosenRun(config=config, pipeline=pipeline, store=store, state=state, selected=set(), continued=True)
     if detach:
         if state.backend != "bcp":

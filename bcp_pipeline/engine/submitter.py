@@ -3,6 +3,8 @@
 Crash safety rests on the order in `Submitter.submit`: the stage is marked SUBMITTING and the state saved BEFORE
 the backend's submit call, so an orchestrator that dies in between finds the mark on resume and looks the job up
 by its labels (`find_submitted`: live or ended, any job it has no record of) instead of submitting a second one.
+A job created just before the crash may not be listed yet: such a stage is looked up again each cycle for the
+backend's `lookup_grace_seconds` before it is submitted.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ class Submitter(RunContext):
     outcomes: Outcomes
     selected: set[str]  # stages this invocation may submit
     _failures: dict[str, int] = field(default_factory=dict)  # stage -> submit calls failed in a row
+    # (stage, kind) found in flight when this orchestrator started -> when the look-up first came back empty
+    _recovering: dict[tuple[str, str], float | None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._recovering = {}
+        for name, stage_state in self.state.stages.items():
+            if stage_state.status is StageStatus.SUBMITTING:
+                self._recovering[(name, "stage")] = None
+            elif stage_state.status is StageStatus.VERIFYING and stage_state.active_job() is None:
+                self._recovering[(name, "verify")] = None
 
     def due(self, name: str) -> str | None:
         """The kind of job stage `name` needs submitted now ("stage" / "verify"), or None.
@@ -60,9 +72,8 @@ class Submitter(RunContext):
             if kind is None:
                 continue
             try:
-                self.submit(name, kind)
+                changed |= self.submit(name, kind)
                 self._failures.pop(name, None)
-                changed = True
             except SubmissionError as exc:
                 self.outcomes.fail(name, self.state.stages[name], f"cannot submit its {kind} job: {exc}")
                 changed = True
@@ -81,8 +92,9 @@ class Submitter(RunContext):
         return job_request(self.pipeline, self.pipeline.stages[name], kind, self.state.run_id,
                            attempt=attempts if kind == "verify" else attempts + 1)
 
-    def submit(self, name: str, kind: str) -> None:
-        """Submit the stage's job (or its verification), never a second one while one is alive."""
+    def submit(self, name: str, kind: str) -> bool:
+        """Submit the stage's job (or its verification), never a second one while one is alive: False while a job
+        an earlier orchestrator may have created is still being looked for."""
         stage_state = self.state.stages[name]
         request = self.request(name, kind)
         submission = self.backend.render(request)  # before any state change: a render error submits nothing
@@ -101,6 +113,8 @@ class Submitter(RunContext):
         if unrecorded:  # submitted by an orchestrator that died before it saved the id: adopt it, live or ended
             job_id = unrecorded[-1]
             self.progress.event(f"{name}: re-attached to {kind} job {job_id} (submitted before a restart)")
+        elif self._still_looking(name, kind):
+            return False
         else:
             job_id = self.backend.submit(submission)
             self.progress.event(f"{name}: submitted {'verification ' if kind == 'verify' else ''}job {job_id}")
@@ -109,8 +123,23 @@ class Submitter(RunContext):
         stage_state.jobs.append(JobRecord(job_id=job_id, kind=kind, attempt=request.attempt, submitted_at=time.time()))
         stage_state.status = StageStatus.RUNNING if kind == "stage" else StageStatus.VERIFYING
         self.store.save(self.state)
+        self._recovering.pop((name, kind), None)
         if not unrecorded:
             self.record_submission(job_id, submission.printable)
+        return True
+
+    def _still_looking(self, name: str, kind: str) -> bool:
+        """True while a stage found in flight at start has had no job listed for less than the lookup grace."""
+        if (name, kind) not in self._recovering:
+            return False  # marked by this orchestrator: it knows it has not submitted yet
+        grace = self.backend.lookup_grace_seconds
+        first_miss = self._recovering[(name, kind)]
+        if first_miss is None:
+            first_miss = self._recovering[(name, kind)] = time.monotonic()
+            if grace > 0:
+                self.progress.event(f"{name}: no {kind} job listed for it yet; looking again for up to {grace:.0f} s "
+                                    "before submitting one (a job created just before a restart may be listed late)")
+        return time.monotonic() - first_miss < grace
 
     def record_submission(self, job_id: str, printable: str) -> None:
         """Keep what was submitted for `report` (`<run>/submitted/<job id>.txt`), secret values redacted.

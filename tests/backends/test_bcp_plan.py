@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 
 import pytest
 
@@ -69,13 +71,17 @@ def test_guide_numbers_reach_the_job_request(capsys):
         ("dgxa100.80g.8.norm", 2, "PYTORCH")
     assert download["runPolicy"] == {"preemptClass": "RUNONCE", "totalRuntimeSeconds": 36000}
     assert download["jobPriority"] == "NORMAL" and download["jobOrder"] == 50
-    assert download["command"].startswith("bcprun --nnodes 2 --npernode 48 --no_redirect --cmd ")
+    assert download["command"].startswith("bcprun --nnodes 2 --npernode 48 -no_redirect --cmd ")  # NVIDIA's spelling
+    concat = ngc_parser.job_create_request(jobs[("concat", "stage")]["argv"])  # one node, 48 ranks: no bcprun
+    assert "replicaCount" not in concat and concat["command"].startswith("bash -c 'pids=(); for rank in $(seq 0 47)")
+    assert "bcprun" not in concat["command"]
     verify = ngc_parser.job_create_request(jobs[("download", "verify")]["argv"])
     assert verify["aceInstance"] == "dgxa100.80g.1.norm" and "replicaCount" not in verify
     assert verify["workspaceMounts"][0]["mountMode"] == "RO"
     pretrain = ngc_parser.job_create_request(jobs[("pretrain", "stage")]["argv"])
     assert (pretrain["replicaCount"], pretrain["runPolicy"]["totalRuntimeSeconds"]) == (8, 5 * 86400)
     assert "launcher_scripts/main.py cluster_type=bcp" in pretrain["command"]
+    assert pretrain["command"].startswith("bash -c 'if [ \"${NGC_ARRAY_INDEX:-0}\" = 0 ]; then "), "replica 0 only"
     assert '"training.trainer.num_nodes=${NGC_ARRAY_SIZE}"' in pretrain["command"]
 
 
@@ -121,7 +127,7 @@ def test_plan_quotes_names_with_spaces_quotes_and_semicolons(tmp_path, capsys):
     assert shlex.split(job["printable"]) == job["argv"]
     commandline = job["argv"][job["argv"].index("--commandline") + 1]
     bcprun = shlex.split(commandline)
-    assert bcprun[:6] == ["bcprun", "--nnodes", "2", "--npernode", "3", "--no_redirect"]
+    assert bcprun[:6] == ["bcprun", "--nnodes", "2", "--npernode", "3", "-no_redirect"]
     inner = shlex.split(bcprun[bcprun.index("--cmd") + 1])
     assert inner[-6:] == ["--out", "/mount_workspace/it's here; rm -rf \"x\" $HOME", "--count", "2", "--name", "a b"]
     assert "--env-var" in job["argv"] and "NOTE:a 'quoted' value; with spaces" in job["argv"]
@@ -170,3 +176,18 @@ def test_plan_detach_prints_the_driver_and_its_cost(capsys):
     assert "--secret bcp-pipeline-ngc:api_key:NGC_CLI_API_KEY" in text
     assert "driver (--detach): 1 x dgxa100.80g.1.norm for the whole run: 473 node-hours, 473 GPU-hours, " \
            "1.6 % of the run's GPU-hours" in text
+
+
+def test_one_node_ranks_start_without_bcprun(tmp_path):
+    """A one-replica multi-process stage starts its ranks itself (bcprun may be missing from such a job): every
+    rank runs the exact program and arguments, with RANK/WORLD_SIZE; the job fails with a failing rank's code."""
+    from bcp_pipeline.backends.bcp_render import local_ranks
+    from bcp_pipeline.backends.common import shell_join
+
+    odd = "it's; $HOME \"x\""
+    program = shell_join(["sh", "-c", 'echo "$RANK/$WORLD_SIZE/$LOCAL_RANK $1" > "$2/rank-$RANK"; exit $((RANK == 1 ? 5 : 0))',
+                          "sh", odd, str(tmp_path)])
+    done = subprocess.run(shlex.split(local_ranks(program, 3)), env={"PATH": os.environ["PATH"]},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 5, done.stderr
+    assert sorted(p.read_text() for p in tmp_path.glob("rank-*")) == [f"{r}/3/{r} {odd}\n" for r in range(3)]

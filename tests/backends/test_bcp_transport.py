@@ -138,3 +138,22 @@ def test_the_backend_picks_the_transport_only_when_it_needs_one(tmp_path, monkey
     backend.prepare(config.pipeline("demo"), execute=False)  # rendering needs no transport
     with pytest.raises(Exception, match="neither is here"):
         _ = backend.transport
+
+
+@pytest.mark.parametrize("override, message", [
+    ("download.bcp.preempt=RESTARTABLE", "stage download: preempt RESTARTABLE is refused for a job with replicas > 1 "
+     "(ngc allows only RUNONCE or RESUMABLE for multi-node jobs); set `--set download.bcp.preempt=RESUMABLE`"),
+    ("download.bcp.array_type=MPI", "stage download: array_type MPI is not supported: bcprun in an MPIJob gives its "
+     "processes Open MPI's rank variables"),
+])
+def test_what_bcp_would_refuse_or_get_wrong_is_a_config_error_before_anything_is_recorded(
+        tmp_path, capsys, override, message):
+    """Not six "transient" submit failures (RESTARTABLE with replicas > 1), nor ranks that all read rank 0 of 1."""
+    config = tmp_path / "pipelines.yaml"
+    config.write_text((REPO / "pipelines.yaml").read_text().replace(
+        "stages_dir: stages\n", f"stages_dir: {REPO / 'stages'}\n", 1))
+    for command in ("run", "plan"):
+        assert main([command, "slimpajama-126m", "--backend", "bcp", "--config", str(config), "--set", override]) == 2
+        error = capsys.readouterr().err
+        assert message in error and "download.bcp" in error, error
+    assert not (tmp_path / ".bcp-pipeline").exists()

@@ -48,9 +48,9 @@ def ngc_json(fake: FakeNgc, *args: str) -> Any:
     return json.loads(result.stdout)
 
 
-def run_argv(command: str, *extra: str, name: str = "stage", replicas: int = 1) -> list[str]:
+def run_argv(command: str, *extra: str, name: str = "stage", replicas: int = 1, array_type: str = "PYTORCH") -> list[str]:
     """``base-command job run`` arguments as the orchestrator would render them."""
-    multi = ["--replicas", str(replicas), "--array-type", "PYTORCH", "--total-runtime", "1h"] if replicas > 1 else []
+    multi = ["--replicas", str(replicas), "--array-type", array_type, "--total-runtime", "1h"] if replicas > 1 else []
     return ["base-command", "job", "run", "--name", name, "--image", IMAGE, "--instance", "dgxa100.80g.8.norm",
             "--result", "/results", "--workspace", "ws:/mount_ws:RW", "--commandline", command, *multi, *extra,
             "--format_type", "json"]  # fmt: skip
@@ -74,9 +74,10 @@ def job_id_of(result: subprocess.CompletedProcess) -> int:
     return out["job"]["id"]
 
 
-def submit(fake: FakeNgc, command: str, *extra: str, name: str = "stage", replicas: int = 1) -> int:
+def submit(fake: FakeNgc, command: str, *extra: str, name: str = "stage", replicas: int = 1,
+           array_type: str = "PYTORCH") -> int:
     """Submit one job; returns its id."""
-    return job_id_of(ngc(fake, *run_argv(command, *extra, name=name, replicas=replicas)))
+    return job_id_of(ngc(fake, *run_argv(command, *extra, name=name, replicas=replicas, array_type=array_type)))
 
 
 def wait_status(fake: FakeNgc, job_id: int, goal: set[str] | frozenset[str] = ngc_control.TERMINAL_STATES,
@@ -93,7 +94,7 @@ def wait_status(fake: FakeNgc, job_id: int, goal: set[str] | frozenset[str] = ng
 
 def test_two_replica_job_with_bcprun(fake: FakeNgc) -> None:
     per_rank = "echo $RANK $WORLD_SIZE $LOCAL_RANK $NGC_ARRAY_INDEX > /mount_ws/rank_$RANK.txt; echo hello rank $RANK"
-    command = f"bcprun --nnodes 2 --npernode 2 --no_redirect --cmd '{per_rank}'"
+    command = f"bcprun --nnodes 2 --npernode 2 -no_redirect --cmd '{per_rank}'"
     job_id = submit(fake, command, "--label", "bcpp_run_abc", "--label", "stage_dl", replicas=2)
     info = wait_status(fake, job_id)
     assert info["job"]["jobStatus"]["status"] == "FINISHED_SUCCESS"
@@ -289,7 +290,7 @@ def test_job_list_time_window_and_waitend(fake: FakeNgc) -> None:
 
 def test_bcprun_stand_in(tmp_path: Path) -> None:
     def bcprun(*args: str, **env: str) -> subprocess.CompletedProcess:
-        full_env = dict(os.environ, NGC_ARRAY_SIZE="2", NGC_ARRAY_INDEX="1", NGC_RESULT_DIR=str(tmp_path), **env)
+        full_env = {**os.environ, "NGC_ARRAY_SIZE": "2", "NGC_ARRAY_INDEX": "1", "NGC_RESULT_DIR": str(tmp_path), **env}
         return subprocess.run([sys.executable, str(BCPRUN), *args], env=full_env, capture_output=True, text=True,
                               timeout=30, check=False)  # fmt: skip
 
@@ -301,9 +302,18 @@ def test_bcprun_stand_in(tmp_path: Path) -> None:
     assert bcprun("--cmd", "echo $RANK $MASTER_ADDR", NGC_NTASKS_PER_NODE="2").returncode == 0
     assert sorted(p.name for p in tmp_path.glob("bcprun_rank*.log")) == ["bcprun_rank2.log", "bcprun_rank3.log"]
     assert (tmp_path / "bcprun_rank3.log").read_text() == "3 127.0.0.1\n"
-    failing = bcprun("--nnodes=2", "--npernode=2", "--no_redirect",
+    failing = bcprun("--nnodes=2", "--npernode=2", "-no_redirect",
                      "--cmd", '[ "$LOCAL_RANK" = 1 ] && exit 7; sleep 30')
     assert failing.returncode == 7, "first failing rank's code; the others are stopped"
+    # Exactly NVIDIA's spellings: one-dash -no_redirect; no two-dash form, no abbreviation.
+    for loose in (["--no_redirect"], ["--nnode", "2"], ["-no_redirec"]):
+        refused = bcprun(*loose, "--cmd", "true")
+        assert refused.returncode == 2 and "usage: bcprun" in refused.stderr, loose
+    # NVIDIA's launcher runs one-off steps as `bcprun --nnodes 1 --npernode 1` inside multi-node jobs: on node 0
+    # only, whichever node's commandline calls it (per-replica model).
+    once = [bcprun("--nnodes", "1", "--npernode", "1", "-no_redirect", "--launcher", "x", "--env", "Y=2",
+                   "--cmd", "echo $RANK/$WORLD_SIZE/$Y", NGC_ARRAY_INDEX=str(node)) for node in (0, 1)]
+    assert [(r.returncode, r.stdout) for r in once] == [(0, "0/1/2\n"), (0, "")]
 
 
 def test_concurrent_submissions_get_distinct_increasing_ids(fake: FakeNgc) -> None:
@@ -313,3 +323,112 @@ def test_concurrent_submissions_get_distinct_increasing_ids(fake: FakeNgc) -> No
     assert ids == [ngc_control.FIRST_JOB_ID + i for i in range(3)]
     for job_id in ids:
         assert fake.wait_for(job_id) == "FINISHED_SUCCESS"
+
+
+# -- variants of the service (tests/fakes/README.md "Variants") ----------------------------------------------------
+
+RANKS = "bcprun --nnodes 2 --npernode 2 -no_redirect --cmd 'echo $RANK/$WORLD_SIZE/$NGC_ARRAY_INDEX >> /mount_ws/ranks_$NGC_JOB_ID'"
+SHOW_ENV = 'echo "node $NGC_ARRAY_INDEX $NGC_ARRAY_TYPE $NGC_MASTER_ADDR $NGC_GPUS_PER_NODE" >> /mount_ws/cmd_$NGC_JOB_ID'
+
+
+def test_commandline_per_replica_or_once_on_the_launcher_node(fake: FakeNgc) -> None:
+    ws = fake.workspace_path("ws")
+    per_replica = submit(fake, f"{SHOW_ENV}; {RANKS}", replicas=2)
+    assert fake.wait_for(per_replica) == "FINISHED_SUCCESS"
+    fake.set_variants(commandline="launcher")
+    once = submit(fake, f"{SHOW_ENV}; {RANKS}", replicas=2)
+    assert fake.wait_for(once) == "FINISHED_SUCCESS"
+    # Per replica: each node runs the commandline and its bcprun starts that node's ranks. Once: replica 0 runs
+    # it and bcprun fans out to both nodes. The ranks are the same; the commandline ran twice, or once.
+    for job_id in (per_replica, once):
+        assert sorted((ws / f"ranks_{job_id}").read_text().split()) == ["0/4/0", "1/4/0", "2/4/1", "3/4/1"]
+    assert sorted((ws / f"cmd_{per_replica}").read_text().splitlines()) == [
+        f"node 0 PyTorchJob launcher-svc-{per_replica} 8", f"node 1 PyTorchJob launcher-svc-{per_replica} 8"]
+    assert (ws / f"cmd_{once}").read_text() == f"node 0 PyTorchJob launcher-svc-{once} 8\n"
+    assert ngc(fake, "base-command", "job", "log", f"{once}:1").stdout == "", "replica 1 ran no commandline"
+    # An MPIJob: its bcprun ranks get Open MPI's variables only (the stand-in's guess for an mpirun launch).
+    mpi = submit(fake, "bcprun --nnodes 2 --npernode 1 -no_redirect --cmd 'echo ${RANK:-no RANK} $OMPI_COMM_WORLD_RANK "
+                       "$NGC_ARRAY_TYPE >> /mount_ws/mpi'", array_type="MPI", replicas=2)
+    assert fake.wait_for(mpi) == "FINISHED_SUCCESS"
+    assert sorted((ws / "mpi").read_text().splitlines()) == ["no RANK 0 MPIJob", "no RANK 1 MPIJob"]
+
+
+def test_bcprun_absent_from_single_replica_jobs(fake: FakeNgc) -> None:
+    probe = "command -v bcprun >/dev/null && echo has bcprun || echo no bcprun"
+    fake.set_variants(bcprun_in_single_replica_jobs=False)
+    single, multi = map(job_id_of, ngc_parallel(fake, run_argv(probe), run_argv(probe, replicas=2)))
+    for job_id in (single, multi):
+        assert fake.wait_for(job_id) == "FINISHED_SUCCESS"
+    log = fake.home / "jobs" / str(single) / "results" / "0" / "joblog.log"
+    assert log.read_text() == "no bcprun\n"
+    assert (fake.home / "jobs" / str(multi) / "results" / "1" / "joblog.log").read_text() == "has bcprun\n"
+
+
+def test_job_list_lag_and_server_clock_skew(fake: FakeNgc) -> None:
+    fake.set_variants(list_lag_calls=2)
+    job_id = submit(fake, "true")
+    listed = [[j["id"] for j in ngc_json(fake, "base-command", "job", "list")] for _ in range(3)]
+    assert listed == [[], [], [job_id]], "hidden from the first two list calls that would show it"
+    assert ngc_json(fake, "base-command", "job", "info", str(job_id))["job"]["id"] == job_id, "info finds it at once"
+    fake.set_variants(list_lag_calls=0, list_lag_seconds=1.5)
+    young = submit(fake, "true")
+    assert young not in [j["id"] for j in ngc_json(fake, "base-command", "job", "list")]
+    time.sleep(1.5)
+    assert young in [j["id"] for j in ngc_json(fake, "base-command", "job", "list")]
+    # A server clock 10 minutes ahead stamps dates in the client's future: the client's list window (up to its own
+    # clock) leaves the new job out.
+    fake.set_variants(list_lag_seconds=0, clock_skew_seconds=600)
+    ahead = submit(fake, "true")
+    created = ngc_control.parse_iso(fake.jobs()[ahead]["job"]["createdDate"])
+    assert 590 < created - time.time() < 610
+    assert ahead not in [j["id"] for j in ngc_json(fake, "base-command", "job", "list")]
+
+
+def test_ace_limits_are_served_and_enforced(fake: FakeNgc) -> None:
+    fake.set_variants(ace={"maxRuntimeSeconds": 7200, "maxAllowedReplicas": 2, "maxActiveJobsPerUser": 1,
+                           "terminationGracePeriodSeconds": 2, "multiNodeSupportedArrayTypes": ["PYTORCH"]})
+    ace = ngc_json(fake, "base-command", "ace", "info", fake.ace)
+    ngc_parser.parse_args(["batch", "list"])  # ngcsdk loaded the offline way before its data classes are imported
+    from basecommand.data.api.Ace import Ace  # pylint: disable=import-outside-toplevel
+
+    parsed = Ace(ace)  # NVIDIA's data class reads the shape
+    assert (parsed.maxRuntimeSeconds, parsed.maxAllowedReplicas, parsed.maxActiveJobsPerUser,
+            parsed.terminationGracePeriodSeconds) == (7200, 2, 1, 2)
+    assert parsed.instances[0].multiNodeSupportedArrayTypes == ["PYTORCH"] and parsed.instances[0].allowMultinode
+    too_long, too_many, mpi = ngc_parallel(
+        fake, run_argv("true", "--total-runtime", "3h"), run_argv("true", replicas=3),
+        run_argv("true", array_type="MPI", replicas=2))
+    assert "Total Runtime Seconds exceeds ACE maximum." in too_long.stderr  # NVIDIA's client checks this one
+    assert too_many.returncode == 1 and "exceeds the ACE maximum of 2" in too_many.stderr
+    assert mpi.returncode == 1 and "Array type 'MPI' is not supported" in mpi.stderr
+    assert fake.jobs() == {}
+    # One active job per user: the second waits QUEUED until the first has ended.
+    first, second = (submit(fake, "exec sleep 60") for _ in range(2))
+    fake.wait_for(first, {"RUNNING"})
+    time.sleep(0.5)
+    assert fake.status(second) == "QUEUED"
+    # A kill passes through PENDING_TERMINATION for the ACE's grace period.
+    assert ngc(fake, "base-command", "job", "kill", str(first), "--format_type", "json").returncode == 0
+    assert fake.status(first) == "PENDING_TERMINATION" and fake.status(second) == "QUEUED"
+    killed_at = time.monotonic()
+    assert fake.wait_for(first, timeout=10) == "KILLED_BY_USER"
+    assert time.monotonic() - killed_at > 1.5
+    assert fake.wait_for(second, {"RUNNING"}) == "RUNNING"
+    fake.set_variants(ace={"allowMultinode": False})
+    refused = ngc(fake, *run_argv("true", replicas=2))
+    assert refused.returncode == 1 and "does not allow multinode" in refused.stderr
+
+
+@pytest.mark.parametrize("key_type", ["PERSONAL_KEY", "SERVICE_KEY"])
+def test_nvapi_keys_are_the_bearer_and_their_org_must_match(tmp_path: Path, ngc_tls_dir: Path, key_type: str) -> None:
+    key = "nvapi-emulated-key-not-a-secret"
+    with FakeNgc(tmp_path / "ngc-home", api_key=key, tls_dir=ngc_tls_dir, variants={"key_type": key_type}) as fake:
+        fake.create_workspace("ws")
+        job_id = submit(fake, "echo hi")
+        assert fake.wait_for(job_id) == "FINISHED_SUCCESS"
+        assert ngc(fake, "base-command", "job", "log", str(job_id)).stdout == "hi\n"
+        assert fake.requests("POST", "/v3/keys/get-caller-info") and not fake.requests("GET", "/token")
+        fake.set_variants(key_org="another-org")
+        wrong = ngc(fake, "base-command", "job", "list", "--format_type", "json")
+        assert wrong.returncode != 0, wrong.stdout
+        assert "another-org" in wrong.stderr or "403" in wrong.stderr, wrong.stderr

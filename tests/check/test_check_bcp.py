@@ -30,8 +30,8 @@ def test_no_jobs_check_of_the_emulated_ace(tmp_path, fake, capsys):
     config = bcp_project(tmp_path, fake)
     code, rows, payload = check_json(config, capsys, "demo", "--backend", "bcp", "--no-jobs")
     verdicts = {topic: row["verdict"] for topic, row in rows.items()}
-    assert verdicts == {"credentials": "ok", "team": "ok", "ace": "ok", "instances": "ok", "image": "ok",
-                        "workspace": "ok",
+    assert verdicts == {"credentials": "ok", "team": "ok", "ace": "ok", "instances": "ok", "ace limits": "ok",
+                        "image": "ok", "workspace": "ok",
                         # the test ngc is ngcsdk's CLI code, which has no `version` command (the standalone CLI's)
                         "client version": "ok" if fake.transport == "sdk" else "could not check"}, payload["rows"]
     assert code == 0
@@ -55,7 +55,8 @@ def test_what_the_ace_lacks_is_different(tmp_path, fake, capsys):
     assert code == 1
     for topic in ("workspace", "image", "instances", "secrets"):
         assert rows[topic]["verdict"] == "different", (topic, payload["rows"])
-    assert "stage sample: dgxa100.80g.16.norm is not in the ACE" in rows["instances"]["showed"]
+    assert "stage sample: instance dgxa100.80g.16.norm, but the ACE's instances allows" in rows["instances"]["showed"]
+    assert "--set sample.bcp.instance=" in rows["instances"]["showed"]  # bcp_policy's fix
     assert "secret bcp-pipeline-ngc does not exist" in rows["secrets"]["showed"]
     assert "ngc workspace create" in rows["workspace"]["meaning"]
 

@@ -108,4 +108,13 @@ def test_ranks_that_are_not_each_their_own_are_different():
     row = bcp_probe.bcprun_row(plan(), {0: logs[0].replace("world=1", "world=2"),
                                         1: logs[1].replace("rank=0 world=1", "rank=1 world=2")},
                                "BCPP-SINGLE bcprun=absent\n")
-    assert row.verdict.value == "different" and "absent in a one-replica job" in row.showed
+    assert row.verdict.value == "ok" and "absent in a one-replica job" in row.showed  # not needed there
+    row = bcp_probe.bcprun_row(plan(), {0: "BCPP-BCPRUN absent\n", 1: "BCPP-BCPRUN absent\n"}, "")
+    assert row.verdict.value == "different" and "bcprun absent in the 2-replica job" in row.showed
+
+
+def test_a_commandline_on_neither_model_is_different():
+    ended = type("S", (), {"native": "FINISHED_SUCCESS", "detail": ""})()
+    logs = {0: "", 1: "BCPP-PROBE replica=1 size=2\n"}  # only replica 1: neither every replica nor the launcher
+    assert bcp_probe.replicas_row(plan(), logs, ended).verdict.value == "different"
+    assert bcp_probe.replicas_row(plan(), {0: "BCPP-PROBE replica=0\n", 1: ""}, ended).verdict.value == "ok"

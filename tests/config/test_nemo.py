@@ -222,3 +222,8 @@ def test_rendered_training_job_builds_the_data_list_from_manifests(tmp_path):
     failed = subprocess.run(["bash", "-c", local], env={**os.environ, "NGC_ARRAY_SIZE": "8"}, capture_output=True,
                             text=True, timeout=60)
     assert failed.returncode == 3
+    # Should BCP run the commandline on every replica, only replica 0 starts the launcher (and its data list).
+    (tmp_path / "launcher/argv.json").unlink()
+    other = subprocess.run(["bash", "-c", local], env={**os.environ, "NGC_ARRAY_SIZE": "8", "NGC_ARRAY_INDEX": "3"},
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 0 and not (tmp_path / "launcher/argv.json").exists(), other.stderr

@@ -267,6 +267,44 @@ def test_a_driver_hands_over_to_its_successor_before_its_runtime_ends(fake, proj
 
 
 @pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_a_resumed_driver_counts_the_runtime_it_spent_before_its_preemption(fake, project, capsys):
+    """--total-runtime bounds cumulative RUNNING time. Preempted after 12 s of a 30 s runtime whose hand-over is
+    due at 20 s, the resumed driver must hand over 8 s later, not 20 s (which would reach 32 s and end it
+    FAILED_RUN_LIMIT_EXCEEDED, with no successor)."""
+    project.write_text(project.read_text().replace("driver: {total_runtime: 1h, handover_before: 10m}",
+                                                   "driver: {total_runtime: 30s, handover_before: 10s}"))
+    fake.hold_queued(name="chain.third", times=None)  # the run cannot end before the hand-over is due
+    run_id = detach(project, capsys)
+    driver = wait_for_driver(fake, {"RUNNING"})
+    time.sleep(12)  # more than handover_before: measured from its own restart, the old clock would overrun
+    fake.preempt(driver["id"])
+    wait_for_driver(fake, {"PREEMPTED"})
+    assert cli(project, "resume", run_id, "--detach") == 0
+    first = wait_for_driver(fake, {"FINISHED_SUCCESS", "FAILED_RUN_LIMIT_EXCEEDED", "FAILED"}, index=0, timeout=60)
+    log = (fake.home / "jobs" / str(driver["id"]) / "results/0/joblog.log").read_text()
+    assert first["jobStatus"]["status"] == "FINISHED_SUCCESS", log[-2000:]
+    assert "s of its runtime spent before this start" in log and "successor driver job" in log
+    fake.release()
+    fake.clear_rules()
+    wait_for_success(project, capsys, run_id, fake, timeout=240)
+    assert len(driver_jobs(fake)) == 2
+    assert_once_per_attempt(fake, local_state(project))
+
+
+def test_status_says_when_the_drivers_log_cannot_be_read(fake, project, capsys):
+    """Reading the driver's log is how the laptop learns the run's state: a failure is shown, never swallowed."""
+    run_id = detach(project, capsys)
+    driver = wait_for_driver(fake, {"RUNNING"})
+    wait_until(lambda: stage_status(fake, run_id, "first"), what="a first state line", fake=fake)
+    fake.fail_requests(1, method="GET", path=f"*/resultsets/{driver['id']}/replicas/*/file/joblog.log", status=403)
+    assert cli(project, "status", run_id) == 0
+    captured = capsys.readouterr()
+    assert f"could not refresh job states: could not read the log of driver job {driver['id']}" in captured.err
+    # (NVIDIA's client says no more than that: the ngc CLI exits 1 silently, ngcsdk raises a bare NgcException)
+    wait_for_success(project, capsys, run_id, fake)
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
 def test_resume_without_detach_takes_the_run_back_to_this_machine(fake, project, capsys):
     run_id = detach(project, capsys)
     wait_until(lambda: stage_status(fake, run_id, "second") == "running", what="second running", fake=fake)

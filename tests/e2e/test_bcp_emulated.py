@@ -222,6 +222,18 @@ def test_preempted_job_is_resumed(fake, project, capsys):
     assert len(jobs_by_stage(fake)["chain.second"]) == 1
 
 
+def test_a_failing_resume_of_a_preempted_job_is_tried_again_next_cycle(fake, project, capsys):
+    fake.inject("PREEMPTED", name="chain.second", after_seconds=0.2)
+    fake.fail_requests(3, method="PATCH", path="/v2/org/*/jobs/*/resume", status=500, message="Resume Refused")
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    job_id = latest(project).stages["second"].jobs[0].job_id
+    assert [r["status"] for r in fake.requests("PATCH", f"/v2/org/*/jobs/{job_id}/resume")] == [500, 500, 500, 200]
+    out = capsys.readouterr().out
+    assert f"second: resuming preempted job {job_id} failed 3 times in a row, still retrying: " in out
+    assert "Resume Refused" in out and f"second: job {job_id} was preempted; resumed it" in out
+    assert len(jobs_by_stage(fake)["chain.second"]) == 1
+
+
 def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
     # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up (tests/backends/test_ngc_emulator.py has those).
     fake.fail_requests(4, method="GET", path="/v2/org/*/jobs", status=500, message="Internal Server Error")
@@ -255,7 +267,7 @@ def test_cancel_kills_the_active_job(fake, project, capsys):
     assert latest(project).stages["first"].status is StageStatus.CANCELLED
     # A kill that fails (the job has ended) is an error on both transports, not silence.
     config = load_config(project)
-    backend = make_backend("bcp", config, config.pipeline("chain"), project.parent / ".bcp-pipeline/runs/x")
+    backend = make_backend("bcp", config, config.pipeline("chain"), project.parent / ".bcp-pipeline/runs" / run_id)
     with pytest.raises(BackendCallError, match=f"could not kill every job:\n  job {job_id}: .*KILLED_BY_USER"):
         backend.cancel([str(job_id)])
 
@@ -266,3 +278,77 @@ def test_logs_come_from_ngc_job_log(fake, project, capsys):
     capsys.readouterr()
     assert run(project, "logs", run_id, "first", "--verify") == 0
     assert "##bcp-pipeline verify" in capsys.readouterr().out
+
+
+# -- other plausible variants of the service (tests/fakes/README.md "Variants") ------------------------------------
+
+NVAPI_KEY = "nvapi-emulated-personal-key-not-a-secret"
+
+
+def with_org_team_ace_in_yaml(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """org/team/ACE only in pipelines.yaml, as the README says is enough: none in the environment."""
+    for name in ("NGC_CLI_ORG", "NGC_CLI_ACE", "NGC_CLI_TEAM"):
+        monkeypatch.delenv(name, raising=False)
+    config.write_text(config.read_text().replace(
+        "  bcp: {transport:", "  bcp: {org: bcpp-test-org, team: bcpp-test-team, ace: bcpp-test-ace, transport:"))
+
+
+@pytest.mark.emulator(api_key=NVAPI_KEY)
+def test_org_team_and_ace_only_in_pipelines_yaml_with_an_nvapi_key(fake, project, monkeypatch, capsys):
+    with_org_team_ace_in_yaml(project, monkeypatch)
+    fake.inject("FAILED", name="chain.third", details="Replica 0 exited with code 9")  # after its log is written
+    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    state = latest(project)
+    assert [state.stages[s].status for s in ("first", "second")] == [StageStatus.SUCCEEDED] * 2
+    # every job log read (verification counts, the failure's tail) went to the configured org
+    assert state.stages["second"].verification["checks"][0]["found"] == 6
+    assert "(job log unavailable" not in (state.stages["third"].error or "")
+    capsys.readouterr()
+    assert run(project, "logs", state.run_id, "first", "--verify") == 0
+    assert "##bcp-pipeline verify" in capsys.readouterr().out
+    if fake.transport == "cli":
+        logs = fake.calls("job log")
+        assert logs and all("--org" in c["argv"] and "--ace" in c["argv"] for c in logs), logs[:1]
+    assert fake.requests("POST", "/v3/keys/get-caller-info") and not fake.requests("GET", "/token")
+
+
+@pytest.mark.emulator(api_key=NVAPI_KEY, variants={"key_org": "the-keys-own-org"})
+def test_an_nvapi_key_of_another_org_is_refused_naming_its_org(fake, project, monkeypatch, capsys):
+    with_org_team_ace_in_yaml(project, monkeypatch)
+    assert run(project, "run", "chain", "--backend", "bcp") != 0
+    err = capsys.readouterr().err
+    nvidia = "doesn't match organization" if fake.transport == "sdk" else "403"
+    assert nvidia in err, err
+    assert "belongs to org 'the-keys-own-org'" in err and "set in backends.bcp.org" in err
+    assert "backends.bcp.org: the-keys-own-org" in err
+    assert fake.jobs() == {} and not (project.parent / ".bcp-pipeline" / "runs").exists()
+
+
+@pytest.mark.emulator(variants={"commandline": "launcher", "bcprun_in_single_replica_jobs": False})
+def test_chain_when_the_commandline_runs_once_and_one_replica_jobs_have_no_bcprun(fake, project):
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    ws = fake.workspace_path("main")
+    assert (ws / "second/item-0002.txt").read_text() == "item-0002.txt by rank 2 of 3\n"
+    assert (ws / "first/item-0001.txt").read_text() == "item-0001.txt by rank 1 of 2\n"
+    assert latest(project).stages["third"].verification["checks"][0]["found"] == 3
+
+
+@pytest.mark.emulator(variants={"ace": {"terminationGracePeriodSeconds": 2}})
+def test_cancel_kills_only_this_runs_jobs_and_waits_out_the_termination_grace(fake, project):
+    config = load_config(project)
+    backend = make_backend("bcp", config, config.pipeline("chain"), project.parent / ".bcp-pipeline/runs/chain-x")
+    ours, foreign = (json.loads(fake.ngc(
+        "base-command", "job", "run", "--name", name, "--image", "nvcr.io/nvaie/nemo-framework-training:23.11",
+        "--instance", "dgxa100.80g.1.norm", "--result", "/results", "--commandline", "exec sleep 60",
+        "--label", label, "--format_type", "json").stdout)["job"]["id"] for name, label in
+        (("ours", "bcpp_run_chain_x"), ("foreign", "someone_elses")))
+    for job_id in (ours, foreign):
+        fake.wait_for(job_id, {"RUNNING"})
+    started = time.monotonic()
+    with pytest.raises(BackendCallError, match=f"job {foreign}: not killed: it does not carry this run's label "
+                                               "bcpp_run_chain_x"):
+        backend.cancel([str(ours), str(foreign)])
+    # The kill went through PENDING_TERMINATION for the ACE's 2 s, and cancel returned only once it had ended.
+    assert fake.status(ours) == "KILLED_BY_USER" and time.monotonic() - started > 1.5
+    assert "PENDING_TERMINATION" in [h["status"] for h in fake.jobs()[ours]["jobStatusHistory"]]
+    assert fake.status(foreign) == "RUNNING"

@@ -98,6 +98,23 @@ def token(request: Request) -> dict[str, Any]:
     return {"token": request.server.token, "expires_in": 3600}
 
 
+@route("POST", r"/v3/keys/get-caller-info")
+def caller_info(request: Request) -> dict[str, Any]:
+    """What a personal or service key (``nvapi-...``) is: its org and kind. An open endpoint (no bearer); the
+    key comes as the form field ``credentials``. ngcsdk asks it before using such a key as its bearer."""
+    key = (parse_qs(request.body.decode(errors="replace")).get("credentials") or [""])[0]
+    if not request.server.scoped_key or key != request.server.api_key:
+        raise ApiError(401, "Invalid credentials (emulator: not the nvapi- key FakeNgc was started with)")
+    variants = nc.read_variants(request.home)
+    org = variants["key_org"] or request.server.org
+    info: dict[str, Any] = {"type": variants["key_type"], "orgName": org, "products": [{"name": "base-command"}]}
+    if variants["key_type"] != "SERVICE_KEY":
+        info["user"] = {"id": jobs.USER_ID, "name": jobs.USER, "roles": [
+            {"org": {"name": org}, "orgRoles": ["BASE_COMMAND_USER"]},
+            {"org": {"name": org}, "team": {"name": TEAM}, "orgRoles": [], "teamRoles": ["BASE_COMMAND_USER"]}]}
+    return info
+
+
 @route("GET", r"/v2/products")
 def products(request: Request) -> dict[str, Any]:
     return {"products": []}
@@ -108,7 +125,9 @@ def users_me(request: Request) -> dict[str, Any]:
     org = request.server.org
     return {"user": {"id": jobs.USER_ID, "name": jobs.USER, "email": "emulated.user@example.invalid",
                      "roles": [{"org": {"name": org, "displayName": org},
-                                "orgRoles": ["BASE_COMMAND_USER", "REGISTRY_USER"]}]},
+                                "orgRoles": ["BASE_COMMAND_USER", "REGISTRY_USER"]},
+                               {"org": {"name": org, "displayName": org}, "team": {"name": TEAM}, "orgRoles": [],
+                                "teamRoles": ["BASE_COMMAND_USER"]}]},
             "requestStatus": _ok()}
 
 
@@ -125,9 +144,12 @@ def orgs(request: Request) -> dict[str, Any]:
     return _page(request, "organizations", [{"name": org, "displayName": org}])
 
 
+TEAM = "bcpp-test-team"  # the org's one team (a config may name it, or no team)
+
+
 @route("GET", r"/v2/org/(?P<org>[^/]+)/teams")
 def teams(request: Request) -> dict[str, Any]:
-    return _page(request, "teams", [])
+    return _page(request, "teams", [{"name": TEAM, "description": "emulated team"}])
 
 
 @route("GET", r"/v2/org/(?P<org>[^/]+)(?:/team/[^/]+)?/aces")
@@ -138,8 +160,15 @@ def aces(request: Request) -> dict[str, Any]:
 @route("GET", r"/v2/org/(?P<org>[^/]+)(?:/team/[^/]+)?/aces/(?P<ace>[^/]+)")
 def ace_detail(request: Request) -> dict[str, Any]:
     name = unquote(request.params["ace"])
-    return {"ace": {"id": jobs.ACE_ID, "name": name, "maxRuntimeSeconds": 30 * 86400, "grpcEnabled": False,
-                    "instances": [{"name": instance, "type": "GPU"} for instance in INSTANCES],
+    limits = nc.read_variants(request.home)["ace"]
+    ace_level = {key: limits[key] for key in ("maxRuntimeSeconds", "maxActiveJobsPerUser", "maxAllowedReplicas",
+                                              "terminationGracePeriodSeconds") if limits[key] is not None}
+    per_instance = {"allowMultinode": bool(limits["allowMultinode"]),
+                    "multiNodeSupportedArrayTypes": list(limits["multiNodeSupportedArrayTypes"])}
+    return {"ace": {"id": jobs.ACE_ID, "name": name, **ace_level, "grpcEnabled": False,
+                    "instances": [{"name": instance, "type": "GPU", **per_instance,
+                                   **({"gpus": gpus} if (gpus := jobs.instance_gpus(instance)) else {})}
+                                  for instance in INSTANCES],
                     "storageServiceConfig": [{"isDefault": True, "type": "NFS", "grpcPort": request.server.grpc_port,
                                               "storageClusterUuid": STORAGE_CLUSTER}]},
             "requestStatus": _ok()}
@@ -205,6 +234,7 @@ def submit_job(request: Request) -> dict[str, Any]:
     body = request.json()
     if not body.get("name") or not body.get("aceInstance"):
         raise ApiError(400, "JobCreateRequest needs name and aceInstance")
+    jobs.check_ace_limits(body, nc.read_variants(request.home)["ace"])
     entry = jobs.create_job(request.home, body, org=request.params["org"], team=request.params.get("team"))
     return {"job": entry["job"], "jobStatusHistory": [], "requestStatus": _ok()}
 
@@ -215,8 +245,27 @@ def list_jobs(request: Request) -> dict[str, Any]:
     org = request.params["org"]
     selected = [entry["job"] for entry in nc.read_state(request.home)["jobs"].values()
                 if entry["job"].get("orgName") == org and jobs.list_matches(entry["job"], request.query)]
+    if request.arg("page-number") in (None, "0"):  # a list call (its later pages follow the first one's view)
+        request.server.lagging = _lagging(request, selected)
+    selected = [job for job in selected if job["id"] not in request.server.lagging]
     selected.sort(key=lambda job: (job["createdDate"], job["id"]), reverse=True)
     return _page(request, "jobs", selected)
+
+
+def _lagging(request: Request, jobs_found: list[dict[str, Any]]) -> set[int]:
+    """Ids of jobs the list index does not show yet (variants ``list_lag_seconds`` / ``list_lag_calls``): younger
+    than the lag, or seen by fewer list calls than the lag (each list call counts once per job it would show)."""
+    variants = nc.read_variants(request.home)
+    lag_seconds, lag_calls = float(variants["list_lag_seconds"] or 0), int(variants["list_lag_calls"] or 0)
+    if not (lag_seconds or lag_calls):
+        return set()
+    hidden, server_now = set(), nc.now()
+    with request.server.counter_lock:
+        for job in jobs_found:
+            seen = request.server.list_views[job["id"]] = request.server.list_views.get(job["id"], 0) + 1
+            if seen <= lag_calls or server_now - nc.parse_iso(job["createdDate"]) < lag_seconds:
+                hidden.add(job["id"])
+    return hidden
 
 
 def _job_entry(request: Request) -> dict[str, Any]:
@@ -414,9 +463,15 @@ class ApiServer:
         self.api_key = api_key
         self.org = org
         self.ace = ace
-        self.token = f"emu-token-{secrets.token_hex(16)}"
+        # A personal or service key (nvapi-...) is itself the bearer (ngcsdk: SCOPED_KEY_PREFIX); a legacy key
+        # is exchanged for a token at /token first.
+        self.scoped_key = api_key.startswith("nvapi-")
+        self.token = api_key if self.scoped_key else f"emu-token-{secrets.token_hex(16)}"
         # API calls send the token as is; file downloads (HTTPDownloadAdapter) send it base64-encoded.
         self.bearer_headers = {f"Bearer {self.token}", f"Bearer {base64.b64encode(self.token.encode()).decode()}"}
+        self.lagging: set[int] = set()  # `job list`'s lag (variants): what the last first page left out
+        self.list_views: dict[int, int] = {}
+        self.counter_lock = threading.Lock()
         self.tls = make_certificate(tls_dir)
         self.grpc_port = 0
         self.http = _HttpServer(("127.0.0.1", 0), _HttpHandler)
@@ -427,6 +482,10 @@ class ApiServer:
         self._log_lock = threading.Lock()
 
     def check_auth(self, path: str, header: str) -> None:
+        if path == "/v3/keys/get-caller-info":
+            return  # open: the key is in the body
+        if path == "/token" and self.scoped_key:
+            raise ApiError(401, "emulator: an nvapi- key is used directly as the bearer, not exchanged at /token")
         if path == "/token":
             scheme, _, value = header.partition(" ")
             try:
@@ -437,6 +496,11 @@ class ApiServer:
                 raise ApiError(401, "Invalid API key (emulator: the key FakeNgc was started with)")
         elif header not in self.bearer_headers:
             raise ApiError(401, "Missing or expired bearer token")
+        elif self.scoped_key and "/repos/" not in path:  # such a key has one org: another org's jobs,
+            org = re.match(r"^/v2/orgs?/([^/]+)", path)      # ACEs... are not its to see (images may be public)
+            key_org = nc.read_variants(self.home)["key_org"] or self.org
+            if org and unquote(org.group(1)) != key_org:
+                raise ApiError(403, f"Forbidden: the API key has no access to org '{unquote(org.group(1))}'")
 
     def take_fault(self, method: str, path: str) -> dict[str, Any]:
         """The first matching test fault (``fail_requests`` / ``delay_requests``), consumed; {} when none."""

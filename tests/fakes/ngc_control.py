@@ -5,6 +5,7 @@ The emulator keeps everything in one folder, ``$NGC_FAKE_HOME``:
 - ``state.json``    jobs (``{"job": ..., "jobStatusHistory": [...], "emu": ...}`` per id), workspaces, next id
 - ``control.json``  test controls: job rules (fail / preempt / hold QUEUED), API request faults, page size
 - ``timing.json``   how long jobs stay QUEUED / STARTING, and the longest a job may live
+- ``variants.json`` which plausible variant of the real service to emulate (:data:`VARIANT_DEFAULTS`, README.md)
 - ``secrets.json``  ``{"secret-name": {"KEY": "value"}}`` for ``--secret``
 - ``requests.jsonl`` one line per API request answered: method, path, query, status (never a key or token)
 - ``calls.jsonl``   one line per ``ngc`` invocation (tests/fakes/ngc): argv with the key redacted, exit code
@@ -56,6 +57,45 @@ STATES_BEFORE_RUNNING = frozenset({"CREATED", "QUEUED", "STARTING", "PENDING_STO
 DEFAULT_STATUS_TYPES = {"FAILED": "APPLICATION_ERROR", "KILLED_BY_SYSTEM": "SYSTEM_ERROR", "TASK_LOST": "SYSTEM_ERROR"}
 # What a test may inject into a job (the emulator kills the job's processes and sets the status).
 INJECTABLE = frozenset({"FAILED", "FAILED_RUN_LIMIT_EXCEEDED", "KILLED_BY_SYSTEM", "TASK_LOST", "PREEMPTED"})
+
+
+# The variants of the real service the emulator can play (README.md "Variants"); the defaults are today's guesses.
+VARIANT_DEFAULTS: dict[str, Any] = {
+    "commandline": "per_replica",  # or "launcher": the commandline runs once, on replica 0; bcprun fans out
+    "bcprun_in_single_replica_jobs": True,  # False: no bcprun on PATH in a job with one replica
+    "list_lag_seconds": 0.0,  # a new job shows in `job list` only this long after its creation ...
+    "list_lag_calls": 0,  # ... and only after this many list requests that would have shown it
+    "clock_skew_seconds": 0.0,  # the server's clock runs this far ahead (negative: behind) of this machine's
+    "key_org": None,  # an nvapi- key belongs to this org (default: the emulator's org)
+    "key_type": "PERSONAL_KEY",  # or "SERVICE_KEY" (what /v3/keys/get-caller-info answers for an nvapi- key)
+    "ace": {},  # ACE limits (ACE_LIMIT_DEFAULTS), served in the ACE's JSON and enforced on `job run`
+}
+# The ACE's policy fields as ngcsdk's Ace / AceInstance data classes carry them; None: not set (no limit).
+ACE_LIMIT_DEFAULTS: dict[str, Any] = {
+    "maxRuntimeSeconds": 30 * 86400,
+    "maxActiveJobsPerUser": None,  # jobs past it wait QUEUED until one of the user's active jobs ends
+    "maxAllowedReplicas": None,
+    "terminationGracePeriodSeconds": None,  # a number: `job kill` passes through PENDING_TERMINATION this long
+    "allowMultinode": True,  # per instance (every instance of the emulated ACE gets the same values)
+    "multiNodeSupportedArrayTypes": ["MPI", "PARALLEL", "PYTORCH", "HOROVOD"],
+}
+COMMANDLINE_MODELS = ("per_replica", "launcher")
+
+
+def read_variants(home: Path) -> dict[str, Any]:
+    """The variant settings in force (defaults filled in), from ``variants.json``."""
+    stored = read_json(Path(home) / "variants.json", {})
+    variants = {**VARIANT_DEFAULTS, **stored}
+    variants["ace"] = {**ACE_LIMIT_DEFAULTS, **(stored.get("ace") or {})}
+    return variants
+
+
+def now() -> float:
+    """The server's clock: this machine's, shifted by the ``clock_skew_seconds`` variant of the emulator whose
+    state folder is ``$NGC_FAKE_HOME`` (the server and its job supervisors run with it set)."""
+    home = os.environ.get("NGC_FAKE_HOME")
+    skew = read_json(Path(home) / "variants.json", {}).get("clock_skew_seconds") if home else 0
+    return time.time() + float(skew or 0)
 
 
 class FakeStateError(RuntimeError):
@@ -154,7 +194,7 @@ def update_control(home: Path) -> Iterator[dict[str, Any]]:
 
 def iso_now(ts: float | None = None) -> str:
     """NGC's timestamp form, e.g. ``2024-01-31T12:00:00.123Z`` (UTC)."""
-    moment = datetime.fromtimestamp(time.time() if ts is None else ts, tz=timezone.utc)
+    moment = datetime.fromtimestamp(now() if ts is None else ts, tz=timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
@@ -173,13 +213,14 @@ def set_status(
     """Move a job to ``status``: update ``job.jobStatus`` and append it to ``jobStatusHistory``."""
     if status not in JOB_STATUSES:
         raise ValueError(f"not a Base Command job status: {status!r}")
-    now = time.time()
-    stamp = iso_now(now)
+    moment = time.time()  # runtime is measured on this machine's clock; dates are stamped on the server's
+    stamp = iso_now()
     job, emu = entry["job"], entry["emu"]
     job_status = job["jobStatus"]
     if job_status.get("status") == "RUNNING" and emu.get("runningSince"):
-        emu["runSeconds"] = emu.get("runSeconds", 0.0) + now - emu.pop("runningSince")
-    job_status.update(status=status, timestamp=int(now * 1000), timestampStateEntry=int(now * 1000))
+        emu["runSeconds"] = emu.get("runSeconds", 0.0) + moment - emu.pop("runningSince")
+    server_ms = int(parse_iso(stamp) * 1000)
+    job_status.update(status=status, timestamp=server_ms, timestampStateEntry=server_ms)
     job_status.pop("statusDetails", None)
     if details:
         job_status["statusDetails"] = details
@@ -188,7 +229,7 @@ def set_status(
         job_status["queuedAt"] = stamp
     elif status == "RUNNING":
         job_status.setdefault("startedAt", stamp)
-        emu["runningSince"] = now
+        emu["runningSince"] = moment
     elif status in ("PREEMPTED", "PREEMPTED_BY_ADMIN"):
         job_status["preemptedAt"] = stamp
         job["preemptionRequestedDate"] = stamp
@@ -208,22 +249,29 @@ def signal_groups(pgids: list[int], sig: int) -> None:
 
 
 def stop_job(home: Path, job_id: int | str, status: str, *, details: str | None = None,
-             only_from: frozenset[str] | None = None) -> str | None:
+             only_from: frozenset[str] | None = None, grace: bool = True) -> str | None:
     """Set a non-terminal job to ``status`` and SIGTERM its processes; returns the previous status.
 
     The supervisor sees the job is no longer RUNNING, escalates to SIGKILL after a grace period and never
-    overwrites the status. Returns None when the job does not exist; raises ValueError when it is terminal
-    or not in ``only_from``.
+    overwrites the status. A kill of a running job on an ACE with ``terminationGracePeriodSeconds`` (and
+    ``grace``) first passes through PENDING_TERMINATION for that long: the supervisor ends it. Returns None when
+    the job does not exist; raises ValueError when it is terminal, PENDING_TERMINATION or not in ``only_from``.
     """
+    period = read_variants(home)["ace"].get("terminationGracePeriodSeconds") if grace else None
     with update_state(home) as state:
         entry = entry_of(state, job_id)
         if entry is None:
             return None
         previous = entry["job"]["jobStatus"]["status"]
-        if previous in TERMINAL_STATES or (only_from is not None and previous not in only_from):
+        if previous in TERMINAL_STATES or previous == "PENDING_TERMINATION" \
+                or (only_from is not None and previous not in only_from):
             raise ValueError(f"job {job_id} is {previous}")
         if status in TERMINAL_STATES and status.startswith("KILLED"):
             entry["job"]["terminationRequestedDate"] = iso_now()
+            if period and entry["emu"].get("pgids"):
+                entry["emu"]["terminating"] = {"status": status, "details": details,
+                                               "until": time.time() + float(period)}
+                status, details = "PENDING_TERMINATION", None
         set_status(entry, status, details=details)
         pgids = list(entry["emu"].get("pgids", []))
     signal_groups(pgids, signal.SIGTERM)
@@ -246,15 +294,19 @@ class FakeNgc:
     API_KEY = "emulated-api-key-not-a-secret"  # what the emulator accepts at the token exchange
 
     def __init__(self, home: Path | str, *, org: str = "bcpp-test-org", ace: str = "bcpp-test-ace",
-                 api_key: str | None = None, tls_dir: Path | None = None) -> None:
+                 api_key: str | None = None, tls_dir: Path | None = None,
+                 variants: dict[str, Any] | None = None) -> None:
         """``tls_dir``: where the server's certificate is kept (default HOME/tls). Share one across a test
-        session: gRPC reads its CA roots once per process."""
+        session: gRPC reads its CA roots once per process. ``variants``: see :meth:`set_variants`.
+        ``api_key`` starting with ``nvapi-`` makes it a personal/service key (used directly as the bearer)."""
         self.home = Path(home)
         self.tls_dir = Path(tls_dir) if tls_dir else self.home / "tls"
         self.home.mkdir(parents=True, exist_ok=True)
         self.org = org
         self.ace = ace
         self.api_key = api_key or self.API_KEY
+        if variants:
+            self.set_variants(**variants)
         self._server: subprocess.Popen | None = None
         self._forkserver: subprocess.Popen | None = None
         self.api: dict[str, Any] = {}
@@ -362,6 +414,26 @@ class FakeNgc:
             write_json(self.home / "timing.json", {"queued_seconds": queued_seconds,
                                                    "starting_seconds": starting_seconds,
                                                    "max_job_seconds": max_job_seconds})
+
+    def set_variants(self, **settings: Any) -> None:
+        """Emulate another plausible variant of the real service (README.md "Variants"); keys of
+        ``VARIANT_DEFAULTS``, and ``ace={...}`` with keys of ``ACE_LIMIT_DEFAULTS`` (merged over those set
+        before). Takes effect for the next request and the next job started."""
+        unknown = set(settings) - set(VARIANT_DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown emulator variant(s) {sorted(unknown)}; known: {sorted(VARIANT_DEFAULTS)}")
+        unknown = set(settings.get("ace") or {}) - set(ACE_LIMIT_DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown ACE limit(s) {sorted(unknown)}; known: {sorted(ACE_LIMIT_DEFAULTS)}")
+        if settings.get("commandline", "per_replica") not in COMMANDLINE_MODELS:
+            raise ValueError(f"commandline must be one of {COMMANDLINE_MODELS}, not {settings['commandline']!r}")
+        with locked(self.home):
+            stored = read_json(self.home / "variants.json", {})
+            ace = {**(stored.get("ace") or {}), **(settings.pop("ace", None) or {})}
+            write_json(self.home / "variants.json", {**stored, **settings, "ace": ace})
+
+    def variants(self) -> dict[str, Any]:
+        return read_variants(self.home)
 
     # -- workspaces and secrets -------------------------------------------------------------------------------
     def create_workspace(self, name: str) -> str:
@@ -494,7 +566,7 @@ class FakeNgc:
         for job_id, entry in self.jobs().items():
             if entry["job"]["jobStatus"]["status"] not in TERMINAL_STATES:
                 with contextlib.suppress(ValueError):
-                    stop_job(self.home, job_id, "KILLED_BY_USER", details="Killed by FakeNgc.shutdown")
+                    stop_job(self.home, job_id, "KILLED_BY_USER", details="Killed by FakeNgc.shutdown", grace=False)
         deadline = time.monotonic() + timeout
         for entry in self.jobs().values():
             for pid in entry["emu"].get("supervisorPids", []):

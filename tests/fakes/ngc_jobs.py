@@ -134,10 +134,32 @@ def find_workspace(state: dict[str, Any], ref: str) -> tuple[str, dict[str, Any]
 def _instance(name: str | None) -> dict[str, Any]:
     """``resources`` (AceInstance): the name, and the GPU count read from names like dgxa100.80g.8.norm."""
     resources: dict[str, Any] = {"name": name}
-    match = re.match(r"^[^.]+\.[^.]+\.(\d+)\.", name or "")
-    if match:
-        resources["gpus"] = int(match.group(1))
+    if instance_gpus(name):
+        resources["gpus"] = instance_gpus(name)
     return resources
+
+
+def instance_gpus(name: str | None) -> int:
+    """GPUs per node of an instance named like dgxa100.80g.8.norm (0 when the name does not say)."""
+    match = re.match(r"^[^.]+\.[^.]+\.(\d+)\.", name or "")
+    return int(match.group(1)) if match else 0
+
+
+def check_ace_limits(request: dict[str, Any], limits: dict[str, Any]) -> None:
+    """Refuse a JobCreateRequest the ACE's policy does not allow (variants ``ace``), as a 400. (ngcsdk itself
+    refuses a runtime over maxRuntimeSeconds before it sends anything; the service is assumed to check again.)"""
+    runtime = (request.get("runPolicy") or {}).get("totalRuntimeSeconds") or 0
+    replicas = int(request.get("replicaCount") or 1)
+    if limits.get("maxRuntimeSeconds") and runtime > limits["maxRuntimeSeconds"]:
+        raise ApiError(400, f"Total runtime {runtime} s exceeds the ACE maximum of {limits['maxRuntimeSeconds']} s.")
+    if limits.get("maxAllowedReplicas") and replicas > limits["maxAllowedReplicas"]:
+        raise ApiError(400, f"Replica count {replicas} exceeds the ACE maximum of {limits['maxAllowedReplicas']}.")
+    if replicas > 1 and not limits.get("allowMultinode"):
+        raise ApiError(400, f"Instance '{request.get('aceInstance')}' does not allow multinode jobs in this ACE.")
+    if replicas > 1 and request.get("arrayType") not in (limits.get("multiNodeSupportedArrayTypes") or []):
+        raise ApiError(400, f"Array type '{request.get('arrayType')}' is not supported for multinode jobs on "
+                            f"instance '{request.get('aceInstance')}' (supported: "
+                            f"{', '.join(limits.get('multiNodeSupportedArrayTypes') or []) or 'none'}).")
 
 
 def _labels(request: dict[str, Any]) -> dict[str, Any]:
@@ -292,27 +314,49 @@ def supervise(home: Path, job_id: int) -> int:
         entry = nc.read_state(home)["jobs"].get(str(job_id))
         if entry is None or entry["job"]["jobStatus"]["status"] != "QUEUED":
             return 0  # never written (the submitting request died), or killed/preempted while queued
-        if not entry["emu"]["held"]:
+        if not entry["emu"]["held"] and _may_start(home, job_id):
             break
         if time.monotonic() - born > limit:
             details = "emulator: held longer than its max_job_seconds"
             _transition(home, job_id, {"QUEUED"}, "KILLED_BY_SYSTEM", details)
             return 0
         time.sleep(POLL_SECONDS)
-    if not _transition(home, job_id, {"QUEUED"}, "STARTING"):
+    if not _transition(home, job_id, {"QUEUED"}, "STARTING", may_start=True):
         return 0
     time.sleep(starting)
     procs = _start_replicas(home, job_id)
     return _monitor(home, job_id, procs, limit) if procs else 0
 
 
-def _transition(home: Path, job_id: int, from_states: set[str], to: str, details: str | None = None) -> bool:
+def _transition(home: Path, job_id: int, from_states: set[str], to: str, details: str | None = None,
+                may_start: bool = False) -> bool:
     with nc.update_state(home) as state:
         entry = nc.entry_of(state, job_id)
         if entry is None or entry["job"]["jobStatus"]["status"] not in from_states:
             return False
+        if may_start and not _slot_free(state, job_id, nc.read_variants(home)["ace"].get("maxActiveJobsPerUser")):
+            return False
         nc.set_status(entry, to, details=details)
         return True
+
+
+ACTIVE = frozenset({"STARTING", "RUNNING", "PENDING_TERMINATION"})
+
+
+def _may_start(home: Path, job_id: int) -> bool:
+    return _slot_free(nc.read_state(home), job_id, nc.read_variants(home)["ace"].get("maxActiveJobsPerUser"))
+
+
+def _slot_free(state: dict[str, Any], job_id: int, limit: int | None) -> bool:
+    """ACE ``maxActiveJobsPerUser``: a queued job starts only while the user (the emulator has one) has fewer
+    jobs started and not ended, and no queued job older than it is waiting for the same slot."""
+    if not limit:
+        return True
+    entries = state["jobs"].values()
+    active = sum(1 for e in entries if e["job"]["jobStatus"]["status"] in ACTIVE)
+    older_waiting = any(e["job"]["id"] < job_id and e["job"]["jobStatus"]["status"] == "QUEUED"
+                        and not e["emu"]["held"] for e in entries)
+    return active < int(limit) and not older_waiting
 
 
 def _start_replicas(home: Path, job_id: int) -> list[subprocess.Popen] | None:
@@ -329,8 +373,12 @@ def _start_replicas(home: Path, job_id: int) -> list[subprocess.Popen] | None:
             emu["inject"] = None
             nc.set_status(entry, inject["status"], details=inject.get("details") or _injected_details(inject))
             return None
+        model = nc.read_variants(home)["commandline"]
+        entry["emu"]["commandlineModel"] = model
         try:
-            procs = [_spawn_replica(home, entry, replica) for replica in range(_replicas(entry))]
+            procs = [_spawn_replica(home, entry, replica, run=replica == 0 or model == "per_replica")
+                     for replica in range(_replicas(entry))]
+            procs = [proc for proc in procs if proc is not None]
         except (OSError, ApiError) as error:
             nc.set_status(entry, "FAILED", details=f"emulator could not start the job: {error}")
             return None
@@ -342,12 +390,17 @@ def _replicas(entry: dict[str, Any]) -> int:
     return int(entry["job"]["jobDefinition"].get("replicaCount") or 1)
 
 
-def _spawn_replica(home: Path, entry: dict[str, Any], replica: int) -> subprocess.Popen:
+def _spawn_replica(home: Path, entry: dict[str, Any], replica: int, run: bool = True) -> subprocess.Popen | None:
+    """Replica `replica`'s folders, and (when `run`) its commandline process. Under the ``launcher`` model only
+    replica 0 runs the commandline; the others have an (empty) log and whatever bcprun starts for them."""
     job_id = entry["job"]["id"]
     results = home / "jobs" / str(job_id) / "results" / str(replica)
     work = home / "jobs" / str(job_id) / "work" / str(replica)
     results.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
+    if not run:
+        (results / "joblog.log").touch()
+        return None
     mounts = [tuple(m) for m in entry["emu"]["mounts"]]
     if entry["emu"].get("resultMount"):
         mounts.append((entry["emu"]["resultMount"], str(results)))
@@ -376,22 +429,43 @@ def _replica_env(home: Path, entry: dict[str, Any], replica: int, results: str,
                  mounts: list[tuple[str, str]]) -> dict[str, str]:
     job = entry["job"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(PRIVATE_ENV_PREFIXES)}
-    env["PATH"] = os.pathsep.join([str(FAKES_DIR), env.get("PATH", "")])
+    variants = nc.read_variants(home)
+    bcprun = variants["bcprun_in_single_replica_jobs"] or _replicas(entry) > 1
+    inherited = [part for part in env.get("PATH", "").split(os.pathsep) if part and Path(part) != FAKES_DIR]
+    env["PATH"] = os.pathsep.join([str(_job_bin(home, job["id"], bcprun)), *inherited])
     env.update(
         NGC_JOB_ID=str(job["id"]),
         NGC_ARRAY_INDEX=str(replica),
         NGC_ARRAY_SIZE=str(_replicas(entry)),
         NGC_REPLICA_ID=str(replica),
-        NGC_GPUS_PER_NODE="0",
+        NGC_GPUS_PER_NODE=str(instance_gpus((job["jobDefinition"].get("resources") or {}).get("name"))),
+        NGC_MASTER_ADDR=f"launcher-svc-{job['id']}",  # as public BCP scripts show it; it resolves only on BCP
         NGC_RESULT_DIR=results,  # emulator addition (the real name of such a variable is unverified)
+        BCPP_EMU_COMMANDLINE=variants["commandline"],  # for the bcprun stand-in: fan out, or this node only
     )
     if job["jobDefinition"].get("arrayType"):
-        env["NGC_ARRAY_TYPE"] = job["jobDefinition"]["arrayType"]
+        kind = job["jobDefinition"]["arrayType"]
+        env["NGC_ARRAY_TYPE"] = ARRAY_TYPE_ENV.get(kind, kind)
     for item in job["jobDefinition"].get("envs") or []:
         env[item["name"]] = substitute_mounts(item.get("value") or "", mounts)
     env.update(_check_secrets(home, job["jobDefinition"].get("userSecretsSpec") or []))
     env.update(_network_env(home, Path(results).parent.parent / "work" / str(replica)))
     return env
+
+
+# NGC_ARRAY_TYPE as NVIDIA's public scripts see it (the Kubeflow kind of the job); others are passed as sent.
+ARRAY_TYPE_ENV = {"PYTORCH": "PyTorchJob", "MPI": "MPIJob"}
+JOB_TOOLS = ("ngc",)  # what tests/fakes puts on a job's PATH besides bcprun
+
+
+def _job_bin(home: Path, job_id: int, bcprun: bool) -> Path:
+    """The job's own tools folder (first on its PATH): `ngc`, and `bcprun` unless this variant has none."""
+    folder = home / "jobs" / str(job_id) / ("bin" if bcprun else "bin-without-bcprun")
+    folder.mkdir(parents=True, exist_ok=True)
+    for tool in (*JOB_TOOLS, "bcprun") if bcprun else JOB_TOOLS:
+        if not (folder / tool).exists():
+            (folder / tool).symlink_to(FAKES_DIR / tool)
+    return folder
 
 
 def _network_env(home: Path, work: Path) -> dict[str, str]:
@@ -456,6 +530,13 @@ def _monitor(home: Path, job_id: int, procs: list[subprocess.Popen], limit: floa
         elif stopped_at is None:
             stopped_at = time.monotonic()  # killed or preempted by someone else, who sent SIGTERM
         if stopped_at is not None:
+            terminating = entry["emu"].get("terminating")
+            if terminating and entry["job"]["jobStatus"]["status"] == "PENDING_TERMINATION":
+                if time.time() >= terminating["until"]:  # the ACE's grace period is over
+                    nc.signal_groups(alive, signal.SIGKILL)
+                    _end_termination(home, job_id)
+                time.sleep(POLL_SECONDS)
+                continue
             if not alive:
                 _forget_pgids(home, job_id)
                 return 0
@@ -475,6 +556,15 @@ def _finish(home: Path, job_id: int, outcome: tuple[str, str], codes: dict[int, 
         entry["emu"]["exitCodes"] = {str(k): v for k, v in codes.items()}
         nc.set_status(entry, status, details=details or None)  # statusType from nc.DEFAULT_STATUS_TYPES
         return True
+
+
+def _end_termination(home: Path, job_id: int) -> None:
+    """PENDING_TERMINATION -> the status the kill asked for (KILLED_BY_USER...), once the grace period is over."""
+    with nc.update_state(home) as state:
+        entry = nc.entry_of(state, job_id)
+        if entry is not None and entry["job"]["jobStatus"]["status"] == "PENDING_TERMINATION":
+            ending = entry["emu"].pop("terminating")
+            nc.set_status(entry, ending["status"], details=ending.get("details"))
 
 
 def _forget_pgids(home: Path, job_id: int) -> None:

@@ -224,13 +224,6 @@ def test_changed_model_refuses_to_resume(data_dir: Path, straight_run: tuple[Pat
     assert "another --run-name" in clash.stderr
 
 
-def test_other_ranks_exit_without_training(data_dir: Path, tmp_path: Path) -> None:
-    done = subprocess.run(command(data_dir, tmp_path, "r"), capture_output=True, text=True, timeout=60,
-                          env=child_env(RANK="1", WORLD_SIZE="2"))
-    assert done.returncode == 0 and "rank 0 only" in done.stdout
-    assert not (tmp_path / "r").exists()
-
-
 def test_missing_data_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     done = subprocess.run(command(tmp_path / "empty", tmp_path / "results", "r"), capture_output=True, text=True,
