@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bcp_pipeline.backends.profile import profile_key, save_profile
-from bcp_pipeline.cli.main import suggest_check
+from bcp_pipeline.cli.main import main, suggest_check
 from bcp_pipeline.engine.selection import RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import ConfigError
@@ -56,10 +56,17 @@ def test_run_refuses_stages_under_a_bcprun_the_profile_found_missing(tmp_path, b
     assert store.runs() == []
 
 
-def test_a_one_replica_multi_process_stage_is_refused_only_where_bcprun_lacks_there(tmp_path, bcp_env):
+def test_a_profile_changes_what_plan_renders(tmp_path, bcp_env, capsys):
+    """The bcprun of this ACE spells its flag `--no_redirect` (its usage, as the probe read it): plan renders that,
+    and says which profile it rendered with. Without the profile: NVIDIA's launcher's `-no_redirect`."""
     config = project(tmp_path, "  bcp: {transport: sdk}\n")
-    store = RunStore(tmp_path / ".bcp-pipeline")
-    save_profile(store.root, KEY, profile({"present": True, "in_single_replica_jobs": False}))
-    choose_run(RunRequest(**{**request(config).__dict__}), store)  # demo's one-replica jobs have one process
-    with pytest.raises(ConfigError, match="stage concat starts under bcprun with one replica"):
-        choose_run(RunRequest(**{**request(config).__dict__, "overrides": ["concat.bcp.processes=4"]}), store)
+    plan = ["--config", str(config), "plan", "demo", "--backend", "bcp"]
+    assert main(plan) == 0
+    before = capsys.readouterr().out
+    assert "bcprun --nnodes 2 --npernode 2 -no_redirect --cmd" in before and "check` found" not in before
+    save_profile(tmp_path / ".bcp-pipeline", KEY, profile({"present": True, "in_single_replica_jobs": True,
+                                                           "no_redirect_spelling": "--no_redirect"}))
+    assert main(plan) == 0
+    after = capsys.readouterr().out
+    assert "bcprun --nnodes 2 --npernode 2 --no_redirect --cmd" in after
+    assert f"# rendered with what `bcp-pipeline check` found for {KEY}" in after
