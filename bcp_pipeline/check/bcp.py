@@ -184,12 +184,26 @@ def policy_rows(ace: dict, jobs: list[PlannedBcpJob], detach: bool) -> list[Row]
              "NVIDIA's client or the scheduler refuses (or never starts) them")):
         mine = [v for v in found if (v.limit in INSTANCE_LIMITS) == instance_kind]
         if mine:
-            text = "; ".join(DRIVER_FIX.sub(r"set backends.bcp.driver.\1: \2", str(v)) for v in mine)
-            rows.append(different(topic, assumes, text + (f" (the ACE offers: {', '.join(offered)})"
-                                                          if instance_kind else ""), f"{todo}: fix as each says"))
+            rows.append(different(topic, assumes, _grouped(mine) + (f" (the ACE offers: {', '.join(offered)})"
+                                                                    if instance_kind else ""),
+                                  f"{todo}: " + "; ".join(dict.fromkeys(_fix_of(v) for v in mine))))
         else:
             rows.append(ok(topic, assumes, showed_ok))
     return rows
+
+
+def _grouped(found: list) -> str:
+    """One clause per limit: what it allows, and which jobs ask what (`run` names each job in full)."""
+    by_limit: dict[tuple[str, str], list[str]] = {}
+    for v in found:
+        job = "the driver" if v.kind == "driver" else v.stage + (" (verification)" if v.kind == "verify" else "")
+        by_limit.setdefault((v.limit, v.allowed), []).append(f"{job}: {v.value}")
+    return "; ".join(f"{limit} allows {allowed}, but {', '.join(jobs)}" for (limit, allowed), jobs in by_limit.items())
+
+
+def _fix_of(v) -> str:
+    """bcp_policy's fix, without its explanation in brackets (kept in `run`'s refusal), the driver's in its keys."""
+    return re.sub(r"\s*\([^)]*\)$", "", DRIVER_FIX.sub(r"set backends.bcp.driver.\1: \2", v.fix))
 
 
 def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:

@@ -16,7 +16,7 @@ def render_check(result: CheckResult, profile_path: str | None = None) -> str:
     when = datetime.fromtimestamp(result.checked_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# check: {result.backend} ({where})" + (f", pipeline {result.pipeline}" if result.pipeline else "")
              + f", {when}"]
-    lines += [f"# {note}" for note in result.notes]
+    # result.notes (what probe jobs cost) were said before they ran, and are in --json and the profile
     lines.append("")
     lines.append(_line([name for name, _ in COLUMNS]))
     lines.append(_line(["-" * width for _, width in COLUMNS]))
