@@ -55,6 +55,7 @@ STATE_MAP: dict[str, JobState] = {
     "RESOURCE_GRANT_DENIED": JobState.FAILED,
     "RESOURCE_LIMIT_EXCEEDED": JobState.FAILED,
 }
+LIST_LAG_MARGIN_SECONDS = 30.0  # beyond twice the list lag `check` measured, before a stage is submitted again
 KILL_MARGIN_SECONDS = 60.0  # beyond the ACE's termination grace, before `cancel` says a killed job has not ended
 FAILED_REPLICA = re.compile(r"\bReplica (\d+)\b")  # statusDetails like "Replica 1 exited with code 3"
 
@@ -78,6 +79,9 @@ class BcpBackend(Backend):
         self._transport: Transport | None = None
         self.profile = profile  # what `check` found about this org/ACE (backends/profile.py); None: never checked
         self.has_profile = profile is not None
+        lag = self.probe_fact("list_lag_seconds")
+        if isinstance(lag, (int, float)) and lag >= 1:  # the list index lags here: look a job up that long, twice over
+            self.lookup_grace_seconds = 2 * float(lag) + LIST_LAG_MARGIN_SECONDS
 
     @property
     def transport(self) -> Transport:

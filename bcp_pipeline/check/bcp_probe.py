@@ -50,6 +50,18 @@ class ProbePlan:
     token: str = field(default_factory=lambda: secrets.token_hex(4))
 
     @property
+    def per_node(self) -> int:
+        """bcprun's processes per node in the probe (the rendered --npernode)."""
+        for i, word in enumerate(self.bcprun_flags[:-1]):
+            if word in ("--npernode", "-p") and self.bcprun_flags[i + 1].isdigit():
+                return int(self.bcprun_flags[i + 1])
+        return 1
+
+    @property
+    def world(self) -> int:
+        return self.replicas * self.per_node
+
+    @property
     def marker(self) -> str:
         return f".bcpp-check-{self.token}"
 
@@ -69,7 +81,8 @@ def smallest_instance(ace: dict, known: dict) -> str | None:
 
 
 def rendered_bcprun_flags(ctx: CheckContext, replicas: int) -> list[str]:
-    """The flags the pipeline's rendered jobs give bcprun (its first multi-process job), sized for the probe."""
+    """The flags the pipeline's rendered jobs give bcprun (its first multi-node job): the same processes per node
+    and spelling, on the probe's replicas."""
     for submission in ctx.submissions():
         words = shlex.split(submission.payload["spec"]["commandline"]) if "bcprun" in \
             submission.payload["spec"]["commandline"] else []
@@ -78,8 +91,6 @@ def rendered_bcprun_flags(ctx: CheckContext, replicas: int) -> list[str]:
             for i, word in enumerate(flags[:-1]):
                 if word in ("--nnodes", "-n"):
                     flags[i + 1] = str(replicas)
-                elif word in ("--npernode", "-p"):
-                    flags[i + 1] = "1"
             return flags
     return ["--nnodes", str(replicas), "--npernode", "1"]
 
@@ -176,6 +187,7 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
         history = _history(transport, probe_id)
         kill_id = transport.submit(spec_for(ctx, plan, "bcp-pipeline.check-kill", kill_commandline(plan), 1))
         ids.append(kill_id)
+        lag = listed_after(transport, label("check", plan.token), kill_id)
         running = wait_until(transport, kill_id, lambda s: "BCPP-WAITING" in (_log(transport, kill_id, 0, None)
                                                                                   or "") or s.state.finished,
                              WAIT_SECONDS)
@@ -185,11 +197,12 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
         listed = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token)])}
         stranger = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token + "x")])}
     rows = [replicas_row(plan, logs, ended), env_row(plan, logs, probe_id), bcprun_row(plan, logs, kill_log),
-            python_row(logs), workspace_row(plan, logs, kill_log), labels_row({probe_id, kill_id}, listed, stranger),
+            python_row(logs), workspace_row(plan, logs, kill_log), labels_row({probe_id, kill_id}, listed, stranger, lag),
             history_row(history), logs_row(plan, logs, tail), kill_row(kill_seconds, kill_states)]
     facts = {"probe": {"instance": plan.instance, "replicas": plan.replicas,
                        "commandline_runs": runs_on(plan, logs), "bcprun": bcprun_facts(plan, logs, kill_log),
-                       "kill_seconds": kill_seconds, "pending_termination": "PENDING_TERMINATION" in kill_states}}
+                       "kill_seconds": kill_seconds, "pending_termination": "PENDING_TERMINATION" in kill_states,
+                       "list_lag_seconds": None if lag is None else round(lag, 1)}}
     return rows, facts
 
 
@@ -220,6 +233,25 @@ def wait_until(transport: Transport, job_id: str, done, timeout: float):
             return status
         time.sleep(delay)
         delay = min(delay * 1.5, 15.0)
+    return None
+
+
+LIST_WAIT_SECONDS = 120.0
+
+
+def listed_after(transport: Transport, wanted_label: str, job_id: str) -> float | None:
+    """Seconds from submission until `job list --label` shows the job (the list index may lag); None: never, within
+    LIST_WAIT_SECONDS."""
+    started = time.monotonic()
+    delay = 0.2
+    while time.monotonic() - started < LIST_WAIT_SECONDS:
+        try:
+            if job_id in {str(j.get("id")) for j in transport.list_jobs([wanted_label])}:
+                return time.monotonic() - started
+        except BackendCallError:
+            pass
+        time.sleep(delay)
+        delay = min(delay * 1.5, 5.0)
     return None
 
 
@@ -311,14 +343,15 @@ def bcprun_row(plan: ProbePlan, logs: dict[int, str | None], kill_log: str) -> R
     facts = bcprun_facts(plan, logs, kill_log)
     flags = " ".join(plan.bcprun_flags)
     assumes = f"bcprun exists in a {plan.replicas}-replica job, and `bcprun {flags}` (as rendered) gives each rank " \
-              f"its own RANK of WORLD_SIZE {plan.replicas} (one-replica stages start their ranks without it)"
+              f"its own RANK of WORLD_SIZE {plan.world} (one-replica stages start their ranks without it)"
     ranks = [fields(line) for t in logs.values() for line in lines_of(t, "BCPP-RANK")]
-    rank_text = ", ".join(f"{f.get('rank')}/{f.get('world')}" for f in ranks) or "none"
+    rank_text = ", ".join(f"{f.get('rank')}/{f.get('world')}" for f in sorted(
+        ranks, key=lambda f: int(f["rank"]) if str(f.get("rank")).isdigit() else -1)) or "none"
     showed = (f"bcprun {'present' if facts['present'] else 'absent'} in the {plan.replicas}-replica job, "
               f"{'present' if facts['in_single_replica_jobs'] else 'absent' if facts['in_single_replica_jobs'] is False else 'unknown'} "
               f"in a one-replica job; RANK/WORLD_SIZE seen: {rank_text}; its usage spells "
               f"{facts['no_redirect_spelling'] or 'no no_redirect flag'}")
-    expected = {(str(r), str(plan.replicas)) for r in range(plan.replicas)}
+    expected = {(str(r), str(plan.world)) for r in range(plan.world)}
     got = [(f.get("rank"), f.get("world")) for f in ranks]
     if not facts["present"]:
         return different("bcprun", assumes, showed, "multi-node stages under bcprun cannot start: `run` refuses "
@@ -356,13 +389,15 @@ def workspace_row(plan: ProbePlan, logs: dict[int, str | None], kill_log: str) -
                      "workspace's mount mode and the pipeline's workspace name")
 
 
-def labels_row(ours: set[str], listed: set[str], stranger: set[str]) -> Row:
+def labels_row(ours: set[str], listed: set[str], stranger: set[str], lag: float | None) -> Row:
     assumes = "`job list --label L` finds a run's jobs by label, and only jobs with that label"
     showed = f"the probe label listed {len(ours & listed)} of {len(ours)} probe jobs" + \
         (f", and {len(listed - ours)} other job(s)" if listed - ours else "") + \
-        f"; a label nobody has listed {len(stranger)}"
-    if ours <= listed and not (listed - ours) and not stranger:
-        return ok("labels", assumes, showed)
+        f"; a label nobody has listed {len(stranger)}" + \
+        ("; a new job was never listed" if lag is None else f"; a new job was listed after {lag:.1f} s")
+    if ours <= listed and not (listed - ours) and not stranger and lag is not None:
+        return ok("labels", assumes, showed, "" if lag < 1 else "the list lags: after a crash the backend looks a "
+                  "just-submitted job up for longer than that before submitting it again (from this profile)")
     return different("labels", assumes, showed, "the poller and crash recovery find jobs by label: with this "
                      "filter they would miss jobs or adopt strangers")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from bcp_pipeline.cli.main import main
 from bcp_emulation import needs_ngcsdk

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-from bcp_pipeline.backends.bcp import status_of
 from bcp_pipeline.check import bcp_probe
 from bcp_pipeline.check.run import CheckRequest, run_check
 from bcp_emulation import needs_ngcsdk

@@ -3,18 +3,16 @@ the saved profile; what is not recognised is `different`, never ok."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from bcp_pipeline.backends.profile import load_profile, profile_key, save_profile
 from bcp_pipeline.check.render import render_check
-from bcp_pipeline.check.result import CheckResult, Verdict, different, ok, unchecked
+from bcp_pipeline.check.result import CheckResult, different, ok, unchecked
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.errors import StateError
 from check_fixtures import check, project, rows

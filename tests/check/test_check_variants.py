@@ -13,7 +13,6 @@ from bcp_pipeline.cli.main import main
 from bcp_pipeline.check.run import CheckRequest, run_check
 from bcp_pipeline.engine.selection import RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
-from bcp_pipeline.errors import ConfigError
 from bcp_emulation import needs_ngcsdk
 from check_fixtures import project
 
@@ -34,7 +33,7 @@ def test_a_commandline_run_once_on_the_launcher_node(tmp_path, fake):
     _, rows, result = checked(tmp_path, fake)
     assert rows["replicas"].verdict.value == "ok" and "once, on the launcher node" in rows["replicas"].showed
     assert rows["bcprun"].verdict.value == "ok", rows["bcprun"]  # bcprun fans out: both ranks, each its own
-    assert "0/2, 1/2" in rows["bcprun"].showed
+    assert "0/4, 1/4, 2/4, 3/4" in rows["bcprun"].showed  # demo's download: --npernode 2 on the probe's 2 nodes
     assert result.facts["probe"]["commandline_runs"] == "launcher"
 
 
@@ -53,29 +52,3 @@ def test_no_bcprun_in_one_replica_jobs_is_recorded_and_concat_renders_without_it
     run = RunRequest(pipeline="demo", config_file=config, backend="bcp", overrides=["concat.bcp.processes=4"],
                      from_stage=None, only=None, restart=False, detach=False)
     choose_run(run, RunStore(config.parent / ".bcp-pipeline"))  # not refused: concat does not need bcprun
-
-
-@pytest.mark.emulator(variants={"ace": {"terminationGracePeriodSeconds": 2}})
-def test_a_kill_through_pending_termination_is_timed(tmp_path, fake):
-    _, rows, result = checked(tmp_path, fake)
-    assert rows["kill"].verdict.value == "ok", rows["kill"]
-    assert "PENDING_TERMINATION -> KILLED_BY_USER" in rows["kill"].showed
-    assert result.facts["probe"]["pending_termination"] is True
-    assert result.facts["probe"]["kill_seconds"] >= 2.0
-    assert result.facts["ace"]["terminationGracePeriodSeconds"] == 2
-
-
-@pytest.mark.emulator(variants={"ace": {"maxRuntimeSeconds": 1800, "maxActiveJobsPerUser": 1}})
-def test_ace_limits_from_bcp_policy_and_run_refused_by_the_profile(tmp_path, fake):
-    fake.set_secret("bcp-pipeline-ngc", {"api_key": "x" * 12})
-    config, rows, _ = checked(tmp_path, fake, jobs=False, detach=True)
-    limits = rows["ace limits"]
-    assert limits.verdict.value == "different"
-    assert "maxRuntimeSeconds allows 30M (1800 s), but sample: total_runtime 1H (3600 s)" in limits.showed
-    assert "--set sample.bcp.total_runtime=30M" in limits.meaning  # bcp_policy's fix
-    assert "maxActiveJobsPerUser" in limits.showed  # the --detach driver and one stage job at once
-    run = RunRequest(pipeline="demo", config_file=config, backend="bcp", overrides=[], from_stage=None, only=None,
-                     restart=False, detach=False)
-    with pytest.raises(ConfigError, match="maxRuntimeSeconds allows 30M.*as the check of"):
-        choose_run(run, RunStore(config.parent / ".bcp-pipeline"))
-    assert RunStore(config.parent / ".bcp-pipeline").runs() == []
