@@ -79,3 +79,15 @@ def job_history(transport: Transport, job_id: str) -> list[str]:
     items = [item for item in history or [] if isinstance(item, dict)]
     items.sort(key=lambda item: item.get("timestamp") or 0)
     return [str(item.get("status")) for item in items]
+
+
+def storage_quota(transport: Transport) -> list[dict[str, Any]]:
+    """`ngc user storage`: the user's storage quotas ({"quota", "available", "aceName", ...} per storage cluster)."""
+    if isinstance(transport, CliTransport):
+        data = _cli(transport, ["user", "storage"])
+        items = data if isinstance(data, list) else [data]
+    else:
+        def quota(c: Any) -> Any:
+            return c.users.storage_quota(user_id=c.users.user_who().user.id)[0]
+        items = transport._call("users.storage_quota", quota)
+    return [_as_dict(item) for item in items or [] if item is not None]

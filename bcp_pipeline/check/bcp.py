@@ -79,7 +79,7 @@ def check_bcp(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, list[
     if ace_data is not None:
         rows += policy_rows(ace_data, jobs, ctx.detach)
         facts.update(ace_facts(ace_data))
-    rows += [image_row(transport, jobs), workspace_row(transport, jobs), secrets_row(transport, jobs),
+    rows += [image_row(transport, jobs), workspace_row(transport, jobs, who.ace), secrets_row(transport, jobs),
              version_row(transport)]
     notes = []
     if ctx.jobs and ace_data is not None:
@@ -228,11 +228,11 @@ def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
     return ok("image", assumes, "; ".join(found))
 
 
-def workspace_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
+def workspace_row(transport: Transport, jobs: list[PlannedBcpJob], ace: str) -> Row | None:
     names = sorted({mount.split(":")[0] for job in jobs for mount in job.spec.workspaces})
     if not names:
         return None
-    assumes = "every workspace the jobs mount exists (size shown; the quota is not in `workspace info`)"
+    assumes = "every workspace the jobs mount exists (its size, and the user's storage quota where the service says)"
     shown, missing, unknown = [], [], []
     for name in names:
         try:
@@ -242,12 +242,27 @@ def workspace_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None
             shown.append(f"{name}: {int(size) / 1e9:,.1f} GB used" if isinstance(size, (int, float)) else name)
         except BackendCallError as exc:
             (missing if NOT_FOUND.search(str(exc)) else unknown).append(f"{name}: {_reason(exc)}")
+    quota = quota_text(transport, ace)
     if missing:
-        return different("workspace", assumes, "; ".join(missing + shown),
+        return different("workspace", assumes, "; ".join(missing + shown) + f"; {quota}",
                          "create it before the first run: `ngc workspace create --name NAME`")
     if unknown:
-        return unchecked("workspace", assumes, "; ".join(unknown + shown))
-    return ok("workspace", assumes, "; ".join(shown))
+        return unchecked("workspace", assumes, "; ".join(unknown + shown) + f"; {quota}")
+    return ok("workspace", assumes, "; ".join(shown) + f"; {quota}")
+
+
+def quota_text(transport: Transport, ace: str) -> str:
+    try:
+        quotas = lookups.storage_quota(transport)
+    except BackendCallError as exc:
+        return f"quota unknown ({_reason(exc)[:120]})"
+    mine = [q for q in quotas if q.get("aceName") in (ace, None)] or quotas
+    if not mine:
+        return "quota unknown (none listed)"
+    q = mine[0]
+    if isinstance(q.get("quota"), (int, float)) and isinstance(q.get("available"), (int, float)):
+        return f"storage quota {q['quota'] / 1e12:,.1f} TB, {q['available'] / 1e12:,.1f} TB available"
+    return "quota unknown (not in the answer)"
 
 
 def secrets_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
