@@ -1,10 +1,10 @@
-"""Checks of a Base Command Platform org and ACE without submitting anything (`--no-jobs`): a few look-ups through
-the configured transport (NVIDIA's ngc CLI or ngcsdk).
+"""Checks of a Base Command Platform org and ACE: first a few look-ups through the configured transport (NVIDIA's
+ngc CLI or ngcsdk), all that `--no-jobs` does; then, by default, the probe jobs of bcp_probe.py.
 
-Credentials and the key's org; the team; the ACE and every instance the pipeline's jobs use (multi-node where
-replicas > 1); the ACE's limits against every job; each image; each workspace; the secrets the jobs name (names and
-key names only); the client's version. A look-up that fails for a reason other than "not there" is "could not
-check", with the reason.
+Credentials and the key's org; the team; the ACE, and every job of the pipeline against its instances and limits
+(bcp_policy.py, the driver too with --detach); each image; each workspace with the user's quota; the secrets the jobs
+name (names and key names only); the client's version. A look-up that fails for a reason other than "not there" or
+"refused" is "could not check", with the reason.
 """
 
 from __future__ import annotations
@@ -81,8 +81,14 @@ def check_bcp(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, list[
         facts.update(ace_facts(ace_data))
     rows += [image_row(transport, jobs), workspace_row(transport, jobs, who.ace), secrets_row(transport, jobs),
              version_row(transport)]
-    notes = []
-    if ctx.jobs and ace_data is not None:
+    notes: list[str] = []
+    blocking = [r.topic for r in rows if r is not None and r.topic in ("credentials", "image", "workspace")
+                and r.verdict.value == "different"]
+    if ctx.jobs and blocking:
+        rows.append(unchecked("probe job", "a probe job shows how jobs run here",
+                              f"not submitted: it would fail on what the {', '.join(blocking)} row(s) show",
+                              "fix those, then run `check` again"))
+    elif ctx.jobs and ace_data is not None:
         from .bcp_probe import run_probes
 
         probe_rows, probe_facts = run_probes(ctx, transport, ace_data, notes)

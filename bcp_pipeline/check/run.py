@@ -42,6 +42,8 @@ def run_check(request: CheckRequest, environ: Mapping[str, str],
         raise ConfigError("--set needs a pipeline: `bcp-pipeline check PIPELINE --set STAGE.KEY=VALUE`")
     config = load_and_check(request.config_file, overrides=request.overrides, pipeline=request.pipeline)
     backend = backend_for(config, request)
+    if request.detach and backend != "bcp":
+        raise ConfigError(f"--detach judges the ACE for a BCP driver job: it needs --backend bcp, not {backend!r}")
     ctx = CheckContext(config=config, pipeline=config.pipeline(request.pipeline) if request.pipeline else None,
                        backend_name=backend, state_root=request.state_root, environ=environ, jobs=request.jobs,
                        detach=request.detach, announce=announce)

@@ -117,3 +117,15 @@ def test_a_commandline_on_neither_model_is_different():
     logs = {0: "", 1: "BCPP-PROBE replica=1 size=2\n"}  # only replica 1: neither every replica nor the launcher
     assert bcp_probe.replicas_row(plan(), logs, ended).verdict.value == "different"
     assert bcp_probe.replicas_row(plan(), {0: "BCPP-PROBE replica=0\n", 1: ""}, ended).verdict.value == "ok"
+
+
+@needs_ngcsdk
+def test_no_probe_job_where_it_would_fail_on_what_the_look_ups_showed(tmp_path, fake):
+    """No workspace `demo`: the probe would mount it, so it is not submitted (nothing paid for a known failure)."""
+    config = project(tmp_path / "project", f"  bcp: {{transport: {fake.transport}}}\n")
+    result, _ = run_check(CheckRequest(config_file=config, state_root=tmp_path / "state", pipeline="demo",
+                                       backend="bcp"), dict(os.environ))
+    rows = {row.topic: row for row in result.rows}
+    assert rows["workspace"].verdict.value == "different"
+    assert rows["probe job"].verdict.value == "could not check" and "workspace" in rows["probe job"].showed
+    assert fake.jobs() == {}
