@@ -96,3 +96,15 @@ def test_ctrl_c_cancels_the_probe_job(tmp_path):
                                            ("2-00:00:00", 172800), ("1-12:00", 129600), ("soon", -1)])
 def test_sinfo_time_limits_and_what_is_not_recognised(text, seconds):
     assert slurm_seconds(text) == seconds
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_a_script_sbatch_refuses_is_different(tmp_path):
+    config = project(tmp_path, SLURM_BACKEND.format(python=""))
+    code, payload, _ = check(config, "demo", "--backend", "slurm", "--no-jobs", "--set", "concat.slurm.partition=nope")
+    found = rows(payload)
+    assert code == 1
+    assert found["sbatch --test-only"]["verdict"] == "different"
+    assert "stage concat: sbatch: error: invalid partition specified: nope" in found["sbatch --test-only"]["showed"]
+    assert "13 accepted" in found["sbatch --test-only"]["showed"]
+    assert "stage concat: partition nope does not exist" in found["partitions"]["showed"]
