@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "bcp_pipeline"
 # Lowest first. "ground" is the package's top-level modules (errors, atomic writes, processes, redaction).
-WINGS = ["ground", "config", "backends", "engine", "report", "detach", "cli"]
+WINGS = ["ground", "config", "backends", "engine", "report", "detach", "check", "cli"]
 ENTRY_POINTS = {"__main__": "cli"}  # top-level modules that belong to a higher wing
 STAGE_PROGRAMS = Path(__file__).resolve().parents[1] / "stages"
 

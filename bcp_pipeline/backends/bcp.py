@@ -13,6 +13,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from ..atomic import atomic_write_json
@@ -20,9 +21,11 @@ from ..config.pipelines import PipelineConfig
 from ..errors import BackendCallError
 from .contract import Backend, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
 from ..config.resources import BcpOptions
-from .bcp_render import UPLOAD_EXCLUDES, JobSpec, code_destination, job_rendezvous, job_run_argv, job_spec, label
-from .bcp_render import upload_argv
+from .bcp_render import NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_rendezvous, job_run_argv
+from .bcp_render import job_spec, label, upload_argv
 from .bcp_transport import Transport, make_transport, read_ngc_config
+from .bcp_policy import planned_jobs, violations
+from .profile import profile_key
 from .common import last_lines, shell_join
 
 # All 25 BCP job statuses (ngc-cli.md). PREEMPTED waits for `job resume`; unknown ones are "not finished".
@@ -53,6 +56,7 @@ STATE_MAP: dict[str, JobState] = {
     "RESOURCE_GRANT_DENIED": JobState.FAILED,
     "RESOURCE_LIMIT_EXCEEDED": JobState.FAILED,
 }
+LIST_LAG_MARGIN_SECONDS = 30.0  # beyond twice the list lag `check` measured, before a stage is submitted again
 KILL_MARGIN_SECONDS = 60.0  # beyond the ACE's termination grace, before `cancel` says a killed job has not ended
 FAILED_REPLICA = re.compile(r"\bReplica (\d+)\b")  # statusDetails like "Replica 1 exited with code 3"
 
@@ -61,7 +65,8 @@ class BcpBackend(Backend):
     name = "bcp"
 
     def __init__(self, options: BcpOptions, *, pipeline: PipelineConfig, config_dir: Path, stages_dir: Path,
-                 run_dir: Path, workspace_name: str, mounted_workspace: Path | None = None) -> None:
+                 run_dir: Path, workspace_name: str, mounted_workspace: Path | None = None,
+                 profile: dict[str, Any] | None = None) -> None:
         self.options = options
         self.pipeline = pipeline
         self.stages_dir = stages_dir
@@ -73,6 +78,11 @@ class BcpBackend(Backend):
         self.mounted_workspace = mounted_workspace  # where the workspace is mounted when the orchestrator runs in
         # a BCP job itself (the detached driver): stages/ is then copied in, not uploaded
         self._transport: Transport | None = None
+        self.profile = profile  # what `check` found about this org/ACE (backends/profile.py); None: never checked
+        self.has_profile = profile is not None
+        lag = self.probe_fact("list_lag_seconds")
+        if isinstance(lag, (int, float)) and lag >= 1:  # the list index lags here: look a job up that long, twice over
+            self.lookup_grace_seconds = 2 * float(lag) + LIST_LAG_MARGIN_SECONDS
 
     @property
     def transport(self) -> Transport:
@@ -86,8 +96,17 @@ class BcpBackend(Backend):
         layout = request.rank_layout("bcp")
         return {"replicas": layout.nodes, "processes": layout.per_node}
 
+    def probe_fact(self, *path: str) -> Any:
+        """A fact the `check` probe jobs found (facts.probe.PATH...), None without a profile or that fact."""
+        value: Any = ((self.profile or {}).get("facts") or {}).get("probe")
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
     def render(self, request: JobRequest) -> Submission:
-        spec = job_spec(request, self.options, self.stages_dir)
+        spelling = self.probe_fact("bcprun", "no_redirect_spelling")
+        spec = job_spec(request, self.options, self.stages_dir,
+                        no_redirect=spelling if spelling in ("-no_redirect", "--no_redirect") else NO_REDIRECT)
         argv = job_run_argv(spec)
         return Submission(request=request, printable=shell_join(argv), payload={"argv": argv, "spec": asdict(spec)},
                           rendezvous=job_rendezvous(request))
@@ -177,6 +196,9 @@ class BcpBackend(Backend):
                 return
             if deadline is None:
                 grace = self.termination_grace_seconds()
+                measured = self.probe_fact("kill_seconds")  # how long a kill took when `check` timed one
+                if isinstance(measured, (int, float)):
+                    grace = max(grace or 0.0, float(measured))
                 deadline = time.monotonic() + (grace or 0) + KILL_MARGIN_SECONDS
             if time.monotonic() > deadline:
                 raise BackendCallError(
@@ -195,8 +217,8 @@ class BcpBackend(Backend):
             return None
         try:
             value = self.transport.ace(name).get("terminationGracePeriodSeconds")
-        except BackendCallError:
-            return None
+        except BackendCallError:  # the ACE as `check` saw it, where a profile exists
+            value = ((self.profile or {}).get("facts") or {}).get("ace", {}).get("terminationGracePeriodSeconds")
         return float(value) if isinstance(value, (int, float)) else None
 
     def resume(self, job_id: str) -> bool:
@@ -214,6 +236,24 @@ class BcpBackend(Backend):
         except BackendCallError as exc:
             lines.append(f"(job log unavailable: {exc})")
         return "\n".join(lines)
+
+    def refusals(self, submissions: list[Submission], *, detach: bool = False) -> list[str]:
+        """What the profile rules out: jobs under a bcprun it found missing, and every limit of the ACE it saw
+        (bcp_policy) that a job breaks."""
+        if not self.profile:
+            return []
+        where = f"the check of {self.profile.get('key')} ({_when(self.profile)})"
+        found = []
+        if self.probe_fact("bcprun", "present") is False:
+            for submission in submissions:
+                spec = submission.payload.get("spec") or {}
+                if str(spec.get("commandline", "")).startswith("bcprun "):
+                    found.append(f"{_job(submission)} starts under bcprun, which {where} found missing in jobs here")
+        ace = (self.profile.get("facts") or {}).get("ace")
+        if isinstance(ace, dict):
+            found += [f"{violation} (as {where} saw the ACE)" for violation in
+                      violations(ace, planned_jobs(submissions), detach=detach)]
+        return found
 
     def job_url(self, job_id: str) -> str | None:
         if not self.options.ui_url:
@@ -256,3 +296,27 @@ def status_of(job: dict[str, Any]) -> JobStatus:
 def _indent(text: str) -> str:
     return "\n".join(f"    {line}" for line in text.splitlines())
 
+
+
+def _job(submission: Submission) -> str:
+    return f"stage {submission.request.stage.name}" + (" (verification)" if submission.request.kind == "verify"
+                                                      else "")
+
+
+def _when(profile: dict[str, Any]) -> str:
+    checked = profile.get("checked_at")
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(checked)) if isinstance(checked, (int, float)) else "?"
+
+
+def account_of(options: BcpOptions, environ: Mapping[str, str]) -> tuple[str | None, str | None, str | None]:
+    """org, team, ACE as jobs get them: pipelines.yaml, else NGC_CLI_ORG/TEAM/ACE, else ngc's config file."""
+    saved = read_ngc_config(dict(environ))
+    return (options.org or environ.get("NGC_CLI_ORG") or saved.get("org") or None,
+            options.team or environ.get("NGC_CLI_TEAM") or saved.get("team") or None,
+            options.ace or environ.get("NGC_CLI_ACE") or saved.get("ace") or None)
+
+
+def profile_key_of(options: BcpOptions, environ: Mapping[str, str]) -> str | None:
+    """The name of the `check` profile for this org/ACE; None where either is not configured."""
+    org, _team, ace = account_of(options, environ)
+    return profile_key(org, ace) if org and ace else None

@@ -61,7 +61,10 @@ def job_values(request: JobRequest, options: BcpOptions, stages_dir: Path) -> di
                               code=f"{mount}/{code_destination(options, stages_dir)}", python=options.python)
 
 
-def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path) -> str:
+NO_REDIRECT = "-no_redirect"  # NVIDIA's launcher's spelling; a `check` profile may show this ACE's bcprun wants another
+
+
+def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path, *, no_redirect: str = NO_REDIRECT) -> str:
     """The job's shell command: the bootstrap, then the program, under bcprun when it has several ranks."""
     values = job_values(request, options, stages_dir)
     resources: BcpResources = request.resources("bcp")
@@ -82,7 +85,7 @@ def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path) -> s
     layout = request.rank_layout("bcp")
     if resources.launcher == "bcprun" and layout.nodes > 1:
         return shell_join(["bcprun", "--nnodes", str(layout.nodes), "--npernode", str(layout.per_node),
-                           "-no_redirect", "--cmd", inner])
+                           no_redirect, "--cmd", inner])
     if resources.launcher == "bcprun" and layout.per_node > 1:
         return local_ranks(inner, layout.per_node)
     return inner
@@ -190,8 +193,9 @@ class JobSpec:
     ace: str | None = None
 
 
-def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path) -> JobSpec:
-    """Pure: the job `request` becomes on BCP (without secrets' values, which ngc resolves)."""
+def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path, *, no_redirect: str = NO_REDIRECT) -> JobSpec:
+    """Pure: the job `request` becomes on BCP (without secrets' values, which ngc resolves). `no_redirect`: the
+    spelling of bcprun's flag (from a `check` profile, else NVIDIA's launcher's)."""
     res: BcpResources = request.resources("bcp")
     where = f"stage {request.stage.name}" + (" (verification)" if request.kind == "verify" else "")
     if not res.instance or not res.image:
@@ -204,7 +208,7 @@ def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path) -> JobS
     values = job_values(request, options, stages_dir)
     return JobSpec(
         name=request.job_name, image=res.image, instance=res.instance, result=res.result,
-        commandline=commandline(request, options, stages_dir),
+        commandline=commandline(request, options, stages_dir, no_redirect=no_redirect),
         workspaces=tuple(f"{m.name}:{m.mount}:{m.mode}" for m in res.workspaces),
         replicas=(nodes := request.rank_layout("bcp").nodes), array_type=res.array_type if nodes > 1 else None,
         total_runtime=format_duration(parse_duration(res.total_runtime)) if res.total_runtime else None,

@@ -180,3 +180,10 @@ class Backend(abc.ABC):
 
     def job_url(self, job_id: str) -> str | None:
         return None
+
+    has_profile: bool = False  # a saved `check` profile of this service was found (backends/profile.py)
+
+    def refusals(self, submissions: list[Submission], *, detach: bool = False) -> list[str]:
+        """Jobs that what `bcp-pipeline check` found about this service says cannot work, each named with the
+        difference; [] without a profile. Checked before a run is recorded (`detach`: `run --detach`)."""
+        return []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..config.pipelines import Config, PipelineConfig
@@ -21,9 +22,13 @@ def make_backend(name: str, config: Config, pipeline: PipelineConfig, run_dir: P
 
         return LocalBackend(options, **common)
     if name == "bcp":
-        from .bcp import BcpBackend
+        from .bcp import BcpBackend, profile_key_of
+        from .profile import load_profile
 
-        return BcpBackend(options, pipeline=pipeline, **common)
+        key = profile_key_of(options, os.environ)
+        # run_dir is STATE/runs/RUN: the profiles of `check` are in STATE/checks
+        profile = load_profile(run_dir.parent.parent, key) if key else None
+        return BcpBackend(options, pipeline=pipeline, profile=profile, **common)
     if name == "slurm":
         from .slurm import SlurmBackend
 

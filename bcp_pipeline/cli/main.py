@@ -11,10 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
+from ..backends.bcp import profile_key_of
 from ..backends.bcp_render import job_run_argv, upload_argv
+from ..backends.profile import load_profile
 from ..backends.common import shell_join
 from ..backends.contract import Backend
 from ..backends.registry import BACKENDS, make_backend
+from ..check.render import render_check
+from ..check.result import Verdict
+from ..check.run import CheckRequest, run_check
 from ..config.pipelines import DEFAULT_CONFIG_FILE, Config, PipelineConfig, substitute
 from ..config.preflight import load_and_check
 from ..detach.jobs import driver_spec
@@ -95,6 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
                             help="run a stage's verification again and record the result")
     verify.add_argument("run")
     verify.add_argument("stage")
+
+    check = sub.add_parser("check", parents=[after_verb],
+                           help="first contact: check every assumption the orchestrator makes about this service "
+                                "(and this pipeline), save the answers as a profile")
+    check.add_argument("pipeline", nargs="?", help="a pipeline whose jobs to check too (default: the service only)")
+    check.add_argument("--backend", choices=BACKENDS, help="which service (default: the pipeline's `backend`)")
+    check.add_argument("--json", action="store_true")
+    check.add_argument("--no-jobs", dest="jobs", action="store_false",
+                       help="submit no probe job: only look-ups (free)")
+    check.add_argument("--detach", action="store_true", help="BCP: also judge the ACE for `run --detach`'s driver")
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.KEY=VALUE",
+                       help="check the pipeline as `run --set` would run it")
     return parser
 
 
@@ -156,10 +173,22 @@ def cmd_run(args: argparse.Namespace) -> int:
                          overrides=args.overrides, from_stage=args.from_stage, only=args.only, restart=args.restart,
                          detach=args.detach)
     chosen = choose_run(request, run_store(args))
+    suggest_check(chosen)
     if chosen.continued:
         print(f"continuing run {chosen.state.run_id} (its last state: {_first_unfinished(chosen.state)}); "
               "pass --restart to start over")
     return detach(chosen) if args.detach else drive(chosen)
+
+
+def suggest_check(chosen: ChosenRun) -> None:
+    """On BCP, a first run against an org/ACE that `check` never looked at: say what a few minutes would settle."""
+    if chosen.state.backend != "bcp":
+        return
+    key = profile_key_of(chosen.config.options["bcp"], os.environ)
+    if key and load_profile(chosen.store.root, key) is None:
+        print(f"note: no `check` profile for {key} yet: `bcp-pipeline check {chosen.pipeline.name}` settles, on the "
+              "smallest instance in a few minutes, what this run assumes about your ACE (bcprun, ranks, limits); "
+              "running with the safe defaults", file=sys.stderr)
 
 
 def detach(chosen: ChosenRun) -> int:
@@ -221,6 +250,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s); nothing is submitted.")
     print(f"# {run_id} stands for the run id a real run gets.")
+    profile = getattr(backend, "profile", None)
+    if profile:
+        print(f"# rendered with what `bcp-pipeline check` found for {profile.get('key')} "
+              f"(.bcp-pipeline/checks/{profile.get('key')}.json)")
     if driver:
         print(f"\n# --detach: upload the orchestrator, stages/ and the config for the driver\n{driver['upload']}")
         print(f"\n# --detach: the driver job, which submits everything below from inside BCP\n{driver['printable']}")
@@ -409,7 +442,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if verify_stage(stored_run(args), args.stage, Reporter()) else 1
 
 
-COMMANDS = {"run": cmd_run, "plan": cmd_plan, "status": cmd_status, "resume": cmd_resume, "logs": cmd_logs,
+def cmd_check(args: argparse.Namespace) -> int:
+    """Thin: the checks live in bcp_pipeline/check/; exit 1 when a row is `different`."""
+    request = CheckRequest(config_file=config_file(args), state_root=run_store(args).root, pipeline=args.pipeline,
+                           backend=args.backend, jobs=args.jobs, detach=args.detach, overrides=args.overrides)
+    try:
+        result, path = run_check(request, os.environ, announce=lambda line: print(f"# {line}", flush=True)
+                                 if not args.json else None)
+    except KeyboardInterrupt:
+        print("\nbcp-pipeline: check interrupted; its probe jobs were cancelled, no profile was saved",
+              file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps({**result.as_json(), "profile": str(path)}, indent=2))
+    else:
+        print(render_check(result, str(path)))
+    return 1 if result.count(Verdict.DIFFERENT) else 0
+
+
+COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan, "status": cmd_status, "resume": cmd_resume, "logs": cmd_logs,
             "cancel": cmd_cancel, "list": cmd_list, "verify": cmd_verify,
             "report": cmd_report}
 

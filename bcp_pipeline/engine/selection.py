@@ -12,12 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.registry import check_backend_ready
+from ..backends.registry import check_backend_ready, make_backend
 from ..config.dag import downstream_of
 from ..config.pipelines import Config, PipelineConfig
 from ..config.preflight import load_and_check
 from ..errors import ConfigError, StateError
 from .state import RunState, RunStore, StageState, StageStatus, new_run_id
+from .submitter import planned_requests
+
+PROFILE_RUN_ID = "PROFILE-CHECK"  # the run id jobs are rendered under to hold them against a check profile
 
 
 @dataclass(kw_only=True)
@@ -57,6 +60,7 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     pipeline = config.pipeline(request.pipeline)
     backend = request.backend or pipeline.backend
     check_backend_ready(backend, config, pipeline)
+    refuse_what_the_profile_rules_out(backend, config, pipeline, store, detach=request.detach)
     if request.detach and backend != "bcp":
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend!r}")
     selection = Selection(from_stage=request.from_stage, only=request.only)
@@ -77,6 +81,19 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     selected = continue_run(previous, pipeline, selection)
     return ChosenRun(config=config, pipeline=pipeline, store=store, state=previous, selected=selected,
                      continued=True)
+
+
+def refuse_what_the_profile_rules_out(backend: str, config: Config, pipeline: PipelineConfig, store: RunStore,
+                                      *, detach: bool = False) -> None:
+    """Before a run is recorded: stages that the saved `check` profile of this service says cannot work."""
+    probe = make_backend(backend, config, pipeline, store.run_dir(PROFILE_RUN_ID))
+    if not probe.has_profile:
+        return
+    problems = probe.refusals([probe.render(r) for r in planned_requests(pipeline, PROFILE_RUN_ID)], detach=detach)
+    if problems:
+        raise ConfigError("this service cannot run the pipeline as configured:\n  " + "\n  ".join(problems)
+                          + "\nChange those stages as each says, or run `bcp-pipeline check` again if the service "
+                            "changed. Nothing was submitted or recorded.")
 
 
 def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | None, detach: bool,

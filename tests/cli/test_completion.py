@@ -17,7 +17,7 @@ from bcp_pipeline.cli.completion import pipeline_names, run_ids, stage_names
 
 BIN = Path(sys.executable).parent
 COMMAND = BIN / "bcp-pipeline"
-VERBS = ["run", "plan", "status", "resume", "logs", "cancel", "list", "report", "verify"]
+VERBS = ["run", "plan", "status", "resume", "logs", "cancel", "list", "report", "verify", "check"]
 CONFIG = """\
 version: 1
 x-stages: &stages
@@ -109,6 +109,7 @@ def test_verbs_options_and_choices(project: Path) -> None:
 
 def test_pipeline_names_from_the_default_or_given_config(project: Path) -> None:
     assert candidates(project, "bcp-pipeline run ") == ["alpha", "beta"]
+    assert candidates(project, "bcp-pipeline check ") == ["alpha", "beta"]
     assert candidates(project, "bcp-pipeline plan b") == ["beta"]
     assert candidates(project, "bcp-pipeline --config other.yaml run ") == ["gamma"]
     assert candidates(project, "bcp-pipeline --config ") == [".bcp-pipeline/", "other.yaml", "pipelines.yaml"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import datetime
 import fnmatch
+import hashlib
 import http.server
 import ipaddress
 import json
@@ -187,8 +188,39 @@ def repo_detail(request: Request) -> dict[str, Any]:
 @route("GET", r"/v2/org/(?P<org>[^/]+)(?:/team/(?P<team>[^/]+))?/repos/(?P<repo>[^/]+)/images(?:/(?P<tag>[^/]+))?")
 def repo_images(request: Request) -> dict[str, Any]:
     tag = request.params.get("tag") or "latest"
+    _refuse_missing_image(request, tag)
     return {"images": [{"tag": tag, "architectureVariants": [{"architecture": "amd64", "os": "linux"}]}],
             "requestStatus": _ok()}
+
+
+@route("GET", r"/v2/org/(?P<org>[^/]+)(?:/team/(?P<team>[^/]+))?/repos/(?P<repo>[^/]+)/tags/(?P<tag>[^/]+)")
+def repo_tag(request: Request) -> dict[str, Any]:
+    """`registry image info ORG/[TEAM/]REPO:TAG` (ngcsdk's `get_tag_meta`): a MetaImageDetails."""
+    tag = unquote(request.params["tag"])
+    _refuse_missing_image(request, tag)
+    digest = "sha256:" + hashlib.sha256(f"{request.path}".encode()).hexdigest()
+    return {"tag": tag, "digest": digest, "size": 20 << 30, "isMultiArchitecture": False,
+            "architectureVariants": [{"architecture": "amd64", "os": "linux", "digest": digest}],
+            "requestStatus": _ok()}
+
+
+def _refuse_missing_image(request: Request, tag: str) -> None:
+    """Every image exists unless a test named it missing (`FakeNgc.set_missing_images`): 404 as the registry."""
+    team = request.params.get("team")
+    name = "/".join(p for p in (request.params["org"], team, unquote(request.params["repo"])) if p) + f":{tag}"
+    if name in nc.read_json(request.home / "control.json", {}).get("missing_images", []):
+        raise ApiError(404, f"Image '{name}' could not be found.")
+
+
+@route("GET", r"/v2/sms/orgs/(?P<org>[^/]+)/secrets")
+def user_secrets(request: Request) -> dict[str, Any]:
+    """`ngc user secret list` (ngcsdk's SecretsAPI.list): a SecretGetResponse with names and key names only;
+    `?name=N` narrows to one secret (`secret info`). Values never leave the emulator through the API."""
+    known = nc.read_json(request.home / "secrets.json", {})
+    wanted = request.arg("name")
+    items = [{"name": name, "description": "", "enabled": True, "kv": [{"key": key} for key in sorted(values)]}
+             for name, values in sorted(known.items()) if wanted in (None, name)]
+    return {"secrets": items, "version": "1", "requestStatus": _ok()}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -515,6 +515,11 @@ class FakeNgc:
         with update_control(self.home) as control:
             control.setdefault("faults", []).append(fault)
 
+    def set_missing_images(self, images: list[str]) -> None:
+        """Image names (`ORG/[TEAM/]REPO:TAG`, no `nvcr.io/`) the registry answers 404 for; every other exists."""
+        with update_control(self.home) as control:
+            control["missing_images"] = list(images)
+
     def set_page_size(self, size: int | None) -> None:
         """Cap the page size of every paged answer (``job list``...), so clients must follow the pages."""
         with update_control(self.home) as control:

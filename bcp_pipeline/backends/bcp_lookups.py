@@ -1,0 +1,93 @@
+"""The read-only look-ups `bcp-pipeline check` makes on BCP, through either transport (bcp_transport.py).
+
+Who the key belongs to, an image, a workspace, the user's secrets (names and key names: never values), and
+the client's version. Each returns the JSON shape NVIDIA's printer prints for the CLI (and ngcsdk's `toDict()`),
+and raises BackendCallError when the call fails. Kept apart from the transports: `run` never needs them (the ACE, which `run` needs too, is `Transport.ace`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+from ..errors import BackendCallError
+from .bcp_transport import CliTransport, SdkTransport, Transport, first_json
+
+
+def _cli(transport: CliTransport, args: list[str]) -> Any:
+    return first_json(transport._ngc([*args, *transport._globals()]))
+
+
+def who(transport: Transport) -> dict[str, Any]:
+    """`ngc user who`: {"user": {"id", "name", "roles": [{"org": {"name"}, "team"?: {"name"}, ...}]}}."""
+    if isinstance(transport, CliTransport):
+        return _cli(transport, ["user", "who"])
+    return transport._call("users.user_who", lambda c: c.users.user_who().toDict())
+
+
+def image(transport: Transport, name: str) -> dict[str, Any]:
+    """`ngc registry image info ORG/[TEAM/]REPO:TAG` (`nvcr.io/` dropped): the tag's metadata."""
+    name = name.removeprefix("nvcr.io/")
+    if isinstance(transport, CliTransport):
+        return _cli(transport, ["registry", "image", "info", name])
+    return transport._call("registry.image.info", lambda c: c.registry.image.info(name)[0].toDict())
+
+
+def workspace(transport: Transport, name: str) -> dict[str, Any]:
+    """`ngc workspace info NAME`: {"name", "sizeInBytes", "aceName", ...}."""
+    if isinstance(transport, CliTransport):
+        return _cli(transport, ["workspace", "info", name])
+    return transport._call("basecommand.workspace.info",
+                           lambda c: _as_dict(c.basecommand.workspace.info(name)))
+
+
+def secret_keys(transport: Transport) -> dict[str, list[str]]:
+    """`ngc user secret list`: each secret's name -> its key names (values are never asked for)."""
+    if isinstance(transport, CliTransport):
+        data = _cli(transport, ["user", "secret", "list"])
+    else:
+        data = transport._call("organization.secrets.list", lambda c: c.organization.secrets.list().toDict())
+    # NVIDIA's printer (and toDict) leave out an empty list: {"version": "1"} is "no secrets".
+    items = (data.get("secrets") or []) if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise BackendCallError(f"`user secret list` answered no list of secrets: {str(data)[:200]}")
+    return {str(s.get("name")): [str(kv.get("key")) for kv in s.get("kv") or [] if isinstance(kv, dict)]
+            for s in items if isinstance(s, dict)}
+
+
+def client_version(transport: Transport) -> str:
+    """`ngc version info` (the standalone CLI's command; ngcsdk's CLI code has none), or ngcsdk's version."""
+    if isinstance(transport, SdkTransport):
+        return f"ngcsdk {importlib.metadata.version('ngcsdk')}"
+    return " ".join(transport._ngc(["version", "info"], timeout=60).split())[:200]
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if hasattr(value, "toDict"):
+        return value.toDict()
+    return value if isinstance(value, dict) else {}
+
+
+def job_history(transport: Transport, job_id: str) -> list[str]:
+    """The statuses a job went through, oldest first (`job info`'s jobStatusHistory)."""
+    if isinstance(transport, CliTransport):
+        data = _cli(transport, ["base-command", "job", "info", job_id])
+        history = data.get("jobStatusHistory") if isinstance(data, dict) else None
+    else:
+        _job, history = transport._call("basecommand.jobs.info", lambda c: c.basecommand.jobs.info(int(job_id)))
+        history = [_as_dict(item) for item in history or []]
+    items = [item for item in history or [] if isinstance(item, dict)]
+    items.sort(key=lambda item: item.get("timestamp") or 0)
+    return [str(item.get("status")) for item in items]
+
+
+def storage_quota(transport: Transport) -> list[dict[str, Any]]:
+    """`ngc user storage`: the user's storage quotas ({"quota", "available", "aceName", ...} per storage cluster)."""
+    if isinstance(transport, CliTransport):
+        data = _cli(transport, ["user", "storage"])
+        items = data if isinstance(data, list) else [data]
+    else:
+        def quota(c: Any) -> Any:
+            return c.users.storage_quota(user_id=c.users.user_who().user.id)[0]
+        items = transport._call("users.storage_quota", quota)
+    return [_as_dict(item) for item in items or [] if item is not None]

@@ -1,0 +1,312 @@
+"""Checks of a Base Command Platform org and ACE: first a few look-ups through the configured transport (NVIDIA's
+ngc CLI or ngcsdk), all that `--no-jobs` does; then, by default, the probe jobs of bcp_probe.py.
+
+Credentials and the key's org; the team; the ACE, and every job of the pipeline against its instances and limits
+(bcp_policy.py, the driver too with --detach); each image; each workspace with the user's quota; the secrets the jobs
+name (names and key names only); the client's version. A look-up that fails for a reason other than "not there" or
+"refused" is "could not check", with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..backends import bcp_lookups as lookups
+from ..backends.bcp_policy import PlannedJob, violations
+from ..backends.bcp_render import JobSpec
+from ..backends.bcp import account_of
+from ..backends.bcp_transport import CONFIG_HINT, SDK_VERSION, Transport, make_transport
+from ..errors import BackendCallError, PipelineError
+from .context import CheckContext
+from .result import Row, different, ok, unchecked
+
+NOT_FOUND = re.compile(r"\b404\b|not found|could not be found|does not exist", re.I)
+REFUSED = re.compile(r"\b40[13]\b|invalid api ?key|unauthori[sz]ed|forbidden|invalid org|doesn't match organization",
+                     re.I)
+VERSION = re.compile(r"\b\d+\.\d+\.\d+\b")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedBcpJob:
+    stage: str  # `(driver)` for the --detach driver
+    kind: str  # stage, verify, driver
+    spec: JobSpec
+
+    @property
+    def label(self) -> str:
+        if self.kind == "driver":
+            return "the driver (--detach)"
+        return f"stage {self.stage}" + (" (verification)" if self.kind == "verify" else "")
+
+
+@dataclass(kw_only=True)
+class Account:
+    org: str
+    team: str | None
+    ace: str
+
+
+def account(ctx: CheckContext) -> Account:
+    """org/team/ACE as the backend resolves them (backends/bcp.py: pipelines.yaml, NGC_CLI_*, ngc's config)."""
+    org, team, ace = account_of(ctx.config.options["bcp"], ctx.environ)
+    return Account(org=org or "(no org)", team=team, ace=ace or "(no ACE)")
+
+
+def planned_jobs(ctx: CheckContext) -> list[PlannedBcpJob]:
+    jobs = [PlannedBcpJob(stage=s.request.stage.name, kind=s.request.kind, spec=JobSpec(**s.payload["spec"]))
+            for s in ctx.submissions()]
+    if ctx.detach and ctx.pipeline is not None:
+        from ..detach.jobs import driver_spec
+
+        jobs.append(PlannedBcpJob(stage="(driver)", kind="driver",
+                                  spec=driver_spec(ctx.config, ctx.pipeline, "CHECK", ctx.environ)))
+    return jobs
+
+
+def check_bcp(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, list[str]]:
+    who = account(ctx)
+    target = {"org": who.org, "ace": who.ace, **({"team": who.team} if who.team else {})}
+    transport = make_transport(ctx.config.options["bcp"])
+    jobs = planned_jobs(ctx)
+    rows: list[Row] = [credentials_row(transport, who)]
+    if rows[0].verdict.value == "different" and REFUSED.search(rows[0].showed):
+        return target, rows, {}, []  # every other call would be refused the same way
+    rows.append(team_row(transport, who))
+    ace_row_, ace_data = ace_row(transport, who)
+    rows.append(ace_row_)
+    facts: dict = {"transport": transport.name}
+    if ace_data is not None:
+        rows += policy_rows(ace_data, jobs, ctx.detach)
+        facts.update(ace_facts(ace_data))
+    rows += [image_row(transport, jobs), workspace_row(transport, jobs, who.ace), secrets_row(transport, jobs),
+             version_row(transport)]
+    notes: list[str] = []
+    blocking = [r.topic for r in rows if r is not None and r.topic in ("credentials", "image", "workspace")
+                and r.verdict.value == "different"]
+    if ctx.jobs and blocking:
+        rows.append(unchecked("probe job", "a probe job shows how jobs run here",
+                              f"not submitted: it would fail on what the {', '.join(blocking)} row(s) show",
+                              "fix those, then run `check` again"))
+    elif ctx.jobs and ace_data is not None:
+        from .bcp_probe import run_probes
+
+        probe_rows, probe_facts = run_probes(ctx, transport, ace_data, notes)
+        rows += probe_rows
+        facts.update(probe_facts)
+    elif ctx.jobs:
+        rows.append(unchecked("probe job", "a probe job shows how jobs run here", "no ACE to run it in (above)"))
+    return target, [r for r in rows if r is not None], facts, notes
+
+
+MASKED_KEY = re.compile(r"\s*Using API key: '[^']*'[^.]*\.?", re.I)  # ngcsdk shows the key's last characters
+
+
+def _reason(exc: BaseException) -> str:
+    """The error in one line, without the transport's generic hint about ngc's settings and without any part of
+    the key (the row is saved in the profile)."""
+    return " ".join(MASKED_KEY.sub("", str(exc).replace(CONFIG_HINT, "")).split())[:300]
+
+
+def credentials_row(transport: Transport, who: Account) -> Row:
+    assumes = f"the API key is accepted and may act in org {who.org}"
+    try:
+        user = lookups.who(transport).get("user") or {}
+    except BackendCallError as exc:
+        if REFUSED.search(str(exc)):  # ngcsdk refuses an org the key has no role in before any call
+            return different("credentials", assumes, f"refused: {_reason(exc)}",
+                             "set a key of that org (NGC_CLI_API_KEY or `ngc config set`), or set backends.bcp.org "
+                             "(or NGC_CLI_ORG) to the key's org; nothing else can be checked")
+        return unchecked("credentials", assumes, f"`user who` failed: {_reason(exc)}")
+    orgs = sorted({str((r.get("org") or {}).get("name")) for r in user.get("roles") or [] if isinstance(r, dict)})
+    showed = f"key of user {user.get('name', '?')}; its orgs: {', '.join(orgs) or 'none listed'}"
+    if who.org in orgs:
+        return ok("credentials", assumes, showed)
+    return different("credentials", assumes, showed,
+                     f"every call in org {who.org} would be refused: set backends.bcp.org (or NGC_CLI_ORG) to one of "
+                     f"{', '.join(orgs) or 'the key’s orgs'}, or use a key of {who.org}")
+
+
+def team_row(transport: Transport, who: Account) -> Row:
+    assumes = "jobs run in the configured team (or in the org, with no team)"
+    if not who.team:
+        return ok("team", assumes, "no team configured: jobs run in the org")
+    try:
+        user = lookups.who(transport).get("user") or {}
+    except BackendCallError as exc:
+        return unchecked("team", assumes, f"`user who` failed: {_reason(exc)}")
+    teams = sorted({str((r.get("team") or {}).get("name")) for r in user.get("roles") or []
+                    if isinstance(r, dict) and isinstance(r.get("team"), dict)})
+    if who.team in teams:
+        return ok("team", assumes, f"team {who.team} is among the key's teams")
+    return different("team", assumes, f"team {who.team}; the key's roles name teams: {', '.join(teams) or 'none'}",
+                     "jobs and workspaces of that team may be refused: set backends.bcp.team to one of those, "
+                     "or leave it unset")
+
+
+def ace_row(transport: Transport, who: Account) -> tuple[Row, dict | None]:
+    assumes = f"ACE {who.ace} exists in org {who.org} and this key may use it"
+    try:
+        data = transport.ace(who.ace)
+    except BackendCallError as exc:
+        verdict = different if NOT_FOUND.search(str(exc)) or REFUSED.search(str(exc)) else None
+        if verdict:
+            return different("ace", assumes, _reason(exc), "set backends.bcp.ace (or NGC_CLI_ACE) to an ACE of "
+                             "the org: `ngc base-command ace list`"), None
+        return unchecked("ace", assumes, f"`ace info` failed: {_reason(exc)}"), None
+    ace = data.get("ace") if isinstance(data.get("ace"), dict) else data
+    instances = [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]
+    return ok("ace", assumes, f"ACE {ace.get('name', who.ace)}: {len(instances)} instance type(s)"), ace
+
+
+def ace_facts(ace: dict) -> dict:
+    """The ACE as `ace info` answered (limits and instances; not its storage endpoints), for the backend to hold
+    jobs against (bcp_policy) and to wait out its termination grace without asking again."""
+    return {"ace": {key: value for key, value in ace.items() if key not in ("storageServiceConfig",)}}
+
+
+INSTANCE_LIMITS = ("instances", "allowMultinode", "allowMultinodePreemptable", "multiNodeSupportedArrayTypes")
+DRIVER_FIX = re.compile(r"--set \(driver\)\.bcp\.(\w+)=(\S+)")
+
+
+def policy_rows(ace: dict, jobs: list[PlannedBcpJob], detach: bool) -> list[Row]:
+    """bcp_policy's violations of this ACE, as two rows: the instances (multi-node, array types) and the limits
+    (runtime, replicas, active jobs; the driver's needs with --detach)."""
+    if not jobs:
+        return []
+    found = violations(ace, [PlannedJob(stage=j.stage, kind=j.kind, spec=j.spec) for j in jobs], detach=detach)
+    offered = [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]
+    used = sorted({job.spec.instance for job in jobs})
+    limits = {key: ace.get(key) for key in ("maxRuntimeSeconds", "maxAllowedReplicas", "maxActiveJobsPerUser")
+              if ace.get(key) is not None}
+    rows = []
+    for topic, instance_kind, assumes, showed_ok, todo in (
+            ("instances", True,
+             "every job's instance is in the ACE, multi-node (and its array type) allowed where replicas > 1",
+             f"{', '.join(used)}: in the ACE, as each job uses it", "the jobs are refused at submission"),
+            ("ace limits", False, "every job fits the ACE's maxRuntimeSeconds, maxAllowedReplicas and "
+             "maxActiveJobsPerUser" + (" (with the --detach driver)" if detach else ""),
+             "; ".join(f"{k} {v}" for k, v in limits.items()) or "the ACE states no limits",
+             "NVIDIA's client or the scheduler refuses (or never starts) them")):
+        mine = [v for v in found if (v.limit in INSTANCE_LIMITS) == instance_kind]
+        if mine:
+            rows.append(different(topic, assumes, _grouped(mine) + (f" (the ACE offers: {', '.join(offered)})"
+                                                                    if instance_kind else ""),
+                                  f"{todo}: " + "; ".join(dict.fromkeys(_fix_of(v) for v in mine))))
+        else:
+            rows.append(ok(topic, assumes, showed_ok))
+    return rows
+
+
+def _grouped(found: list) -> str:
+    """One clause per limit: what it allows, and which jobs ask what (`run` names each job in full)."""
+    by_limit: dict[tuple[str, str], list[str]] = {}
+    for v in found:
+        job = "the driver" if v.kind == "driver" else v.stage + (" (verification)" if v.kind == "verify" else "")
+        by_limit.setdefault((v.limit, v.allowed), []).append(f"{job}: {v.value}")
+    return "; ".join(f"{limit} allows {allowed}, but {', '.join(jobs)}" for (limit, allowed), jobs in by_limit.items())
+
+
+def _fix_of(v) -> str:
+    """bcp_policy's fix, without its explanation in brackets (kept in `run`'s refusal), the driver's in its keys."""
+    return re.sub(r"\s*\([^)]*\)$", "", DRIVER_FIX.sub(r"set backends.bcp.driver.\1: \2", v.fix))
+
+
+def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
+    images = sorted({job.spec.image for job in jobs})
+    if not images:
+        return None
+    assumes = "every job's image exists in the registry and this key may pull it"
+    found, missing, unknown = [], [], []
+    for name in images:
+        try:
+            info = lookups.image(transport, name)
+            size = info.get("size")
+            found.append(name + (f" ({int(size) / 1e9:.1f} GB)" if isinstance(size, (int, float)) else ""))
+        except BackendCallError as exc:
+            (missing if NOT_FOUND.search(str(exc)) or REFUSED.search(str(exc)) else unknown).append(
+                f"{name}: {_reason(exc)}")
+    if missing:
+        return different("image", assumes, "; ".join(missing + found), "jobs with it fail to start: fix the stage's "
+                         "bcp.image, or ask the image's owner for access")
+    if unknown:
+        return unchecked("image", assumes, "; ".join(unknown + found), "`ngc registry image info` could not answer")
+    return ok("image", assumes, "; ".join(found))
+
+
+def workspace_row(transport: Transport, jobs: list[PlannedBcpJob], ace: str) -> Row | None:
+    names = sorted({mount.split(":")[0] for job in jobs for mount in job.spec.workspaces})
+    if not names:
+        return None
+    assumes = "every workspace the jobs mount exists (its size, and the user's storage quota where the service says)"
+    shown, missing, unknown = [], [], []
+    for name in names:
+        try:
+            info = lookups.workspace(transport, name)
+            info = info.get("workspace", info) if isinstance(info.get("workspace"), dict) else info
+            size = info.get("sizeInBytes")
+            shown.append(f"{name}: {int(size) / 1e9:,.1f} GB used" if isinstance(size, (int, float)) else name)
+        except BackendCallError as exc:
+            (missing if NOT_FOUND.search(str(exc)) else unknown).append(f"{name}: {_reason(exc)}")
+    quota = quota_text(transport, ace)
+    if missing:
+        return different("workspace", assumes, "; ".join(missing + shown) + f"; {quota}",
+                         "create it before the first run: `ngc workspace create --name NAME`")
+    if unknown:
+        return unchecked("workspace", assumes, "; ".join(unknown + shown) + f"; {quota}")
+    return ok("workspace", assumes, "; ".join(shown) + f"; {quota}")
+
+
+def quota_text(transport: Transport, ace: str) -> str:
+    try:
+        quotas = lookups.storage_quota(transport)
+    except BackendCallError as exc:
+        return f"quota unknown ({_reason(exc)[:120]})"
+    mine = [q for q in quotas if q.get("aceName") in (ace, None)] or quotas
+    if not mine:
+        return "quota unknown (none listed)"
+    q = mine[0]
+    if isinstance(q.get("quota"), (int, float)) and isinstance(q.get("available"), (int, float)):
+        return f"storage quota {q['quota'] / 1e12:,.1f} TB, {q['available'] / 1e12:,.1f} TB available"
+    return "quota unknown (not in the answer)"
+
+
+def secrets_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
+    wanted = sorted({secret for job in jobs for secret in job.spec.secrets})
+    if not wanted:
+        return None
+    assumes = "every secret the jobs name exists, with the key they take (names only, never values)"
+    try:
+        have = lookups.secret_keys(transport)
+    except BackendCallError as exc:
+        return unchecked("secrets", assumes, f"`user secret list` failed: {_reason(exc)}")
+    problems = []
+    for secret in wanted:
+        name, _, rest = secret.partition(":")
+        key = rest.split(":")[0] if rest else None
+        if name not in have:
+            problems.append(f"secret {name} does not exist")
+        elif key and key not in have[name]:
+            problems.append(f"secret {name} has no key {key} (it has: {', '.join(have[name]) or 'none'})")
+    names = ", ".join(sorted({s.split(':')[0] for s in wanted}))
+    if problems:
+        return different("secrets", assumes, "; ".join(problems), "`job run` refuses those jobs: create them with "
+                         "`ngc user secret create NAME --pair KEY:VALUE`")
+    return ok("secrets", assumes, f"{names}: present")
+
+
+def version_row(transport: Transport) -> Row:
+    """ngcsdk: the one version the backend was built against. The CLI: its version is shown (the look-ups above
+    already proved it has base-command); an answer without a version number is not recognised."""
+    if transport.name == "sdk":
+        assumes = f"ngcsdk {SDK_VERSION}, the last with Base Command, whose requests the backend was built on"
+    else:
+        assumes = "NVIDIA's ngc CLI with base-command (its version is recorded)"
+    try:
+        version = lookups.client_version(transport)
+    except (BackendCallError, PipelineError) as exc:
+        return unchecked("client version", assumes, f"`ngc version info`: {_reason(exc)}"[:300])
+    if version == f"ngcsdk {SDK_VERSION}" or (transport.name == "cli" and VERSION.search(version)):
+        return ok("client version", assumes, version)
+    return different("client version", assumes, version, f"untested with this client: if calls fail, use ngcsdk "
+                     f"{SDK_VERSION} (backends.bcp.transport: sdk)")

@@ -1,0 +1,40 @@
+"""A project folder with the repository's pipelines.yaml and stages/, for `bcp-pipeline check` tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def project(root: Path, extra_backends: str = "") -> Path:
+    """pipelines.yaml (with `backends:` lines added) and stages/ copied into `root`; the config path."""
+    shutil.copytree(REPO / "stages", root / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    text = (REPO / "pipelines.yaml").read_text()
+    if extra_backends:
+        assert "\nbackends:" not in text and "\npipelines:\n" in text
+        text = text.replace("\npipelines:\n", "\nbackends:\n" + extra_backends + "\npipelines:\n", 1)
+    config = root / "pipelines.yaml"
+    config.write_text(text)
+    return config
+
+
+def check(config: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, dict, str]:
+    """`bcp-pipeline check ARGS --json` as a real subprocess: exit code, the JSON, stderr."""
+    res = subprocess.run([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "check", *args, "--json"],
+                         capture_output=True, text=True, timeout=timeout, env=env or dict(os.environ),
+                         cwd=config.parent)
+    try:
+        payload = json.loads(res.stdout)
+    except ValueError:
+        raise AssertionError(f"no JSON (exit {res.returncode}): {res.stdout[-2000:]}\n{res.stderr[-3000:]}") from None
+    return res.returncode, payload, res.stderr
+
+
+def rows(payload: dict) -> dict[str, dict]:
+    return {row["topic"]: row for row in payload["rows"]}

@@ -1,0 +1,131 @@
+"""`bcp-pipeline check` with its probe jobs on the NGC API EMULATOR (tests/fakes/), once per transport: what each
+row shows, what the probes cost announced before the first one is submitted, and no probe job outliving `check`,
+also under Ctrl-C. The row readers are also given values the tool does not know: those are `different`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from bcp_pipeline.check import bcp_probe
+from bcp_pipeline.check.run import CheckRequest, run_check
+from bcp_emulation import needs_ngcsdk
+from check_fixtures import project
+
+FINISHED = {"FINISHED_SUCCESS", "KILLED_BY_USER", "FAILED", "KILLED_BY_SYSTEM", "FAILED_RUN_LIMIT_EXCEEDED"}
+
+
+def bcp_project(tmp_path, fake):
+    fake.create_workspace("demo")
+    return project(tmp_path / "project", f"  bcp: {{transport: {fake.transport}}}\n")
+
+
+@needs_ngcsdk
+def test_probe_jobs_on_the_emulator(tmp_path, fake):
+    config = bcp_project(tmp_path, fake)
+    announced = []
+
+    def announce(line: str) -> None:  # the cost is said before anything is submitted
+        announced.append((line, len(fake.jobs())))
+
+    result, path = run_check(CheckRequest(config_file=config, state_root=tmp_path / "state", pipeline="demo",
+                                          backend="bcp"), dict(os.environ), announce)
+    verdicts = {row.topic: row.verdict.value for row in result.rows}
+    probe_topics = ["replicas", "job environment", "bcprun", "python", "workspace mount", "labels", "status history",
+                    "job logs", "kill"]
+    assert {t: verdicts[t] for t in probe_topics} == dict.fromkeys(probe_topics, "ok"), \
+        [r.as_json() for r in result.rows if r.verdict.value != "ok"]
+    assert announced and announced[0][1] == 0 and "instance-minutes" in announced[0][0]
+    probe = result.facts["probe"]
+    assert probe["instance"] == "dgxa100.80g.1.norm" and probe["replicas"] == 2  # the ACE's smallest, multinode
+    assert probe["commandline_runs"] == "per_replica"
+    assert probe["bcprun"]["present"] and probe["bcprun"]["in_single_replica_jobs"]
+    assert probe["kill_seconds"] is not None
+    jobs = fake.jobs()
+    assert len(jobs) == 2 and {fake.status(j) for j in jobs} == {"FINISHED_SUCCESS", "KILLED_BY_USER"}
+    assert not any(fake.workspace_path("demo").glob(".bcpp-check-*"))  # the marker is removed by the second job
+    assert path.is_file()
+
+
+@needs_ngcsdk
+def test_ctrl_c_kills_the_probe_jobs(tmp_path, fake):
+    """`check` as a real subprocess, interrupted while its probe job is held QUEUED by the emulator."""
+    config = bcp_project(tmp_path, fake)
+    fake.hold_queued(name="bcp-pipeline.check")
+    proc = subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "check", "demo",
+                             "--backend", "bcp"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 60
+        while not fake.jobs():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "instance-minutes" in out.split("\n")[0]  # announced first
+    statuses = {job_id: fake.status(job_id) for job_id in fake.jobs()}
+    assert statuses and set(statuses.values()) <= FINISHED, statuses
+    assert not (tmp_path / "project" / ".bcp-pipeline" / "checks").is_dir() or \
+        not list((tmp_path / "project" / ".bcp-pipeline" / "checks").glob("*.json"))
+
+
+# -- values the tool does not know are `different`, never ok ---------------------------------------------------------
+def plan(replicas: int = 2) -> bcp_probe.ProbePlan:
+    return bcp_probe.ProbePlan(instance="i", replicas=replicas, image="x", workspace=None, mount=None,
+                               bcprun_flags=["--nnodes", str(replicas), "--npernode", "1"], token="t")
+
+
+def test_an_unknown_array_type_is_different():
+    logs = {r: f"BCPP-PROBE replica={r} size=2 job=7 type=PyTorchJobV2 shell=/bin/bash\n" for r in range(2)}
+    row = bcp_probe.env_row(plan(), logs, "7")
+    assert row.verdict.value == "different" and "NGC_ARRAY_TYPE=PyTorchJobV2 (not a value this tool knows)" in \
+        row.showed
+    logs = {r: f"BCPP-PROBE replica={r} size=2 job=7 type=PyTorchJob shell=/bin/bash\n" for r in range(2)}
+    assert bcp_probe.env_row(plan(), logs, "7").verdict.value == "ok"  # NVIDIA's scripts' spelling
+
+
+def test_an_unknown_status_in_the_history_is_different():
+    row = bcp_probe.history_row(["CREATED", "QUEUED", "WARMING_UP", "RUNNING", "FINISHED_SUCCESS"])
+    assert row.verdict.value == "different" and "not known: WARMING_UP" in row.showed
+    kill = bcp_probe.kill_row(3.0, ["PENDING_TERMINATION", "TERMINATED_GRACEFULLY"])
+    assert kill.verdict.value == "different"
+    assert bcp_probe.kill_row(3.0, ["PENDING_TERMINATION", "KILLED_BY_USER"]).verdict.value == "ok"
+
+
+def test_ranks_that_are_not_each_their_own_are_different():
+    logs = {0: "BCPP-BCPRUN present /x\nBCPP-RANK rank=0 world=1\nBCPP-BCPRUN-EXIT 0\n",
+            1: "BCPP-BCPRUN present /x\nBCPP-RANK rank=0 world=1\nBCPP-BCPRUN-EXIT 0\n"}
+    row = bcp_probe.bcprun_row(plan(), logs, "BCPP-SINGLE bcprun=/x\n")
+    assert row.verdict.value == "different" and "0/1, 0/1" in row.showed
+    row = bcp_probe.bcprun_row(plan(), {0: logs[0].replace("world=1", "world=2"),
+                                        1: logs[1].replace("rank=0 world=1", "rank=1 world=2")},
+                               "BCPP-SINGLE bcprun=absent\n")
+    assert row.verdict.value == "ok" and "absent in a one-replica job" in row.showed  # not needed there
+    row = bcp_probe.bcprun_row(plan(), {0: "BCPP-BCPRUN absent\n", 1: "BCPP-BCPRUN absent\n"}, "")
+    assert row.verdict.value == "different" and "bcprun absent in the 2-replica job" in row.showed
+
+
+def test_a_commandline_on_neither_model_is_different():
+    ended = type("S", (), {"native": "FINISHED_SUCCESS", "detail": ""})()
+    logs = {0: "", 1: "BCPP-PROBE replica=1 size=2\n"}  # only replica 1: neither every replica nor the launcher
+    assert bcp_probe.replicas_row(plan(), logs, ended).verdict.value == "different"
+    assert bcp_probe.replicas_row(plan(), {0: "BCPP-PROBE replica=0\n", 1: ""}, ended).verdict.value == "ok"
+
+
+@needs_ngcsdk
+def test_no_probe_job_where_it_would_fail_on_what_the_look_ups_showed(tmp_path, fake):
+    """No workspace `demo`: the probe would mount it, so it is not submitted (nothing paid for a known failure)."""
+    config = project(tmp_path / "project", f"  bcp: {{transport: {fake.transport}}}\n")
+    result, _ = run_check(CheckRequest(config_file=config, state_root=tmp_path / "state", pipeline="demo",
+                                       backend="bcp"), dict(os.environ))
+    rows = {row.topic: row for row in result.rows}
+    assert rows["workspace"].verdict.value == "different"
+    assert rows["probe job"].verdict.value == "could not check" and "workspace" in rows["probe job"].showed
+    assert fake.jobs() == {}

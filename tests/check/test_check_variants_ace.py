@@ -1,0 +1,66 @@
+"""`bcp-pipeline check` under the NGC API EMULATOR's variants of the ACE and its job list (tests/fakes/README.md
+"Variants"), once per transport: the termination grace, the ACE's limits, a lagging list; each reported, saved in
+the profile, and what the backend then does with it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bcp_pipeline.backends.registry import make_backend
+from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.check.run import CheckRequest, run_check
+from bcp_pipeline.engine.selection import RunRequest, choose_run
+from bcp_pipeline.engine.state import RunStore
+from bcp_pipeline.errors import ConfigError
+from bcp_emulation import needs_ngcsdk
+from check_fixtures import project
+
+pytestmark = needs_ngcsdk
+
+
+def checked(tmp_path, fake, *args: str, jobs: bool = True, detach: bool = False, overrides=()):
+    fake.create_workspace("demo")
+    config = project(tmp_path / "project", f"  bcp: {{transport: {fake.transport}}}\n")
+    result, _ = run_check(CheckRequest(config_file=config, state_root=tmp_path / "project" / ".bcp-pipeline",
+                                       pipeline="demo", backend="bcp", jobs=jobs, detach=detach,
+                                       overrides=list(overrides)), dict(os.environ))
+    return config, {row.topic: row for row in result.rows}, result
+
+
+@pytest.mark.emulator(variants={"ace": {"terminationGracePeriodSeconds": 2}})
+def test_a_kill_through_pending_termination_is_timed(tmp_path, fake):
+    _, rows, result = checked(tmp_path, fake)
+    assert rows["kill"].verdict.value == "ok", rows["kill"]
+    assert "PENDING_TERMINATION -> KILLED_BY_USER" in rows["kill"].showed
+    assert result.facts["probe"]["pending_termination"] is True
+    assert result.facts["probe"]["kill_seconds"] >= 2.0
+    assert result.facts["ace"]["terminationGracePeriodSeconds"] == 2
+
+
+@pytest.mark.emulator(variants={"ace": {"maxRuntimeSeconds": 1800, "maxActiveJobsPerUser": 1}})
+def test_ace_limits_from_bcp_policy_and_run_refused_by_the_profile(tmp_path, fake):
+    fake.set_secret("bcp-pipeline-ngc", {"api_key": "x" * 12})
+    config, rows, _ = checked(tmp_path, fake, jobs=False, detach=True)
+    limits = rows["ace limits"]
+    assert limits.verdict.value == "different"
+    assert "maxRuntimeSeconds allows 30M (1800 s), but sample: total_runtime 1H (3600 s)" in limits.showed
+    assert "--set sample.bcp.total_runtime=30M" in limits.meaning  # bcp_policy's fix
+    assert "maxActiveJobsPerUser" in limits.showed  # the --detach driver and one stage job at once
+    run = RunRequest(pipeline="demo", config_file=config, backend="bcp", overrides=[], from_stage=None, only=None,
+                     restart=False, detach=False)
+    with pytest.raises(ConfigError, match="maxRuntimeSeconds allows 30M.*as the check of"):
+        choose_run(run, RunStore(config.parent / ".bcp-pipeline"))
+    assert RunStore(config.parent / ".bcp-pipeline").runs() == []
+
+
+@pytest.mark.emulator(variants={"list_lag_seconds": 2})
+def test_a_lagging_job_list_is_measured_and_the_backend_waits_for_it(tmp_path, fake):
+    config, rows, result = checked(tmp_path, fake)
+    assert rows["labels"].verdict.value == "ok", rows["labels"]
+    lag = result.facts["probe"]["list_lag_seconds"]
+    assert lag >= 2 and f"listed after {lag:.1f} s" in rows["labels"].showed
+    backend = make_backend("bcp", load_config(config), load_config(config).pipeline("demo"),
+                           config.parent / ".bcp-pipeline" / "runs" / "demo-RUN")
+    assert backend.lookup_grace_seconds >= 2 * lag  # crash recovery looks a just-submitted job up that long
