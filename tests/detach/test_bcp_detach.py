@@ -254,7 +254,8 @@ def test_a_driver_hands_over_to_its_successor_before_its_runtime_ends(fake, proj
     drivers = driver_jobs(fake)
     assert len(drivers) >= 2, _driver_logs(fake)
     assert "successor driver job" in (fake.home / "jobs" / str(drivers[0]["id"]) / "results/0/joblog.log").read_text()
-    state = local_state(project)
+    status_json(project, capsys, run_id)  # the local mirror as the last driver left it (one may have started
+    state = local_state(project)          # after the run succeeded, and recorded its term after the last refresh)
     assert_once_per_attempt(fake, state)
     # Never two drivers at once: each drove the run only after the one before it had ended (the emulator's
     # record of its end), and the terms the drivers recorded do not overlap.
