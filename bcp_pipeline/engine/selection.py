@@ -12,12 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.registry import check_backend_ready
+from ..backends.registry import check_backend_limits, check_backend_ready
 from ..config.dag import downstream_of
 from ..config.pipelines import Config, PipelineConfig
 from ..config.preflight import load_and_check
 from ..errors import ConfigError, StateError
 from .state import RunState, RunStore, StageState, StageStatus, new_run_id
+from .submitter import planned_requests
 
 
 @dataclass(kw_only=True)
@@ -63,8 +64,9 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     previous = pick_run(store, pipeline, backend, restart=request.restart)
     if previous is None:
         state = new_run(pipeline, backend, str(config.file.resolve()), request.overrides, selection)
-        return ChosenRun(config=config, pipeline=pipeline, store=store, state=state,
-                         selected=selection.stages(pipeline))
+        selected = selection.stages(pipeline)
+        check_limits(backend, config, pipeline, state, selected, detach=request.detach)
+        return ChosenRun(config=config, pipeline=pipeline, store=store, state=state, selected=selected)
     if previous.driver_owned:
         raise StateError(f"the last run of {pipeline.name} ({previous.run_id}) is detached: follow it with "
                          f"`bcp-pipeline status {previous.run_id}`, continue it with `bcp-pipeline resume "
@@ -75,8 +77,18 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
         config = load_and_check(request.config_file, overrides=previous.overrides, pipeline=request.pipeline)
         pipeline = config.pipeline(request.pipeline)
     selected = continue_run(previous, pipeline, selection)
+    check_limits(backend, config, pipeline, previous, selected, detach=request.detach)
     return ChosenRun(config=config, pipeline=pipeline, store=store, state=previous, selected=selected,
                      continued=True)
+
+
+def check_limits(backend: str, config: Config, pipeline: PipelineConfig, state: RunState, selected: set[str], *,
+                 detach: bool) -> None:
+    """The backend's service limits against every job the selected stages still submit (nothing is saved yet:
+    a refused run leaves nothing behind)."""
+    due = {name for name in selected if not state.stages[name].status.done}
+    requests = [r for r in planned_requests(pipeline, state.run_id) if r.stage.name in due]
+    check_backend_limits(backend, config, pipeline, requests, detach=detach)
 
 
 def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | None, detach: bool,
@@ -94,6 +106,10 @@ def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | No
     if detach:
         if state.backend != "bcp":
             raise ConfigError(f"--detach needs a run on the bcp backend; run {state.run_id} is on {state.backend!r}")
+    check_limits(state.backend, config, pipeline, state,
+                 {name for name, stage in state.stages.items() if stage.status is not StageStatus.SKIPPED},
+                 detach=detach)
+    if detach:
         if not state.driver_owned:
             continue_run(state, pipeline, Selection())
         return chosen
