@@ -10,8 +10,8 @@ reads it. The NGC API key arrives only as the BCP secret the job names (NGC_CLI_
 One driver at a time: a new one takes the lease file (`driver.lease` in the run folder) only once the job holding
 it has ended. Shortly before its own --total-runtime ends, a driver submits its successor and exits.
 
-Until it has checked the image (ngcsdk, PyYAML), this module uses nothing outside the standard library: a driver
-that cannot work fails at once, with a `BCPP-ERROR` line that `status` shows on the laptop.
+Until it has checked the image (ngcsdk, PyYAML, tenacity), this module uses nothing outside the standard library:
+a driver that cannot work fails at once, with a `BCPP-ERROR` line that `status` shows on the laptop.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-from ..backends.retries import with_retries
 from ..engine.state import RunState, RunStore
 from ..errors import BackendCallError, PipelineError, StateError, is_refused_credentials
 from .protocol import DRIVER_FOLDER, ERROR_PREFIX, MAX_LINE_BYTES, capped, snapshot_lines, workspace_state_root
@@ -62,7 +61,7 @@ def fail(message: str, code: int) -> int:
 
 def ensure_software(*, install: bool) -> str | None:
     """None when ngcsdk and PyYAML import (after installing them when allowed); else why not, in words."""
-    wanted = {"ngcsdk": SDK_REQUIREMENT, "yaml": "pyyaml"}
+    wanted = {"ngcsdk": SDK_REQUIREMENT, "yaml": "pyyaml", "tenacity": "tenacity>=8.2"}  # tenacity: retries.py
     missing = [requirement for module, requirement in wanted.items() if importlib.util.find_spec(module) is None]
     if not missing:
         return None
@@ -85,6 +84,7 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     """Take the lease, drive the run from the workspace state, hand over before the deadline: the exit status."""
     # pylint: disable=import-outside-toplevel  (these need PyYAML, checked by now)
     from ..backends.bcp import BcpBackend
+    from ..backends.retries import with_retries
     from ..config.preflight import load_and_check
     from ..engine.orchestrator import Orchestrator
     from ..engine.selection import resume_selection
@@ -155,7 +155,9 @@ def check_credentials(backend, run_id: str, driver, *, sleep=time.sleep) -> None
 
     Only a 401/403 is a wrong key. A 429 or 5xx (or no answer) is the API being busy: the call is made again with
     back-off, and if it keeps failing the driver says so without blaming the key."""
-    from .jobs import active_drivers  # pylint: disable=import-outside-toplevel  (needs PyYAML, checked by now)
+    # pylint: disable=import-outside-toplevel  (these need PyYAML and tenacity, checked by now)
+    from ..backends.retries import with_retries
+    from .jobs import active_drivers
 
     try:
         with_retries(lambda: active_drivers(backend.transport, run_id), "the first NGC API call",
@@ -177,7 +179,9 @@ def hand_over(backend, config, pipeline, run_id: str, own_id: str, environ: dict
 
     Made again with back-off while the API is busy. Each attempt reads the list first, so a submit whose job was
     created but whose answer was lost (a 5xx) is not made a second time once the list shows that job."""
-    from .jobs import active_drivers, driver_spec  # pylint: disable=import-outside-toplevel  (needs PyYAML)
+    # pylint: disable=import-outside-toplevel  (these need PyYAML and tenacity, checked by now)
+    from ..backends.retries import with_retries
+    from .jobs import active_drivers, driver_spec
 
     spec = driver_spec(config, pipeline, run_id, environ)
 

@@ -51,7 +51,8 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     """`run`: a new run, or the continuation of the pipeline's last unfinished one.
 
     Everything that can refuse the run is checked before a run is recorded, so a run that cannot start leaves
-    nothing behind: the config, the backend's readiness (credentials, org, ACE), and --detach going to BCP.
+    nothing behind: the config, the backend's readiness (credentials, org, ACE) and limits (on BCP the ACE's,
+    against every job the selected stages will submit), and --detach going to BCP.
     A continued run keeps its own --set overrides unless new ones are given, which replace them.
     """
     config = load_and_check(request.config_file, overrides=request.overrides, pipeline=request.pipeline)

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from bcp_emulation import needs_ngcsdk
 from bcp_pipeline.backends.bcp_render import label
+from bcp_pipeline.backends.bcp_transport import http_status_in, list_window
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.pipelines import load_config
 from bcp_pipeline.detach import driver as driver_program
 from bcp_pipeline.detach.jobs import Lease, driver_jobs
 from bcp_pipeline.detach.laptop import DetachedRun
-from bcp_pipeline.engine.selection import new_run, Selection
+from bcp_pipeline.engine.selection import Selection, new_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import BackendCallError, is_transient
 from test_bcp_emulated import bcp_chain_config, write_chain_project
@@ -136,3 +138,15 @@ def test_the_hand_over_list_and_successor_submit_are_retried_and_submit_one_succ
     assert driver_program.hand_over(backend, config, config.pipeline("chain"), RUN, "1", {}) == (successor, False)
     assert len(fake.jobs()) == 1
     fake.release()
+
+
+def test_the_status_in_each_of_nvidias_error_wordings():
+    assert http_status_in("Client Error: 429 Response: Slow Down - Request Id: x Url: u") == 429
+    assert http_status_in("Server Error: 503 Response: - Request Id:  Url: u") == 503
+    assert http_status_in("Error (unexpected format) : 429 : rate limited") == 429  # the token exchange
+    assert http_status_in("Invalid SAK key: 401 Client Error: Unauthorized for url: https://x") == 401
+    assert http_status_in("Invalid apikey") == 401
+    assert http_status_in("Missing org - If Authenticated, org is also required.") is None
+    # the list window: 30 days back and a day ahead of this machine's clock
+    end, duration = list_window("30D", datetime(2026, 1, 31, 12, 0, 5, 123, tzinfo=timezone.utc))
+    assert (end, duration) == (datetime(2026, 2, 1, 12, 0, 5), "31D")
