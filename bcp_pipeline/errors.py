@@ -29,19 +29,46 @@ class StateError(PipelineError):
 
 
 class BackendCallError(PipelineError):
-    """A call to a backend's service failed (an external command, or an API call through a client library)."""
+    """A call to a backend's service failed (an external command, or an API call through a client library).
+
+    `http_status`: the HTTP status the service answered, where the transport could tell (None: no answer, or not
+    known); `unreachable`: the service gave no answer at all (connection refused, timed out)."""
+
+    def __init__(self, message: str = "", *, http_status: int | None = None, unreachable: bool = False):
+        self.http_status, self.unreachable = http_status, unreachable
+        super().__init__(message)
+
+
+TRANSIENT_STATUSES = frozenset({408, 429})  # and every 5xx: the service may answer the same call later
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failed call that may succeed if made again: rate-limited (429), a server error (5xx), a timeout, or no
+    answer at all. Never a 401/403 (a wrong or expired key stays wrong) or another 4xx (a bad request)."""
+    if not isinstance(exc, BackendCallError):
+        return False
+    status = exc.http_status
+    if status is not None:
+        return status in TRANSIENT_STATUSES or 500 <= status <= 599
+    return exc.unreachable
+
+
+def is_refused_credentials(exc: BaseException) -> bool:
+    """The service refused the key itself (401) or what it may do (403)."""
+    return isinstance(exc, BackendCallError) and exc.http_status in (401, 403)
 
 
 class CommandError(BackendCallError):
     """An external command (ngc, sbatch, ...) failed; carries its argv, exit code and stderr."""
 
-    def __init__(self, argv: list[str], returncode: int, stderr: str, hint: str = ""):
+    def __init__(self, argv: list[str], returncode: int, stderr: str, hint: str = "", *,
+                 http_status: int | None = None, unreachable: bool = False):
         self.argv, self.returncode, self.stderr = argv, returncode, stderr
         tail = _error_text(stderr)[-2000:]
         message = f"`{argv[0]}` exited {returncode}: {tail or '(no stderr)'}"
         if hint:
             message += f"\n  {hint}"
-        super().__init__(message)
+        super().__init__(message, http_status=http_status, unreachable=unreachable)
 
 
 def _error_text(stderr: str) -> str:

@@ -22,7 +22,10 @@ class BcpChaos(ChaosBackend):
 
     name = "bcp"
     kinds = ("rank", "verify", "system-kill", "preempt", "lost")
-    config_options = {"bcp": {"transport": "cli", "poll_min_seconds": 0.2, "poll_max_seconds": 0.5}}
+    # lookup_grace_seconds: the emulator lists a new job at once (no lag variant here), so a resumed orchestrator
+    # need not wait the default minute for a job that a kill before the submit call never created
+    config_options = {"bcp": {"transport": "cli", "poll_min_seconds": 0.2, "poll_max_seconds": 0.5,
+                              "lookup_grace_seconds": 2}}
     sample_seconds = 0.05
     SERVICE_ENDS = {"system-kill": "KILLED_BY_SYSTEM", "lost": "TASK_LOST"}
 

@@ -16,6 +16,7 @@ for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p
 
 # The emulated BCP's fixtures (`fake`, once per transport), for every test module.
 from bcp_emulation import fake, ngc_tls_dir  # noqa: E402,F401
+from offline import offline  # noqa: E402,F401  (autouse: no test reaches the internet)
 
 
 def pytest_configure(config):

@@ -27,6 +27,7 @@ from .bcp_transport import Transport, make_transport, read_ngc_config
 from .bcp_policy import planned_jobs, violations
 from .profile import profile_key
 from .common import last_lines, shell_join
+from .retries import RetryPolicy, with_retries
 
 # All 25 BCP job statuses (ngc-cli.md). PREEMPTED waits for `job resume`; unknown ones are "not finished".
 STATE_MAP: dict[str, JobState] = {
@@ -75,6 +76,8 @@ class BcpBackend(Backend):
         self.workspace_name = workspace_name
         self.poll_min_seconds = options.poll_min_seconds
         self.poll_max_seconds = options.poll_max_seconds
+        self.lookup_grace_seconds = options.lookup_grace_seconds  # BCP's job list may lag job creation
+        self.retry_policy = retry_policy(options)
         self.mounted_workspace = mounted_workspace  # where the workspace is mounted when the orchestrator runs in
         # a BCP job itself (the detached driver): stages/ is then copied in, not uploaded
         self._transport: Transport | None = None
@@ -123,7 +126,9 @@ class BcpBackend(Backend):
             uploads = self.run_dir.parent.parent / "bcp-uploads"
             marker = uploads / f"{self.workspace_name}-{destination.replace('/', '_')}"
             if not marker.is_file():
-                self.transport.upload(self.workspace_name, self.stages_dir, destination, UPLOAD_EXCLUDES)
+                with_retries(lambda: self.transport.upload(self.workspace_name, self.stages_dir, destination,
+                                                           UPLOAD_EXCLUDES),
+                             f"uploading stages/ to workspace {self.workspace_name}", self.retry_policy)
                 atomic_write_json(marker, {"workspace": self.workspace_name, "destination": destination,
                                            "uploaded_at": time.time()})
         return [action]
@@ -259,6 +264,12 @@ class BcpBackend(Backend):
         if not self.options.ui_url:
             return None
         return self.options.ui_url.format(job_id=job_id, org=self.options.org or "", team=self.options.team or "")
+
+
+def retry_policy(options: BcpOptions) -> RetryPolicy:
+    """How the calls that must survive a busy API (uploads, a driver's start and hand-over) are retried."""
+    return RetryPolicy(attempts=options.retry_attempts, backoff=options.retry_backoff_seconds,
+                       max_wait=max(options.retry_backoff_seconds, 60.0))
 
 
 def copy_code(source: Path, target: Path) -> None:

@@ -7,8 +7,8 @@ ngcsdk 4.19.1's `Ace` and `AceInstance` data classes) limits what a job may ask:
 which array types (multiNodeSupportedArrayTypes), and how many jobs of a user may be active at once
 (maxActiveJobsPerUser). A field the ACE leaves out is no limit.
 
-`violations(ace, jobs)` lists every job that breaks one, each with the `--set` that fixes it. Not wired into
-`run`/`plan` yet: that is the orchestrator's preflight.
+`violations(ace, jobs)` lists every job that breaks one, each with the `--set` that fixes it. `run` and `plan`
+read the ACE and call it through bcp_ace.py.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class PlannedJob:
     stage: str
     kind: str
     spec: JobSpec
+    continues: bool = False  # a stage that continues from its checkpoint in a further job (NeMo pretraining)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +52,8 @@ class Violation:
 
 def planned_jobs(submissions: Iterable[Any]) -> list[PlannedJob]:
     """PlannedJobs from rendered Submissions (`Backend.render` of the BCP backend: payload["spec"])."""
-    return [PlannedJob(stage=s.request.stage.name, kind=s.request.kind, spec=JobSpec(**s.payload["spec"]))
+    return [PlannedJob(stage=s.request.stage.name, kind=s.request.kind, spec=JobSpec(**s.payload["spec"]),
+                       continues=s.request.kind == "stage" and s.request.stage.continuation is not None)
             for s in submissions]
 
 
@@ -90,7 +92,7 @@ def _job_violations(ace: Mapping[str, Any], instances: Mapping[str, Mapping[str,
         add("maxRuntimeSeconds", f"total_runtime {spec.total_runtime} ({runtime:.0f} s)",
             f"{format_duration(int(max_runtime))} ({max_runtime:.0f} s)", "total_runtime",
             format_duration(int(max_runtime)),
-            " (a NeMo stage then continues from its checkpoint in a further job)")
+            " (the stage then continues from its checkpoint in a further job)" if job.continues else "")
     max_replicas = ace.get("maxAllowedReplicas")
     if isinstance(max_replicas, int) and spec.replicas > max_replicas:
         add("maxAllowedReplicas", f"replicas {spec.replicas}", str(max_replicas), "replicas", str(max_replicas))

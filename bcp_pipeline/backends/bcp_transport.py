@@ -17,13 +17,14 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config.durations import parse_duration
+from ..config.durations import format_duration, parse_duration
 from ..errors import BackendCallError, CommandError, ConfigError
 from ..procs import run_command
 from ..config.resources import BcpOptions
@@ -84,7 +85,12 @@ class CliTransport(Transport):
         return self._run(args, timeout).stdout
 
     def _run(self, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return run_command([self.options.ngc, *args], timeout=timeout, hint=CONFIG_HINT)
+        try:
+            return run_command([self.options.ngc, *args], timeout=timeout, hint=CONFIG_HINT)
+        except CommandError as exc:  # what the service answered, as far as NVIDIA's error text says
+            exc.http_status = http_status_in(exc.stderr)
+            exc.unreachable = exc.returncode == 124 or (exc.http_status is None and unreachable_in(exc.stderr))
+            raise
 
     def _globals(self) -> list[str]:
         return global_flags(self.options.org, self.options.team, self.options.ace)
@@ -97,7 +103,9 @@ class CliTransport(Transport):
             raise BackendCallError(f"`ngc base-command job run` printed no job id ({exc}); output: {output[:500]}")
 
     def list_jobs(self, labels: list[str]) -> list[dict[str, Any]]:
-        args = ["base-command", "job", "list", "--duration", self.options.list_duration]
+        end, duration = list_window(self.options.list_duration)
+        args = ["base-command", "job", "list", "--end-time", end.strftime("%Y-%m-%d::%H:%M:%S"),
+                "--duration", duration]
         for name in labels:
             args += ["--label", name]
         data = first_json(self._ngc(args + self._globals()))
@@ -164,16 +172,19 @@ class SdkTransport(Transport):
                 return operation(self._client)
         except Exception as exc:  # ngcsdk raises NgcException, requests' errors, ValueError for bad config...
             message = " ".join(str(exc).split()) or type(exc).__name__
-            raise BackendCallError(f"ngcsdk {what}: {message}\n  {CONFIG_HINT}") from None
+            status = sdk_http_status(exc, message)
+            raise BackendCallError(f"ngcsdk {what}: {message}\n  {CONFIG_HINT}", http_status=status,
+                                   unreachable=status is None and sdk_unreachable(exc, message)) from None
 
     def submit(self, spec: JobSpec) -> str:
         kwargs = sdk_run_kwargs(spec)
         return str(self._call("basecommand.jobs.run", lambda c: c.basecommand.jobs.run(**kwargs).id))
 
     def list_jobs(self, labels: list[str]) -> list[dict[str, Any]]:
-        duration = timedelta(seconds=parse_duration(self.options.list_duration))
+        end, duration = list_window(self.options.list_duration)
+        span = timedelta(seconds=parse_duration(duration))
         jobs = self._call("basecommand.jobs.list",
-                          lambda c: c.basecommand.jobs.list(labels=list(labels), duration=duration))
+                          lambda c: c.basecommand.jobs.list(labels=list(labels), end_time=end, duration=span))
         return [job.toDict() for job in jobs or []]
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -199,6 +210,64 @@ class SdkTransport(Transport):
 
     def ace(self, name: str) -> dict[str, Any]:
         return self._call("basecommand.aces.info", lambda c: c.basecommand.aces.info(name).toDict())
+
+
+LIST_WINDOW_AHEAD = timedelta(days=1)
+
+
+def list_window(duration: str, now: datetime | None = None) -> tuple[datetime, str]:
+    """(end, duration) of a `job list` window that covers `duration` back from now and a day ahead of this
+    machine's clock: the service stamps a job's createdDate with its own clock, and ngcsdk's window otherwise ends
+    at ours, so a server clock running ahead would hide a job just created (and a resumed orchestrator would
+    submit a duplicate). The end is naive UTC, the form ngcsdk formats with a `Z`."""
+    now = now or datetime.now(timezone.utc)
+    end = now.astimezone(timezone.utc).replace(tzinfo=None, microsecond=0) + LIST_WINDOW_AHEAD
+    return end, format_duration(parse_duration(duration) + int(LIST_WINDOW_AHEAD.total_seconds()))
+
+
+# NVIDIA's client words an HTTP failure as "Client Error: 429 Response: ..." / "Server Error: 503 ..." (NgcAPIError),
+# "Error (unexpected format) : 429 : ..." (the token exchange), "Error 429 Response: ..." or requests' own
+# "429 Client Error: Too Many Requests for url: ..."; a refused key as "Invalid apikey".
+_STATUS_PATTERNS = (re.compile(r"\b(?:Client|Server) Error: (\d{3})\b"),
+                    re.compile(r"\bError \(unexpected format\) : (\d{3})\b"),
+                    re.compile(r"\bError (\d{3}) Response\b"),
+                    re.compile(r"\b(\d{3}) (?:Client|Server) Error\b"))
+_UNREACHABLE = re.compile(r"is not reachable|Max retries exceeded|Connection (?:refused|reset|aborted)|"
+                          r"timed out|Read timeout|Name or service not known|RemoteDisconnected", re.IGNORECASE)
+
+
+def http_status_in(text: str) -> int | None:
+    """The HTTP status NVIDIA's client reported in an error text; None when it names none."""
+    for pattern in _STATUS_PATTERNS:
+        found = pattern.search(text)
+        if found:
+            return int(found.group(1))
+    return 401 if "Invalid apikey" in text else None
+
+
+def unreachable_in(text: str) -> bool:
+    return bool(_UNREACHABLE.search(text))
+
+
+def sdk_http_status(exc: BaseException, message: str) -> int | None:
+    """The HTTP status behind an ngcsdk exception: NgcAPIError's status_code (its response's), else its class
+    (AuthenticationException is raised without a response for "Invalid apikey"), else its text."""
+    status = getattr(exc, "status_code", None)
+    if not isinstance(status, int):
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(status, int):
+        return status
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "AuthenticationException" in names:
+        return 401
+    if "AccessDeniedException" in names:
+        return 403
+    return http_status_in(message)
+
+
+def sdk_unreachable(exc: BaseException, message: str) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"ConnectionError", "Timeout", "TimeoutError"}) or unreachable_in(message)
 
 
 def sdk_run_kwargs(spec: JobSpec) -> dict[str, Any]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..config.pipelines import Config, PipelineConfig
 from ..errors import ConfigError
-from .contract import Backend
+from .contract import Backend, JobRequest
 
 BACKENDS = ("local", "bcp", "slurm")
 
@@ -48,3 +50,26 @@ def check_backend_ready(name: str, config: Config, pipeline: PipelineConfig | No
         options = config.options["bcp"]
         choose_transport(options)
         check_credentials(options)
+
+
+def check_backend_limits(name: str, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
+                         detach: bool = False) -> None:
+    """The service's own limits against the jobs this invocation may submit, before a run is recorded: on BCP the
+    ACE's (instances, runtime, replicas, multi-node, array types; with `detach`, room for the driver and a stage
+    job). Raises a ConfigError naming each stage, the limit and the `--set` that fixes it. After
+    check_backend_ready: it needs the credentials that one checks."""
+    if name == "bcp" and requests:
+        from .bcp_ace import check_ace, refuse_violations
+
+        refuse_violations(check_ace(config.options["bcp"], config.stages_dir, requests, detach=detach), pipeline.name)
+
+
+def describe_backend_limits(name: str, config: Config, requests: Sequence[JobRequest], *,
+                            detach: bool = False) -> Any:
+    """`plan`'s view of the same check (an AceCheck on BCP: made when credentials are there, else why not); None
+    for a backend with no such limits."""
+    if name != "bcp":
+        return None
+    from .bcp_ace import plan_check
+
+    return plan_check(config.options["bcp"], config.stages_dir, requests, detach=detach)

@@ -16,7 +16,7 @@ from ..backends.bcp_render import job_run_argv, upload_argv
 from ..backends.profile import load_profile
 from ..backends.common import shell_join
 from ..backends.contract import Backend
-from ..backends.registry import BACKENDS, make_backend
+from ..backends.registry import BACKENDS, describe_backend_limits, make_backend
 from ..check.render import render_check
 from ..check.result import Verdict
 from ..check.run import CheckRequest, run_check
@@ -237,17 +237,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     run_id = PLAN_RUN_ID.format(pipeline=pipeline.name)
     backend = make_backend(backend_name, config, pipeline, run_store(args).run_dir(run_id))
     actions = backend.prepare(pipeline, execute=False)
-    submissions = [backend.render(request) for request in planned_requests(pipeline, run_id)]
+    requests = planned_requests(pipeline, run_id)
+    submissions = [backend.render(request) for request in requests]
     estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances))
     if args.detach and backend_name != "bcp":
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend_name!r}")
     driver = planned_driver(config, pipeline, run_id) if args.detach else None
+    # The service's limits (BCP: the ACE's) when the credentials are there; on stderr, so the plan itself reads
+    # the same wherever it is made. A job they refuse makes the plan fail, as `run` would.
+    limits = describe_backend_limits(backend_name, config, requests, detach=args.detach)
+    refused = bool(limits and limits.violations)
+    if limits is not None:
+        print("\n".join(limits.lines()), file=sys.stderr)
     if args.json:
         print(json.dumps({"pipeline": pipeline.name, "backend": backend_name, "run_id": run_id,
                           "prepare": [{"description": a.description, "printable": a.printable} for a in actions],
                           "jobs": [s.as_json() for s in submissions], "estimates": estimate.as_json(),
-                          **({"driver": driver} if driver else {})}, indent=2))
-        return 0
+                          **({"driver": driver} if driver else {}),
+                          **({"limits": limits.as_json()} if limits is not None else {})}, indent=2))
+        return 1 if refused else 0
     print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s); nothing is submitted.")
     print(f"# {run_id} stands for the run id a real run gets.")
     profile = getattr(backend, "profile", None)
@@ -271,7 +279,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print("\n".join(render_estimates(estimate)))
     if driver:
         print(driver_cost_line(config, pipeline, estimate))
-    return 0
+    return 1 if refused else 0
 
 
 def rendezvous_line(meet: dict) -> str:

@@ -272,6 +272,10 @@ def _load_options(raw: Any, where: Where) -> dict[str, Any]:
             raise where.child(key, raw).error(f"unknown backend {key!r}; valid: {', '.join(OPTION_TYPES)}")
     options = {name: build(cls, raw.get(name), where.child(name, raw)) for name, cls in OPTION_TYPES.items()}
     driver, where_bcp = options["bcp"].driver, where.child("bcp", raw)
+    bcp = options["bcp"]
+    for key, least in (("lookup_grace_seconds", 0), ("retry_backoff_seconds", 0), ("retry_attempts", 1)):
+        if getattr(bcp, key) < least:
+            raise where_bcp.error(f"{key} must be >= {least}, got {getattr(bcp, key)}")
     for key in ("secret", "secret_key"):
         if not SECRET_PART.match(getattr(driver, key)):
             raise where_bcp.error(f"driver.{key} {getattr(driver, key)!r}: a secret name or key is 1-63 of "

@@ -135,6 +135,10 @@ class BcpOptions:
     poll_min_seconds: float = 10.0
     poll_max_seconds: float = 60.0
     list_duration: Duration = Duration("30D")  # `job list --duration`: ngc's default 7-day window misses long runs
+    lookup_grace_seconds: float = 60.0  # a stage found "submitting" after a restart is looked up in `job list`
+    # this long before a job is submitted for it (the list may lag job creation)
+    retry_attempts: int = 5  # calls made for an upload, a driver's start and hand-over when the API answers 429/5xx
+    retry_backoff_seconds: float = 2.0  # first wait between them, doubling, with as much again of jitter
     ui_url: str | None = "https://bc.ngc.nvidia.com/jobs/{job_id}"  # job page shown by `status`; null to hide
     instances: dict[str, InstanceType] = field(default_factory=dict)  # instance types for estimates, added to or
     # replacing the known DGX ones (estimates.KNOWN_INSTANCES)

@@ -10,8 +10,8 @@ reads it. The NGC API key arrives only as the BCP secret the job names (NGC_CLI_
 One driver at a time: a new one takes the lease file (`driver.lease` in the run folder) only once the job holding
 it has ended. Shortly before its own --total-runtime ends, a driver submits its successor and exits.
 
-Until it has checked the image (ngcsdk, PyYAML), this module uses nothing outside the standard library: a driver
-that cannot work fails at once, with a `BCPP-ERROR` line that `status` shows on the laptop.
+Until it has checked the image (ngcsdk, PyYAML, tenacity), this module uses nothing outside the standard library:
+a driver that cannot work fails at once, with a `BCPP-ERROR` line that `status` shows on the laptop.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from ..engine.state import RunState, RunStore
-from ..errors import BackendCallError, PipelineError, StateError
+from ..errors import BackendCallError, PipelineError, StateError, is_refused_credentials
 from .protocol import DRIVER_FOLDER, ERROR_PREFIX, MAX_LINE_BYTES, capped, snapshot_lines, workspace_state_root
 
 EXIT_MISSING_SOFTWARE = 3
@@ -61,7 +61,7 @@ def fail(message: str, code: int) -> int:
 
 def ensure_software(*, install: bool) -> str | None:
     """None when ngcsdk and PyYAML import (after installing them when allowed); else why not, in words."""
-    wanted = {"ngcsdk": SDK_REQUIREMENT, "yaml": "pyyaml"}
+    wanted = {"ngcsdk": SDK_REQUIREMENT, "yaml": "pyyaml", "tenacity": "tenacity>=8.2"}  # tenacity: retries.py
     missing = [requirement for module, requirement in wanted.items() if importlib.util.find_spec(module) is None]
     if not missing:
         return None
@@ -84,11 +84,12 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     """Take the lease, drive the run from the workspace state, hand over before the deadline: the exit status."""
     # pylint: disable=import-outside-toplevel  (these need PyYAML, checked by now)
     from ..backends.bcp import BcpBackend
+    from ..backends.retries import with_retries
     from ..config.preflight import load_and_check
     from ..engine.orchestrator import Orchestrator
     from ..engine.selection import resume_selection
     from ..report.text import Reporter
-    from .jobs import Lease, active_drivers, driver_spec, runtime_used
+    from .jobs import Lease, runtime_used
 
     own_id = os.environ.get("NGC_JOB_ID", "")
     if not own_id:
@@ -106,7 +107,8 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     check_credentials(backend, run_id, options.driver)
     # --total-runtime bounds the job's cumulative RUNNING time: a driver resumed after a preemption has less left
     # than its own process has lived. What BCP counts, not our clock, says how much is spent.
-    used = runtime_used(backend.transport.job(own_id))
+    used = runtime_used(with_retries(lambda: backend.transport.job(own_id), f"looking up its own job {own_id}",
+                                     backend.retry_policy, log=say))
     deadline -= used
     lease = Lease(store.run_dir(run_id) / "driver.lease", own_id)
     lease.take(backend, deadline)
@@ -125,13 +127,11 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
         terms[-1]["until"] = time.time()
         store.save(state)
     if orchestrator.stopped:
-        others = [job for job in active_drivers(backend.transport, run_id) if str(job.get("id")) != own_id]
-        if others:  # someone (a user's `resume --detach`) already started one: never two successors
-            print(f"driver job {own_id}: job {others[0].get('id')} already takes over; exiting", flush=True)
-            return 0
-        spec = driver_spec(config, pipeline, run_id, dict(os.environ))
-        successor = backend.transport.submit(spec)
-        print(f"driver job {own_id}: runtime nearly spent; successor driver job {successor} takes over", flush=True)
+        successor, submitted = hand_over(backend, config, pipeline, run_id, own_id, dict(os.environ))
+        if submitted:
+            print(f"driver job {own_id}: runtime nearly spent; successor driver job {successor} takes over", flush=True)
+        else:
+            print(f"driver job {own_id}: job {successor} already takes over; exiting", flush=True)
         return 0
     print(f"driver job {own_id}: run {run_id} {'succeeded' if ok else state.status}", flush=True)
     return 0 if ok else 1
@@ -145,17 +145,53 @@ def record_term(state: RunState, job_id: str) -> list[dict]:
     return terms
 
 
-def check_credentials(backend, run_id: str, driver) -> None:
-    """One cheap API call first, so a wrong key fails the driver at once, naming the secret it came from."""
-    from .jobs import active_drivers  # pylint: disable=import-outside-toplevel  (needs PyYAML, checked by now)
+def say(message: str) -> None:
+    """A line of the driver's job log (what `logs RUN driver` shows)."""
+    print(f"driver job {os.environ.get('NGC_JOB_ID', '?')}: {message}", flush=True)
+
+
+def check_credentials(backend, run_id: str, driver, *, sleep=time.sleep) -> None:
+    """One cheap API call first, so a wrong key fails the driver at once, naming the secret it came from.
+
+    Only a 401/403 is a wrong key. A 429 or 5xx (or no answer) is the API being busy: the call is made again with
+    back-off, and if it keeps failing the driver says so without blaming the key."""
+    # pylint: disable=import-outside-toplevel  (these need PyYAML and tenacity, checked by now)
+    from ..backends.retries import with_retries
+    from .jobs import active_drivers
 
     try:
-        active_drivers(backend.transport, run_id)
+        with_retries(lambda: active_drivers(backend.transport, run_id), "the first NGC API call",
+                     backend.retry_policy, sleep=sleep, log=say)
     except BackendCallError as exc:
-        raise BackendCallError(
-            f"the driver cannot call the NGC API with the key from BCP secret {driver.secret} (key "
-            f"{driver.secret_key}): {exc}. Check it with `ngc user secret info {driver.secret}` and recreate it "
-            "with your current API key if needed") from None
+        if is_refused_credentials(exc):
+            raise BackendCallError(
+                f"the driver cannot call the NGC API with the key from BCP secret {driver.secret} (key "
+                f"{driver.secret_key}): {exc}. Check it with `ngc user secret info {driver.secret}` and recreate it "
+                "with your current API key if needed") from None
+        raise BackendCallError(f"the driver's first call to the NGC API failed (the API did not refuse the key from "
+                               f"BCP secret {driver.secret}): {exc}") from None
+
+
+def hand_over(backend, config, pipeline, run_id: str, own_id: str, environ: dict[str, str], *,
+              sleep=time.sleep) -> tuple[str, bool]:
+    """Submit the successor driver: (its job id, True); or (the id of a live driver that already takes over, such
+    as one a user's `resume --detach` started, False): never two successors.
+
+    Made again with back-off while the API is busy. Each attempt reads the list first, so a submit whose job was
+    created but whose answer was lost (a 5xx) is not made a second time once the list shows that job."""
+    # pylint: disable=import-outside-toplevel  (these need PyYAML and tenacity, checked by now)
+    from ..backends.retries import with_retries
+    from .jobs import active_drivers, driver_spec
+
+    spec = driver_spec(config, pipeline, run_id, environ)
+
+    def attempt() -> tuple[str, bool]:
+        others = [job for job in active_drivers(backend.transport, run_id) if str(job.get("id")) != own_id]
+        if others:
+            return str(others[0].get("id")), False
+        return backend.transport.submit(spec), True
+
+    return with_retries(attempt, "handing over to a successor driver", backend.retry_policy, sleep=sleep, log=say)
 
 
 class SnapshotStore(RunStore):

@@ -17,6 +17,7 @@ from ..backends.bcp import labels_of, status_of
 from ..backends.bcp_render import JobSpec, label
 from ..backends.bcp_transport import Transport, read_ngc_config
 from ..backends.common import shell_join
+from ..backends.retries import with_retries
 from ..config.durations import format_duration, parse_duration
 from ..config.pipelines import Config, PipelineConfig
 from ..errors import ConfigError, StateError, SubmissionError
@@ -109,7 +110,8 @@ class Lease:
 
     def take(self, backend, deadline: float, sleep=time.sleep) -> None:
         while (holder := self.holder()) not in (None, self.job_id):
-            status = status_of(backend.transport.job(holder))
+            status = status_of(with_retries(lambda: backend.transport.job(holder), f"looking up driver job {holder}",
+                                            backend.retry_policy, sleep=sleep))
             if status.state.finished:
                 break
             if time.monotonic() >= deadline:

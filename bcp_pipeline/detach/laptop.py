@@ -26,6 +26,7 @@ from ..backends.bcp import BcpBackend, status_of
 from ..backends.bcp_render import UPLOAD_EXCLUDES, label
 from ..backends.bcp_transport import Transport
 from ..backends.contract import JobState, JobStatus
+from ..backends.retries import with_retries
 from ..config.pipelines import Config, PipelineConfig
 from ..engine.state import RunState, RunStore
 from ..errors import BackendCallError, StateError
@@ -98,8 +99,10 @@ class DetachedRun:
         self.state.detached = {"owner": "driver"}
         with tempfile.TemporaryDirectory(prefix="bcpp-driver-") as tmp:
             build_bundle(self.config, Path(tmp), self.state if upload_state else None)
-            self.transport.upload(self.pipeline.workspace.name, Path(tmp), workspace_run_path(self.state.run_id),
-                                  UPLOAD_EXCLUDES)
+            with_retries(lambda: self.transport.upload(self.pipeline.workspace.name, Path(tmp),
+                                                       workspace_run_path(self.state.run_id), UPLOAD_EXCLUDES),
+                         f"uploading the driver's bundle to workspace {self.pipeline.workspace.name}",
+                         self.backend.retry_policy)
         job_id = self.transport.submit(driver_spec(self.config, self.pipeline, self.state.run_id, environ))
         self.store.save(self.state)
         return job_id, False

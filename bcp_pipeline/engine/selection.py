@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.registry import check_backend_ready, make_backend
+from ..backends.registry import check_backend_limits, check_backend_ready, make_backend
 from ..config.dag import downstream_of
 from ..config.pipelines import Config, PipelineConfig
 from ..config.preflight import load_and_check
@@ -53,7 +53,8 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     """`run`: a new run, or the continuation of the pipeline's last unfinished one.
 
     Everything that can refuse the run is checked before a run is recorded, so a run that cannot start leaves
-    nothing behind: the config, the backend's readiness (credentials, org, ACE), and --detach going to BCP.
+    nothing behind: the config, the backend's readiness (credentials, org, ACE) and limits (on BCP the ACE's,
+    against every job the selected stages will submit), and --detach going to BCP.
     A continued run keeps its own --set overrides unless new ones are given, which replace them.
     """
     config = load_and_check(request.config_file, overrides=request.overrides, pipeline=request.pipeline)
@@ -67,8 +68,9 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     previous = pick_run(store, pipeline, backend, restart=request.restart)
     if previous is None:
         state = new_run(pipeline, backend, str(config.file.resolve()), request.overrides, selection)
-        return ChosenRun(config=config, pipeline=pipeline, store=store, state=state,
-                         selected=selection.stages(pipeline))
+        selected = selection.stages(pipeline)
+        check_limits(backend, config, pipeline, state, selected, detach=request.detach)
+        return ChosenRun(config=config, pipeline=pipeline, store=store, state=state, selected=selected)
     if previous.driver_owned:
         raise StateError(f"the last run of {pipeline.name} ({previous.run_id}) is detached: follow it with "
                          f"`bcp-pipeline status {previous.run_id}`, continue it with `bcp-pipeline resume "
@@ -79,6 +81,7 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
         config = load_and_check(request.config_file, overrides=previous.overrides, pipeline=request.pipeline)
         pipeline = config.pipeline(request.pipeline)
     selected = continue_run(previous, pipeline, selection)
+    check_limits(backend, config, pipeline, previous, selected, detach=request.detach)
     return ChosenRun(config=config, pipeline=pipeline, store=store, state=previous, selected=selected,
                      continued=True)
 
@@ -96,6 +99,15 @@ def refuse_what_the_profile_rules_out(backend: str, config: Config, pipeline: Pi
                             "changed. Nothing was submitted or recorded.")
 
 
+def check_limits(backend: str, config: Config, pipeline: PipelineConfig, state: RunState, selected: set[str], *,
+                 detach: bool) -> None:
+    """The backend's service limits against every job the selected stages still submit (nothing is saved yet:
+    a refused run leaves nothing behind)."""
+    due = {name for name in selected if not state.stages[name].status.done}
+    requests = [r for r in planned_requests(pipeline, state.run_id) if r.stage.name in due]
+    check_backend_limits(backend, config, pipeline, requests, detach=detach)
+
+
 def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | None, detach: bool,
                   take_back: Callable[[ChosenRun], None]) -> ChosenRun:
     """`resume [RUN] [--detach]`: the run (default: the latest) continued with the stages it was started with.
@@ -111,6 +123,10 @@ def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | No
     if detach:
         if state.backend != "bcp":
             raise ConfigError(f"--detach needs a run on the bcp backend; run {state.run_id} is on {state.backend!r}")
+    check_limits(state.backend, config, pipeline, state,
+                 {name for name, stage in state.stages.items() if stage.status is not StageStatus.SKIPPED},
+                 detach=detach)
+    if detach:
         if not state.driver_owned:
             continue_run(state, pipeline, Selection())
         return chosen

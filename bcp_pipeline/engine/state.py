@@ -69,6 +69,8 @@ class StageState:
     error: str | None = None
     progress: dict[str, Any] | None = None  # {"done": n, "total": m, "unit": "files"}
     extra: dict[str, Any] = field(default_factory=dict)  # stage-specific facts (e.g. pretrain steps done)
+    submit_call: str | None = None  # "stage"/"verify" from just before a submit call until its job is recorded:
+    # a restart finding it set knows a job may exist that the service does not list yet
 
     def active_job(self) -> JobRecord | None:
         """The job the stage is waiting on, if any (the last one, while the stage is active)."""

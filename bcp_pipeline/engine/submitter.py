@@ -37,9 +37,13 @@ class Submitter(RunContext):
     def __post_init__(self) -> None:
         self._recovering = {}
         for name, stage_state in self.state.stages.items():
+            # A stage is SUBMITTING only from just before its submit call; a stage awaiting its verification job
+            # is VERIFYING before any call too, so only the saved mark of a call says one may have been made (a
+            # driver handing over between two cycles must not make its successor wait for a job never asked for).
             if stage_state.status is StageStatus.SUBMITTING:
                 self._recovering[(name, "stage")] = None
-            elif stage_state.status is StageStatus.VERIFYING and stage_state.active_job() is None:
+            elif (stage_state.status is StageStatus.VERIFYING and stage_state.active_job() is None
+                  and stage_state.submit_call == "verify"):
                 self._recovering[(name, "verify")] = None
 
     def due(self, name: str) -> str | None:
@@ -107,6 +111,7 @@ class Submitter(RunContext):
                 stage_state.sharding = sharding
         else:
             stage_state.status = StageStatus.VERIFYING
+        stage_state.submit_call = kind
         self.store.save(self.state)  # the mark is on disk before the job can exist: see the module docstring
         known = {job.job_id for job in stage_state.jobs}
         unrecorded = [j for j in self.backend.find_submitted(self.state.run_id, name, kind) if j not in known]
@@ -122,6 +127,7 @@ class Submitter(RunContext):
             stage_state.attempts += 1
         stage_state.jobs.append(JobRecord(job_id=job_id, kind=kind, attempt=request.attempt, submitted_at=time.time()))
         stage_state.status = StageStatus.RUNNING if kind == "stage" else StageStatus.VERIFYING
+        stage_state.submit_call = None
         self.store.save(self.state)
         self._recovering.pop((name, kind), None)
         if not unrecorded:

@@ -1,4 +1,4 @@
-"""The ACE's limits against the bundled pipelines' rendered jobs (bcp_policy: pure, not wired into run/plan)."""
+"""The ACE's limits against the bundled pipelines' rendered jobs (bcp_policy: pure; run and plan call it through bcp_ace)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_a_roomy_ace_has_nothing_to_say():
 def test_runtime_and_replicas_over_the_ace_maximum_name_the_stage_and_the_set_that_fixes_it():
     found = violations(ace(maxRuntimeSeconds=4 * 86400, maxAllowedReplicas=4), jobs("slimpajama-8b"))
     assert [(v.stage, v.limit, v.fix) for v in found] == [
-        ("pretrain", "maxRuntimeSeconds", "--set pretrain.bcp.total_runtime=4D (a NeMo stage then continues from "
+        ("pretrain", "maxRuntimeSeconds", "--set pretrain.bcp.total_runtime=4D (the stage then continues from "
                                           "its checkpoint in a further job)"),
         ("pretrain", "maxAllowedReplicas", "--set pretrain.bcp.replicas=4"),
     ]

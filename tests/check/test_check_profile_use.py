@@ -13,16 +13,14 @@ from bcp_pipeline.errors import ConfigError
 from bcp_emulation import needs_ngcsdk
 from check_fixtures import project
 
-pytestmark = needs_ngcsdk  # choose_run wants a BCP client (ngcsdk here) and credentials
-KEY = profile_key("an-org", "an-ace")
+pytestmark = [needs_ngcsdk, pytest.mark.parametrize("fake", ["sdk"], indirect=True)]
+KEY = profile_key("bcpp-test-org", "bcpp-test-ace")  # the emulator's
 
 
 @pytest.fixture
-def bcp_env(monkeypatch, tmp_path):
-    for name, value in {"NGC_CLI_API_KEY": "k" * 20, "NGC_CLI_ORG": "an-org", "NGC_CLI_ACE": "an-ace",
-                        "NGC_CLI_HOME": str(tmp_path / "ngc-home")}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("NGC_CLI_TEAM", raising=False)
+def bcp_env(fake):
+    """choose_run checks credentials and the ACE's limits through the API: the emulator's (never the internet)."""
+    return fake
 
 
 def request(config) -> RunRequest:
@@ -51,7 +49,7 @@ def test_run_refuses_stages_under_a_bcprun_the_profile_found_missing(tmp_path, b
     with pytest.raises(ConfigError) as caught:
         choose_run(request(config), store)
     message = str(caught.value)
-    assert "stage download starts under bcprun, which the check of an-org-an-ace" in message
+    assert "stage download starts under bcprun, which the check of bcpp-test-org-bcpp-test-ace" in message
     assert "found missing" in message and "Nothing was submitted or recorded" in message
     assert store.runs() == []
 

@@ -186,6 +186,16 @@ def test_a_bad_driver_secret_name_is_refused_with_its_line(tmp_path):
         load_config(config)
 
 
+@pytest.mark.parametrize("option, message", [("retry_attempts: 0", "retry_attempts must be >= 1, got 0"),
+                                             ("lookup_grace_seconds: -1", "lookup_grace_seconds must be >= 0")])
+def test_bad_bcp_retry_and_lookup_options_are_refused_with_their_line(tmp_path, option, message):
+    config = tmp_path / "pipelines.yaml"
+    config.write_text(f"version: 1\nbackends:\n  bcp: {{{option}}}\n"
+                      "pipelines:\n  x: {workspace: {name: a, mount: /m}, stages: {}}\n")
+    with pytest.raises(ConfigError, match=rf"pipelines.yaml:3: backends.bcp: {message}"):
+        load_config(config)
+
+
 def test_pipelines_sharing_anchored_stages_do_not_share_their_defaults(tmp_path):
     write_chain_project(tmp_path)
     config = tmp_path / "pipelines.yaml"

@@ -414,3 +414,21 @@ def test_a_missing_secret_fails_run_detach_with_nvidias_message(fake, tmp_path, 
     assert cli(project, "run", "chain", "--backend", "bcp", "--detach") == 1
     assert "Secret 'bcp-pipeline-ngc' not found" in capsys.readouterr().err
     assert not driver_jobs(fake)
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+def test_a_429_on_the_drivers_credential_check_is_retried_and_the_driver_goes_on(fake, project, capsys):
+    """NVIDIA's client never retries a 429: once read as a wrong key, it ended the driver before it started."""
+    project.write_text(project.read_text().replace("handover_before: 10m}", "handover_before: 10m}, "
+                                                   "retry_backoff_seconds: 0.05"))
+    fake.hold_queued(name="chain.driver")
+    run_id = detach(project, capsys)
+    fake.fail_requests(2, method="GET", path="/v2/org/*/jobs", status=429, message="Too Many Requests")
+    fake.release()  # the driver's first call (its credential check, a job list) meets the two 429s
+    wait_until(lambda: stage_status(fake, run_id, "first") not in (None, "pending"), what="the driver driving",
+               fake=fake)
+    log = (fake.home / "jobs" / str(driver_jobs(fake)[0]["id"]) / "results/0/joblog.log").read_text()
+    assert "the first NGC API call: " in log and "attempt 2/5 failed, retrying" in log, log[-2000:]
+    assert [r["status"] for r in fake.requests("GET", "/v2/org/*/jobs")].count(429) == 2
+    wait_for_success(project, capsys, run_id, fake)
+    assert len(driver_jobs(fake)) == 1

@@ -201,6 +201,49 @@ def test_crash_between_submit_and_record_adopts_the_job_even_after_it_ended(tmp_
     assert not (run_dir / "jobs/first.2").exists()  # adopted, not run twice
 
 
+def test_a_restart_waits_the_lookup_grace_only_for_a_job_that_a_submit_call_may_have_created(
+        tmp_path, monkeypatch, capsys):
+    """A stage awaiting its verification job when the orchestrator stopped (a driver handing over between two
+    cycles) gets it at once; only a verification whose submit call was under way is looked for over the grace."""
+    from bcp_pipeline.backends.local import LocalBackend
+    from bcp_pipeline.engine.submitter import Submitter
+
+    config = write_chain_project(tmp_path)
+    monkeypatch.setattr(LocalBackend, "lookup_grace_seconds", 30.0)
+    real_submit = Submitter.submit
+
+    def stop_before_verifying(self, name, kind):
+        if kind == "verify":
+            raise KeyboardInterrupt  # stopped before any submit call for the verification
+        return real_submit(self, name, kind)
+
+    monkeypatch.setattr(Submitter, "submit", stop_before_verifying)
+    assert cli(config, "run", "chain") == 130
+    assert state_of(config).stages["first"].status is StageStatus.VERIFYING
+    monkeypatch.setattr(Submitter, "submit", real_submit)
+    started = time.monotonic()
+    capsys.readouterr()
+    assert cli(config, "resume") == 0
+    assert "looking again" not in capsys.readouterr().out and time.monotonic() - started < 25
+    # The same stop, but inside the submit call: the job may exist, so the resumed orchestrator looks for it first.
+    monkeypatch.setattr(LocalBackend, "lookup_grace_seconds", 1.0)
+    real_backend_submit = LocalBackend.submit
+
+    def die_in_the_call(self, submission):
+        if submission.request.kind == "verify":
+            raise KeyboardInterrupt
+        return real_backend_submit(self, submission)
+
+    monkeypatch.setattr(LocalBackend, "submit", die_in_the_call)
+    assert cli(config, "run", "chain", "--restart") == 130
+    assert state_of(config).stages["first"].submit_call == "verify"
+    monkeypatch.setattr(LocalBackend, "submit", real_backend_submit)
+    capsys.readouterr()
+    assert cli(config, "resume") == 0
+    assert "first: no verify job listed for it yet; looking again for up to 1 s" in capsys.readouterr().out
+    assert state_of(config).stages["first"].submit_call is None
+
+
 def test_resharding_is_refused_unless_the_stage_allows_it(tmp_path, capsys):
     config = write_chain_project(tmp_path)
     second = config.parent / "ws/main/second"
