@@ -76,14 +76,19 @@ def _skip(config: pytest.Config, reason: str) -> None:
     pytest.skip(reason)
 
 
-def start_cluster(config: pytest.Config) -> SlurmCluster:
-    """Install if needed and start (or reuse) the cluster; export SLURM_CONF. Skips where Slurm cannot run."""
+def install_or_skip(config: pytest.Config) -> None:
+    """Slurm's packages, installed where missing (BCP_SLURM_INSTALL=0: never); skips where Slurm cannot run."""
     if reason := unavailable_reason():
         _skip(config, reason)
     if os.environ.get("BCP_SLURM_INSTALL") != "0":
         res = script("install")
         if res.returncode != 0:
             _skip(config, f"Slurm could not be installed: {res.stderr.strip()[-1500:]}")
+
+
+def start_cluster(config: pytest.Config) -> SlurmCluster:
+    """Install if needed and start (or reuse) the cluster; export SLURM_CONF. Skips where Slurm cannot run."""
+    install_or_skip(config)
     was_running = script("status", timeout=60).returncode == 0
     res = script("start", timeout=120)
     if res.returncode != 0:  # installed but does not come up: a real failure, not a skip
@@ -155,12 +160,7 @@ def node_addresses(conf: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def two_node_cluster(request: pytest.FixtureRequest) -> Iterator[MultiNodeCluster]:
     config = request.config
-    if reason := unavailable_reason():
-        _skip(config, reason)
-    if os.environ.get("BCP_SLURM_INSTALL") != "0":
-        res = script("install")
-        if res.returncode != 0:
-            _skip(config, f"Slurm could not be installed: {res.stderr.strip()[-1500:]}")
+    install_or_skip(config)
     if shutil.which("ip") is None:
         _skip(config, "a multi-node Slurm needs iproute2 (`ip`)")
     base = multinode_base()

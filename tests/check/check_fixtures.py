@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bcp_pipeline.check.run import CheckRequest, run_check
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -38,3 +40,13 @@ def check(config: Path, *args: str, env: dict[str, str] | None = None, timeout: 
 
 def rows(payload: dict) -> dict[str, dict]:
     return {row["topic"]: row for row in payload["rows"]}
+
+
+def checked(tmp_path: Path, fake, *args: str, jobs: bool = True, detach: bool = False, overrides=()):
+    """`check` of the demo on the emulated BCP, in this process: (config, its rows by topic, the result)."""
+    fake.create_workspace("demo")
+    config = project(tmp_path / "project", f"  bcp: {{transport: {fake.transport}}}\n")
+    result, _ = run_check(CheckRequest(config_file=config, state_root=tmp_path / "project" / ".bcp-pipeline",
+                                       pipeline="demo", backend="bcp", jobs=jobs, detach=detach,
+                                       overrides=list(overrides)), dict(os.environ))
+    return config, {row.topic: row for row in result.rows}, result

@@ -4,29 +4,18 @@ the profile, and what the backend then does with it."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.pipelines import load_config
-from bcp_pipeline.check.run import CheckRequest, run_check
 from bcp_pipeline.engine.selection import RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import ConfigError
 from bcp_emulation import needs_ngcsdk
-from check_fixtures import project
+from check_fixtures import checked
 
 pytestmark = needs_ngcsdk
-
-
-def checked(tmp_path, fake, *args: str, jobs: bool = True, detach: bool = False, overrides=()):
-    fake.create_workspace("demo")
-    config = project(tmp_path / "project", f"  bcp: {{transport: {fake.transport}}}\n")
-    result, _ = run_check(CheckRequest(config_file=config, state_root=tmp_path / "project" / ".bcp-pipeline",
-                                       pipeline="demo", backend="bcp", jobs=jobs, detach=detach,
-                                       overrides=list(overrides)), dict(os.environ))
-    return config, {row.topic: row for row in result.rows}, result
 
 
 @pytest.mark.emulator(variants={"ace": {"terminationGracePeriodSeconds": 2}})
