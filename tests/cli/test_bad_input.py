@@ -286,7 +286,8 @@ def test_a_corrupt_or_hand_edited_state_json_is_refused_by_name_and_left_as_it_i
         return json.dumps(payload)
 
     variants = {
-        "Expecting": state_path.read_text()[:200],  # cut short: the JSON error then says where
+        # cut short (just before a key, whatever the fields before it): the JSON error then says where
+        "Expecting": state_path.read_text().partition('"stages"')[0],
         "stages.first: 'runing' is not a valid StageStatus":
             edited(lambda s: s["stages"]["first"].update(status="runing")),
         "missing key 'stages'": edited(lambda s: s.pop("stages")),
