@@ -163,3 +163,54 @@ def test_checker_finds_a_lower_wing_importing_a_higher_one(tmp_path, source, exp
                                       "cli/__init__.py": "", "cli/main.py": "", "engine/__init__.py": "",
                                       "engine/runs.py": source})
     assert wrong_way(module_graph(package)) == expected
+
+
+# -- what the detached driver imports before it has checked its image ---------------------------------------------
+def top_level_imports(path: Path) -> list[str]:
+    """Modules `path` imports when it is imported: not inside a function, not under `if TYPE_CHECKING`."""
+    names: list[str] = []
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+            elif isinstance(node, ast.Import):
+                names.extend(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                names.append("." * node.level + (node.module or ""))
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return names
+
+
+def test_the_driver_module_loads_with_the_standard_library_alone():
+    """`python3 -m bcp_pipeline.detach.driver` must start in an image without PyYAML or ngcsdk, to say so in one
+    BCPP-ERROR line (tests/detach: a driver without ngcsdk): everything it loads on import is checked here."""
+    import sys
+
+    seen, todo, third_party = set(), ["detach.driver"], []
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = PACKAGE / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            path = PACKAGE / module.replace(".", "/") / "__init__.py"
+        here = module.split(".")[:-1]
+        parents = [".".join(module.split(".")[:i]) for i in range(1, len(module.split(".")))]
+        todo += [p for p in parents if p]  # importing a.b.c runs a/__init__ and a/b/__init__ first
+        for name in top_level_imports(path):
+            if name.startswith("."):
+                level = len(name) - len(name.lstrip("."))
+                base = here[: len(here) - (level - 1)] if level > 1 else here
+                todo.append(".".join([*base, *([name.lstrip(".")] if name.lstrip(".") else [])]) or "__init__")
+            elif name.split(".")[0] == "bcp_pipeline":
+                todo.append(name.partition(".")[2] or "__init__")
+            elif name.split(".")[0] not in sys.stdlib_module_names and name != "__future__":
+                third_party.append(f"{module} imports {name}")
+    assert "backends.contract" in seen and "engine.state" in seen  # the walk follows the package's imports
+    assert third_party == []

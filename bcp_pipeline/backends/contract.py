@@ -13,10 +13,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..config.resources import RankLayout, rank_layout
-
 if TYPE_CHECKING:
     from ..config.pipelines import PipelineConfig, StageConfig
+    from ..config.resources import RankLayout
 
 
 class JobState(enum.Enum):
@@ -80,6 +79,10 @@ class JobRequest:
 
     def rank_layout(self, backend: str) -> RankLayout:
         """Nodes x processes per node on `backend` (config.resources.rank_layout, the one place they come from)."""
+        # Imported here: this module stays importable with the standard library alone, as the detached driver
+        # needs before it has checked its image (tests/test_architecture.py).
+        from ..config.resources import rank_layout
+
         return rank_layout(self.pipeline.verification if self.kind == "verify" else self.stage, backend)
 
 

@@ -140,8 +140,11 @@ class LocalBackend(Backend):
                 return JobStatus(job_id=job_id, state=JobState.CANCELLED, native="cancelled")
             return JobStatus(job_id=job_id, state=JobState.LOST, native="lost",
                              detail=f"the job's supervisor (pid {status['pid']}) died without a result")
-        codes = status.get("exit_codes") or []
-        failed = [f"rank {rank} exited {code}" for rank, code in enumerate(codes) if code != 0]
+        # A rank with no exit code (None) had not ended when the supervisor wrote its last status: a cancelled job's
+        # ranks are killed and may be recorded before they are reaped.
+        codes = [code for code in status.get("exit_codes") or [] if code is not None]
+        failed = [f"rank {rank} exited {code}" for rank, code in enumerate(status.get("exit_codes") or [])
+                  if code not in (0, None)]
         return JobStatus(job_id=job_id, state=STATE_MAP.get(native, JobState.UNKNOWN), native=native,
                          detail="; ".join(failed), exit_code=max(codes, key=abs) if codes else None)
 

@@ -8,6 +8,7 @@ its own log file. Every rank runs to its end even if another fails, so a rerun h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -58,6 +59,8 @@ def supervise(job_dir: Path) -> int:
                 child.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=5)  # reaped, so its exit code is recorded (else it stays None)
         atomic_write_json(status_path, {**me, "state": "cancelled", "signal": signum, "ended_at": time.time(),
                                         "exit_codes": [c.returncode for c in children]})
         os._exit(128 + signum)

@@ -7,6 +7,7 @@ subprocess where a test kills it.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -284,7 +285,7 @@ def test_cancel_stops_running_jobs(tmp_path, capsys):
     output, _ = orchestrator.communicate(timeout=30)
     assert orchestrator.returncode == 1, output
     state = state_of(config)
-    assert state.stages["first"].status is StageStatus.CANCELLED
+    assert state.stages["first"].status is StageStatus.CANCELLED, output
     assert state.status == "cancelled"
 
 
@@ -351,3 +352,19 @@ def test_resume_of_a_run_started_with_only_keeps_the_other_stages_skipped(tmp_pa
     # `run` continuing the same run keeps to it too; naming stages again selects them.
     assert cli(config, "run", "chain", "--only", "second") == 0
     assert state_of(config).stages["third"].status is StageStatus.SKIPPED
+
+
+def test_a_cancelled_local_job_whose_ranks_were_not_reaped_yet_reads_as_cancelled(tmp_path):
+    """The supervisor of a cancelled job records its ranks' exit codes at once: a rank not reaped yet is None
+    there. Polling that status once crashed the orchestrator (found by test_cancel_stops_running_jobs under load)."""
+    from bcp_pipeline.backends.registry import make_backend
+    from bcp_pipeline.config.preflight import load_and_check
+
+    config = load_and_check(write_chain_project(tmp_path))
+    backend = make_backend("local", config, config.pipeline("chain"), tmp_path / "run")
+    job = tmp_path / "run" / "jobs" / "first.1"
+    job.mkdir(parents=True)
+    (job / "spec.json").write_text("{}")
+    (job / "status.json").write_text(json.dumps({"state": "cancelled", "pid": os.getpid(), "exit_codes": [None, -15]}))
+    status = backend.poll(["first.1"])["first.1"]
+    assert status.state.value == "cancelled" and status.exit_code == -15 and status.detail == "rank 1 exited -15"
