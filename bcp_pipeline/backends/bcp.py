@@ -22,7 +22,7 @@ from ..errors import BackendCallError
 from .contract import Backend, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
 from ..config.resources import BcpOptions
 from .bcp_render import NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_rendezvous, job_run_argv
-from .bcp_render import job_spec, label, upload_argv
+from .bcp_render import job_spec, label, nemo_launcher_overrides, nemo_overrides_digest, upload_argv
 from .bcp_transport import Transport, make_transport, read_ngc_config
 from .bcp_policy import planned_jobs, violations
 from .profile import profile_key
@@ -254,10 +254,33 @@ class BcpBackend(Backend):
                 spec = submission.payload.get("spec") or {}
                 if str(spec.get("commandline", "")).startswith("bcprun "):
                     found.append(f"{_job(submission)} starts under bcprun, which {where} found missing in jobs here")
+        found += self._nemo_refusals(submissions, where)
         ace = (self.profile.get("facts") or {}).get("ace")
         if isinstance(ace, dict):
             found += [f"{violation} (as {where} saw the ACE)" for violation in
                       violations(ace, planned_jobs(submissions), detach=detach)]
+        return found
+
+    def _nemo_refusals(self, submissions: list[Submission], where: str) -> list[str]:
+        """NeMo stages whose exact composition (image and overrides) the profile's NeMo probe saw refused, or
+        left with a mandatory value unset: the job would fail as it starts. A changed stage is not judged."""
+        seen = {fact.get("digest"): fact for fact in (self.profile or {}).get("facts", {}).get("nemo") or []
+                if isinstance(fact, dict)}
+        found = []
+        for submission in submissions:
+            request = submission.request
+            if not seen or request.kind != "stage" or request.stage.nemo is None or \
+                    request.resources("bcp").command:
+                continue
+            image = (submission.payload.get("spec") or {}).get("image", "")
+            fact = seen.get(nemo_overrides_digest(image, nemo_launcher_overrides(request, self.options,
+                                                                                  self.stages_dir)))
+            if fact and fact.get("composed") is False:
+                found.append(f"{_job(submission)}: the NeMo launcher in {image} refused its overrides when "
+                             f"{where} composed them: {fact.get('error') or '(no message)'}")
+            elif fact and fact.get("missing"):
+                found.append(f"{_job(submission)}: the NeMo launcher in {image} leaves {', '.join(fact['missing'])} "
+                             f"unset (???) with its overrides, as {where} composed them")
         return found
 
     def job_url(self, job_id: str) -> str | None:

@@ -61,6 +61,26 @@ def job_values(request: JobRequest, options: BcpOptions, stages_dir: Path) -> di
                               code=f"{mount}/{code_destination(options, stages_dir)}", python=options.python)
 
 
+def nemo_launcher_overrides(request: JobRequest, options: BcpOptions, stages_dir: Path) -> list[str]:
+    """The NeMo launcher's Hydra overrides exactly as the stage's job passes them, with its node count written out
+    (the job passes `${NGC_ARRAY_SIZE}`) and without the data list (the job builds that from the manifests). What
+    `check`'s NeMo probe composes, and what a profile's finding about it is matched against."""
+    from ..config.nemo import launcher_overrides
+
+    resources: BcpResources = request.resources("bcp")
+    try:
+        return launcher_overrides(request.stage, cluster_type="bcp", nodes=str(request.rank_layout("bcp").nodes),
+                                  total_runtime=resources.total_runtime,
+                                  values=job_values(request, options, stages_dir))
+    except ValueError as exc:
+        raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
+
+
+def nemo_overrides_digest(image: str, overrides: list[str]) -> str:
+    """Names one launcher composition: the image and the overrides given to it."""
+    return hashlib.sha256("\n".join([image, *overrides]).encode()).hexdigest()[:16]
+
+
 NO_REDIRECT = "-no_redirect"  # NVIDIA's launcher's spelling; a `check` profile may show this ACE's bcprun wants another
 
 

@@ -26,6 +26,7 @@ from ..backends.bcp_render import JobSpec, label
 from ..backends.bcp_transport import Transport
 from ..errors import BackendCallError
 from ..report.estimates import instances_table
+from .bcp_nemo import nemo_commandline, nemo_row, plan_nemo_probes
 from .cleanup import always_cleaned_up
 from .context import CheckContext
 from .result import Row, different, ok, unchecked
@@ -143,9 +144,10 @@ def kill_commandline(plan: ProbePlan) -> str:
             'echo "BCPP-WAITING"; sleep 900')
 
 
-def spec_for(ctx: CheckContext, plan: ProbePlan, name: str, commandline: str, replicas: int) -> JobSpec:
+def spec_for(ctx: CheckContext, plan: ProbePlan, name: str, commandline: str, replicas: int,
+             image: str | None = None) -> JobSpec:
     options = ctx.config.options["bcp"]
-    return JobSpec(name=name, image=plan.image, instance=plan.instance, result="/results", commandline=commandline,
+    return JobSpec(name=name, image=image or plan.image, instance=plan.instance, result="/results", commandline=commandline,
                    workspaces=(plan.workspace,) if plan.workspace else (), replicas=replicas,
                    array_type="PYTORCH" if replicas > 1 else None, total_runtime=PROBE_RUNTIME,
                    labels=(label("check", plan.token),), org=options.org, team=options.team, ace=options.ace)
@@ -157,9 +159,13 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
     if plan is None:
         return [unchecked("probe job", "a probe job can run", "the ACE lists no instance, or no image is configured",
                           "name a pipeline with a bcp image")], {}
+    nemo_probes = plan_nemo_probes(ctx)
+    nemo_note = "".join(f", 1 job of 1 x {plan.instance} in {p.image} (its NeMo launcher composes stage {p.stage}'s "
+                        f"config; nothing trains)" for p in nemo_probes)
+    most = plan.instance_minutes() + 10 * len(nemo_probes)
     notes.append(f"probe jobs: 1 job of {plan.replicas} x {plan.instance}, then 1 job of 1 x {plan.instance} "
-                 f"killed once it runs: at most {plan.instance_minutes()} instance-minutes (their --total-runtime "
-                 f"{PROBE_RUNTIME}); about 2 in practice. Both are killed when check ends.")
+                 f"killed once it runs{nemo_note}: at most {most} instance-minutes (their --total-runtime "
+                 f"{PROBE_RUNTIME}); a few in practice. All are killed when check ends.")
     ctx.announce(notes[-1])
     ids: list[str] = []
 
@@ -181,6 +187,11 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
         probe_id = transport.submit(spec_for(ctx, plan, "bcp-pipeline.check", probe_commandline(plan),
                                              plan.replicas))
         ids.append(probe_id)
+        nemo_ids = []
+        for nemo in nemo_probes:  # submitted now: a NeMo image's pull runs while the other probes do
+            nemo_ids.append(transport.submit(spec_for(ctx, plan, "bcp-pipeline.check-nemo", nemo_commandline(nemo),
+                                                      1, image=nemo.image)))
+            ids.append(nemo_ids[-1])
         ended = wait_until(transport, probe_id, lambda s: s.state.finished, WAIT_SECONDS)
         logs = {r: _log(transport, probe_id, r, None) for r in range(plan.replicas)}
         tail = _log(transport, probe_id, 0, 3)
@@ -194,15 +205,21 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
         kill_log = _log(transport, kill_id, 0, None) or ""
         kill_seconds, kill_states = timed_kill(transport, kill_id) if running and not running.state.finished \
             else (None, [])
+        nemo_results = []
+        for nemo, nemo_id in zip(nemo_probes, nemo_ids):
+            nemo_ended = wait_until(transport, nemo_id, lambda s: s.state.finished, WAIT_SECONDS)
+            nemo_results.append(nemo_row(nemo, _log(transport, nemo_id, 0, None), nemo_ended))
         listed = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token)])}
         stranger = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token + "x")])}
     rows = [replicas_row(plan, logs, ended), env_row(plan, logs, probe_id), bcprun_row(plan, logs, kill_log),
-            python_row(logs), workspace_row(plan, logs, kill_log), labels_row({probe_id, kill_id}, listed, stranger, lag),
-            history_row(history), logs_row(plan, logs, tail), kill_row(kill_seconds, kill_states)]
+            python_row(logs), workspace_row(plan, logs, kill_log), labels_row(set(ids), listed, stranger, lag),
+            history_row(history), logs_row(plan, logs, tail), kill_row(kill_seconds, kill_states),
+            *(row for row, _ in nemo_results)]
     facts = {"probe": {"instance": plan.instance, "replicas": plan.replicas,
                        "commandline_runs": runs_on(plan, logs), "bcprun": bcprun_facts(plan, logs, kill_log),
                        "kill_seconds": kill_seconds, "pending_termination": "PENDING_TERMINATION" in kill_states,
-                       "list_lag_seconds": None if lag is None else round(lag, 1)}}
+                       "list_lag_seconds": None if lag is None else round(lag, 1)},
+             **({"nemo": [fact for _, fact in nemo_results]} if nemo_results else {})}
     return rows, facts
 
 
