@@ -29,8 +29,11 @@ from .common import placeholder_values, rendezvous, resolved_env, shell_join, st
 
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Each task records its own exit status (TASK_EXITS/rank-R.exit) when its program ends: srun may exit 0 for a job
+# whose node was lost (NODE_FAIL), and the batch script then holds every rank to its own record.
 TASK_WRAPPER = ('export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID '
-                'LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE NODE_RANK=$SLURM_NODEID; exec "$@"')
+                'LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE NODE_RANK=$SLURM_NODEID; "$@"; code=$?; '
+                'printf \'%s\\n\' "$code" > "$BCP_PIPELINE_TASK_EXITS/rank-$RANK.exit"; exit "$code"')
 NEMO_SUFFIX = ".nemo."  # JOB_NAME.nemo.RUN_NAME: the name of the job the NeMo launcher submits
 # The batch script runs on the job's first node: its host name is the rendezvous address of every task, and the
 # port comes from the job id, so two jobs sharing a node do not collide (stages/_common.rendezvous falls back to the
@@ -123,8 +126,15 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
     task = f"bash -c {shlex.quote(TASK_WRAPPER)} bcp-pipeline-task"
     lines += [f'export MASTER_ADDR="$(hostname)" MASTER_PORT="$(({MASTER_PORT_EXPR}))"',
               'mkdir -p "$logs/$SLURM_JOB_ID"',
+              'export BCP_PIPELINE_TASK_EXITS="$logs/$SLURM_JOB_ID"',
+              'rm -f "$BCP_PIPELINE_TASK_EXITS"/rank-*.exit  # a requeued job starts over',
               "srun " + " \\\n  ".join([*srun_flags(res, paths), task, shell_join(program)]),
               "code=$?",
+              "# srun can exit 0 although a lost node's tasks never finished: every rank must have recorded 0.",
+              f'if [ "$code" = 0 ]; then for rank in $(seq 0 {world - 1}); do '
+              '{ read -r task_code < "$BCP_PIPELINE_TASK_EXITS/rank-$rank.exit"; } 2>/dev/null || task_code=none; '
+              'if [ "$task_code" != 0 ]; then echo "bcp-pipeline: srun exited 0, but task $rank recorded exit '
+              '$task_code (a lost node?): the job failed" >&2; code=1; fi; done; fi',
               "# Written last: the job's result even after Slurm has forgotten the job (MinJobAge, no sacct).",
               'printf \'%s\\n\' "$code" > "$logs/slurm-$SLURM_JOB_ID.exit.tmp" && '
               'mv -f "$logs/slurm-$SLURM_JOB_ID.exit.tmp" "$logs/slurm-$SLURM_JOB_ID.exit"',

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bcp_pipeline.backends.slurm import STATE_MAP, SlurmBackend, decode_exit, failed_tasks
-from bcp_pipeline.backends.slurm_render import TASK_WRAPPER, job_name, nemo_launcher_script, slurm_time
+from bcp_pipeline.backends.slurm_render import job_name, nemo_launcher_script, slurm_time
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
 from bcp_pipeline.errors import CommandError, SubmissionError
@@ -63,9 +63,16 @@ import json, os, sys
 args = sys.argv[1:]
 split = args.index("bash")
 json.dump(args[:split], open(os.environ["FAKE_OUT"] + ".srun", "w"))
-env = {{**os.environ, "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4",
-       "SLURM_NODEID": "1"}}
-sys.exit(os.spawnvpe(os.P_WAIT, args[split], args[split:], env))
+lost = {{int(r) for r in os.environ.get("FAKE_SRUN_LOST", "").split(",") if r}}  # tasks of a lost node: never run
+for rank in (0, 1, 2, 3, 4, 6, 7, 5):  # the 2 x 4 tasks; rank 5 last: its FAKE_OUT is the one the test reads
+    if rank in lost:
+        continue
+    env = {{**os.environ, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "8", "SLURM_LOCALID": str(rank % 4),
+           "SLURM_NTASKS_PER_NODE": "4", "SLURM_NODEID": str(rank // 4)}}
+    code = os.spawnvpe(os.P_WAIT, args[split], args[split:], env)
+    if code:
+        sys.exit(code)
+sys.exit(0)  # srun's answer even where a node was lost
 """
 FAKE_CLI = """#!{python}
 import json, os, sys
@@ -138,10 +145,8 @@ def test_nemo_launcher_command_with_a_data_list_golden(tmp_path):
     assert listed in words and "training.trainer.num_nodes=4" in words and "cluster.partition=batch" in words
 
 
-def test_tricky_stage_golden_and_every_value_survives_the_shell(tmp_path):
-    backend, request = backend_and_request(tmp_path, "odd.slurm.container_image=null")
-    script = backend.render(request).printable
-    assert_golden("slurm/tricky-stage.sbatch", normalize(script, tmp_path))
+def run_tricky_script(tmp_path: Path, script: str, **env_extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The batch script run by bash with a fake `srun` (2 x 4 tasks, one after another) and a fake program."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("fake-python", FAKE_PROGRAM), ("srun", FAKE_SRUN)):
@@ -149,10 +154,18 @@ def test_tricky_stage_golden_and_every_value_survives_the_shell(tmp_path):
         (bin_dir / name).chmod(0o755)
     out = tmp_path / "seen.json"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "FAKE_OUT": str(out),
-           "RANK": "99"}
+           "RANK": "99", **env_extra}
     workspace = tmp_path / "ws dir/it's;here/main"
     workspace.mkdir(parents=True)
-    result = subprocess.run(["bash", "-c", script], cwd=workspace, env=env, capture_output=True, text=True)
+    return subprocess.run(["bash", "-c", script], cwd=workspace, env=env, capture_output=True, text=True), out
+
+
+def test_tricky_stage_golden_and_every_value_survives_the_shell(tmp_path):
+    backend, request = backend_and_request(tmp_path, "odd.slurm.container_image=null")
+    script = backend.render(request).printable
+    assert_golden("slurm/tricky-stage.sbatch", normalize(script, tmp_path))
+    result, out = run_tricky_script(tmp_path, script)
+    workspace = tmp_path / "ws dir/it's;here/main"
     assert result.returncode == 0, result.stderr
     seen = json.loads(out.read_text())
     assert seen["argv"] == [str(tmp_path / "stages/items.py"), "--out", f"{workspace}/out dir", "--count", "3",
@@ -203,7 +216,23 @@ def test_small_pure_pieces():
     assert decode_exit("") == (None, "")
     log = "srun: error: n1: tasks 0,2-3: Exited with exit code 1\nsrun: error: n2: task 5: Killed\nother\n"
     assert failed_tasks(log) == {0: "exited 1", 2: "exited 1", 3: "exited 1", 5: "Killed"}
-    assert "exec \"$@\"" in TASK_WRAPPER
+
+
+def test_a_task_that_recorded_no_exit_fails_the_job_although_srun_said_0(tmp_path):
+    """What a lost node leaves (NODE_FAIL): srun can exit 0 while that node's tasks never finished. The batch script
+    holds every rank to its own exit record, so the job's record (what `_forgotten` reads once Slurm has forgotten
+    the job) says it failed."""
+    backend, request = backend_and_request(tmp_path, "odd.slurm.container_image=null")
+    result, _ = run_tricky_script(tmp_path, backend.render(request).printable, FAKE_SRUN_LOST="4,6")
+    assert result.returncode == 1
+    assert "srun exited 0, but task 4 recorded exit none (a lost node?)" in result.stderr
+    assert "task 6 recorded exit none" in result.stderr and "task 5 recorded" not in result.stderr
+    logs = tmp_path / ".bcp-pipeline/runs/tricky-RUN/logs"
+    assert (logs / "4242" / "rank-5.exit").read_text() == "0\n"
+    assert (logs / "slurm-4242.exit").read_text() == "1\n"
+    backend._sacct_enabled = False  # a cluster without accounting: the record is all there is
+    status = backend._forgotten(["4242"])["4242"]
+    assert status.state is JobState.FAILED and status.exit_code == 1
 
 
 def test_state_map_is_explicit_and_unknown_is_not_finished():

@@ -150,6 +150,11 @@ def test_node_lost_mid_stage_then_resume_matches_a_local_run(two_node_cluster: M
 
     cluster.restart_missing_nodes()
     assert cli(config, "resume") == 0
+    # The lost job's own record, what the backend reads once Slurm has forgotten the job, never says it succeeded:
+    # Slurm may kill its batch script (no record: LOST), and where srun exits 0 for the lost node's tasks, the
+    # script holds every rank to the exit it recorded.
+    record = config.parent / ".bcp-pipeline" / "runs" / state.run_id / "logs" / f"slurm-{failed_job}.exit"
+    assert not record.exists() or record.read_text() != "0\n"
     state = state_of(config)
     assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
     assert state.stages["first"].attempts == 2 and len(RunStore(config.parent / ".bcp-pipeline").runs()) == 1
