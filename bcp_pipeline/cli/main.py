@@ -246,15 +246,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # The service's limits (BCP: the ACE's) when the credentials are there; on stderr, so the plan itself reads
     # the same wherever it is made. A job they refuse makes the plan fail, as `run` would.
     limits = describe_backend_limits(backend_name, config, requests, detach=args.detach)
-    refused = bool(limits and limits.violations)
+    # What the saved `check` profile of this service rules out: `run` refuses exactly these (on stderr, as above).
+    ruled_out = backend.refusals(submissions, detach=args.detach)
+    refused = bool(limits and limits.violations) or bool(ruled_out)
     if limits is not None:
         print("\n".join(limits.lines()), file=sys.stderr)
+    if ruled_out:
+        print("plan: `run` would refuse, from the saved check profile:\n  " + "\n  ".join(ruled_out),
+              file=sys.stderr)
     if args.json:
         print(json.dumps({"pipeline": pipeline.name, "backend": backend_name, "run_id": run_id,
                           "prepare": [{"description": a.description, "printable": a.printable} for a in actions],
                           "jobs": [s.as_json() for s in submissions], "estimates": estimate.as_json(),
                           **({"driver": driver} if driver else {}),
-                          **({"limits": limits.as_json()} if limits is not None else {})}, indent=2))
+                          **({"limits": limits.as_json()} if limits is not None else {}),
+                          **({"ruled_out": ruled_out} if ruled_out else {})}, indent=2))
         return 1 if refused else 0
     print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s); nothing is submitted.")
     print(f"# {run_id} stands for the run id a real run gets.")

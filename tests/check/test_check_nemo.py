@@ -15,6 +15,7 @@ import pytest
 
 from bcp_pipeline.check import bcp_nemo
 from bcp_pipeline.check.run import CheckRequest, run_check
+from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.selection import RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import ConfigError
@@ -55,7 +56,7 @@ def test_the_launcher_composes_what_plan_assumed(tmp_path, fake):
 
 
 @needs_ngcsdk
-def test_a_refused_override_is_reported_and_run_refuses_that_stage(tmp_path, fake):
+def test_a_refused_override_is_reported_and_run_refuses_that_stage(tmp_path, fake, capsys):
     """A launcher whose training config has no `run.time_limit` (as a release without that key would): Hydra
     refuses the override, `check` says which, and `run` refuses the stage until it changes."""
     launcher = tmp_path / "launcher_scripts"
@@ -73,6 +74,10 @@ def test_a_refused_override_is_reported_and_run_refuses_that_stage(tmp_path, fak
     with pytest.raises(ConfigError, match=r"stage pretrain: the NeMo launcher in \S+ refused its overrides"):
         choose_run(run, store)
     assert store.runs() == []
+    assert main(["--config", str(config), "plan", PIPELINE, "--backend", "bcp",
+                 *[w for o in overrides for w in ("--set", o)]]) == 1  # plan says what run would refuse
+    assert "`run` would refuse, from the saved check profile:\n  stage pretrain: the NeMo launcher" in \
+        capsys.readouterr().err
     # Another composition (here: the stage's run name) is not judged by that finding.
     changed = RunRequest(pipeline=PIPELINE, config_file=config, backend="bcp",
                          overrides=[*overrides, "pretrain.nemo.run_name=gpt_126m_b"], from_stage=None, only=None,
