@@ -26,6 +26,7 @@ from ..backends.bcp_render import JobSpec, label
 from ..backends.bcp_transport import Transport
 from ..errors import BackendCallError
 from ..report.estimates import instances_table
+from .bcp_clock import submitted_clock
 from .cleanup import always_cleaned_up
 from .context import CheckContext
 from .result import Row, different, ok, unchecked
@@ -178,9 +179,11 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
                 pass  # ended meanwhile, or the service is away: nothing more a check can do
 
     with always_cleaned_up(kill_leftovers):
+        before = time.time()
         probe_id = transport.submit(spec_for(ctx, plan, "bcp-pipeline.check", probe_commandline(plan),
                                              plan.replicas))
         ids.append(probe_id)
+        clock = submitted_clock(transport, probe_id, before, time.time())
         ended = wait_until(transport, probe_id, lambda s: s.state.finished, WAIT_SECONDS)
         logs = {r: _log(transport, probe_id, r, None) for r in range(plan.replicas)}
         tail = _log(transport, probe_id, 0, 3)
@@ -203,6 +206,8 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
                        "commandline_runs": runs_on(plan, logs), "bcprun": bcprun_facts(plan, logs, kill_log),
                        "kill_seconds": kill_seconds, "pending_termination": "PENDING_TERMINATION" in kill_states,
                        "list_lag_seconds": None if lag is None else round(lag, 1)}}
+    rows.append(clock.row)
+    facts["probe"]["clock_skew_seconds"] = None if clock.skew_seconds is None else round(clock.skew_seconds, 1)
     return rows, facts
 
 
