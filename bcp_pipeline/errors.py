@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class PipelineError(Exception):
     """Base class: the CLI prints these without a traceback and exits non-zero."""
@@ -53,9 +55,31 @@ def is_transient(exc: BaseException) -> bool:
     return exc.unreachable
 
 
+# NVIDIA's words for a refused key or org where no HTTP status comes with them: ngcsdk refuses a configured org
+# before any call ("Invalid org. Choose from [...]", an nvapi- key's "Provided organization: ..., doesn't match
+# organization for which API Key has permissions"), and a status in a wording the transports do not parse.
+_REFUSED_TEXT = re.compile(r"\b40[13]\b|invalid api ?key|unauthori[sz]ed|forbidden|invalid org|"
+                           r"doesn't match organization", re.IGNORECASE)
+_NOT_FOUND_TEXT = re.compile(r"\b404\b|not found|could not be found|does not exist", re.IGNORECASE)
+
+
 def is_refused_credentials(exc: BaseException) -> bool:
-    """The service refused the key itself (401) or what it may do (403)."""
-    return isinstance(exc, BackendCallError) and exc.http_status in (401, 403)
+    """The service refused the key itself (401) or what it may do (403), or NVIDIA's client refused the key's org
+    before asking. The HTTP status decides where the transport knew it (so a 429 is never a refused key, whatever
+    its text says); NVIDIA's wording only where no status came back."""
+    if not isinstance(exc, BackendCallError):
+        return False
+    if exc.http_status is not None:
+        return exc.http_status in (401, 403)
+    return not exc.unreachable and bool(_REFUSED_TEXT.search(str(exc)))
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """What was asked for does not exist: a 404, or NVIDIA's client saying so in words ("could not be found", ...).
+    Never a call that may succeed if made again (a 429, a 5xx, no answer)."""
+    if not isinstance(exc, BackendCallError) or is_transient(exc):
+        return False
+    return exc.http_status == 404 or bool(_NOT_FOUND_TEXT.search(str(exc)))
 
 
 class CommandError(BackendCallError):

@@ -15,14 +15,29 @@ from .bcp_transport import CliTransport, SdkTransport, Transport, first_json
 
 
 def _cli(transport: CliTransport, args: list[str]) -> Any:
-    return first_json(transport._ngc([*args, *transport._globals()]))
+    return _json(transport._ngc([*args, *transport._globals()]), args)
+
+
+def _json(output: str, args: list[str]) -> Any:
+    try:
+        return first_json(output)
+    except ValueError:  # NVIDIA's printer words some answers as a sentence even in JSON mode
+        raise BackendCallError(f"`ngc {' '.join(args)}` printed no JSON: {' '.join(output.split())[:200]}") from None
+
+
+NO_USER = "User not found in specified org/team."  # NVIDIA's printer, when `user who` has no user to show
 
 
 def who(transport: Transport) -> dict[str, Any]:
-    """`ngc user who`: {"user": {"id", "name", "roles": [{"org": {"name"}, "team"?: {"name"}, ...}]}}."""
+    """`ngc user who` (ngcsdk's `users.who()`, the command's own call), by the kind of key:
+    a legacy API key: {"user": {"id", "name", "roles": [{"org": {"name"}, "team"?: {"name"}, ...}]}};
+    a personal key (nvapi-): what the key service says of it, {"type": "PERSONAL_KEY", "orgName", "user": {...}};
+    a service key (nvapi-): {}, as NVIDIA's client asks nothing for one ("Service keys are not associated with
+    users"; its printer says NO_USER)."""
     if isinstance(transport, CliTransport):
-        return _cli(transport, ["user", "who"])
-    return transport._call("users.user_who", lambda c: c.users.user_who().toDict())
+        output = transport._ngc(["user", "who", *transport._globals()])
+        return {} if output.strip() == NO_USER else _json(output, ["user", "who"])
+    return _as_dict(transport._call("users.who", lambda c: c.users.who()) or {})
 
 
 def image(transport: Transport, name: str) -> dict[str, Any]:

@@ -20,9 +20,10 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..config.durations import format_duration, parse_duration
 from ..errors import BackendCallError, CommandError, ConfigError
@@ -158,8 +159,12 @@ class SdkTransport(Transport):
         import ngcsdk  # pylint: disable=import-outside-toplevel
 
         client = ngcsdk.Client()
-        # The key stays where NGC keeps it (NGC_CLI_API_KEY / ~/.ngc/config); only org/team/ACE are ours.
-        client.configure(org_name=self.options.org, team_name=self.options.team, ace_name=self.options.ace)
+        # The key stays where NGC keeps it (NGC_CLI_API_KEY / ~/.ngc/config); only org/team/ACE are ours. The org
+        # is passed even where it comes from NGC_CLI_ORG or ngc's config: given none, ngcsdk silently takes an
+        # nvapi- key's own org, so every call would go to another org than the CLI's (and `check`'s) under the
+        # same settings; given one, it refuses a key of another org ("doesn't match organization").
+        client.configure(org_name=self.options.org or client.config.org_name, team_name=self.options.team,
+                         ace_name=self.options.ace)
         return client
 
     def _call(self, what: str, operation: Callable[[Any], Any]) -> Any:
@@ -334,7 +339,7 @@ def check_credentials(options: BcpOptions, environ: dict[str, str] | None = None
     env = os.environ if environ is None else environ
     config = read_ngc_config(env)
     missing = []
-    key = env.get("NGC_CLI_API_KEY") or config.get("apikey") or ""
+    key = configured_api_key(env)
     if not key:
         missing.append("an API key (NGC_CLI_API_KEY, or `ngc config set`)")
     org = _setting(options.org, "backends.bcp.org", env, "NGC_CLI_ORG", config, "org")
@@ -347,6 +352,12 @@ def check_credentials(options: BcpOptions, environ: dict[str, str] | None = None
         raise ConfigError("the BCP backend is missing " + "; ".join(missing) + ". Nothing was submitted or recorded")
     if key.startswith(SCOPED_KEY_PREFIX):
         _check_key_org(transport or make_transport(options), key, org, ace[0])
+
+
+def configured_api_key(environ: Mapping[str, str]) -> str:
+    """The API key NVIDIA's client will use (NGC_CLI_API_KEY, else ngc's config file); "" when none. For deciding
+    what kind of key it is: never to be shown, logged or passed on."""
+    return environ.get("NGC_CLI_API_KEY") or read_ngc_config(dict(environ)).get("apikey") or ""
 
 
 def _setting(value: str | None, name: str, env: dict[str, str], env_name: str, config: dict[str, str],

@@ -16,14 +16,12 @@ from ..backends import bcp_lookups as lookups
 from ..backends.bcp_policy import PlannedJob, violations
 from ..backends.bcp_render import JobSpec
 from ..backends.bcp import account_of
-from ..backends.bcp_transport import CONFIG_HINT, SDK_VERSION, Transport, make_transport
-from ..errors import BackendCallError, PipelineError
+from ..backends.bcp_transport import (CONFIG_HINT, SCOPED_KEY_PREFIX, SDK_VERSION, Transport, configured_api_key,
+                                      make_transport, scoped_key_org)
+from ..errors import BackendCallError, PipelineError, is_not_found, is_refused_credentials
 from .context import CheckContext
 from .result import Row, different, ok, unchecked
 
-NOT_FOUND = re.compile(r"\b404\b|not found|could not be found|does not exist", re.I)
-REFUSED = re.compile(r"\b40[13]\b|invalid api ?key|unauthori[sz]ed|forbidden|invalid org|doesn't match organization",
-                     re.I)
 VERSION = re.compile(r"\b\d+\.\d+\.\d+\b")
 
 
@@ -69,10 +67,11 @@ def check_bcp(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, list[
     target = {"org": who.org, "ace": who.ace, **({"team": who.team} if who.team else {})}
     transport = make_transport(ctx.config.options["bcp"])
     jobs = planned_jobs(ctx)
-    rows: list[Row] = [credentials_row(transport, who)]
-    if rows[0].verdict.value == "different" and REFUSED.search(rows[0].showed):
-        return target, rows, {}, []  # every other call would be refused the same way
-    rows.append(team_row(transport, who))
+    credentials, answer = credentials_row(transport, who, configured_api_key(ctx.environ))
+    rows: list[Row] = [credentials]
+    if credentials.verdict.value == "different":
+        return target, rows, {}, []  # every other call in that org would be refused the same way
+    rows.append(team_row(who, answer))
     ace_row_, ace_data = ace_row(transport, who)
     rows.append(ace_row_)
     facts: dict = {"transport": transport.name}
@@ -108,33 +107,67 @@ def _reason(exc: BaseException) -> str:
     return " ".join(MASKED_KEY.sub("", str(exc).replace(CONFIG_HINT, "")).split())[:300]
 
 
-def credentials_row(transport: Transport, who: Account) -> Row:
+def credentials_row(transport: Transport, who: Account, key: str) -> tuple[Row, dict | None]:
+    """The key and the org it may act in; `user who`'s answer too (None when it failed), for the team row.
+
+    A legacy API key acts in every org its user has a role in. A personal or service key (nvapi-) acts in the one
+    org it was made for: the key service names it (`user who` shows what it says of a personal key; ngcsdk asks it
+    for a service key, of which `user who` shows nothing)."""
     assumes = f"the API key is accepted and may act in org {who.org}"
+    scoped = key.startswith(SCOPED_KEY_PREFIX)
     try:
-        user = lookups.who(transport).get("user") or {}
+        answer = lookups.who(transport)
     except BackendCallError as exc:
-        if REFUSED.search(str(exc)):  # ngcsdk refuses an org the key has no role in before any call
-            return different("credentials", assumes, f"refused: {_reason(exc)}",
-                             "set a key of that org (NGC_CLI_API_KEY or `ngc config set`), or set backends.bcp.org "
-                             "(or NGC_CLI_ORG) to the key's org; nothing else can be checked")
-        return unchecked("credentials", assumes, f"`user who` failed: {_reason(exc)}")
+        if is_refused_credentials(exc):  # ngcsdk refuses an org the key has no role in before any call
+            key_org = scoped_key_org(key) if scoped else None
+            return different("credentials", assumes, f"{'an nvapi- key' if scoped else 'the key'}: refused: "
+                             f"{_reason(exc)}", _other_org_fix(who.org, key_org)), None
+        return unchecked("credentials", assumes, f"`user who` failed: {_reason(exc)}"), None
+    user = answer.get("user") if isinstance(answer.get("user"), dict) else {}
+    if scoped:
+        return _scoped_key_row(assumes, who, key, answer, user), answer
     orgs = sorted({str((r.get("org") or {}).get("name")) for r in user.get("roles") or [] if isinstance(r, dict)})
     showed = f"key of user {user.get('name', '?')}; its orgs: {', '.join(orgs) or 'none listed'}"
     if who.org in orgs:
-        return ok("credentials", assumes, showed)
+        return ok("credentials", assumes, showed), answer
     return different("credentials", assumes, showed,
                      f"every call in org {who.org} would be refused: set backends.bcp.org (or NGC_CLI_ORG) to one of "
-                     f"{', '.join(orgs) or 'the key’s orgs'}, or use a key of {who.org}")
+                     f"{', '.join(orgs) or 'the key’s orgs'}, or use a key of {who.org}; nothing else was checked"), \
+        answer
 
 
-def team_row(transport: Transport, who: Account) -> Row:
+def _scoped_key_row(assumes: str, who: Account, key: str, answer: dict, user: dict) -> Row:
+    personal = answer.get("type") == "PERSONAL_KEY" or (answer.get("type") is None and bool(user))
+    key_org = str(answer.get("orgName") or "") or scoped_key_org(key)
+    showed = (f"a personal key (nvapi-) of user {user.get('name', '?')}" if personal else
+              "a service key (nvapi-), of no user") + f", made for org {key_org or '(not stated)'}"
+    if key_org is None:
+        return unchecked("credentials", assumes, showed, "such a key works in one org: the ACE row shows whether "
+                         f"it is {who.org}")
+    if key_org != who.org:
+        return different("credentials", assumes, showed, _other_org_fix(who.org, key_org))
+    return ok("credentials", assumes, showed, "" if personal else
+              "a service key has no user: the team row and the storage quota cannot be read for it")
+
+
+def _other_org_fix(org: str, key_org: str | None) -> str:
+    if key_org and key_org != org:
+        return (f"the key works in org {key_org} only: set backends.bcp.org: {key_org} (or NGC_CLI_ORG={key_org}), "
+                f"or use a key made in org {org}; nothing else was checked")
+    return ("set a key of that org (NGC_CLI_API_KEY or `ngc config set`), or set backends.bcp.org (or NGC_CLI_ORG) "
+            "to the key's org; nothing else was checked")
+
+
+def team_row(who: Account, answer: dict | None) -> Row:
     assumes = "jobs run in the configured team (or in the org, with no team)"
     if not who.team:
         return ok("team", assumes, "no team configured: jobs run in the org")
-    try:
-        user = lookups.who(transport).get("user") or {}
-    except BackendCallError as exc:
-        return unchecked("team", assumes, f"`user who` failed: {_reason(exc)}")
+    if answer is None:
+        return unchecked("team", assumes, "`user who` failed (the credentials row)")
+    user = answer.get("user") if isinstance(answer.get("user"), dict) else None
+    if user is None:
+        return unchecked("team", assumes, f"team {who.team}; the key has no user whose roles would name teams (a "
+                         "service key)", "a job in a team the key may not use is refused at submission")
     teams = sorted({str((r.get("team") or {}).get("name")) for r in user.get("roles") or []
                     if isinstance(r, dict) and isinstance(r.get("team"), dict)})
     if who.team in teams:
@@ -149,8 +182,7 @@ def ace_row(transport: Transport, who: Account) -> tuple[Row, dict | None]:
     try:
         data = transport.ace(who.ace)
     except BackendCallError as exc:
-        verdict = different if NOT_FOUND.search(str(exc)) or REFUSED.search(str(exc)) else None
-        if verdict:
+        if is_not_found(exc) or is_refused_credentials(exc):
             return different("ace", assumes, _reason(exc), "set backends.bcp.ace (or NGC_CLI_ACE) to an ACE of "
                              "the org: `ngc base-command ace list`"), None
         return unchecked("ace", assumes, f"`ace info` failed: {_reason(exc)}"), None
@@ -224,7 +256,7 @@ def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
             size = info.get("size")
             found.append(name + (f" ({int(size) / 1e9:.1f} GB)" if isinstance(size, (int, float)) else ""))
         except BackendCallError as exc:
-            (missing if NOT_FOUND.search(str(exc)) or REFUSED.search(str(exc)) else unknown).append(
+            (missing if is_not_found(exc) or is_refused_credentials(exc) else unknown).append(
                 f"{name}: {_reason(exc)}")
     if missing:
         return different("image", assumes, "; ".join(missing + found), "jobs with it fail to start: fix the stage's "
@@ -247,7 +279,7 @@ def workspace_row(transport: Transport, jobs: list[PlannedBcpJob], ace: str) -> 
             size = info.get("sizeInBytes")
             shown.append(f"{name}: {int(size) / 1e9:,.1f} GB used" if isinstance(size, (int, float)) else name)
         except BackendCallError as exc:
-            (missing if NOT_FOUND.search(str(exc)) else unknown).append(f"{name}: {_reason(exc)}")
+            (missing if is_not_found(exc) else unknown).append(f"{name}: {_reason(exc)}")
     quota = quota_text(transport, ace)
     if missing:
         return different("workspace", assumes, "; ".join(missing + shown) + f"; {quota}",

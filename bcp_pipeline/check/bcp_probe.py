@@ -27,6 +27,7 @@ from ..backends.bcp_transport import Transport
 from ..errors import BackendCallError
 from ..report.estimates import instances_table
 from .bcp_nemo import nemo_commandline, nemo_row, plan_nemo_probes
+from .bcp_clock import submitted_clock
 from .cleanup import always_cleaned_up
 from .context import CheckContext
 from .result import Row, different, ok, unchecked
@@ -184,9 +185,11 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
                 pass  # ended meanwhile, or the service is away: nothing more a check can do
 
     with always_cleaned_up(kill_leftovers):
+        before = time.time()
         probe_id = transport.submit(spec_for(ctx, plan, "bcp-pipeline.check", probe_commandline(plan),
                                              plan.replicas))
         ids.append(probe_id)
+        clock = submitted_clock(transport, probe_id, before, time.time())
         nemo_ids = []
         for nemo in nemo_probes:  # submitted now: a NeMo image's pull runs while the other probes do
             nemo_ids.append(transport.submit(spec_for(ctx, plan, "bcp-pipeline.check-nemo", nemo_commandline(nemo),
@@ -220,6 +223,8 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
                        "kill_seconds": kill_seconds, "pending_termination": "PENDING_TERMINATION" in kill_states,
                        "list_lag_seconds": None if lag is None else round(lag, 1)},
              **({"nemo": [fact for _, fact in nemo_results]} if nemo_results else {})}
+    rows.append(clock.row)
+    facts["probe"]["clock_skew_seconds"] = None if clock.skew_seconds is None else round(clock.skew_seconds, 1)
     return rows, facts
 
 

@@ -25,7 +25,7 @@ from bcp_pipeline.detach.jobs import Lease, driver_jobs
 from bcp_pipeline.detach.laptop import DetachedRun
 from bcp_pipeline.engine.selection import Selection, new_run
 from bcp_pipeline.engine.state import RunStore
-from bcp_pipeline.errors import BackendCallError, is_transient
+from bcp_pipeline.errors import BackendCallError, is_not_found, is_refused_credentials, is_transient
 from test_bcp_emulated import bcp_chain_config, write_chain_project
 
 pytestmark = needs_ngcsdk
@@ -150,3 +150,26 @@ def test_the_status_in_each_of_nvidias_error_wordings():
     # the list window: 30 days back and a day ahead of this machine's clock
     end, duration = list_window("30D", datetime(2026, 1, 31, 12, 0, 5, 123, tzinfo=timezone.utc))
     assert (end, duration) == (datetime(2026, 2, 1, 12, 0, 5), "31D")
+
+
+def test_a_refused_key_and_a_missing_thing_by_status_first_then_by_nvidias_words():
+    def error(message: str, status: int | None = None, unreachable: bool = False) -> BackendCallError:
+        return BackendCallError(message, http_status=status, unreachable=unreachable)
+
+    assert is_refused_credentials(error("Client Error: 401 Response: Unauthorized", 401))
+    assert is_refused_credentials(error("Client Error: 403 Response: Forbidden", 403))
+    # a 429 is never a wrong key, whatever else its text says; nor is a 404
+    assert not is_refused_credentials(error("Client Error: 429 Response: Forbidden for now, slow down", 429))
+    assert not is_refused_credentials(error("Client Error: 404 Response: not found", 404))
+    # ngcsdk refuses the org before any call, with no status
+    assert is_refused_credentials(error("Provided organization: 'a', doesn't match organization for which API Key "
+                                        "has permissions:'b'"))
+    assert is_refused_credentials(error("Invalid org. Choose from ['a', 'b']."))
+    assert not is_refused_credentials(error("Connection refused: forbidden host?", unreachable=True))
+    assert not is_refused_credentials(ValueError("Invalid apikey"))  # not a call that failed
+
+    assert is_not_found(error("Client Error: 404 Response: Image repository not found", 404))
+    assert is_not_found(error("Workspace 'x' could not be found."))  # NVIDIA's words, no status
+    assert not is_not_found(error("Server Error: 503 Response: backend not found", 503))  # busy: ask again
+    assert not is_not_found(error("Client Error: 429 Response: Too Many Requests", 429))
+    assert not is_not_found(error("Client Error: 403 Response: Forbidden", 403))

@@ -1,6 +1,6 @@
 """`bcp-pipeline check` under the NGC API EMULATOR's variants of the ACE and its job list (tests/fakes/README.md
-"Variants"), once per transport: the termination grace, the ACE's limits, a lagging list; each reported, saved in
-the profile, and what the backend then does with it."""
+"Variants"), once per transport: the termination grace, the ACE's limits, a lagging list, a server clock ahead or
+behind; each reported, saved in the profile, and what the backend then does with it."""
 
 from __future__ import annotations
 
@@ -49,7 +49,24 @@ def test_a_lagging_job_list_is_measured_and_the_backend_waits_for_it(tmp_path, f
     config, rows, result = checked(tmp_path, fake)
     assert rows["labels"].verdict.value == "ok", rows["labels"]
     lag = result.facts["probe"]["list_lag_seconds"]
-    assert lag >= 2 and f"listed after {lag:.1f} s" in rows["labels"].showed
+    # measured from when `job run` returned: the service created the job (and the lag's 2 s began) a little before
+    assert lag > 1 and f"listed after {lag:.1f} s" in rows["labels"].showed
     backend = make_backend("bcp", load_config(config), load_config(config).pipeline("demo"),
                            config.parent / ".bcp-pipeline" / "runs" / "demo-RUN")
     assert backend.lookup_grace_seconds >= 2 * lag  # crash recovery looks a just-submitted job up that long
+
+
+@pytest.mark.parametrize("skew", [600, -600])
+def test_a_server_clock_ahead_or_behind_is_measured_and_every_probe_job_still_listed(tmp_path, fake, skew):
+    fake.set_variants(clock_skew_seconds=skew)
+    _, rows, result = checked(tmp_path, fake)
+    clock = rows.pop("clock")
+    assert clock.verdict.value == "different", clock
+    assert abs(result.facts["probe"]["clock_skew_seconds"] - skew) < 10  # less the time `job run` took
+    assert ("s ahead of this machine's clock" if skew > 0 else "s behind this machine's clock") in clock.showed
+    assert "new jobs are still listed (the labels row)" in clock.meaning
+    # the job list's window reaches past our clock as the backend's does: both probe jobs found by their label
+    assert "listed 2 of 2 probe jobs" in rows["labels"].showed
+    not_ok = {topic: row.verdict.value for topic, row in rows.items() if row.verdict.value != "ok"}
+    # the test ngc is ngcsdk's CLI code, which has no `version` command (the standalone CLI's)
+    assert not_ok == ({} if fake.transport == "sdk" else {"client version": "could not check"}), not_ok
