@@ -165,6 +165,8 @@ def test_the_detached_driver_job_passes_nvidias_parser_with_the_key_only_as_a_se
     assert "--hand-over-after 430200" in request["command"]  # 5 days less the 30-minute hand-over margin
     assert driver["upload"].startswith("ngc workspace upload nemo-framework --source BUNDLE "
                                        "--destination .bcp-pipeline/runs/slimpajama-8b-RUN")
+    # The API cannot be reached here (tests/offline.py): plan tries the ACE twice, not run's whole back-off.
+    assert payload["limits"]["checked"] is False and "failed 2 times" in payload["limits"]["reason"], payload["limits"]
 
 
 def test_detach_needs_the_bcp_backend(capsys):
