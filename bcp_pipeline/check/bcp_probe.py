@@ -38,6 +38,7 @@ KILL_WAIT_SECONDS = 600.0
 PREEMPT_WAIT_SECONDS = 300.0  # a preempted probe job not PREEMPTED (or ended) after this: no answer
 RESUME_WAIT_SECONDS = 600.0  # a resumed one not RUNNING again after this (it queues first): no answer
 RESTART_LOG_WAIT_SECONDS = 60.0  # once RUNNING again, how long its log may take to show the commandline's start
+STATUS_WAIT_SECONDS = 60.0  # for one answer of `job info` (a busy API is asked again)
 ARRAY_TYPES = {"PYTORCH", "PyTorchJob"}  # NGC_ARRAY_TYPE values known for --array-type PYTORCH (emulator; NVIDIA's
 # public scripts): anything else is reported as different
 SHELLS = ("bash", "sh", "dash")
@@ -199,7 +200,7 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
                              WAIT_SECONDS)
         kill_log = _log(transport, kill_id, 0, None) or ""
         preemption = probe_preemption(transport, kill_id) if running and not running.state.finished else None
-        before_kill = wait_until(transport, kill_id, lambda s: True, 60.0) if preemption else None
+        before_kill = wait_until(transport, kill_id, lambda s: True, STATUS_WAIT_SECONDS) if preemption else None
         killed_from = before_kill.native if before_kill else None
         kill_seconds, kill_states = timed_kill(transport, kill_id) \
             if preemption and not (before_kill and before_kill.state.finished) else (None, [])
@@ -301,9 +302,9 @@ def probe_preemption(transport: Transport, job_id: str) -> Preemption:
 
     try:
         transport.preempt(job_id)
-    except BackendCallError as exc:
-        steps.append(f"`job preempt` {'refused' if refusal(exc) else 'failed'}: {first_line(exc)}")
-        return outcome("refused" if refusal(exc) else None)
+    except BackendCallError as exc:  # refused only while the job still runs: not one that had ended meanwhile
+        return outcome("refused" if refused_in(steps, "`job preempt`", exc, transport, job_id, JobState.RUNNING)
+                       else None)
     preempted = wait_until(transport, job_id, lambda s: s.state is JobState.PREEMPTED or s.state.finished,
                            PREEMPT_WAIT_SECONDS)
     if preempted is None or preempted.state is not JobState.PREEMPTED:
@@ -314,9 +315,9 @@ def probe_preemption(transport: Transport, job_id: str) -> Preemption:
     log_before = _log(transport, job_id, 0, None) or ""
     try:
         transport.resume(job_id)
-    except BackendCallError as exc:
-        steps.append(f"`job resume` {'refused' if refusal(exc) else 'failed'}: {first_line(exc)}")
-        return outcome("not_resumable" if refusal(exc) else None)
+    except BackendCallError as exc:  # not resumable only while it waits PREEMPTED: not one that went on by itself
+        return outcome("not_resumable" if refused_in(steps, "`job resume`", exc, transport, job_id, JobState.PREEMPTED)
+                       else None)
     again = wait_until(transport, job_id, lambda s: s.native == "RUNNING" or s.state.finished, RESUME_WAIT_SECONDS)
     if again is None or again.native != "RUNNING":
         steps.append("`job resume` accepted, but the job " + (
@@ -337,6 +338,17 @@ def refusal(exc: BackendCallError) -> bool:
     """The service answered the call with a refusal (a 4xx that is not about the key, the job id or load); a call
     that got no answer, or no status this tool can read, is no answer."""
     return exc.http_status is not None and 400 <= exc.http_status < 500 and exc.http_status not in REFUSAL_EXCEPT
+
+
+def refused_in(steps: list[str], call: str, exc: BackendCallError, transport: Transport, job_id: str,
+               expected: JobState) -> bool:
+    """Whether the failed `call` was the service refusing it while the job was still in the `expected` state (as
+    read right after); what happened is added to `steps`."""
+    now = wait_until(transport, job_id, lambda s: True, STATUS_WAIT_SECONDS)
+    refused = refusal(exc) and now is not None and now.state is expected
+    after = "" if refused else "; no status read after it" if now is None else f"; the job is {now.native} now"
+    steps.append(f"{call} {'refused' if refusal(exc) else 'failed'}: {first_line(exc)}{after}")
+    return refused
 
 
 def first_line(exc: BaseException) -> str:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import pytest
 
 from bcp_pipeline.backends.bcp_render import JobSpec
+from bcp_pipeline.backends.bcp_transport import SdkTransport
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.check import bcp_probe
 from bcp_pipeline.check.bcp_probe import Preemption, preemption_row
 from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.errors import BackendCallError
 from bcp_emulation import needs_ngcsdk
-from check_fixtures import checked
+from check_fixtures import REPO, checked
 
 
 @needs_ngcsdk
@@ -60,6 +62,21 @@ def test_a_runonce_job_bcp_will_not_resume_is_different_and_the_backend_then_ask
     assert backend.resume(resumable) is True and fake.wait_for(int(resumable), {"RUNNING"}) == "RUNNING"
 
 
+@needs_ngcsdk
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+@pytest.mark.emulator(variants={"runonce_preemption": "refused"})
+def test_a_refusal_counts_only_while_the_job_still_runs(fake):
+    """A preempt refused for a job that had ended meanwhile says nothing about RUNONCE jobs: no answer."""
+    transport = SdkTransport(load_config(REPO / "pipelines.yaml").options["bcp"])
+    job_id = transport.submit(JobSpec(name="ended-runonce", image="nvcr.io/nvaie/x:1", instance="dgxa100.80g.1.norm",
+                                      result="/results", commandline="true"))
+    assert fake.wait_for(int(job_id)) == "FINISHED_SUCCESS"
+    preemption = bcp_probe.probe_preemption(transport, job_id)
+    assert preemption.answer is None and preemption.steps[0].startswith("`job preempt` refused: ")
+    assert preemption.steps[0].endswith("; the job is FINISHED_SUCCESS now")
+    assert preemption_row(preemption).verdict.value == "could not check"
+
+
 # -- outcomes the tool cannot read are never ok (pure) ---------------------------------------------------------------
 def test_unknown_preemption_outcomes_are_never_ok():
     assert preemption_row(None).verdict.value == "could not check"  # the kill probe never ran
@@ -81,8 +98,6 @@ def test_unknown_preemption_outcomes_are_never_ok():
 
 
 def test_only_a_refusal_by_the_service_counts_as_refused():
-    from bcp_pipeline.errors import BackendCallError
-
     assert bcp_probe.refusal(BackendCallError("no", http_status=400))
     for status in (None, 401, 404, 429, 500, 503):
         assert not bcp_probe.refusal(BackendCallError("busy or away", http_status=status)), status
