@@ -227,8 +227,19 @@ class BcpBackend(Backend):
         return float(value) if isinstance(value, (int, float)) else None
 
     def resume(self, job_id: str) -> bool:
+        """`job resume`; False, asking nothing more, for a RUNONCE job where `check` found that BCP refuses to
+        resume one (facts.probe.runonce_preemption): the orchestrator then kills it and submits its stage again."""
+        if self.probe_fact("runonce_preemption") == "not_resumable" and self.preempt_class(job_id) in ("RUNONCE", None):
+            return False
         self.transport.resume(job_id)
         return True
+
+    def preempt_class(self, job_id: str) -> str | None:
+        """The job's preempt class as BCP records it (`runPolicy.preemptClass`); None where it does not say, which
+        `resume` takes as RUNONCE (`job run`'s default): a needless resubmission restarts from the finished shards,
+        while a resume BCP refuses would be asked for again every cycle."""
+        policy = (self.transport.job(job_id).get("jobDefinition") or {}).get("runPolicy") or {}
+        return str(policy["preemptClass"]) if policy.get("preemptClass") else None
 
     def failure_detail(self, job_id: str, status: JobStatus) -> str:
         """The status details and the end of the log of the replica they blame (replica 0 when none is named)."""

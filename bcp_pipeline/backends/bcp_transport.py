@@ -65,6 +65,10 @@ class Transport(abc.ABC):
     def kill(self, job_id: str) -> None: ...
 
     @abc.abstractmethod
+    def preempt(self, job_id: str) -> None:
+        """Ask for the job to be preempted (`job preempt`): it stops and waits PREEMPTED for `job resume`."""
+
+    @abc.abstractmethod
     def resume(self, job_id: str) -> None: ...
 
     @abc.abstractmethod
@@ -133,6 +137,10 @@ class CliTransport(Transport):
             failed = False  # no JSON error document: warnings at most
         if failed:
             raise CommandError([self.options.ngc, *argv], 0, stderr, hint=CONFIG_HINT)
+
+    def preempt(self, job_id: str) -> None:
+        # Unlike `job kill`, a failed `job preempt` exits 1 (its error document on stderr): _run raises.
+        self._ngc(["base-command", "job", "preempt", job_id, *self._globals()])
 
     def resume(self, job_id: str) -> None:
         self._ngc(["base-command", "job", "resume", job_id, *self._globals()])
@@ -205,6 +213,9 @@ class SdkTransport(Transport):
         # kill_job, not jobs.kill: the latter prints its errors instead of raising them.
         self._call("basecommand.jobs.kill", lambda c: c.basecommand.jobs.kill_job(
             self.options.org or c.config.org_name, int(job_id), team_name=self.options.team or c.config.team_name))
+
+    def preempt(self, job_id: str) -> None:
+        self._call("basecommand.jobs.preempt", lambda c: c.basecommand.jobs.preempt(int(job_id)))
 
     def resume(self, job_id: str) -> None:
         self._call("basecommand.jobs.resume", lambda c: c.basecommand.jobs.resume(int(job_id)))

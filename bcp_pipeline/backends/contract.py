@@ -170,7 +170,8 @@ class Backend(abc.ABC):
         """Stop these jobs."""
 
     def resume(self, job_id: str) -> bool:
-        """Resume a PREEMPTED job; False when the backend cannot (the orchestrator then resubmits)."""
+        """Resume a PREEMPTED job; False when the backend cannot (the orchestrator then cancels it and submits its
+        stage's job again: engine/poller.py)."""
         return False
 
     def progress(self, job_id: str) -> JobProgress | None:

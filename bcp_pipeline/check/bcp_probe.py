@@ -5,7 +5,8 @@ prints which replica runs it, the shell, the job's NGC_* variables (never one na
 `bcprun` is (its `--help`, then one call with the flags the pipeline renders, each rank printing RANK/WORLD_SIZE/
 LOCAL_RANK/MASTER_ADDR), Python and pip, and writes a marker into the workspace. Then a second, one-replica job
 reads the marker (so it is visible outside the job that wrote it), says whether `bcprun` exists in a one-replica
-job, and is killed: its way to KILLED_BY_USER is timed. Around them: the labels find both (`job list --label`),
+job, and, once running, is preempted (`job preempt`: refused, or PREEMPTED and then `job resume`d: does it run
+again?) and killed: its way to KILLED_BY_USER is timed. Around them: the labels find both (`job list --label`),
 the status history, and each replica's log (`job log ID:N`, and `--tail`).
 
 Both jobs are killed when the check ends however it ends (Ctrl-C and SIGTERM included): found again by their
@@ -24,6 +25,7 @@ from ..backends import bcp_lookups as lookups
 from ..backends.bcp import STATE_MAP, status_of
 from ..backends.bcp_render import JobSpec, label
 from ..backends.bcp_transport import Transport
+from ..backends.contract import JobState
 from ..errors import BackendCallError
 from ..report.estimates import instances_table
 from .bcp_nemo import nemo_commandline, nemo_row, plan_nemo_probes
@@ -35,6 +37,10 @@ from .result import Row, different, ok, unchecked
 PROBE_RUNTIME = "10M"  # each probe job's --total-runtime: the most it can cost
 WAIT_SECONDS = 1800.0  # a probe not finished after this (queueing included) is killed and reported
 KILL_WAIT_SECONDS = 600.0
+PREEMPT_WAIT_SECONDS = 300.0  # a preempted probe job not PREEMPTED (or ended) after this: no answer
+RESUME_WAIT_SECONDS = 600.0  # a resumed one not RUNNING again after this (it queues first): no answer
+RESTART_LOG_WAIT_SECONDS = 60.0  # once RUNNING again, how long its log may take to show the commandline's start
+STATUS_WAIT_SECONDS = 60.0  # for one answer of `job info` (a busy API is asked again)
 ARRAY_TYPES = {"PYTORCH", "PyTorchJob"}  # NGC_ARRAY_TYPE values known for --array-type PYTORCH (emulator; NVIDIA's
 # public scripts): anything else is reported as different
 SHELLS = ("bash", "sh", "dash")
@@ -165,8 +171,9 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
                         f"config; nothing trains)" for p in nemo_probes)
     most = plan.instance_minutes() + 10 * len(nemo_probes)
     notes.append(f"probe jobs: 1 job of {plan.replicas} x {plan.instance}, then 1 job of 1 x {plan.instance} "
-                 f"killed once it runs{nemo_note}: at most {most} instance-minutes (their --total-runtime "
-                 f"{PROBE_RUNTIME}); a few in practice. All are killed when check ends.")
+                 f"preempted, resumed (where BCP lets it) and killed once it runs{nemo_note}: at most {most} "
+                 f"instance-minutes (their --total-runtime {PROBE_RUNTIME}); a few in practice. All are killed when "
+                 f"check ends.")
     ctx.announce(notes[-1])
     ids: list[str] = []
 
@@ -206,8 +213,12 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
                                                                                   or "") or s.state.finished,
                              WAIT_SECONDS)
         kill_log = _log(transport, kill_id, 0, None) or ""
-        kill_seconds, kill_states = timed_kill(transport, kill_id) if running and not running.state.finished \
-            else (None, [])
+        preemption = probe_preemption(transport, kill_id) if running and not running.state.finished else None
+        before_kill = wait_until(transport, kill_id, lambda s: True, STATUS_WAIT_SECONDS) if preemption else None
+        killed_from = before_kill.native if before_kill else None
+        kill_seconds, kill_states = timed_kill(transport, kill_id) \
+            if preemption and not (before_kill and before_kill.state.finished) else (None, [])
+        timed = killed_running(killed_from)  # only the kill of a running job tells `cancel` how long one takes
         nemo_results = []
         for nemo, nemo_id in zip(nemo_probes, nemo_ids):
             nemo_ended = wait_until(transport, nemo_id, lambda s: s.state.finished, WAIT_SECONDS)
@@ -216,11 +227,13 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
         stranger = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token + "x")])}
     rows = [replicas_row(plan, logs, ended), env_row(plan, logs, probe_id), bcprun_row(plan, logs, kill_log),
             python_row(logs), workspace_row(plan, logs, kill_log), labels_row(set(ids), listed, stranger, lag),
-            history_row(history), logs_row(plan, logs, tail), kill_row(kill_seconds, kill_states),
-            *(row for row, _ in nemo_results)]
+            history_row(history), logs_row(plan, logs, tail), kill_row(kill_seconds, kill_states, killed_from),
+            preemption_row(preemption), *(row for row, _ in nemo_results)]
     facts = {"probe": {"instance": plan.instance, "replicas": plan.replicas,
                        "commandline_runs": runs_on(plan, logs), "bcprun": bcprun_facts(plan, logs, kill_log),
-                       "kill_seconds": kill_seconds, "pending_termination": "PENDING_TERMINATION" in kill_states,
+                       "kill_seconds": kill_seconds if timed else None,
+                       "pending_termination": "PENDING_TERMINATION" in kill_states if timed else None,
+                       "runonce_preemption": preemption.answer if preemption else None,
                        "list_lag_seconds": None if lag is None else round(lag, 1)},
              **({"nemo": [fact for _, fact in nemo_results]} if nemo_results else {})}
     rows.append(clock.row)
@@ -287,7 +300,91 @@ def timed_kill(transport: Transport, job_id: str) -> tuple[float | None, list[st
     return seconds, (_history(transport, job_id) or [])[before:]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Preemption:
+    """What preempting the running kill probe (a RUNONCE job) showed. `answer`: "refused" (`job preempt` was),
+    "resumable" (PREEMPTED, then RUNNING again after `job resume`), "not_resumable" (PREEMPTED, `job resume`
+    refused), or None (no answer this tool can read); `steps`: what happened, for people; `statuses`: the job's
+    statuses from the preempt call until before its kill."""
+
+    answer: str | None
+    steps: tuple[str, ...]
+    statuses: tuple[str, ...] = ()
+
+
+def probe_preemption(transport: Transport, job_id: str) -> Preemption:
+    """Preempt the running job; once PREEMPTED, resume it and wait until it runs again. Bounded by the waits above."""
+    before = len(_history(transport, job_id) or [])
+    steps: list[str] = []
+
+    def outcome(answer: str | None) -> Preemption:
+        return Preemption(answer=answer, steps=tuple(steps),
+                          statuses=tuple((_history(transport, job_id) or [])[before:]))
+
+    try:
+        transport.preempt(job_id)
+    except BackendCallError as exc:  # refused only while the job still runs: not one that had ended meanwhile
+        return outcome("refused" if refused_in(steps, "`job preempt`", exc, transport, job_id, JobState.RUNNING)
+                       else None)
+    preempted = wait_until(transport, job_id, lambda s: s.state is JobState.PREEMPTED or s.state.finished,
+                           PREEMPT_WAIT_SECONDS)
+    if preempted is None or preempted.state is not JobState.PREEMPTED:
+        steps.append("`job preempt` accepted, but the job " + (
+            f"ended {preempted.native}" if preempted else f"was not PREEMPTED after {PREEMPT_WAIT_SECONDS:.0f} s"))
+        return outcome(None)
+    steps.append(f"`job preempt` accepted: {preempted.native}")
+    log_before = _log(transport, job_id, 0, None) or ""
+    try:
+        transport.resume(job_id)
+    except BackendCallError as exc:  # not resumable only while it waits PREEMPTED: not one that went on by itself
+        return outcome("not_resumable" if refused_in(steps, "`job resume`", exc, transport, job_id, JobState.PREEMPTED)
+                       else None)
+    again = wait_until(transport, job_id, lambda s: s.native == "RUNNING" or s.state.finished, RESUME_WAIT_SECONDS)
+    if again is None or again.native != "RUNNING":
+        steps.append("`job resume` accepted, but the job " + (
+            f"ended {again.native}" if again else f"was not RUNNING again after {RESUME_WAIT_SECONDS:.0f} s"))
+        return outcome(None)
+    restarted = wait_until(transport, job_id, lambda s: s.state.finished or started_again(
+        log_before, _log(transport, job_id, 0, None)), RESTART_LOG_WAIT_SECONDS)
+    steps.append("`job resume` accepted: RUNNING again" + (
+        "; its log shows the commandline started again" if restarted and not restarted.state.finished else
+        f"; its log did not show the commandline starting again within {RESTART_LOG_WAIT_SECONDS:.0f} s"))
+    return outcome("resumable")
+
+
+REFUSAL_EXCEPT = frozenset({401, 404, 408, 429})  # a wrong key, no such job, a busy API: not the service saying no
+
+
+def refusal(exc: BackendCallError) -> bool:
+    """The service answered the call with a refusal (a 4xx that is not about the key, the job id or load); a call
+    that got no answer, or no status this tool can read, is no answer."""
+    return exc.http_status is not None and 400 <= exc.http_status < 500 and exc.http_status not in REFUSAL_EXCEPT
+
+
+def refused_in(steps: list[str], call: str, exc: BackendCallError, transport: Transport, job_id: str,
+               expected: JobState) -> bool:
+    """Whether the failed `call` was the service refusing it while the job was still in the `expected` state (as
+    read right after); what happened is added to `steps`."""
+    now = wait_until(transport, job_id, lambda s: True, STATUS_WAIT_SECONDS)
+    refused = refusal(exc) and now is not None and now.state is expected
+    after = "" if refused else "; no status read after it" if now is None else f"; the job is {now.native} now"
+    steps.append(f"{call} {'refused' if refusal(exc) else 'failed'}: {first_line(exc)}{after}")
+    return refused
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:400]
+
+
 # -- reading what the jobs printed (pure) ------------------------------------------------------------------------
+def started_again(log_before: str, log_now: str | None) -> bool:
+    """The log shows the kill probe's commandline starting once more: another BCPP-WAITING appended, or a new log
+    (not the old one continued) that shows one."""
+    waiting = len(lines_of(log_now, "BCPP-WAITING"))
+    return waiting > len(lines_of(log_before, "BCPP-WAITING")) or \
+        (waiting > 0 and not (log_now or "").startswith(log_before))
+
+
 def fields(line: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in line.split() if "=" in part)
 
@@ -452,13 +549,52 @@ def logs_row(plan: ProbePlan, logs: dict[int, str | None], tail: str | None) -> 
     return ok("job logs", assumes, showed)
 
 
-def kill_row(seconds: float | None, states: list[str]) -> Row:
+def killed_running(native: str | None) -> bool:
+    return native is not None and STATE_MAP.get(native) is JobState.RUNNING
+
+
+def kill_row(seconds: float | None, states: list[str], killed_from: str | None = "RUNNING") -> Row:
+    """`killed_from`: the probe job's status just before the kill (after the preemption probe)."""
     assumes = "a killed job ends KILLED_BY_USER (through PENDING_TERMINATION where the ACE grants a grace)"
     if seconds is None:
         return different("kill", assumes, "the job did not show as ended after the kill" if states else
                          "the kill probe never ran", "`cancel` would wait for it: look at the job in the web UI")
     unknown = [s for s in states if s not in STATE_MAP]
     showed = f"{' -> '.join(states) or '(no new status)'} in {seconds:.1f} s"
+    if not killed_running(killed_from) and not unknown:
+        return unchecked("kill", assumes, f"the probe job was {killed_from or 'in a status not read'} when killed "
+                         f"(after the preemption probe), not running: {showed}",
+                         "the kill of a running job was not timed: `cancel` waits for the ACE's termination grace")
     if unknown or not states or states[-1] != "KILLED_BY_USER":
         return different("kill", assumes, showed, "`cancel` decides when a job has stopped from these: report them")
     return ok("kill", assumes, showed, "`cancel` waits at least this long" if seconds > 5 else "")
+
+
+PREEMPTION_ASSUMES = ("a RUNONCE job is never preempted, or, when it is, `job resume` runs it again (the poller "
+                      "resumes preempted jobs; stages skip finished shards)")
+
+
+def preemption_row(preemption: Preemption | None) -> Row:
+    """`refused` and `resumable` are what the poller copes with; anything this tool cannot read is never ok."""
+    topic, assumes = "preemption", PREEMPTION_ASSUMES
+    if preemption is None:
+        return unchecked(topic, assumes, "the kill probe never ran")
+    showed = "; ".join(preemption.steps) + (f"; statuses: {' -> '.join(preemption.statuses)}"
+                                             if preemption.statuses else "")
+    unknown = [s for s in preemption.statuses if s not in STATE_MAP]
+    if unknown:
+        return different(topic, assumes, showed + f"; not known: {', '.join(unknown)}",
+                         "the poller treats these as not finished yet: report them")
+    if preemption.answer == "refused":
+        return ok(topic, assumes, showed, "a RUNONCE job is not preempted on request here (whether the scheduler "
+                  "ever preempts one cannot be tried from here)")
+    if preemption.answer == "resumable":
+        return ok(topic, assumes, showed)
+    if preemption.answer == "not_resumable":
+        return different(topic, assumes, showed, "the backend resubmits a preempted RUNONCE job instead of resuming "
+                         "it (from this profile)")
+    ended = [s for s in preemption.statuses if STATE_MAP[s].finished]
+    if ended:
+        return different(topic, assumes, showed, f"a preempted RUNONCE job ended {ended[0]} instead of waiting for "
+                         "`job resume`: its stage would end with it; report it")
+    return unchecked(topic, assumes, showed, "no answer this tool can read: `run` resumes preempted jobs as before")

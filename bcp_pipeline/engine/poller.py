@@ -1,8 +1,8 @@
 """Polling: one backend call per cycle for every active job, and each job's new status recorded in the run state.
 
 A failing status call is retried next cycle (reported after a few in a row), never a stage failure: the jobs may
-well be running fine. So is a failing resume of a preempted job. A job the backend does not list this cycle is
-"not finished yet".
+well be running fine. So is a failing resume of a preempted job. A preempted job the backend cannot resume is
+killed and its stage's job submitted again. A job the backend does not list this cycle is "not finished yet".
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .context import RunContext
 from ..errors import BackendCallError
 from ..backends.contract import JobState, JobStatus
 from .outcomes import Outcomes
-from .state import JobRecord
+from .state import JobRecord, StageStatus
 
 TRANSIENT_ERRORS_BEFORE_NOTICE = 3
 
@@ -65,7 +65,7 @@ class Poller(RunContext):
             if job.kind == "stage":
                 self.update_progress(name, job)
             if status.state is JobState.PREEMPTED and (changed or job.job_id in self._resume_failures):
-                self.on_preempted(name, job)
+                changed = self.on_preempted(name, job) or changed
             if changed:
                 self.store.save(self.state)
             return changed
@@ -83,22 +83,46 @@ class Poller(RunContext):
         if progress is not None:
             self.state.stages[name].progress = {"done": progress.done, "total": progress.total, "unit": progress.unit}
 
-    def on_preempted(self, name: str, job: JobRecord) -> None:
-        """Resume a preempted job where its stage says so; a failing resume call is tried again next cycle."""
+    def on_preempted(self, name: str, job: JobRecord) -> bool:
+        """Resume a preempted job where its stage says so; a failing resume call is tried again next cycle. True when
+        the run state changed: the backend cannot resume the job, so the stage's job is submitted again."""
         policy = getattr(self.pipeline.stages[name].resources(self.backend.name), "on_preempted", "wait")
         if policy != "resume":
             self.progress.event(f"{name}: job {job.job_id} was preempted; waiting for it to be resumed")
-            return
+            return False
         try:
             resumed = self.backend.resume(job.job_id)
         except (BackendCallError, OSError) as exc:
-            failures = self._resume_failures[job.job_id] = self._resume_failures.get(job.job_id, 0) + 1
-            if failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
-                self.progress.event(f"{name}: resuming preempted job {job.job_id} failed {failures} times in a row, "
-                                    f"still retrying: {exc}")
-            return
+            self._resume_failed(name, job, "resuming", exc)
+            return False
+        if not resumed:
+            return self.resubmit(name, job)
         self._resume_failures.pop(job.job_id, None)
-        if resumed:
-            self.progress.event(f"{name}: job {job.job_id} was preempted; resumed it")
-        else:
-            self.progress.event(f"{name}: job {job.job_id} was preempted; waiting for it to be resumed")
+        self.progress.event(f"{name}: job {job.job_id} was preempted; resumed it")
+        return False
+
+    def resubmit(self, name: str, job: JobRecord) -> bool:
+        """The backend cannot resume this preempted job (Backend.resume said False): kill it, since a preempted job
+        waits for a resume or a kill, then leave its stage to the submitter, which submits the stage's job (or the
+        verification) again. Stage programs skip the shards the preempted job finished. A failing kill is tried again
+        next cycle, before anything is submitted: never two jobs for one stage."""
+        try:
+            self.backend.cancel([job.job_id])
+        except (BackendCallError, OSError) as exc:
+            self._resume_failed(name, job, "killing", exc)
+            return False
+        self._resume_failures.pop(job.job_id, None)
+        job.ended_at = time.time()
+        job.detail = "preempted; the backend cannot resume it, so it was killed and submitted again"
+        if job.kind == "stage":
+            self.state.stages[name].status = StageStatus.SUBMITTING  # the submitter submits the stage's job again
+        # (a verification job: the stage stays VERIFYING with no active job, which the submitter submits again)
+        self.progress.event(f"{name}: job {job.job_id} was preempted and cannot be resumed here; killed it, "
+                            f"submitting the {'stage' if job.kind == 'stage' else 'verification'} job again")
+        return True
+
+    def _resume_failed(self, name: str, job: JobRecord, doing: str, exc: Exception) -> None:
+        failures = self._resume_failures[job.job_id] = self._resume_failures.get(job.job_id, 0) + 1
+        if failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
+            self.progress.event(f"{name}: {doing} preempted job {job.job_id} failed {failures} times in a row, "
+                                f"still retrying: {exc}")

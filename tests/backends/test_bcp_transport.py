@@ -15,13 +15,14 @@ import ngc_parser
 from bcp_emulation import needs_ngcsdk
 from bcp_pipeline.backends import bcp_transport
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.backends.bcp_render import job_run_argv, job_spec
+from bcp_pipeline.backends.bcp_render import JobSpec, job_run_argv, job_spec
 from bcp_pipeline.backends.bcp_transport import CliTransport, SdkTransport
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.submitter import planned_requests
+from bcp_pipeline.errors import BackendCallError, is_transient
 from golden_files import REPO
 
 pytestmark = needs_ngcsdk
@@ -157,3 +158,23 @@ def test_what_bcp_would_refuse_or_get_wrong_is_a_config_error_before_anything_is
         error = capsys.readouterr().err
         assert message in error and "download.bcp" in error, error
     assert not (tmp_path / ".bcp-pipeline").exists()
+
+
+@pytest.mark.emulator(variants={"runonce_preemption": "refused"})
+def test_preempt_through_either_transport_and_a_refusal_keeps_its_http_status(fake):
+    """`job preempt` as `check`'s preemption probe makes it; a refused one is a BackendCallError that says the
+    service's 400 (a refusal, never taken for a busy API)."""
+    transport = (CliTransport if fake.transport == "cli" else SdkTransport)(BUNDLED.options["bcp"])
+    runonce, resumable = (transport.submit(JobSpec(name=f"preempt-{kind}", image="nvcr.io/nvaie/x:1", preempt=kind,
+                                                   instance="dgxa100.80g.1.norm", result="/results",
+                                                   commandline="exec sleep 60")) for kind in ("RUNONCE", "RESUMABLE"))
+    for job_id in (runonce, resumable):
+        fake.wait_for(int(job_id), {"RUNNING"})
+    with pytest.raises(BackendCallError) as refused:
+        transport.preempt(runonce)
+    assert refused.value.http_status == 400 and not is_transient(refused.value)
+    assert "cannot be preempted" in str(refused.value) and fake.status(int(runonce)) == "RUNNING"
+    transport.preempt(resumable)
+    assert fake.wait_for(int(resumable), {"PREEMPTED"}) == "PREEMPTED"
+    transport.resume(resumable)
+    assert fake.wait_for(int(resumable), {"RUNNING"}) == "RUNNING"

@@ -419,6 +419,32 @@ def test_ace_limits_are_served_and_enforced(fake: FakeNgc) -> None:
     assert refused.returncode == 1 and "does not allow multinode" in refused.stderr
 
 
+def test_runonce_preemption_refused_or_not_resumable(fake: FakeNgc) -> None:
+    """Only RUNONCE jobs are refused (their preempt class as `job run --preempt` sent it); a RESUMABLE job is
+    preempted and resumed under every value. The default, `resumable`, is the preemption tests above."""
+    fake.set_variants(runonce_preemption="refused")
+    runonce, resumable = map(job_id_of, ngc_parallel(fake, run_argv("exec sleep 60", "--preempt", "RUNONCE"),
+                                                     run_argv("exec sleep 60", "--preempt", "RESUMABLE")))
+    assert fake.jobs()[runonce]["job"]["jobDefinition"]["runPolicy"]["preemptClass"] == "RUNONCE"
+    for job_id in (runonce, resumable):
+        fake.wait_for(job_id, {"RUNNING"})
+    refused, accepted = ngc_parallel(fake, *(["base-command", "job", "preempt", str(job_id), "--format_type", "json"]
+                                             for job_id in (runonce, resumable)))
+    # As NVIDIA's CLI reports any failed preempt: an error document on stderr, exit 1.
+    assert refused.returncode == 1 and "cannot be preempted" in json.loads(refused.stderr)["error"]
+    assert "400" in refused.stderr and "real wording is unknown" in refused.stderr
+    assert accepted.returncode == 0, accepted.stderr
+    assert fake.status(runonce) == "RUNNING" and fake.wait_for(resumable, {"PREEMPTED"}) == "PREEMPTED"
+    fake.set_variants(runonce_preemption="not_resumable")
+    assert ngc(fake, "base-command", "job", "preempt", str(runonce), "--format_type", "json").returncode == 0
+    assert fake.wait_for(runonce, {"PREEMPTED"}) == "PREEMPTED"
+    not_resumed, resumed = ngc_parallel(fake, *(["base-command", "job", "resume", str(job_id), "--format_type", "json"]
+                                                for job_id in (runonce, resumable)))
+    assert not_resumed.returncode == 1 and "cannot be resumed" in json.loads(not_resumed.stderr)["error"]
+    assert resumed.returncode == 0, resumed.stderr
+    assert fake.status(runonce) == "PREEMPTED" and fake.wait_for(resumable, {"RUNNING"}) == "RUNNING"
+
+
 @pytest.mark.parametrize("key_type", ["PERSONAL_KEY", "SERVICE_KEY"])
 def test_nvapi_keys_are_the_bearer_and_their_org_must_match(tmp_path: Path, ngc_tls_dir: Path, key_type: str) -> None:
     key = "nvapi-emulated-key-not-a-secret"

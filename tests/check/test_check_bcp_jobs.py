@@ -35,7 +35,7 @@ def test_probe_jobs_on_the_emulator(tmp_path, fake):
                                           backend="bcp"), dict(os.environ), announce)
     verdicts = {row.topic: row.verdict.value for row in result.rows}
     probe_topics = ["replicas", "job environment", "bcprun", "python", "workspace mount", "labels", "status history",
-                    "job logs", "kill"]
+                    "job logs", "kill", "preemption"]
     assert {t: verdicts[t] for t in probe_topics} == dict.fromkeys(probe_topics, "ok"), \
         [r.as_json() for r in result.rows if r.verdict.value != "ok"]
     assert announced and announced[0][1] == 0 and "instance-minutes" in announced[0][0]
@@ -43,7 +43,7 @@ def test_probe_jobs_on_the_emulator(tmp_path, fake):
     assert probe["instance"] == "dgxa100.80g.1.norm" and probe["replicas"] == 2  # the ACE's smallest, multinode
     assert probe["commandline_runs"] == "per_replica"
     assert probe["bcprun"]["present"] and probe["bcprun"]["in_single_replica_jobs"]
-    assert probe["kill_seconds"] is not None
+    assert probe["kill_seconds"] is not None and probe["runonce_preemption"] == "resumable"  # the emulator's default
     jobs = fake.jobs()
     assert len(jobs) == 2 and {fake.status(j) for j in jobs} == {"FINISHED_SUCCESS", "KILLED_BY_USER"}
     assert not any(fake.workspace_path("demo").glob(".bcpp-check-*"))  # the marker is removed by the second job

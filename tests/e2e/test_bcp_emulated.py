@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bcp_emulation import needs_ngcsdk, status_calls
+from bcp_pipeline.backends.profile import profile_key, save_profile
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
@@ -232,6 +233,25 @@ def test_a_failing_resume_of_a_preempted_job_is_tried_again_next_cycle(fake, pro
     assert f"second: resuming preempted job {job_id} failed 3 times in a row, still retrying: " in out
     assert "Resume Refused" in out and f"second: job {job_id} was preempted; resumed it" in out
     assert len(jobs_by_stage(fake)["chain.second"]) == 1
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # the poller's path; both transports: tests/check
+@pytest.mark.emulator(variants={"runonce_preemption": "not_resumable"})
+def test_a_preempted_runonce_job_is_submitted_again_where_check_found_bcp_will_not_resume_it(fake, project, capsys):
+    """The profile `check` saves on such a service (tests/check/test_check_preemption.py makes one the real way):
+    the backend asks no `job resume`, the poller kills the preempted job and the submitter submits the stage again."""
+    save_profile(project.parent / ".bcp-pipeline", profile_key("bcpp-test-org", "bcpp-test-ace"),
+                 {"key": "bcpp-test-org-bcpp-test-ace", "checked_at": 0.0, "rows": [],
+                  "facts": {"probe": {"runonce_preemption": "not_resumable"}}})
+    fake.inject("PREEMPTED", name="chain.second", after_seconds=0.2)
+    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    second = latest(project).stages["second"]
+    preempted, again = second.jobs[0].job_id, second.jobs[1].job_id
+    assert [j.kind for j in second.jobs] == ["stage", "stage", "verify"] and second.attempts == 2
+    assert fake.requests("PATCH", "/v2/org/*/jobs/*/resume") == []
+    assert [fake.status(int(j)) for j in (preempted, again)] == ["KILLED_BY_USER", "FINISHED_SUCCESS"]
+    assert f"second: job {preempted} was preempted and cannot be resumed here; killed it, submitting the stage job " \
+           "again" in capsys.readouterr().out
 
 
 def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):

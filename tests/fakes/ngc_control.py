@@ -69,6 +69,8 @@ VARIANT_DEFAULTS: dict[str, Any] = {
     "key_org": None,  # an nvapi- key belongs to this org (default: the emulator's org)
     "key_type": "PERSONAL_KEY",  # or "SERVICE_KEY" (what /v3/keys/get-caller-info answers for an nvapi- key)
     "ace": {},  # ACE limits (ACE_LIMIT_DEFAULTS), served in the ACE's JSON and enforced on `job run`
+    "runonce_preemption": "resumable",  # a RUNONCE job: preempted and resumed like any ("resumable"), its
+    # `job preempt` refused ("refused"), or preempted but its `job resume` refused ("not_resumable")
 }
 # The ACE's policy fields as ngcsdk's Ace / AceInstance data classes carry them; None: not set (no limit).
 ACE_LIMIT_DEFAULTS: dict[str, Any] = {
@@ -80,6 +82,7 @@ ACE_LIMIT_DEFAULTS: dict[str, Any] = {
     "multiNodeSupportedArrayTypes": ["MPI", "PARALLEL", "PYTORCH", "HOROVOD"],
 }
 COMMANDLINE_MODELS = ("per_replica", "launcher")
+RUNONCE_PREEMPTION = ("resumable", "refused", "not_resumable")
 
 
 def read_variants(home: Path) -> dict[str, Any]:
@@ -427,6 +430,9 @@ class FakeNgc:
             raise ValueError(f"unknown ACE limit(s) {sorted(unknown)}; known: {sorted(ACE_LIMIT_DEFAULTS)}")
         if settings.get("commandline", "per_replica") not in COMMANDLINE_MODELS:
             raise ValueError(f"commandline must be one of {COMMANDLINE_MODELS}, not {settings['commandline']!r}")
+        if settings.get("runonce_preemption", "resumable") not in RUNONCE_PREEMPTION:
+            raise ValueError(f"runonce_preemption must be one of {RUNONCE_PREEMPTION}, "
+                             f"not {settings['runonce_preemption']!r}")
         with locked(self.home):
             stored = read_json(self.home / "variants.json", {})
             ace = {**(stored.get("ace") or {}), **(settings.pop("ace", None) or {})}
@@ -483,7 +489,8 @@ class FakeNgc:
                     entry["emu"]["held"] = False
 
     def preempt(self, job_id: int) -> None:
-        """Preempt a job now (as the system would): processes killed, PREEMPTED until resumed or killed."""
+        """Preempt a job now (as the system would): processes killed, PREEMPTED until resumed or killed. Any job,
+        whatever its preempt class and the ``runonce_preemption`` variant (which is about requests)."""
         stop_job(self.home, job_id, "PREEMPTED", details="Preempted by the emulator (test control)")
 
     def backdate(self, job_id: int, days: float) -> None:

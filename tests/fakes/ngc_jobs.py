@@ -234,7 +234,28 @@ def kill(home: Path, job_id: int, reason: str | None) -> None:
         raise ApiError(404, f"Job '{job_id}' could not be found.")
 
 
+# The real service's words for these refusals are unknown (ngcsdk and NVIDIA's scripts show none): ours, marked so.
+RUNONCE_NOT_PREEMPTABLE = ("Job '{job_id}' has preempt class RUNONCE and cannot be preempted. (emulator, variant "
+                           "runonce_preemption=refused: the real wording is unknown)")
+RUNONCE_NOT_RESUMABLE = ("Job '{job_id}' has preempt class RUNONCE and cannot be resumed; submit it again. (emulator, "
+                         "variant runonce_preemption=not_resumable: the real wording is unknown)")
+
+
+def preempt_class(entry: dict[str, Any]) -> str | None:
+    """The job's runPolicy.preemptClass as submitted (``job run --preempt``); None when the request had none."""
+    return (entry["job"]["jobDefinition"].get("runPolicy") or {}).get("preemptClass")
+
+
+def _runonce_refuses(home: Path, entry: dict[str, Any] | None, refusing: str, message: str) -> None:
+    """A 400 when the job is RUNONCE and the ``runonce_preemption`` variant is ``refusing``."""
+    if entry is not None and preempt_class(entry) == "RUNONCE" \
+            and nc.read_variants(home)["runonce_preemption"] == refusing:
+        raise ApiError(400, message.format(job_id=entry["job"]["id"]))
+
+
 def preempt(home: Path, job_id: int) -> None:
+    """`job preempt` (a request: the test control FakeNgc.preempt, the system's preemption, skips this)."""
+    _runonce_refuses(home, nc.entry_of(nc.read_state(home), job_id), "refused", RUNONCE_NOT_PREEMPTABLE)
     try:
         found = nc.stop_job(home, job_id, "PREEMPTED", details="Preempted by user",
                             only_from=frozenset({"CREATED", "QUEUED", "STARTING", "RUNNING"}))
@@ -253,6 +274,7 @@ def resume(home: Path, job_id: int) -> None:
         status = entry["job"]["jobStatus"]["status"]
         if status not in ("PREEMPTED", "PREEMPTED_BY_ADMIN"):
             raise ApiError(400, f"Job is {status}; only a PREEMPTED job can be resumed.")
+        _runonce_refuses(home, entry, "not_resumable", RUNONCE_NOT_RESUMABLE)
         entry["job"]["resumeRequestedDate"] = nc.iso_now()
         entry["job"]["resumeRequestedByUser"] = USER_ID
         nc.set_status(entry, "QUEUED")
