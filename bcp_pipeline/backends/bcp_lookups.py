@@ -15,7 +15,7 @@ from .bcp_transport import CliTransport, SdkTransport, Transport, first_json
 
 
 def _cli(transport: CliTransport, args: list[str]) -> Any:
-    return _json(transport._ngc([*args, *transport._globals()]), args)
+    return _json(transport.run_ngc([*args, *transport.global_flags()]), args)
 
 
 def _json(output: str, args: list[str]) -> Any:
@@ -35,9 +35,9 @@ def who(transport: Transport) -> dict[str, Any]:
     a service key (nvapi-): {}, as NVIDIA's client asks nothing for one ("Service keys are not associated with
     users"; its printer says NO_USER)."""
     if isinstance(transport, CliTransport):
-        output = transport._ngc(["user", "who", *transport._globals()])
+        output = transport.run_ngc(["user", "who", *transport.global_flags()])
         return {} if output.strip() == NO_USER else _json(output, ["user", "who"])
-    return _as_dict(transport._call("users.who", lambda c: c.users.who()) or {})
+    return _as_dict(transport.call("users.who", lambda c: c.users.who()) or {})
 
 
 def image(transport: Transport, name: str) -> dict[str, Any]:
@@ -45,14 +45,14 @@ def image(transport: Transport, name: str) -> dict[str, Any]:
     name = name.removeprefix("nvcr.io/")
     if isinstance(transport, CliTransport):
         return _cli(transport, ["registry", "image", "info", name])
-    return transport._call("registry.image.info", lambda c: c.registry.image.info(name)[0].toDict())
+    return transport.call("registry.image.info", lambda c: c.registry.image.info(name)[0].toDict())
 
 
 def workspace(transport: Transport, name: str) -> dict[str, Any]:
     """`ngc workspace info NAME`: {"name", "sizeInBytes", "aceName", ...}."""
     if isinstance(transport, CliTransport):
         return _cli(transport, ["workspace", "info", name])
-    return transport._call("basecommand.workspace.info",
+    return transport.call("basecommand.workspace.info",
                            lambda c: _as_dict(c.basecommand.workspace.info(name)))
 
 
@@ -61,7 +61,7 @@ def secret_keys(transport: Transport) -> dict[str, list[str]]:
     if isinstance(transport, CliTransport):
         data = _cli(transport, ["user", "secret", "list"])
     else:
-        data = transport._call("organization.secrets.list", lambda c: c.organization.secrets.list().toDict())
+        data = transport.call("organization.secrets.list", lambda c: c.organization.secrets.list().toDict())
     # NVIDIA's printer (and toDict) leave out an empty list: {"version": "1"} is "no secrets".
     items = (data.get("secrets") or []) if isinstance(data, dict) else None
     if not isinstance(items, list):
@@ -74,7 +74,7 @@ def client_version(transport: Transport) -> str:
     """`ngc version info` (the standalone CLI's command; ngcsdk's CLI code has none), or ngcsdk's version."""
     if isinstance(transport, SdkTransport):
         return f"ngcsdk {importlib.metadata.version('ngcsdk')}"
-    return " ".join(transport._ngc(["version", "info"], timeout=60).split())[:200]
+    return " ".join(transport.run_ngc(["version", "info"], timeout=60).split())[:200]
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def job_history(transport: Transport, job_id: str) -> list[str]:
         data = _cli(transport, ["base-command", "job", "info", job_id])
         history = data.get("jobStatusHistory") if isinstance(data, dict) else None
     else:
-        _job, history = transport._call("basecommand.jobs.info", lambda c: c.basecommand.jobs.info(int(job_id)))
+        _job, history = transport.call("basecommand.jobs.info", lambda c: c.basecommand.jobs.info(int(job_id)))
         history = [_as_dict(item) for item in history or []]
     items = [item for item in history or [] if isinstance(item, dict)]
     items.sort(key=lambda item: item.get("timestamp") or 0)
@@ -104,5 +104,5 @@ def storage_quota(transport: Transport) -> list[dict[str, Any]]:
     else:
         def quota(c: Any) -> Any:
             return c.users.storage_quota(user_id=c.users.user_who().user.id)[0]
-        items = transport._call("users.storage_quota", quota)
+        items = transport.call("users.storage_quota", quota)
     return [_as_dict(item) for item in items or [] if item is not None]

@@ -86,7 +86,8 @@ class CliTransport(Transport):
 
     name = "cli"
 
-    def _ngc(self, args: list[str], timeout: float = 120) -> str:
+    def run_ngc(self, args: list[str], timeout: float = 120) -> str:
+        """Any ngc command's stdout (errors as BackendCallError): also what bcp_lookups' read-only look-ups use."""
         return self._run(args, timeout).stdout
 
     def _run(self, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -97,11 +98,12 @@ class CliTransport(Transport):
             exc.unreachable = exc.returncode == 124 or (exc.http_status is None and unreachable_in(exc.stderr))
             raise
 
-    def _globals(self) -> list[str]:
+    def global_flags(self) -> list[str]:
+        """--org/--team/--ace as configured, for a command of ours (every call passes them)."""
         return global_flags(self.options.org, self.options.team, self.options.ace)
 
     def submit(self, spec: JobSpec) -> str:
-        output = self._ngc(job_run_argv(spec)[1:])
+        output = self.run_ngc(job_run_argv(spec)[1:])
         try:
             return str(first_json(output)["job"]["id"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -113,11 +115,11 @@ class CliTransport(Transport):
                 "--duration", duration]
         for name in labels:
             args += ["--label", name]
-        data = first_json(self._ngc(args + self._globals()))
+        data = first_json(self.run_ngc(args + self.global_flags()))
         return [job_object(item) for item in (data if isinstance(data, list) else [])]
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return job_object(first_json(self._ngc(["base-command", "job", "info", job_id, *self._globals()])))
+        return job_object(first_json(self.run_ngc(["base-command", "job", "info", job_id, *self.global_flags()])))
 
     def log(self, job_id: str, replica: int | None, tail: int | None) -> str:
         # No --format_type json: NVIDIA's printer prints nothing for `job log` in JSON mode. The org/team/ACE
@@ -125,11 +127,11 @@ class CliTransport(Transport):
         args = ["base-command", "job", "log", f"{job_id}:{replica}" if replica is not None else job_id]
         if tail:
             args += ["--tail", "--lines", str(tail)]
-        return self._ngc(args + global_flags(self.options.org, self.options.team, self.options.ace, json_output=False))
+        return self.run_ngc(args + global_flags(self.options.org, self.options.team, self.options.ace, json_output=False))
 
     def kill(self, job_id: str) -> None:
         # `job kill` exits 0 even when the kill fails: its error is the JSON on stderr.
-        argv = ["base-command", "job", "kill", job_id, *self._globals()]
+        argv = ["base-command", "job", "kill", job_id, *self.global_flags()]
         stderr = self._run(argv).stderr
         try:
             failed = "error" in first_json(stderr)
@@ -140,16 +142,16 @@ class CliTransport(Transport):
 
     def preempt(self, job_id: str) -> None:
         # Unlike `job kill`, a failed `job preempt` exits 1 (its error document on stderr): _run raises.
-        self._ngc(["base-command", "job", "preempt", job_id, *self._globals()])
+        self.run_ngc(["base-command", "job", "preempt", job_id, *self.global_flags()])
 
     def resume(self, job_id: str) -> None:
-        self._ngc(["base-command", "job", "resume", job_id, *self._globals()])
+        self.run_ngc(["base-command", "job", "resume", job_id, *self.global_flags()])
 
     def upload(self, workspace: str, source: Path, destination: str, exclude: tuple[str, ...]) -> None:
-        self._ngc(upload_argv(self.options, workspace, source, destination, exclude)[1:], timeout=1800)
+        self.run_ngc(upload_argv(self.options, workspace, source, destination, exclude)[1:], timeout=1800)
 
     def ace(self, name: str) -> dict[str, Any]:
-        data = first_json(self._ngc(["base-command", "ace", "info", name, *self._globals()]))
+        data = first_json(self.run_ngc(["base-command", "ace", "info", name, *self.global_flags()]))
         return data.get("ace", data) if isinstance(data, dict) else {}
 
 
@@ -175,7 +177,7 @@ class SdkTransport(Transport):
                          ace_name=self.options.ace)
         return client
 
-    def _call(self, what: str, operation: Callable[[Any], Any]) -> Any:
+    def call(self, what: str, operation: Callable[[Any], Any]) -> Any:
         """Run one ngcsdk operation on the (lazily made) client; its prints (progress, transfer summaries) are
         kept off our stdout; its errors become BackendCallError."""
         try:
@@ -191,41 +193,41 @@ class SdkTransport(Transport):
 
     def submit(self, spec: JobSpec) -> str:
         kwargs = sdk_run_kwargs(spec)
-        return str(self._call("basecommand.jobs.run", lambda c: c.basecommand.jobs.run(**kwargs).id))
+        return str(self.call("basecommand.jobs.run", lambda c: c.basecommand.jobs.run(**kwargs).id))
 
     def list_jobs(self, labels: list[str]) -> list[dict[str, Any]]:
         end, duration = list_window(self.options.list_duration)
         span = timedelta(seconds=parse_duration(duration))
-        jobs = self._call("basecommand.jobs.list",
+        jobs = self.call("basecommand.jobs.list",
                           lambda c: c.basecommand.jobs.list(labels=list(labels), end_time=end, duration=span))
         return [job.toDict() for job in jobs or []]
 
     def job(self, job_id: str) -> dict[str, Any]:
-        job, _history = self._call("basecommand.jobs.info", lambda c: c.basecommand.jobs.info(int(job_id)))
+        job, _history = self.call("basecommand.jobs.info", lambda c: c.basecommand.jobs.info(int(job_id)))
         return job.toDict()
 
     def log(self, job_id: str, replica: int | None, tail: int | None) -> str:
-        lines = self._call("basecommand.jobs.log", lambda c: list(c.basecommand.jobs.log(
+        lines = self.call("basecommand.jobs.log", lambda c: list(c.basecommand.jobs.log(
             int(job_id), replica_id=replica, tail=bool(tail) or None, lines=tail or None)))
         return "".join(lines)
 
     def kill(self, job_id: str) -> None:
         # kill_job, not jobs.kill: the latter prints its errors instead of raising them.
-        self._call("basecommand.jobs.kill", lambda c: c.basecommand.jobs.kill_job(
+        self.call("basecommand.jobs.kill", lambda c: c.basecommand.jobs.kill_job(
             self.options.org or c.config.org_name, int(job_id), team_name=self.options.team or c.config.team_name))
 
     def preempt(self, job_id: str) -> None:
-        self._call("basecommand.jobs.preempt", lambda c: c.basecommand.jobs.preempt(int(job_id)))
+        self.call("basecommand.jobs.preempt", lambda c: c.basecommand.jobs.preempt(int(job_id)))
 
     def resume(self, job_id: str) -> None:
-        self._call("basecommand.jobs.resume", lambda c: c.basecommand.jobs.resume(int(job_id)))
+        self.call("basecommand.jobs.resume", lambda c: c.basecommand.jobs.resume(int(job_id)))
 
     def upload(self, workspace: str, source: Path, destination: str, exclude: tuple[str, ...]) -> None:
-        self._call("basecommand.workspace.upload", lambda c: c.basecommand.workspace.upload(
+        self.call("basecommand.workspace.upload", lambda c: c.basecommand.workspace.upload(
             workspace, source=str(source), destination=destination, exclude=list(exclude)))
 
     def ace(self, name: str) -> dict[str, Any]:
-        return self._call("basecommand.aces.info", lambda c: c.basecommand.aces.info(name).toDict())
+        return self.call("basecommand.aces.info", lambda c: c.basecommand.aces.info(name).toDict())
 
 
 LIST_WINDOW_AHEAD = timedelta(days=1)
