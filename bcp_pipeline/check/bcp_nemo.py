@@ -157,9 +157,10 @@ def nemo_row(probe: NemoProbe, log: str | None, ended) -> tuple[Row, dict[str, A
                          "log", "its log says why (`ngc base-command job log`)"), fact
     printed = _prefixed(log or "", CFG)
     if exits[-1].strip() != "0":
-        fact.update(composed=False, error=" ".join(printed[-6:])[-600:])
-        return different(topic, assumes, f"the launcher refused (exit {exits[-1].strip()}): "
-                         + " | ".join(line for line in printed[-6:] if line.strip())[-600:],
+        # Hydra's error ends its output; its closing hint about HYDRA_FULL_ERROR says nothing about this stage.
+        said = [line.strip() for line in printed if line.strip() and "HYDRA_FULL_ERROR" not in line][-6:]
+        fact.update(composed=False, error=" | ".join(said)[-600:])
+        return different(topic, assumes, f"the launcher refused (exit {exits[-1].strip()}): {fact['error']}",
                          f"stage {probe.stage} would fail as it starts: fix the key Hydra names (the stage's "
                          f"nemo: section, its overrides, or nemo.launcher_dir for this image); `run` refuses it "
                          f"while this profile stands"), fact

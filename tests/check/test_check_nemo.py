@@ -66,7 +66,7 @@ def test_a_refused_override_is_reported_and_run_refuses_that_stage(tmp_path, fak
     config, overrides, rows, result = nemo_check(tmp_path, fake, launcher)
     row = rows["nemo config (pretrain)"]
     assert row.verdict.value == "different", row
-    assert "training.run.time_limit" in row.showed and "refused" in row.showed
+    assert "training.run.time_limit" in row.showed and "refused" in row.showed, row.showed
     assert result.facts["nemo"][0]["composed"] is False
     store = RunStore(config.parent / ".bcp-pipeline")
     run = RunRequest(pipeline=PIPELINE, config_file=config, backend="bcp", overrides=overrides, from_stage=None,
