@@ -244,14 +244,22 @@ def test_a_preempted_runonce_job_is_submitted_again_where_check_found_bcp_will_n
                  {"key": "bcpp-test-org-bcpp-test-ace", "checked_at": 0.0, "rows": [],
                   "facts": {"probe": {"runonce_preemption": "not_resumable"}}})
     fake.inject("PREEMPTED", name="chain.second", after_seconds=0.2)
+    fake.inject("PREEMPTED", name="chain.third-verify", after_seconds=0.2)  # a verification job: the same
     assert run(project, "run", "chain", "--backend", "bcp") == 0
+    third = latest(project).stages["third"]
+    assert [j.kind for j in third.jobs] == ["stage", "verify", "verify"] and third.attempts == 1
+    assert [fake.status(int(j.job_id)) for j in third.jobs[1:]] == ["KILLED_BY_USER", "FINISHED_SUCCESS"]
+    assert third.verification["ok"]
     second = latest(project).stages["second"]
     preempted, again = second.jobs[0].job_id, second.jobs[1].job_id
     assert [j.kind for j in second.jobs] == ["stage", "stage", "verify"] and second.attempts == 2
     assert fake.requests("PATCH", "/v2/org/*/jobs/*/resume") == []
     assert [fake.status(int(j)) for j in (preempted, again)] == ["KILLED_BY_USER", "FINISHED_SUCCESS"]
+    out = capsys.readouterr().out
     assert f"second: job {preempted} was preempted and cannot be resumed here; killed it, submitting the stage job " \
-           "again" in capsys.readouterr().out
+           "again" in out
+    assert f"third: job {third.jobs[1].job_id} was preempted and cannot be resumed here; killed it, submitting the " \
+           "verification job again" in out
 
 
 def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
