@@ -86,12 +86,16 @@ class DetachedRun:
         return self.backend.transport
 
     def start(self, environ: Mapping[str, str]) -> tuple[str, bool]:
-        """Submit a driver (uploading what it runs first), or resume a preempted one: (job id, resumed)."""
+        """Submit a driver (uploading what it runs first), or resume a preempted one: (job id, resumed). A preempted
+        driver that BCP will not resume here (a RUNONCE job, where `check` found such a resume refused) is killed,
+        and a new driver takes over from the state the old one left in the workspace."""
         for job in active_drivers(self.transport, self.state.run_id):
             status = status_of(job)
             if status.state is JobState.PREEMPTED:
-                self.transport.resume(status.job_id)
-                return status.job_id, True
+                if self.backend.resume(status.job_id):
+                    return status.job_id, True
+                self.transport.kill(status.job_id)  # its lease then belongs to an ended job: the new driver takes it
+                continue
             raise StateError(f"run {self.state.run_id} is already driven by driver job {status.job_id} "
                              f"({status.native}): follow it with `bcp-pipeline status {self.state.run_id}`, "
                              f"stop it with `bcp-pipeline cancel {self.state.run_id}`")

@@ -17,6 +17,7 @@ import pytest
 from bcp_emulation import needs_ngcsdk
 from golden_files import REPO
 from bcp_pipeline.cli.main import main
+from bcp_pipeline.backends.profile import profile_key, save_profile
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from ngc_control import FakeNgc
 from pipeline_fixtures import wait_for
@@ -287,6 +288,30 @@ def test_a_resumed_driver_counts_the_runtime_it_spent_before_its_preemption(fake
     assert "s of its runtime spent before this start" in log and "successor driver job" in log
     fake.release()
     fake.clear_rules()
+    wait_for_success(project, capsys, run_id, fake, timeout=240)
+    assert len(driver_jobs(fake)) == 2
+    assert_once_per_attempt(fake, local_state(project))
+
+
+@pytest.mark.parametrize("fake", ["sdk"], indirect=True)
+@pytest.mark.emulator(variants={"runonce_preemption": "not_resumable"})
+def test_a_preempted_driver_bcp_will_not_resume_is_replaced_by_a_new_one(fake, project, capsys):
+    """Where `check` found that BCP does not resume a preempted RUNONCE job (the driver is one), `resume --detach`
+    kills the preempted driver and submits a new one, which goes on from the state the first left."""
+    save_profile(project.parent / ".bcp-pipeline", profile_key("bcpp-test-org", "bcpp-test-ace"),
+                 {"key": "bcpp-test-org-bcpp-test-ace", "checked_at": 0.0, "rows": [],
+                  "facts": {"probe": {"runonce_preemption": "not_resumable"}}})
+    fake.hold_queued(name="chain.second", times=1)  # the run is mid-way when its driver is preempted
+    run_id = detach(project, capsys)
+    driver = wait_for_driver(fake, {"RUNNING"})
+    wait_until(lambda: any(j["job"]["jobDefinition"]["name"] == "chain.second" for j in fake.jobs().values()),
+               what="second's job, held queued", fake=fake)
+    fake.preempt(driver["id"])
+    wait_for_driver(fake, {"PREEMPTED"})
+    assert cli(project, "resume", run_id, "--detach") == 0
+    assert fake.requests("PATCH", "/v2/org/*/jobs/*/resume") == []
+    assert fake.status(int(driver["id"])) == "KILLED_BY_USER"
+    fake.release()  # the new driver found second's job and waits for it
     wait_for_success(project, capsys, run_id, fake, timeout=240)
     assert len(driver_jobs(fake)) == 2
     assert_once_per_attempt(fake, local_state(project))
