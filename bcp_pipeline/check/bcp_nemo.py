@@ -21,6 +21,7 @@ from ..backends.bcp_render import job_values, nemo_launcher_overrides, nemo_over
 from ..config.nemo import model_config, time_limits
 from ..config.pipelines import substitute
 from .context import CheckContext
+from .probe_log import lines_of
 from .result import Row, different, ok, unchecked
 
 DATA_KEY = "training.model.data.data_prefix"
@@ -96,11 +97,6 @@ def nemo_commandline(probe: NemoProbe) -> str:
 
 
 # -- reading what the job printed (pure) ------------------------------------------------------------------------
-def _prefixed(text: str, prefix: str) -> list[str]:
-    return [line[len(prefix) + 1:] if line.startswith(prefix + " ") else "" for line in text.splitlines()
-            if line == prefix or line.startswith(prefix + " ")]
-
-
 def _select(tree: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         if not isinstance(tree, dict) or part not in tree:
@@ -151,11 +147,11 @@ def nemo_row(probe: NemoProbe, log: str | None, ended) -> tuple[Row, dict[str, A
     if ended is None:
         return unchecked(topic, assumes, "the probe job had not ended in time (killed)",
                          "a NeMo image is large: its first pull can take long; run `check` again"), fact
-    exits = _prefixed(log or "", EXIT)
+    exits = lines_of(log or "", EXIT)
     if not exits:
         return unchecked(topic, assumes, f"the probe job ended {ended.native} without the launcher's answer in its "
                          "log", "its log says why (`ngc base-command job log`)"), fact
-    printed = _prefixed(log or "", CFG)
+    printed = lines_of(log or "", CFG)
     if exits[-1].strip() != "0":
         # Hydra's error ends its output; its closing hint about HYDRA_FULL_ERROR says nothing about this stage.
         said = [line.strip() for line in printed if line.strip() and "HYDRA_FULL_ERROR" not in line][-6:]
@@ -175,7 +171,7 @@ def nemo_row(probe: NemoProbe, log: str | None, ended) -> tuple[Row, dict[str, A
         got = _select(tree, key)
         if str(got) != probe.expected[key]:
             differences.append((key, name, got))
-    given = _flat_list((_prefixed(log or "", DATA) or [""])[0])
+    given = _flat_list((lines_of(log or "", DATA) or [""])[0])
     data_ok = given is not None and _same_list(_select(tree, "model.data.data_prefix"), given)
     composed = ", ".join(f"{name} {_select(tree, key)}" for key, name in COMPARED)
     showed = f"composed: {composed}; data list " + ("as given" if data_ok else

@@ -32,6 +32,7 @@ from .bcp_nemo import nemo_commandline, nemo_row, plan_nemo_probes
 from .bcp_clock import submitted_clock
 from .cleanup import always_cleaned_up
 from .context import CheckContext
+from .probe_log import fields, lines_of
 from .result import Row, different, ok, unchecked
 
 PROBE_RUNTIME = "10M"  # each probe job's --total-runtime: the most it can cost
@@ -44,7 +45,6 @@ STATUS_WAIT_SECONDS = 60.0  # for one answer of `job info` (a busy API is asked 
 ARRAY_TYPES = {"PYTORCH", "PyTorchJob"}  # NGC_ARRAY_TYPE values known for --array-type PYTORCH (emulator; NVIDIA's
 # public scripts): anything else is reported as different
 SHELLS = ("bash", "sh", "dash")
-LINE = re.compile(r"^(BCPP-[A-Z-]+) ?(.*)$", re.M)
 
 
 @dataclass(kw_only=True)
@@ -383,14 +383,6 @@ def started_again(log_before: str, log_now: str | None) -> bool:
     waiting = len(lines_of(log_now, "BCPP-WAITING"))
     return waiting > len(lines_of(log_before, "BCPP-WAITING")) or \
         (waiting > 0 and not (log_now or "").startswith(log_before))
-
-
-def fields(line: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in line.split() if "=" in part)
-
-
-def lines_of(text: str | None, kind: str) -> list[str]:
-    return [rest for k, rest in LINE.findall(text or "") if k == kind]
 
 
 def runs_on(plan: ProbePlan, logs: dict[int, str | None]) -> str:
