@@ -277,11 +277,12 @@ class BcpBackend(Backend):
         left with a mandatory value unset: the job would fail as it starts. A changed stage is not judged."""
         seen = {fact.get("digest"): fact for fact in (self.profile or {}).get("facts", {}).get("nemo") or []
                 if isinstance(fact, dict)}
-        found = []
+        found: list[str] = []
+        if not seen:
+            return found
         for submission in submissions:
             request = submission.request
-            if not seen or request.kind != "stage" or request.stage.nemo is None or \
-                    request.resources("bcp").command:
+            if request.kind != "stage" or request.stage.nemo is None or request.resources("bcp").command:
                 continue
             image = (submission.payload.get("spec") or {}).get("image", "")
             fact = seen.get(nemo_overrides_digest(image, nemo_launcher_overrides(request, self.options,
