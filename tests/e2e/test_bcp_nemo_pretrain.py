@@ -27,6 +27,7 @@ from golden_files import REPO
 from test_data_list import chunk_name, fabricate
 
 pytestmark = needs_ngcsdk
+ONE_TRANSPORT = pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # what a job does: the same on both
 
 STAND_IN = REPO / "tests" / "fakes" / "nemo_launcher" / "launcher_scripts"
 CONFIG = """\
@@ -113,6 +114,7 @@ def test_a_good_pretrain_shows_its_loss_in_logs_status_and_the_report(fake, tmp_
     assert stage.progress["loss"] == points[-1]["loss"]  # status showed the last loss line of the job log
 
 
+@ONE_TRANSPORT
 def test_a_crashed_training_fails_its_stage_with_the_trainings_own_error(fake, tmp_path, capsys):
     config = project(tmp_path, fake, extra=", +training.standin.crash_at_step=12")
     assert cli(config, "run", "nemo", "--backend", "bcp") == 1
@@ -127,6 +129,7 @@ def test_a_crashed_training_fails_its_stage_with_the_trainings_own_error(fake, t
     assert "RuntimeError: CUDA error: an illegal memory access" in capsys.readouterr().out
 
 
+@ONE_TRANSPORT
 def test_every_continuation_trains_under_the_per_run_limit(fake, tmp_path, capsys):
     """Each job may run 20 s and trains 8 s of it (margin 12 s): 0.02 s a step, so about 400 steps a job on an idle
     machine; 1,500 steps take several jobs, each of which must train (Lightning's total budget would let only the
@@ -142,6 +145,7 @@ def test_every_continuation_trains_under_the_per_run_limit(fake, tmp_path, capsy
     assert all(job.native == "FINISHED_SUCCESS" for job in stage.jobs if job.kind == "stage")  # stopped cleanly
 
 
+@ONE_TRANSPORT
 def test_run_restart_trains_from_step_zero_and_resume_continues(fake, tmp_path, capsys):
     config = project(tmp_path, fake, steps=20)
     assert cli(config, "run", "nemo", "--backend", "bcp") == 0
@@ -154,7 +158,7 @@ def test_run_restart_trains_from_step_zero_and_resume_continues(fake, tmp_path, 
     log = capsys.readouterr().out
     assert "Resuming training from checkpoint" not in log and "global_step=0.000" in log
     checkpoints = fake.workspace_path("main") / "results" / f"gpt-{first}" / "results" / "checkpoints"
-    assert sorted(int(re.search(r"-step=(\d+)-", p.name).group(1)) for p in checkpoints.iterdir()) == [10, 20]
+    assert {int(re.search(r"-step=(\d+)-", p.name).group(1)) for p in checkpoints.iterdir()} == {10, 20}
 
 
 def test_the_job_script_is_uploaded_and_the_commandline_is_one_short_line(fake, tmp_path):
