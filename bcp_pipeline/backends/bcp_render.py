@@ -66,14 +66,16 @@ def job_values(request: JobRequest, options: BcpOptions, stages_dir: Path) -> di
 
 def nemo_launcher_overrides(request: JobRequest, options: BcpOptions, stages_dir: Path) -> list[str]:
     """The NeMo launcher's Hydra overrides exactly as the stage's job passes them, with its node count written out
-    (the job passes `${NGC_ARRAY_SIZE}`) and without the data list (the job builds that from the manifests). What
-    `check`'s NeMo probe composes, and what a profile's finding about it is matched against."""
+    (the job passes `${NGC_ARRAY_SIZE}`), the run's id as RUN (its NeMo run name holds it; no composition depends
+    on it) and without the data list (the job builds that from the manifests). What `check`'s NeMo probe composes,
+    and what a profile's finding about it is matched against, whichever run it is rendered for."""
     from ..config.nemo import launcher_overrides
 
     resources: BcpResources = request.resources("bcp")
+    values = {**job_values(request, options, stages_dir), "run_id": "RUN"}
     try:
         return launcher_overrides(request.stage, cluster_type="bcp", nodes=str(request.rank_layout("bcp").nodes),
-                                  runtime=resources.total_runtime, values=job_values(request, options, stages_dir))
+                                  runtime=resources.total_runtime, values=values)
     except ValueError as exc:
         raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
 
