@@ -251,7 +251,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None, pipeline: 
     if overrides:
         if pipeline is None or pipeline not in pipelines_raw:
             raise ConfigError(f"--set needs a known pipeline, got {pipeline!r}", file=str(file))
-        pipelines_raw[pipeline] = apply_overrides(pipelines_raw[pipeline], overrides, str(file))
+        # On a copy: YAML anchors alias one mapping in several pipelines (`pretrain: *pretrain-8b`), and a --set for
+        # this pipeline must not change the others.
+        pipelines_raw[pipeline] = apply_overrides(copy.deepcopy(pipelines_raw[pipeline]), overrides, str(file))
     pipelines = {name: _load_pipeline(name, body, where_pipelines.child(name, pipelines_raw), stages_dir)
                  for name, body in pipelines_raw.items()}
     return Config(file=file, stages_dir=stages_dir, options=options, pipelines=pipelines)

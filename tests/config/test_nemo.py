@@ -278,3 +278,27 @@ def test_the_job_script_runs_the_launcher_in_debug_mode_then_its_training_under_
     other = job(NGC_ARRAY_INDEX="3")
     assert other.returncode == 0 and "the launcher runs on replica 0" in other.stdout
     assert "submission file created" not in other.stdout
+
+
+def test_no_two_bundled_pipelines_share_a_nemo_run_and_a_config_that_would_is_refused(tmp_path):
+    from bcp_pipeline.config.nemo import nemo_run_name
+
+    config = load_and_check(CONFIG)
+    trainings = {}
+    for pipeline in config.pipelines.values():
+        for stage in pipeline.stages.values():
+            if stage.nemo:  # what each renders for the plan's run id of its own pipeline
+                run = nemo_run_name(stage, f"{pipeline.name}-RUN")
+                trainings[pipeline.name] = (pipeline.workspace.name, stage.nemo.results_dir, run)
+    assert {"slimpajama-8b", "slimpajama-8b-fast", "slimpajama-126m", "fineweb-edu-126m"} <= set(trainings)
+    assert len(set(trainings.values())) == len(trainings), trainings
+    # Taking over a run is explicit, and two pipelines taking over the same one are refused at load time.
+    one = load_and_check(CONFIG, pipeline="slimpajama-8b", overrides=["pretrain.nemo.continue_run=gpt_8b"])
+    assert nemo_run_name(one.pipeline("slimpajama-8b").stages["pretrain"], "any") == "gpt_8b"
+    text = CONFIG.read_text().replace("    run_name: gpt_8b\n", "    run_name: gpt_8b\n    continue_run: gpt_8b\n")
+    shared = tmp_path / "pipelines.yaml"
+    shared.write_text(text.replace("stages_dir: stages", f"stages_dir: {REPO / 'stages'}"))
+    with pytest.raises(ConfigError, match="pipeline slimpajama-8b-fast continues NeMo run 'gpt_8b' in "
+                                          r"\$\{workspace\}/results of workspace nemo-framework, and so does "
+                                          "pipeline slimpajama-8b"):
+        load_and_check(shared)
