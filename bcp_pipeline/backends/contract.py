@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -193,6 +194,7 @@ class Backend(abc.ABC):
         return None
 
     has_profile: bool = False  # a saved `check` profile of this service was found (backends/profile.py)
+    local_workspace: Path | None = None  # the workspace as a folder on this machine, where it is one (local, Slurm)
 
     def refusals(self, submissions: list[Submission], *, detach: bool = False) -> list[str]:
         """Jobs that what `bcp-pipeline check` found about this service says cannot work, each named with the

@@ -44,6 +44,7 @@ class LocalBackend(Backend):
         self.stages_dir = stages_dir
         self.run_dir = run_dir
         self.workspace_dir = (config_dir / options.workspace_dir / workspace_name).resolve()
+        self.local_workspace = self.workspace_dir
         self.poll_min_seconds = options.poll_seconds
         self.poll_max_seconds = max(options.poll_seconds, 2.0)
         self._launched: list[subprocess.Popen] = []  # reaped in poll() so finished supervisors leave no zombies

@@ -164,6 +164,9 @@ def render_estimates(plan: PlanEstimate) -> list[str]:
             line = (f"{s.stage}: {t['steps']:,} steps x {t['global_batch_size']} x {t['seq_length']} = "
                     f"{short_number(t['tokens'])} tokens x {short_number(t['flops_per_token'])} FLOPs/token "
                     f"= {t['flops']:.3g} FLOPs")
+            if "epochs" in t:
+                line += (f"; {t['epochs']:.2f} epoch(s) of the data's {short_number(t['data_tokens'])} tokens "
+                         f"({t['data_source']})")
             if s.seconds is not None:
                 line += f"; {s.basis}: {format_seconds(s.seconds)} ({s.seconds / 86400:.1f} days)"
             if "attempts" in t:
