@@ -20,10 +20,16 @@ def stage_elapsed(stage: StageState, now: float | None = None) -> str:
 
 
 def progress_text(stage: StageState) -> str:
+    """`12/60 steps`; a training's also its last loss and, where its tokens per step are known, tokens/s."""
     if not stage.progress:
         return "-"
     p = stage.progress
-    return f"{p['done']}/{p['total']} {p.get('unit', '')}".strip()
+    parts = [f"{p['done']:,}/{p['total']:,} {p.get('unit', '')}".strip()]
+    if p.get("loss") is not None:
+        parts.append(f"loss {p['loss']:.3g}")
+    if p.get("step_seconds") and p.get("tokens_per_step"):
+        parts.append(f"{short_number(p['tokens_per_step'] / p['step_seconds'])} tokens/s")
+    return ", ".join(parts)
 
 
 def verification_text(stage: StageState) -> str:
