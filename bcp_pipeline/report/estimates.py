@@ -15,12 +15,11 @@ from dataclasses import asdict, dataclass, field
 
 from ..config.pipelines import PipelineConfig, StageConfig, expected_count
 from ..config.durations import format_elapsed, parse_duration
-from ..config.nemo import KNOWN_SHAPES, ModelShape, model_config
+from ..config.nemo import KNOWN_SHAPES, model_config
 from ..config.resources import InstanceType, rank_layout
 from ..engine.state import StageState
+from .mfu import A100_BF16_TFLOPS, H100_SXM_BF16_TFLOPS, Peak, flops_per_token, gpu_peak, step_seconds_at
 
-A100_BF16_TFLOPS = 312.0  # NVIDIA A100 datasheet: BF16 Tensor Core, dense (624 with sparsity)
-H100_SXM_BF16_TFLOPS = 989.0  # NVIDIA H100 datasheet, SXM: 1,979 with sparsity, half of it dense
 DGX_A100_CORES = 128  # DGX A100 datasheet: 2 x AMD EPYC 7742, 64 cores each (256 threads)
 DGX_H100_CORES = 112  # DGX H100 datasheet: 2 x Intel Xeon Platinum 8480C, 56 cores each (224 threads)
 
@@ -104,30 +103,6 @@ class PlanEstimate:
                 "total": {"seconds": self.seconds, "node_hours": self.node_hours, "gpu_hours": self.gpu_hours,
                           "complete": self.complete},
                 "warnings": self.warnings}
-
-
-def params_for_flops(shape: ModelShape, tensor_parallel: int) -> int:
-    """N: the weights of every matrix multiply a token goes through (layers and the output layer).
-
-    Per layer: QKV and projection 4 h^2, FFN 2 or 3 (gated) x h x ffn; the output layer V x h with V padded as
-    Megatron pads it. The input embedding is a lookup and position embeddings add no multiply; biases and norms
-    are left out (well under 1 %).
-    """
-    h = shape.hidden_size
-    per_layer = 4 * h * h + (3 if shape.gated_mlp else 2) * h * shape.ffn_hidden_size
-    multiple = shape.make_vocab_size_divisible_by * tensor_parallel
-    vocab = math.ceil(shape.vocab_size / multiple) * multiple
-    return shape.num_layers * per_layer + vocab * h
-
-
-def flops_per_token(shape: ModelShape, tensor_parallel: int) -> int:
-    """Training FLOPs per token, 6N + 12 L s h (Narayanan et al. 2021, eq. 3 without recomputation; PaLM, app. B).
-
-    6N: forward (2N) and backward (4N) through the weights; 12 L s h: the attention scores and their use
-    (QK^T and AV, 2 s h each per layer forward, x3 for training). Recomputed activations are not counted, as MFU
-    does not count them.
-    """
-    return 6 * params_for_flops(shape, tensor_parallel) + 12 * shape.num_layers * shape.seq_length * shape.hidden_size
 
 
 def instances_table(declared: dict[str, InstanceType]) -> dict[str, InstanceType]:
@@ -257,13 +232,24 @@ def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: I
     if instance is None:
         return
     gpus = est.nodes * est.gpus_per_node
-    est.seconds = tokens * per_token / (gpus * instance.gpu_peak_tflops * 1e12 * mfu)
+    peak = instance_peak(stage.bcp.instance, gpus, instance)
+    est.seconds = tokens * per_token / (peak.flops_per_s * mfu)
     est.basis = f"{gpus} GPUs x {instance.gpu_peak_tflops:g} TFLOP/s x MFU {mfu:g}"
+    est.training.update(peak=peak.source, step_seconds=step_seconds_at(
+        mfu, model.global_batch_size * shape.seq_length, per_token, peak))
     if stage.bcp.total_runtime:
         per_attempt = parse_duration(stage.bcp.total_runtime) - parse_duration(stage.nemo.time_margin)
         max_attempts = stage.continuation.max_attempts if stage.continuation else stage.nemo.max_attempts
         est.training.update(attempt_seconds=per_attempt, attempts=math.ceil(est.seconds / per_attempt),
                             max_attempts=max_attempts, total_runtime=stage.bcp.total_runtime)
+
+
+def instance_peak(name: str | None, gpus: int, instance: InstanceType) -> Peak:
+    """The peak of a job's GPUs; the datasheet's where the instance's figure is the known GPU's, else declared."""
+    known = gpu_peak(name, gpus)
+    if known is not None and known.tflops_per_device == instance.gpu_peak_tflops:
+        return known
+    return gpu_peak(name, gpus, declared_tflops=instance.gpu_peak_tflops)
 
 
 def _warnings(stage: StageConfig, est: StageEstimate) -> list[str]:

@@ -171,6 +171,8 @@ def render_estimates(plan: PlanEstimate) -> list[str]:
                 line += (f"; {t['attempts']} attempt(s) of {t['total_runtime']} ({format_seconds(t['attempt_seconds'])}"
                          f" of training each), max_attempts {t['max_attempts']} {covered}")
             lines.append(line)
+            if "step_seconds" in t:
+                lines.append(mfu_assumption_line(s.stage, t))
     notes: dict[str, list[str]] = {}
     for s in plan.stages:
         for note in s.notes:
@@ -178,6 +180,13 @@ def render_estimates(plan: PlanEstimate) -> list[str]:
     lines += [f"{', '.join(stages)}: {note}" for note, stages in notes.items()]
     lines += [f"WARNING: {w}" for w in plan.warnings]
     return lines
+
+
+def mfu_assumption_line(stage: str, training: dict) -> str:
+    """What the training time rests on: the MFU, where it comes from, and the step time it means."""
+    return (f"{stage}: MFU {training['mfu']:.0%} assumed (estimates.mfu, declared, not measured) = "
+            f"{training['step_seconds']:.3g} s/step on {training['peak']}; measure it with `bcp-pipeline profile` "
+            "(README \"Profiling\")")
 
 
 def _count(value: int | None) -> str:

@@ -1,0 +1,45 @@
+"""MFU arithmetic against hand computations: 7b_improved on 8 x dgxa100.80g.8.norm, and `plan`'s assumption line."""
+
+from __future__ import annotations
+
+import pytest
+
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.config.nemo import KNOWN_SHAPES
+from bcp_pipeline.report.mfu import (cpu_peak, flops_per_token, gpu_peak, model_flops_utilization, step_seconds_at,
+                                     tokens_per_second)
+from pipeline_fixtures import REPO
+
+
+def test_7b_improved_on_eight_dgx_a100_nodes_by_hand():
+    # N = 32 x (4 x 4096^2 + 3 x 4096 x 10880) + 50688 x 4096 = 6,633,291,776 (TP 4 pads 50257 to 50688).
+    # FLOPs/token = 6 N + 12 L s h = 39,799,750,656 + 12 x 32 x 2048 x 4096 (3,221,225,472) = 43,020,976,128.
+    per_token = flops_per_token(KNOWN_SHAPES["gpt3/7b_improved"], 4)
+    assert per_token == 43_020_976_128
+    # 8 nodes x 8 A100 = 64 GPUs x 312e12 = 1.9968e16 FLOP/s.
+    peak = gpu_peak("dgxa100.80g.8.norm", 64)
+    assert peak.flops_per_s == 19_968_000_000_000_000
+    assert "A100" in peak.source
+    # GBS 512 x seq 2048 = 1,048,576 tokens a step; at 11.2 s/step 93,622.857 tokens/s.
+    tokens_per_s = tokens_per_second(11.2, 512 * 2048)
+    assert tokens_per_s == pytest.approx(93_622.857, abs=1e-3)
+    # 93,622.857 x 43,020,976,128 = 4.02774e15 FLOP/s; / 1.9968e16 = 0.20171.
+    assert model_flops_utilization(tokens_per_s, per_token, peak) == pytest.approx(0.201710, abs=1e-6)
+    # The inverse: MFU 0.40 on these GPUs means 1,048,576 x 43,020,976,128 / (0.4 x 1.9968e16) = 5.6478 s a step.
+    assert step_seconds_at(0.40, 512 * 2048, per_token, peak) == pytest.approx(5.64784, abs=1e-5)
+
+
+def test_an_unknown_gpu_has_only_a_declared_peak_and_a_cpu_none_unless_declared():
+    assert gpu_peak("mycloud.gpu.8", 8) is None
+    declared = gpu_peak("mycloud.gpu.8", 8, declared_tflops=500.0)
+    assert declared.flops_per_s == 8 * 500e12 and "declared" in declared.source
+    assert gpu_peak("dgxh100.80g.8.norm", 16).flops_per_s == 16 * 989e12
+    assert cpu_peak(None, 2) is None
+    assert cpu_peak(0.5, 2).flops_per_s == 1e12
+
+
+def test_plan_names_its_mfu_assumption_and_the_step_time_it_means(capsys):
+    assert main(["--config", str(REPO / "pipelines.yaml"), "plan", "slimpajama-8b", "--backend", "bcp"]) == 0
+    out = capsys.readouterr().out
+    assert ("pretrain: MFU 40% assumed (estimates.mfu, declared, not measured) = 5.65 s/step on 64 x A100 BF16 dense "
+            "(312 TFLOP/s each, datasheet)") in out
