@@ -1,0 +1,87 @@
+"""Step time, tokens/s and MFU over steps, out of a training log. Pure (text and figures in, points out).
+
+Step times come from the log, one per logged step:
+- the smoke pretrain (stages/pretrain_local.py): `step 12/60 loss ... 2.34 steps/s 0.4123 s/step`, the step's own
+  wall time; its `model shape: layers L hidden H ... seq_length S vocab V global_batch B ...` line gives the FLOPs
+  per token (report/mfu.py: 6N + 12 L s h with N = L x 12 h^2 + V h, its output layer tied to the embedding) and
+  the tokens a step (B x S);
+- NeMo (PyTorch Lightning's progress bar): `global_step=9.000, ..., train_step_timing in s=2.34`; the FLOPs per
+  token and tokens per step are the stage's model config's (`TrainingFacts`, from the pipeline).
+MFU needs a peak (report/mfu.py): the GPUs of the stage's instance, or a CPU peak the pipeline declares; without
+one the points carry no MFU and `mfu_basis` says why.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+
+from ..config.nemo import ModelShape
+from .mfu import Peak, flops_per_token, model_flops_utilization
+
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_LOCAL_STEP = re.compile(rf"^step (\d+)/\d+ .* ({_NUMBER}) s/step\b")
+_LOCAL_SHAPE = re.compile(r"^model shape: layers (\d+) hidden (\d+) heads \d+ seq_length (\d+) vocab (\d+) "
+                          r"global_batch (\d+) world (\d+) device (\w+)")
+_NEMO_STEP = re.compile(rf"\bglobal_step=({_NUMBER})")
+_NEMO_TIMING = re.compile(rf"\btrain_step_timing in s=({_NUMBER})")
+
+
+@dataclass(frozen=True)
+class TrainingFacts:
+    """What turns a step time into tokens/s and MFU: from the model config, or the log's own shape line."""
+
+    flops_per_token: int
+    tokens_per_step: int
+    device: str = "gpu"  # "cpu" or "gpu": which peak applies
+    devices: int = 1  # processes (CPU) or GPUs of the job
+
+
+def smoke_facts(text: str) -> TrainingFacts | None:
+    """The smoke pretrain's facts from its `model shape:` line; None when the log has none."""
+    for line in re.split(r"[\r\n]+", text):
+        if match := _LOCAL_SHAPE.match(line.strip()):
+            layers, hidden, seq, vocab, batch, world = map(int, match.groups()[:6])
+            shape = ModelShape(num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden, seq_length=seq,
+                               gated_mlp=False, make_vocab_size_divisible_by=1, vocab_size=vocab)
+            return TrainingFacts(flops_per_token(shape, 1), batch * seq,
+                                 "cpu" if match.group(7) == "cpu" else "gpu", world)
+    return None
+
+
+def step_times(text: str) -> dict[int, float]:
+    """Seconds of each logged step, by step (a redrawn progress bar keeps its last value)."""
+    times: dict[int, float] = {}
+    for line in re.split(r"[\r\n]+", text):
+        line = line.strip()
+        if match := _LOCAL_STEP.match(line):
+            times[int(match.group(1))] = float(match.group(2))
+        elif (step := _NEMO_STEP.search(line)) and (timing := _NEMO_TIMING.search(line)):
+            times[int(float(step.group(1)))] = float(timing.group(1))
+    return dict(sorted(times.items()))
+
+
+def throughput_points(times: dict[int, float], facts: TrainingFacts | None, peak: Peak | None) -> list[dict]:
+    """Per step: seconds, tokens/s (with facts) and MFU (with facts and a peak)."""
+    points = []
+    for step, seconds in times.items():
+        point: dict = {"step": step, "step_s": seconds, "tokens_per_s": None, "mfu": None}
+        if facts is not None and seconds > 0:
+            point["tokens_per_s"] = round(facts.tokens_per_step / seconds, 3)
+            if peak is not None:
+                point["mfu"] = round(model_flops_utilization(point["tokens_per_s"], facts.flops_per_token, peak), 6)
+        points.append(point)
+    return points
+
+
+def summary(points: list[dict], skip_first: int = 1) -> dict | None:
+    """Median step time, tokens/s and MFU, the first step(s) left out (start-up, allocation, compilation)."""
+    steady = points[skip_first:] or points
+    if not steady:
+        return None
+    median = statistics.median(p["step_s"] for p in steady)
+    tokens = [p["tokens_per_s"] for p in steady if p["tokens_per_s"] is not None]
+    mfus = [p["mfu"] for p in steady if p["mfu"] is not None]
+    return {"steps": len(steady), "step_s": median, "tokens_per_s": statistics.median(tokens) if tokens else None,
+            "mfu": statistics.median(mfus) if mfus else None}
