@@ -22,6 +22,7 @@ from ..check.result import Verdict
 from ..check.run import CheckRequest, run_check
 from ..config.pipelines import DEFAULT_CONFIG_FILE, Config, PipelineConfig, substitute
 from ..config.preflight import load_and_check
+from ..config.profiling import DEFAULT_STEPS, PROFILE_SUFFIX, parse_window, profile_overrides, profiled_stage
 from ..detach.jobs import driver_spec
 from ..detach.laptop import DetachedRun, DriverView, render_driver
 from ..detach.protocol import workspace_run_path
@@ -95,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
                             help="one self-contained HTML page: job timeline, loss curve, throughput, estimates")
     report.add_argument("run", nargs="?", help="run id (default: the latest run)")
     report.add_argument("--out", metavar="FILE", help="where to write it (default: RUNS/RUN/report.html)")
+
+    profile = sub.add_parser("profile", parents=[after_verb],
+                             help="a short training job of the pipeline's pretrain stage, profiled: a trace per "
+                                  "rank, timers per step, MFU (its own run name; no checkpoint)")
+    with_pipeline_options(profile)
+    profile.add_argument("--steps", default=DEFAULT_STEPS, metavar="A:B",
+                         help=f"profile steps A through B; training stops after B+1 (default {DEFAULT_STEPS})")
+    profile.add_argument("--ranks", default="0", metavar="0,1,...", help="ranks that profile (default: 0)")
+    profile.add_argument("--dry-run", action="store_true", help="print the profile job as `plan` does; submit nothing")
 
     verify = sub.add_parser("verify", parents=[after_verb],
                             help="run a stage's verification again and record the result")
@@ -273,6 +283,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"\n# --detach: the driver job, which submits everything below from inside BCP\n{driver['printable']}")
     for action in actions:
         print(f"\n# before the first stage: {action.description}\n{action.printable}")
+    print_submissions(submissions)
+    print()
+    print("\n".join(render_estimates(estimate)))
+    if driver:
+        print(driver_cost_line(config, pipeline, estimate))
+    return 1 if refused else 0
+
+
+def print_submissions(submissions: list) -> None:
+    """Each rendered job as `plan` prints it: what it is, then exactly what would be submitted."""
     for submission in submissions:
         request = submission.request
         what = "verification of " if request.kind == "verify" else "stage "
@@ -281,11 +301,50 @@ def cmd_plan(args: argparse.Namespace) -> int:
         about = f": {description}" if request.kind == "stage" and description else ""
         meet = f"\n{rendezvous_line(submission.rendezvous)}" if submission.rendezvous else ""
         print(f"\n# {what}{request.stage.name}{needs}{about}{meet}\n{submission.printable}")
-    print()
-    print("\n".join(render_estimates(estimate)))
-    if driver:
-        print(driver_cost_line(config, pipeline, estimate))
-    return 1 if refused else 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """A short profiling run of the pipeline's pretrain stage (config/profiling.py), kept in its own store."""
+    base = load_and_check(config_file(args), overrides=args.overrides, pipeline=args.pipeline)
+    try:
+        window = parse_window(args.steps, args.ranks)
+        stage = profiled_stage(base.pipeline(args.pipeline))
+        overrides = [*args.overrides, *profile_overrides(base.pipeline(args.pipeline), window)]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    store = profile_store(args)
+    if args.dry_run:
+        config = load_and_check(config_file(args), overrides=overrides, pipeline=args.pipeline)
+        pipeline = config.pipeline(args.pipeline)
+        backend_name = args.backend or pipeline.backend
+        run_id = PLAN_RUN_ID.format(pipeline=f"{pipeline.name}{PROFILE_SUFFIX}")
+        backend = make_backend(backend_name, config, pipeline, store.run_dir(run_id))
+        backend.prepare(pipeline, execute=False)
+        requests = [r for r in planned_requests(pipeline, run_id) if r.stage.name == stage.name]
+        print(f"# profile: stage {stage.name} of {pipeline.name} on {backend_name}, steps {window.as_text()} "
+              f"(max_steps {window.max_steps}), ranks {','.join(map(str, window.ranks))}; nothing is submitted.")
+        print(f"# its --set overrides (kept in the profile run's state):\n" +
+              "\n".join(f"#   {o}" for o in overrides))
+        print_submissions([backend.render(request) for request in requests])
+        return 0
+    request = RunRequest(pipeline=args.pipeline, config_file=config_file(args), backend=args.backend,
+                         overrides=overrides, only=[stage.name], restart=True)
+    chosen = choose_run(request, store)
+    print(f"profile run {chosen.state.run_id}: stage {stage.name}, steps {window.as_text()}, kept in {store.root} "
+          f"(status/report: add --state-dir {store.root})")
+    status = drive(chosen)
+    if status == 0:
+        path = write_report(store, chosen.state, pipeline=chosen.pipeline,
+                            backend=make_backend(chosen.state.backend, chosen.config, chosen.pipeline,
+                                                 store.run_dir(chosen.state.run_id)),
+                            estimate=None, actual={}, peaks=stage_peaks(chosen.config, chosen.pipeline))
+        print(f"profile report (step time, tokens/s, MFU, timer breakdown): {path}")
+    return status
+
+
+def profile_store(args: argparse.Namespace) -> RunStore:
+    """Profile runs live apart from the pipeline's runs: `run PIPELINE` never continues one."""
+    return RunStore(run_store(args).root / "profiles")
 
 
 def rendezvous_line(meet: dict) -> str:
@@ -476,7 +535,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan, "status": cmd_status, "resume": cmd_resume, "logs": cmd_logs,
             "cancel": cmd_cancel, "list": cmd_list, "verify": cmd_verify,
-            "report": cmd_report}
+            "report": cmd_report, "profile": cmd_profile}
 
 
 if __name__ == "__main__":

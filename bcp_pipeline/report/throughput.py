@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config.nemo import ModelShape
 from .mfu import Peak, flops_per_token, model_flops_utilization
+from .timers import parse_timer_blocks
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _LOCAL_STEP = re.compile(rf"^step (\d+)/\d+ .* ({_NUMBER}) s/step\b")
@@ -85,3 +87,40 @@ def summary(points: list[dict], skip_first: int = 1) -> dict | None:
     mfus = [p["mfu"] for p in steady if p["mfu"] is not None]
     return {"steps": len(steady), "step_s": median, "tokens_per_s": statistics.median(tokens) if tokens else None,
             "mfu": statistics.median(mfus) if mfus else None}
+
+
+@dataclass(frozen=True)
+class StageFacts:
+    """What the report holds a training stage's step times against (gather.py works it out from the config)."""
+
+    facts: TrainingFacts | None  # None: from the log (the smoke pretrain's shape line)
+    peak: Peak | None
+    mfu_basis: str  # in words: the peak MFU is held against, or why there is no MFU
+
+
+def throughput_series(logs_by_stage: dict[str, dict[str, str]], stage_facts: dict[str, StageFacts],
+                      cpu_peak_of: Callable[[int], Peak | None]) -> list[dict]:
+    """Per training stage, per attempt (job id): step time, tokens/s and MFU points, and the timer blocks.
+
+    `cpu_peak_of(processes)` is the declared CPU peak for a smoke pretrain that ran on CPU (None: none declared).
+    """
+    series = []
+    for stage, logs in logs_by_stage.items():
+        given = stage_facts.get(stage, StageFacts(None, None, "no MFU: the stage's model is not known"))
+        attempts, basis = [], given.mfu_basis
+        for job_id, text in logs.items():
+            facts, peak = given.facts, given.peak
+            if facts is None and (facts := smoke_facts(text)) is not None and facts.device == "cpu":
+                peak = cpu_peak_of(facts.devices)
+                basis = (f"MFU against {peak.source} (estimates.cpu_peak_tflops)" if peak else
+                         "no MFU: the smoke pretrain ran on CPU and the pipeline declares no CPU peak "
+                         "(estimates.cpu_peak_tflops)")
+            points = throughput_points(step_times(text), facts, peak)
+            timers = [block.as_json() for block in parse_timer_blocks(text)]
+            if points or timers:
+                attempts.append({"job_id": job_id, "points": points, "timers": timers, "summary": summary(points),
+                                 "flops_per_token": facts.flops_per_token if facts else None,
+                                 "tokens_per_step": facts.tokens_per_step if facts else None})
+        if attempts:
+            series.append({"stage": stage, "mfu_basis": basis, "attempts": attempts})
+    return series
