@@ -337,7 +337,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         path = write_report(store, chosen.state, pipeline=chosen.pipeline,
                             backend=make_backend(chosen.state.backend, chosen.config, chosen.pipeline,
                                                  store.run_dir(chosen.state.run_id)),
-                            estimate=None, actual={}, peaks=stage_peaks(chosen.config, chosen.pipeline))
+                            estimate=None, actual={},
+                            instances=instances_table(chosen.config.options["bcp"].instances))
         print(f"profile report (step time, tokens/s, MFU, timer breakdown): {path}")
     return status
 
@@ -431,8 +432,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     store, live = live_run(args)
     notes = [f"job states as last recorded (could not refresh them: {live.problem})"] if live.problem else []
     estimate, actual = estimate_against_actual(live.config, live.pipeline, live.state)
+    instances = instances_table(live.config.options["bcp"].instances) if live.config is not None else None
     path = write_report(store, live.state, pipeline=live.pipeline, backend=live.backend, estimate=estimate,
-                        actual=actual, out=Path(args.out) if args.out else None, notes=notes)
+                        actual=actual, out=Path(args.out) if args.out else None, notes=notes, instances=instances)
     print(f"report of run {live.state.run_id} ({live.state.status}): {path}")
     return 0
 

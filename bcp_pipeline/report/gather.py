@@ -15,7 +15,11 @@ from pathlib import Path
 from ..atomic import atomic_write_text
 from ..config.pipelines import PipelineConfig, StageConfig
 from ..errors import PipelineError, ReportError
-from .estimates import PlanEstimate
+from ..config.nemo import KNOWN_SHAPES, model_config
+from ..config.resources import InstanceType, rank_layout
+from .estimates import PlanEstimate, instance_peak
+from .mfu import flops_per_token
+from .throughput import StageFacts, TrainingFacts
 from ..backends.contract import Backend
 from ..redact import secret_values
 from .data import SubmittedCommand, report_data
@@ -29,15 +33,18 @@ RERENDERED = "re-rendered from the config: not recorded at submission"
 
 def write_report(store: RunStore, state: RunState, *, pipeline: PipelineConfig | None, backend: Backend | None,
                  estimate: PlanEstimate | None, actual: dict[str, dict], out: Path | None = None,
-                 notes: list[str] | None = None) -> Path:
+                 notes: list[str] | None = None, instances: dict[str, InstanceType] | None = None) -> Path:
     """Write the report of `state` to `out` (default `<run>/report.html`); returns the path written."""
     require_plotly()
     notes = list(notes or [])
     run_dir = store.run_dir(state.run_id)
     logs = training_logs(state, pipeline, backend, notes)
     commands = submitted_commands(state, run_dir, pipeline, backend, notes)
+    facts = {name: stage_facts(pipeline.stages[name], state.backend, instances or {}) for name in state.stages
+             if pipeline is not None and name in pipeline.stages}
     data = report_data(state, now=time.time(), estimate=estimate, actual=actual, training_logs=logs,
-                       commands=commands, secrets=secret_values(), notes=notes)
+                       commands=commands, secrets=secret_values(), notes=notes, stage_facts=facts,
+                       cpu_peak_tflops=pipeline.estimates.cpu_peak_tflops if pipeline is not None else None)
     page = render_report(data)
     path = out or run_dir / "report.html"
     try:
@@ -45,6 +52,28 @@ def write_report(store: RunStore, state: RunState, *, pipeline: PipelineConfig |
     except OSError as exc:
         raise ReportError(f"cannot write the report to {path}: {exc}; choose another file with --out FILE") from None
     return path
+
+
+def stage_facts(stage: StageConfig, backend: str, instances: dict[str, InstanceType]) -> StageFacts:
+    """A NeMo stage's FLOPs per token, tokens per step and GPU peak from its config; the smoke pretrain's facts
+    come from its log (facts None)."""
+    if stage.nemo is None:
+        return StageFacts(None, None, "")
+    shape = KNOWN_SHAPES.get(stage.nemo.model)
+    if shape is None:
+        return StageFacts(None, None, f"no tokens/s or MFU: no model shape for {stage.nemo.model!r}")
+    model = model_config(stage, "slurm" if backend == "slurm" else "bcp")
+    instance_name = stage.bcp.instance
+    layout = rank_layout(stage, "bcp")
+    instance = instances.get(instance_name or "")
+    gpus = layout.nodes * (instance.gpus if instance else 0)
+    facts = TrainingFacts(flops_per_token(shape, model.tensor_parallel), model.global_batch_size * shape.seq_length,
+                          "gpu", gpus)
+    if instance is None:
+        return StageFacts(facts, None, f"no MFU: instance {instance_name!r} is not known (backends.bcp.instances)")
+    peak = instance_peak(instance_name, gpus, instance)
+    where = "" if backend == "bcp" else f" (the stage's BCP instance; the run is on {backend})"
+    return StageFacts(facts, peak, f"MFU against {peak.source}{where}")
 
 
 def is_training_stage(name: str, stage: StageConfig | None, state: RunState) -> bool:
