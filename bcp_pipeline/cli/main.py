@@ -32,7 +32,7 @@ from ..engine.state import RunState, RunStore, store_for
 from ..engine.submitter import planned_requests
 from ..errors import ConfigError, PipelineError, StateError
 from ..report.estimates import actual_rates, estimate_pipeline, instances_table
-from ..report.gather import write_report
+from ..report.gather import latest_throughput, write_report
 from ..report.text import Reporter, format_table, render_estimates, render_status
 from .completion import enable_completion
 
@@ -421,7 +421,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             payload["driver"] = view.as_json()
         print(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        print(render_status(state, backend.job_url if backend else None, estimate, actual))
+        throughput = latest_throughput(state, live.pipeline, backend,
+                                       instances_table(live.config.options["bcp"].instances)) \
+            if backend is not None and live.pipeline is not None else None
+        print(render_status(state, backend.job_url if backend else None, estimate, actual, throughput))
         if view is not None:
             print("\n".join(render_driver(view, state.run_id, state.status == "succeeded", backend.job_url)))
     return 0

@@ -16,6 +16,7 @@ from ..atomic import atomic_write_text
 from ..config.pipelines import PipelineConfig, StageConfig
 from ..errors import PipelineError, ReportError
 from ..config.nemo import KNOWN_SHAPES, model_config
+from ..config.profiling import SMOKE_PROGRAM
 from ..config.resources import InstanceType, rank_layout
 from .estimates import PlanEstimate, instance_peak
 from .mfu import flops_per_token
@@ -54,6 +55,24 @@ def write_report(store: RunStore, state: RunState, *, pipeline: PipelineConfig |
     return path
 
 
+def latest_throughput(state: RunState, pipeline: PipelineConfig, backend: Backend,
+                      instances: dict[str, InstanceType]) -> list[dict]:
+    """`status`: step time, tokens/s and MFU of each training stage's latest attempt, from rank 0's log (one log
+    read per training stage); a log that cannot be read leaves its stage out."""
+    logs: dict[str, str] = {}
+    for name, stage_state in state.stages.items():
+        jobs = [job for job in stage_state.jobs if job.kind == "stage"]
+        if jobs and is_training_stage(name, pipeline.stages.get(name), state):
+            try:
+                logs[jobs[-1].job_id] = backend.logs(jobs[-1].job_id, rank=0)
+            except (PipelineError, OSError):
+                continue
+    facts = {name: stage_facts(pipeline.stages[name], state.backend, instances) for name in state.stages
+             if name in pipeline.stages}
+    return report_data(state, now=time.time(), training_logs=logs, stage_facts=facts,
+                       cpu_peak_tflops=pipeline.estimates.cpu_peak_tflops)["throughput"]
+
+
 def stage_facts(stage: StageConfig, backend: str, instances: dict[str, InstanceType]) -> StageFacts:
     """A NeMo stage's FLOPs per token, tokens per step and GPU peak from its config; the smoke pretrain's facts
     come from its log (facts None)."""
@@ -77,8 +96,10 @@ def stage_facts(stage: StageConfig, backend: str, instances: dict[str, InstanceT
 
 
 def is_training_stage(name: str, stage: StageConfig | None, state: RunState) -> bool:
-    """A stage whose log holds loss lines: NeMo training, a continued stage, or one that verified steps."""
-    if stage is not None and (stage.nemo is not None or stage.continuation is not None):
+    """A stage whose log holds loss lines: NeMo training, the smoke pretrain (its profile run has no continuation),
+    a continued stage, or one that verified steps."""
+    if stage is not None and (stage.nemo is not None or stage.continuation is not None
+                              or stage.program == SMOKE_PROGRAM):
         return True
     return "steps" in (state.stages[name].verification or {})
 

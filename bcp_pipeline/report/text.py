@@ -9,6 +9,7 @@ from typing import IO
 
 from ..config.durations import format_elapsed
 from .estimates import PlanEstimate, short_number
+from .throughput import summary_text
 from ..engine.state import RunState, StageState, StageStatus
 
 
@@ -71,13 +72,15 @@ def _rate(value: float | None) -> str:
 
 
 def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None = None,
-                  actual: dict[str, dict] | None = None) -> str:
+                  actual: dict[str, dict] | None = None, throughput: list[dict] | None = None) -> str:
     """The `status` view: a table of stages, estimate against actual (when given), then errors with log tails."""
     lines = [f"run {state.run_id}  pipeline {state.pipeline}  backend {state.backend}  status {state.status}", "",
              format_table(status_rows(state))]
     if estimate is not None and actual and any(actual.values()):
         lines += ["", "estimate against actual (elapsed includes queueing and verification):",
                   format_table(estimate_rows(state, estimate, actual))]
+    if throughput:
+        lines += [""] + [throughput_line(series) for series in throughput]
     summaries = [f"{name}: {stage.extra['summary']}" for name, stage in state.stages.items()
                  if stage.extra.get("summary") and stage.status is StageStatus.SUCCEEDED]
     if summaries:
@@ -92,6 +95,16 @@ def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None =
             lines += [""] + [f"{name}: {url}" for name, _, url in urls]
     lines += ["", "(* = verification job)"] if any(j.kind == "verify" for s in state.stages.values() for j in s.jobs) else []
     return "\n".join(lines)
+
+
+def throughput_line(series: dict) -> str:
+    """A training stage's latest attempt: median step time, tokens/s and MFU, and what MFU is held against."""
+    attempt = series["attempts"][-1]
+    summary = attempt["summary"]
+    if not summary:
+        return f"{series['stage']}: no step times in the log of job {attempt['job_id']} yet"
+    return (f"{series['stage']}: {summary_text(summary)} (median of {summary['steps']} logged step(s) of job "
+            f"{attempt['job_id']}, the first left out); {series['mfu_basis']}")
 
 
 class Reporter:

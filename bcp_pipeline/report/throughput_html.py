@@ -4,6 +4,8 @@ stacked bars. Pure: report_data's `throughput` entries -> plotly figures and a l
 
 from __future__ import annotations
 
+from .throughput import summary_text
+
 LAYOUT = {"height": 320, "margin": {"l": 10, "r": 10, "t": 50, "b": 40}, "template": "plotly_white"}
 
 
@@ -55,11 +57,6 @@ def throughput_summary(series: dict) -> str:
         summary = attempt["summary"]
         if not summary:
             continue
-        parts = [f"job {attempt['job_id']}: median of {summary['steps']} step(s) after the first: "
-                 f"{summary['step_s']:.3g} s/step"]
-        if summary["tokens_per_s"] is not None:
-            parts.append(f"{summary['tokens_per_s']:,.0f} tokens/s")
-        if summary["mfu"] is not None:
-            parts.append(f"MFU {summary['mfu']:.1%}")
-        lines.append(", ".join(parts))
+        lines.append(f"job {attempt['job_id']}: median of {summary['steps']} step(s) after the first: "
+                     f"{summary_text(summary)}")
     return "; ".join(lines + [series["mfu_basis"]] if series["mfu_basis"] else lines)
