@@ -22,6 +22,7 @@ from ..check.result import Verdict
 from ..check.run import CheckRequest, run_check
 from ..config.pipelines import DEFAULT_CONFIG_FILE, Config, PipelineConfig, substitute
 from ..config.preflight import load_and_check
+from ..config.resources import rank_layout
 from ..config.profiling import DEFAULT_STEPS, PROFILE_SUFFIX, parse_window, profile_overrides, profiled_stage
 from ..detach.jobs import driver_spec
 from ..detach.laptop import DetachedRun, DriverView, render_driver
@@ -33,6 +34,8 @@ from ..engine.submitter import planned_requests
 from ..errors import ConfigError, PipelineError, StateError
 from ..report.estimates import actual_rates, estimate_pipeline, instances_table
 from ..report.gather import latest_throughput, write_report
+from ..report.measured import Measurement, load_measurement, save_measurement
+from ..report.throughput import summary_text
 from ..report.text import Reporter, format_table, render_estimates, render_status
 from .completion import enable_completion
 
@@ -249,7 +252,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     actions = backend.prepare(pipeline, execute=False)
     requests = planned_requests(pipeline, run_id)
     submissions = [backend.render(request) for request in requests]
-    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances))
+    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances),
+                                 load_measurement(profile_store(args).root, pipeline.name))
     if args.detach and backend_name != "bcp":
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend_name!r}")
     driver = planned_driver(config, pipeline, run_id) if args.detach else None
@@ -334,13 +338,29 @@ def cmd_profile(args: argparse.Namespace) -> int:
           f"(status/report: add --state-dir {store.root})")
     status = drive(chosen)
     if status == 0:
-        path = write_report(store, chosen.state, pipeline=chosen.pipeline,
-                            backend=make_backend(chosen.state.backend, chosen.config, chosen.pipeline,
-                                                 store.run_dir(chosen.state.run_id)),
-                            estimate=None, actual={},
-                            instances=instances_table(chosen.config.options["bcp"].instances))
-        print(f"profile report (step time, tokens/s, MFU, timer breakdown): {path}")
+        report_profile(chosen, store, stage.name)
     return status
+
+
+def report_profile(chosen: ChosenRun, store: RunStore, stage: str) -> None:
+    """The profile run's report, and its measured step time kept for `plan`."""
+    state, instances = chosen.state, instances_table(chosen.config.options["bcp"].instances)
+    backend = make_backend(state.backend, chosen.config, chosen.pipeline, store.run_dir(state.run_id))
+    path = write_report(store, state, pipeline=chosen.pipeline, backend=backend, estimate=None, actual={},
+                        instances=instances)
+    print(f"profile report (step time, tokens/s, MFU, timer breakdown): {path}")
+    series = latest_throughput(state, chosen.pipeline, backend, instances)
+    summary = series[0]["attempts"][-1]["summary"] if series else None
+    if summary is None:
+        print("no step times in the profile's log: nothing measured for `plan`", file=sys.stderr)
+        return
+    profiled = chosen.pipeline.stages[stage]
+    measurement = Measurement(run_id=state.run_id, stage=stage, backend=state.backend,
+                              instance=profiled.bcp.instance if state.backend == "bcp" else None,
+                              nodes=rank_layout(profiled, state.backend).nodes, step_s=summary["step_s"],
+                              mfu=summary["mfu"])
+    kept = save_measurement(store.root, chosen.pipeline.name, measurement)
+    print(f"measured: {summary_text(summary)} (median after the first step), kept for `plan` in {kept}")
 
 
 def profile_store(args: argparse.Namespace) -> RunStore:

@@ -18,6 +18,7 @@ from ..config.durations import format_elapsed, parse_duration
 from ..config.nemo import KNOWN_SHAPES, model_config
 from ..config.resources import InstanceType, rank_layout
 from ..engine.state import StageState
+from .measured import Measurement
 from .mfu import A100_BF16_TFLOPS, H100_SXM_BF16_TFLOPS, Peak, flops_per_token, gpu_peak, step_seconds_at
 
 DGX_A100_CORES = 128  # DGX A100 datasheet: 2 x AMD EPYC 7742, 64 cores each (256 threads)
@@ -110,9 +111,11 @@ def instances_table(declared: dict[str, InstanceType]) -> dict[str, InstanceType
     return {**KNOWN_INSTANCES, **declared}
 
 
-def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceType]) -> PlanEstimate:
-    """Every stage's estimate, the total along the DAG's longest path, and warnings."""
-    stages = {name: estimate_stage(pipeline, pipeline.stages[name], instances) for name in pipeline.order()}
+def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceType],
+                      measured: Measurement | None = None) -> PlanEstimate:
+    """Every stage's estimate, the total along the DAG's longest path, and warnings. `measured`: a profile run's
+    step time, which replaces the declared MFU for its stage when it ran on the same instance and nodes."""
+    stages = {name: estimate_stage(pipeline, pipeline.stages[name], instances, measured) for name in pipeline.order()}
     finish: dict[str, float] = {}
     for name in pipeline.order():
         start = max((finish[n] for n in pipeline.stages[name].needs), default=0.0)
@@ -122,7 +125,8 @@ def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceTyp
                         complete=all(s.seconds is not None for s in stages.values() if s.modelled), warnings=warnings)
 
 
-def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict[str, InstanceType]) -> StageEstimate:
+def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict[str, InstanceType],
+                   measured: Measurement | None = None) -> StageEstimate:
     bcp = stage.bcp
     layout = rank_layout(stage, "bcp")  # the job's shape as the BCP renderer makes it (one place for both)
     instance = instances.get(bcp.instance or "")
@@ -139,6 +143,8 @@ def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict
             for key in ("compressed_bytes", "text_bytes", "documents", "tokens")}
     if stage.nemo:
         _estimate_training(pipeline, stage, instance, est, size)
+        if measured is not None and measured.stage == stage.name:
+            _use_measurement(est, stage, measured)
     elif stage.program == DOWNLOAD_PROGRAM:
         est.items_in = est.items_out
         est.bytes_in = est.bytes_out = size["compressed_bytes"]
@@ -242,6 +248,23 @@ def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: I
         max_attempts = stage.continuation.max_attempts if stage.continuation else stage.nemo.max_attempts
         est.training.update(attempt_seconds=per_attempt, attempts=math.ceil(est.seconds / per_attempt),
                             max_attempts=max_attempts, total_runtime=stage.bcp.total_runtime)
+
+
+def _use_measurement(est: StageEstimate, stage: StageConfig, measured: Measurement) -> None:
+    """The measured step time instead of the declared MFU, when it ran on this instance and node count."""
+    if est.training is None:
+        return
+    if (measured.instance, measured.nodes) != (stage.bcp.instance, est.nodes):
+        est.notes.append(f"{measured.source} ran on {measured.backend} ({measured.nodes} x "
+                         f"{measured.instance or 'no BCP instance'}), not {est.nodes} x {stage.bcp.instance} on BCP: "
+                         "its step time is not used")
+        return
+    est.seconds = est.training["steps"] * measured.step_s
+    mfu = f", MFU {measured.mfu:.0%}" if measured.mfu is not None else ""
+    est.basis = f"from {measured.source}: {measured.step_s:.3g} s/step{mfu}"
+    est.training.update(measured=est.basis, step_seconds=measured.step_s)
+    if "attempt_seconds" in est.training:
+        est.training["attempts"] = math.ceil(est.seconds / est.training["attempt_seconds"])
 
 
 def instance_peak(name: str | None, gpus: int, instance: InstanceType) -> Peak:

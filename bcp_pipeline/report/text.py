@@ -197,6 +197,9 @@ def render_estimates(plan: PlanEstimate) -> list[str]:
 
 def mfu_assumption_line(stage: str, training: dict) -> str:
     """What the training time rests on: the MFU, where it comes from, and the step time it means."""
+    if "measured" in training:
+        return (f"{stage}: time {training['measured']} (measured; the declared MFU {training['mfu']:.0%} is not "
+                "used)")
     return (f"{stage}: MFU {training['mfu']:.0%} assumed (estimates.mfu, declared, not measured) = "
             f"{training['step_seconds']:.3g} s/step on {training['peak']}; measure it with `bcp-pipeline profile` "
             "(README \"Profiling\")")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.nemo import KNOWN_SHAPES
+from bcp_pipeline.report.measured import Measurement, save_measurement
 from bcp_pipeline.report.mfu import (cpu_peak, flops_per_token, gpu_peak, model_flops_utilization, step_seconds_at,
                                      tokens_per_second)
 from pipeline_fixtures import REPO
@@ -44,3 +47,25 @@ def test_plan_names_its_mfu_assumption_and_the_step_time_it_means(capsys):
     out = capsys.readouterr().out
     assert ("pretrain: MFU 40% assumed (estimates.mfu, declared, not measured) = 5.65 s/step on 64 x A100 BF16 dense "
             "(312 TFLOP/s each, datasheet)") in out
+
+
+def test_plan_uses_a_profile_runs_measured_step_time_on_the_same_instance_and_nodes(tmp_path, capsys):
+    measured = Measurement(run_id="slimpajama-8b-20261125-120000-abcd", stage="pretrain", backend="bcp",
+                           instance="dgxa100.80g.8.norm", nodes=8, step_s=11.2, mfu=0.2017)
+    save_measurement(tmp_path / "profiles", "slimpajama-8b", measured)
+    argv = ["--config", str(REPO / "pipelines.yaml"), "--state-dir", str(tmp_path), "plan", "slimpajama-8b",
+            "--backend", "bcp", "--json"]
+    assert main(argv) == 0
+    pretrain = {s["stage"]: s for s in json.loads(capsys.readouterr().out)["estimates"]["stages"]}["pretrain"]
+    assert pretrain["seconds"] == pytest.approx(300_000 * 11.2)  # 38.9 days instead of 19.6 at the declared 0.40
+    assert pretrain["basis"] == "from profile run slimpajama-8b-20261125-120000-abcd: 11.2 s/step, MFU 20%"
+    assert pretrain["training"]["attempts"] == 8  # ceil(3,360,000 s / (5 days - 45 min))
+    assert main(argv[:-1]) == 0
+    assert ("pretrain: time from profile run slimpajama-8b-20261125-120000-abcd: 11.2 s/step, MFU 20% (measured; "
+            "the declared MFU 40% is not used)") in capsys.readouterr().out
+
+    save_measurement(tmp_path / "profiles", "slimpajama-8b",
+                     Measurement(**{**measured.__dict__, "nodes": 2}))
+    assert main(argv[:-1]) == 0
+    out = capsys.readouterr().out
+    assert "MFU 40% assumed" in out and "ran on bcp (2 x dgxa100.80g.8.norm), not 8 x dgxa100.80g.8.norm" in out
