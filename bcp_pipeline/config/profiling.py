@@ -10,7 +10,9 @@ in the profile run's state, so `status`, `report` and `resume` of it load the sa
 - NeMo (launcher): `model.nsys_profile` over the window (Nsight Systems, trace nvtx,cuda) and Megatron's timers,
   every key given with Hydra's `++` (add, or override where the config has it): 7b_improved's config has no
   `nsys_profile` section, so a plain key is refused ("Key 'nsys_profile' is not in struct"), and 126m's has one,
-  so a `+` key is refused there ("Could not append to config. An item is already at ...").
+  so a `+` key is refused there ("Could not append to config. An item is already at ...");
+- on BCP, `BASH_ENV` = stages/nsys_names.sh, which gives each rank's shell SLURM_JOB_ID, SLURM_NODEID and
+  SLURM_PROCID from BCP's own values where bcprun sets none, so the launcher's per-rank file names are unique.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ PROFILE_SUFFIX = "-profile"
 SMOKE_PROGRAM = "pretrain_local.py"
 DEFAULT_STEPS = "3:5"  # past the first steps' start-up, few enough for a quick answer
 NSYS_TRACE = "[nvtx,cuda]"
+# Unique Nsight file names per node and rank on BCP, where bcprun may not set the SLURM_* variables the launcher
+# names them after: every bash of the job sources this (shipped with stages/).
+NSYS_NAMES_SCRIPT = "${code}/nsys_names.sh"
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,8 @@ def profile_overrides(pipeline: PipelineConfig, window: ProfileWindow) -> list[s
         nemo = stage.nemo
         return [f"{stage.name}.nemo.run_name={nemo.run_name}{PROFILE_SUFFIX}",
                 f"{stage.name}.nemo.max_steps={window.max_steps}",
-                f"{stage.name}.nemo.overrides={json.dumps([*nemo.overrides, *nemo_profile_overrides(window)])}"]
+                f"{stage.name}.nemo.overrides={json.dumps([*nemo.overrides, *nemo_profile_overrides(window)])}",
+                f"{stage.name}.bcp.env={json.dumps({**stage.bcp.env, 'BASH_ENV': NSYS_NAMES_SCRIPT})}"]
     return smoke_overrides(stage, window)
 
 

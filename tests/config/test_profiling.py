@@ -4,6 +4,8 @@ stand-in's config (tests/fakes/nemo_launcher) for both training configs."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 
@@ -64,3 +66,32 @@ def test_a_bad_window_is_one_clear_line(capsys):
         parse_window("5-8", "0")
     assert main(["--config", str(REPO / "pipelines.yaml"), "profile", "demo", "--ranks", "a", "--dry-run"]) == 2
     assert "--ranks 'a': give the ranks to profile as 0 or 0,1,..." in capsys.readouterr().err
+
+
+# The launcher's Nsight output name, as its `_make_nsys_command_prefix` writes it into the bcprun command: escaped,
+# so each rank's own shell expands it.
+NSYS_OUTPUT = "profile_${SLURM_JOB_ID}_node${SLURM_NODEID}_rank${SLURM_PROCID}"
+
+
+def nsys_name(bash_env: str, env: dict[str, str]) -> str:
+    """The name one rank's bash gives the file, started as bcprun starts it: `bash -c CMD` with BASH_ENV set."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NGC_", "RANK", "OMPI_", "PMIX_"))}
+    done = subprocess.run(["bash", "-c", f"echo {NSYS_OUTPUT}"], env={**clean, "BASH_ENV": bash_env, **env},
+                          capture_output=True, text=True, timeout=30, check=True)
+    return done.stdout.strip()
+
+
+def test_each_rank_of_a_bcp_profile_job_names_its_nsys_file_uniquely(capsys):
+    assert main(["--config", str(REPO / "pipelines.yaml"), "profile", "slimpajama-8b", "--backend", "bcp",
+                 "--dry-run"]) == 0
+    job = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ngc base-command"))
+    shipped = re.search(r"--env-var BASH_ENV:(\S+)/nsys_names\.sh", job)
+    assert shipped and shipped.group(1).startswith("/mount_workspace/.bcp-pipeline/code/")
+    script = str(REPO / "stages" / "nsys_names.sh")  # what the code folder holds
+    names = {nsys_name(script, {"NGC_JOB_ID": "4242", "NGC_ARRAY_INDEX": str(node), "RANK": str(node * 8 + local)})
+             for node in range(8) for local in range(8)}
+    assert len(names) == 64 and "profile_4242_node7_rank63" in names
+    assert nsys_name("", {"NGC_JOB_ID": "4242", "RANK": "5"}) == "profile__node_rank"  # what it fixes
+    # Where the SLURM_* variables are set (Slurm, or a bcprun that sets them) they are kept.
+    assert nsys_name(script, {"SLURM_JOB_ID": "77", "SLURM_NODEID": "1", "SLURM_PROCID": "9", "RANK": "3"}) == \
+        "profile_77_node1_rank9"
