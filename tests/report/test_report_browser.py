@@ -213,8 +213,9 @@ def test_profile_demo_gives_a_trace_and_its_report_draws_step_time_mfu_and_the_t
     problems = []
     page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
     page.goto(report.as_uri())
-    for chart in ("step-s", "tokens-per-s", "mfu", "timers"):
-        page.wait_for_selector(f"#chart-{chart}-pretrain .plot path", state="attached")
+    for chart in ("step-s", "tokens-per-s", "mfu"):
+        page.wait_for_selector(f"#chart-{chart}-pretrain .scatterlayer path.js-line", state="attached")
+    page.wait_for_selector("#chart-timers-pretrain .bars path", state="attached")
     steps = page.evaluate("() => document.getElementById('chart-step-s-pretrain').data[0].x")
     assert list(steps) == [1, 2, 3, 4, 5]  # max_steps one past the window's last step
     mfu = page.evaluate("() => document.getElementById('chart-mfu-pretrain').data[0].y")
