@@ -186,6 +186,18 @@ def test_without_the_report_extra_report_names_the_extra_to_install(tmp_path, mo
     assert not list((tmp_path / ".bcp-pipeline").rglob("report.html"))
 
 
+def test_status_shows_the_training_stages_step_time_and_tokens_per_second(demo_report, capsys):
+    """Without a declared CPU peak the demo's CPU training shows no MFU, and says why."""
+    path, _ = demo_report
+    capsys.readouterr()
+    assert main(["--config", str(path.parent / "pipelines.yaml"), "status"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("pretrain: ") and
+                "s/step" in line)
+    assert re.fullmatch(r"pretrain: [\d.]+ s/step, [\d,]+ tokens/s \(median of 11 logged step\(s\) of job "
+                        r"pretrain\.1, the first left out\); no MFU: the smoke pretrain ran on CPU and the "
+                        r"pipeline declares no CPU peak \(estimates\.cpu_peak_tflops\)", line), line
+
+
 def test_profile_demo_gives_a_trace_and_its_report_draws_step_time_mfu_and_the_timer_breakdown(
         demo_report, browser, capsys):
     """`profile demo` on the demo run's data: a Chrome trace, a top-operators table, and a report whose step
