@@ -167,7 +167,7 @@ def run_store(args: argparse.Namespace) -> RunStore:
 
 def stored_run(args: argparse.Namespace) -> ChosenRun:
     """The run named on the command line (default: the latest), with the config it is driven with."""
-    return open_run(run_store(args), args.run, given_config(args))
+    return open_run(store_of_run(args), args.run, given_config(args))
 
 
 def drive(chosen: ChosenRun) -> int:
@@ -231,7 +231,7 @@ def _first_unfinished(state: RunState) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    chosen = choose_resume(run_store(args), args.run, config_file=given_config(args),
+    chosen = choose_resume(store_of_run(args), args.run, config_file=given_config(args),
                            detach=args.detach, take_back=take_back)
     return detach(chosen) if args.detach else drive(chosen)
 
@@ -253,7 +253,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     requests = planned_requests(pipeline, run_id)
     submissions = [backend.render(request) for request in requests]
     estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances),
-                                 load_measurement(profile_store(args).root, pipeline.name))
+                                 load_measurement(run_store(args).root, pipeline.name))
     if args.detach and backend_name != "bcp":
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend_name!r}")
     driver = planned_driver(config, pipeline, run_id) if args.detach else None
@@ -334,8 +334,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     request = RunRequest(pipeline=args.pipeline, config_file=config_file(args), backend=args.backend,
                          overrides=overrides, only=[stage.name], restart=True)
     chosen = choose_run(request, store)
-    print(f"profile run {chosen.state.run_id}: stage {stage.name}, steps {window.as_text()}, kept in {store.root} "
-          f"(status/report: add --state-dir {store.root})")
+    print(f"profile run {chosen.state.run_id}: stage {stage.name}, steps {window.as_text()}, kept in "
+          f"{store.runs_dir} (`status`, `report`, `logs` and `resume` take its id)")
     status = drive(chosen)
     if status == 0:
         report_profile(chosen, store, stage.name)
@@ -364,8 +364,16 @@ def report_profile(chosen: ChosenRun, store: RunStore, stage: str) -> None:
 
 
 def profile_store(args: argparse.Namespace) -> RunStore:
-    """Profile runs live apart from the pipeline's runs: `run PIPELINE` never continues one."""
-    return RunStore(run_store(args).root / "profiles")
+    """Profile runs live apart from the pipeline's runs (`STATE/profiles/RUN`): `run PIPELINE` never continues one."""
+    return RunStore(run_store(args).root, folder="profiles")
+
+
+def store_of_run(args: argparse.Namespace) -> RunStore:
+    """The store holding the run named on the command line: the pipeline's runs, or else `profile`'s."""
+    store, profiles = run_store(args), profile_store(args)
+    if args.run and not store.state_path(args.run).is_file() and profiles.state_path(args.run).is_file():
+        return profiles
+    return store
 
 
 def rendezvous_line(meet: dict) -> str:
@@ -408,7 +416,7 @@ class LiveRun:
 
 
 def live_run(args: argparse.Namespace) -> tuple[RunStore, LiveRun]:
-    store = run_store(args)
+    store = store_of_run(args)
     live = LiveRun(state=store.resolve(args.run))
     state = live.state
     try:

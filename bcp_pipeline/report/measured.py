@@ -1,4 +1,4 @@
-"""A profile run's measured step time, kept for `plan`: `<state>/profiles/measured/<pipeline>.json`.
+"""A profile run's measured step time, kept for `plan`: `<state>/measured/<pipeline>.json`.
 
 Written atomically when `profile` finishes (cli/main.py), read by `plan`, which then estimates the pretrain stage
 from the measurement instead of the declared MFU, where the measurement ran on the same instance and nodes.
@@ -31,19 +31,19 @@ class Measurement:
         return f"profile run {self.run_id}"
 
 
-def measurement_path(profiles_root: Path, pipeline: str) -> Path:
-    return profiles_root / "measured" / f"{pipeline}.json"
+def measurement_path(state_root: Path, pipeline: str) -> Path:
+    return state_root / "measured" / f"{pipeline}.json"
 
 
-def save_measurement(profiles_root: Path, pipeline: str, measurement: Measurement) -> Path:
-    path = measurement_path(profiles_root, pipeline)
+def save_measurement(state_root: Path, pipeline: str, measurement: Measurement) -> Path:
+    path = measurement_path(state_root, pipeline)
     atomic_write_json(path, asdict(measurement))
     return path
 
 
-def load_measurement(profiles_root: Path, pipeline: str) -> Measurement | None:
+def load_measurement(state_root: Path, pipeline: str) -> Measurement | None:
     """The pipeline's last measurement; None when no profile run measured one."""
-    path = measurement_path(profiles_root, pipeline)
+    path = measurement_path(state_root, pipeline)
     if not path.is_file():
         return None
     try:

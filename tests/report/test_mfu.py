@@ -52,7 +52,7 @@ def test_plan_names_its_mfu_assumption_and_the_step_time_it_means(capsys):
 def test_plan_uses_a_profile_runs_measured_step_time_on_the_same_instance_and_nodes(tmp_path, capsys):
     measured = Measurement(run_id="slimpajama-8b-20261125-120000-abcd", stage="pretrain", backend="bcp",
                            instance="dgxa100.80g.8.norm", nodes=8, step_s=11.2, mfu=0.2017)
-    save_measurement(tmp_path / "profiles", "slimpajama-8b", measured)
+    save_measurement(tmp_path, "slimpajama-8b", measured)
     argv = ["--config", str(REPO / "pipelines.yaml"), "--state-dir", str(tmp_path), "plan", "slimpajama-8b",
             "--backend", "bcp", "--json"]
     assert main(argv) == 0
@@ -64,7 +64,7 @@ def test_plan_uses_a_profile_runs_measured_step_time_on_the_same_instance_and_no
     assert ("pretrain: time from profile run slimpajama-8b-20261125-120000-abcd: 11.2 s/step, MFU 20% (measured; "
             "the declared MFU 40% is not used)") in capsys.readouterr().out
 
-    save_measurement(tmp_path / "profiles", "slimpajama-8b",
+    save_measurement(tmp_path, "slimpajama-8b",
                      Measurement(**{**measured.__dict__, "nodes": 2}))
     assert main(argv[:-1]) == 0
     out = capsys.readouterr().out

@@ -220,6 +220,12 @@ def test_profile_demo_gives_a_trace_and_its_report_draws_step_time_mfu_and_the_t
     assert not (results / "demo-gpt-profile" / "checkpoints").exists() or \
         list((results / "demo-gpt-profile" / "checkpoints").glob("*.pt")) == []
     report = Path(re.search(r"profile report \(.*\): (\S+)", out).group(1))
+    run_id = re.search(r"^profile run (\S+): stage pretrain, steps 2:4", out, re.M).group(1)
+    assert report == project / ".bcp-pipeline" / "profiles" / run_id / "report.html"
+    assert re.search(r"^measured: [\d.]+ s/step, [\d,]+ tokens/s, MFU [\d.]+% \(median after the first step\)",
+                     out, re.M)
+    assert main(["--config", str(config), "status", run_id]) == 0  # found among the profile runs
+    assert f"run {run_id}  pipeline demo" in capsys.readouterr().out
 
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems = []
