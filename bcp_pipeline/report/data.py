@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from .estimates import PlanEstimate
 from ..redact import redact
 from ..engine.state import JobRecord, RunState, StageState
+from ..training_log import parse_training_log
 from .mfu import cpu_peak
 from .throughput import StageFacts, throughput_series
-from .training_log import parse_training_log
 
 
 @dataclass(frozen=True)

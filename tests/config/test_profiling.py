@@ -25,14 +25,16 @@ def test_profile_dry_run_on_bcp_prints_the_job_with_its_own_run_name_and_no_chec
     out = capsys.readouterr().out
     job = [line for line in out.splitlines() if line.startswith("ngc base-command job run")]
     assert len(job) == 1  # the pretrain stage only
-    assert "training.run.name=gpt_8b-profile" in job[0] and "training.run.name=gpt_8b " not in job[0]
-    assert "training.trainer.max_steps=13" in job[0]
+    # The launcher's overrides, in the job script it prints (bcp_training_script.py): its own NeMo run name.
+    assert "training.run.name=gpt_8b-profile-slimpajama-8b-profile-RUN" in out
+    assert "training.run.name=gpt_8b-slimpajama" not in out
+    assert "training.trainer.max_steps=13" in out
     for key in ("++training.model.nsys_profile.enabled=True", "++training.model.nsys_profile.start_step=10",
                 "++training.model.nsys_profile.end_step=12", "++training.model.enable_megatron_timers=True",
                 "++training.model.megatron_timer_kwargs.log_option=max",
                 "++training.exp_manager.create_checkpoint_callback=False"):
-        assert key in job[0]
-    assert "nsys_profile.ranks=[0,8]" in job[0]
+        assert key in out
+    assert "nsys_profile.ranks=[0,8]" in out
     assert "--instance dgxa100.80g.8.norm" in job[0] and "--replicas 8" in job[0]
 
 
