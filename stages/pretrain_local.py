@@ -29,6 +29,12 @@ the summary and the loss lines; every rank loads the checkpoint rank 0 picked, s
 size that divides the global batch. The results folder must be shared by all ranks (as NeMo's). Every collective
 has `--collective-timeout`: a rank that dies or hangs makes the others exit 1 with a message, never wait forever.
 A stop signal on any rank stops all of them after the same step.
+
+Each step line ends with the step's own wall time (`... 2.34 steps/s 0.4123 s/step`), and rank 0 prints the
+model's shape once (`model shape: layers L hidden H ...`): the report's step time, tokens/s and MFU come from them.
+Profiling (`bcp-pipeline profile`, stages/_profiling.py): `--profile-steps A:B` records those steps with
+torch.profiler (a Chrome trace and a top-operators table in `<results>/<run-name>/profile/`), `--timers` prints
+each logged step's forward/backward/optimizer times in Megatron's timer layout, `--no-checkpoints` saves none.
 """
 
 from __future__ import annotations

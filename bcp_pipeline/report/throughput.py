@@ -6,7 +6,8 @@ Step times come from the log, one per logged step:
   per token (report/mfu.py: 6N + 12 L s h with N = L x 12 h^2 + V h, its output layer tied to the embedding) and
   the tokens a step (B x S);
 - NeMo (PyTorch Lightning's progress bar): `global_step=9.000, ..., train_step_timing in s=2.34`; the FLOPs per
-  token and tokens per step are the stage's model config's (`TrainingFacts`, from the pipeline).
+  token and tokens per step are the stage's model config's (`TrainingFacts`, from the pipeline);
+- Megatron-LM: ` iteration   10/  500000 | ... | elapsed time per iteration (ms): 2345.6 | ...`.
 MFU needs a peak (report/mfu.py): the GPUs of the stage's instance, or a CPU peak the pipeline declares; without
 one the points carry no MFU and `mfu_basis` says why.
 """
@@ -28,6 +29,8 @@ _LOCAL_SHAPE = re.compile(r"^model shape: layers (\d+) hidden (\d+) heads \d+ se
                           r"global_batch (\d+) world (\d+) device (\w+)")
 _NEMO_STEP = re.compile(rf"\bglobal_step=({_NUMBER})")
 _NEMO_TIMING = re.compile(rf"\btrain_step_timing in s=({_NUMBER})")
+_MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)/\s*\d+")
+_MEGATRON_TIMING = re.compile(rf"\belapsed time per iteration \(ms\): ({_NUMBER})")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ def step_times(text: str) -> dict[int, float]:
             times[int(match.group(1))] = float(match.group(2))
         elif (step := _NEMO_STEP.search(line)) and (timing := _NEMO_TIMING.search(line)):
             times[int(float(step.group(1)))] = float(timing.group(1))
+        elif (step := _MEGATRON_STEP.search(line)) and (timing := _MEGATRON_TIMING.search(line)):
+            times[int(step.group(1))] = float(timing.group(1)) / 1000
     return dict(sorted(times.items()))
 
 

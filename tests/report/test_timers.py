@@ -53,6 +53,14 @@ def test_nemo_step_times_become_tokens_per_second_and_mfu():
     assert steady["steps"] == 2 and steady["step_s"] == 11.2
 
 
+def test_megatron_lm_iteration_lines_give_step_times():
+    # megatron/training/training.py training_log: ' iteration {:8d}/{:8d} |' then
+    # ' elapsed time per iteration (ms): {:.1f} |'.
+    line = (" [2024-01-10 12:00:00] iteration       10/  500000 | consumed samples:         5120 | elapsed time per "
+            "iteration (ms): 11234.5 | learning rate: 1.500E-04 | global batch size:   512 | lm loss: 1.080E+01 |")
+    assert step_times(line) == {10: 11.2345}
+
+
 def test_a_log_without_timers_or_timings_gives_nothing():
     assert parse_timer_blocks("step 1/5 loss 10.0 lr 1e-3 1.00 steps/s\nmax time across ranks (ms):\n") == []
     assert step_times("Epoch 0: reduced_train_loss=10.8, global_step=3.000]") == {}
