@@ -98,6 +98,8 @@ class NemoTraining:
     global_batch_size: int | None = None
     micro_batch_size: int | None = None
     max_attempts: int = 10  # continuation: resubmissions until max_steps
+    checkpoints: bool = True  # false: one job that saves no checkpoint, done when it exits 0 (no continuation is
+    # derived; `bcp-pipeline profile` sets it)
     overrides: list[str] = field(default_factory=list)  # more Hydra overrides, verbatim
 
 

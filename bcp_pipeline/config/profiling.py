@@ -3,7 +3,8 @@
 Pure. The profile run is the same stage rendered by the same renderers as `run`, changed only by overrides (kept
 in the profile run's state, so `status`, `report` and `resume` of it load the same config):
 - its own run name (`<name>-profile`) and so its own results folder: it never touches the real run's
-  checkpoints, and saves none itself;
+  checkpoints, and saves none itself (NeMo: `nemo.checkpoints: false`, so no continuation either: one job, done
+  when it exits 0);
 - `max_steps` one past the window's last step;
 - the smoke pretrain (stages/pretrain_local.py): torch.profiler over the window (`--profile-steps A:B`, a Chrome
   trace and a top-operators table) and its phase timers; verified by its trace file;
@@ -71,13 +72,19 @@ def profiled_stage(pipeline: PipelineConfig) -> StageConfig:
 def profile_overrides(pipeline: PipelineConfig, window: ProfileWindow) -> list[str]:
     """The `--set` overrides that make the pipeline's pretrain stage a profile job."""
     stage = profiled_stage(pipeline)
-    if stage.nemo is not None:
-        nemo = stage.nemo
-        return [f"{stage.name}.nemo.run_name={nemo.run_name}{PROFILE_SUFFIX}",
-                f"{stage.name}.nemo.max_steps={window.max_steps}",
-                f"{stage.name}.nemo.overrides={json.dumps([*nemo.overrides, *nemo_profile_overrides(window)])}",
-                f"{stage.name}.bcp.env={json.dumps({**stage.bcp.env, 'BASH_ENV': NSYS_NAMES_SCRIPT})}"]
-    return smoke_overrides(stage, window)
+    smoke = smoke_overrides(stage, window) if stage.program == SMOKE_PROGRAM else []
+    if stage.nemo is None:
+        return smoke
+    nemo = stage.nemo
+    # A NeMo stage's smoke stand-in (the local backend runs it) takes the profile args only: its verification,
+    # shared by every backend, cannot be the smoke trace; the profile job is done when it exits 0.
+    return [*[o for o in smoke if o.startswith(f"{stage.name}.args=")],
+            f"{stage.name}.nemo.run_name={nemo.run_name}{PROFILE_SUFFIX}",
+            f"{stage.name}.nemo.continue_run=null",  # never another NeMo run's folder and checkpoints
+            f"{stage.name}.nemo.max_steps={window.max_steps}",
+            f"{stage.name}.nemo.checkpoints=false", f"{stage.name}.continuation=null", f"{stage.name}.verify=[]",
+            f"{stage.name}.nemo.overrides={json.dumps([*nemo.overrides, *nemo_profile_overrides(window)])}",
+            f"{stage.name}.bcp.env={json.dumps({**stage.bcp.env, 'BASH_ENV': NSYS_NAMES_SCRIPT})}"]
 
 
 def nemo_profile_overrides(window: ProfileWindow, prefix: str = "training.") -> list[str]:

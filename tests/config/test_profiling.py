@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.profiling import ProfileWindow, nemo_profile_overrides, parse_window
+from bcp_pipeline.config.preflight import load_and_check
+from bcp_pipeline.config.profiling import ProfileWindow, nemo_profile_overrides, parse_window, profile_overrides
 from pipeline_fixtures import REPO
 
 LAUNCHER = REPO / "tests" / "fakes" / "nemo_launcher" / "launcher_scripts" / "main.py"
@@ -35,6 +36,13 @@ def test_profile_dry_run_on_bcp_prints_the_job_with_its_own_run_name_and_no_chec
                 "++training.exp_manager.create_checkpoint_callback=False"):
         assert key in out
     assert "nsys_profile.ranks=[0,8]" in out
+    # One job, done when it exits 0: no checkpoint to continue from, so no continuation and no verification job.
+    assert "# verification of pretrain" not in out and "pretrain.nemo.checkpoints=false" in out
+    config = load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b", overrides=profile_overrides(
+        load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b").pipeline("slimpajama-8b"),
+        ProfileWindow(10, 12)))
+    stage = config.pipeline("slimpajama-8b").stages["pretrain"]
+    assert stage.continuation is None and stage.verify == [] and stage.nemo.continue_run is None
     assert "--instance dgxa100.80g.8.norm" in job[0] and "--replicas 8" in job[0]
 
 
