@@ -85,7 +85,7 @@ def stage_facts(stage: StageConfig, backend: str, instances: dict[str, InstanceT
     instance_name = stage.bcp.instance
     layout = rank_layout(stage, "bcp")
     instance = instances.get(instance_name or "")
-    gpus = layout.nodes * (instance.gpus if instance else 0)
+    gpus = layout.nodes * (stage.nemo.gpus_per_node or (instance.gpus if instance else 0))
     facts = TrainingFacts(flops_per_token(shape, model.tensor_parallel), model.global_batch_size * shape.seq_length,
                           "gpu", gpus)
     if instance is None:
