@@ -8,6 +8,9 @@ import pytest
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.nemo import KNOWN_SHAPES
+from bcp_pipeline.config.preflight import load_and_check
+from bcp_pipeline.report.estimates import KNOWN_INSTANCES
+from bcp_pipeline.report.gather import stage_facts
 from bcp_pipeline.report.measured import Measurement, save_measurement
 from bcp_pipeline.report.mfu import (cpu_peak, flops_per_token, gpu_peak, model_flops_utilization, step_seconds_at,
                                      tokens_per_second)
@@ -69,3 +72,17 @@ def test_plan_uses_a_profile_runs_measured_step_time_on_the_same_instance_and_no
     assert main(argv[:-1]) == 0
     out = capsys.readouterr().out
     assert "MFU 40% assumed" in out and "ran on bcp (2 x dgxa100.80g.8.norm), not 8 x dgxa100.80g.8.norm" in out
+
+
+def test_the_report_holds_a_nemo_stage_against_its_instances_gpus():
+    stage = load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b").pipeline("slimpajama-8b") \
+        .stages["pretrain"]
+    given = stage_facts(stage, "bcp", KNOWN_INSTANCES)
+    assert (given.facts.flops_per_token, given.facts.tokens_per_step, given.facts.devices) == \
+        (43_020_976_128, 1_048_576, 64)
+    assert given.peak.flops_per_s == 64 * 312e12
+    assert given.mfu_basis == "MFU against 64 x A100 BF16 dense (312 TFLOP/s each, datasheet)"
+    assert stage_facts(stage, "slurm", KNOWN_INSTANCES).mfu_basis.endswith(
+        "(the stage's BCP instance; the run is on slurm)")
+    assert stage_facts(stage, "bcp", {}).mfu_basis == \
+        "no MFU: instance 'dgxa100.80g.8.norm' is not known (backends.bcp.instances)"
