@@ -80,7 +80,7 @@ class ProfileWindow:
         partial = trace.with_name(f".{trace.name}.partial")
         profiler.export_chrome_trace(str(partial))
         partial.replace(trace)
-        sort_by = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        sort_by = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         table = profiler.key_averages().table(sort_by=sort_by, row_limit=TOP_OPERATORS)
         table_path = self.out_dir / TABLE_NAME.format(rank=self.rank)
         partial = table_path.with_name(f".{table_path.name}.partial")
