@@ -39,7 +39,7 @@ def parse_window(text: str) -> tuple[int, int]:
     return first, last
 
 
-class ProfileWindow:
+class TorchProfilerWindow:
     """torch.profiler over steps [first, last] of one rank; `before(step)` and `after(step)` bracket each step."""
 
     def __init__(self, window: tuple[int, int] | None, out_dir: Path, rank: int, device: torch.device) -> None:

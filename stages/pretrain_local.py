@@ -578,7 +578,7 @@ def loop(args: argparse.Namespace, comm: Comm, model: nn.Module, optimizer: torc
         with comm.guard("wrapping the model in DDP"):  # DDP broadcasts rank 0's weights: a collective
             ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     model.train()
-    window = _profiling.ProfileWindow(args.profile_steps if comm.rank in args.profile_ranks else None,
+    window = _profiling.TorchProfilerWindow(args.profile_steps if comm.rank in args.profile_ranks else None,
                                       args.results / args.run_name / "profile", comm.rank, device)
     timers = _profiling.PhaseTimers(device, enabled=args.timers and lead)
     began, first = time.monotonic(), state["step"]
