@@ -616,6 +616,7 @@ def loop(args: argparse.Namespace, comm: Comm, model: nn.Module, optimizer: torc
                                    args.keep_checkpoints)
             print(f"checkpoint saved: {path}", flush=True)
         if stopping and not done:
+            window.finish()  # a window cut short by the stop still writes what it recorded
             comm.barrier("waiting for the checkpoint")  # no rank reports the stop before the checkpoint exists
             raise _common.StageError(f"stopped by signal {stop.signal or 'on another rank'} at step {state['step']} "
                                      f"of {args.steps} (checkpoint saved); rerun with --run-name {args.run_name} "
