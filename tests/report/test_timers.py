@@ -1,8 +1,8 @@
 """Megatron's timer blocks and NeMo's step timings as they are printed, read back by the report.
 
-The samples are written from the printing code: megatron-core's `Timers.get_all_timers_string`
-(megatron/core/timers.py, `_get_global_min_max_time_string` and `_get_all_ranks_time_string`: each name padded
-with dots to 48 characters, values `{:.2f}`), printed by NeMo's `MegatronBaseModel.on_train_batch_end` as
+The samples are written from the printing code, and one test has megatron-core's own `Timers` (0.16.1, the
+project's pin) make them: `Timers.get_all_timers_string` (megatron/core/timers.py, `_get_global_min_max_time_string`
+and `_get_all_ranks_time_string`: each name padded with dots to 48 characters, values `{:.2f}`), printed by NeMo's `MegatronBaseModel.on_train_batch_end` as
 `logging.info("\\n " + block)` (nemo/collections/nlp/models/language_modeling/megatron_base_model.py), and
 PyTorch Lightning's progress bar with NeMo's logged metrics (`reduced_train_loss`, `global_step`,
 `train_step_timing in s`, as NeMo 1.22 logs them).
@@ -64,3 +64,21 @@ def test_megatron_lm_iteration_lines_give_step_times():
 def test_a_log_without_timers_or_timings_gives_nothing():
     assert parse_timer_blocks("step 1/5 loss 10.0 lr 1e-3 1.00 steps/s\nmax time across ranks (ms):\n") == []
     assert step_times("Epoch 0: reduced_train_loss=10.8, global_step=3.000]") == {}
+
+
+@pytest.mark.parametrize("option", ["max", "minmax", "all"])
+def test_megatron_cores_own_timer_strings_are_read(option, monkeypatch):
+    """The strings megatron-core's own `Timers.get_all_timers_string` makes (its gather across ranks, which needs
+    CUDA, given two ranks' seconds instead), logged the way NeMo logs them."""
+    timers_module = pytest.importorskip("megatron.core.timers")
+    import torch
+
+    timers = timers_module.Timers(log_level=2, log_option=option)
+    seconds = torch.tensor([[1.2000, 0.0451], [1.2405, 0.0449]])  # [rank, timer]
+    monkeypatch.setattr(timers, "_get_elapsed_time_all_ranks", lambda names, reset, barrier: seconds)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *args: 2)
+    block = timers.get_all_timers_string(names=["forward-backward", "optimizer"])
+    log = "\r".join([nemo_bar(7, 1.25), f"[NeMo I 2024-01-10 12:00:00 megatron_base_model:1121] \n {block}"])
+    (parsed,) = parse_timer_blocks(log)
+    assert parsed.step == 7 and parsed.option == option
+    assert parsed.milliseconds == {"forward-backward": 1240.5, "optimizer": 45.1}  # the slowest rank's
