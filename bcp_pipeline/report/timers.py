@@ -1,8 +1,8 @@
 """Megatron's timer blocks out of a training log: where each step's time went. Pure (text in, blocks out).
 
 Megatron-core's `Timers.get_all_timers_string` (megatron/core/timers.py; read at 0.16.1, the project's pin, and
-tests/report/test_timers.py runs it) prints one
-of three layouts, chosen by `log_option`; each name is padded with dots to 48 characters:
+tests/report/test_timers.py runs it) prints one of three layouts, chosen by `log_option`; each name is padded with
+dots to 48 characters:
 
     max time across ranks (ms):                      log_option=max
         forward-backward ...............................: 1234.56

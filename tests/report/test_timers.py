@@ -1,8 +1,9 @@
 """Megatron's timer blocks and NeMo's step timings as they are printed, read back by the report.
 
 The samples are written from the printing code, and one test has megatron-core's own `Timers` (0.16.1, the
-project's pin) make them: `Timers.get_all_timers_string` (megatron/core/timers.py, `_get_global_min_max_time_string`
-and `_get_all_ranks_time_string`: each name padded with dots to 48 characters, values `{:.2f}`), printed by NeMo's `MegatronBaseModel.on_train_batch_end` as
+project's pin) make them: `Timers.get_all_timers_string` (megatron/core/timers.py,
+`_get_global_min_max_time_string` and `_get_all_ranks_time_string`: each name padded with dots to 48 characters,
+values `{:.2f}`), printed by NeMo's `MegatronBaseModel.on_train_batch_end` as
 `logging.info("\\n " + block)` (nemo/collections/nlp/models/language_modeling/megatron_base_model.py), and
 PyTorch Lightning's progress bar with NeMo's logged metrics (`reduced_train_loss`, `global_step`,
 `train_step_timing in s`, as NeMo 1.22 logs them).
