@@ -16,16 +16,16 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-_LOCAL = re.compile(rf"^step (\d+)/\d+ loss ({_NUMBER}) lr {_NUMBER} ({_NUMBER}) steps/s")
+NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_LOCAL = re.compile(rf"^step (\d+)/\d+ loss ({NUMBER}) lr {NUMBER} ({NUMBER}) steps/s")
 _LOCAL_FIRST = re.compile(r"(?:resuming from .* at step (\d+) of|starting at step (\d+) of)")
-_NEMO_LOSS = re.compile(rf"\breduced_train_loss=({_NUMBER})")
-_NEMO_STEP = re.compile(rf"\bglobal_step=({_NUMBER})")
-_NEMO_TIMING = re.compile(rf"\btrain_step_timing in s=({_NUMBER})")
+_NEMO_LOSS = re.compile(rf"\breduced_train_loss=({NUMBER})")
+NEMO_STEP = re.compile(rf"\bglobal_step=({NUMBER})")
+NEMO_TIMING = re.compile(rf"\btrain_step_timing in s=({NUMBER})")
 _NEMO_BAR = re.compile(r"\|\s*(\d+)/(\d+) \[")  # tqdm's `| 100/300000 [` (batches done of the run's total)
-_MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)/\s*\d+")
-_MEGATRON_LOSS = re.compile(rf"\blm loss: ({_NUMBER})")
-_MEGATRON_TIMING = re.compile(rf"\belapsed time per iteration \(ms\): ({_NUMBER})")
+MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)/\s*\d+")
+_MEGATRON_LOSS = re.compile(rf"\blm loss: ({NUMBER})")
+MEGATRON_TIMING = re.compile(rf"\belapsed time per iteration \(ms\): ({NUMBER})")
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,11 @@ def parse_training_log(text: str) -> list[TrainingPoint]:
 
 def _step_loss_timing(line: str) -> tuple[int | None, float | None, float | None]:
     """A NeMo or Megatron-LM log line's step, loss and seconds per step (None for what it lacks)."""
-    if (loss := _NEMO_LOSS.search(line)) and (step := _NEMO_STEP.search(line)):
-        timing = _NEMO_TIMING.search(line)
+    if (loss := _NEMO_LOSS.search(line)) and (step := NEMO_STEP.search(line)):
+        timing = NEMO_TIMING.search(line)
         return int(float(step.group(1))), float(loss.group(1)), float(timing.group(1)) if timing else None
-    if (step := _MEGATRON_STEP.search(line)) and (loss := _MEGATRON_LOSS.search(line)):
-        timing = _MEGATRON_TIMING.search(line)
+    if (step := MEGATRON_STEP.search(line)) and (loss := _MEGATRON_LOSS.search(line)):
+        timing = MEGATRON_TIMING.search(line)
         return int(step.group(1)), float(loss.group(1)), float(timing.group(1)) / 1000 if timing else None
     return None, None, None
 
@@ -99,5 +99,5 @@ def last_progress(text: str) -> TrainingProgress | None:
             continue
         if bar := _NEMO_BAR.search(line):  # NeMo: global_step counts the steps before this one; the bar, done
             return TrainingProgress(int(bar.group(1)), int(bar.group(2)), loss, timing)
-        return TrainingProgress(step + 1 if _NEMO_STEP.search(line) else step, None, loss, timing)
+        return TrainingProgress(step + 1 if NEMO_STEP.search(line) else step, None, loss, timing)
     return None

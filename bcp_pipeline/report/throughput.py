@@ -20,17 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config.nemo import ModelShape
+from ..training_log import MEGATRON_STEP, MEGATRON_TIMING, NEMO_STEP, NEMO_TIMING, NUMBER
 from .mfu import Peak, flops_per_token, model_flops_utilization
 from .timers import parse_timer_blocks
 
-_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-_LOCAL_STEP = re.compile(rf"^step (\d+)/\d+ .* ({_NUMBER}) s/step\b")
+_LOCAL_STEP = re.compile(rf"^step (\d+)/\d+ .* ({NUMBER}) s/step\b")
 _LOCAL_SHAPE = re.compile(r"^model shape: layers (\d+) hidden (\d+) heads \d+ seq_length (\d+) vocab (\d+) "
                           r"global_batch (\d+) world (\d+) device (\w+)")
-_NEMO_STEP = re.compile(rf"\bglobal_step=({_NUMBER})")
-_NEMO_TIMING = re.compile(rf"\btrain_step_timing in s=({_NUMBER})")
-_MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)/\s*\d+")
-_MEGATRON_TIMING = re.compile(rf"\belapsed time per iteration \(ms\): ({_NUMBER})")
 
 
 @dataclass(frozen=True)
@@ -62,9 +58,9 @@ def step_times(text: str) -> dict[int, float]:
         line = line.strip()
         if match := _LOCAL_STEP.match(line):
             times[int(match.group(1))] = float(match.group(2))
-        elif (step := _NEMO_STEP.search(line)) and (timing := _NEMO_TIMING.search(line)):
+        elif (step := NEMO_STEP.search(line)) and (timing := NEMO_TIMING.search(line)):
             times[int(float(step.group(1)))] = float(timing.group(1))
-        elif (step := _MEGATRON_STEP.search(line)) and (timing := _MEGATRON_TIMING.search(line)):
+        elif (step := MEGATRON_STEP.search(line)) and (timing := MEGATRON_TIMING.search(line)):
             times[int(step.group(1))] = float(timing.group(1)) / 1000
     return dict(sorted(times.items()))
 

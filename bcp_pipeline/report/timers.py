@@ -24,11 +24,12 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+from ..training_log import NUMBER
+
 _HEADER = re.compile(r"(max|\(min, max\)|times) (?:time )?across ranks \(ms\):\s*$")
-_ENTRY = re.compile(rf"^\s+(\S.*?) \.*: (?:({_NUMBER})|\(({_NUMBER}), ({_NUMBER})\))\s*$")
+_ENTRY = re.compile(rf"^\s+(\S.*?) \.*: (?:({NUMBER})|\(({NUMBER}), ({NUMBER})\))\s*$")
 _ALL_NAME = re.compile(r"^\s{2}(\S.*):\s*$")
-_ALL_RANK = re.compile(rf"^\s+rank\s+(\d+): ({_NUMBER})\s*$")
+_ALL_RANK = re.compile(rf"^\s+rank\s+(\d+): ({NUMBER})\s*$")
 # The step a block belongs to: the smoke pretrain's step line, or NeMo's progress bar.
 _STEP = re.compile(r"^step (\d+)/\d+ |\bglobal_step=(\d+(?:\.\d*)?)")
 OPTIONS = {"max": "max", "(min, max)": "minmax", "times": "all"}
