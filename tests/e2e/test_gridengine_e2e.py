@@ -194,5 +194,6 @@ def test_requests_the_cell_refuses_fail_the_run_with_grid_engine_s_words(
     raw["pipelines"]["demo"]["stages"]["sample"]["gridengine"] = {"extra_args": [directive]}
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert cli(config, "run", "demo") != 0
-    err = capsys.readouterr().err
-    assert words in err and "qsub" in err, err
+    printed = capsys.readouterr()
+    said = printed.out + printed.err
+    assert words in said and "qsub" in said, said
