@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import REPO, wait_for
+from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
 from sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 from test_pretrain_backends import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
 from test_pretrain_backends import write_project as write_ddp_project
@@ -197,3 +198,65 @@ def test_requests_the_cell_refuses_fail_the_run_with_grid_engine_s_words(
     printed = capsys.readouterr()
     said = printed.out + printed.err
     assert words in said and "qsub" in said, said
+
+
+GE_CHAIN = (CHAIN_CONFIG
+            .replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
+                     "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
+                     "  gridengine: {workspace_dir: ws, poll_seconds: 0.3, poll_max_seconds: 1, "
+                     "accounting_grace_seconds: 3}\n")
+            .replace('--count, "${count}", --name, first]', '--count, "${count}", --name, first, --sleep, "2"]')
+            .replace("        local: {replicas: 2, processes: 1}\n",
+                     "        local: {replicas: 2, processes: 1}\n        gridengine: {nodes: 2}\n")
+            .replace("        local: {replicas: 1, processes: 3}\n",
+                     "        local: {replicas: 1, processes: 3}\n        gridengine: {processes_per_node: 3}\n"))
+
+
+def test_a_task_deleted_while_the_orchestrator_was_killed_then_resume_matches_a_local_run(tmp_path: Path) -> None:
+    reference = write_chain_project(tmp_path / "local", GE_CHAIN)
+    assert cli(reference, "run", "chain", "--backend", "local") == 0
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    first = config.parent / "ws/main/first"
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "gridengine")
+    # Array task 2 (rank 1) has written item 1 and sleeps before item 3: kill the orchestrator, delete that task.
+    wait_for(lambda: (first / "item-0001.txt").exists(), timeout=90, what="rank 1's first item")
+    orchestrator.send_signal(signal.SIGKILL)
+    orchestrator.communicate(timeout=30)
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    job = state.stages["first"].jobs[-1].job_id
+    subprocess.run(["qdel", job, "-t", "2"], check=True, capture_output=True)
+    done = {p.name for p in first.glob("item-*.txt")}
+    # The resumed orchestrator finds the job again, reads its end from qacct (task 2: failed 100), and the
+    # stage runs again (its finished items kept); a run that stopped at the failed stage is resumed once more.
+    codes = [cli(config, "resume")]
+    if codes[0] != 0:
+        codes.append(cli(config, "resume"))
+    assert codes[-1] == 0, codes
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+    assert state.stages["first"].attempts == 2 and done <= {p.name for p in first.glob("item-*.txt")}
+    assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
+
+
+def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCell, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    config = demo_project(tmp_path / "p", "gridengine")
+    raw = yaml.safe_load(config.read_text())
+    raw["backends"]["gridengine"].update(parallel_environment="pe_node", container="apptainer")
+    raw["pipelines"]["demo"]["stages"]["download"]["gridengine"].update(
+        distributed=True, container_image="docker://nvcr.io/nvidia/nemo:24.05")
+    raw["pipelines"]["demo"]["stages"]["extract"]["gridengine"]["resources"] = ["node_h=1"]
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    capsys.readouterr()
+    assert cli(config, "check", "demo", "--json") == 1
+    result = json.loads(capsys.readouterr().out)
+    rows = {row["topic"]: row for row in result["rows"]}
+    assert rows["qmaster"]["verdict"] == "ok"
+    assert rows["qsub -w v"]["verdict"] == "different" and 'unknown resource "node_h"' in rows["qsub -w v"]["showed"]
+    assert "stage extract" in rows["qsub -w v"]["showed"] and "stage download" not in rows["qsub -w v"]["showed"]
+    assert rows["parallel environments"]["verdict"] == "ok" and "allocation_rule 1" in rows["parallel environments"]["showed"]
+    assert rows["hosts"]["verdict"] == "ok" and set(result["facts"]["hosts"]) == set(sge_cell.hosts)
+    assert rows["shared folder"]["verdict"] == "ok"
+    assert "pulled on every host" in rows["container images"]["meaning"]
+    # No Apptainer on the cell's hosts (the stand-in is for the jobs of other tests, not installed here).
+    assert rows["apptainer"]["verdict"] == "different" and "apptainer none" in rows["apptainer"]["showed"]
