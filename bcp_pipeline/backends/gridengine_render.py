@@ -162,6 +162,10 @@ exit "$code"'''
 
 def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) -> str:
     """The whole `qsub` script of a stage or verification job."""
+    if request.kind == "stage" and request.stage.nemo and not request.resources("gridengine").command:
+        raise SubmissionError(f"{where(request)}: NeMo pretraining (the stage's nemo: section) is not rendered for "
+                              "Grid Engine yet; give the stage a gridengine.command (e.g. torchrun in its "
+                              "container), or run it with --backend slurm or bcp")
     size = shape(request, options)
     world = size.nodes * size.per_node
     what = "verification of stage" if request.kind == "verify" else "stage"

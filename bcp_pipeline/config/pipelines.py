@@ -4,7 +4,7 @@ Layout of the file:
 
     version: 1
     stages_dir: stages            # stage programs, relative to this file
-    backends: {local: {...}, bcp: {...}, slurm: {...}}        # backend-wide options (resources.py *Options)
+    backends: {local: {...}, bcp: {...}, slurm: {...}, gridengine: {...}}  # backend-wide options (resources.py *Options)
     pipelines:
       NAME:
         workspace: {name: nemo-framework, mount: /mount_workspace}
