@@ -16,6 +16,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,24 @@ def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCe
     assert "pulled on every host" in rows["container images"]["meaning"]
     # No Apptainer on the cell's hosts (the stand-in is for the jobs of other tests, not installed here).
     assert rows["apptainer"]["verdict"] == "different" and "apptainer none" in rows["apptainer"]["showed"]
+
+
+def test_a_stage_in_an_apptainer_image_sees_the_workspace_at_mount_workspace(tmp_path: Path) -> None:
+    """The rendered `apptainer exec` line run by the stand-in (tests/fakes/apptainer_bin): a bind missing or wrong
+    would leave the workspace without the stage's items (they would go to the machine's own /mount_workspace)."""
+    reference = write_chain_project(tmp_path / "local", GE_CHAIN)
+    assert cli(reference, "run", "chain", "--backend", "local", "--only", "first") == 0
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    image = tmp_path / "images" / "stages.sif"
+    image.parent.mkdir()
+    image.write_bytes(b"")  # the stand-in runs the command on this machine: the image only has to exist
+    raw = yaml.safe_load(config.read_text())
+    raw["backends"]["gridengine"].update(container="apptainer", python=sys.executable)
+    stand_in = REPO / "tests" / "fakes" / "apptainer_bin"
+    raw["pipelines"]["chain"]["stages"]["first"]["gridengine"].update(
+        container_image=str(image), env={"PATH": f"{stand_in}:/usr/local/bin:/usr/bin:/bin"})
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert cli(config, "run", "chain", "--backend", "gridengine", "--only", "first") == 0
+    assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
+    assert {p.name for p in (config.parent / "ws/main/first").glob("item-*.txt")} == {
+        f"item-{i:04d}.txt" for i in range(6)}
