@@ -70,6 +70,12 @@ def resolved_env(request: JobRequest, backend: str, values: dict[str, str]) -> d
     return {key: substitute(value, values) for key, value in request.resources(backend).env.items()}
 
 
+def apptainer_argv(image: str, binds: list[str]) -> list[str]:
+    """`apptainer exec --nv --bind SRC:DST,... IMAGE` (Apptainer's own grammar: one comma-separated --bind), the
+    prefix of each rank's command where a Slurm or Grid Engine stage runs in an Apptainer image."""
+    return ["apptainer", "exec", "--nv", "--bind", ",".join(binds), image]
+
+
 def shell_exports(request: JobRequest, backend: str, values: dict[str, str], where: str) -> list[str]:
     """`export KEY=VALUE` lines of the backend section's env for a job script; a key no shell could set is refused."""
     env = resolved_env(request, backend, values)

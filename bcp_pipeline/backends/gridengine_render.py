@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from ..config.durations import parse_duration
 from ..config.resources import GridEngineOptions, GridEngineResources
 from ..errors import SubmissionError
-from .common import Paths, job_name, placeholder_values, rendezvous, shell_exports, shell_join, stage_command
+from .common import Paths, apptainer_argv, job_name, placeholder_values, rendezvous, shell_exports, shell_join
+from .common import stage_command
 from .contract import JobRequest
 
 CONTAINER_WORKSPACE = "/mount_workspace"  # where a container sees the workspace, as BCP mounts it
@@ -83,11 +84,6 @@ def job_values(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
     python = paths.python or ("python3" if contained else paths.orchestrator_python)
     return placeholder_values(request, workspace=CONTAINER_WORKSPACE if contained else paths.workspace,
                               code=paths.code, python=python, results=f"{paths.run_dir}/results/{request.stage.name}")
-
-
-def apptainer_argv(image: str, binds: list[str]) -> list[str]:
-    """`apptainer exec --nv --bind SRC:DST,... IMAGE` (Apptainer's own grammar: one comma-separated --bind)."""
-    return ["apptainer", "exec", "--nv", "--bind", ",".join(binds), image]
 
 
 def rank_argv(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:

@@ -23,7 +23,8 @@ from ..config.durations import parse_duration
 from ..errors import SubmissionError
 from .contract import JobRequest
 from ..config.resources import RankLayout, SlurmOptions, SlurmResources
-from .common import Paths, job_name, paths_for, placeholder_values, rendezvous, shell_exports, shell_join, stage_command
+from .common import Paths, apptainer_argv, job_name, paths_for, placeholder_values, rendezvous, shell_exports
+from .common import shell_join, stage_command
 
 # Each task records its own exit status (TASK_EXITS/rank-R.exit) when its program ends: srun may exit 0 for a job
 # whose node was lost (NODE_FAIL), and the batch script then holds every rank to its own record.
@@ -84,6 +85,11 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
     program = stage_command(request, "slurm", values)
     if res.container_image and not (request.kind == "stage" and res.command):
         program = ["bash", f"{paths.code}/bootstrap.sh", *program]  # as on BCP: installs missing stage packages
+    apptainer = bool(res.container_image) and options.container == "apptainer"
+    if apptainer:  # the same paths inside as outside, as Pyxis mounts them
+        binds = [f"{paths.workspace}:{paths.workspace}", f"{paths.code}:{paths.code}",
+                 f"{paths.run_dir}:{paths.run_dir}", *res.container_mounts]
+        program = apptainer_argv(str(res.container_image), binds) + program
     world = size.nodes * size.ntasks_per_node
     what = "verification of stage" if request.kind == "verify" else "stage"
     lines = ["#!/bin/bash",
@@ -100,7 +106,7 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
               'mkdir -p "$logs/$SLURM_JOB_ID"',
               'export BCP_PIPELINE_TASK_EXITS="$logs/$SLURM_JOB_ID"',
               'rm -f "$BCP_PIPELINE_TASK_EXITS"/rank-*.exit  # a requeued job starts over',
-              "srun " + " \\\n  ".join([*srun_flags(res, paths), task, shell_join(program)]),
+              "srun " + " \\\n  ".join([*srun_flags(res, paths, pyxis=not apptainer), task, shell_join(program)]),
               "code=$?",
               "# srun can exit 0 although a lost node's tasks never finished: every rank must have recorded 0.",
               f'if [ "$code" = 0 ]; then for rank in $(seq 0 {world - 1}); do '
@@ -136,11 +142,11 @@ def sbatch_flags(request: JobRequest, size: Shape, paths: Paths) -> list[tuple[s
                     ("--open-mode", "append")]
 
 
-def srun_flags(res: SlurmResources, paths: Paths) -> list[str]:
+def srun_flags(res: SlurmResources, paths: Paths, *, pyxis: bool = True) -> list[str]:
     rank_log = '"$logs/%j/rank-%5t.log"'  # %5t: the task's rank, zero-padded like the local backend's names
     # Every task runs to its end even if another fails, so a rerun has the least left to redo.
     flags = ["--kill-on-bad-exit=0 --open-mode=append", f"--output={rank_log} --error={rank_log}"]
-    if res.container_image:
+    if res.container_image and pyxis:
         mounts = [f"{paths.workspace}:{paths.workspace}", f"{paths.code}:{paths.code}", *res.container_mounts]
         flags.append(" ".join([f"--container-image={shlex.quote(res.container_image)}",
                                f"--container-mounts={shlex.quote(','.join(mounts))}",

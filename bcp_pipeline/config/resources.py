@@ -73,8 +73,10 @@ class SlurmResources:
     account: str | None = None  # --account (default: backends.slurm.account)
     gpus_per_node: int | None = None  # --gpus-per-node
     mem: str | None = None  # --mem, e.g. 64G
-    container_image: str | None = None  # Pyxis srun --container-image, e.g. nvcr.io#nvidia/nemo:24.05
-    container_mounts: list[str] = field(default_factory=list)  # Pyxis --container-mounts SRC:DST[:FLAGS] (the
+    container_image: str | None = None  # Pyxis srun --container-image, e.g. nvcr.io#nvidia/nemo:24.05 (with
+    # backends.slurm.container apptainer: a .sif path or docker://nvcr.io/nvidia/nemo:24.05)
+    container_mounts: list[str] = field(default_factory=list)  # Pyxis --container-mounts SRC:DST[:FLAGS] (Apptainer
+    # --bind SRC[:DST[:ro|rw]]; the
     # workspace and stages/ folders are added, mounted at the same paths)
     extra_args: list[str] = field(default_factory=list)  # more #SBATCH flags, verbatim, e.g. --exclusive
     srun_args: list[str] = field(default_factory=list)  # more srun flags, verbatim, e.g. --mpi=pmix
@@ -178,6 +180,8 @@ class SlurmOptions:
     python: str | None = None  # interpreter on the compute nodes (default: the orchestrator's; python3 in a container)
     partition: str | None = None  # default --partition of every job
     account: str | None = None  # default --account of every job
+    container: Literal["pyxis", "apptainer"] = "pyxis"  # how a stage's container_image runs: Pyxis's srun
+    # --container-image (an enroot image), or each task as `apptainer exec --nv` (a .sif path or docker:// image)
     poll_seconds: float = 1.0  # first squeue interval after a change ...
     poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
 

@@ -183,3 +183,28 @@ def test_a_stage_of_no_nodes_is_refused_naming_the_stage_and_the_keys(tmp_path):
     backend, request = container_backend(tmp_path, "pretrain.gridengine.processes_per_node=0")
     with pytest.raises(SubmissionError, match=r"stage pretrain: gridengine nodes and processes_per_node must be >= 1"):
         backend.render(request)
+
+
+def test_slurm_offers_apptainer_beside_pyxis_in_apptainer_s_grammar(tmp_path):
+    from bcp_pipeline.backends.slurm import SlurmBackend
+
+    raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
+    raw["stages_dir"] = str(REPO / "stages")
+    raw.setdefault("backends", {})["slurm"] = {"container": "apptainer"}
+    config_file = tmp_path / "pipelines.yaml"
+    config_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    config = load_config(config_file, ["download.slurm.container_image=docker://nvcr.io/nvidia/nemo:24.05",
+                                       "download.slurm.container_mounts=[/data:/data:ro]"], pipeline="demo")
+    pipeline = config.pipelines["demo"]
+    stage = pipeline.stages["download"]
+    backend = SlurmBackend(config.options["slurm"], config_dir=tmp_path, stages_dir=REPO / "stages",
+                           run_dir=tmp_path / "runs/demo-RUN", workspace_name="demo")
+    script = backend.render(JobRequest(run_id="demo-RUN", pipeline=pipeline, stage=stage, kind="stage",
+                                       program=stage.program, args=tuple(stage.args))).printable
+    assert "--container-image" not in script  # not Pyxis
+    [line] = [line for line in script.splitlines() if line.lstrip().startswith("apptainer ")]  # srun's command
+    call = load_stand_in().parse(shlex.split(line)[1:])
+    workspace = str((tmp_path / ".bcp-pipeline/workspaces/demo").resolve())
+    assert call.image == "docker://nvcr.io/nvidia/nemo:24.05" and call.nv
+    assert call.binds[0] == (workspace, workspace, "rw") and call.binds[-1] == ("/data", "/data", "ro")
+    assert call.command[0] == "bash" and call.command[1].endswith("/bootstrap.sh")
