@@ -104,3 +104,8 @@ def sge_cell(request: pytest.FixtureRequest) -> Iterator[SgeCell]:
         assert res.returncode == 0, f"scripts/sge-cluster stop failed:\n{res.stderr}"
         left = script("status", "--base", str(base), timeout=60)
         assert left.returncode == 3, left.stdout
+        # node2's namespace and the bridge (named as scripts/slurm-cluster names them, from the base folder) are gone.
+        tag = hashlib.sha1(str(base).encode()).hexdigest()[:6]
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert f"bcpbr{tag}" not in links and f"bcp{tag}" not in namespaces, (links, namespaces)

@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,40 @@ def test_a_stage_in_an_apptainer_image_sees_the_workspace_at_mount_workspace(tmp
     assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
     assert {p.name for p in (config.parent / "ws/main/first").glob("item-*.txt")} == {
         f"item-{i:04d}.txt" for i in range(6)}
+
+
+def host_of_task(job_id: str, task: str) -> str:
+    """The host an array task runs on, from `qstat -xml` (`queue_name` all.q@HOST of its running entry)."""
+    import xml.etree.ElementTree as ElementTree
+
+    root = ElementTree.fromstring(subprocess.run(["qstat", "-u", "*", "-xml"], capture_output=True, text=True,
+                                                 check=True).stdout)
+    for entry in root.iter("job_list"):
+        fields = {child.tag: (child.text or "").strip() for child in entry}
+        if fields.get("JB_job_number") == job_id and fields.get("tasks") == task:
+            return fields["queue_name"].split("@", 1)[1]
+    raise AssertionError(f"task {task} of job {job_id} is not running")
+
+
+def test_an_exec_daemon_killed_mid_stage_then_restarted_the_run_goes_on_to_a_local_run_s_result(
+        sge_cell: SgeCell, tmp_path: Path) -> None:
+    """Grid Engine's jobs outlive their exec daemon (the shepherd stays); the restarted execd reports what ended
+    meanwhile, and the orchestrator, which saw the job running the whole time (never finished), goes on."""
+    reference = write_chain_project(tmp_path / "local", GE_CHAIN)
+    assert cli(reference, "run", "chain", "--backend", "local") == 0
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    first = config.parent / "ws/main/first"
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "gridengine")
+    wait_for(lambda: (first / "item-0001.txt").exists(), timeout=90, what="rank 1's first item")
+    job = RunStore(config.parent / ".bcp-pipeline").latest().stages["first"].jobs[-1].job_id
+    host = host_of_task(job, "2")  # where rank 1 runs (array task 2)
+    killed = sge_cell.script("kill-execd", host)
+    assert killed.returncode == 0 and f"killed sge_execd@{host}" in killed.stderr, killed.stderr
+    time.sleep(8)  # the task ends meanwhile, with nobody to tell qmaster
+    restarted = sge_cell.script("start-execd", host)
+    assert restarted.returncode == 0, restarted.stderr
+    output, _ = orchestrator.communicate(timeout=240)
+    assert orchestrator.returncode == 0, output
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+    assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
