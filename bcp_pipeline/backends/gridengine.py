@@ -148,6 +148,8 @@ class GridEngineBackend(Backend):
         stuck = [s.job_id for s in statuses.values() if s.state is JobState.FAILED]
         if stuck:
             self.cancel(stuck)  # an Eqw job stays for ever otherwise
+            # Deleted, it leaves no accounting record: what it ended as is kept here for any later poll.
+            self._finished.update((job_id, statuses[job_id]) for job_id in stuck)
         for job_id in job_ids:
             if job_id not in statuses and (status := self._unlisted_status(job_id)) is not None:
                 statuses[job_id] = status
@@ -201,7 +203,8 @@ class GridEngineBackend(Backend):
         try:
             text = run_command(["qacct", "-j", job_id], timeout=60, hint=HINT).stdout
         except CommandError as exc:
-            if re.search(r"job id \S+ not found", exc.stderr):  # no record (yet)
+            # No record (yet), or no accounting file at all: a fresh cell where no job has ended.
+            if re.search(r"job id \S+ not found|/accounting: No such file", exc.stderr):
                 return []
             return None
         return parse_qacct(text)
