@@ -320,3 +320,28 @@ def test_an_exec_daemon_killed_mid_stage_then_restarted_the_run_goes_on_to_a_loc
     state = RunStore(config.parent / ".bcp-pipeline").latest()
     assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
     assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
+
+
+def test_cancel_deletes_the_run_s_jobs_on_the_cell(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    first = config.parent / "ws/main/first"
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "gridengine")
+    try:
+        wait_for(lambda: (first / "item-0001.txt").exists(), timeout=90, what="rank 1's first item")
+        state = RunStore(config.parent / ".bcp-pipeline").latest()
+        job = state.stages["first"].jobs[-1].job_id
+        capsys.readouterr()
+        assert cli(config, "cancel", state.run_id) == 0
+        assert job in capsys.readouterr().out
+        orchestrator.communicate(timeout=120)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    # Grid Engine no longer lists the job, and its accounting says it was deleted while running.
+    wait_for(lambda: subprocess.run(["qstat", "-j", job], capture_output=True).returncode != 0, timeout=30,
+             what="the job gone from qstat")
+    # (qacct has the record about a second after qstat lost the job)
+    wait_for(lambda: re.search(r"^failed\s+100", subprocess.run(["qacct", "-j", job], capture_output=True,
+                                                                  text=True).stdout, re.MULTILINE),
+             timeout=30, what="qacct's record: failed 100 (deleted while running)")
+    assert not (first / "item-0005.txt").exists()
