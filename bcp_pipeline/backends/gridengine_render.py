@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..config.durations import parse_duration
 from ..config.resources import GridEngineOptions, GridEngineResources
-from ..errors import SubmissionError
+from ..errors import ConfigError, SubmissionError
 from .common import Paths, apptainer_argv, job_name, placeholder_values, rendezvous, shell_exports, shell_join
 from .common import stage_command
 from .contract import JobRequest
@@ -61,8 +61,8 @@ def shape(request: JobRequest, options: GridEngineOptions) -> Shape:
     res: GridEngineResources = request.resources("gridengine")
     layout = request.rank_layout("gridengine")
     if min(layout.nodes, layout.per_node) < 1:
-        raise SubmissionError(f"{where(request)}: gridengine nodes and processes_per_node must be >= 1, got "
-                              f"{layout.nodes} x {layout.per_node}; set them in the stage's gridengine: section")
+        raise config_error(request, "gridengine", f"gridengine nodes and processes_per_node must be >= 1, got "
+                           f"{layout.nodes} x {layout.per_node}; set them in the stage's gridengine: section")
     return Shape(nodes=layout.nodes, per_node=layout.per_node, distributed=res.distributed,
                  h_rt=res.h_rt or request.resources("bcp").total_runtime,
                  parallel_environment=res.parallel_environment or options.parallel_environment,
@@ -76,7 +76,11 @@ def h_rt(duration: str) -> str:
 
 
 def in_container(request: JobRequest, options: GridEngineOptions) -> bool:
-    return options.container == "apptainer" and bool(request.resources("gridengine").container_image)
+    image = request.resources("gridengine").container_image
+    if image and options.container == "none":  # never run a stage outside the image it names
+        raise config_error(request, "gridengine", f"gridengine.container_image is {image!r} but backends."
+                           "gridengine.container is none; set it to apptainer (or drop the stage's container_image)")
+    return bool(image)
 
 
 def job_values(request: JobRequest, options: GridEngineOptions, paths: Paths) -> dict[str, str]:
@@ -159,9 +163,9 @@ exit "$code"'''
 def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) -> str:
     """The whole `qsub` script of a stage or verification job."""
     if request.kind == "stage" and request.stage.nemo and not request.resources("gridengine").command:
-        raise SubmissionError(f"{where(request)}: NeMo pretraining (the stage's nemo: section) is not rendered for "
-                              "Grid Engine yet; give the stage a gridengine.command (e.g. torchrun in its "
-                              "container), or run it with --backend slurm or bcp")
+        raise config_error(request, "nemo", "NeMo pretraining (the stage's nemo: section) is not rendered for Grid "
+                           "Engine yet; give the stage a gridengine.command (e.g. torchrun in its container), or run "
+                           "it with --backend slurm or bcp")
     size = shape(request, options)
     world = size.nodes * size.per_node
     what = "verification of stage" if request.kind == "verify" else "stage"
@@ -195,6 +199,11 @@ def job_rendezvous(request: JobRequest, options: GridEngineOptions) -> dict | No
         return rendezvous(layout, "the first host of $PE_HOSTFILE", f"$(({MASTER_PORT_EXPR}))")
     return rendezvous(layout, "$(hostname) of each array task (its ranks are independent of other tasks')",
                       f"$(({MASTER_PORT_EXPR}))")
+
+
+def config_error(request: JobRequest, key: str, message: str) -> ConfigError:
+    """A ConfigError at the stage's `key` (file:line, or the --set that gave it), naming the job."""
+    return request.stage.where(key).error(f"{where(request)}: {message}")
 
 
 def where(request: JobRequest) -> str:

@@ -19,7 +19,7 @@ from bcp_pipeline.backends.gridengine import STATE_MAP, GridEngineBackend, accou
 from bcp_pipeline.backends.gridengine_render import h_rt
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
-from bcp_pipeline.errors import SubmissionError
+from bcp_pipeline.errors import ConfigError, SubmissionError
 from golden_files import REPO, assert_golden, normalize
 
 STAND_IN = REPO / "tests" / "fakes" / "apptainer_bin" / "apptainer"
@@ -174,14 +174,14 @@ def test_h_rt_is_hours_minutes_seconds():
 
 def test_a_nemo_stage_without_a_gridengine_command_is_refused_naming_the_stage(capsys):
     capsys.readouterr()
-    assert main(["--config", str(REPO / "pipelines.yaml"), "plan", "slimpajama-126m", "--backend", "gridengine"]) != 0
+    assert main(["--config", str(REPO / "pipelines.yaml"), "plan", "slimpajama-126m", "--backend", "gridengine"]) == 2
     err = capsys.readouterr().err
     assert "stage pretrain: NeMo pretraining" in err and "gridengine.command" in err, err
 
 
 def test_a_stage_of_no_nodes_is_refused_naming_the_stage_and_the_keys(tmp_path):
     backend, request = container_backend(tmp_path, "pretrain.gridengine.processes_per_node=0")
-    with pytest.raises(SubmissionError, match=r"stage pretrain: gridengine nodes and processes_per_node must be >= 1"):
+    with pytest.raises(ConfigError, match=r"stage pretrain: gridengine nodes and processes_per_node must be >= 1"):
         backend.render(request)
 
 
@@ -208,3 +208,13 @@ def test_slurm_offers_apptainer_beside_pyxis_in_apptainer_s_grammar(tmp_path):
     assert call.image == "docker://nvcr.io/nvidia/nemo:24.05" and call.nv
     assert call.binds[0] == (workspace, workspace, "rw") and call.binds[-1] == ("/data", "/data", "ro")
     assert call.command[0] == "bash" and call.command[1].endswith("/bootstrap.sh")
+
+
+def test_an_image_without_a_container_runtime_is_refused_not_ignored(tmp_path, capsys):
+    capsys.readouterr()
+    code = main(["--config", str(REPO / "pipelines.yaml"), "plan", "demo", "--backend", "gridengine",
+                 "--set", "download.gridengine.container_image=/images/x.sif"])
+    err = capsys.readouterr().err
+    assert code == 2 and "stage download: gridengine.container_image is '/images/x.sif'" in err, err
+    assert "pipelines.yaml:" in err  # the stage's place in the file
+    assert "backends.gridengine.container is none; set it to apptainer" in err
