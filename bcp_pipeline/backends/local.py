@@ -184,8 +184,8 @@ class LocalBackend(Backend):
             parts.append(text if rank is not None or len(paths) == 1 else f"==> {path.name} <==\n{text}")
         return "\n".join(parts)
 
-    def progress(self, job_id: str) -> JobProgress | None:
-        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)])
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)
 
     def failure_detail(self, job_id: str, status: JobStatus) -> str:
         spec = _read_json(self.run_dir / "jobs" / job_id / "status.json") or {}

@@ -281,6 +281,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         about = f": {description}" if request.kind == "stage" and description else ""
         meet = f"\n{rendezvous_line(submission.rendezvous)}" if submission.rendezvous else ""
         print(f"\n# {what}{request.stage.name}{needs}{about}{meet}\n{submission.printable}")
+        for path, text in submission.files.items():
+            print(f"# ... running {path} (in the workspace; written there before the job is submitted):\n"
+                  + "\n".join(f"#   {line}" if line else "#" for line in text.splitlines()))
     print()
     print("\n".join(render_estimates(estimate)))
     if driver:
@@ -337,7 +340,7 @@ def live_run(args: argparse.Namespace) -> tuple[RunStore, LiveRun]:
         if state.driver_owned:  # the stages as its driver last saved them
             chosen = ChosenRun(config=live.config, pipeline=live.pipeline, store=store, state=state, selected=set())
             live.view = detached_run(chosen).refresh()
-        refresh_jobs(live.backend, state)
+        refresh_jobs(live.backend, state, live.pipeline)
     except PipelineError as exc:
         live.problem = str(exc)
     return store, live
