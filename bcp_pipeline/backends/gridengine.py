@@ -238,8 +238,8 @@ class GridEngineBackend(Backend):
             parts.append(text if len(paths) == 1 else f"==> {path.name} <==\n{text}")
         return "\n".join(parts)
 
-    def progress(self, job_id: str) -> JobProgress | None:
-        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)])
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)
 
     def failure_detail(self, job_id: str, status: JobStatus) -> str:
         """Grid Engine's account of the end, the failed ranks the launchers named, and the first one's log tail."""
