@@ -1,18 +1,53 @@
-"""Pieces every backend shares: placeholder values, the stage command, log-line parsing, log tails."""
+"""Pieces every backend shares: placeholder values, the stage command, log-line parsing, log tails; and what the
+batch-scheduler backends (Slurm, Grid Engine) share: job names and the job-side paths."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config.pipelines import substitute
 from ..config.resources import RankLayout
+from ..errors import SubmissionError
 from .contract import JobProgress, JobRequest
 from ..training_log import last_progress
 
 LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
+NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Paths:
+    """Where things are as a cluster's nodes see them (the same paths as on the submit host)."""
+
+    workspace: str
+    code: str  # the stages/ folder
+    run_dir: str  # holds logs/
+    python: str | None  # None: the default (the orchestrator's interpreter, python3 in a container)
+    orchestrator_python: str
+
+    @property
+    def logs(self) -> str:
+        return f"{self.run_dir}/logs"
+
+
+def job_name(run_id: str, stage: str, kind: str) -> str:
+    """`RUN.STAGE` or `RUN.STAGE.verify` (stage names never hold '.'), safe for `squeue --name`, `qsub -N` and
+    file names."""
+    return NAME_UNSAFE.sub("_", f"{run_id}.{stage}" + (".verify" if kind == "verify" else ""))
+
+
+def paths_for(options: Any, *, config_dir: Path, stages_dir: Path, run_dir: Path, workspace_name: str,
+              orchestrator_python: str) -> Paths:
+    """The job-side paths: the workspace folder (relative to the config file), stages/ and the run folder."""
+    workspace = (config_dir / options.workspace_dir / workspace_name).resolve()
+    return Paths(workspace=str(workspace), code=str(stages_dir), run_dir=str(run_dir), python=options.python,
+                 orchestrator_python=orchestrator_python)
 
 
 def stage_command(request: JobRequest, backend: str, values: dict[str, str]) -> list[str]:
@@ -34,6 +69,21 @@ def placeholder_values(request: JobRequest, *, workspace: str, results: str, cod
 
 def resolved_env(request: JobRequest, backend: str, values: dict[str, str]) -> dict[str, str]:
     return {key: substitute(value, values) for key, value in request.resources(backend).env.items()}
+
+
+def apptainer_argv(image: str, binds: list[str]) -> list[str]:
+    """`apptainer exec --nv --bind SRC:DST,... IMAGE` (Apptainer's own grammar: one comma-separated --bind), the
+    prefix of each rank's command where a Slurm or Grid Engine stage runs in an Apptainer image."""
+    return ["apptainer", "exec", "--nv", "--bind", ",".join(binds), image]
+
+
+def shell_exports(request: JobRequest, backend: str, values: dict[str, str], where: str) -> list[str]:
+    """`export KEY=VALUE` lines of the backend section's env for a job script; a key no shell could set is refused."""
+    env = resolved_env(request, backend, values)
+    for key in env:
+        if not SHELL_NAME.match(key):
+            raise SubmissionError(f"{where}: {backend} env name {key!r} is not a shell variable name")
+    return [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
 
 
 def rendezvous(layout: RankLayout, master_addr: str, master_port: str) -> dict[str, Any] | None:

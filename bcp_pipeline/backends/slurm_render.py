@@ -16,19 +16,16 @@ launcher writes and `sbatch`es its own job (named JOB_NAME.nemo.RUN_NAME), whose
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..config.durations import parse_duration
 from ..errors import SubmissionError
 from .contract import JobRequest
 from ..config.resources import RankLayout, SlurmOptions, SlurmResources
-from .common import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
+from .common import Paths, apptainer_argv, job_name, paths_for, placeholder_values, rendezvous, shell_exports
+from .common import shell_join, stage_command
 
-NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Each task records its own exit status (TASK_EXITS/rank-R.exit) when its program ends: srun may exit 0 for a job
 # whose node was lost (NODE_FAIL), and the batch script then holds every rank to its own record.
 TASK_WRAPPER = ('export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID '
@@ -42,21 +39,6 @@ MASTER_PORT_EXPR = "20000 + SLURM_JOB_ID % 20000"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Paths:
-    """Where things are as the cluster's nodes see them (the same paths as on the submit host)."""
-
-    workspace: str
-    code: str  # the stages/ folder
-    run_dir: str  # holds logs/
-    python: str | None  # None: the default (the orchestrator's interpreter, python3 in a container)
-    orchestrator_python: str
-
-    @property
-    def logs(self) -> str:
-        return f"{self.run_dir}/logs"
-
-
-@dataclass(frozen=True, kw_only=True)
 class Shape:
     """A job's resources after deriving unset fields from the BCP section and the backend options."""
 
@@ -66,11 +48,6 @@ class Shape:
     time: str | None  # a Duration, e.g. 1h
     partition: str | None
     account: str | None
-
-
-def job_name(run_id: str, stage: str, kind: str) -> str:
-    """`RUN.STAGE` or `RUN.STAGE.verify` (stage names never hold '.'), safe for `squeue --name` and file names."""
-    return NAME_UNSAFE.sub("_", f"{run_id}.{stage}" + (".verify" if kind == "verify" else ""))
 
 
 def slurm_time(duration: str) -> str:
@@ -108,6 +85,11 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
     program = stage_command(request, "slurm", values)
     if res.container_image and not (request.kind == "stage" and res.command):
         program = ["bash", f"{paths.code}/bootstrap.sh", *program]  # as on BCP: installs missing stage packages
+    apptainer = bool(res.container_image) and options.container == "apptainer"
+    if apptainer:  # the same paths inside as outside, as Pyxis mounts them
+        binds = [f"{paths.workspace}:{paths.workspace}", f"{paths.code}:{paths.code}",
+                 f"{paths.run_dir}:{paths.run_dir}", *res.container_mounts]
+        program = apptainer_argv(str(res.container_image), binds) + program
     world = size.nodes * size.ntasks_per_node
     what = "verification of stage" if request.kind == "verify" else "stage"
     lines = ["#!/bin/bash",
@@ -118,17 +100,13 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
     lines += [f"logs={shlex.quote(paths.logs)}",
               f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
               f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}"]
-    env = resolved_env(request, "slurm", values)
-    for key in env:
-        if not SHELL_NAME.match(key):
-            raise SubmissionError(f"{_where(request)}: slurm env name {key!r} is not a shell variable name")
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+    lines += shell_exports(request, "slurm", values, _where(request))
     task = f"bash -c {shlex.quote(TASK_WRAPPER)} bcp-pipeline-task"
     lines += [f'export MASTER_ADDR="$(hostname)" MASTER_PORT="$(({MASTER_PORT_EXPR}))"',
               'mkdir -p "$logs/$SLURM_JOB_ID"',
               'export BCP_PIPELINE_TASK_EXITS="$logs/$SLURM_JOB_ID"',
               'rm -f "$BCP_PIPELINE_TASK_EXITS"/rank-*.exit  # a requeued job starts over',
-              "srun " + " \\\n  ".join([*srun_flags(res, paths), task, shell_join(program)]),
+              "srun " + " \\\n  ".join([*srun_flags(res, paths, pyxis=not apptainer), task, shell_join(program)]),
               "code=$?",
               "# srun can exit 0 although a lost node's tasks never finished: every rank must have recorded 0.",
               f'if [ "$code" = 0 ]; then for rank in $(seq 0 {world - 1}); do '
@@ -164,11 +142,11 @@ def sbatch_flags(request: JobRequest, size: Shape, paths: Paths) -> list[tuple[s
                     ("--open-mode", "append")]
 
 
-def srun_flags(res: SlurmResources, paths: Paths) -> list[str]:
+def srun_flags(res: SlurmResources, paths: Paths, *, pyxis: bool = True) -> list[str]:
     rank_log = '"$logs/%j/rank-%5t.log"'  # %5t: the task's rank, zero-padded like the local backend's names
     # Every task runs to its end even if another fails, so a rerun has the least left to redo.
     flags = ["--kill-on-bad-exit=0 --open-mode=append", f"--output={rank_log} --error={rank_log}"]
-    if res.container_image:
+    if res.container_image and pyxis:
         mounts = [f"{paths.workspace}:{paths.workspace}", f"{paths.code}:{paths.code}", *res.container_mounts]
         flags.append(" ".join([f"--container-image={shlex.quote(res.container_image)}",
                                f"--container-mounts={shlex.quote(','.join(mounts))}",
@@ -253,11 +231,3 @@ def nemo_launcher_script(request: JobRequest, options: SlurmOptions, paths: Path
 
 def _where(request: JobRequest) -> str:
     return f"stage {request.stage.name}" + (" (verification)" if request.kind == "verify" else "")
-
-
-def paths_for(options: SlurmOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path, workspace_name: str,
-              orchestrator_python: str) -> Paths:
-    """The job-side paths: the workspace folder (relative to the config file), stages/ and the run folder."""
-    workspace = (config_dir / options.workspace_dir / workspace_name).resolve()
-    return Paths(workspace=str(workspace), code=str(stages_dir), run_dir=str(run_dir), python=options.python,
-                 orchestrator_python=orchestrator_python)

@@ -4,7 +4,7 @@ Layout of the file:
 
     version: 1
     stages_dir: stages            # stage programs, relative to this file
-    backends: {local: {...}, bcp: {...}, slurm: {...}}        # backend-wide options (resources.py *Options)
+    backends: {local: {...}, bcp: {...}, slurm: {...}, gridengine: {...}}  # backend-wide options (resources.py *Options)
     pipelines:
       NAME:
         workspace: {name: nemo-framework, mount: /mount_workspace}
@@ -33,7 +33,7 @@ from typing import Any, Literal
 import yaml
 
 from ..errors import ConfigError
-from .resources import OPTION_TYPES, RESOURCE_TYPES, BcpResources, LocalResources, SlurmResources
+from .resources import OPTION_TYPES, RESOURCE_TYPES, BcpResources, GridEngineResources, LocalResources, SlurmResources
 from .resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
 from .typed import Duration, Where, build, field_names
 from .yaml_lines import LineDict, load_yaml_with_lines
@@ -127,6 +127,7 @@ class StageConfig:
     bcp: BcpResources = field(default_factory=BcpResources)
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)
+    gridengine: GridEngineResources = field(default_factory=GridEngineResources)
     name: str = field(default="", metadata={"internal": True})
     line: int | None = field(default=None, metadata={"internal": True})
     # Where each key was written (file:line, or the --set that gave it; a key left out points at the stage), so
@@ -148,6 +149,7 @@ class VerificationResources:
     bcp: BcpResources = field(default_factory=BcpResources)
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)
+    gridengine: GridEngineResources = field(default_factory=GridEngineResources)
 
 
 @dataclass(kw_only=True)
@@ -194,7 +196,7 @@ class PipelineConfig:
     workspace: Workspace
     stages: dict[str, StageConfig]
     description: str = ""
-    backend: Literal["local", "bcp", "slurm"] = "local"  # used when --backend is not given
+    backend: Literal["local", "bcp", "slurm", "gridengine"] = "local"  # used when --backend is not given
     vars: dict[str, str] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     verification: VerificationResources = field(default_factory=VerificationResources)
@@ -274,7 +276,7 @@ def _check_top_keys(raw: dict, top: Where) -> None:
 
 def _load_options(raw: Any, where: Where) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise where.error("expected a mapping of backend names (local, bcp, slurm) to options")
+        raise where.error("expected a mapping of backend names (local, bcp, slurm, gridengine) to options")
     for key in raw:
         if key not in OPTION_TYPES:
             raise where.child(key, raw).error(f"unknown backend {key!r}; valid: {', '.join(OPTION_TYPES)}")

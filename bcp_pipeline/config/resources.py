@@ -73,8 +73,10 @@ class SlurmResources:
     account: str | None = None  # --account (default: backends.slurm.account)
     gpus_per_node: int | None = None  # --gpus-per-node
     mem: str | None = None  # --mem, e.g. 64G
-    container_image: str | None = None  # Pyxis srun --container-image, e.g. nvcr.io#nvidia/nemo:24.05
-    container_mounts: list[str] = field(default_factory=list)  # Pyxis --container-mounts SRC:DST[:FLAGS] (the
+    container_image: str | None = None  # Pyxis srun --container-image, e.g. nvcr.io#nvidia/nemo:24.05 (with
+    # backends.slurm.container apptainer: a .sif path or docker://nvcr.io/nvidia/nemo:24.05)
+    container_mounts: list[str] = field(default_factory=list)  # Pyxis --container-mounts SRC:DST[:FLAGS] (Apptainer
+    # --bind SRC[:DST[:ro|rw]]; the
     # workspace and stages/ folders are added, mounted at the same paths)
     extra_args: list[str] = field(default_factory=list)  # more #SBATCH flags, verbatim, e.g. --exclusive
     srun_args: list[str] = field(default_factory=list)  # more srun flags, verbatim, e.g. --mpi=pmix
@@ -83,7 +85,31 @@ class SlurmResources:
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
 
 
-RESOURCE_TYPES: dict[str, type] = {"bcp": BcpResources, "local": LocalResources, "slurm": SlurmResources}
+@dataclass(kw_only=True)
+class GridEngineResources:
+    """One `qsub` job with `#$` directives: an array job of `nodes` independent tasks, or (`distributed`) one job
+    over a parallel environment with one launcher per host; unset fields are derived from the stage's BCP section."""
+
+    nodes: int | None = None  # array tasks (-t 1-N) or hosts of the parallel environment (default: bcp.replicas)
+    processes_per_node: int | None = None  # ranks each task or host starts (default: bcp.processes)
+    distributed: bool = False  # the ranks meet (torch.distributed): one job over `-pe`, hosts from $PE_HOSTFILE,
+    # MASTER_ADDR its first host, one `qrsh -inherit` launcher per host; false: independent replicas, an array job
+    h_rt: Duration | None = None  # -l h_rt (default: bcp.total_runtime; neither: the queue's limit)
+    resources: list[str] = field(default_factory=list)  # -l requests, verbatim, e.g. node_f=1 (TSUBAME), gpu=4
+    parallel_environment: str | None = None  # -pe NAME NODES for a distributed job (default: backends.gridengine.
+    # parallel_environment; none at all: a site whose `-l node_f=N` makes the job parallel, as TSUBAME's does)
+    project: str | None = None  # -P (default: backends.gridengine.project)
+    queue: str | None = None  # -q (default: backends.gridengine.queue)
+    container_image: str | None = None  # Apptainer image: a .sif path or docker://REF (pulled on every host)
+    container_binds: list[str] = field(default_factory=list)  # more Apptainer --bind SRC[:DST[:OPTS]] (the
+    # workspace is bound at /mount_workspace; stages/ and the run folder at their own paths)
+    extra_args: list[str] = field(default_factory=list)  # more `#$` lines, verbatim, e.g. -l gpu=4
+    env: dict[str, str] = field(default_factory=dict)  # exported in the job script (and so to every rank)
+    command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
+
+
+RESOURCE_TYPES: dict[str, type] = {"bcp": BcpResources, "local": LocalResources, "slurm": SlurmResources,
+                                   "gridengine": GridEngineResources}
 BACKEND_NAMES = tuple(RESOURCE_TYPES)
 
 
@@ -156,11 +182,32 @@ class SlurmOptions:
     python: str | None = None  # interpreter on the compute nodes (default: the orchestrator's; python3 in a container)
     partition: str | None = None  # default --partition of every job
     account: str | None = None  # default --account of every job
+    container: Literal["pyxis", "apptainer"] = "pyxis"  # how a stage's container_image runs: Pyxis's srun
+    # --container-image (an enroot image), or each task as `apptainer exec --nv` (a .sif path or docker:// image)
     poll_seconds: float = 1.0  # first squeue interval after a change ...
     poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
 
 
-OPTION_TYPES: dict[str, type] = {"bcp": BcpOptions, "local": LocalOptions, "slurm": SlurmOptions}
+@dataclass(kw_only=True)
+class GridEngineOptions:
+    """`backends.gridengine`: a Grid Engine cell (Son of Grid Engine, Altair Grid Engine); a shared folder stands
+    in for the workspace on the exec hosts."""
+
+    workspace_dir: str = ".bcp-pipeline/workspaces"  # relative to the config file; every exec host must see it (and
+    # the stages/ folder and the run folder, which holds the job logs)
+    python: str | None = None  # interpreter on the exec hosts (default: the orchestrator's; python3 in a container)
+    container: Literal["none", "apptainer"] = "none"  # apptainer: stages with a container_image run in it
+    parallel_environment: str | None = None  # default -pe of distributed jobs
+    project: str | None = None  # default -P of every job
+    queue: str | None = None  # default -q of every job
+    accounting_grace_seconds: float = 60.0  # a job gone from qstat with no `qacct` record this long was deleted
+    # before it started (the cell writes accounting every reporting_params flush_time, 15 s by default)
+    poll_seconds: float = 1.0  # first qstat interval after a change ...
+    poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
+
+
+OPTION_TYPES: dict[str, type] = {"bcp": BcpOptions, "local": LocalOptions, "slurm": SlurmOptions,
+                                 "gridengine": GridEngineOptions}
 
 
 @dataclass(frozen=True)
@@ -181,14 +228,19 @@ def rank_layout(sections: object, backend: str) -> RankLayout:
     BCP job (`--replicas`, bcprun's `--nnodes/--npernode`), the recorded sharding, the rendezvous `plan` shows and
     the estimates all call it, so they cannot disagree about a distributed stage's world size.
 
-    local: replicas x processes; bcp: replicas x processes; slurm: nodes x ntasks_per_node, each one unset taken
-    from the bcp section, so a pipeline written for BCP runs at the same shape on a Slurm cluster.
+    local: replicas x processes; bcp: replicas x processes; slurm: nodes x ntasks_per_node; gridengine: nodes x
+    processes_per_node; each Slurm or Grid Engine one unset taken from the bcp section, so a pipeline written for
+    BCP runs at the same shape on a Slurm cluster or a Grid Engine cell.
     """
     if backend == "slurm":
         slurm, bcp = sections.slurm, sections.bcp  # type: ignore[attr-defined]
         return RankLayout(nodes=bcp.replicas if slurm.nodes is None else slurm.nodes,
                           per_node=bcp.processes if slurm.ntasks_per_node is None else slurm.ntasks_per_node)
+    if backend == "gridengine":
+        ge, bcp = sections.gridengine, sections.bcp  # type: ignore[attr-defined]
+        return RankLayout(nodes=bcp.replicas if ge.nodes is None else ge.nodes,
+                          per_node=bcp.processes if ge.processes_per_node is None else ge.processes_per_node)
     if backend in ("local", "bcp"):
         res = getattr(sections, backend)
         return RankLayout(nodes=res.replicas, per_node=res.processes)
-    raise ValueError(f"no rank layout for backend {backend!r} (local, slurm, bcp)")
+    raise ValueError(f"no rank layout for backend {backend!r} (local, slurm, gridengine, bcp)")

@@ -1,0 +1,210 @@
+"""Pure rendering of a stage into a Grid Engine job script (no I/O), golden-tested in tests/golden/gridengine/.
+
+A stage job is one `qsub` script with its resources as `#$` lines. Each node of the stage (an array task, or a
+host of the parallel environment) runs one launcher that starts the node's `processes_per_node` ranks with RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT set, and waits for all of them:
+
+- independent replicas (`distributed: false`): an array job, `-t 1-NODES`, node rank `SGE_TASK_ID - 1`; one
+  node: a plain job;
+- a distributed stage: one job over a parallel environment (`-pe NAME NODES`). The job script runs on the first
+  host; it reads the hosts from `$PE_HOSTFILE` (MASTER_ADDR is the first), copies itself next to the logs and
+  starts itself on every host with `qrsh -inherit` (Grid Engine's tight integration: the ranks are the job's own
+  tasks, accounted and killed with it), as `SCRIPT --node K MASTER_ADDR MASTER_PORT`.
+
+With `backends.gridengine.container: apptainer` and an image, every rank runs as `apptainer exec --nv --bind
+WORKSPACE:/mount_workspace,... IMAGE PROGRAM...`: the workspace is at /mount_workspace inside (as on BCP), stages/
+and the run folder at their own paths; Apptainer passes the launcher's environment through. Files of job ID in
+the run folder (on a real cell: a shared file system):
+
+    logs/sge-ID.log, logs/sge-ID.TASK.log   the job script's output (-j y), one per array task
+    logs/ID/rank-NNNNN.log                  stdout and stderr of each rank, as the local backend writes them
+    logs/ID/job.sh                          a distributed job's script, as the `qrsh -inherit` launchers run it
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from ..config.durations import parse_duration
+from ..config.resources import GridEngineOptions, GridEngineResources
+from ..errors import ConfigError, SubmissionError
+from .common import Paths, apptainer_argv, job_name, placeholder_values, rendezvous, shell_exports, shell_join
+from .common import stage_command
+from .contract import JobRequest
+
+CONTAINER_WORKSPACE = "/mount_workspace"  # where a container sees the workspace, as BCP mounts it
+# The job's rendezvous port from its id (and array task), so two jobs sharing a host do not collide.
+MASTER_PORT_EXPR = "20000 + (JOB_ID * 7 + ${SGE_TASK_ID/undefined/0}) % 20000"
+# Characters qsub's `#$` line parser would split or expand in a path.
+UNSAFE_IN_DIRECTIVE = frozenset(" \t\n'\"\\$`")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """A job's resources after deriving unset fields from the BCP section and the backend options."""
+
+    nodes: int
+    per_node: int
+    distributed: bool
+    h_rt: str | None  # a Duration, e.g. 1h
+    parallel_environment: str | None
+    project: str | None
+    queue: str | None
+
+    @property
+    def array(self) -> bool:
+        return not self.distributed and self.nodes > 1
+
+
+def shape(request: JobRequest, options: GridEngineOptions) -> Shape:
+    res: GridEngineResources = request.resources("gridengine")
+    layout = request.rank_layout("gridengine")
+    if min(layout.nodes, layout.per_node) < 1:
+        raise config_error(request, "gridengine", f"gridengine nodes and processes_per_node must be >= 1, got "
+                           f"{layout.nodes} x {layout.per_node}; set them in the stage's gridengine: section")
+    return Shape(nodes=layout.nodes, per_node=layout.per_node, distributed=res.distributed,
+                 h_rt=res.h_rt or request.resources("bcp").total_runtime,
+                 parallel_environment=res.parallel_environment or options.parallel_environment,
+                 project=res.project or options.project, queue=res.queue or options.queue)
+
+
+def h_rt(duration: str) -> str:
+    """`1h30m` -> `1:30:00`, `2D` -> `48:00:00` (Grid Engine's hours:minutes:seconds; hours may exceed 24)."""
+    seconds = parse_duration(duration)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def in_container(request: JobRequest, options: GridEngineOptions) -> bool:
+    image = request.resources("gridengine").container_image
+    if image and options.container == "none":  # never run a stage outside the image it names
+        raise config_error(request, "gridengine", f"gridengine.container_image is {image!r} but backends."
+                           "gridengine.container is none; set it to apptainer (or drop the stage's container_image)")
+    return bool(image)
+
+
+def job_values(request: JobRequest, options: GridEngineOptions, paths: Paths) -> dict[str, str]:
+    contained = in_container(request, options)
+    python = paths.python or ("python3" if contained else paths.orchestrator_python)
+    return placeholder_values(request, workspace=CONTAINER_WORKSPACE if contained else paths.workspace,
+                              code=paths.code, python=python, results=f"{paths.run_dir}/results/{request.stage.name}")
+
+
+def rank_argv(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:
+    """The argv each rank runs: the stage program, in its container where one is configured."""
+    res: GridEngineResources = request.resources("gridengine")
+    program = stage_command(request, "gridengine", job_values(request, options, paths))
+    if not in_container(request, options):
+        return program
+    if not (request.kind == "stage" and res.command):
+        program = ["bash", f"{paths.code}/bootstrap.sh", *program]  # as on BCP: installs missing stage packages
+    binds = [f"{paths.workspace}:{CONTAINER_WORKSPACE}", f"{paths.code}:{paths.code}",
+             f"{paths.run_dir}:{paths.run_dir}", *res.container_binds]
+    return apptainer_argv(str(res.container_image), binds) + program
+
+
+def directives(request: JobRequest, size: Shape, paths: Paths) -> list[str]:
+    """The `#$` lines: name, shell, working folder, joined log, runtime, array or parallel environment, requests."""
+    res: GridEngineResources = request.resources("gridengine")
+    for label, path in (("workspace", paths.workspace), ("run folder", paths.run_dir)):
+        if UNSAFE_IN_DIRECTIVE.intersection(path):
+            raise SubmissionError(f"{where(request)}: the {label} {path!r} holds a space, quote or `$`, which a "
+                                  "`#$` line cannot carry; use a path without them")
+    log = f"{paths.logs}/sge-$JOB_ID" + (".$TASK_ID" if size.array else "") + ".log"
+    lines = [f"-N {job_name(request.run_id, request.stage.name, request.kind)}", "-S /bin/bash",
+             f"-wd {paths.workspace}", "-j y", f"-o {log}"]
+    if size.h_rt:
+        lines.append(f"-l h_rt={h_rt(size.h_rt)}")
+    if size.array:
+        lines.append(f"-t 1-{size.nodes}")
+    if size.distributed and size.parallel_environment:
+        lines.append(f"-pe {size.parallel_environment} {size.nodes}")
+    lines += [f"-P {size.project}"] * bool(size.project) + [f"-q {size.queue}"] * bool(size.queue)
+    lines += [f"-l {request_}" for request_ in res.resources] + list(res.extra_args)
+    return [f"#$ {line}" for line in lines]
+
+
+# One node's ranks: started together, each with its own log, all waited for (every rank runs to its end even if
+# another fails, so a rerun has the least left to redo); the node's result is 1 if any rank failed.
+LAUNCH_NODE = r'''launch_node() {
+  local node=$1 local_rank rank code=0 pids=()
+  mkdir -p "$logs/$JOB_ID"
+  for ((local_rank = 0; local_rank < per_node; local_rank++)); do
+    rank=$((node * per_node + local_rank))
+    (export RANK=$rank LOCAL_RANK=$local_rank NODE_RANK=$node GROUP_RANK=$node WORLD_SIZE=$world \
+       LOCAL_WORLD_SIZE=$per_node; run_rank) >> "$logs/$JOB_ID/rank-$(printf %05d "$rank").log" 2>&1 &
+    pids+=($!)
+  done
+  for rank in "${!pids[@]}"; do
+    wait "${pids[rank]}" || { echo "bcp-pipeline: rank $((node * per_node + rank)) on $(hostname) exited $?" >&2; code=1; }
+  done
+  return "$code"
+}'''
+
+# A distributed job: the hosts of the parallel environment, one launcher on each through `qrsh -inherit`.
+LAUNCH_HOSTS = r'''mapfile -t hosts < <(awk '{print $1}' "$PE_HOSTFILE")
+if [ "${#hosts[@]}" -ne "$nodes" ]; then
+  echo "bcp-pipeline: \$PE_HOSTFILE lists ${#hosts[@]} host(s), the stage needs $nodes (one per node: a parallel environment with allocation_rule 1, or the site's whole-node request)" >&2
+  exit 1
+fi
+export MASTER_ADDR="${hosts[0]}" MASTER_PORT="$((MASTER_PORT_EXPR))"
+mkdir -p "$logs/$JOB_ID" && cp "$0" "$logs/$JOB_ID/job.sh"
+code=0 pids=()
+for node in "${!hosts[@]}"; do
+  qrsh -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$MASTER_ADDR" "$MASTER_PORT" &
+  pids+=($!)
+done
+for node in "${!pids[@]}"; do
+  wait "${pids[node]}" || { echo "bcp-pipeline: node $node (${hosts[node]}) failed" >&2; code=1; }
+done
+exit "$code"'''
+
+
+def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) -> str:
+    """The whole `qsub` script of a stage or verification job."""
+    if request.kind == "stage" and request.stage.nemo and not request.resources("gridengine").command:
+        raise config_error(request, "nemo", "NeMo pretraining (the stage's nemo: section) is not rendered for Grid "
+                           "Engine yet; give the stage a gridengine.command (e.g. torchrun in its container), or run "
+                           "it with --backend slurm or bcp")
+    size = shape(request, options)
+    world = size.nodes * size.per_node
+    what = "verification of stage" if request.kind == "verify" else "stage"
+    how = ("hosts of a parallel environment" if size.distributed else "array tasks" if size.array else "node")
+    lines = ["#!/bin/bash",
+             f"# bcp-pipeline run {request.run_id}, {what} {request.stage.name}: {size.nodes} {how} x "
+             f"{size.per_node} rank(s) = RANK 0..{world - 1} of WORLD_SIZE {world}",
+             *directives(request, size, paths),
+             f"logs={shlex.quote(paths.logs)} nodes={size.nodes} per_node={size.per_node} world={world}",
+             f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
+             f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
+             *shell_exports(request, "gridengine", job_values(request, options, paths), where(request)),
+             f"run_rank() {{ exec {shell_join(rank_argv(request, options, paths))}; }}",
+             LAUNCH_NODE]
+    port = f'"$(({MASTER_PORT_EXPR}))"'
+    if size.distributed:
+        lines += ['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
+                  '  export MASTER_ADDR="$3" MASTER_PORT="$4"', '  launch_node "$2"', "  exit $?", "fi",
+                  LAUNCH_HOSTS.replace("$((MASTER_PORT_EXPR))", port[1:-1])]
+    else:
+        lines += [f'export MASTER_ADDR="$(hostname)" MASTER_PORT={port}',
+                  'launch_node "$(( ${SGE_TASK_ID/undefined/1} - 1 ))"']
+    return "\n".join(lines) + "\n"
+
+
+def job_rendezvous(request: JobRequest, options: GridEngineOptions) -> dict | None:
+    """Where the job's ranks meet, as `plan` shows it (None for one rank)."""
+    size = shape(request, options)
+    layout = request.rank_layout("gridengine")
+    if size.distributed:
+        return rendezvous(layout, "the first host of $PE_HOSTFILE", f"$(({MASTER_PORT_EXPR}))")
+    return rendezvous(layout, "$(hostname) of each array task (its ranks are independent of other tasks')",
+                      f"$(({MASTER_PORT_EXPR}))")
+
+
+def config_error(request: JobRequest, key: str, message: str) -> ConfigError:
+    """A ConfigError at the stage's `key` (file:line, or the --set that gave it), naming the job."""
+    return request.stage.where(key).error(f"{where(request)}: {message}")
+
+
+def where(request: JobRequest) -> str:
+    return f"stage {request.stage.name}" + (" (verification)" if request.kind == "verify" else "")

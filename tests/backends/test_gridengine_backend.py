@@ -1,0 +1,220 @@
+"""The Grid Engine backend without a cell: golden job scripts (plan), the rendered Apptainer lines against
+Apptainer's documented grammar, the state map from qstat codes and qacct records, h_rt. The real cell: tests/e2e/
+test_gridengine_e2e.py."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bcp_pipeline.backends.contract import JobRequest, JobState, map_native_state
+from bcp_pipeline.backends.gridengine import STATE_MAP, GridEngineBackend, accounting_status, parse_qacct
+from bcp_pipeline.backends.gridengine_render import h_rt
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.errors import ConfigError, SubmissionError
+from golden_files import REPO, assert_golden, normalize
+
+STAND_IN = REPO / "tests" / "fakes" / "apptainer_bin" / "apptainer"
+
+
+def load_stand_in():
+    loader = importlib.machinery.SourceFileLoader("apptainer_stand_in", str(STAND_IN))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[loader.name] = module
+    loader.exec_module(module)
+    return module
+
+
+def plan(capsys, config: Path, pipeline: str, *sets: str) -> str:
+    capsys.readouterr()
+    args = [arg for value in sets for arg in ("--set", value)]
+    assert main(["--config", str(config), "plan", pipeline, "--backend", "gridengine", *args]) == 0
+    return capsys.readouterr().out.replace(sys.executable, "<PYTHON>")
+
+
+def test_plan_demo_golden(capsys):
+    text = normalize(plan(capsys, REPO / "pipelines.yaml", "demo"))
+    assert_golden("gridengine/plan-demo.txt", text)
+    assert "#$ -N demo-RUN.download" in text and "#$ -l h_rt=1:00:00" in text
+
+
+def container_backend(tmp_path: Path, *sets: str) -> tuple[GridEngineBackend, JobRequest]:
+    """The demo's pretrain stage in an Apptainer image, distributed over a parallel environment."""
+    raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
+    raw["stages_dir"] = str(REPO / "stages")
+    raw.setdefault("backends", {})["gridengine"] = {"container": "apptainer", "python": "python3",
+                                                    "parallel_environment": "pe_node"}
+    config_file = tmp_path / "pipelines.yaml"
+    config_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    sets = ("pretrain.gridengine.container_image=/images/nemo framework 24.05.sif",
+            "pretrain.gridengine.container_binds=[/data:/data:ro]", "pretrain.gridengine.distributed=true",
+            "pretrain.gridengine.resources=[node_f=1]", "pretrain.gridengine.project=tga-lab",
+            "pretrain.gridengine.nodes=2", *sets)
+    config = load_config(config_file, list(sets), pipeline="demo")
+    pipeline = config.pipelines["demo"]
+    stage = pipeline.stages["pretrain"]
+    backend = GridEngineBackend(config.options["gridengine"], config_dir=tmp_path, stages_dir=REPO / "stages",
+                                run_dir=tmp_path / "runs/demo-RUN", workspace_name="demo")
+    return backend, JobRequest(run_id="demo-RUN", pipeline=pipeline, stage=stage, kind="stage",
+                               program=stage.program, args=tuple(stage.args))
+
+
+def apptainer_lines(script: str) -> list[list[str]]:
+    """The argv of every `apptainer` call in a job script (the function that runs each rank)."""
+    found = []
+    for line in script.splitlines():
+        if "apptainer " in line and line.startswith("run_rank()"):
+            body = line[len("run_rank() { exec "):-len("; }")]
+            found.append(shlex.split(body))
+    return found
+
+
+def test_a_container_stage_over_a_parallel_environment_golden_and_in_apptainer_s_grammar(tmp_path):
+    backend, request = container_backend(tmp_path)
+    script = backend.render(request).printable
+    assert_golden("gridengine/container-pe-stage.sh", normalize(script, tmp_path))
+    assert "#$ -pe pe_node 2" in script and "#$ -l node_f=1" in script and "#$ -P tga-lab" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    [argv] = apptainer_lines(script)
+    call = load_stand_in().parse(argv[1:])  # strict: refuses what Apptainer's documentation does not allow
+    assert call.action == "exec" and call.nv and call.image == "/images/nemo framework 24.05.sif"
+    workspace = str((tmp_path / ".bcp-pipeline/workspaces/demo").resolve())
+    assert call.binds[0] == (workspace, "/mount_workspace", "rw") and call.binds[-1] == ("/data", "/data", "ro")
+    assert call.command[:2] == ["bash", f"{REPO / 'stages'}/bootstrap.sh"]
+    assert "/mount_workspace/" in " ".join(call.command)  # ${workspace} as the container sees it
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["exec", "--nv", "--bind", "/a::/b", "x.sif", "true"], "invalid bind path"),
+    (["exec", "--bind", "/a:/b:z", "x.sif", "true"], "invalid bind option"),
+    (["exec", "--gpus", "x.sif", "true"], "unknown flag"),
+    (["exec", "x.sif"], "requires at least 2 arg"),
+])
+def test_the_stand_in_refuses_what_apptainer_refuses(argv, words):
+    stand_in = load_stand_in()
+    with pytest.raises(stand_in.Refused, match=words):
+        stand_in.parse(argv)
+
+
+def test_the_stand_in_fails_as_apptainer_does_on_a_missing_image_and_binds_otherwise(tmp_path):
+    missing = subprocess.run([sys.executable, str(STAND_IN), "exec", "--nv", str(tmp_path / "no.sif"), "true"],
+                             capture_output=True, text=True)
+    assert missing.returncode == 255 and missing.stderr.startswith("FATAL:   could not open image"), missing.stderr
+    image = tmp_path / "image.sif"
+    image.write_bytes(b"")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "seen").write_text("x")
+    inside = tmp_path / "inside"
+    res = subprocess.run([sys.executable, str(STAND_IN), "exec", "--bind", f"{tmp_path / 'data'}:{inside}:ro",
+                          str(image), "ls", str(inside)], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.split() == ["seen"], res.stderr
+    assert not (inside / "seen").exists()  # the bind lived in the command's own mount namespace only
+
+
+def test_a_path_a_directive_cannot_carry_is_refused(tmp_path):
+    spaced = tmp_path / "with space"
+    spaced.mkdir()
+    backend, request = container_backend(spaced)
+    with pytest.raises(SubmissionError, match="holds a space"):
+        backend.render(request)
+
+
+QACCT = """==============================================================
+qname        all.q
+hostname     node2
+jobnumber    12
+taskid       1
+failed       0
+exit_status  0
+==============================================================
+qname        all.q
+hostname     vm
+jobnumber    12
+taskid       2
+failed       {failed}
+exit_status  {exit}
+"""
+
+
+@pytest.mark.parametrize("failed, exit_status, state", [
+    ("0", "0", JobState.SUCCEEDED), ("0", "3", JobState.FAILED),
+    ("100 : assumedly after job", "137", JobState.CANCELLED),
+    ("37  : qmaster enforced h_rt, h_cpu, or h_vmem limit", "137", JobState.TIMED_OUT),
+    ("26  : opening input/output file", "0", JobState.FAILED)])
+def test_an_array_job_s_accounting_gives_its_worst_task(failed, exit_status, state):
+    records = parse_qacct(QACCT.format(failed=failed, exit=exit_status))
+    assert [(r.task, r.failed) for r in records] == [("1", 0), ("2", int(failed.split()[0]))]
+    status = accounting_status("12", records)
+    assert status.state is state
+    if state is not JobState.SUCCEEDED:
+        assert status.detail.startswith("task 2: ")
+
+
+def test_qstat_state_codes_map_explicitly_and_an_unknown_one_is_not_finished():
+    assert map_native_state("qw", STATE_MAP) is JobState.QUEUED
+    assert map_native_state("hqw", STATE_MAP) is JobState.QUEUED
+    assert map_native_state("r", STATE_MAP) is JobState.RUNNING
+    assert map_native_state("dr", STATE_MAP) is JobState.RUNNING
+    assert map_native_state("Eqw", STATE_MAP) is JobState.FAILED
+    assert map_native_state("zz", STATE_MAP) is JobState.UNKNOWN and not JobState.UNKNOWN.finished
+
+
+def test_h_rt_is_hours_minutes_seconds():
+    assert h_rt("1h30m") == "1:30:00" and h_rt("2D") == "48:00:00" and h_rt("90s") == "0:01:30"
+
+
+def test_a_nemo_stage_without_a_gridengine_command_is_refused_naming_the_stage(capsys):
+    capsys.readouterr()
+    assert main(["--config", str(REPO / "pipelines.yaml"), "plan", "slimpajama-126m", "--backend", "gridengine"]) == 2
+    err = capsys.readouterr().err
+    assert "stage pretrain: NeMo pretraining" in err and "gridengine.command" in err, err
+
+
+def test_a_stage_of_no_nodes_is_refused_naming_the_stage_and_the_keys(tmp_path):
+    backend, request = container_backend(tmp_path, "pretrain.gridengine.processes_per_node=0")
+    with pytest.raises(ConfigError, match=r"stage pretrain: gridengine nodes and processes_per_node must be >= 1"):
+        backend.render(request)
+
+
+def test_slurm_offers_apptainer_beside_pyxis_in_apptainer_s_grammar(tmp_path):
+    from bcp_pipeline.backends.slurm import SlurmBackend
+
+    raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
+    raw["stages_dir"] = str(REPO / "stages")
+    raw.setdefault("backends", {})["slurm"] = {"container": "apptainer"}
+    config_file = tmp_path / "pipelines.yaml"
+    config_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    config = load_config(config_file, ["download.slurm.container_image=docker://nvcr.io/nvidia/nemo:24.05",
+                                       "download.slurm.container_mounts=[/data:/data:ro]"], pipeline="demo")
+    pipeline = config.pipelines["demo"]
+    stage = pipeline.stages["download"]
+    backend = SlurmBackend(config.options["slurm"], config_dir=tmp_path, stages_dir=REPO / "stages",
+                           run_dir=tmp_path / "runs/demo-RUN", workspace_name="demo")
+    script = backend.render(JobRequest(run_id="demo-RUN", pipeline=pipeline, stage=stage, kind="stage",
+                                       program=stage.program, args=tuple(stage.args))).printable
+    assert "--container-image" not in script  # not Pyxis
+    [line] = [line for line in script.splitlines() if line.lstrip().startswith("apptainer ")]  # srun's command
+    call = load_stand_in().parse(shlex.split(line)[1:])
+    workspace = str((tmp_path / ".bcp-pipeline/workspaces/demo").resolve())
+    assert call.image == "docker://nvcr.io/nvidia/nemo:24.05" and call.nv
+    assert call.binds[0] == (workspace, workspace, "rw") and call.binds[-1] == ("/data", "/data", "ro")
+    assert call.command[0] == "bash" and call.command[1].endswith("/bootstrap.sh")
+
+
+def test_an_image_without_a_container_runtime_is_refused_not_ignored(tmp_path, capsys):
+    capsys.readouterr()
+    code = main(["--config", str(REPO / "pipelines.yaml"), "plan", "demo", "--backend", "gridengine",
+                 "--set", "download.gridengine.container_image=/images/x.sif"])
+    err = capsys.readouterr().err
+    assert code == 2 and "stage download: gridengine.container_image is '/images/x.sif'" in err, err
+    assert "pipelines.yaml:" in err  # the stage's place in the file
+    assert "backends.gridengine.container is none; set it to apptainer" in err

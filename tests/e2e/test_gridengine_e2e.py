@@ -1,0 +1,347 @@
+"""The Grid Engine backend on a real two-host Son of Grid Engine cell (tests/sge_cluster.py: this machine, and
+`node2` in its own network, UTS and mount namespaces on a private bridge; the workspace on the shared file system).
+
+- the demo's data stages as array jobs whose tasks run on both hosts, byte-identical to a local run;
+- the DDP smoke pretrain over a parallel environment, one `qrsh -inherit` launcher per host, equal to one process;
+- a running task deleted with `qdel`, then `resume`, byte-identical again;
+- what Grid Engine refuses or cannot start: an unknown resource, an unknown parallel environment, a job in `Eqw`,
+  a job deleted while held (no accounting record);
+- `status`, `logs`, `report` and `cancel` of a run on the cell.
+Where Grid Engine cannot run here, the fixture skips these tests and prints why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bcp_pipeline.backends.contract import JobState
+from bcp_pipeline.backends.registry import make_backend
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.engine.state import RunStore, StageStatus
+from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
+from sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
+from test_pretrain_backends import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
+from test_pretrain_backends import write_project as write_ddp_project
+from test_pretrain_distributed import data_dir, reference  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("sge_cell")
+OPTIONS = {"poll_seconds": 0.3, "poll_max_seconds": 1.0, "accounting_grace_seconds": 3}
+# Demo data stages spread over both hosts as array jobs: (array tasks, ranks per task).
+SPREAD = {"download": (2, 2), "extract": (2, 1), "concat": (2, 1), "tokenize-preprocess": (2, 1)}
+
+
+def cli(config: Path, *args: str) -> int:
+    return main(["--config", str(config), *args])
+
+
+def demo_project(root: Path, backend: str, **stage_extra: dict) -> Path:
+    """The bundled demo pipeline without its pretrain stage (data stages only), on `backend`."""
+    raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
+    demo = raw["pipelines"]["demo"]
+    del demo["stages"]["pretrain"]
+    for stage, (nodes, per_node) in SPREAD.items():
+        demo["stages"][stage]["gridengine"] = {"nodes": nodes, "processes_per_node": per_node,
+                                               **stage_extra.get(stage, {})}
+    raw = {"version": 1, "stages_dir": str(REPO / "stages"), "backends": {"gridengine": OPTIONS},
+           "pipelines": {"demo": {**demo, "backend": backend}}}
+    root.mkdir(parents=True)
+    config = root / "pipelines.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return config
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under `root` but the completion records (they hold times and hosts), by relative path."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".completions" not in p.parts}
+
+
+def records(folder: Path, stage: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((folder / ".completions").glob(f"{stage}-*.json"))]
+
+
+@pytest.fixture(scope="module")
+def local_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = demo_project(tmp_path_factory.mktemp("local") / "p", "local")
+    assert cli(config, "run", "demo") == 0
+    return config.parent / ".bcp-pipeline/workspaces/demo"
+
+
+def test_demo_array_tasks_on_both_hosts_match_a_local_run(sge_cell: SgeCell, local_demo: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    config = demo_project(tmp_path / "ge", "gridengine")
+    assert cli(config, "run", "demo") == 0
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    assert state.backend == "gridengine" and all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+    workspace = config.parent / ".bcp-pipeline/workspaces/demo"
+    data = workspace / "data/slimpajama"
+    folders = {"download": (data / "zst", "download"), "extract": (data / "jsonl", "extract"),
+               "concat": (data / "train", "concat"), "tokenize-preprocess": (data / "preprocessed", "preprocess")}
+    for stage, (folder, program_stage) in folders.items():
+        nodes, per_node = SPREAD[stage]
+        assert state.stages[stage].sharding == {"replicas": nodes, "processes": per_node}
+        ranks = records(folder, program_stage)
+        assert [(r["rank"], r["world_size"]) for r in ranks] == [(rank, nodes * per_node)
+                                                                 for rank in range(nodes * per_node)]
+        # Each array task is one node: its ranks share a host, and the tasks ran on both hosts.
+        hosts = [r["ran_on"]["hostname"] for r in ranks]
+        assert set(hosts) == set(sge_cell.hosts), hosts
+        assert all(len(set(hosts[t * per_node:(t + 1) * per_node])) == 1 for t in range(nodes))
+    assert tree(workspace) == tree(local_demo)
+
+    capsys.readouterr()
+    assert cli(config, "status") == 0
+    assert "tokenize-preprocess  succeeded" in capsys.readouterr().out
+    download_job = stage_job(state.stages["download"])
+    assert cli(config, "logs", state.run_id, "download") == 0
+    logs = capsys.readouterr().out
+    assert "rank-00003.log" in logs, logs
+    report = tmp_path / "report.html"
+    assert cli(config, "report", "--out", str(report)) == 0 and report.stat().st_size > 0
+    assert (config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / download_job).is_dir()
+
+
+def test_ddp_pretrain_over_a_parallel_environment_trains_as_one_process(sge_cell: SgeCell, tmp_path: Path,
+                                                                         data_dir: Path, reference: dict) -> None:
+    config = write_ddp_project(tmp_path / "p", data_dir)
+    raw = yaml.safe_load(config.read_text())
+    raw["backends"]["gridengine"] = {**OPTIONS, "workspace_dir": "ws", "parallel_environment": "pe_node"}
+    raw["pipelines"]["ddp"]["stages"]["pretrain"]["gridengine"] = {"nodes": 2, "processes_per_node": 1,
+                                                                    "distributed": True}
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert cli(config, "run", "ddp", "--backend", "gridengine") == 0
+    stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
+    assert stage.sharding == {"replicas": 2, "processes": 1}
+    logs = rank_logs(config, stage_job(stage))
+    # One slot per host (pe_node): each rank was started on its own host by `qrsh -inherit`, and rank 1 met
+    # rank 0 at the first host of $PE_HOSTFILE, one of the cell's two, across the bridge.
+    met = re.search(r"^rank 1 of 2: met at (\S+):\d+ \(gloo, cpu\)", logs[1], re.MULTILINE)
+    assert met and met.group(1) in sge_cell.hosts, logs[1]
+    assert_trained_like_one_process(config.parent / "ws/main/results" / RUN_NAME / "train_summary.json", logs,
+                                    reference)
+
+
+def backend_for(config: Path):
+    loaded = load_config(config)
+    pipeline = loaded.pipelines["demo"]
+    run_dir = config.parent / ".bcp-pipeline/runs/manual"
+    return make_backend("gridengine", loaded, pipeline, run_dir), pipeline
+
+
+def submit_sleeper(backend, pipeline, tmp_path: Path, *directives: str) -> str:
+    """A bare job script through the backend's own submit (the stage renderer is tested above)."""
+    from bcp_pipeline.backends.contract import JobRequest, Submission
+
+    request = JobRequest(run_id="manual", pipeline=pipeline, stage=pipeline.stages["sample"], kind="stage",
+                         program="sample.py", args=())
+    script = "\n".join(["#!/bin/bash", "#$ -N manual.sleeper", "#$ -j y", f"#$ -o {tmp_path}/sleeper.log",
+                        *[f"#$ {d}" for d in directives], "sleep 30", ""])
+    return backend.submit(Submission(request=request, printable=script))
+
+
+def poll_until(backend, job_id: str, timeout: float = 60):
+    found = {}
+
+    def finished() -> bool:
+        found.update(backend.poll([job_id]))
+        return job_id in found and found[job_id].state.finished
+
+    wait_for(finished, timeout=timeout)
+    return found[job_id]
+
+
+def test_a_job_deleted_while_held_is_cancelled_and_one_deleted_while_running_too(tmp_path: Path) -> None:
+    config = demo_project(tmp_path / "p", "gridengine")
+    backend, pipeline = backend_for(config)
+    held = submit_sleeper(backend, pipeline, tmp_path, "-h")
+    assert backend.poll([held])[held].state is JobState.QUEUED  # hqw
+    backend.cancel([held])
+    status = poll_until(backend, held)
+    assert status.state is JobState.CANCELLED and "deleted before it started" in status.detail
+
+    running = submit_sleeper(backend, pipeline, tmp_path)
+    wait_for(lambda: backend.poll([running]).get(running) and backend.poll([running])[running].state
+             is JobState.RUNNING, timeout=30)
+    backend.cancel([running])
+    status = poll_until(backend, running)
+    assert status.state is JobState.CANCELLED and "failed 100" in status.detail, status
+
+
+def test_a_job_grid_engine_cannot_start_is_an_error_with_its_reason_not_pending(tmp_path: Path) -> None:
+    config = demo_project(tmp_path / "p", "gridengine")
+    backend, pipeline = backend_for(config)
+    job = submit_sleeper(backend, pipeline, tmp_path, f"-o {tmp_path}/no/such/folder/x.log")
+    status = poll_until(backend, job, timeout=30)
+    assert status.state is JobState.FAILED and status.native == "Eqw", status
+    assert "no/such/folder" in status.detail and "it was deleted" in status.detail, status.detail
+    listed = subprocess.run(["qstat", "-j", job], capture_output=True, text=True)
+    assert listed.returncode != 0  # deleted, not left in Eqw for ever
+
+
+@pytest.mark.parametrize("directive, words", [("-l node_h=2", "unknown resource"),
+                                              ("-pe no_such_pe 2", "no_such_pe")])
+def test_requests_the_cell_refuses_fail_the_run_with_grid_engine_s_words(
+        tmp_path: Path, capsys: pytest.CaptureFixture, directive: str, words: str) -> None:
+    config = demo_project(tmp_path / "p", "gridengine")
+    raw = yaml.safe_load(config.read_text())
+    raw["pipelines"]["demo"]["stages"]["sample"]["gridengine"] = {"extra_args": [directive]}
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert cli(config, "run", "demo") != 0
+    printed = capsys.readouterr()
+    said = printed.out + printed.err
+    assert words in said and "qsub" in said, said
+
+
+GE_CHAIN = (CHAIN_CONFIG
+            .replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
+                     "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
+                     "  gridengine: {workspace_dir: ws, poll_seconds: 0.3, poll_max_seconds: 1, "
+                     "accounting_grace_seconds: 3}\n")
+            .replace('--count, "${count}", --name, first]', '--count, "${count}", --name, first, --sleep, "2"]')
+            .replace("        local: {replicas: 2, processes: 1}\n",
+                     "        local: {replicas: 2, processes: 1}\n        gridengine: {nodes: 2}\n")
+            .replace("        local: {replicas: 1, processes: 3}\n",
+                     "        local: {replicas: 1, processes: 3}\n        gridengine: {processes_per_node: 3}\n"))
+
+
+def test_a_task_deleted_while_the_orchestrator_was_killed_then_resume_matches_a_local_run(tmp_path: Path) -> None:
+    reference = write_chain_project(tmp_path / "local", GE_CHAIN)
+    assert cli(reference, "run", "chain", "--backend", "local") == 0
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    first = config.parent / "ws/main/first"
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "gridengine")
+    # Array task 2 (rank 1) has written item 1 and sleeps before item 3: kill the orchestrator, delete that task.
+    wait_for(lambda: (first / "item-0001.txt").exists(), timeout=90, what="rank 1's first item")
+    orchestrator.send_signal(signal.SIGKILL)
+    orchestrator.communicate(timeout=30)
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    job = state.stages["first"].jobs[-1].job_id
+    subprocess.run(["qdel", job, "-t", "2"], check=True, capture_output=True)
+    done = {p.name for p in first.glob("item-*.txt")}
+    # The resumed orchestrator finds the job again, reads its end from qacct (task 2: failed 100), and the
+    # stage runs again (its finished items kept); a run that stopped at the failed stage is resumed once more.
+    codes = [cli(config, "resume")]
+    if codes[0] != 0:
+        codes.append(cli(config, "resume"))
+    assert codes[-1] == 0, codes
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+    assert state.stages["first"].attempts == 2 and done <= {p.name for p in first.glob("item-*.txt")}
+    assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
+
+
+def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCell, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    config = demo_project(tmp_path / "p", "gridengine")
+    raw = yaml.safe_load(config.read_text())
+    raw["backends"]["gridengine"].update(parallel_environment="pe_node", container="apptainer")
+    raw["pipelines"]["demo"]["stages"]["download"]["gridengine"].update(
+        distributed=True, container_image="docker://nvcr.io/nvidia/nemo:24.05")
+    raw["pipelines"]["demo"]["stages"]["extract"]["gridengine"]["resources"] = ["node_h=1"]
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    capsys.readouterr()
+    assert cli(config, "check", "demo", "--json") == 1
+    result = json.loads(capsys.readouterr().out)
+    rows = {row["topic"]: row for row in result["rows"]}
+    assert rows["qmaster"]["verdict"] == "ok"
+    assert rows["qsub -w v"]["verdict"] == "different" and 'unknown resource "node_h"' in rows["qsub -w v"]["showed"]
+    assert "stage extract" in rows["qsub -w v"]["showed"] and "stage download" not in rows["qsub -w v"]["showed"]
+    assert rows["parallel environments"]["verdict"] == "ok" and "allocation_rule 1" in rows["parallel environments"]["showed"]
+    assert rows["hosts"]["verdict"] == "ok" and set(result["facts"]["hosts"]) == set(sge_cell.hosts)
+    assert rows["shared folder"]["verdict"] == "ok"
+    assert "pulled on every host" in rows["container images"]["meaning"]
+    # No Apptainer on the cell's hosts (the stand-in is for the jobs of other tests, not installed here).
+    assert rows["apptainer"]["verdict"] == "different" and "apptainer none" in rows["apptainer"]["showed"]
+
+
+def test_a_stage_in_an_apptainer_image_sees_the_workspace_at_mount_workspace(tmp_path: Path) -> None:
+    """The rendered `apptainer exec` line run by the stand-in (tests/fakes/apptainer_bin): a bind missing or wrong
+    would leave the workspace without the stage's items (they would go to the machine's own /mount_workspace)."""
+    reference = write_chain_project(tmp_path / "local", GE_CHAIN)
+    assert cli(reference, "run", "chain", "--backend", "local", "--only", "first") == 0
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    image = tmp_path / "images" / "stages.sif"
+    image.parent.mkdir()
+    image.write_bytes(b"")  # the stand-in runs the command on this machine: the image only has to exist
+    raw = yaml.safe_load(config.read_text())
+    raw["backends"]["gridengine"].update(container="apptainer", python=sys.executable)
+    stand_in = REPO / "tests" / "fakes" / "apptainer_bin"
+    raw["pipelines"]["chain"]["stages"]["first"]["gridengine"].update(
+        container_image=str(image), env={"PATH": f"{stand_in}:/usr/local/bin:/usr/bin:/bin"})
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert cli(config, "run", "chain", "--backend", "gridengine", "--only", "first") == 0
+    assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
+    assert {p.name for p in (config.parent / "ws/main/first").glob("item-*.txt")} == {
+        f"item-{i:04d}.txt" for i in range(6)}
+
+
+def host_of_task(job_id: str, task: str) -> str:
+    """The host an array task runs on, from `qstat -xml` (`queue_name` all.q@HOST of its running entry)."""
+    import xml.etree.ElementTree as ElementTree
+
+    root = ElementTree.fromstring(subprocess.run(["qstat", "-u", "*", "-xml"], capture_output=True, text=True,
+                                                 check=True).stdout)
+    for entry in root.iter("job_list"):
+        fields = {child.tag: (child.text or "").strip() for child in entry}
+        if fields.get("JB_job_number") == job_id and fields.get("tasks") == task:
+            return fields["queue_name"].split("@", 1)[1]
+    raise AssertionError(f"task {task} of job {job_id} is not running")
+
+
+def test_an_exec_daemon_killed_mid_stage_then_restarted_the_run_goes_on_to_a_local_run_s_result(
+        sge_cell: SgeCell, tmp_path: Path) -> None:
+    """Grid Engine's jobs outlive their exec daemon (the shepherd stays); the restarted execd reports what ended
+    meanwhile, and the orchestrator, which saw the job running the whole time (never finished), goes on."""
+    reference = write_chain_project(tmp_path / "local", GE_CHAIN)
+    assert cli(reference, "run", "chain", "--backend", "local") == 0
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    first = config.parent / "ws/main/first"
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "gridengine")
+    wait_for(lambda: (first / "item-0001.txt").exists(), timeout=90, what="rank 1's first item")
+    job = RunStore(config.parent / ".bcp-pipeline").latest().stages["first"].jobs[-1].job_id
+    host = host_of_task(job, "2")  # where rank 1 runs (array task 2)
+    killed = sge_cell.script("kill-execd", host)
+    assert killed.returncode == 0 and f"killed sge_execd@{host}" in killed.stderr, killed.stderr
+    time.sleep(8)  # the task ends meanwhile, with nobody to tell qmaster
+    restarted = sge_cell.script("start-execd", host)
+    assert restarted.returncode == 0, restarted.stderr
+    output, _ = orchestrator.communicate(timeout=240)
+    assert orchestrator.returncode == 0, output
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+    assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
+
+
+def test_cancel_deletes_the_run_s_jobs_on_the_cell(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    first = config.parent / "ws/main/first"
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "gridengine")
+    try:
+        wait_for(lambda: (first / "item-0001.txt").exists(), timeout=90, what="rank 1's first item")
+        state = RunStore(config.parent / ".bcp-pipeline").latest()
+        job = state.stages["first"].jobs[-1].job_id
+        capsys.readouterr()
+        assert cli(config, "cancel", state.run_id) == 0
+        assert job in capsys.readouterr().out
+        orchestrator.communicate(timeout=120)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    # Grid Engine no longer lists the job, and its accounting says it was deleted while running.
+    wait_for(lambda: subprocess.run(["qstat", "-j", job], capture_output=True).returncode != 0, timeout=30,
+             what="the job gone from qstat")
+    # (qacct has the record about a second after qstat lost the job)
+    wait_for(lambda: re.search(r"^failed\s+100", subprocess.run(["qacct", "-j", job], capture_output=True,
+                                                                  text=True).stdout, re.MULTILINE),
+             timeout=30, what="qacct's record: failed 100 (deleted while running)")
+    assert not (first / "item-0005.txt").exists()
