@@ -93,6 +93,7 @@ class GridEngineBackend(Backend):
         self.logs_dir = run_dir / "logs"
         self.paths = paths_for(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
                                workspace_name=workspace_name, orchestrator_python=sys.executable)
+        self.local_workspace = Path(self.paths.workspace)
         self.poll_min_seconds = options.poll_seconds
         self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
         self.accounting_grace_seconds = options.accounting_grace_seconds
