@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from ..backends import bcp_lookups as lookups
+from ..backends.bcp_driver import DRIVER_STAGE
 from ..backends.bcp_policy import PlannedJob, violations
 from ..backends.bcp_render import JobSpec
 from ..backends.bcp import account_of
@@ -57,7 +58,7 @@ def planned_jobs(ctx: CheckContext) -> list[PlannedBcpJob]:
     if ctx.detach and ctx.pipeline is not None:
         from ..detach.jobs import driver_spec
 
-        jobs.append(PlannedBcpJob(stage="(driver)", kind="driver",
+        jobs.append(PlannedBcpJob(stage=DRIVER_STAGE, kind="driver",
                                   spec=driver_spec(ctx.config, ctx.pipeline, "CHECK", ctx.environ)))
     return jobs
 
@@ -198,7 +199,6 @@ def ace_facts(ace: dict) -> dict:
 
 
 INSTANCE_LIMITS = ("instances", "allowMultinode", "allowMultinodePreemptable", "multiNodeSupportedArrayTypes")
-DRIVER_FIX = re.compile(r"--set \(driver\)\.bcp\.(\w+)=(\S+)")
 
 
 def policy_rows(ace: dict, jobs: list[PlannedBcpJob], detach: bool) -> list[Row]:
@@ -240,8 +240,8 @@ def _grouped(found: list) -> str:
 
 
 def _fix_of(v) -> str:
-    """bcp_policy's fix, without its explanation in brackets (kept in `run`'s refusal), the driver's in its keys."""
-    return re.sub(r"\s*\([^)]*\)$", "", DRIVER_FIX.sub(r"set backends.bcp.driver.\1: \2", v.fix))
+    """bcp_policy's fix, without its explanation in brackets (kept in `run`'s refusal)."""
+    return re.sub(r"\s*\([^)]*\)$", "", v.fix)
 
 
 def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:

@@ -245,7 +245,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     driver = planned_driver(config, pipeline, run_id) if args.detach else None
     # The service's limits (BCP: the ACE's) when the credentials are there; on stderr, so the plan itself reads
     # the same wherever it is made. A job they refuse makes the plan fail, as `run` would.
-    limits = describe_backend_limits(backend_name, config, requests, detach=args.detach)
+    limits = describe_backend_limits(backend_name, config, pipeline, requests, detach=args.detach)
     # What the saved `check` profile of this service rules out: `run` refuses exactly these (on stderr, as above).
     ruled_out = backend.refusals(submissions, detach=args.detach)
     refused = bool(limits and limits.violations) or bool(ruled_out)
