@@ -24,6 +24,8 @@ from .context import CheckContext
 from .result import Row, different, ok, unchecked
 
 VERSION = re.compile(r"\b\d+\.\d+\.\d+\b")
+HTTP_ANSWER = re.compile(r"\b([45]\d\d) (?:Client|Server) Error: ([A-Za-z ]+?)(?= for url|$|:|\.)")
+NO_VERSION_COMMAND = "invalid choice: 'version'"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +102,14 @@ def check_bcp(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, list[
 
 
 MASKED_KEY = re.compile(r"\s*Using API key: '[^']*'[^.]*\.?", re.I)  # ngcsdk shows the key's last characters
+
+
+def _answer(exc: BaseException) -> str:
+    """A failed call in a few words: the HTTP status and its name where the error carries them (`401
+    Unauthorized`), else its first line (ngc's error text runs to the URL, the client's usage, ...)."""
+    text = _reason(exc)
+    found = HTTP_ANSWER.search(text)
+    return f"{found.group(1)} {found.group(2)}" if found else text.split(" usage: ")[0][:120]
 
 
 def _reason(exc: BaseException) -> str:
@@ -293,7 +303,7 @@ def quota_text(transport: Transport, ace: str) -> str:
     try:
         quotas = lookups.storage_quota(transport)
     except BackendCallError as exc:
-        return f"quota unknown ({_reason(exc)[:120]})"
+        return f"storage quota not shown (`user storage` answered {_answer(exc)})"
     mine = [q for q in quotas if q.get("aceName") in (ace, None)] or quotas
     if not mine:
         return "quota unknown (none listed)"
@@ -337,7 +347,11 @@ def version_row(transport: Transport) -> Row:
     try:
         version = lookups.client_version(transport)
     except (BackendCallError, PipelineError) as exc:
-        return unchecked("client version", assumes, f"`ngc version info`: {_reason(exc)}"[:300])
+        if NO_VERSION_COMMAND in str(exc):  # argparse's refusal of the verb: ngcsdk's CLI code has no `version`
+            return unchecked("client version", assumes, "this `ngc` has no `version` command (ngcsdk's CLI code, as "
+                             "on the emulator; NVIDIA's standalone CLI has one), so its version is not recorded",
+                             "nothing to do: the look-ups above show it has base-command")
+        return unchecked("client version", assumes, f"`ngc version info` failed: {_answer(exc)}")
     if version == f"ngcsdk {SDK_VERSION}" or (transport.name == "cli" and VERSION.search(version)):
         return ok("client version", assumes, version)
     return different("client version", assumes, version, f"untested with this client: if calls fail, use ngcsdk "

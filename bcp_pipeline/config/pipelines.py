@@ -317,7 +317,7 @@ def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> Pipel
     body = {k: v for k, v in raw.items() if k not in ("stages", "verification")}
     pipeline = build(PipelineConfig, body, where, name=name, stages=stages,
                      verification=build(VerificationResources, verification_raw, where.child("verification", raw)))
-    _validate_pipeline(pipeline, stages_raw, where_stages, stages_dir)
+    _validate_pipeline(pipeline, stages_raw, where_stages, stages_dir, getattr(raw.get("vars"), "key_origins", {}))
     _validate_estimates(pipeline, raw.get("estimates") or {}, where.child("estimates", raw))
     return pipeline
 
@@ -417,7 +417,10 @@ def _set_at(container: Any, keys: list[str], value: Any, item: str) -> None:
     container.key_origins[keys[-1]] = f"--set {item}"  # type: ignore[attr-defined]
 
 
-def _validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, stages_dir: Path) -> None:
+def _validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, stages_dir: Path,
+                       var_origins: dict[str, str]) -> None:
+    """`var_origins`: the vars given by --set (name -> `--set vars.NAME=VALUE`), which a bad value made of them
+    is blamed on."""
     from .dag import find_cycle
 
     names = set(pipeline.stages)
@@ -433,10 +436,12 @@ def _validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where,
                 f"stage program {stage.program!r} not found in {stages_dir}")
         _validate_placeholders(pipeline, stage, body, stage_where)
         _validate_bcp(stage.bcp, stage_where.child("bcp", body) if "bcp" in body else stage_where)
+        _validate_counts(stage, body, stage_where)
         if stage.continuation:
             validate_continuation(pipeline, stage.continuation, stage_where.child("continuation", body))
         for index, check in enumerate(stage.verify):
-            _validate_check(pipeline, stage, check, stage_where.child("verify", body).child(index, body["verify"]))
+            _validate_check(pipeline, stage, check, stage_where.child("verify", body).child(index, body["verify"]),
+                            var_origins)
     cycle = find_cycle({name: stage.needs for name, stage in pipeline.stages.items()})
     if cycle:
         first = cycle[0]
@@ -461,6 +466,24 @@ def _validate_placeholders(pipeline: PipelineConfig, stage: StageConfig, body: d
                 raise where.child(key, body).error(
                     f"unknown placeholder ${{{name}}} in {text!r}; known: {', '.join(sorted(known))} "
                     "(upper-case ${NAME} is left for the job's shell)")
+
+
+COUNTS = {"local": ("replicas", "processes"), "slurm": ("nodes", "ntasks_per_node", "cpus_per_task")}
+
+
+def _validate_counts(stage: StageConfig, body: Any, where: Where) -> None:
+    """Local and Slurm counts of processes, nodes and CPUs are >= 1 where set (BCP's: _validate_bcp), named at
+    their line or --set."""
+    for backend, keys in COUNTS.items():
+        resources = stage.resources(backend)
+        section = body.get(backend) if isinstance(body, dict) else None
+        section_where = where.child(backend, body) if isinstance(section, dict) else where
+        for key in keys:
+            value = getattr(resources, key)
+            if value is not None and value < 1:
+                at = section_where.child(key, section) if isinstance(section, dict) and key in section else where
+                raise at.error(f"{backend}.{key} must be >= 1, got {value}" if at is where else
+                               f"must be >= 1, got {value}")
 
 
 def _validate_bcp(res: BcpResources, where: Where) -> None:
@@ -515,7 +538,14 @@ def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, 
         raise where.error(f"target_steps ({target}) and max_attempts ({continuation.max_attempts}) must be >= 1")
 
 
-def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, where: Where) -> None:
+def _blamed(where: Where, text: str, var_origins: dict[str, str]) -> Where:
+    """Where to blame a bad value written as `text`: the --set of a var it is made of, if any, else `where`."""
+    given = [var_origins[name] for name in PLACEHOLDER.findall(text) if name in var_origins]
+    return Where(given[0], where.key, None) if given else where
+
+
+def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, where: Where,
+                    var_origins: dict[str, str]) -> None:
     if (check.expect is None) == (check.expect_from is None):
         raise where.error("give exactly one of expect (a number) or expect_from (an upstream stage)")
     if check.expect_from is not None:
@@ -528,12 +558,13 @@ def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, 
     for key in ("expect", "group"):
         value = getattr(check, key)
         if value is not None:
+            blamed = _blamed(where, str(value), var_origins)
             try:
                 number = resolve_int(str(value), pipeline.vars)
             except ValueError as exc:
-                raise where.error(f"{key}: {exc}") from None
+                raise blamed.error(f"{key}: {exc}") from None
             if number < (0 if key == "expect" else 1):
-                raise where.error(f"{key} must be >= {0 if key == 'expect' else 1}, got {number}")
+                raise blamed.error(f"{key} {value} must be >= {0 if key == 'expect' else 1}, got {number}")
 
 
 def substitute(text: str, values: dict[str, str]) -> str:
