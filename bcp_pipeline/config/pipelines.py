@@ -35,7 +35,7 @@ import yaml
 from ..errors import ConfigError
 from .resources import OPTION_TYPES, RESOURCE_TYPES, BcpResources, LocalResources, SlurmResources
 from .resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
-from .typed import Duration, Where, build, field_names
+from .typed import Duration, Where, build, field_names, shown
 from .yaml_lines import LineDict, load_yaml_with_lines
 
 DEFAULT_CONFIG_FILE = Path("pipelines.yaml")  # what every command reads without --config
@@ -332,7 +332,7 @@ def _merge_backend_sections(body: Any, defaults: dict, where: Where) -> Any:
     for backend, default_section in defaults.items():
         own = body.get(backend)
         if own is not None and not isinstance(own, dict):
-            raise where.child(backend, body).error(f"expected a mapping of {backend} resources, got {own!r}")
+            raise where.child(backend, body).error(f"expected a mapping of {backend} resources, got {shown(own)}")
         merged[backend] = deep_merge(default_section or {}, own or {})
     return merged
 
