@@ -15,6 +15,7 @@ orchestrator relies on:
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import ctypes
 import errno
@@ -305,19 +306,34 @@ def emit(kind: str, payload: dict, stream: IO[str] | None = None) -> None:
 
 
 class Progress:
-    """Reports `done of total` at most every `interval` seconds, and always at the end."""
+    """Reports `done of total` at most every `interval` seconds, at the end, and when the process exits short of
+    the end (a rank that fails on its last items: the orchestrator shows the last reported count, which would
+    otherwise be the one of up to `interval` seconds before)."""
 
     def __init__(self, total: int, rank: int, unit: str = "files", interval: float = 2.0) -> None:
         self.total, self.rank, self.unit, self.interval = total, rank, unit, interval
         self.done = 0
         self._last = 0.0
+        self._reported: int | None = None
+        atexit.register(self._report_at_exit)
 
     def advance(self, count: int = 1) -> None:
         self.done += count
         now = time.monotonic()
         if now - self._last >= self.interval or self.done >= self.total:
             self._last = now
-            emit("progress", {"done": self.done, "total": self.total, "rank": self.rank, "unit": self.unit})
+            self._report()
+
+    def _report(self) -> None:
+        emit("progress", {"done": self.done, "total": self.total, "rank": self.rank, "unit": self.unit})
+        self._reported = self.done
+
+    def _report_at_exit(self) -> None:
+        if self._reported != self.done:
+            try:
+                self._report()
+            except (OSError, ValueError):  # stdout gone (a full disk, a closed log): the exit status still tells
+                pass
 
 
 def fail_with_items(stage: str, failures: dict[str, str]) -> int:
