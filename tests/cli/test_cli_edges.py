@@ -102,3 +102,14 @@ def test_check_slurm_without_slurm_names_the_install_script_and_saves_no_profile
     assert "Slurm's controller does not answer" in done.stderr and "`scripts/slurm-cluster install`" in done.stderr
     assert "No profile was saved" in done.stderr and done.stderr.count("\n") == 1
     assert not (chain.parent / ".bcp-pipeline" / "checks").exists()
+
+
+def test_a_bcp_job_without_an_instance_is_a_config_error_in_plan_and_run(chain, capsys):
+    """The chain pipeline has no bcp sections at all: plan and run on BCP say where to set them, exit 2."""
+    for verb in ("plan", "run"):
+        assert cli(chain, verb, "chain", "--backend", "bcp") == 2, verb
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert "stage first: a BCP job needs an `instance` and an `image`" in err
+        assert "--set first.bcp.instance=INSTANCE --set first.bcp.image=IMAGE" in err
+    assert not (chain.parent / ".bcp-pipeline" / "runs").exists()
