@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def at_least(least: int):
+def at_least(least: int) -> Callable[[str], int]:
     """An argparse type: an integer >= `least` (`--tail -1` is a usage error, not a silent whole log)."""
 
     def parse(text: str) -> int:
