@@ -16,18 +16,18 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
-from ..atomic import atomic_write_json
+from ..atomic import atomic_write_json, atomic_write_text
 from ..config.pipelines import PipelineConfig
 from ..errors import BackendCallError
-from .contract import Backend, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
+from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
 from ..config.resources import BcpOptions
 from .bcp_render import NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_rendezvous, job_run_argv
-from .bcp_render import job_spec, label, nemo_launcher_overrides, nemo_overrides_digest, upload_argv
+from .bcp_render import job_files, job_spec, label, nemo_launcher_overrides, nemo_overrides_digest, upload_argv
 from .bcp_transport import Transport, make_transport, read_ngc_config
 from .bcp_driver import DRIVER_STAGE, driver_job_shape
 from .bcp_policy import PlannedJob, planned_jobs, violations
 from .profile import profile_key
-from .common import last_lines, shell_join
+from .common import last_lines, shell_join, training_progress
 from .retries import RetryPolicy, with_retries
 
 # All 25 BCP job statuses (ngc-cli.md). PREEMPTED waits for `job resume`; unknown ones are "not finished".
@@ -60,6 +60,7 @@ STATE_MAP: dict[str, JobState] = {
 }
 LIST_LAG_MARGIN_SECONDS = 30.0  # beyond twice the list lag `check` measured, before a stage is submitted again
 KILL_MARGIN_SECONDS = 60.0  # beyond the ACE's termination grace, before `cancel` says a killed job has not ended
+TRAINING_LOG_LINES = 50  # the end of a training job's log read for its progress (a progress bar redraws in one line)
 FAILED_REPLICA = re.compile(r"\bReplica (\d+)\b")  # statusDetails like "Replica 1 exited with code 3"
 
 
@@ -84,6 +85,7 @@ class BcpBackend(Backend):
         self._transport: Transport | None = None
         self.profile = profile  # what `check` found about this org/ACE (backends/profile.py); None: never checked
         self.has_profile = profile is not None
+        self._progress_read: dict[str, tuple[float, JobProgress | None]] = {}  # job id -> (when read, what)
         lag = self.probe_fact("list_lag_seconds")
         if isinstance(lag, (int, float)) and lag >= 1:  # the list index lags here: look a job up that long, twice over
             self.lookup_grace_seconds = 2 * float(lag) + LIST_LAG_MARGIN_SECONDS
@@ -113,7 +115,8 @@ class BcpBackend(Backend):
                         no_redirect=spelling if spelling in ("-no_redirect", "--no_redirect") else NO_REDIRECT)
         argv = job_run_argv(spec)
         return Submission(request=request, printable=shell_join(argv), payload={"argv": argv, "spec": asdict(spec)},
-                          rendezvous=job_rendezvous(request))
+                          rendezvous=job_rendezvous(request),
+                          files=job_files(request, self.options, self.stages_dir))
 
     def prepare(self, pipeline: PipelineConfig, execute: bool) -> list[PreparedAction]:
         """Upload stages/ into the workspace once per content hash (recorded in the run folder's parent)."""
@@ -136,7 +139,26 @@ class BcpBackend(Backend):
 
     # -- through the transport -------------------------------------------------------------------------
     def submit(self, submission: Submission) -> str:
+        self.put_job_files(submission.files)
         return self.transport.submit(JobSpec(**submission.payload["spec"]))
+
+    def put_job_files(self, files: Mapping[str, str]) -> None:
+        """Place a job's own files (a NeMo pretrain's script) in the workspace before the job runs: copied where the
+        workspace is mounted (a detached driver), else uploaded once per file (their names hold their content's
+        hash, so an uploaded name never needs uploading again)."""
+        for relative, text in files.items():
+            if self.mounted_workspace is not None:
+                atomic_write_text(self.mounted_workspace / relative, text)
+                continue
+            marker = self.run_dir / "uploaded-job-files" / relative.replace("/", "_")
+            if marker.is_file():
+                continue
+            staging = self.run_dir / "job-files" / Path(relative).parent.name
+            atomic_write_text(staging / Path(relative).name, text)
+            folder = str(Path(relative).parent)
+            with_retries(lambda: self.transport.upload(self.workspace_name, staging, folder, UPLOAD_EXCLUDES),
+                         f"uploading {relative} to workspace {self.workspace_name}", self.retry_policy)
+            atomic_write_text(marker, "")
 
     def poll(self, job_ids: list[str]) -> dict[str, JobStatus]:
         """One `job list` call for every job of this run; `job info` only for ids the list window missed."""
@@ -164,6 +186,23 @@ class BcpBackend(Backend):
 
     def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
         return self.transport.log(job_id, rank, tail)
+
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        """A training job's steps and loss from the end of its log (replica 0's, where a NeMo job's launcher tees the
+        training's output): one `job log` call at most every `training_log_seconds` a job. Other jobs: None (their
+        progress would cost a call per replica per cycle)."""
+        if not training:
+            return None
+        now = time.monotonic()
+        last = self._progress_read.get(job_id)
+        if last is not None and now - last[0] < self.options.training_log_seconds:
+            return last[1]
+        try:
+            found = training_progress(self.transport.log(job_id, 0, TRAINING_LOG_LINES))
+        except BackendCallError:
+            found = last[1] if last else None  # a progress column is a nicety: never fail a poll over it
+        self._progress_read[job_id] = (now, found)
+        return found
 
     def cancel(self, job_ids: list[str]) -> None:
         """Kill every job of this run, then wait until BCP reports them ended (a kill passes through

@@ -23,6 +23,9 @@ from ..config.resources import BcpOptions, BcpResources, RankLayout
 from ..errors import ConfigError, SubmissionError
 from .contract import JobRequest
 from .common import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
+from . import bcp_training_script as training_script
+from .bcp_training_script import TrainingJob
+from ..config.pipelines import substitute
 
 LABEL_PREFIX = "bcpp"
 # A one-replica job's own ranks meet on loopback at a port from the job id (29500 is torchrun's default), so
@@ -63,17 +66,54 @@ def job_values(request: JobRequest, options: BcpOptions, stages_dir: Path) -> di
 
 def nemo_launcher_overrides(request: JobRequest, options: BcpOptions, stages_dir: Path) -> list[str]:
     """The NeMo launcher's Hydra overrides exactly as the stage's job passes them, with its node count written out
-    (the job passes `${NGC_ARRAY_SIZE}`) and without the data list (the job builds that from the manifests). What
-    `check`'s NeMo probe composes, and what a profile's finding about it is matched against."""
+    (the job passes `${NGC_ARRAY_SIZE}`), the run's id as RUN (its NeMo run name holds it; no composition depends
+    on it) and without the data list (the job builds that from the manifests). What `check`'s NeMo probe composes,
+    and what a profile's finding about it is matched against, whichever run it is rendered for."""
     from ..config.nemo import launcher_overrides
 
     resources: BcpResources = request.resources("bcp")
+    values = {**job_values(request, options, stages_dir), "run_id": "RUN"}
     try:
         return launcher_overrides(request.stage, cluster_type="bcp", nodes=str(request.rank_layout("bcp").nodes),
-                                  total_runtime=resources.total_runtime,
-                                  values=job_values(request, options, stages_dir))
+                                  runtime=resources.total_runtime, values=values)
     except ValueError as exc:
         raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
+
+
+def training_job(request: JobRequest, options: BcpOptions, stages_dir: Path) -> TrainingJob:
+    """The NeMo pretrain job's script inputs, every path written from the script's WORKSPACE / RESULTS arguments."""
+    from ..config.nemo import DATA_LIST_FILE, launcher_dir, launcher_overrides, nemo_run_name
+
+    stage, resources = request.stage, request.resources("bcp")
+    values = placeholder_values(request, workspace=training_script.WORKSPACE, results=training_script.RESULTS,
+                                code=f"{training_script.WORKSPACE}/{code_destination(options, stages_dir)}",
+                                python=options.python)
+    try:
+        overrides = launcher_overrides(stage, cluster_type="bcp", nodes=training_script.NODES,
+                                       runtime=resources.total_runtime, values=values)
+        launcher = launcher_dir(stage, "bcp")
+    except ValueError as exc:
+        raise SubmissionError(f"stage {stage.name}: {exc}") from None
+    data_list_file = f"{training_script.RESULTS}/{DATA_LIST_FILE}"
+    run_name = nemo_run_name(stage, request.run_id)
+    return TrainingJob(
+        title=f"stage {stage.name} of pipeline {request.pipeline.name}, run {request.run_id}",
+        launcher_dir=launcher, overrides=overrides, data_list_file=data_list_file,
+        data_list_argv=["python3", f"{values['code']}/data_list.py", "--data-dir", substitute(stage.nemo.data_dir,
+                        values), "--format", "hydra", "--key", "training.model.data.data_prefix", "--out",
+                        data_list_file],
+        results_dir=substitute(stage.nemo.results_dir, values).rstrip("/"), run_name=run_name,
+        log_file=f"{training_script.RESULTS}/{run_name}.log", replicas=request.rank_layout("bcp").nodes)
+
+
+def job_files(request: JobRequest, options: BcpOptions, stages_dir: Path) -> dict[str, str]:
+    """Files the job needs in the workspace besides stages/ (path under the workspace -> text): a NeMo pretrain's
+    script, under a name made from its content; {} for any other job."""
+    if not (request.kind == "stage" and request.stage.nemo and not request.resources("bcp").command):
+        return {}
+    text = training_script.render(training_job(request, options, stages_dir))
+    folder = f"{options.jobs_dir.strip('/')}/{request.run_id}"
+    return {f"{folder}/{training_script.file_name(request.stage.name, text)}": text}
 
 
 def nemo_overrides_digest(image: str, overrides: list[str]) -> str:
@@ -88,16 +128,10 @@ def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path, *, n
     """The job's shell command: the bootstrap, then the program, under bcprun when it has several ranks."""
     values = job_values(request, options, stages_dir)
     resources: BcpResources = request.resources("bcp")
-    if request.kind == "stage" and request.stage.nemo and not resources.command:
-        from ..config.nemo import training_commandline
-
-        try:
-            script = training_commandline(request.stage, cluster_type="bcp", nodes="${NGC_ARRAY_SIZE}",
-                                          total_runtime=resources.total_runtime, values=values,
-                                          scratch=resources.result, log_dir=resources.result)
-        except ValueError as exc:
-            raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
-        return launcher_node_only(script) if resources.replicas > 1 else script
+    files = job_files(request, options, stages_dir)
+    if files:  # a NeMo pretrain: its script, given the workspace's and the result folder's mount points
+        mount = request.pipeline.workspace.mount.rstrip("/")
+        return shell_join(["bash", f"{mount}/{next(iter(files))}", mount, resources.result])
     program = stage_command(request, "bcp", values)
     if not (request.kind == "stage" and resources.command):
         program = ["bash", f"{values['code']}/bootstrap.sh", *program]
@@ -143,13 +177,6 @@ def job_rendezvous(request: JobRequest) -> dict | None:
     if layout.nodes > 1:  # bcprun's variables; a replica without them has NGC_MASTER_ADDR (stages/_common.py)
         return rendezvous(layout, "set by bcprun (else NGC_MASTER_ADDR, launcher-svc-<job id>)", "set by bcprun")
     return rendezvous(layout, "127.0.0.1", f"$(({LOCAL_MASTER_PORT_EXPR}))")
-
-
-def launcher_node_only(commandline: str) -> str:
-    """Run `commandline` on replica 0 only. If BCP runs the commandline once per replica, the other replicas
-    leave at once (their ranks are started by the launcher's bcprun); if it runs once, this changes nothing."""
-    return shell_join(["bash", "-c", f'if [ "${{NGC_ARRAY_INDEX:-0}}" = 0 ]; then {commandline}; else '
-                                     'echo "replica ${NGC_ARRAY_INDEX}: the launcher runs on replica 0"; fi'])
 
 
 def check_stage_resources(pipeline: PipelineConfig) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from ..config.pipelines import substitute
 from ..config.resources import RankLayout
 from .contract import JobProgress, JobRequest
+from ..training_log import last_progress
 
 LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
 
@@ -59,8 +60,11 @@ def parse_lines(text: str, kind: str) -> list[dict[str, Any]]:
     return found
 
 
-def progress_from_logs(texts: list[str]) -> JobProgress | None:
-    """Sum the last progress line of each rank's log: items done of total across the job."""
+def progress_from_logs(texts: list[str], *, training: bool = False) -> JobProgress | None:
+    """Sum the last progress line of each rank's log: items done of total across the job. For a training job,
+    rank 0's (the first text's) steps and loss, from its training lines, where they are found."""
+    if training and texts and (found := training_progress(texts[0])) is not None:
+        return found
     done = total = 0
     unit = "items"
     seen = False
@@ -73,6 +77,15 @@ def progress_from_logs(texts: list[str]) -> JobProgress | None:
             unit = str(last.get("unit", unit))
             seen = True
     return JobProgress(done=done, total=total, unit=unit) if seen else None
+
+
+def training_progress(text: str) -> JobProgress | None:
+    """A training job's steps done (of its total, where the log says) and last loss, from its rank 0 log."""
+    found = last_progress(text)
+    if found is None:
+        return None
+    return JobProgress(done=found.steps_done, total=found.total or 0, unit="steps", loss=found.loss,
+                       step_seconds=found.step_seconds)
 
 
 def read_tail(path: Path, max_bytes: int = 65536) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -96,9 +97,13 @@ class Submission:
     # Where a job of several ranks meets (MASTER_ADDR, MASTER_PORT, WORLD_SIZE as the job will get them, in
     # words where only the job knows the value); None for a job of one rank. `plan` prints it.
     rendezvous: dict[str, Any] | None = None
+    # Files the job needs where it runs, written before it is submitted (path as the backend places it -> text):
+    # e.g. a BCP NeMo pretrain's script in the workspace. `plan` prints them beside the job.
+    files: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         extra = {"rendezvous": self.rendezvous} if self.rendezvous is not None else {}
+        extra |= {"files": self.files} if self.files else {}
         return {"stage": self.request.stage.name, "kind": self.request.kind, "name": self.request.job_name,
                 "printable": self.printable, **self.payload, **extra}
 
@@ -114,8 +119,10 @@ class PreparedAction:
 @dataclass(kw_only=True)
 class JobProgress:
     done: int
-    total: int
+    total: int  # 0: not known from the job (a training's total then comes from its stage)
     unit: str = "items"
+    loss: float | None = None  # a training's last logged loss
+    step_seconds: float | None = None  # ... and its time per step
 
 
 class Backend(abc.ABC):
@@ -174,8 +181,9 @@ class Backend(abc.ABC):
         stage's job again: engine/poller.py)."""
         return False
 
-    def progress(self, job_id: str) -> JobProgress | None:
-        """Items done of total, when the stage reports it and the backend can read it cheaply."""
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        """Items done of total, when the stage reports it and the backend can read it cheaply; for a `training`
+        job, its steps and last loss from its log."""
         return None
 
     def failure_detail(self, job_id: str, status: JobStatus) -> str:
@@ -186,6 +194,7 @@ class Backend(abc.ABC):
         return None
 
     has_profile: bool = False  # a saved `check` profile of this service was found (backends/profile.py)
+    local_workspace: Path | None = None  # the workspace as a folder on this machine, where it is one (local, Slurm)
 
     def refusals(self, submissions: list[Submission], *, detach: bool = False) -> list[str]:
         """Jobs that what `bcp-pipeline check` found about this service says cannot work, each named with the

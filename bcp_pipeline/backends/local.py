@@ -44,6 +44,7 @@ class LocalBackend(Backend):
         self.stages_dir = stages_dir
         self.run_dir = run_dir
         self.workspace_dir = (config_dir / options.workspace_dir / workspace_name).resolve()
+        self.local_workspace = self.workspace_dir
         self.poll_min_seconds = options.poll_seconds
         self.poll_max_seconds = max(options.poll_seconds, 2.0)
         self._launched: list[subprocess.Popen] = []  # reaped in poll() so finished supervisors leave no zombies
@@ -184,8 +185,8 @@ class LocalBackend(Backend):
             parts.append(text if rank is not None or len(paths) == 1 else f"==> {path.name} <==\n{text}")
         return "\n".join(parts)
 
-    def progress(self, job_id: str) -> JobProgress | None:
-        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)])
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)
 
     def failure_detail(self, job_id: str, status: JobStatus) -> str:
         spec = _read_json(self.run_dir / "jobs" / job_id / "status.json") or {}

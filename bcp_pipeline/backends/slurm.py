@@ -20,6 +20,7 @@ from pathlib import Path
 from ..errors import CommandError, SubmissionError
 from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
 from ..procs import run_command
+from ..config.nemo import nemo_run_name
 from ..config.resources import SlurmOptions
 from .common import last_lines, progress_from_logs, read_tail
 from .slurm_render import NEMO_SUFFIX, batch_script, job_name, nemo_job_name_prefix, nemo_launcher_script, paths_for
@@ -92,6 +93,7 @@ class SlurmBackend(Backend):
         self.logs_dir = run_dir / "logs"
         self.paths = paths_for(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
                                workspace_name=workspace_name, orchestrator_python=sys.executable)
+        self.local_workspace = Path(self.paths.workspace)
         self.poll_min_seconds = options.poll_seconds
         self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
         self._sacct_enabled = True  # until sacct says accounting is off here
@@ -105,7 +107,7 @@ class SlurmBackend(Backend):
         if request.kind == "stage" and request.stage.nemo and not request.resources("slurm").command:
             script = nemo_launcher_script(request, self.options, self.paths)
             printable = ("# runs on this machine: NeMo's launcher (cluster_type=bcm) writes and sbatch-es the "
-                         f"training job {nemo_job_name_prefix(request)}{request.stage.nemo.run_name}\n{script}")
+                         f"training job {nemo_job_name_prefix(request)}{nemo_run_name(request.stage, request.run_id)}\n{script}")
             return Submission(request=request, printable=printable, payload={"submit_with": "nemo-launcher"},
                               rendezvous=nemo_rendezvous(request, self.options))
         return Submission(request=request, printable=batch_script(request, self.options, self.paths), payload={
@@ -268,8 +270,8 @@ class SlurmBackend(Backend):
         found = dict.fromkeys(Path(m) for m in re.findall(r"\bStd(?:Out|Err)=(\S+)", text))
         return [path for path in found if path.is_file()]
 
-    def progress(self, job_id: str) -> JobProgress | None:
-        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)])
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)
 
     def failure_detail(self, job_id: str, status: JobStatus) -> str:
         """Slurm's reason and exit code, the failing tasks (from srun's messages) and the first one's log tail."""

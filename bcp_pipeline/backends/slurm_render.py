@@ -206,7 +206,7 @@ def nemo_launcher_overrides(request: JobRequest, options: SlurmOptions, paths: P
     values = job_values(request, paths)
     try:
         gpus = res.gpus_per_node or gpus_per_node(stage, stage.bcp.instance)
-        overrides = launcher_overrides(stage, cluster_type="bcm", nodes=str(size.nodes), total_runtime=size.time,
+        overrides = launcher_overrides(stage, cluster_type="bcm", nodes=str(size.nodes), runtime=size.time,
                                        values=values)
     except ValueError as exc:
         raise SubmissionError(f"{_where(request)}: {exc}") from None
@@ -227,7 +227,7 @@ def nemo_launcher_script(request: JobRequest, options: SlurmOptions, paths: Path
     `sbatch`es the training job. `data_prefix` (a rendered `training.model.data.data_prefix=[...]`) replaces the
     list built at submit time, for tests and for users who pin one."""
     from ..config.pipelines import substitute
-    from ..config.nemo import DATA_LIST_FILE
+    from ..config.nemo import DATA_LIST_FILE, launcher_dir
 
     stage = request.stage
     assert stage.nemo is not None
@@ -242,7 +242,11 @@ def nemo_launcher_script(request: JobRequest, options: SlurmOptions, paths: Path
         words.append(f'"$(cat {shlex.quote(list_file)})"')
     else:
         words.append(shlex.quote(data_prefix))
-    lines.append(" ".join(["python3", shlex.quote(f"{stage.nemo.launcher_dir}/main.py"), *words])
+    try:
+        launcher = launcher_dir(stage, "slurm")
+    except ValueError as exc:
+        raise SubmissionError(f"{_where(request)}: {exc}") from None
+    lines.append(" ".join(["python3", shlex.quote(f"{launcher}/main.py"), *words])
                  + f" 2>&1 | tee -a {shlex.quote(f'{paths.logs}/{stage.name}-nemo-launcher.log')}")
     return "\n".join(lines) + "\n"
 

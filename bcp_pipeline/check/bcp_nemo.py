@@ -5,7 +5,7 @@ instance runs the launcher with Hydra's `--cfg job --package training --resolve`
 renders for it (backends/bcp_render.nemo_launcher_overrides: the node count written out, and a data list of the
 form the job builds from the manifests, here two sample prefixes under the stage's data_dir). Hydra composes the
 config and prints it: an unknown key, a bad override or a missing config is refused as it would be at the start of
-the real job. The composed TP/PP, batch sizes, num_nodes, max_steps, max_time and data list are then compared with
+the real job. The composed TP/PP, batch sizes, num_nodes, max_steps, per-run time limit and data list are then compared with
 what `plan` assumed (config/nemo.py's facts of the image's launcher release, or the stage's declared sizes).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from ..backends.bcp_render import job_values, nemo_launcher_overrides, nemo_overrides_digest
-from ..config.nemo import model_config, time_limits
+from ..config.nemo import launcher_dir, model_config, time_limits
 from ..config.pipelines import substitute
 from .context import CheckContext
 from .probe_log import lines_of
@@ -32,7 +32,8 @@ EXIT = "BCPP-NEMO-EXIT"
 # What plan assumed, by the composed key (under `training`) that must show it.
 COMPARED = (("model.tensor_model_parallel_size", "TP"), ("model.pipeline_model_parallel_size", "PP"),
             ("model.global_batch_size", "global batch"), ("model.micro_batch_size", "micro batch"),
-            ("trainer.num_nodes", "num_nodes"), ("trainer.max_steps", "max_steps"), ("trainer.max_time", "max_time"))
+            ("trainer.num_nodes", "num_nodes"), ("trainer.max_steps", "max_steps"),
+            ("exp_manager.max_time_per_run", "per-run time limit"))
 FIX_KEY = {"model.tensor_model_parallel_size": "tensor_parallel", "model.pipeline_model_parallel_size":
            "pipeline_parallel", "model.global_batch_size": "global_batch_size",
            "model.micro_batch_size": "micro_batch_size", "trainer.max_steps": "max_steps"}
@@ -74,9 +75,9 @@ def plan_nemo_probes(ctx: CheckContext) -> list[NemoProbe]:
                     "model.global_batch_size": model.global_batch_size,
                     "model.micro_batch_size": model.micro_batch_size,
                     "trainer.num_nodes": request.rank_layout("bcp").nodes, "trainer.max_steps": model.max_steps,
-                    "trainer.max_time": time_limits(stage, resources.total_runtime).max_time}
+                    "exp_manager.max_time_per_run": time_limits(stage, resources.total_runtime).per_run}
         probes.append(NemoProbe(stage=stage.name, image=submission.payload["spec"]["image"],
-                                launcher=f"{stage.nemo.launcher_dir.rstrip('/')}/main.py", overrides=overrides,
+                                launcher=f"{launcher_dir(stage, 'bcp')}/main.py", overrides=overrides,
                                 data_list=f"{DATA_KEY}=[{','.join(flat)}]",
                                 expected={key: str(value) for key, value in expected.items()}))
     return probes

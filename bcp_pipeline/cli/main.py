@@ -31,7 +31,7 @@ from ..engine.selection import ChosenRun, RunRequest, choose_resume, choose_run,
 from ..engine.state import RunState, RunStore, store_for
 from ..engine.submitter import planned_requests
 from ..errors import ConfigError, PipelineError, StateError
-from ..report.estimates import actual_rates, estimate_pipeline, instances_table
+from ..report.estimates import actual_rates, estimate_pipeline, instances_table, manifest_tokens
 from ..report.gather import write_report
 from ..report.text import Reporter, format_table, render_estimates, render_status
 from .completion import enable_completion
@@ -273,7 +273,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     actions = backend.prepare(pipeline, execute=False)
     requests = planned_requests(pipeline, run_id)
     submissions = [backend.render(request) for request in requests]
-    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances))
+    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances),
+                                 counted_data_tokens(backend, pipeline))
     if args.detach and backend_name != "bcp":
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend_name!r}")
     driver = planned_driver(config, pipeline, run_id) if args.detach else None
@@ -315,11 +316,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
         about = f": {description}" if request.kind == "stage" and description else ""
         meet = f"\n{rendezvous_line(submission.rendezvous)}" if submission.rendezvous else ""
         print(f"\n# {what}{request.stage.name}{needs}{about}{meet}\n{submission.printable}")
+        for path, text in submission.files.items():
+            print(f"# ... running {path} (in the workspace; written there before the job is submitted):\n"
+                  + "\n".join(f"#   {line}" if line else "#" for line in text.splitlines()))
     print()
     print("\n".join(render_estimates(estimate)))
     if driver:
         print(driver_cost_line(config, pipeline, estimate))
     return 1 if refused else 0
+
+
+def counted_data_tokens(backend: Backend, pipeline: PipelineConfig) -> dict[str, int]:
+    """Per NeMo stage, the tokens its data holds, counted from the preprocess manifests where the backend's
+    workspace is a folder here and they exist (plan's epochs then come from them, not from the declared size)."""
+    if backend.local_workspace is None:
+        return {}
+    values = {"workspace": str(backend.local_workspace)}
+    values |= {name: substitute(value, values) for name, value in pipeline.vars.items()}
+    counted = {}
+    for name, stage in pipeline.stages.items():
+        if stage.nemo and (tokens := manifest_tokens(Path(substitute(stage.nemo.data_dir, values)))):
+            counted[name] = tokens
+    return counted
 
 
 def rendezvous_line(meet: dict) -> str:
@@ -371,7 +389,7 @@ def live_run(args: argparse.Namespace) -> tuple[RunStore, LiveRun]:
         if state.driver_owned:  # the stages as its driver last saved them
             chosen = ChosenRun(config=live.config, pipeline=live.pipeline, store=store, state=state, selected=set())
             live.view = detached_run(chosen).refresh()
-        refresh_jobs(live.backend, state)
+        refresh_jobs(live.backend, state, live.pipeline)
     except PipelineError as exc:
         live.problem = str(exc)
     return store, live

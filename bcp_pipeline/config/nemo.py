@@ -1,14 +1,15 @@
-"""Pretraining with NVIDIA's NeMo launcher: preflight checks and the rendered training command.
+"""Pretraining with NVIDIA's NeMo launcher: its facts by release, the preflight checks and its Hydra overrides.
 
-The command is the guide's `python3 .../launcher_scripts/main.py cluster_type=bcp stages=[training] ...`, with
+The job is the guide's `python3 .../launcher_scripts/main.py cluster_type=bcp stages=[training] ...`, with
 `training.model.data.data_prefix` built inside the job from the preprocess manifests (stages/data_list.py: every
-.bin/.idx pair, weights proportional to tokens, summing to 1) instead of 74 hand-typed entries.
+.bin/.idx pair, weights proportional to tokens, summing to 1) instead of 74 hand-typed entries. How a BCP job runs
+the launcher is backends/bcp_training_script.py's; how a Slurm cluster does, backends/slurm_render.py's. Facts
+about the launcher and NeMo with their sources: shared/notes/nemo-launcher.md and tests/fakes/README.md.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 
 from .pipelines import Continuation, PipelineConfig, StageConfig, substitute
@@ -63,6 +64,19 @@ SIZE_OVERRIDES = {"tensor_parallel": "training.model.tensor_model_parallel_size"
                   "pipeline_parallel": "training.model.pipeline_model_parallel_size",
                   "global_batch_size": "training.model.global_batch_size",
                   "micro_batch_size": "training.model.micro_batch_size"}
+# Where the launcher is in the image, by release, keyed as KNOWN_MODELS is (the newest key not after the image's
+# release): its Dockerfile's LAUNCHER_SCRIPTS_PATH and the path its BCP launcher hard-codes, at NVIDIA's launcher
+# release tags. The repository was NeMo-Megatron-Launcher until 24.05 and the folder moved with its rename in 24.07
+# (shared/notes/nemo-launcher.md: read at 23.11 through 24.05 and from 24.07 on; 23.08 takes the older name, which
+# the repository had then, unread at that tag).
+KNOWN_LAUNCHER_DIRS: dict[LauncherVersion, str] = {
+    (23, 8): "/opt/NeMo-Megatron-Launcher/launcher_scripts",
+    (24, 7): "/opt/NeMo-Framework-Launcher/launcher_scripts",
+}
+# NeMo's per-run time limit (nemo/utils/exp_manager.py, NeMo 1.22.0: a StatelessTimer replaces Lightning's Timer,
+# whose elapsed time is saved in every checkpoint and makes `trainer.max_time` a budget over ALL jobs of a run: the
+# second job of a run would stop at once). The launcher's training configs lack the key, hence Hydra's `+`.
+PER_RUN_TIME_KEY = "+training.exp_manager.max_time_per_run"
 _TAG_VERSION = re.compile(r"(\d{2})\.(\d{2})(?:[.-][0-9A-Za-z._-]*)?")
 
 
@@ -121,6 +135,25 @@ def launcher_image(stage: StageConfig, backend: str | None = None) -> tuple[str 
     return stage.bcp.image, "bcp.image"
 
 
+def launcher_dir(stage: StageConfig, backend: str | None = None) -> str:
+    """The launcher's `launcher_scripts` folder in the stage's image: `nemo.launcher_dir`, else where the image's
+    release keeps it (KNOWN_LAUNCHER_DIRS). ValueError naming the setting when neither tells."""
+    nemo = stage.nemo
+    assert nemo is not None
+    if nemo.launcher_dir:
+        return nemo.launcher_dir.rstrip("/")
+    image, key = launcher_image(stage, backend)
+    version = launcher_version(image) if image else None
+    keys = [release for release in KNOWN_LAUNCHER_DIRS if version is not None and release <= version]
+    if not keys:
+        what = f"image {image!r} ({key})" if image else f"no image ({key})"
+        why = "whose tag is no YY.MM release" if image and version is None else "of no release with a known path"
+        known = ", ".join(f"{yy:02d}.{mm:02d}: {path}" for (yy, mm), path in sorted(KNOWN_LAUNCHER_DIRS.items()))
+        raise ValueError(f"stage {stage.name} runs {what}, {why}, so where its NeMo launcher is is unknown "
+                         f"(known from: {known}); set nemo.launcher_dir to the image's launcher_scripts folder")
+    return KNOWN_LAUNCHER_DIRS[max(keys)]
+
+
 def model_config(stage: StageConfig, backend: str | None = None) -> ModelConfig:
     """The model's facts at the launcher release of the stage's image, any value the pipeline gives winning."""
     nemo = stage.nemo
@@ -156,6 +189,15 @@ def _no_facts_message(stage: StageConfig, image: str | None, key: str, version: 
     return (f"stage {stage.name} {problem}: the parallel sizes of {model} are known for launcher releases {known} "
             f"(a later release takes those of the newest one not after it). Set {key} to a NeMo image tagged with "
             f"its release (e.g. nvcr.io/nvidia/nemo:24.05), or {declare}")
+
+
+def tokens_per_step(stage: StageConfig, backend: str | None = None) -> int:
+    """A NeMo stage's tokens a training step: global batch x sequence length. ValueError for a model whose shape
+    is not known (KNOWN_SHAPES)."""
+    shape = KNOWN_SHAPES.get(stage.nemo.model)
+    if shape is None:
+        raise ValueError(f"the sequence length of {stage.nemo.model} is not known")
+    return model_config(stage, backend).global_batch_size * shape.seq_length
 
 
 def gpus_per_node(stage: StageConfig, instance: str | None) -> int:
@@ -196,41 +238,62 @@ def check_parallelism(stage: StageConfig, nodes: int, gpus: int, backend: str | 
 
 @dataclass(frozen=True)
 class TimeLimits:
-    max_time: str  # trainer.max_time, D:HH:MM:SS: NeMo saves a checkpoint and stops cleanly here
-    time_limit: str  # run.time_limit, D-HH:MM:SS: the launcher's own limit, between max_time and the runtime
+    """How long one training job trains, and when its scheduler kills it."""
+
+    per_run: str  # exp_manager.max_time_per_run, D:HH:MM:SS: NeMo saves a checkpoint and stops here, every job
+    hard_limit: str  # the job's runtime, D-HH:MM:SS (Slurm's form): BCP's --total-runtime, Slurm's --time
 
 
-def time_limits(stage: StageConfig, total_runtime: str | None) -> TimeLimits:
-    if not total_runtime:
-        raise ValueError("pretraining needs total_runtime: max_time is derived from it")
-    runtime = parse_duration(total_runtime)
+def time_limits(stage: StageConfig, runtime: str | None) -> TimeLimits:
+    """Each job trains for its runtime minus `nemo.time_margin`. The per-run timer starts when training starts, so
+    the margin covers what the runtime holds besides training: the container's start and image pull, building the
+    model across the nodes, the first job's data index build (Megatron's index mappings over the whole data list),
+    and, after NeMo's clean stop, the last step, a validation and the final checkpoint save (about 90 GB for 8B).
+    The 45-minute default is the guide's 30-60 minutes; README "Pretraining" gives the figures it covers."""
+    if not runtime:
+        raise ValueError("pretraining needs a runtime (total_runtime on BCP, time on Slurm): each job's training "
+                         "time is derived from it")
+    seconds = parse_duration(runtime)
     margin = parse_duration(stage.nemo.time_margin)
-    if margin >= runtime:
-        raise ValueError(f"time_margin {stage.nemo.time_margin} leaves no training time in total_runtime {total_runtime}")
-    max_time = runtime - margin
-    # The launcher's limit sits halfway through the margin: after NeMo's clean stop, before BCP's hard kill.
-    limit = runtime - margin // 2
-    days, rest = divmod(limit, 86400)
-    return TimeLimits(max_time=format_clock(max_time),
-                      time_limit=f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}")
+    if margin >= seconds:
+        raise ValueError(f"time_margin {stage.nemo.time_margin} leaves no training time in the runtime {runtime}")
+    days, rest = divmod(seconds, 86400)
+    return TimeLimits(per_run=format_clock(seconds - margin),
+                      hard_limit=f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}")
 
 
 def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
-    """Checks that need no data: parallel sizes vs nodes, time limits. Raises ValueError with the fix."""
+    """Checks that need no data: parallel sizes vs nodes, time limits, where the launcher is. Raises ValueError
+    with the fix."""
     bcp = stage.bcp
     model_config(stage)
     if bcp.instance:
         check_parallelism(stage, rank_layout(stage, "bcp").nodes, gpus_per_node(stage, bcp.instance), "bcp")
         time_limits(stage, bcp.total_runtime)
+        launcher_dir(stage, "bcp")
     if stage.slurm.nodes or stage.slurm.gpus_per_node:
         nodes = rank_layout(stage, "slurm").nodes
         gpus = stage.slurm.gpus_per_node or gpus_per_node(stage, bcp.instance)
         check_parallelism(stage, nodes, gpus, "slurm")
 
 
-def checkpoint_dir(stage: StageConfig) -> str:
+RUN_ID = "${run_id}"  # the bcp-pipeline run's id, as a placeholder the renderers resolve
+
+
+def nemo_run_name(stage: StageConfig, run_id: str = RUN_ID) -> str:
+    """The NeMo run (`training.run.name`, a folder under results_dir) that a bcp-pipeline run trains.
+
+    Its own, RUN_NAME-RUN_ID: NeMo continues ANY job with the same results folder and run name from its `-last`
+    checkpoint (`resume_if_exists`), so a shared name would let a new run (`run --restart`, a run after one that
+    succeeded, another pipeline) continue an old training instead of starting at step 0. The jobs of one run (its
+    continuations, `resume`) keep the name and continue. `nemo.continue_run` names another NeMo run to take over
+    instead, explicitly."""
     nemo = stage.nemo
-    return f"{nemo.results_dir.rstrip('/')}/{nemo.run_name}/results/checkpoints"
+    return nemo.continue_run or f"{nemo.run_name}-{run_id}"
+
+
+def checkpoint_dir(stage: StageConfig) -> str:
+    return f"{stage.nemo.results_dir.rstrip('/')}/{nemo_run_name(stage)}/results/checkpoints"
 
 
 def derived_continuation(stage: StageConfig) -> Continuation:
@@ -238,29 +301,35 @@ def derived_continuation(stage: StageConfig) -> Continuation:
                         max_attempts=stage.nemo.max_attempts)
 
 
-def launcher_overrides(stage: StageConfig, *, cluster_type: str, nodes: str, total_runtime: str | None,
+def launcher_overrides(stage: StageConfig, *, cluster_type: str, nodes: str, runtime: str | None,
                        values: dict[str, str]) -> list[str]:
-    """The launcher's Hydra overrides (placeholders resolved with `values`), data_prefix excluded."""
+    """The launcher's Hydra overrides (placeholders resolved with `values`, which hold the run id), without the
+    data list. `runtime`: the job's (BCP's total_runtime, Slurm's time)."""
     nemo = stage.nemo
     # cluster_type bcp runs in the BCP image; bcm is a Slurm cluster (backends/slurm_render.py).
-    model = model_config(stage, "bcp" if cluster_type == "bcp" else "slurm")
-    limits = time_limits(stage, total_runtime)
+    backend = "bcp" if cluster_type == "bcp" else "slurm"
+    model = model_config(stage, backend)
+    limits = time_limits(stage, runtime)
     bpe = substitute(nemo.bpe_dir, values).rstrip("/")
     results = substitute(nemo.results_dir, values).rstrip("/")
+    verbatim = {o.split("=", 1)[0] for o in nemo.overrides}
     # The launcher's data_dir is where its default tokenizer paths point (DATA/bpe/...), as in the guide.
     data_root = bpe.rsplit("/", 1)[0]
     return [
         f"cluster_type={cluster_type}",
         "stages=[training]",
         f"training={nemo.model}",
-        f"launcher_scripts_path={nemo.launcher_dir}",
+        f"launcher_scripts_path={launcher_dir(stage, backend)}",
         f"data_dir={data_root}",
         f"base_results_dir={results}",
-        f"training.run.name={nemo.run_name}",
-        f"training.run.time_limit={limits.time_limit}",
-        f"training.trainer.max_time={limits.max_time}",
+        f"training.run.name={nemo_run_name(stage, values['run_id'])}",
+        # Only a Slurm launch reads run.time_limit (as its job's --time); BCP's launcher never does.
+        *([f"training.run.time_limit={limits.hard_limit}"] if cluster_type == "bcm" else []),
         f"training.trainer.num_nodes={nodes}",
+        # The BCP launcher starts trainer.devices ranks a node (its bcprun --npernode); the configs say 8.
+        *([f"training.trainer.devices={gpus_per_node(stage, stage.bcp.instance)}"] if cluster_type == "bcp" else []),
         f"training.trainer.max_steps={model.max_steps}",
+        *([f"{PER_RUN_TIME_KEY}={limits.per_run}"] if PER_RUN_TIME_KEY not in verbatim else []),
         f"training.model.tokenizer.vocab_file={bpe}/vocab.json",
         f"training.model.tokenizer.merge_file={bpe}/merges.txt",
         *declared_sizes(stage),
@@ -275,31 +344,3 @@ def declared_sizes(stage: StageConfig) -> list[str]:
     verbatim = {o.split("=", 1)[0].lstrip("+~") for o in nemo.overrides}
     return [f"{key}={getattr(nemo, field)}" for field, key in SIZE_OVERRIDES.items()
             if getattr(nemo, field) is not None and key not in verbatim]
-
-
-def training_commandline(stage: StageConfig, *, cluster_type: str, nodes: str, total_runtime: str | None,
-                         values: dict[str, str], scratch: str, log_dir: str) -> str:
-    """The whole job command: build the data list from the manifests, run the launcher, keep its log.
-
-    `nodes` is shell text (e.g. `${NGC_ARRAY_SIZE}`) and the data list is read with `$(cat FILE)`: those two are
-    double-quoted so the job's shell expands them; every other value is shell-quoted.
-    """
-    data_dir = substitute(stage.nemo.data_dir, values)
-    data_list_file = f"{scratch.rstrip('/')}/{DATA_LIST_FILE}"
-    build_list = ["python3", f"{values['code']}/data_list.py", "--data-dir", data_dir, "--format", "hydra",
-                  "--key", "training.model.data.data_prefix", "--out", data_list_file]
-    overrides = launcher_overrides(stage, cluster_type=cluster_type, nodes="NODES", total_runtime=total_runtime,
-                                   values=values)
-    words = [shlex.quote(o) if o != "training.trainer.num_nodes=NODES" else f'"training.trainer.num_nodes={nodes}"'
-             for o in overrides]
-    launcher = " ".join(["python3", shlex.quote(f"{stage.nemo.launcher_dir}/main.py"), *words,
-                         f'"$(cat {shlex.quote(data_list_file)})"'])
-    log = shlex.quote(f"{log_dir.rstrip('/')}/{stage.nemo.run_name}-pretrain.log")
-    # After training, the run's small files (configs, logs; not the checkpoints) are copied to the job's result
-    # folder, so they show with the job; the launcher's exit status is kept whatever the copy does.
-    results = substitute(stage.nemo.results_dir, values).rstrip("/")
-    sync = (f"tar -C {shlex.quote(results)} --exclude=checkpoints -cf - {shlex.quote(stage.nemo.run_name)} "
-            f"| tar -C {shlex.quote(log_dir)} -xf - || echo 'could not copy the run folder to {log_dir}' >&2")
-    script = (f"set -o pipefail; {' '.join(map(shlex.quote, build_list))} && {launcher} 2>&1 | tee -a {log}; "
-              f"status=$?; {sync}; exit $status")
-    return f"bash -c {shlex.quote(script)}"

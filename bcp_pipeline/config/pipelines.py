@@ -83,12 +83,14 @@ class NemoTraining:
     """
 
     model: str  # training config, e.g. gpt3/7b_improved or gpt3/126m
-    run_name: str  # training.run.name: the same name continues from the -last checkpoint
+    run_name: str  # the NeMo run is named RUN_NAME-<run id>: each bcp-pipeline run trains its own (nemo.py)
     data_dir: str  # preprocess outputs (.bin/.idx + manifests), as the job sees them
     bpe_dir: str  # vocab.json + merges.txt
-    results_dir: str  # base_results_dir; checkpoints go to RESULTS/RUN_NAME/results/checkpoints
-    launcher_dir: str = "/opt/NeMo-Megatron-Launcher/launcher_scripts"
-    time_margin: Duration = Duration("45m")  # trainer.max_time = total runtime - margin (the guide: 30-60 min)
+    results_dir: str  # base_results_dir; checkpoints go to RESULTS/<NeMo run>/results/checkpoints
+    launcher_dir: str | None = None  # default: where the image's release keeps it (nemo.KNOWN_LAUNCHER_DIRS)
+    time_margin: Duration = Duration("45m")  # each job trains for its runtime minus this, then saves and stops
+    continue_run: str | None = None  # take over this NeMo run (its folder under results_dir) and its checkpoints
+    # instead of starting this run's own; several bcp-pipeline runs then train the same model (nemo.py)
     gpus_per_node: int | None = None  # default: from the instance name (dgxa100.80g.8.norm -> 8)
     max_steps: int | None = None  # default: the model's
     tensor_parallel: int | None = None  # required for a model, or an image release, without known facts (nemo.py);
@@ -254,7 +256,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None, pipeline: 
     if overrides:
         if pipeline is None or pipeline not in pipelines_raw:
             raise ConfigError(f"--set needs a known pipeline, got {pipeline!r}", file=str(file))
-        pipelines_raw[pipeline] = apply_overrides(pipelines_raw[pipeline], overrides, str(file))
+        # On a copy: YAML anchors alias one mapping in several pipelines (`pretrain: *pretrain-8b`), and a --set for
+        # this pipeline must not change the others.
+        pipelines_raw[pipeline] = apply_overrides(copy.deepcopy(pipelines_raw[pipeline]), overrides, str(file))
     pipelines = {name: _load_pipeline(name, body, where_pipelines.child(name, pipelines_raw), stages_dir)
                  for name, body in pipelines_raw.items()}
     return Config(file=file, stages_dir=stages_dir, options=options, pipelines=pipelines)

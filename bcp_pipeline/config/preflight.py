@@ -23,10 +23,27 @@ def load_and_check(path: str | Path, overrides: list[str] | None = None, pipelin
 
 def preflight(config: Config) -> None:
     """Check every NeMo stage of every pipeline and fill in its default continuation; ConfigError at file:line."""
+    taken_over: dict[tuple[str, str, str], str] = {}  # (workspace, results_dir, NeMo run) -> the pipeline taking it
     for pipeline in config.pipelines.values():
         for stage in pipeline.stages.values():
             if stage.nemo:
                 _check_nemo_stage(pipeline, stage)
+                _check_one_trainer(pipeline, stage, taken_over)
+
+
+def _check_one_trainer(pipeline: PipelineConfig, stage: StageConfig,
+                       taken_over: dict[tuple[str, str, str], str]) -> None:
+    """Two pipelines of one file never train one NeMo run: each run trains its own (nemo.nemo_run_name), so only
+    `continue_run` can name the same one twice, and that would have two trainings continue each other."""
+    if not stage.nemo.continue_run:
+        return
+    key = (pipeline.workspace.name, stage.nemo.results_dir.rstrip("/"), stage.nemo.continue_run)
+    other = taken_over.setdefault(key, pipeline.name)
+    if other != pipeline.name:
+        raise stage.where("nemo").error(
+            f"pipeline {pipeline.name} continues NeMo run {stage.nemo.continue_run!r} in {key[1]} of workspace "
+            f"{key[0]}, and so does pipeline {other}: two trainings would continue each other's checkpoints; "
+            "give one of them another continue_run, or none (each run then trains its own)")
 
 
 def _check_nemo_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:

@@ -132,8 +132,10 @@ class BcpOptions:
     ace: str | None = None
     python: str = "python3"  # interpreter inside the container
     code_dir: str = ".bcp-pipeline/code"  # under the pipeline workspace: stages/ uploaded once per content hash
+    jobs_dir: str = ".bcp-pipeline/jobs"  # under the pipeline workspace: job scripts (a NeMo pretrain's), per run
     poll_min_seconds: float = 10.0
     poll_max_seconds: float = 60.0
+    training_log_seconds: float = 60.0  # a running training's progress (steps, loss) is read from its log this often
     list_duration: Duration = Duration("30D")  # `job list --duration`: ngc's default 7-day window misses long runs
     lookup_grace_seconds: float = 60.0  # a stage found "submitting" after a restart is looked up in `job list`
     # this long before a job is submitted for it (the list may lag job creation)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from ..backends.contract import Backend
 from ..backends.registry import make_backend
 from ..errors import StateError
+from ..config.pipelines import PipelineConfig
 from .orchestrator import Orchestrator
+from .poller import is_training, progress_record
 from .progress import Progress
 from .selection import ChosenRun
 from .state import RunLock, RunState, StageStatus
@@ -62,7 +64,7 @@ def cancel_run(chosen: ChosenRun) -> tuple[list[str], bool]:
     return active, True
 
 
-def refresh_jobs(backend: Backend, state: RunState) -> None:
+def refresh_jobs(backend: Backend, state: RunState, pipeline: PipelineConfig) -> None:
     """Live job states and progress into `state`, in memory only (`status`, `report`): the orchestrator driving
     the run owns its state file."""
     active = {job.job_id: (name, job) for name, s in state.stages.items() if (job := s.active_job())}
@@ -73,6 +75,7 @@ def refresh_jobs(backend: Backend, state: RunState) -> None:
         status = statuses.get(job_id)
         if status is not None:
             job.state, job.native = status.state.value, status.native
-        progress = backend.progress(job_id)
+        stage = pipeline.stages.get(name)
+        progress = backend.progress(job_id, training=is_training(stage))
         if progress is not None:
-            state.stages[name].progress = {"done": progress.done, "total": progress.total, "unit": progress.unit}
+            state.stages[name].progress = progress_record(stage, progress, pipeline.vars)

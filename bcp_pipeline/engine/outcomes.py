@@ -129,5 +129,7 @@ def _verification_text(stage_state: StageState) -> str:
     result = stage_state.verification
     if not result:
         return ""
-    return " (verified: " + ", ".join(f"{c['found']}/{c['expected']} {c['glob'].rsplit('/', 1)[-1]}"
-                                      for c in result.get("checks", [])) + ")"
+    parts = [f"{c['found']}/{c['expected']} {c['glob'].rsplit('/', 1)[-1]}" for c in result.get("checks", [])]
+    if "steps" in result:
+        parts.append(f"step {result['steps']} of {result['target']}")
+    return " (verified: " + ", ".join(parts) + ")" if parts else ""

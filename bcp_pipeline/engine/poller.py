@@ -7,12 +7,15 @@ killed and its stage's job submitted again. A job the backend does not list this
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 from .context import RunContext
 from ..errors import BackendCallError
-from ..backends.contract import JobState, JobStatus
+from ..backends.contract import JobProgress, JobState, JobStatus
+from ..config.nemo import tokens_per_step
+from ..config.pipelines import StageConfig, resolve_int
 from .outcomes import Outcomes
 from .state import JobRecord, StageStatus
 
@@ -79,9 +82,31 @@ class Poller(RunContext):
         return True
 
     def update_progress(self, name: str, job: JobRecord) -> None:
-        progress = self.backend.progress(job.job_id)
+        stage = self.pipeline.stages.get(name)
+        progress = self.backend.progress(job.job_id, training=is_training(stage))
         if progress is not None:
-            self.state.stages[name].progress = {"done": progress.done, "total": progress.total, "unit": progress.unit}
+            self.state.stages[name].progress = progress_record(stage, progress, self.pipeline.vars)
+
+
+def is_training(stage: StageConfig | None) -> bool:
+    """A stage whose job logs training steps (NeMo, or any stage that continues toward a step count)."""
+    return stage is not None and (stage.nemo is not None or stage.continuation is not None)
+
+
+def progress_record(stage: StageConfig | None, progress: JobProgress, variables: dict[str, str]) -> dict:
+    """What the run state keeps of a job's progress (`status` and the live view show it). A training's total, where
+    its log does not say, is its continuation's target; tokens per step come from a NeMo stage's model."""
+    record: dict = {"done": progress.done, "total": progress.total, "unit": progress.unit}
+    if progress.loss is not None:
+        record["loss"] = progress.loss
+    if progress.step_seconds is not None:
+        record["step_seconds"] = progress.step_seconds
+    if stage is not None and stage.continuation is not None and not progress.total:
+        record["total"] = resolve_int(str(stage.continuation.target_steps), variables)
+    if stage is not None and stage.nemo is not None:
+        with contextlib.suppress(ValueError):
+            record["tokens_per_step"] = tokens_per_step(stage)
+    return record
 
     def on_preempted(self, name: str, job: JobRecord) -> bool:
         """Resume a preempted job where its stage says so; a failing resume call is tried again next cycle. True when

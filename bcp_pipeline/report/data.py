@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .estimates import PlanEstimate
 from ..redact import redact
 from ..engine.state import JobRecord, RunState, StageState
-from .training_log import parse_training_log
+from ..training_log import parse_training_log
 
 
 @dataclass(frozen=True)

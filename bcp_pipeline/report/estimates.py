@@ -9,8 +9,11 @@ Queueing, job start-up, verification jobs and restarts between training attempts
 
 from __future__ import annotations
 
+import json
+
 import math
 import re
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 
 from ..config.pipelines import PipelineConfig, StageConfig, expected_count
@@ -135,9 +138,12 @@ def instances_table(declared: dict[str, InstanceType]) -> dict[str, InstanceType
     return {**KNOWN_INSTANCES, **declared}
 
 
-def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceType]) -> PlanEstimate:
-    """Every stage's estimate, the total along the DAG's longest path, and warnings."""
-    stages = {name: estimate_stage(pipeline, pipeline.stages[name], instances) for name in pipeline.order()}
+def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceType],
+                      counted_tokens: dict[str, int] | None = None) -> PlanEstimate:
+    """Every stage's estimate, the total along the DAG's longest path, and warnings. `counted_tokens`: per training
+    stage, the tokens its data holds as counted from the preprocess manifests (manifest_tokens), where they exist."""
+    stages = {name: estimate_stage(pipeline, pipeline.stages[name], instances, (counted_tokens or {}).get(name))
+              for name in pipeline.order()}
     finish: dict[str, float] = {}
     for name in pipeline.order():
         start = max((finish[n] for n in pipeline.stages[name].needs), default=0.0)
@@ -147,7 +153,8 @@ def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceTyp
                         complete=all(s.seconds is not None for s in stages.values() if s.modelled), warnings=warnings)
 
 
-def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict[str, InstanceType]) -> StageEstimate:
+def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict[str, InstanceType],
+                   counted_tokens: int | None = None) -> StageEstimate:
     bcp = stage.bcp
     layout = rank_layout(stage, "bcp")  # the job's shape as the BCP renderer makes it (one place for both)
     instance = instances.get(bcp.instance or "")
@@ -163,7 +170,7 @@ def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict
     size = {key: pipeline.estimates.number(key, pipeline.vars)
             for key in ("compressed_bytes", "text_bytes", "documents", "tokens")}
     if stage.nemo:
-        _estimate_training(pipeline, stage, instance, est, size)
+        _estimate_training(pipeline, stage, instance, est, size, counted_tokens)
     elif stage.program == DOWNLOAD_PROGRAM:
         est.items_in = est.items_out
         est.bytes_in = est.bytes_out = size["compressed_bytes"]
@@ -237,7 +244,7 @@ def token_file_bytes(tokens: float | None, documents: float | None) -> float | N
 
 
 def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: InstanceType | None,
-                       est: StageEstimate, size: dict[str, float | None]) -> None:
+                       est: StageEstimate, size: dict[str, float | None], counted_tokens: int | None) -> None:
     model = model_config(stage)
     shape = KNOWN_SHAPES.get(stage.nemo.model)
     est.unit_out = "steps"
@@ -254,6 +261,14 @@ def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: I
     est.training = {"tokens": tokens, "flops_per_token": per_token, "flops": tokens * per_token, "mfu": mfu,
                     "steps": model.max_steps, "global_batch_size": model.global_batch_size,
                     "seq_length": shape.seq_length}
+    # Epochs: the tokens trained against the tokens the data holds (counted from the manifests once they exist).
+    data_tokens, source = (counted_tokens, "counted in the preprocess manifests") if counted_tokens else \
+        (size["tokens"], "declared: estimates.tokens")
+    if data_tokens:
+        est.training.update(data_tokens=data_tokens, data_source=source, epochs=tokens / data_tokens,
+                            steps_per_epoch=int(data_tokens // (model.global_batch_size * shape.seq_length)))
+    else:
+        est.notes.append("the data's size is not declared (estimates.tokens): epochs unknown until it is counted")
     if instance is None:
         return
     gpus = est.nodes * est.gpus_per_node
@@ -268,6 +283,20 @@ def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: I
 
 def _warnings(stage: StageConfig, est: StageEstimate) -> list[str]:
     training = est.training or {}
+    return _epoch_warnings(stage, training) + _runtime_warnings(stage, est, training)
+
+
+def _epoch_warnings(stage: StageConfig, training: dict) -> list[str]:
+    if training.get("epochs", 0) <= 1:
+        return []
+    return [f"{stage.name}: {training['steps']:,} steps train {short_number(training['tokens'])} tokens, "
+            f"{training['epochs']:.1f} epochs of the data's {short_number(training['data_tokens'])} "
+            f"({training['data_source']}): the model sees every token {training['epochs']:.0f} times. One epoch is "
+            f"{training['steps_per_epoch']:,} steps (--set {stage.name}.nemo.max_steps="
+            f"{training['steps_per_epoch']}), or give it more data."]
+
+
+def _runtime_warnings(stage: StageConfig, est: StageEstimate, training: dict) -> list[str]:
     if "attempts" in training:
         if training["attempts"] > training["max_attempts"]:
             return [f"{stage.name}: training needs {training['attempts']} attempts of {training['total_runtime']} "
@@ -319,3 +348,16 @@ def short_number(value: float) -> str:
         if abs(value) >= limit:
             return f"{value / limit:.3g}{suffix}"
     return f"{value:g}"
+
+
+def manifest_tokens(folder: Path) -> int | None:
+    """The tokens the preprocess manifests in `folder` hold (each `*.manifest.json` has `tokens`); None when there
+    are none (the data does not exist yet). Reads files: the one impure function here, kept with its only use."""
+    total, found = 0, False
+    for path in sorted(folder.glob("*.manifest.json")):
+        try:
+            total += int(json.loads(path.read_text()).get("tokens", 0))
+            found = True
+        except (OSError, ValueError):
+            continue  # a manifest being written: the count is an estimate's input, not a check
+    return total if found else None

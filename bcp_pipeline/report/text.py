@@ -20,10 +20,16 @@ def stage_elapsed(stage: StageState, now: float | None = None) -> str:
 
 
 def progress_text(stage: StageState) -> str:
+    """`12/60 steps`; a training's also its last loss and, where its tokens per step are known, tokens/s."""
     if not stage.progress:
         return "-"
     p = stage.progress
-    return f"{p['done']}/{p['total']} {p.get('unit', '')}".strip()
+    parts = [f"{p['done']:,}/{p['total']:,} {p.get('unit', '')}".strip()]
+    if p.get("loss") is not None:
+        parts.append(f"loss {p['loss']:.3g}")
+    if p.get("step_seconds") and p.get("tokens_per_step"):
+        parts.append(f"{short_number(p['tokens_per_step'] / p['step_seconds'])} tokens/s")
+    return ", ".join(parts)
 
 
 def verification_text(stage: StageState) -> str:
@@ -164,6 +170,9 @@ def render_estimates(plan: PlanEstimate) -> list[str]:
             line = (f"{s.stage}: {t['steps']:,} steps x {t['global_batch_size']} x {t['seq_length']} = "
                     f"{short_number(t['tokens'])} tokens x {short_number(t['flops_per_token'])} FLOPs/token "
                     f"= {t['flops']:.3g} FLOPs")
+            if "epochs" in t:
+                line += (f"; {t['epochs']:.2f} epoch(s) of the data's {short_number(t['data_tokens'])} tokens "
+                         f"({t['data_source']})")
             if s.seconds is not None:
                 line += f"; {s.basis}: {format_seconds(s.seconds)} ({s.seconds / 86400:.1f} days)"
             if "attempts" in t:

@@ -82,9 +82,12 @@ def test_guide_numbers_reach_the_job_request(capsys):
     assert verify["workspaceMounts"][0]["mountMode"] == "RO"
     pretrain = ngc_parser.job_create_request(jobs[("pretrain", "stage")]["argv"])
     assert (pretrain["replicaCount"], pretrain["runPolicy"]["totalRuntimeSeconds"]) == (8, 5 * 86400)
-    assert "launcher_scripts/main.py cluster_type=bcp" in pretrain["command"]
-    assert pretrain["command"].startswith("bash -c 'if [ \"${NGC_ARRAY_INDEX:-0}\" = 0 ]; then "), "replica 0 only"
-    assert '"training.trainer.num_nodes=${NGC_ARRAY_SIZE}"' in pretrain["command"]
+    # One short line running the job's script, which `plan --json` carries beside the job (see test_nemo.py).
+    [(path, script)] = jobs[("pretrain", "stage")]["files"].items()
+    assert pretrain["command"] == f"bash /mount_workspace/{path} /mount_workspace /results"
+    assert 'NEMO_LAUNCHER_DEBUG=1 python3 /opt/NeMo-Megatron-Launcher/launcher_scripts/main.py' in script
+    assert 'if [ "${NGC_ARRAY_INDEX:-0}" != 0 ]; then' in script  # replica 0 only
+    assert '"training.trainer.num_nodes=${NGC_ARRAY_SIZE:-1}"' in script
 
 
 ODD_CONFIG = """\

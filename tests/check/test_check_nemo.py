@@ -41,8 +41,8 @@ def test_the_launcher_composes_what_plan_assumed(tmp_path, fake):
     row = rows["nemo config (pretrain)"]
     assert row.verdict.value == "ok", row
     # 126m at the 23.11 launcher: TP 1, PP 1, GBS 256, MBS 4; 4 replicas; 1D runtime less the 45 min margin
-    assert "TP 1, PP 1, global batch 256, micro batch 4, num_nodes 4, max_steps 600000, max_time 0:23:15:00" in \
-        row.showed and "data list as given" in row.showed
+    assert ("TP 1, PP 1, global batch 256, micro batch 4, num_nodes 4, max_steps 600000, per-run time limit "
+            "0:23:15:00") in row.showed and "data list as given" in row.showed
     fact = result.facts["nemo"][0]
     assert fact["composed"] is True and fact["image"] == "nvcr.io/nvaie/nemo-framework-training:23.11"
     # The probe ran in the pretrain stage's own image, one replica on the ACE's smallest instance, and is gone.
@@ -57,16 +57,16 @@ def test_the_launcher_composes_what_plan_assumed(tmp_path, fake):
 
 @needs_ngcsdk
 def test_a_refused_override_is_reported_and_run_refuses_that_stage(tmp_path, fake, capsys):
-    """A launcher whose training config has no `run.time_limit` (as a release without that key would): Hydra
+    """A launcher whose training config has no `trainer.devices` (as a release without that key would): Hydra
     refuses the override, `check` says which, and `run` refuses the stage until it changes."""
     launcher = tmp_path / "launcher_scripts"
     shutil.copytree(STAND_IN, launcher)
     conf = launcher / "conf" / "training" / "gpt3" / "126m.yaml"
-    conf.write_text(conf.read_text().replace('  time_limit: "1-00:00:00"\n', ""))
+    conf.write_text(conf.read_text().replace("  devices: 8\n", ""))
     config, overrides, rows, result = nemo_check(tmp_path, fake, launcher)
     row = rows["nemo config (pretrain)"]
     assert row.verdict.value == "different", row
-    assert "training.run.time_limit" in row.showed and "refused" in row.showed, row.showed
+    assert "training.trainer.devices" in row.showed and "refused" in row.showed, row.showed
     assert result.facts["nemo"][0]["composed"] is False
     store = RunStore(config.parent / ".bcp-pipeline")
     run = RunRequest(pipeline=PIPELINE, config_file=config, backend="bcp", overrides=overrides, from_stage=None,
@@ -89,7 +89,7 @@ def test_a_refused_override_is_reported_and_run_refuses_that_stage(tmp_path, fak
 def probe() -> bcp_nemo.NemoProbe:
     expected = {"model.tensor_model_parallel_size": "4", "model.pipeline_model_parallel_size": "1",
                 "model.global_batch_size": "512", "model.micro_batch_size": "1", "trainer.num_nodes": "8",
-                "trainer.max_steps": "300000", "trainer.max_time": "4:23:15:00"}
+                "trainer.max_steps": "300000", "exp_manager.max_time_per_run": "4:23:15:00"}
     return bcp_nemo.NemoProbe(stage="pretrain", image="nvcr.io/nvidia/nemo:23.08", launcher="/l/main.py",
                               overrides=["training=gpt3/7b_improved"],
                               data_list="training.model.data.data_prefix=[0.5,/w/a,0.5,/w/b]", expected=expected)
@@ -102,7 +102,8 @@ run:
 trainer:
   num_nodes: 8
   max_steps: 300000
-  max_time: 4:23:15:00
+exp_manager:
+  max_time_per_run: 4:23:15:00
 model:
   micro_batch_size: 1
   global_batch_size: 512

@@ -53,7 +53,7 @@ def test_bundled_pipelines_load_with_the_guides_numbers():
     assert small.stages["pretrain"].bcp.replicas == 4 and small.stages["pretrain"].nemo.model == "gpt3/126m"
     assert big.stages["pretrain"].nemo.model == "gpt3/7b_improved"
     # Continuation is derived from the NeMo section: checkpoints of the run, up to the model's max_steps.
-    assert big.stages["pretrain"].continuation.checkpoints == "${workspace}/results/gpt_8b/results/checkpoints"
+    assert big.stages["pretrain"].continuation.checkpoints == "${workspace}/results/gpt_8b-${run_id}/results/checkpoints"
     assert big.stages["pretrain"].continuation.target_steps == 300000
     assert [expected_count(small, "concat", c) for c in small.stages["concat"].verify] == [8]
     fast = config.pipeline("slimpajama-8b-fast")

@@ -1,22 +1,25 @@
-"""NeMo pretraining: preflight (parallel sizes, time limits) and the rendered launcher job, run with a stand-in."""
+"""NeMo pretraining: preflight (parallel sizes, time limits, where the launcher is) and the rendered BCP job script,
+run with the launcher STAND-IN (tests/fakes/nemo_launcher/, not NVIDIA's code: its facts' sources are in
+tests/fakes/README.md)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.backends.contract import JobRequest
-from bcp_pipeline.config.nemo import (KNOWN_MODELS, KNOWN_SHAPES, launcher_overrides, launcher_version, model_config,
-                                      time_limits, valid_node_counts)
+from bcp_pipeline.config.nemo import (KNOWN_MODELS, KNOWN_SHAPES, launcher_dir, launcher_overrides, launcher_version,
+                                      model_config, time_limits, valid_node_counts)
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.report.estimates import KNOWN_INSTANCES, estimate_stage, flops_per_token
-from bcp_pipeline.backends.bcp_render import commandline
+from bcp_pipeline.backends.bcp_render import commandline, job_files
 from bcp_pipeline.config.resources import BcpOptions
 from golden_files import REPO
 
@@ -53,7 +56,8 @@ def test_unknown_model_needs_its_parallel_sizes():
 
 IMAGE_2308 = "nvcr.io/ea-bignlp/nemofw-training:23.08.03"
 SIZES = ["pretrain.nemo.tensor_parallel=8", "pretrain.nemo.pipeline_parallel=2", "pretrain.nemo.global_batch_size=1024",
-         "pretrain.nemo.micro_batch_size=2", "pretrain.nemo.max_steps=1000"]
+         "pretrain.nemo.micro_batch_size=2", "pretrain.nemo.max_steps=1000",
+         "pretrain.nemo.launcher_dir=/opt/NeMo-Framework-Launcher/launcher_scripts"]  # no release: no known path
 
 
 def test_launcher_version_is_the_image_tags_release():
@@ -126,8 +130,8 @@ def test_an_image_of_unknown_release_with_declared_sizes_is_accepted_and_they_re
     assert model_config(stage) == model_config(stage, "slurm")
     assert (model_config(stage).tensor_parallel, model_config(stage).pipeline_parallel) == (8, 2)
     assert stage.continuation.target_steps == 1000
-    overrides = launcher_overrides(stage, cluster_type="bcp", nodes="4", total_runtime="5D",
-                                   values={"workspace": "/mount_workspace"})
+    overrides = launcher_overrides(stage, cluster_type="bcp", nodes="4", runtime="5D",
+                                   values={"workspace": "/mount_workspace", "run_id": "r"})
     for size in ("training.model.tensor_model_parallel_size=8", "training.model.pipeline_model_parallel_size=2",
                  "training.model.global_batch_size=1024", "training.model.micro_batch_size=2",
                  "training.trainer.max_steps=1000"):
@@ -146,84 +150,155 @@ def test_an_image_of_unknown_release_with_declared_sizes_is_accepted_and_they_re
 def test_a_size_the_verbatim_overrides_set_is_not_rendered_twice():
     _, stage = _pretrain("nvcr.io/nvidia/nemo:23.11", "pretrain.nemo.tensor_parallel=2",
                          "pretrain.nemo.overrides=[training.model.tensor_model_parallel_size=2]")
-    overrides = launcher_overrides(stage, cluster_type="bcp", nodes="8", total_runtime="5D",
-                                   values={"workspace": "/mount_workspace"})
+    overrides = launcher_overrides(stage, cluster_type="bcp", nodes="8", runtime="5D",
+                                   values={"workspace": "/mount_workspace", "run_id": "r"})
     assert overrides.count("training.model.tensor_model_parallel_size=2") == 1
 
 
-def test_max_time_is_runtime_minus_margin():
+def test_each_job_trains_its_runtime_minus_the_margin():
     stage = load_and_check(CONFIG).pipeline("slimpajama-8b").stages["pretrain"]
     limits = time_limits(stage, "5D")
-    assert limits.max_time == "4:23:15:00"  # 5 days - 45 min
-    assert limits.time_limit == "4-23:37:30"  # between max_time and the hard runtime kill
+    assert limits.per_run == "4:23:15:00"  # 5 days - 45 min, in every job of the run
+    assert limits.hard_limit == "5-00:00:00"  # Slurm's --time for the launcher's job
     stage.nemo.time_margin = "30m"
-    assert time_limits(stage, "10h").max_time == "0:09:30:00"
-    with pytest.raises(ConfigError, match="time_margin 6h leaves no training time in total_runtime 5h"):
+    assert time_limits(stage, "10h").per_run == "0:09:30:00"
+    with pytest.raises(ConfigError, match="time_margin 6h leaves no training time in the runtime 5h"):
         load_and_check(CONFIG, pipeline="slimpajama-8b",
-                    overrides=["pretrain.nemo.time_margin=6h", "pretrain.bcp.total_runtime=5h"])
+                       overrides=["pretrain.nemo.time_margin=6h", "pretrain.bcp.total_runtime=5h"])
 
 
-LAUNCHER = """
-import json, sys
-from pathlib import Path
-Path(sys.argv[0]).with_name("argv.json").write_text(json.dumps(sys.argv[1:]))
-args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
-run = Path(args["base_results_dir"]) / args["training.run.name"]
-(run / "results/checkpoints").mkdir(parents=True, exist_ok=True)
-(run / "results/checkpoints/megatron_gpt--step=10-last.ckpt").write_text("big")
-(run / "results/hparams.yaml").write_text("cfg")
-print("stand-in launcher ran")
-sys.exit(int(Path(sys.argv[0]).with_name("exit_code").read_text()))
-"""
+def test_bcp_renders_the_per_run_limit_and_no_inert_setting():
+    stage = load_and_check(CONFIG).pipeline("slimpajama-8b").stages["pretrain"]
+    bcp = launcher_overrides(stage, cluster_type="bcp", nodes="8", runtime="5D", values={"run_id": "r"})
+    assert "+training.exp_manager.max_time_per_run=4:23:15:00" in bcp
+    # BCP's launcher never reads run.time_limit; trainer.max_time would be a budget over every job of the run.
+    assert not [o for o in bcp if o.startswith(("training.run.time_limit", "training.trainer.max_time"))]
+    slurm = launcher_overrides(stage, cluster_type="bcm", nodes="8", runtime="2D", values={"run_id": "r"})
+    assert "training.run.time_limit=2-00:00:00" in slurm
+    assert "+training.exp_manager.max_time_per_run=1:23:15:00" in slurm
 
 
-def test_rendered_training_job_builds_the_data_list_from_manifests(tmp_path):
-    """Run the job's real commandline with /mount_workspace mapped to a folder and a stand-in launcher."""
-    from test_data_list import chunk_name, fabricate
+def test_the_launcher_path_follows_the_images_release():
+    def path(image: str, *sets: str) -> str:
+        return launcher_dir(_pretrain(image, *sets)[1], "bcp")
 
+    assert path("nvcr.io/nvaie/nemo-framework-training:23.11") == "/opt/NeMo-Megatron-Launcher/launcher_scripts"
+    assert path("nvcr.io/nvidia/nemo:24.05.01.framework") == "/opt/NeMo-Megatron-Launcher/launcher_scripts"
+    assert path("nvcr.io/nvidia/nemo:24.07") == "/opt/NeMo-Framework-Launcher/launcher_scripts"
+    assert path("nvcr.io/nvidia/nemo:24.12") == "/opt/NeMo-Framework-Launcher/launcher_scripts"
+    assert path("nvcr.io/nvidia/nemo:latest", *SIZES, "pretrain.nemo.launcher_dir=/opt/mine/") == "/opt/mine"
+    # An image of no release, sizes declared, but no launcher_dir: said at load time, naming the setting.
+    with pytest.raises(ConfigError, match="set nemo.launcher_dir to the image's launcher_scripts folder"):
+        _pretrain("nvcr.io/nvidia/nemo:latest", *SIZES[:4], "pretrain.nemo.max_steps=1000")
+
+
+def rendered_script(pipeline, run_id: str = "r") -> str:
+    stage = pipeline.stages["pretrain"]
+    request = JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
+                         args=tuple(stage.args))
+    [text] = job_files(request, BcpOptions(), REPO / "stages").values()
+    return text
+
+
+def test_a_24_07_image_renders_the_new_launcher_path():
     config = load_and_check(CONFIG, pipeline="slimpajama-8b",
-                            overrides=[f"pretrain.nemo.launcher_dir={tmp_path}/launcher"])
+                            overrides=["pretrain.bcp.image=nvcr.io/nvidia/nemo:24.07"])
+    script = rendered_script(config.pipeline("slimpajama-8b"))
+    assert "python3 /opt/NeMo-Framework-Launcher/launcher_scripts/main.py" in script
+    assert "launcher_scripts_path=/opt/NeMo-Framework-Launcher/launcher_scripts" in script
+    assert "NeMo-Megatron-Launcher" not in script
+
+
+def test_the_commandline_is_one_short_line_with_no_quotes():
+    config = load_and_check(CONFIG, pipeline="slimpajama-8b")
     pipeline = config.pipeline("slimpajama-8b")
     stage = pipeline.stages["pretrain"]
-    request = JobRequest(run_id="r", pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
-                         args=tuple(stage.args))
+    request = JobRequest(run_id="slimpajama-8b-20261125-220000-ab12", pipeline=pipeline, stage=stage, kind="stage",
+                         program=stage.program, args=tuple(stage.args))
     text = commandline(request, BcpOptions(), REPO / "stages")
+    assert len(text) < 200 and "'" not in text and '"' not in text, text
+    assert re.fullmatch(r"bash /mount_workspace/\.bcp-pipeline/jobs/slimpajama-8b-20261125-220000-ab12/"
+                        r"pretrain-[0-9a-f]{12}\.sh /mount_workspace /results", text)
+
+
+def test_the_job_script_runs_the_launcher_in_debug_mode_then_its_training_under_pipefail(tmp_path):
+    """The rendered script run by bash, its two mount points mapped to folders, with the launcher and trainer
+    stand-ins and the bcprun stand-in on PATH: the data list from the manifests reaches the launcher's composed
+    config, the training's output reaches the job's output and the result folder, a crash fails the job, and another
+    replica starts nothing."""
+    from test_data_list import chunk_name, fabricate
+
+    launcher = REPO / "tests/fakes/nemo_launcher/launcher_scripts"
+    config = load_and_check(CONFIG, pipeline="slimpajama-126m", overrides=[
+        f"pretrain.nemo.launcher_dir={launcher}", "pretrain.bcp.instance=dgxa100.80g.1.norm",
+        "pretrain.nemo.max_steps=12", "pretrain.nemo.overrides=[+training.standin.step_seconds=0]"])
+    pipeline = config.pipeline("slimpajama-126m")
     workspace, results = tmp_path / "ws", tmp_path / "results"
     tokens = [300, 100, 600]
     for i, count in enumerate(tokens):
         fabricate(workspace / "data/slimpajama/preprocessed", chunk_name(i), count)
-    (tmp_path / "launcher").mkdir()
-    (tmp_path / "launcher/main.py").write_text(LAUNCHER)
-    code_dir = text.split("python3 ")[1].split("/data_list.py")[0]
-    local = text.replace(code_dir, str(REPO / "stages")).replace("python3 ", f"{sys.executable} ")
-    local = re.sub(r"(?<![\w/])/results", str(results), local.replace("/mount_workspace", str(workspace)))
+    script_text = rendered_script(pipeline)
+    code_dir = re.search(r"\$workspace/(\.bcp-pipeline/code/[0-9a-f]+)/data_list\.py", script_text).group(1)
+    (workspace / code_dir).parent.mkdir(parents=True)
+    (workspace / code_dir).symlink_to(REPO / "stages")
+    script = tmp_path / "job.sh"
+    script.write_text(script_text)
     results.mkdir()
-    (tmp_path / "launcher/exit_code").write_text("0")
-    done = subprocess.run(["bash", "-c", local],
-                          env={**os.environ, "NGC_ARRAY_SIZE": "8"}, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    # The run folder's small files are copied to the job's results, the checkpoints are not.
-    assert (results / "gpt_8b/results/hparams.yaml").read_text() == "cfg"
-    assert not (results / "gpt_8b/results/checkpoints").exists()
-    argv = json.loads((tmp_path / "launcher/argv.json").read_text())
-    assert argv[:3] == ["cluster_type=bcp", "stages=[training]", "training=gpt3/7b_improved"]
-    assert "training.trainer.num_nodes=8" in argv and "training.trainer.max_time=4:23:15:00" in argv
-    data_prefix = argv[-1]
-    assert data_prefix.startswith("training.model.data.data_prefix=[")
-    items = data_prefix.split("=", 1)[1].strip("[]").split(",")
-    weights, prefixes = [float(w) for w in items[0::2]], items[1::2]
+    env = {**os.environ, "NGC_ARRAY_SIZE": "4", "NGC_ARRAY_INDEX": "0", "NGC_GPUS_PER_NODE": "1",
+           "PATH": os.pathsep.join([str(REPO / "tests/fakes"), str(Path(sys.executable).parent), os.environ["PATH"]])}
+
+    def job(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(script), str(workspace), str(results)], env={**env, **extra},
+                              capture_output=True, text=True, timeout=120)
+
+    done = job(BCPP_EMU_COMMANDLINE="launcher")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run = workspace / "results/gpt_126m-r"
+    composed = (run / "gpt_126m-r_hydra.yaml").read_text()
+    prefixes = re.findall(r"- (\S+train_chunk_\d\.jsonl_text_document)", composed)
     assert prefixes == [str(workspace / f"data/slimpajama/preprocessed/train_chunk_{i}.jsonl_text_document")
                         for i in range(3)]
-    assert abs(sum(weights) - 1) < 1e-9
-    assert weights == pytest.approx([t / sum(tokens) for t in tokens], abs=1e-6)
-    assert "stand-in launcher ran" in (results / "gpt_8b-pretrain.log").read_text()
-    # The job ends with the launcher's exit status (a failed training is a failed job).
-    (tmp_path / "launcher/exit_code").write_text("3")
-    failed = subprocess.run(["bash", "-c", local], env={**os.environ, "NGC_ARRAY_SIZE": "8"}, capture_output=True,
-                            text=True, timeout=60)
-    assert failed.returncode == 3
-    # Should BCP run the commandline on every replica, only replica 0 starts the launcher (and its data list).
-    (tmp_path / "launcher/argv.json").unlink()
-    other = subprocess.run(["bash", "-c", local], env={**os.environ, "NGC_ARRAY_SIZE": "8", "NGC_ARRAY_INDEX": "3"},
-                           capture_output=True, text=True, timeout=60)
-    assert other.returncode == 0 and not (tmp_path / "launcher/argv.json").exists(), other.stderr
+    assert "max_time_per_run: 0:23:15:00" in composed and "num_nodes: 4" in composed and "devices: 1" in composed
+    # The training's progress bar in the job's own output (the job log) and in the result folder's log.
+    assert "reduced_train_loss=" in done.stdout and "global_step=11.000" in done.stdout
+    assert "reduced_train_loss=" in (results / "gpt_126m-r.log").read_text()
+    # The run's configs are copied beside the results, its checkpoints are not.
+    assert (results / "gpt_126m-r/gpt_126m-r_hydra.yaml").is_file()
+    assert not (results / "gpt_126m-r/results/checkpoints").exists()
+    assert list((run / "results/checkpoints").glob("*-step=12-*-last.ckpt"))
+
+    # A training that crashes fails the job, with its own error lines in the job's output.
+    shutil.rmtree(run)  # (a new training, not a resumed one at its max_steps)
+    script.write_text(script_text.replace("+training.standin.step_seconds=0",
+                                          "+training.standin.step_seconds=0\n  +training.standin.crash_at_step=3"))
+    crashed = job(BCPP_EMU_COMMANDLINE="launcher")
+    assert crashed.returncode == 1 and "RuntimeError: CUDA error" in crashed.stdout, crashed.stdout[-2000:]
+
+    # Another replica starts nothing: the launcher's bcprun on replica 0 starts every node's ranks.
+    other = job(NGC_ARRAY_INDEX="3")
+    assert other.returncode == 0 and "the launcher runs on replica 0" in other.stdout
+    assert "submission file created" not in other.stdout
+
+
+def test_no_two_bundled_pipelines_share_a_nemo_run_and_a_config_that_would_is_refused(tmp_path):
+    from bcp_pipeline.config.nemo import nemo_run_name
+
+    config = load_and_check(CONFIG)
+    trainings = {}
+    for pipeline in config.pipelines.values():
+        for stage in pipeline.stages.values():
+            if stage.nemo:  # what each renders for the plan's run id of its own pipeline
+                run = nemo_run_name(stage, f"{pipeline.name}-RUN")
+                trainings[pipeline.name] = (pipeline.workspace.name, stage.nemo.results_dir, run)
+    assert {"slimpajama-8b", "slimpajama-8b-fast", "slimpajama-126m", "fineweb-edu-126m"} <= set(trainings)
+    assert len(set(trainings.values())) == len(trainings), trainings
+    # Taking over a run is explicit, and two pipelines taking over the same one are refused at load time.
+    one = load_and_check(CONFIG, pipeline="slimpajama-8b", overrides=["pretrain.nemo.continue_run=gpt_8b"])
+    assert nemo_run_name(one.pipeline("slimpajama-8b").stages["pretrain"], "any") == "gpt_8b"
+    text = CONFIG.read_text().replace("    run_name: gpt_8b\n", "    run_name: gpt_8b\n    continue_run: gpt_8b\n")
+    shared = tmp_path / "pipelines.yaml"
+    shared.write_text(text.replace("stages_dir: stages", f"stages_dir: {REPO / 'stages'}"))
+    with pytest.raises(ConfigError, match="pipeline slimpajama-8b-fast continues NeMo run 'gpt_8b' in "
+                                          r"\$\{workspace\}/results of workspace nemo-framework, and so does "
+                                          "pipeline slimpajama-8b"):
+        load_and_check(shared)

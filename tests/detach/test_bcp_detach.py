@@ -410,7 +410,7 @@ def test_the_demo_pipeline_runs_detached(fake, tmp_path, capsys):
     started = time.monotonic()
     assert cli(config, "run", "demo", "--backend", "bcp", "--detach", "--set", "vars.steps=6",
                "--set", "pretrain.args=[--data-dir, '${data}/preprocessed', --results, '${workspace}/results', "
-               "--run-name, demo-gpt, --steps, '${steps}', --checkpoint-every, '3', --hidden, '64']") == 0
+               "--run-name, '${train_run}', --steps, '${steps}', --checkpoint-every, '3', --hidden, '64']") == 0
     assert time.monotonic() - started < 30
     run_id = local_state(config).run_id
     payload = wait_for_success(config, capsys, run_id, fake, timeout=400)

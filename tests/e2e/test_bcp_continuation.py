@@ -94,7 +94,7 @@ def test_demo_runs_end_to_end_on_emulated_bcp(fake, tmp_path):
     fake.create_workspace("demo")
     assert main(["--config", str(config), "run", "demo", "--backend", "bcp", "--set", "vars.steps=6",
                  "--set", "pretrain.args=[--data-dir, '${data}/preprocessed', --results, '${workspace}/results', "
-                 "--run-name, demo-gpt, --steps, '${steps}', --checkpoint-every, '3', --hidden, '64']"]) == 0
+                 "--run-name, '${train_run}', --steps, '${steps}', --checkpoint-every, '3', --hidden, '64']"]) == 0
     state = latest(config)
     assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
     counts = {name: [c["found"] for c in s.verification["checks"]] for name, s in state.stages.items()}

@@ -50,7 +50,7 @@ def demo_report(tmp_path_factory) -> tuple[Path, RunStore]:
     config = str(project / "pipelines.yaml")
     assert main(["--config", config, "run", "demo", "--set", f"vars.steps={STEPS}", "--set",
                  "pretrain.args=[--data-dir, '${data}/preprocessed', --results, '${workspace}/results', "
-                 "--run-name, demo-gpt, --steps, '${steps}', --checkpoint-every, '6', --hidden, '64']"]) == 0
+                 "--run-name, '${train_run}', --steps, '${steps}', --checkpoint-every, '6', --hidden, '64']"]) == 0
     out = project / "report.html"
     assert main(["--config", config, "report", "--out", str(out)]) == 0
     return out, RunStore(project / ".bcp-pipeline")

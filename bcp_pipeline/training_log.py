@@ -1,4 +1,6 @@
-"""Loss and step points from a training job's log, for the run report's charts. Pure (text in, points out).
+"""Loss and step points from a training job's log: the run report's charts, and a running training's progress
+(`status`, the live view). Pure (text in, points out); at the package's top because the backends read progress
+with it and the report draws with it.
 
 Three forms are read, each a line (a progress bar's updates, separated by carriage returns, count as lines):
 - the local smoke pretrain (stages/pretrain_local.py): `step 12/60 loss 9.1234 lr 1.000e-03 2.34 steps/s`, the
@@ -20,6 +22,7 @@ _LOCAL_FIRST = re.compile(r"(?:resuming from .* at step (\d+) of|starting at ste
 _NEMO_LOSS = re.compile(rf"\breduced_train_loss=({_NUMBER})")
 _NEMO_STEP = re.compile(rf"\bglobal_step=({_NUMBER})")
 _NEMO_TIMING = re.compile(rf"\btrain_step_timing in s=({_NUMBER})")
+_NEMO_BAR = re.compile(r"\|\s*(\d+)/(\d+) \[")  # tqdm's `| 100/300000 [` (batches done of the run's total)
 _MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)/\s*\d+")
 _MEGATRON_LOSS = re.compile(rf"\blm loss: ({_NUMBER})")
 _MEGATRON_TIMING = re.compile(rf"\belapsed time per iteration \(ms\): ({_NUMBER})")
@@ -70,3 +73,31 @@ def _step_loss_timing(line: str) -> tuple[int | None, float | None, float | None
         timing = _MEGATRON_TIMING.search(line)
         return int(step.group(1)), float(loss.group(1)), float(timing.group(1)) / 1000 if timing else None
     return None, None, None
+
+
+@dataclass(frozen=True)
+class TrainingProgress:
+    """Where a running training is, from the last line of its log that says."""
+
+    steps_done: int
+    total: int | None  # the training's steps in all, where the line gives them
+    loss: float
+    step_seconds: float | None
+
+
+def last_progress(text: str) -> TrainingProgress | None:
+    """The last progress a log shows (any of the three forms); None when it shows none."""
+    for line in reversed(re.split(r"[\r\n]+", text)):
+        line = line.strip()
+        if match := _LOCAL.match(line):
+            total = re.match(r"^step \d+/(\d+)", line)
+            rate = float(match.group(3))
+            return TrainingProgress(int(match.group(1)), int(total.group(1)), float(match.group(2)),
+                                    1 / rate if rate > 0 else None)
+        step, loss, timing = _step_loss_timing(line)
+        if step is None or loss is None:
+            continue
+        if bar := _NEMO_BAR.search(line):  # NeMo: global_step counts the steps before this one; the bar, done
+            return TrainingProgress(int(bar.group(1)), int(bar.group(2)), loss, timing)
+        return TrainingProgress(step + 1 if _NEMO_STEP.search(line) else step, None, loss, timing)
+    return None
