@@ -29,6 +29,12 @@ the summary and the loss lines; every rank loads the checkpoint rank 0 picked, s
 size that divides the global batch. The results folder must be shared by all ranks (as NeMo's). Every collective
 has `--collective-timeout`: a rank that dies or hangs makes the others exit 1 with a message, never wait forever.
 A stop signal on any rank stops all of them after the same step.
+
+Each step line ends with the step's own wall time (`... 2.34 steps/s 0.4123 s/step`), and rank 0 prints the
+model's shape once (`model shape: layers L hidden H ...`): the report's step time, tokens/s and MFU come from them.
+Profiling (`bcp-pipeline profile`, stages/_profiling.py): `--profile-steps A:B` records those steps with
+torch.profiler (a Chrome trace and a top-operators table in `<results>/<run-name>/profile/`), `--timers` prints
+each logged step's forward/backward/optimizer times in Megatron's timer layout, `--no-checkpoints` saves none.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import _common
+import _profiling
 import data_list
 
 STAGE = "pretrain_local"
@@ -475,6 +482,10 @@ def train(args: argparse.Namespace, comm: Comm) -> dict:
               f"{sum(p.numel() for p in model.parameters())} parameters on {device}, {args.threads} thread(s); "
               f"{comm.world} rank(s), global batch {args.global_batch_size} = micro batch {args.micro_batch_size} x "
               f"{comm.world} rank(s) x {accumulation(args, comm.world)} accumulation step(s)", flush=True)
+        # The shape the report computes model FLOPs per token from (bcp_pipeline/report/throughput.py).
+        print(f"model shape: layers {args.layers} hidden {args.hidden} heads {args.heads} seq_length "
+              f"{args.seq_length} vocab {cfg['vocab_size']} global_batch {args.global_batch_size} world {comm.world} "
+              f"device {device.type}", flush=True)
     start = state["step"]
     dataset = None
     if start < args.steps:  # a finished run (NeMo: max_steps reached) needs no data, and megatron's import is slow
@@ -523,7 +534,8 @@ def checkpoint_payload(model: nn.Module, optimizer: torch.optim.Optimizer, state
 
 
 def train_step(comm: Comm, ddp: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
-               micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
+               micro_batches: list[dict[str, torch.Tensor]],
+               timers: _profiling.PhaseTimers | None = None) -> tuple[float, float]:
     """One optimizer step over this rank's micro batches; returns (this rank's loss sum, the step's global token
     count): the step's loss is the sum over ranks divided by the count.
 
@@ -531,6 +543,7 @@ def train_step(comm: Comm, ddp: nn.Module, model: nn.Module, optimizer: torch.op
     (DDP averages gradients over ranks), so the summed gradients are those of the one-batch mean loss."""
     local_tokens = sum(float(b["loss_mask"].sum()) for b in micro_batches)
     global_tokens = max(comm.sum([local_tokens], "counting the step's tokens")[0], 1.0)
+    timers = timers or _profiling.PhaseTimers(comm.device, enabled=False)
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
     for index, batch in enumerate(micro_batches):
@@ -538,11 +551,15 @@ def train_step(comm: Comm, ddp: nn.Module, model: nn.Module, optimizer: torch.op
         # DDP all-reduces gradients on the last micro batch only; the others accumulate locally.
         sync = contextlib.nullcontext() if last or ddp is model else ddp.no_sync()
         with sync, comm.guard("the gradient all-reduce"):
-            summed = masked_loss_sum(ddp(batch["tokens"]), batch["labels"], batch["loss_mask"])
-            (summed * comm.world / global_tokens).backward()
+            with timers.time("forward-compute"):
+                summed = masked_loss_sum(ddp(batch["tokens"]), batch["labels"], batch["loss_mask"])
+            # With DDP the last micro batch's backward also all-reduces the gradients (overlapped).
+            with timers.time("backward-compute"):
+                (summed * comm.world / global_tokens).backward()
         loss_sum += float(summed.detach())
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
+    with timers.time("optimizer"):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
     return loss_sum, global_tokens
 
 
@@ -561,36 +578,50 @@ def loop(args: argparse.Namespace, comm: Comm, model: nn.Module, optimizer: torc
         with comm.guard("wrapping the model in DDP"):  # DDP broadcasts rank 0's weights: a collective
             ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     model.train()
+    window = _profiling.TorchProfilerWindow(args.profile_steps if comm.rank in args.profile_ranks else None,
+                                      args.results / args.run_name / "profile", comm.rank, device)
+    timers = _profiling.PhaseTimers(device, enabled=args.timers and lead)
     began, first = time.monotonic(), state["step"]
     while state["step"] < args.steps:
         step = state["step"]
+        window.before(step + 1)
+        step_began = time.monotonic()
         lr = lr_at(step, args.steps, args.lr, args.warmup_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         micro_batches = get_micro_batches(dataset, sample_range(step, args.global_batch_size, comm.rank, comm.world),
                                           args.micro_batch_size, device)
-        loss_sum, tokens = train_step(comm, ddp, model, optimizer, micro_batches)
+        with window.step(step + 1):
+            loss_sum, tokens = train_step(comm, ddp, model, optimizer, micro_batches, timers)
         # One all-reduce for the log and the stop: a signal may reach some ranks only, or at different steps,
         # and all must stop after the same one.
         loss_sum, stops = comm.sum([loss_sum, float(stop.signal is not None)], "summing the loss")
         loss, stopping = loss_sum / tokens, stops > 0
         state["step"] = step + 1
         state["losses"].append(loss)
-        rate = (state["step"] - first) / max(time.monotonic() - began, 1e-9)
+        now = time.monotonic()
+        rate = (state["step"] - first) / max(now - began, 1e-9)
+        window.after(state["step"])
         if lead and (state["step"] % args.log_every == 0 or state["step"] == args.steps):
-            print(f"step {state['step']}/{args.steps} loss {loss:.4f} lr {lr:.3e} {rate:.2f} steps/s", flush=True)
+            # The step's own wall time last: the report's step time and tokens/s come from it.
+            print(f"step {state['step']}/{args.steps} loss {loss:.4f} lr {lr:.3e} {rate:.2f} steps/s "
+                  f"{now - step_began:.4f} s/step", flush=True)
+            if (block := timers.report()) is not None:
+                print(block, flush=True)
         if lead:
             progress.advance()
         done = state["step"] == args.steps
-        if lead and (done or state["step"] % args.checkpoint_every == 0 or stopping):
+        if lead and args.checkpoints and (done or state["step"] % args.checkpoint_every == 0 or stopping):
             path = save_checkpoint(ckpt_dir, state["step"], checkpoint_payload(model, optimizer, state, cfg, device),
                                    args.keep_checkpoints)
             print(f"checkpoint saved: {path}", flush=True)
         if stopping and not done:
+            window.finish()  # a window cut short by the stop still writes what it recorded
             comm.barrier("waiting for the checkpoint")  # no rank reports the stop before the checkpoint exists
             raise _common.StageError(f"stopped by signal {stop.signal or 'on another rank'} at step {state['step']} "
                                      f"of {args.steps} (checkpoint saved); rerun with --run-name {args.run_name} "
                                      "to continue")
+    window.finish()  # a window past the last step ends with the training
     return {"steps_this_run": state["step"] - first, "seconds": time.monotonic() - began}
 
 
@@ -643,7 +674,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds a rank waits for the others in a collective (rendezvous included) before it "
                              "fails the job (default: %(default)s)")
     parser.add_argument("--log-every", type=_common.positive_int, default=1)
+    parser.add_argument("--profile-steps", metavar="A:B", default=None,
+                        help="record steps A through B with torch.profiler: a Chrome trace and a table of the top "
+                             "operators in RESULTS/NAME/profile/")
+    parser.add_argument("--profile-ranks", default="0", help="comma-separated ranks that profile (default: 0)")
+    parser.add_argument("--timers", action="store_true",
+                        help="print each logged step's forward, backward and optimizer times (Megatron's layout)")
+    parser.add_argument("--no-checkpoints", dest="checkpoints", action="store_false",
+                        help="save no checkpoint (a profile run: it must not touch a real run's checkpoints)")
     args = parser.parse_args(argv)
+    try:
+        args.profile_steps = _profiling.parse_window(args.profile_steps) if args.profile_steps else None
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not re.fullmatch(r"\d+(,\d+)*", args.profile_ranks):
+        parser.error(f"--profile-ranks {args.profile_ranks!r}: give ranks as 0 or 0,1,...")
+    args.profile_ranks = {int(r) for r in args.profile_ranks.split(",")}
     if args.hidden % args.heads:
         parser.error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     if not re.fullmatch(r"[A-Za-z0-9_.=-]+", args.run_name) or args.run_name.startswith("."):

@@ -122,7 +122,8 @@ def plan_probe(ctx: CheckContext, ace: dict) -> ProbePlan | None:
 
 def probe_commandline(plan: ProbePlan) -> str:
     rank_cmd = ('echo "BCPP-RANK rank=${RANK-unset} world=${WORLD_SIZE-unset} local=${LOCAL_RANK-unset} '
-                'master=${MASTER_ADDR-unset} replica=${NGC_ARRAY_INDEX-unset}"')
+                'master=${MASTER_ADDR-unset} replica=${NGC_ARRAY_INDEX-unset} '
+                'slurm=${SLURM_JOB_ID-unset}/${SLURM_NODEID-unset}/${SLURM_PROCID-unset}"')
     lines = [
         'echo "BCPP-PROBE replica=${NGC_ARRAY_INDEX-unset} size=${NGC_ARRAY_SIZE-unset} job=${NGC_JOB_ID-unset} '
         'type=${NGC_ARRAY_TYPE-unset} shell=$(readlink /proc/$$/exe 2>/dev/null || echo "$0")"',
@@ -226,6 +227,7 @@ def run_probes(ctx: CheckContext, transport: Transport, ace: dict, notes: list[s
         listed = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token)])}
         stranger = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token + "x")])}
     rows = [replicas_row(plan, logs, ended), env_row(plan, logs, probe_id), bcprun_row(plan, logs, kill_log),
+            nsys_names_row(logs),
             python_row(logs), workspace_row(plan, logs, kill_log), labels_row(set(ids), listed, stranger, lag),
             history_row(history), logs_row(plan, logs, tail), kill_row(kill_seconds, kill_states, killed_from),
             preemption_row(preemption), *(row for row, _ in nemo_results)]
@@ -445,6 +447,7 @@ def bcprun_facts(plan: ProbePlan, logs: dict[int, str | None], kill_log: str) ->
     return {"present": bool(lines_of(text, "BCPP-BCPRUN")) and lines_of(text, "BCPP-BCPRUN")[0].startswith("present"),
             "in_single_replica_jobs": None if not single else single.get("bcprun") != "absent",
             "flags": plan.bcprun_flags, "flags_accepted": exits[:1] == ["0"],
+            "slurm_variables": slurm_variables(logs),
             "no_redirect_spelling": next((s for s in ("-no_redirect", "--no_redirect")
                                           if re.search(rf"(^|[\s\[]){re.escape(s)}\b",
                                                        "\n".join(lines_of(text, "BCPP-BCPRUN-HELP")))), None)}
@@ -472,6 +475,38 @@ def bcprun_row(plan: ProbePlan, logs: dict[int, str | None], kill_log: str) -> R
                          "multi-process stages would see wrong ranks or fail to start: report the bcprun usage above")
     return ok("bcprun", assumes, showed, "" if facts["in_single_replica_jobs"] is not False else
               "no bcprun in one-replica jobs: the renderer does not use it there")
+
+
+def slurm_variables(logs: dict[int, str | None]) -> str | None:
+    """Whether bcprun gives its ranks SLURM_JOB_ID/SLURM_NODEID/SLURM_PROCID: `set` (every rank all three, one
+    node and rank pair each), `unset` (no rank any), `partial`; None where no rank printed."""
+    seen = [fields(line).get("slurm", "") for text in logs.values() for line in lines_of(text, "BCPP-RANK")]
+    if not seen:
+        return None
+    parts = [value.split("/") for value in seen]
+    if all(p == ["unset"] * 3 for p in parts):
+        return "unset"
+    complete = all(len(p) == 3 and "unset" not in p for p in parts)
+    return "set" if complete and len({(p[1], p[2]) for p in parts}) == len(parts) else "partial"
+
+
+def nsys_names_row(logs: dict[int, str | None]) -> Row:
+    """NeMo's launcher names each rank's Nsight file after SLURM_JOB_ID/NODEID/PROCID (`profile`, README
+    "Profiling"): what bcprun sets decides whether those names are unique as the launcher writes them."""
+    assumes = ("each rank of a `profile` job writes its own Nsight file: the launcher names it after SLURM_JOB_ID, "
+               "SLURM_NODEID and SLURM_PROCID, from bcprun where it sets them, else from BCP's job id, replica "
+               "and RANK (BASH_ENV=stages/nsys_names.sh)")
+    seen = [fields(line).get("slurm", "?") for text in logs.values() for line in lines_of(text, "BCPP-RANK")]
+    found = slurm_variables(logs)
+    showed = f"SLURM_JOB_ID/NODEID/PROCID per rank: {', '.join(seen) or 'no rank printed'}"
+    if found is None:
+        return unchecked("nsys file names", assumes, showed, "see the bcprun row")
+    if found == "partial":
+        return different("nsys file names", assumes, showed, "bcprun sets some SLURM_* variables, or the same "
+                         "ones on several ranks: profile files may overwrite each other; profile one rank "
+                         "(--ranks 0) and report the values above")
+    return ok("nsys file names", assumes, showed, "bcprun sets them: the launcher's names are unique as written"
+              if found == "set" else "bcprun sets none: `profile` gives each rank BCP's values instead")
 
 
 def python_row(logs: dict[int, str | None]) -> Row:

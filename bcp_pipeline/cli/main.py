@@ -23,6 +23,8 @@ from ..check.result import Verdict
 from ..check.run import CheckRequest, run_check
 from ..config.pipelines import DEFAULT_CONFIG_FILE, Config, PipelineConfig, substitute
 from ..config.preflight import load_and_check
+from ..config.resources import rank_layout
+from ..config.profiling import DEFAULT_STEPS, PROFILE_SUFFIX, parse_window, profile_overrides, profiled_stage
 from ..detach.jobs import driver_spec
 from ..detach.laptop import DetachedRun, DriverView, render_driver
 from ..detach.protocol import SNAPSHOT_PREFIX, workspace_run_path
@@ -32,7 +34,9 @@ from ..engine.state import RunState, RunStore, store_for
 from ..engine.submitter import planned_requests
 from ..errors import ConfigError, PipelineError, StateError
 from ..report.estimates import actual_rates, estimate_pipeline, instances_table, manifest_tokens
-from ..report.gather import write_report
+from ..report.gather import latest_throughput, write_report
+from ..report.measured import Measurement, load_measurement, save_measurement
+from ..report.throughput import summary_text
 from ..report.text import Reporter, format_table, render_estimates, render_status
 from .completion import enable_completion
 
@@ -101,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
                             help="one self-contained HTML page: job timeline, loss curve, throughput, estimates")
     report.add_argument("run", nargs="?", help=RUN_HELP)
     report.add_argument("--out", metavar="FILE", help="where to write it (default: RUNS/RUN/report.html)")
+
+    profile = sub.add_parser("profile", parents=[after_verb],
+                             help="a short training job of the pipeline's pretrain stage, profiled: a trace per "
+                                  "rank, timers per step, MFU (its own run name; no checkpoint)")
+    with_pipeline_options(profile)
+    profile.add_argument("--steps", default=DEFAULT_STEPS, metavar="A:B",
+                         help=f"profile steps A through B; training stops after B+1 (default {DEFAULT_STEPS})")
+    profile.add_argument("--ranks", default="0", metavar="0,1,...", help="ranks that profile (default: 0)")
+    profile.add_argument("--dry-run", action="store_true", help="print the profile job as `plan` does; submit nothing")
 
     verify = sub.add_parser("verify", parents=[after_verb],
                             help="run a stage's verification again and record the result")
@@ -184,7 +197,7 @@ def run_store(args: argparse.Namespace) -> RunStore:
 
 def stored_run(args: argparse.Namespace) -> ChosenRun:
     """The run named on the command line (default: the latest), with the config it is driven with."""
-    return open_run(run_store(args), args.run, given_config(args))
+    return open_run(store_of_run(args), args.run, given_config(args))
 
 
 def drive(chosen: ChosenRun) -> int:
@@ -252,7 +265,7 @@ def _first_unfinished(state: RunState) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    chosen = choose_resume(run_store(args), args.run, config_file=given_config(args),
+    chosen = choose_resume(store_of_run(args), args.run, config_file=given_config(args),
                            detach=args.detach, take_back=take_back)
     return detach(chosen) if args.detach else drive(chosen)
 
@@ -274,6 +287,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     requests = planned_requests(pipeline, run_id)
     submissions = [backend.render(request) for request in requests]
     estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances),
+                                 load_measurement(run_store(args).root, pipeline.name),
                                  counted_data_tokens(backend, pipeline))
     if args.detach and backend_name != "bcp":
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend_name!r}")
@@ -308,6 +322,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"\n# --detach: the driver job, which submits everything below from inside BCP\n{driver['printable']}")
     for action in actions:
         print(f"\n# before the first stage: {action.description}\n{action.printable}")
+    print_submissions(submissions)
+    print()
+    print("\n".join(render_estimates(estimate)))
+    if driver:
+        print(driver_cost_line(config, pipeline, estimate))
+    return 1 if refused else 0
+
+
+def print_submissions(submissions: list) -> None:
+    """Each rendered job as `plan` prints it: what it is, then exactly what would be submitted."""
     for submission in submissions:
         request = submission.request
         what = "verification of " if request.kind == "verify" else "stage "
@@ -319,11 +343,75 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for path, text in submission.files.items():
             print(f"# ... running {path} (in the workspace; written there before the job is submitted):\n"
                   + "\n".join(f"#   {line}" if line else "#" for line in text.splitlines()))
-    print()
-    print("\n".join(render_estimates(estimate)))
-    if driver:
-        print(driver_cost_line(config, pipeline, estimate))
-    return 1 if refused else 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """A short profiling run of the pipeline's pretrain stage (config/profiling.py), kept in its own store."""
+    base = load_and_check(config_file(args), overrides=args.overrides, pipeline=args.pipeline)
+    try:
+        window = parse_window(args.steps, args.ranks)
+        stage = profiled_stage(base.pipeline(args.pipeline))
+        overrides = [*args.overrides, *profile_overrides(base.pipeline(args.pipeline), window)]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    store = profile_store(args)
+    if args.dry_run:
+        config = load_and_check(config_file(args), overrides=overrides, pipeline=args.pipeline)
+        pipeline = config.pipeline(args.pipeline)
+        backend_name = args.backend or pipeline.backend
+        run_id = PLAN_RUN_ID.format(pipeline=f"{pipeline.name}{PROFILE_SUFFIX}")
+        backend = make_backend(backend_name, config, pipeline, store.run_dir(run_id))
+        backend.prepare(pipeline, execute=False)
+        requests = [r for r in planned_requests(pipeline, run_id) if r.stage.name == stage.name]
+        print(f"# profile: stage {stage.name} of {pipeline.name} on {backend_name}, steps {window.as_text()} "
+              f"(max_steps {window.max_steps}), ranks {','.join(map(str, window.ranks))}; nothing is submitted.")
+        print(f"# its --set overrides (kept in the profile run's state):\n" +
+              "\n".join(f"#   {o}" for o in overrides))
+        print_submissions([backend.render(request) for request in requests])
+        return 0
+    request = RunRequest(pipeline=args.pipeline, config_file=config_file(args), backend=args.backend,
+                         overrides=overrides, only=[stage.name], restart=True)
+    chosen = choose_run(request, store)
+    print(f"profile run {chosen.state.run_id}: stage {stage.name}, steps {window.as_text()}, kept in "
+          f"{store.runs_dir} (`status`, `report`, `logs` and `resume` take its id)")
+    status = drive(chosen)
+    if status == 0:
+        report_profile(chosen, store, stage.name)
+    return status
+
+
+def report_profile(chosen: ChosenRun, store: RunStore, stage: str) -> None:
+    """The profile run's report, and its measured step time kept for `plan`."""
+    state, instances = chosen.state, instances_table(chosen.config.options["bcp"].instances)
+    backend = make_backend(state.backend, chosen.config, chosen.pipeline, store.run_dir(state.run_id))
+    path = write_report(store, state, pipeline=chosen.pipeline, backend=backend, estimate=None, actual={},
+                        instances=instances)
+    print(f"profile report (step time, tokens/s, MFU, timer breakdown): {path}")
+    series = latest_throughput(state, chosen.pipeline, backend, instances)
+    summary = series[0]["attempts"][-1]["summary"] if series else None
+    if summary is None:
+        print("no step times in the profile's log: nothing measured for `plan`", file=sys.stderr)
+        return
+    profiled = chosen.pipeline.stages[stage]
+    measurement = Measurement(run_id=state.run_id, stage=stage, backend=state.backend,
+                              instance=profiled.bcp.instance if state.backend == "bcp" else None,
+                              nodes=rank_layout(profiled, state.backend).nodes, step_s=summary["step_s"],
+                              mfu=summary["mfu"])
+    kept = save_measurement(store.root, chosen.pipeline.name, measurement)
+    print(f"measured: {summary_text(summary)} (median after the first step), kept for `plan` in {kept}")
+
+
+def profile_store(args: argparse.Namespace) -> RunStore:
+    """Profile runs live apart from the pipeline's runs (`STATE/profiles/RUN`): `run PIPELINE` never continues one."""
+    return RunStore(run_store(args).root, folder="profiles")
+
+
+def store_of_run(args: argparse.Namespace) -> RunStore:
+    """The store holding the run named on the command line: the pipeline's runs, or else `profile`'s."""
+    store, profiles = run_store(args), profile_store(args)
+    if args.run and not store.state_path(args.run).is_file() and profiles.state_path(args.run).is_file():
+        return profiles
+    return store
 
 
 def counted_data_tokens(backend: Backend, pipeline: PipelineConfig) -> dict[str, int]:
@@ -380,7 +468,7 @@ class LiveRun:
 
 
 def live_run(args: argparse.Namespace) -> tuple[RunStore, LiveRun]:
-    store = run_store(args)
+    store = store_of_run(args)
     live = LiveRun(state=store.resolve(args.run))
     state = live.state
     try:
@@ -413,7 +501,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             payload["driver"] = view.as_json()
         print(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        print(render_status(state, backend.job_url if backend else None, estimate, actual))
+        throughput = latest_throughput(state, live.pipeline, backend,
+                                       instances_table(live.config.options["bcp"].instances)) \
+            if backend is not None and live.pipeline is not None else None
+        print(render_status(state, backend.job_url if backend else None, estimate, actual, throughput))
         if view is not None:
             print("\n".join(render_driver(view, state.run_id, state.status == "succeeded", backend.job_url)))
     return 0
@@ -424,8 +515,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     store, live = live_run(args)
     notes = [f"job states as last recorded (could not refresh them: {live.problem})"] if live.problem else []
     estimate, actual = estimate_against_actual(live.config, live.pipeline, live.state)
+    instances = instances_table(live.config.options["bcp"].instances) if live.config is not None else None
     path = write_report(store, live.state, pipeline=live.pipeline, backend=live.backend, estimate=estimate,
-                        actual=actual, out=Path(args.out) if args.out else None, notes=notes)
+                        actual=actual, out=Path(args.out) if args.out else None, notes=notes, instances=instances)
     print(f"report of run {live.state.run_id} ({live.state.status}): {path}")
     return 0
 
@@ -540,7 +632,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan, "status": cmd_status, "resume": cmd_resume, "logs": cmd_logs,
             "cancel": cmd_cancel, "list": cmd_list, "verify": cmd_verify,
-            "report": cmd_report}
+            "report": cmd_report, "profile": cmd_profile}
 
 
 if __name__ == "__main__":

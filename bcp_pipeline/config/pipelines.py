@@ -99,6 +99,8 @@ class NemoTraining:
     global_batch_size: int | None = None
     micro_batch_size: int | None = None
     max_attempts: int = 10  # continuation: resubmissions until max_steps
+    checkpoints: bool = True  # false: one job that saves no checkpoint, done when it exits 0 (no continuation is
+    # derived; `bcp-pipeline profile` sets it)
     overrides: list[str] = field(default_factory=list)  # more Hydra overrides, verbatim
 
 
@@ -165,6 +167,8 @@ class Estimates:
     storage_mb_per_s_per_node: float | None = None  # declared workspace read or write rate per node; caps the
     # data stages (no figure: their times are CPU-bound only)
     mfu: float = 0.40  # model FLOPs utilisation of pretraining (declared; the README says why 0.40)
+    cpu_peak_tflops: float | None = None  # declared peak of one CPU process, the only peak MFU on CPU is held
+    # against (report/mfu.py); none: a CPU run shows no MFU
     per_core: dict[str, float] = field(default_factory=dict)  # PROGRAM: per-core figure replacing the benchmark's
     # (extract.py, concat.py: MB/s written; preprocess.py: tokens/s)
 
@@ -520,6 +524,9 @@ def _validate_estimates(pipeline: PipelineConfig, raw: dict, where: Where) -> No
             raise where.child(key, raw).error(f"must be > 0, got {value:g}")
     if not 0 < estimates.mfu <= 1:
         raise where.child("mfu", raw).error(f"mfu is a fraction of peak in (0, 1], got {estimates.mfu:g}")
+    if estimates.cpu_peak_tflops is not None and estimates.cpu_peak_tflops <= 0:
+        raise where.child("cpu_peak_tflops", raw).error(
+            f"cpu_peak_tflops is one CPU process's peak in TFLOP/s, > 0; got {estimates.cpu_peak_tflops:g}")
     for key in ("download_mb_per_s_per_node", "storage_mb_per_s_per_node"):
         if getattr(estimates, key) is not None and getattr(estimates, key) <= 0:
             raise where.child(key, raw).error(f"must be > 0, got {getattr(estimates, key):g}")

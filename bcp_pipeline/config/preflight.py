@@ -51,7 +51,7 @@ def _check_nemo_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:
         static_preflight(pipeline, stage)
     except ValueError as exc:
         raise stage.where("nemo").error(str(exc)) from None
-    if stage.continuation is None:
+    if stage.continuation is None and stage.nemo.checkpoints:
         # Training continues by default: from the run's checkpoints up to the model's max_steps. A continuation
         # the file gives was validated by the loader; this one is new, so it is validated here.
         stage.continuation = derived_continuation(stage)

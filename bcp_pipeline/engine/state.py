@@ -159,13 +159,22 @@ def store_for(config_file: Path, state_dir: str | Path | None = None) -> "RunSto
 
 
 class RunStore:
-    """The folder holding every run: `<root>/runs/<run_id>/{state.json, logs/, jobs/}`."""
+    """The folder holding every run: `<root>/runs/<run_id>/{state.json, logs/, jobs/}`.
 
-    def __init__(self, root: Path) -> None:
+    `folder` other than `runs` keeps a kind of run apart under the same root (`profile`'s runs in `profiles/`: a
+    `run PIPELINE` never continues one), where they share what the root holds (`checks/`, `bcp-uploads/`).
+    """
+
+    def __init__(self, root: Path, folder: str = "runs") -> None:
         self.root = root
+        self.folder = folder
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / self.folder
 
     def run_dir(self, run_id: str) -> Path:
-        return self.root / "runs" / run_id
+        return self.runs_dir / run_id
 
     def state_path(self, run_id: str) -> Path:
         return self.run_dir(run_id) / "state.json"
@@ -179,7 +188,7 @@ class RunStore:
         path = self.state_path(run_id)
         if not path.is_file():
             known = ", ".join(r.run_id for r in self.runs()[-5:]) or "(none)"
-            raise StateError(f"no run {run_id!r} under {self.root / 'runs'}; recent runs: {known}")
+            raise StateError(f"no run {run_id!r} under {self.runs_dir}; recent runs: {known}")
         try:
             return RunState.from_json(json.loads(path.read_text(encoding="utf-8")))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # AttributeError: e.g. "stages": []
@@ -189,7 +198,7 @@ class RunStore:
 
     def runs(self, pipeline: str | None = None) -> list[RunState]:
         """Runs, oldest first (run ids sort by creation time)."""
-        runs_dir = self.root / "runs"
+        runs_dir = self.runs_dir
         if not runs_dir.is_dir():
             return []
         found = []
@@ -210,7 +219,7 @@ class RunStore:
             return self.load(run_id)
         latest = self.latest()
         if latest is None:
-            raise StateError(f"no runs yet under {self.root / 'runs'}; start one with `bcp-pipeline run PIPELINE`")
+            raise StateError(f"no runs yet under {self.runs_dir}; start one with `bcp-pipeline run PIPELINE`")
         return latest
 
 

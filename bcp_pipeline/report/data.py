@@ -13,6 +13,8 @@ from .estimates import PlanEstimate
 from ..redact import redact
 from ..engine.state import JobRecord, RunState, StageState
 from ..training_log import parse_training_log
+from .mfu import cpu_peak
+from .throughput import StageFacts, throughput_series
 
 
 @dataclass(frozen=True)
@@ -24,9 +26,11 @@ class SubmittedCommand:
 def report_data(state: RunState, *, now: float, estimate: PlanEstimate | None = None,
                 actual: dict[str, dict] | None = None, training_logs: dict[str, str] | None = None,
                 commands: dict[str, SubmittedCommand] | None = None, secrets: list[str] | None = None,
-                notes: list[str] | None = None) -> dict:
+                notes: list[str] | None = None, stage_facts: dict[str, StageFacts] | None = None,
+                cpu_peak_tflops: float | None = None) -> dict:
     """Everything the report shows. `training_logs` and `commands` are keyed by job id; `secrets` are redacted from
-    every command line; `now` ends the bars of jobs still running."""
+    every command line; `now` ends the bars of jobs still running. `stage_facts` and `cpu_peak_tflops` turn
+    step times into tokens/s and MFU (report/throughput.py)."""
     actual = actual or {}
     clock = _Clock(state.created_at, now)
     return {
@@ -36,6 +40,8 @@ def report_data(state: RunState, *, now: float, estimate: PlanEstimate | None = 
         "timeline": [timeline_row(name, job, clock) for name, stage in state.stages.items() for job in stage.jobs],
         "stages": [stage_row(name, stage, actual.get(name) or {}, clock) for name, stage in state.stages.items()],
         "training": training_series(state, training_logs or {}, clock),
+        "throughput": throughput_series(_logs_by_stage(state, training_logs or {}), stage_facts or {},
+                                        lambda processes: cpu_peak(cpu_peak_tflops, processes)),
         "estimates": estimate_rows(state, estimate, actual) if estimate is not None else [],
         "commands": command_rows(state, commands or {}, secrets or []),
         "notes": list(notes or []),
@@ -142,6 +148,16 @@ def command_rows(state: RunState, commands: dict[str, SubmittedCommand], secrets
                          "text": redact(command.text, secrets) if command else None,
                          "source": command.source if command else "not available"})
     return rows
+
+
+def _logs_by_stage(state: RunState, logs: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The training logs (keyed by job id) grouped by stage, in the run's order."""
+    grouped: dict[str, dict[str, str]] = {}
+    for name, stage in state.stages.items():
+        mine = {job.job_id: logs[job.job_id] for job in stage.jobs if job.kind == "stage" and job.job_id in logs}
+        if mine:
+            grouped[name] = mine
+    return grouped
 
 
 def _round(value: float | None) -> float | None:

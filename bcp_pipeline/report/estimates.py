@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass, field
 
 from ..config.pipelines import PipelineConfig, StageConfig, expected_count
 from ..config.durations import format_elapsed, parse_duration
-from ..config.nemo import KNOWN_SHAPES, ModelShape, model_config
+from ..config.nemo import KNOWN_SHAPES, model_config
 from ..config.resources import InstanceType, rank_layout
 from ..engine.state import StageState
+from .measured import Measurement
+from .mfu import A100_BF16_TFLOPS, H100_SXM_BF16_TFLOPS, Peak, flops_per_token, gpu_peak, step_seconds_at
 
-A100_BF16_TFLOPS = 312.0  # NVIDIA A100 datasheet: BF16 Tensor Core, dense (624 with sparsity)
-H100_SXM_BF16_TFLOPS = 989.0  # NVIDIA H100 datasheet, SXM: 1,979 with sparsity, half of it dense
 DGX_A100_CORES = 128  # DGX A100 datasheet: 2 x AMD EPYC 7742, 64 cores each (256 threads)
 DGX_H100_CORES = 112  # DGX H100 datasheet: 2 x Intel Xeon Platinum 8480C, 56 cores each (224 threads)
 
@@ -109,41 +109,20 @@ class PlanEstimate:
                 "warnings": self.warnings}
 
 
-def params_for_flops(shape: ModelShape, tensor_parallel: int) -> int:
-    """N: the weights of every matrix multiply a token goes through (layers and the output layer).
-
-    Per layer: QKV and projection 4 h^2, FFN 2 or 3 (gated) x h x ffn; the output layer V x h with V padded as
-    Megatron pads it. The input embedding is a lookup and position embeddings add no multiply; biases and norms
-    are left out (well under 1 %).
-    """
-    h = shape.hidden_size
-    per_layer = 4 * h * h + (3 if shape.gated_mlp else 2) * h * shape.ffn_hidden_size
-    multiple = shape.make_vocab_size_divisible_by * tensor_parallel
-    vocab = math.ceil(shape.vocab_size / multiple) * multiple
-    return shape.num_layers * per_layer + vocab * h
-
-
-def flops_per_token(shape: ModelShape, tensor_parallel: int) -> int:
-    """Training FLOPs per token, 6N + 12 L s h (Narayanan et al. 2021, eq. 3 without recomputation; PaLM, app. B).
-
-    6N: forward (2N) and backward (4N) through the weights; 12 L s h: the attention scores and their use
-    (QK^T and AV, 2 s h each per layer forward, x3 for training). Recomputed activations are not counted, as MFU
-    does not count them.
-    """
-    return 6 * params_for_flops(shape, tensor_parallel) + 12 * shape.num_layers * shape.seq_length * shape.hidden_size
-
-
 def instances_table(declared: dict[str, InstanceType]) -> dict[str, InstanceType]:
     """The known DGX instances, with `backends.bcp.instances` added or replacing them."""
     return {**KNOWN_INSTANCES, **declared}
 
 
 def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceType],
+                      measured: Measurement | None = None,
                       counted_tokens: dict[str, int] | None = None) -> PlanEstimate:
-    """Every stage's estimate, the total along the DAG's longest path, and warnings. `counted_tokens`: per training
-    stage, the tokens its data holds as counted from the preprocess manifests (manifest_tokens), where they exist."""
-    stages = {name: estimate_stage(pipeline, pipeline.stages[name], instances, (counted_tokens or {}).get(name))
-              for name in pipeline.order()}
+    """Every stage's estimate, the total along the DAG's longest path, and warnings. `measured`: a profile run's
+    step time, which replaces the declared MFU for its stage when it ran on the same instance and nodes.
+    `counted_tokens`: per training stage, the tokens its data holds as counted from the preprocess manifests
+    (manifest_tokens), where they exist."""
+    stages = {name: estimate_stage(pipeline, pipeline.stages[name], instances, measured,
+                                   (counted_tokens or {}).get(name)) for name in pipeline.order()}
     finish: dict[str, float] = {}
     for name in pipeline.order():
         start = max((finish[n] for n in pipeline.stages[name].needs), default=0.0)
@@ -154,7 +133,7 @@ def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceTyp
 
 
 def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict[str, InstanceType],
-                   counted_tokens: int | None = None) -> StageEstimate:
+                   measured: Measurement | None = None, counted_tokens: int | None = None) -> StageEstimate:
     bcp = stage.bcp
     layout = rank_layout(stage, "bcp")  # the job's shape as the BCP renderer makes it (one place for both)
     instance = instances.get(bcp.instance or "")
@@ -171,6 +150,8 @@ def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict
             for key in ("compressed_bytes", "text_bytes", "documents", "tokens")}
     if stage.nemo:
         _estimate_training(pipeline, stage, instance, est, size, counted_tokens)
+        if measured is not None and measured.stage == stage.name:
+            _use_measurement(est, stage, measured)
     elif stage.program == DOWNLOAD_PROGRAM:
         est.items_in = est.items_out
         est.bytes_in = est.bytes_out = size["compressed_bytes"]
@@ -272,13 +253,41 @@ def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: I
     if instance is None:
         return
     gpus = est.nodes * est.gpus_per_node
-    est.seconds = tokens * per_token / (gpus * instance.gpu_peak_tflops * 1e12 * mfu)
+    peak = instance_peak(stage.bcp.instance, gpus, instance)
+    est.seconds = tokens * per_token / (peak.flops_per_s * mfu)
     est.basis = f"{gpus} GPUs x {instance.gpu_peak_tflops:g} TFLOP/s x MFU {mfu:g}"
+    est.training.update(peak=peak.source, step_seconds=step_seconds_at(
+        mfu, model.global_batch_size * shape.seq_length, per_token, peak))
     if stage.bcp.total_runtime:
         per_attempt = parse_duration(stage.bcp.total_runtime) - parse_duration(stage.nemo.time_margin)
         max_attempts = stage.continuation.max_attempts if stage.continuation else stage.nemo.max_attempts
         est.training.update(attempt_seconds=per_attempt, attempts=math.ceil(est.seconds / per_attempt),
                             max_attempts=max_attempts, total_runtime=stage.bcp.total_runtime)
+
+
+def _use_measurement(est: StageEstimate, stage: StageConfig, measured: Measurement) -> None:
+    """The measured step time instead of the declared MFU, when it ran on this instance and node count."""
+    if est.training is None:
+        return
+    if (measured.instance, measured.nodes) != (stage.bcp.instance, est.nodes):
+        est.notes.append(f"{measured.source} ran on {measured.backend} ({measured.nodes} x "
+                         f"{measured.instance or 'no BCP instance'}), not {est.nodes} x {stage.bcp.instance} on BCP: "
+                         "its step time is not used")
+        return
+    est.seconds = est.training["steps"] * measured.step_s
+    mfu = f", MFU {measured.mfu:.0%}" if measured.mfu is not None else ""
+    est.basis = f"from {measured.source}: {measured.step_s:.3g} s/step{mfu}"
+    est.training.update(measured=est.basis, step_seconds=measured.step_s)
+    if "attempt_seconds" in est.training:
+        est.training["attempts"] = math.ceil(est.seconds / est.training["attempt_seconds"])
+
+
+def instance_peak(name: str | None, gpus: int, instance: InstanceType) -> Peak:
+    """The peak of a job's GPUs; the datasheet's where the instance's figure is the known GPU's, else declared."""
+    known = gpu_peak(name, gpus)
+    if known is not None and known.tflops_per_device == instance.gpu_peak_tflops:
+        return known
+    return gpu_peak(name, gpus, declared_tflops=instance.gpu_peak_tflops)
 
 
 def _warnings(stage: StageConfig, est: StageEstimate) -> list[str]:

@@ -15,7 +15,12 @@ from pathlib import Path
 from ..atomic import atomic_write_text
 from ..config.pipelines import PipelineConfig, StageConfig
 from ..errors import PipelineError, ReportError
-from .estimates import PlanEstimate
+from ..config.nemo import KNOWN_SHAPES, model_config
+from ..config.profiling import SMOKE_PROGRAM
+from ..config.resources import InstanceType, rank_layout
+from .estimates import PlanEstimate, instance_peak
+from .mfu import flops_per_token
+from .throughput import StageFacts, TrainingFacts
 from ..backends.contract import Backend
 from ..redact import secret_values
 from .data import SubmittedCommand, report_data
@@ -29,15 +34,18 @@ RERENDERED = "re-rendered from the config: not recorded at submission"
 
 def write_report(store: RunStore, state: RunState, *, pipeline: PipelineConfig | None, backend: Backend | None,
                  estimate: PlanEstimate | None, actual: dict[str, dict], out: Path | None = None,
-                 notes: list[str] | None = None) -> Path:
+                 notes: list[str] | None = None, instances: dict[str, InstanceType] | None = None) -> Path:
     """Write the report of `state` to `out` (default `<run>/report.html`); returns the path written."""
     require_plotly()
     notes = list(notes or [])
     run_dir = store.run_dir(state.run_id)
     logs = training_logs(state, pipeline, backend, notes)
     commands = submitted_commands(state, run_dir, pipeline, backend, notes)
+    facts = {name: stage_facts(pipeline.stages[name], state.backend, instances or {}) for name in state.stages
+             if pipeline is not None and name in pipeline.stages}
     data = report_data(state, now=time.time(), estimate=estimate, actual=actual, training_logs=logs,
-                       commands=commands, secrets=secret_values(), notes=notes)
+                       commands=commands, secrets=secret_values(), notes=notes, stage_facts=facts,
+                       cpu_peak_tflops=pipeline.estimates.cpu_peak_tflops if pipeline is not None else None)
     page = render_report(data)
     path = out or run_dir / "report.html"
     try:
@@ -47,9 +55,51 @@ def write_report(store: RunStore, state: RunState, *, pipeline: PipelineConfig |
     return path
 
 
+def latest_throughput(state: RunState, pipeline: PipelineConfig, backend: Backend,
+                      instances: dict[str, InstanceType]) -> list[dict]:
+    """`status`: step time, tokens/s and MFU of each training stage's latest attempt, from rank 0's log (one log
+    read per training stage); a log that cannot be read leaves its stage out."""
+    logs: dict[str, str] = {}
+    for name, stage_state in state.stages.items():
+        jobs = [job for job in stage_state.jobs if job.kind == "stage"]
+        if jobs and is_training_stage(name, pipeline.stages.get(name), state):
+            try:
+                logs[jobs[-1].job_id] = backend.logs(jobs[-1].job_id, rank=0)
+            except (PipelineError, OSError):
+                continue
+    facts = {name: stage_facts(pipeline.stages[name], state.backend, instances) for name in state.stages
+             if name in pipeline.stages}
+    return report_data(state, now=time.time(), training_logs=logs, stage_facts=facts,
+                       cpu_peak_tflops=pipeline.estimates.cpu_peak_tflops)["throughput"]
+
+
+def stage_facts(stage: StageConfig, backend: str, instances: dict[str, InstanceType]) -> StageFacts:
+    """A NeMo stage's FLOPs per token, tokens per step and GPU peak from its config; the smoke pretrain's facts
+    come from its log (facts None)."""
+    if stage.nemo is None:
+        return StageFacts(None, None, "")
+    shape = KNOWN_SHAPES.get(stage.nemo.model)
+    if shape is None:
+        return StageFacts(None, None, f"no tokens/s or MFU: no model shape for {stage.nemo.model!r}")
+    model = model_config(stage, "slurm" if backend == "slurm" else "bcp")
+    instance_name = stage.bcp.instance
+    layout = rank_layout(stage, "bcp")
+    instance = instances.get(instance_name or "")
+    gpus = layout.nodes * (stage.nemo.gpus_per_node or (instance.gpus if instance else 0))
+    facts = TrainingFacts(flops_per_token(shape, model.tensor_parallel), model.global_batch_size * shape.seq_length,
+                          "gpu", gpus)
+    if instance is None:
+        return StageFacts(facts, None, f"no MFU: instance {instance_name!r} is not known (backends.bcp.instances)")
+    peak = instance_peak(instance_name, gpus, instance)
+    where = "" if backend == "bcp" else f" (the stage's BCP instance; the run is on {backend})"
+    return StageFacts(facts, peak, f"MFU against {peak.source}{where}")
+
+
 def is_training_stage(name: str, stage: StageConfig | None, state: RunState) -> bool:
-    """A stage whose log holds loss lines: NeMo training, a continued stage, or one that verified steps."""
-    if stage is not None and (stage.nemo is not None or stage.continuation is not None):
+    """A stage whose log holds loss lines: NeMo training, the smoke pretrain (its profile run has no continuation),
+    a continued stage, or one that verified steps."""
+    if stage is not None and (stage.nemo is not None or stage.continuation is not None
+                              or stage.program == SMOKE_PROGRAM):
         return True
     return "steps" in (state.stages[name].verification or {})
 

@@ -11,6 +11,7 @@ import json
 
 from ..config.durations import format_elapsed
 from ..errors import ReportError
+from .throughput_html import throughput_figures, throughput_summary
 
 EXTRA_HINT = ("the run report draws its charts with plotly, the optional extra `report`: "
               "pip install 'bcp-pipeline[report]' (scripts/setup installs it into .venv)")
@@ -42,6 +43,8 @@ def render_report(data: dict) -> str:
     for training in data["training"]:
         figures += [(f"loss-{training['stage']}", loss_figure(go, training)),
                     (f"steps-{training['stage']}", steps_figure(go, training))]
+    throughput = {series["stage"]: throughput_figures(go, series) for series in data.get("throughput", [])}
+    figures += [figure for stage_figures in throughput.values() for figure in stage_figures]
     charts = {}
     for index, (name, figure) in enumerate(f for f in figures if f[1] is not None):
         charts[name] = pio.to_html(figure, full_html=False, include_plotlyjs=index == 0, div_id=f"chart-{name}",
@@ -62,6 +65,14 @@ def render_report(data: dict) -> str:
             body += [charts[f"loss-{training['stage']}"], charts[f"steps-{training['stage']}"]]
     else:
         body.append("<p>No training log with loss lines (no training stage ran, or its log could not be read).</p>")
+    if throughput:
+        body += ["<h2>Step time, tokens/s and MFU</h2>",
+                 "<p class=hint>From the training log's step times; tokens/s = tokens a step / step time; MFU = "
+                 "tokens/s x model FLOPs per token (6N + 12 L s h) / peak FLOP/s (README \"Profiling\").</p>"]
+        for series in data["throughput"]:
+            body.append(f"<p class=meta id=throughput-{_e(series['stage'])}>{_e(series['stage'])}: "
+                        f"{_e(throughput_summary(series))}</p>")
+            body += [charts[name] for name, _ in throughput[series["stage"]] if name in charts]
     body += ["<h2>Stages</h2>", stages_table(data["stages"]),
              "<h2>Estimates against actuals</h2>", estimates_table(data["estimates"]),
              "<h2>Submitted commands</h2>", commands_list(data["commands"])]

@@ -9,6 +9,7 @@ from typing import IO
 
 from ..config.durations import format_elapsed
 from .estimates import PlanEstimate, short_number
+from .throughput import summary_text
 from ..engine.state import RunState, StageState, StageStatus
 
 
@@ -77,13 +78,15 @@ def _rate(value: float | None) -> str:
 
 
 def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None = None,
-                  actual: dict[str, dict] | None = None) -> str:
+                  actual: dict[str, dict] | None = None, throughput: list[dict] | None = None) -> str:
     """The `status` view: a table of stages, estimate against actual (when given), then errors with log tails."""
     lines = [f"run {state.run_id}  pipeline {state.pipeline}  backend {state.backend}  status {state.status}", "",
              format_table(status_rows(state))]
     if estimate is not None and actual and any(actual.values()):
         lines += ["", "estimate against actual (elapsed includes queueing and verification):",
                   format_table(estimate_rows(state, estimate, actual))]
+    if throughput:
+        lines += [""] + [throughput_line(series) for series in throughput]
     summaries = [f"{name}: {stage.extra['summary']}" for name, stage in state.stages.items()
                  if stage.extra.get("summary") and stage.status is StageStatus.SUCCEEDED]
     if summaries:
@@ -98,6 +101,16 @@ def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None =
             lines += [""] + [f"{name}: {url}" for name, _, url in urls]
     lines += ["", "(* = verification job)"] if any(j.kind == "verify" for s in state.stages.values() for j in s.jobs) else []
     return "\n".join(lines)
+
+
+def throughput_line(series: dict) -> str:
+    """A training stage's latest attempt: median step time, tokens/s and MFU, and what MFU is held against."""
+    attempt = series["attempts"][-1]
+    summary = attempt["summary"]
+    if not summary:
+        return f"{series['stage']}: no step times in the log of job {attempt['job_id']} yet"
+    return (f"{series['stage']}: {summary_text(summary)} (median of {summary['steps']} logged step(s) of job "
+            f"{attempt['job_id']}, the first left out); {series['mfu_basis']}")
 
 
 class Reporter:
@@ -180,6 +193,8 @@ def render_estimates(plan: PlanEstimate) -> list[str]:
                 line += (f"; {t['attempts']} attempt(s) of {t['total_runtime']} ({format_seconds(t['attempt_seconds'])}"
                          f" of training each), max_attempts {t['max_attempts']} {covered}")
             lines.append(line)
+            if "step_seconds" in t:
+                lines.append(mfu_assumption_line(s.stage, t))
     notes: dict[str, list[str]] = {}
     for s in plan.stages:
         for note in s.notes:
@@ -187,6 +202,16 @@ def render_estimates(plan: PlanEstimate) -> list[str]:
     lines += [f"{', '.join(stages)}: {note}" for note, stages in notes.items()]
     lines += [f"WARNING: {w}" for w in plan.warnings]
     return lines
+
+
+def mfu_assumption_line(stage: str, training: dict) -> str:
+    """What the training time rests on: the MFU, where it comes from, and the step time it means."""
+    if "measured" in training:
+        return (f"{stage}: time {training['measured']} (measured; the declared MFU {training['mfu']:.0%} is not "
+                "used)")
+    return (f"{stage}: MFU {training['mfu']:.0%} assumed (estimates.mfu, declared, not measured) = "
+            f"{training['step_seconds']:.3g} s/step on {training['peak']}; measure it with `bcp-pipeline profile` "
+            "(README \"Profiling\")")
 
 
 def _count(value: int | None) -> str:

@@ -34,8 +34,8 @@ def test_probe_jobs_on_the_emulator(tmp_path, fake):
     result, path = run_check(CheckRequest(config_file=config, state_root=tmp_path / "state", pipeline="demo",
                                           backend="bcp"), dict(os.environ), announce)
     verdicts = {row.topic: row.verdict.value for row in result.rows}
-    probe_topics = ["replicas", "job environment", "bcprun", "python", "workspace mount", "labels", "status history",
-                    "job logs", "kill", "preemption"]
+    probe_topics = ["replicas", "job environment", "bcprun", "nsys file names", "python", "workspace mount",
+                    "labels", "status history", "job logs", "kill", "preemption"]
     assert {t: verdicts[t] for t in probe_topics} == dict.fromkeys(probe_topics, "ok"), \
         [r.as_json() for r in result.rows if r.verdict.value != "ok"]
     assert announced and announced[0][1] == 0 and "instance-minutes" in announced[0][0]
@@ -43,6 +43,7 @@ def test_probe_jobs_on_the_emulator(tmp_path, fake):
     assert probe["instance"] == "dgxa100.80g.1.norm" and probe["replicas"] == 2  # the ACE's smallest, multinode
     assert probe["commandline_runs"] == "per_replica"
     assert probe["bcprun"]["present"] and probe["bcprun"]["in_single_replica_jobs"]
+    assert probe["bcprun"]["slurm_variables"] == "unset"  # the bcprun stand-in sets none (the real one: unknown)
     assert probe["kill_seconds"] is not None and probe["runonce_preemption"] == "resumable"  # the emulator's default
     jobs = fake.jobs()
     assert len(jobs) == 2 and {fake.status(j) for j in jobs} == {"FINISHED_SUCCESS", "KILLED_BY_USER"}
@@ -110,6 +111,21 @@ def test_ranks_that_are_not_each_their_own_are_different():
     assert row.verdict.value == "ok" and "absent in a one-replica job" in row.showed  # not needed there
     row = bcp_probe.bcprun_row(plan(), {0: "BCPP-BCPRUN absent\n", 1: "BCPP-BCPRUN absent\n"}, "")
     assert row.verdict.value == "different" and "bcprun absent in the 2-replica job" in row.showed
+
+
+def test_what_bcprun_sets_for_nsys_file_names():
+    def rank(node: int, proc: int, slurm: str) -> str:
+        return f"BCPP-RANK rank={proc} world=2 replica={node} slurm={slurm}\n"
+
+    unique = {0: rank(0, 0, "7/0/0"), 1: rank(1, 1, "7/1/1")}
+    assert bcp_probe.nsys_names_row(unique).verdict.value == "ok"
+    assert bcp_probe.slurm_variables(unique) == "set"
+    unset = {0: rank(0, 0, "unset/unset/unset"), 1: rank(1, 1, "unset/unset/unset")}
+    assert bcp_probe.nsys_names_row(unset).verdict.value == "ok" and bcp_probe.slurm_variables(unset) == "unset"
+    same = {0: rank(0, 0, "7/0/0"), 1: rank(1, 1, "7/0/0")}
+    row = bcp_probe.nsys_names_row(same)
+    assert row.verdict.value == "different" and "7/0/0, 7/0/0" in row.showed
+    assert bcp_probe.nsys_names_row({0: "", 1: None}).verdict.value == "could not check"
 
 
 def test_a_commandline_on_neither_model_is_different():

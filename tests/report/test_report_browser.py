@@ -184,3 +184,66 @@ def test_without_the_report_extra_report_names_the_extra_to_install(tmp_path, mo
     error = capsys.readouterr().err
     assert "pip install 'bcp-pipeline[report]'" in error and "plotly" in error
     assert not list((tmp_path / ".bcp-pipeline").rglob("report.html"))
+
+
+def test_status_shows_the_training_stages_step_time_and_tokens_per_second(demo_report, capsys):
+    """Without a declared CPU peak the demo's CPU training shows no MFU, and says why."""
+    path, _ = demo_report
+    capsys.readouterr()
+    assert main(["--config", str(path.parent / "pipelines.yaml"), "status"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("pretrain: ") and
+                "s/step" in line)
+    assert re.fullmatch(r"pretrain: [\d.]+ s/step, [\d,]+ tokens/s \(median of 11 logged step\(s\) of job "
+                        r"pretrain\.1, the first left out\); no MFU: the smoke pretrain ran on CPU and the "
+                        r"pipeline declares no CPU peak \(estimates\.cpu_peak_tflops\)", line), line
+
+
+def test_profile_demo_gives_a_trace_and_its_report_draws_step_time_mfu_and_the_timer_breakdown(
+        demo_report, browser, capsys):
+    """`profile demo` on the demo run's data: a Chrome trace, a top-operators table, and a report whose step
+    time, tokens/s and MFU charts and timer bars Chromium draws; MFU against the CPU peak declared here (0.1
+    TFLOP/s, a figure of this test, not a measurement), and the report says it is declared."""
+    path, _ = demo_report
+    project = path.parent
+    config = project / "pipelines.yaml"
+    text = config.read_text()
+    anchor = "    workspace: {name: demo, mount: /mount_workspace}\n"
+    assert anchor in text
+    config.write_text(text.replace(anchor, anchor + "    estimates: {cpu_peak_tflops: 0.1}\n"))
+    capsys.readouterr()
+    assert main(["--config", str(config), "profile", "demo", "--steps", "2:4"]) == 0
+    out = capsys.readouterr().out
+    results = project / ".bcp-pipeline" / "workspaces" / "demo" / "results"
+    trace = json.loads((results / "demo-gpt-profile" / "profile" / "trace_rank0.json").read_text())
+    assert {"step 2", "step 3", "step 4"} <= {event.get("name") for event in trace["traceEvents"]}
+    assert "aten::" in (results / "demo-gpt-profile" / "profile" / "top_ops_rank0.txt").read_text()
+    assert not (results / "demo-gpt-profile" / "checkpoints").exists() or \
+        list((results / "demo-gpt-profile" / "checkpoints").glob("*.pt")) == []
+    report = Path(re.search(r"profile report \(.*\): (\S+)", out).group(1))
+    run_id = re.search(r"^profile run (\S+): stage pretrain, steps 2:4", out, re.M).group(1)
+    assert report == project / ".bcp-pipeline" / "profiles" / run_id / "report.html"
+    assert re.search(r"^measured: [\d.]+ s/step, [\d,]+ tokens/s, MFU [\d.]+% \(median after the first step\)",
+                     out, re.M)
+    assert main(["--config", str(config), "status", run_id]) == 0  # found among the profile runs
+    assert f"run {run_id}  pipeline demo" in capsys.readouterr().out
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []
+    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    page.goto(report.as_uri())
+    for chart in ("step-s", "tokens-per-s", "mfu"):
+        page.wait_for_selector(f"#chart-{chart}-pretrain .scatterlayer path.js-line", state="attached")
+    page.wait_for_selector("#chart-timers-pretrain .bars path", state="attached")
+    steps = page.evaluate("() => document.getElementById('chart-step-s-pretrain').data[0].x")
+    assert list(steps) == [1, 2, 3, 4, 5]  # max_steps one past the window's last step
+    mfu = page.evaluate("() => document.getElementById('chart-mfu-pretrain').data[0].y")
+    assert all(0 < value < 1 for value in mfu)
+    timers = page.evaluate("() => document.getElementById('chart-timers-pretrain').data.map(t => t.name)")
+    assert timers == ["forward-compute", "backward-compute", "optimizer"]
+    bars = page.evaluate("() => document.querySelectorAll('#chart-timers-pretrain .bars .point path').length")
+    assert bars == 3 * 5
+    summary = page.inner_text("#throughput-pretrain")
+    assert "s/step" in summary and "tokens/s" in summary and "MFU" in summary
+    assert "declared 0.1 TFLOP/s" in summary
+    assert problems == []
+    page.close()
