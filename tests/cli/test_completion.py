@@ -17,7 +17,7 @@ from bcp_pipeline.cli.completion import override_keys, pipeline_names, run_ids, 
 
 BIN = Path(sys.executable).parent
 COMMAND = BIN / "bcp-pipeline"
-VERBS = ["run", "plan", "status", "resume", "logs", "cancel", "list", "report", "verify", "check"]
+VERBS = ["run", "plan", "status", "resume", "logs", "cancel", "list", "report", "profile", "verify", "check"]
 CONFIG = """\
 version: 1
 x-stages: &stages
