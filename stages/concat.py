@@ -125,7 +125,8 @@ def run(args: argparse.Namespace, rank: int, world: int) -> int:
             built.append(build_output(index, group, args.in_dir, args.out_dir))
         except (_common.StageError, OSError) as exc:
             failures[output_name(index)] = f"{exc} (inputs {group[0]} .. {group[-1]})"
-        progress.advance()
+        else:  # progress counts complete outputs only
+            progress.advance()
     if failures:
         return _common.fail_with_items(STAGE, failures)
     new = [b for b in built if not b.skipped]

@@ -285,9 +285,9 @@ def run(args: argparse.Namespace, rank: int, world: int) -> int:
         except (_common.StageError, OSError) as exc:
             failures[stem + IN_SUFFIX] = str(exc)
             done = None
-        if done is not None:
+        if done is not None:  # a failed file is not done: progress counts complete outputs only
             finished.append(done)
-        progress.advance()
+            progress.advance()
 
     if args.threads == 1:
         for stem in mine:

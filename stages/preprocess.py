@@ -416,7 +416,8 @@ def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, ran
                     ctx.executor = make_executor(args.workers, spec, args.json_key)
                 except (_common.StageError, TokenizerError, OSError) as exc:
                     failures[item.prefix] = str(exc)
-            progress.advance()
+            if item.prefix not in failures:  # progress counts complete outputs only
+                progress.advance()
     finally:
         if ctx.executor is not None:
             ctx.executor.shutdown(cancel_futures=True)

@@ -24,7 +24,8 @@ from ..config.resources import BcpOptions
 from .bcp_render import NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_rendezvous, job_run_argv
 from .bcp_render import job_files, job_spec, label, nemo_launcher_overrides, nemo_overrides_digest, upload_argv
 from .bcp_transport import Transport, make_transport, read_ngc_config
-from .bcp_policy import planned_jobs, violations
+from .bcp_driver import DRIVER_STAGE, driver_job_shape
+from .bcp_policy import PlannedJob, planned_jobs, violations
 from .profile import profile_key
 from .common import last_lines, shell_join, training_progress
 from .retries import RetryPolicy, with_retries
@@ -307,8 +308,10 @@ class BcpBackend(Backend):
         found += self._nemo_refusals(submissions, where)
         ace = (self.profile.get("facts") or {}).get("ace")
         if isinstance(ace, dict):
+            driver = [PlannedJob(stage=DRIVER_STAGE, kind="driver",
+                                 spec=driver_job_shape(self.options, self.pipeline))] if detach and self.pipeline else []
             found += [f"{violation} (as {where} saw the ACE)" for violation in
-                      violations(ace, planned_jobs(submissions), detach=detach)]
+                      violations(ace, planned_jobs(submissions) + driver, detach=detach)]
         return found
 
     def _nemo_refusals(self, submissions: list[Submission], where: str) -> list[str]:

@@ -15,8 +15,10 @@ from ..config.resources import BcpOptions
 from ..errors import BackendCallError, ConfigError
 from .bcp import retry_policy
 from .bcp_policy import PlannedJob, Violation, violations
-from .bcp_render import job_spec
-from .bcp_transport import Transport, check_credentials, choose_transport, make_transport, read_ngc_config
+from .bcp_driver import DRIVER_STAGE
+from .bcp_render import JobSpec, job_spec
+from .bcp_transport import (NOTHING_DONE, Transport, check_credentials, choose_transport, make_transport,
+                            read_ngc_config)
 from .contract import JobRequest
 from .retries import RetryPolicy, with_retries
 
@@ -52,20 +54,24 @@ def configured_ace(options: BcpOptions, environ: Mapping[str, str] | None = None
     return options.ace or env.get("NGC_CLI_ACE") or read_ngc_config(env).get("ace") or None
 
 
-def planned_jobs(requests: Iterable[JobRequest], options: BcpOptions, stages_dir: Path) -> list[PlannedJob]:
-    """The JobSpec each request becomes (the same rendering `run` submits)."""
-    return [PlannedJob(stage=r.stage.name, kind=r.kind, spec=job_spec(r, options, stages_dir),
+def planned_jobs(requests: Iterable[JobRequest], options: BcpOptions, stages_dir: Path,
+                 driver: JobSpec | None = None) -> list[PlannedJob]:
+    """The JobSpec each request becomes (the same rendering `run` submits), and the --detach driver's."""
+    jobs = [PlannedJob(stage=r.stage.name, kind=r.kind, spec=job_spec(r, options, stages_dir),
                        continues=r.kind == "stage" and r.stage.continuation is not None) for r in requests]
+    return jobs + ([PlannedJob(stage=DRIVER_STAGE, kind="driver", spec=driver)] if driver is not None else [])
 
 
 def check_ace(options: BcpOptions, stages_dir: Path, requests: Iterable[JobRequest], *, detach: bool,
-              transport: Transport | None = None, policy: RetryPolicy | None = None) -> AceCheck:
-    """Read the ACE (retried while the API is busy) and check every job against it. BackendCallError when the ACE
-    cannot be read: `job run` reads it too before it submits, so a run could not start either."""
+              driver: JobSpec | None = None, transport: Transport | None = None,
+              policy: RetryPolicy | None = None) -> AceCheck:
+    """Read the ACE (retried while the API is busy) and check every job against it, the --detach `driver` job
+    too. BackendCallError when the ACE cannot be read: `job run` reads it too before it submits, so a run could
+    not start either."""
     name = configured_ace(options)
     if not name:
         return AceCheck(ace=None, checked=False, reason="no ACE is configured")
-    jobs = planned_jobs(requests, options, stages_dir)
+    jobs = planned_jobs(requests, options, stages_dir, driver)
     client = transport or make_transport(options)
     ace = with_retries(lambda: client.ace(name), f"reading the limits of ACE {name}", policy or retry_policy(options))
     return AceCheck(ace=name, checked=True, violations=violations(ace, jobs, detach=detach))
@@ -75,16 +81,19 @@ def refuse_violations(check: AceCheck, pipeline: str) -> None:
     """A ConfigError naming each job the ACE would refuse, its limit and the `--set` that fixes it."""
     if check.violations:
         raise ConfigError(f"pipeline {pipeline}: " + "\n".join(check.lines())
-                          + "\nNothing was submitted or recorded")
+                          + f"\n{NOTHING_DONE}")
 
 
-def plan_check(options: BcpOptions, stages_dir: Path, requests: Iterable[JobRequest], *, detach: bool) -> AceCheck:
+def plan_check(options: BcpOptions, stages_dir: Path, requests: Iterable[JobRequest], *, detach: bool,
+               driver: JobSpec | None = None) -> AceCheck:
     """`plan`'s view: the check when a transport and credentials are there, else why it was not made."""
     try:
         choose_transport(options)
         check_credentials(options)
         # One quick retry only: a plan is a preview, and one that waits out run's whole back-off for an API that
         # cannot be reached says no more than "not checked" a few seconds sooner would.
-        return check_ace(options, stages_dir, requests, detach=detach, policy=PLAN_RETRIES)
+        return check_ace(options, stages_dir, requests, detach=detach, driver=driver, policy=PLAN_RETRIES)
     except (ConfigError, BackendCallError) as exc:
-        return AceCheck(ace=configured_ace(options), checked=False, reason=" ".join(str(exc).split()))
+        # `run`'s refusals end in "Nothing was submitted or recorded"; plan never submits, so that says nothing here
+        reason = " ".join(str(exc).replace(f". {NOTHING_DONE}", "").split())
+        return AceCheck(ace=configured_ace(options), checked=False, reason=reason)

@@ -46,7 +46,8 @@ class Violation:
     fix: str  # e.g. `--set pretrain.bcp.total_runtime=1D`
 
     def __str__(self) -> str:
-        job = f"stage {self.stage}" + (" (verification)" if self.kind == "verify" else "")
+        job = "the --detach driver job" if self.kind == "driver" else \
+            f"stage {self.stage}" + (" (verification)" if self.kind == "verify" else "")
         return f"{job}: {self.value}, but the ACE's {self.limit} allows {self.allowed}; {self.fix}"
 
 
@@ -92,7 +93,8 @@ def _job_violations(ace: Mapping[str, Any], instances: Mapping[str, Mapping[str,
         add("maxRuntimeSeconds", f"total_runtime {spec.total_runtime} ({runtime:.0f} s)",
             f"{format_duration(int(max_runtime))} ({max_runtime:.0f} s)", "total_runtime",
             format_duration(int(max_runtime)),
-            " (the stage then continues from its checkpoint in a further job)" if job.continues else "")
+            " (the stage then continues from its checkpoint in a further job)" if job.continues else
+            " (the driver hands the run to a new driver job before that ends)" if job.kind == "driver" else "")
     max_replicas = ace.get("maxAllowedReplicas")
     if isinstance(max_replicas, int) and spec.replicas > max_replicas:
         add("maxAllowedReplicas", f"replicas {spec.replicas}", str(max_replicas), "replicas", str(max_replicas))
@@ -113,6 +115,8 @@ def _job_violations(ace: Mapping[str, Any], instances: Mapping[str, Mapping[str,
 
 
 def _fix(job: PlannedJob, key: str, value: str) -> str:
+    if job.kind == "driver":  # backend-wide options (config/resources.py DriverOptions), not a stage's
+        return f"--set backends.bcp.driver.{key}={value}"
     if job.kind == "verify":  # verification jobs take their resources from the pipeline's `verification:`
         return f"set verification.bcp.{key}: {value} in pipelines.yaml"
     return f"--set {job.stage}.bcp.{key}={value}"

@@ -180,9 +180,24 @@ def job_rendezvous(request: JobRequest) -> dict | None:
 
 
 def check_stage_resources(pipeline: PipelineConfig) -> None:
-    """check_stage for every stage of the pipeline (before a run is recorded)."""
+    """check_stage for every stage of the pipeline, and an instance and image for every job (before a run is
+    recorded)."""
     for stage in pipeline.stages.values():
+        res: BcpResources = stage.resources("bcp")
+        if not res.instance or not res.image:
+            raise missing_instance_error(f"stage {stage.name}", stage.name)
         check_stage(stage)
+    if not pipeline.verification.bcp.instance or not pipeline.verification.bcp.image:
+        raise missing_instance_error("the verification jobs", "verification")
+
+
+def missing_instance_error(job: str, section: str) -> ConfigError:
+    """A BCP job without an instance or image: a config error (exit 2) naming where to set them."""
+    where = "the pipeline's verification: bcp: section" if section == "verification" else \
+        f"defaults: bcp: or stage {section}'s bcp: (or --set {section}.bcp.instance=INSTANCE --set " \
+        f"{section}.bcp.image=IMAGE)"
+    return ConfigError(f"{job}: a BCP job needs an `instance` and an `image`: set them in pipelines.yaml under "
+                       f"{where}")
 
 
 def check_stage(stage: StageConfig) -> None:
@@ -246,8 +261,7 @@ def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path, *, no_r
     res: BcpResources = request.resources("bcp")
     where = f"stage {request.stage.name}" + (" (verification)" if request.kind == "verify" else "")
     if not res.instance or not res.image:
-        raise SubmissionError(f"{where}: the bcp section needs `instance` and `image` (set them in pipelines.yaml "
-                              "under defaults.bcp or the stage's bcp:)")
+        raise missing_instance_error(where, "verification" if request.kind == "verify" else request.stage.name)
     if res.replicas > 1 and res.total_runtime is None:
         raise SubmissionError(f"{where}: replicas > 1 needs total_runtime")
     if request.kind == "stage":

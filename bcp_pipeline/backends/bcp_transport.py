@@ -339,6 +339,7 @@ def make_transport(options: BcpOptions) -> Transport:
     return CliTransport(options) if choose_transport(options) == "cli" else SdkTransport(options)
 
 
+NOTHING_DONE = "Nothing was submitted or recorded"  # how `run` ends a refusal made before a run is recorded
 SCOPED_KEY_PREFIX = "nvapi-"  # personal and service keys (ngcbase.constants): the bearer itself, one org each
 
 
@@ -362,7 +363,7 @@ def check_credentials(options: BcpOptions, environ: dict[str, str] | None = None
     if not ace:
         missing.append("an ACE (backends.bcp.ace, NGC_CLI_ACE, or `ngc config set`)")
     if missing:
-        raise ConfigError("the BCP backend is missing " + "; ".join(missing) + ". Nothing was submitted or recorded")
+        raise ConfigError("the BCP backend is missing " + "; ".join(missing) + f". {NOTHING_DONE}")
     if key.startswith(SCOPED_KEY_PREFIX):
         _check_key_org(transport or make_transport(options), key, org, ace[0])
 
@@ -391,8 +392,8 @@ def _check_key_org(transport: Transport, key: str, org: tuple[str, str], ace: st
             raise
         raise ConfigError(f"{exc}\n  The NGC API key (an nvapi- key) belongs to org {key_org!r}, but this run uses "
                           f"org {org[0]!r} (set in {org[1]}). Set backends.bcp.org: {key_org} in pipelines.yaml "
-                          f"(or NGC_CLI_ORG={key_org}), or use a key made in org {org[0]!r}. Nothing was submitted "
-                          "or recorded") from None
+                          f"(or NGC_CLI_ORG={key_org}), or use a key made in org {org[0]!r}. {NOTHING_DONE}"
+                          ) from None
 
 
 def scoped_key_org(key: str) -> str | None:

@@ -62,18 +62,23 @@ def check_backend_limits(name: str, config: Config, pipeline: PipelineConfig, re
     ACE's (instances, runtime, replicas, multi-node, array types; with `detach`, room for the driver and a stage
     job). Raises a ConfigError naming each stage, the limit and the `--set` that fixes it. After
     check_backend_ready: it needs the credentials that one checks."""
-    if name == "bcp" and requests:
+    if name == "bcp" and (requests or detach):
         from .bcp_ace import check_ace, refuse_violations
+        from .bcp_driver import driver_job_shape
 
-        refuse_violations(check_ace(config.options["bcp"], config.stages_dir, requests, detach=detach), pipeline.name)
+        driver = driver_job_shape(config.options["bcp"], pipeline) if detach else None
+        refuse_violations(check_ace(config.options["bcp"], config.stages_dir, requests, detach=detach,
+                                    driver=driver), pipeline.name)
 
 
-def describe_backend_limits(name: str, config: Config, requests: Sequence[JobRequest], *,
+def describe_backend_limits(name: str, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
                             detach: bool = False) -> Any:
     """`plan`'s view of the same check (an AceCheck on BCP: made when credentials are there, else why not); None
     for a backend with no such limits."""
     if name != "bcp":
         return None
     from .bcp_ace import plan_check
+    from .bcp_driver import driver_job_shape
 
-    return plan_check(config.options["bcp"], config.stages_dir, requests, detach=detach)
+    driver = driver_job_shape(config.options["bcp"], pipeline) if detach else None
+    return plan_check(config.options["bcp"], config.stages_dir, requests, detach=detach, driver=driver)

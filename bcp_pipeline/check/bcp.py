@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from ..backends import bcp_lookups as lookups
+from ..backends.bcp_driver import DRIVER_STAGE
 from ..backends.bcp_policy import PlannedJob, violations
 from ..backends.bcp_render import JobSpec
 from ..backends.bcp import account_of
@@ -23,6 +24,8 @@ from .context import CheckContext
 from .result import Row, different, ok, unchecked
 
 VERSION = re.compile(r"\b\d+\.\d+\.\d+\b")
+HTTP_ANSWER = re.compile(r"\b([45]\d\d) (?:Client|Server) Error: ([A-Za-z ]+?)(?= for url|$|:|\.)")
+NO_VERSION_COMMAND = "invalid choice: 'version'"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +60,7 @@ def planned_jobs(ctx: CheckContext) -> list[PlannedBcpJob]:
     if ctx.detach and ctx.pipeline is not None:
         from ..detach.jobs import driver_spec
 
-        jobs.append(PlannedBcpJob(stage="(driver)", kind="driver",
+        jobs.append(PlannedBcpJob(stage=DRIVER_STAGE, kind="driver",
                                   spec=driver_spec(ctx.config, ctx.pipeline, "CHECK", ctx.environ)))
     return jobs
 
@@ -99,6 +102,14 @@ def check_bcp(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, list[
 
 
 MASKED_KEY = re.compile(r"\s*Using API key: '[^']*'[^.]*\.?", re.I)  # ngcsdk shows the key's last characters
+
+
+def _answer(exc: BaseException) -> str:
+    """A failed call in a few words: the HTTP status and its name where the error carries them (`401
+    Unauthorized`), else its first line (ngc's error text runs to the URL, the client's usage, ...)."""
+    text = _reason(exc)
+    found = HTTP_ANSWER.search(text)
+    return f"{found.group(1)} {found.group(2)}" if found else text.split(" usage: ")[0][:120]
 
 
 def _reason(exc: BaseException) -> str:
@@ -198,7 +209,6 @@ def ace_facts(ace: dict) -> dict:
 
 
 INSTANCE_LIMITS = ("instances", "allowMultinode", "allowMultinodePreemptable", "multiNodeSupportedArrayTypes")
-DRIVER_FIX = re.compile(r"--set \(driver\)\.bcp\.(\w+)=(\S+)")
 
 
 def policy_rows(ace: dict, jobs: list[PlannedBcpJob], detach: bool) -> list[Row]:
@@ -240,8 +250,8 @@ def _grouped(found: list) -> str:
 
 
 def _fix_of(v) -> str:
-    """bcp_policy's fix, without its explanation in brackets (kept in `run`'s refusal), the driver's in its keys."""
-    return re.sub(r"\s*\([^)]*\)$", "", DRIVER_FIX.sub(r"set backends.bcp.driver.\1: \2", v.fix))
+    """bcp_policy's fix, without its explanation in brackets (kept in `run`'s refusal)."""
+    return re.sub(r"\s*\([^)]*\)$", "", v.fix)
 
 
 def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
@@ -293,7 +303,7 @@ def quota_text(transport: Transport, ace: str) -> str:
     try:
         quotas = lookups.storage_quota(transport)
     except BackendCallError as exc:
-        return f"quota unknown ({_reason(exc)[:120]})"
+        return f"storage quota not shown (`user storage` answered {_answer(exc)})"
     mine = [q for q in quotas if q.get("aceName") in (ace, None)] or quotas
     if not mine:
         return "quota unknown (none listed)"
@@ -337,7 +347,11 @@ def version_row(transport: Transport) -> Row:
     try:
         version = lookups.client_version(transport)
     except (BackendCallError, PipelineError) as exc:
-        return unchecked("client version", assumes, f"`ngc version info`: {_reason(exc)}"[:300])
+        if NO_VERSION_COMMAND in str(exc):  # argparse's refusal of the verb: ngcsdk's CLI code has no `version`
+            return unchecked("client version", assumes, "this `ngc` has no `version` command (ngcsdk's CLI code, as "
+                             "on the emulator; NVIDIA's standalone CLI has one), so its version is not recorded",
+                             "nothing to do: the look-ups above show it has base-command")
+        return unchecked("client version", assumes, f"`ngc version info` failed: {_answer(exc)}")
     if version == f"ngcsdk {SDK_VERSION}" or (transport.name == "cli" and VERSION.search(version)):
         return ok("client version", assumes, version)
     return different("client version", assumes, version, f"untested with this client: if calls fail, use ngcsdk "

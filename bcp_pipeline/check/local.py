@@ -10,6 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
+from ..config.resources import LocalResources
 from ..errors import CommandError
 from ..procs import run_command
 from .context import CheckContext
@@ -119,7 +120,17 @@ def cpu_row(ctx: CheckContext) -> Row:
     if processes <= cores:
         return ok("cpu", assumes, showed)
     return different("cpu", assumes, showed, f"it still runs, {processes / cores:.1f} processes per core: slower "
-                     f"than its estimate; --set {stage}.local.processes=N to fit")
+                     f"than its estimate; to fit: {fitting_sets(stage, ctx.pipeline.stages[stage].local, cores)}")
+
+
+def fitting_sets(stage: str, resources: LocalResources, cores: int) -> str:
+    """The --set options that give `stage` at most one process per core (its replicas first, then processes)."""
+    replicas = min(resources.replicas, cores)
+    processes = max(1, cores // replicas)
+    sets = [f"--set {stage}.local.{key}={value}" for key, value, now in
+            (("replicas", replicas, resources.replicas), ("processes", processes, resources.processes))
+            if value != now]
+    return " ".join(sets)
 
 
 def _gb(value: float) -> str:

@@ -22,13 +22,14 @@ from typing import Iterator
 from ..backends.slurm import HINT
 from ..backends.slurm_render import paths_for, shape
 from ..config.durations import parse_duration
-from ..errors import CommandError
+from ..errors import BackendCallError, CommandError
 from ..procs import run_command
 from .cleanup import always_cleaned_up
 from .context import CheckContext, job_label
 from .local import PROBE, MIN_STAGE_PYTHON, module_names
 from .result import Row, different, ok, unchecked
 
+INSTALL_COMMAND = "scripts/slurm-cluster install"  # the project's own single-node Slurm (README, "Slurm")
 PROBE_TASKS = 2
 PROBE_WAIT_SECONDS = 180.0  # a probe still queued after this is reported, and cancelled
 PROBE_LINE = re.compile(r"^BCPP-PROBE (.*)$", re.M)
@@ -39,9 +40,11 @@ def check_slurm(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, lis
         config = run_command(["scontrol", "show", "config"], timeout=60, hint=HINT).stdout
         partitions = read_partitions()
     except CommandError as exc:
-        row = different("controller", "Slurm's controller answers (scontrol, sinfo)", str(exc).splitlines()[0],
-                        "fix SLURM_CONF or the cluster; nothing else could be checked")
-        return {"cluster": "unreachable"}, [row], {}, []
+        # Nothing was learnt about a cluster, so no profile is saved: a backend would read it as this cluster's
+        raise BackendCallError(f"check: Slurm's controller does not answer ({str(exc).splitlines()[0]}). On this "
+                               f"machine `{INSTALL_COMMAND}`, then `eval \"$(scripts/slurm-cluster start)\"`, give "
+                               "a single-node Slurm; elsewhere point SLURM_CONF at the cluster's slurm.conf. No "
+                               "profile was saved") from None
     cluster = re.search(r"^ClusterName\s*=\s*(\S+)", config, re.M)
     target = {"cluster": cluster.group(1) if cluster else "unnamed"}
     rows = [partition_row(ctx, partitions), test_only_row(ctx), pyxis_row(ctx)]

@@ -15,15 +15,18 @@ import argparse
 import json
 import os
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from ..config.pipelines import DEFAULT_CONFIG_FILE
+from ..config.resources import DriverOptions
 from ..engine.state import store_for
 
 # A completer gets the arguments parsed so far and returns candidates, each with a description (shown by zsh).
 Candidates = dict[str, str]
 Completer = Callable[[argparse.Namespace], Candidates]
+DRIVER_KEYS = tuple(field.name for field in fields(DriverOptions))
 
 
 def enable_completion(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +57,7 @@ def attach_completers(parser: argparse.ArgumentParser) -> None:
         "stage": _safe(stage_names),
         "from_stage": _safe(stage_names),
         "only": _safe(stage_names),
+        "overrides": _safe(override_keys),
         "config": FilesCompleter(("yaml", "yml")),
         "state_dir": DirectoriesCompleter(),
     }
@@ -100,12 +104,33 @@ def stage_names(args: argparse.Namespace) -> Candidates:
     run = getattr(args, "run", None)
     pipeline = getattr(args, "pipeline", None)
     if run:
-        stages = {str(name): "" for name in _mapping(_run_state(args, run).get("stages"))}
+        state = _run_state(args, run)
+        stages = {str(name): "" for name in _mapping(state.get("stages"))}
+        if state.get("detached") and getattr(args, "command", None) == "logs":
+            stages.setdefault("driver", "the detached run's driver job")
     else:
         pipelines = _pipelines(args)
         chosen = [pipelines[pipeline]] if pipeline in pipelines else list(pipelines.values())
         stages = {str(name): _description(body) for p in chosen for name, body in _mapping(p.get("stages")).items()}
     return {name: about for name, about in stages.items() if name not in (getattr(args, "only", None) or ())}
+
+
+def override_keys(args: argparse.Namespace) -> Candidates:
+    """What `--set` reaches in the pipeline on the line: `STAGE.KEY=` for each key a stage (or a backend section
+    of it, defaults merged) writes, `vars.NAME=` and the --detach driver's `backends.bcp.driver.KEY=`."""
+    pipelines = _pipelines(args)
+    body = pipelines.get(getattr(args, "pipeline", None) or "") or {}
+    defaults = _mapping(body.get("defaults"))
+    candidates: Candidates = {f"vars.{name}=": f"now {value}" for name, value in _mapping(body.get("vars")).items()}
+    for stage, stage_body in _mapping(body.get("stages")).items():
+        for key, value in _mapping(stage_body).items():
+            if isinstance(value, dict) or key in defaults:
+                merged = {**_mapping(defaults.get(key)), **_mapping(value)}
+                candidates.update({f"{stage}.{key}.{inner}=": f"now {merged[inner]}" for inner in merged})
+            else:
+                candidates[f"{stage}.{key}="] = ""
+    candidates.update({f"backends.bcp.driver.{name}=": "the --detach driver job" for name in DRIVER_KEYS})
+    return candidates
 
 
 # -- reading the files -------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from ..config.resources import rank_layout
 from ..config.profiling import DEFAULT_STEPS, PROFILE_SUFFIX, parse_window, profile_overrides, profiled_stage
 from ..detach.jobs import driver_spec
 from ..detach.laptop import DetachedRun, DriverView, render_driver
-from ..detach.protocol import workspace_run_path
+from ..detach.protocol import SNAPSHOT_PREFIX, workspace_run_path
 from ..engine.drive import cancel_run, drive_run, refresh_jobs, verify_stage
 from ..engine.selection import ChosenRun, RunRequest, choose_resume, choose_run, open_run, run_config
 from ..engine.state import RunState, RunStore, store_for
@@ -40,6 +41,9 @@ from ..report.text import Reporter, format_table, render_estimates, render_statu
 from .completion import enable_completion
 
 PLAN_RUN_ID = "{pipeline}-RUN"
+RUN_HELP = "run id (default: the latest run; `bcp-pipeline list` shows them)"
+NAMED_RUN_HELP = "run id (named, not guessed: `bcp-pipeline list` shows them)"
+JSON_HELP = "print one JSON document instead of tables (for scripts)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,34 +74,36 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", parents=[after_verb],
                           help="print every job exactly as it would be submitted; submits nothing")
     with_pipeline_options(plan)
-    plan.add_argument("--json", action="store_true")
+    plan.add_argument("--json", action="store_true", help=JSON_HELP)
     plan.add_argument("--detach", action="store_true", help="also show the driver job `run --detach` submits")
 
     status = sub.add_parser("status", parents=[after_verb], help="stages, jobs, progress and verification of a run")
-    status.add_argument("run", nargs="?", help="run id (default: the latest run)")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("run", nargs="?", help=RUN_HELP)
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
 
     resume = sub.add_parser("resume", parents=[after_verb], help="re-attach to a run's jobs and continue it")
-    resume.add_argument("run", nargs="?", help="run id (default: the latest run)")
+    resume.add_argument("run", nargs="?", help=RUN_HELP)
     resume.add_argument("--detach", action="store_true",
                         help="BCP: continue under a new driver job (without it, a detached run is taken back here)")
 
     logs = sub.add_parser("logs", parents=[after_verb], help="a stage's job log")
-    logs.add_argument("run")
+    logs.add_argument("run", help=NAMED_RUN_HELP)
     logs.add_argument("stage", help="a stage, or `driver` for a detached run's driver job")
-    logs.add_argument("--rank", type=int, help="one rank/replica only")
+    logs.add_argument("--rank", type=at_least(0), help="one rank/replica only (0, 1, ...)")
     logs.add_argument("--verify", action="store_true", help="the verification job's log")
-    logs.add_argument("--tail", type=int, help="last N lines")
+    logs.add_argument("--tail", type=at_least(1), metavar="N", help="last N lines (N >= 1)")
+    logs.add_argument("--state-lines", action="store_true",
+                      help="driver: also the BCPP-STATE lines (the run state the driver publishes), hidden otherwise")
 
     cancel = sub.add_parser("cancel", parents=[after_verb], help="stop a run's active jobs")
-    cancel.add_argument("run")
+    cancel.add_argument("run", help=NAMED_RUN_HELP)
 
     lst = sub.add_parser("list", parents=[after_verb], help="pipelines in the config file and runs so far")
-    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--json", action="store_true", help=JSON_HELP)
 
     report = sub.add_parser("report", parents=[after_verb],
                             help="one self-contained HTML page: job timeline, loss curve, throughput, estimates")
-    report.add_argument("run", nargs="?", help="run id (default: the latest run)")
+    report.add_argument("run", nargs="?", help=RUN_HELP)
     report.add_argument("--out", metavar="FILE", help="where to write it (default: RUNS/RUN/report.html)")
 
     profile = sub.add_parser("profile", parents=[after_verb],
@@ -111,21 +117,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", parents=[after_verb],
                             help="run a stage's verification again and record the result")
-    verify.add_argument("run")
-    verify.add_argument("stage")
+    verify.add_argument("run", help=NAMED_RUN_HELP)
+    verify.add_argument("stage", help="the stage whose outputs to count again")
 
     check = sub.add_parser("check", parents=[after_verb],
                            help="first contact: check every assumption the orchestrator makes about this service "
                                 "(and this pipeline), save the answers as a profile")
-    check.add_argument("pipeline", nargs="?", help="a pipeline whose jobs to check too (default: the service only)")
-    check.add_argument("--backend", choices=BACKENDS, help="which service (default: the pipeline's `backend`)")
-    check.add_argument("--json", action="store_true")
+    check.add_argument("pipeline", nargs="?", help="a pipeline whose jobs to check too; without one, only the "
+                                                   "service named by --backend is checked")
+    check.add_argument("--backend", choices=BACKENDS,
+                       help="which service (default: the pipeline's `backend`; needed when no PIPELINE is named)")
+    check.add_argument("--json", action="store_true", help=JSON_HELP)
     check.add_argument("--no-jobs", dest="jobs", action="store_false",
                        help="submit no probe job: only look-ups (free)")
     check.add_argument("--detach", action="store_true", help="BCP: also judge the ACE for `run --detach`'s driver")
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.KEY=VALUE",
                        help="check the pipeline as `run --set` would run it")
     return parser
+
+
+def at_least(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `least` (`--tail -1` is a usage error, not a silent whole log)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got {value}")
+        return value
+
+    return parse
 
 
 def add_global_options(parser: argparse.ArgumentParser, default: object) -> None:
@@ -141,7 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     enable_completion(parser)  # answers a shell's <TAB> and exits; returns at once otherwise
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, where a reader that left is caught, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader left (`status | head`): what it did not read is not an error. Python would report the pipe
+        # again when it flushes stdout at exit, so stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe stopped
     except PipelineError as exc:
         print(f"bcp-pipeline: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -182,6 +212,10 @@ def drive(chosen: ChosenRun) -> int:
 
 # -- commands -------------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.from_stage and args.only:
+        raise ConfigError(f"--from {args.from_stage} and --only {' --only '.join(args.only)} select stages two "
+                          "ways; use one: --from STAGE runs STAGE and everything after it, --only STAGE (repeatable) "
+                          "runs just the stages named")
     request = RunRequest(pipeline=args.pipeline, config_file=config_file(args), backend=args.backend,
                          overrides=args.overrides, from_stage=args.from_stage, only=args.only, restart=args.restart,
                          detach=args.detach)
@@ -260,7 +294,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     driver = planned_driver(config, pipeline, run_id) if args.detach else None
     # The service's limits (BCP: the ACE's) when the credentials are there; on stderr, so the plan itself reads
     # the same wherever it is made. A job they refuse makes the plan fail, as `run` would.
-    limits = describe_backend_limits(backend_name, config, requests, detach=args.detach)
+    limits = describe_backend_limits(backend_name, config, pipeline, requests, detach=args.detach)
     # What the saved `check` profile of this service rules out: `run` refuses exactly these (on stderr, as above).
     ruled_out = backend.refusals(submissions, detach=args.detach)
     refused = bool(limits and limits.violations) or bool(ruled_out)
@@ -516,11 +550,23 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if args.stage == "driver" and args.stage not in state.stages:
             if view.latest is None:
                 raise StateError(f"run {state.run_id} has no driver job")
-            print(backend.logs(view.latest.job_id, tail=args.tail))
+            text = backend.logs(view.latest.job_id, tail=args.tail if args.state_lines else None)
+            print(text if args.state_lines else without_state_lines(text, args.tail))
             return 0
     job = stage_job(state, args.stage, args.verify)
     print(backend.logs(job.job_id, rank=args.rank, tail=args.tail))
     return 0
+
+
+def without_state_lines(log: str, tail: int | None) -> str:
+    """A driver's log for people: its BCPP-STATE lines (the whole run state after each save, KBs each, for the
+    laptop to read back) replaced by one count, then the last `tail` lines."""
+    lines = log.splitlines()
+    kept = [line for line in lines if not line.startswith(SNAPSHOT_PREFIX)]
+    hidden = len(lines) - len(kept)
+    kept = kept[-tail:] if tail else kept
+    return "\n".join(kept + ([f"({hidden} {SNAPSHOT_PREFIX.strip()} line(s) hidden: --state-lines shows them)"]
+                             if hidden else []))
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

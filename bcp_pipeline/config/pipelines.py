@@ -35,7 +35,7 @@ import yaml
 from ..errors import ConfigError
 from .resources import OPTION_TYPES, RESOURCE_TYPES, BcpResources, GridEngineResources, LocalResources, SlurmResources
 from .resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
-from .typed import Duration, Where, build, field_names
+from .typed import Duration, Where, build, field_names, shown
 from .yaml_lines import LineDict, load_yaml_with_lines
 
 DEFAULT_CONFIG_FILE = Path("pipelines.yaml")  # what every command reads without --config
@@ -43,6 +43,7 @@ DEFAULT_CONFIG_FILE = Path("pipelines.yaml")  # what every command reads without
 PLACEHOLDER = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
 BUILTIN_PLACEHOLDERS = ("workspace", "results", "code", "run_id", "stage", "python")
 STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
+OPTIONS_PREFIX = "backends."  # `--set backends.bcp.driver.total_runtime=1H`: backend-wide options, not a stage
 
 
 @dataclass(kw_only=True)
@@ -249,6 +250,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None, pipeline: 
         raise top.error("expected a mapping with keys version, stages_dir, backends, pipelines")
     _check_top_keys(raw, top)
     stages_dir = (file.parent / str(raw.get("stages_dir", "stages"))).resolve()
+    option_overrides = [item for item in overrides or [] if item.strip().startswith(OPTIONS_PREFIX)]
+    overrides = [item for item in overrides or [] if item not in option_overrides]
+    if option_overrides:
+        raw["backends"] = apply_option_overrides(raw.get("backends") or LineDict(), option_overrides, str(file))
     options = _load_options(raw.get("backends") or {}, top.child("backends", raw))
     pipelines_raw = raw.get("pipelines")
     where_pipelines = top.child("pipelines", raw)
@@ -322,7 +327,7 @@ def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> Pipel
     body = {k: v for k, v in raw.items() if k not in ("stages", "verification")}
     pipeline = build(PipelineConfig, body, where, name=name, stages=stages,
                      verification=build(VerificationResources, verification_raw, where.child("verification", raw)))
-    _validate_pipeline(pipeline, stages_raw, where_stages, stages_dir)
+    _validate_pipeline(pipeline, stages_raw, where_stages, stages_dir, getattr(raw.get("vars"), "key_origins", {}))
     _validate_estimates(pipeline, raw.get("estimates") or {}, where.child("estimates", raw))
     return pipeline
 
@@ -337,7 +342,7 @@ def _merge_backend_sections(body: Any, defaults: dict, where: Where) -> Any:
     for backend, default_section in defaults.items():
         own = body.get(backend)
         if own is not None and not isinstance(own, dict):
-            raise where.child(backend, body).error(f"expected a mapping of {backend} resources, got {own!r}")
+            raise where.child(backend, body).error(f"expected a mapping of {backend} resources, got {shown(own)}")
         merged[backend] = deep_merge(default_section or {}, own or {})
     return merged
 
@@ -359,37 +364,73 @@ def deep_merge(base: dict, top: dict) -> LineDict:
 def apply_overrides(pipeline_raw: Any, overrides: list[str], file: str) -> Any:
     """Apply `--set STAGE.KEY[.KEY]=VALUE` (or `vars.NAME=VALUE`); VALUE is parsed as YAML."""
     for item in overrides:
-        path_text, sep, value_text = item.partition("=")
-        parts = [p for p in path_text.strip().split(".") if p]
-        if not sep or len(parts) < 2:
-            raise ConfigError(f"--set {item!r}: expected STAGE.KEY=VALUE or vars.NAME=VALUE", file=file)
-        try:
-            value = yaml.safe_load(value_text) if value_text.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {item!r}: VALUE is not valid YAML ({exc})", file=file) from None
+        parts, value = _parse_override(item)
         stages = pipeline_raw.get("stages") or {}
         if parts[0] == "vars":
             container = pipeline_raw.setdefault("vars", LineDict())
         elif parts[0] in stages:
             container = stages[parts[0]]
         else:
-            raise ConfigError(f"--set {item!r}: no stage {parts[0]!r}; stages: {', '.join(stages)} (or vars.NAME)",
-                              file=file)
-        for part in parts[1:-1]:
-            nxt = container.get(part)
-            if nxt is None:
-                nxt = container[part] = LineDict()
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"--set {item!r}: {part!r} is not a mapping", file=file)
-            container = nxt
-        if not hasattr(container, "key_origins"):
-            container.key_origins = {}  # type: ignore[attr-defined]
-        container[parts[-1]] = value
-        container.key_origins[parts[-1]] = f"--set {item}"  # type: ignore[attr-defined]
+            raise ConfigError(f"no stage {parts[0]!r}; stages: {', '.join(stages)} (or vars.NAME, or "
+                              f"{OPTIONS_PREFIX}BACKEND.KEY)", file=f"--set {item}")
+        _set_at(container, parts[1:], value, item)
     return pipeline_raw
 
 
-def _validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, stages_dir: Path) -> None:
+def apply_option_overrides(backends_raw: Any, overrides: list[str], file: str) -> Any:
+    """Apply `--set backends.BACKEND.KEY[.KEY]=VALUE` to the file's `backends:` section (e.g. the --detach
+    driver's `backends.bcp.driver.total_runtime`)."""
+    if not isinstance(backends_raw, dict):
+        raise ConfigError("backends: expected a mapping of backend names to options", file=file)
+    for item in overrides:
+        parts, value = _parse_override(item)
+        if len(parts) < 3 or parts[1] not in OPTION_TYPES:
+            raise ConfigError(f"expected backends.BACKEND.KEY=VALUE with BACKEND one of {', '.join(OPTION_TYPES)}",
+                              file=f"--set {item}")
+        section = backends_raw.get(parts[1])
+        if section is None:
+            section = backends_raw[parts[1]] = LineDict()
+        if not isinstance(section, dict):
+            raise ConfigError(f"backends.{parts[1]} is not a mapping in the file", file=f"--set {item}")
+        _set_at(section, parts[2:], value, item)
+    return backends_raw
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    """`A.B.C=VALUE` as its key path and its YAML value; a ConfigError naming the --set when either is bad."""
+    path_text, sep, value_text = item.partition("=")
+    parts = [p for p in path_text.strip().split(".") if p]
+    if not sep or len(parts) < 2:
+        raise ConfigError("expected STAGE.KEY=VALUE, vars.NAME=VALUE or backends.BACKEND.KEY=VALUE",
+                          file=f"--set {item}")
+    try:
+        return parts, (yaml.safe_load(value_text) if value_text.strip() else "")
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"VALUE {value_text!r} is not valid YAML ({problem}); quote it for the shell and YAML, "
+                          "e.g. --set 'KEY=\"text: with colon\"'", file=f"--set {item}") from None
+
+
+def _set_at(container: Any, keys: list[str], value: Any, item: str) -> None:
+    """Set `value` at the key path `keys` under `container`, making mappings on the way; remembers that the value
+    came from `--set item`, so an error about it names the --set, not a line of the file."""
+    for part in keys[:-1]:
+        nxt = container.get(part)
+        if nxt is None:
+            nxt = container[part] = LineDict()
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{part!r} is not a mapping", file=f"--set {item}")
+        container = nxt
+    if not hasattr(container, "key_origins"):
+        container.key_origins = {}  # type: ignore[attr-defined]
+    container[keys[-1]] = value
+    container.key_origins[keys[-1]] = f"--set {item}"  # type: ignore[attr-defined]
+
+
+def _validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, stages_dir: Path,
+                       var_origins: dict[str, str]) -> None:
+    """`var_origins`: the vars given by --set (name -> `--set vars.NAME=VALUE`), which a bad value made of them
+    is blamed on."""
     from .dag import find_cycle
 
     names = set(pipeline.stages)
@@ -405,10 +446,12 @@ def _validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where,
                 f"stage program {stage.program!r} not found in {stages_dir}")
         _validate_placeholders(pipeline, stage, body, stage_where)
         _validate_bcp(stage.bcp, stage_where.child("bcp", body) if "bcp" in body else stage_where)
+        _validate_counts(stage, body, stage_where)
         if stage.continuation:
             validate_continuation(pipeline, stage.continuation, stage_where.child("continuation", body))
         for index, check in enumerate(stage.verify):
-            _validate_check(pipeline, stage, check, stage_where.child("verify", body).child(index, body["verify"]))
+            _validate_check(pipeline, stage, check, stage_where.child("verify", body).child(index, body["verify"]),
+                            var_origins)
     cycle = find_cycle({name: stage.needs for name, stage in pipeline.stages.items()})
     if cycle:
         first = cycle[0]
@@ -433,6 +476,24 @@ def _validate_placeholders(pipeline: PipelineConfig, stage: StageConfig, body: d
                 raise where.child(key, body).error(
                     f"unknown placeholder ${{{name}}} in {text!r}; known: {', '.join(sorted(known))} "
                     "(upper-case ${NAME} is left for the job's shell)")
+
+
+COUNTS = {"local": ("replicas", "processes"), "slurm": ("nodes", "ntasks_per_node", "cpus_per_task")}
+
+
+def _validate_counts(stage: StageConfig, body: Any, where: Where) -> None:
+    """Local and Slurm counts of processes, nodes and CPUs are >= 1 where set (BCP's: _validate_bcp), named at
+    their line or --set."""
+    for backend, keys in COUNTS.items():
+        resources = stage.resources(backend)
+        section = body.get(backend) if isinstance(body, dict) else None
+        section_where = where.child(backend, body) if isinstance(section, dict) else where
+        for key in keys:
+            value = getattr(resources, key)
+            if value is not None and value < 1:
+                at = section_where.child(key, section) if isinstance(section, dict) and key in section else where
+                raise at.error(f"{backend}.{key} must be >= 1, got {value}" if at is where else
+                               f"must be >= 1, got {value}")
 
 
 def _validate_bcp(res: BcpResources, where: Where) -> None:
@@ -490,7 +551,14 @@ def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, 
         raise where.error(f"target_steps ({target}) and max_attempts ({continuation.max_attempts}) must be >= 1")
 
 
-def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, where: Where) -> None:
+def _blamed(where: Where, text: str, var_origins: dict[str, str]) -> Where:
+    """Where to blame a bad value written as `text`: the --set of a var it is made of, if any, else `where`."""
+    given = [var_origins[name] for name in PLACEHOLDER.findall(text) if name in var_origins]
+    return Where(given[0], where.key, None) if given else where
+
+
+def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, where: Where,
+                    var_origins: dict[str, str]) -> None:
     if (check.expect is None) == (check.expect_from is None):
         raise where.error("give exactly one of expect (a number) or expect_from (an upstream stage)")
     if check.expect_from is not None:
@@ -503,12 +571,13 @@ def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, 
     for key in ("expect", "group"):
         value = getattr(check, key)
         if value is not None:
+            blamed = _blamed(where, str(value), var_origins)
             try:
                 number = resolve_int(str(value), pipeline.vars)
             except ValueError as exc:
-                raise where.error(f"{key}: {exc}") from None
+                raise blamed.error(f"{key}: {exc}") from None
             if number < (0 if key == "expect" else 1):
-                raise where.error(f"{key} must be >= {0 if key == 'expect' else 1}, got {number}")
+                raise blamed.error(f"{key} {value} must be >= {0 if key == 'expect' else 1}, got {number}")
 
 
 def substitute(text: str, values: dict[str, str]) -> str:

@@ -11,6 +11,8 @@ import types
 import typing
 from typing import Any, Literal, NewType, Union, get_args, get_origin, get_type_hints
 
+import yaml
+
 from .durations import parse_duration
 from ..errors import ConfigError
 from .yaml_lines import line_of
@@ -69,10 +71,10 @@ def convert(tp: Any, value: Any, where: Where) -> Any:
                 return convert(option, value, where)
             except ConfigError as exc:
                 errors.append(exc)
-        raise errors[0] if len(errors) == 1 else where.error(f"expected {_type_name(tp)}, got {value!r}")
+        raise errors[0] if len(errors) == 1 else where.error(f"expected {_type_name(tp)}, got {shown(value)}")
     if tp is Duration:
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise where.error(f"expected a duration such as 10h, 5D or 1h30m, got {value!r}")
+            raise where.error(f"expected a duration such as 10h, 5D or 1h30m, got {shown(value)}")
         try:
             parse_duration(value)
         except ValueError as exc:
@@ -84,11 +86,11 @@ def convert(tp: Any, value: Any, where: Where) -> Any:
         return value
     if origin is list:
         if not isinstance(value, list):
-            raise where.error(f"expected a list, got {type(value).__name__} {value!r}")
+            raise where.error(f"expected a list, got {shown(value)}")
         return [convert(get_args(tp)[0], item, where.child(i, value)) for i, item in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise where.error(f"expected a mapping, got {type(value).__name__} {value!r}")
+            raise where.error(f"expected a mapping, got {shown(value)}")
         value_type = get_args(tp)[1]
         return {str(k): convert(value_type, v, where.child(k, value)) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
@@ -96,23 +98,43 @@ def convert(tp: Any, value: Any, where: Where) -> Any:
     return _scalar(tp, value, where)
 
 
+def shown(value: Any) -> str:
+    """A value as YAML read it, in YAML's own flow style (as it could be written in the file or a --set), after
+    what kind of value that is: `a mapping {a: 1}`, `a list [1, 2]`, `text 'two'`; never a Python repr."""
+    kind = ("a mapping" if isinstance(value, dict) else "a list" if isinstance(value, list) else
+            "nothing" if value is None else "true/false" if isinstance(value, bool) else
+            "a number" if isinstance(value, (int, float)) else "text")
+    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=1 << 20).strip()
+    text = text.removesuffix("...").strip()  # the document-end marker YAML adds after a lone scalar
+    return f"{kind} {text}" if len(text) <= 200 else f"{kind} {text[:200]}..."
+
+
+def _plain(value: Any) -> Any:
+    """`value` with YAML's line-keeping dicts and lists as plain ones, which safe_dump represents."""
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
 def _scalar(tp: Any, value: Any, where: Where) -> Any:
     if tp is str:
         # Numbers are accepted where text is expected (args like `--chunks 1`), booleans are not: `yes` is a trap.
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise where.error(f"expected text, got {type(value).__name__} {value!r}")
+            raise where.error(f"expected text, got {shown(value)}")
         return str(value)
     if tp is bool:
         if not isinstance(value, bool):
-            raise where.error(f"expected true or false, got {value!r}")
+            raise where.error(f"expected true or false, got {shown(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise where.error(f"expected an integer, got {type(value).__name__} {value!r}")
+            raise where.error(f"expected an integer, got {shown(value)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise where.error(f"expected a number, got {type(value).__name__} {value!r}")
+            raise where.error(f"expected a number, got {shown(value)}")
         return float(value)
     if tp is typing.Any:
         return value
@@ -124,7 +146,7 @@ def build(cls: type, raw: Any, where: Where, **extra: Any) -> Any:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise where.error(f"expected a mapping with keys {', '.join(field_names(cls))}, got {raw!r}")
+        raise where.error(f"expected a mapping with keys {', '.join(field_names(cls))}, got {shown(raw)}")
     hints = get_type_hints(cls, include_extras=False)
     valid = field_names(cls)
     unknown = [k for k in raw if k not in valid]

@@ -9,18 +9,20 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..atomic import atomic_write_json
 from ..backends.bcp import labels_of, status_of
+from ..backends.bcp_driver import driver_job_shape
 from ..backends.bcp_render import JobSpec, label
 from ..backends.bcp_transport import Transport, read_ngc_config
 from ..backends.common import shell_join
 from ..backends.retries import with_retries
-from ..config.durations import format_duration, parse_duration
+from ..config.durations import parse_duration
 from ..config.pipelines import Config, PipelineConfig
-from ..errors import ConfigError, StateError, SubmissionError
+from ..errors import StateError
 from .protocol import DRIVER_FOLDER, DRIVER_KIND, workspace_run_path
 
 LEASE_POLL_SECONDS = 2.0
@@ -30,29 +32,20 @@ def driver_spec(config: Config, pipeline: PipelineConfig, run_id: str, environ: 
     """The driver job of run `run_id`: no key anywhere in it, only the name of the secret that holds one."""
     options = config.options["bcp"]
     driver = options.driver
-    verification = pipeline.verification.bcp
-    instance, image = driver.instance or verification.instance, driver.image or verification.image
-    if not instance or not image:
-        raise SubmissionError(f"pipeline {pipeline.name}: the driver job needs an instance and an image: set "
-                              "backends.bcp.driver.instance/image, or the pipeline's verification bcp section")
+    shape = driver_job_shape(options, pipeline)
     runtime, before = parse_duration(driver.total_runtime), parse_duration(driver.handover_before)
-    if before >= runtime:
-        raise ConfigError(f"backends.bcp.driver.handover_before ({driver.handover_before}) must be shorter than "
-                          f"its total_runtime ({driver.total_runtime})", file=str(config.file))
     mount = pipeline.workspace.mount.rstrip("/")
     program = [driver.python or options.python, "-m", "bcp_pipeline.detach.driver", "--workspace-root", mount,
                "--run", run_id, "--hand-over-after", str(runtime - before),
                *(["--install"] if driver.install_ngcsdk else [])]
     folder = f"{mount}/{workspace_run_path(run_id)}/{DRIVER_FOLDER}"
     settings = ngc_settings(options.org, options.team, options.ace, environ)
-    return JobSpec(
-        name=f"{pipeline.name}.driver", image=image, instance=instance, result="/results",
-        commandline=f"cd {shlex.quote(folder)} && exec {shell_join(program)}",
-        workspaces=(f"{pipeline.workspace.name}:{mount}:RW",), total_runtime=format_duration(runtime),
-        priority=driver.priority, labels=(label("run", run_id), label("kind", DRIVER_KIND)),
+    return replace(
+        shape, commandline=f"cd {shlex.quote(folder)} && exec {shell_join(program)}",
+        workspaces=(f"{pipeline.workspace.name}:{mount}:RW",),
+        labels=(label("run", run_id), label("kind", DRIVER_KIND)),
         secrets=(f"{driver.secret}:{driver.secret_key}:NGC_CLI_API_KEY",),
         env=tuple(f"{key}:{value}" for key, value in settings.items()),
-        org=options.org, team=options.team, ace=options.ace,
     )
 
 

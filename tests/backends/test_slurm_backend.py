@@ -16,7 +16,7 @@ from bcp_pipeline.backends.slurm import STATE_MAP, SlurmBackend, decode_exit, fa
 from bcp_pipeline.backends.slurm_render import job_name, nemo_launcher_script, slurm_time
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
-from bcp_pipeline.errors import CommandError, SubmissionError
+from bcp_pipeline.errors import ConfigError, CommandError, SubmissionError
 from bcp_pipeline.backends.contract import JobRequest, JobState, JobStatus
 from bcp_pipeline.config.preflight import load_and_check
 from golden_files import REPO, assert_golden, normalize
@@ -202,9 +202,9 @@ def test_bad_env_name_and_sizes_are_refused(tmp_path):
     backend, request = backend_and_request(tmp_path, "odd.slurm.env={'A-B': x}")
     with pytest.raises(SubmissionError, match="'A-B' is not a shell variable name"):
         backend.render(request)
-    backend, request = backend_and_request(tmp_path, "odd.slurm.nodes=0")
-    with pytest.raises(SubmissionError, match="must be >= 1"):
-        backend.render(request)
+    # a count below 1 is refused with the config itself, naming the --set (issue 27), before any rendering
+    with pytest.raises(ConfigError, match=r"^--set odd\.slurm\.nodes=0: .*slurm\.nodes: must be >= 1, got 0$"):
+        backend_and_request(tmp_path, "odd.slurm.nodes=0")
 
 
 def test_small_pure_pieces():

@@ -43,6 +43,12 @@ def test_no_jobs_check_of_the_emulated_ace(tmp_path, fake, capsys):
     saved = json.loads((tmp_path / "project" / ".bcp-pipeline" / "checks" / f"{org}-{ace}.json").read_text())
     assert saved["rows"] == payload["rows"]
     assert not fake.requests("POST", "/v2/org/*/jobs") and not fake.jobs()  # --no-jobs: nothing was submitted
+    # each row says what was learned in one readable line: no raw client error, URL or argparse usage
+    for row in rows.values():
+        assert not any(noise in row["showed"] for noise in ("usage:", "for url", "Invalid SAK", "exited")), row
+    assert rows["workspace"]["showed"].startswith("demo: 0.0 GB used; ")
+    if fake.transport == "cli":
+        assert rows["client version"]["showed"].startswith("this `ngc` has no `version` command"), rows
 
 
 def test_what_the_ace_lacks_is_different(tmp_path, fake, capsys):

@@ -3,8 +3,10 @@ the saved profile; what is not recognised is `different`, never ok."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -81,3 +83,16 @@ def test_check_needs_a_pipeline_or_a_backend(tmp_path, capsys):
     assert "name a pipeline" in capsys.readouterr().err
     assert main(["--config", str(config), "check", "--backend", "local"]) == 0
     assert "orchestrator python" not in capsys.readouterr().out  # the table shows the assumption, not the topic
+
+
+def test_a_stage_wider_than_the_cores_gets_the_set_that_fits_it(tmp_path):
+    """The demo's download (2 x 2 processes) on one usable core: the row names the numbers, not `N`."""
+    config = project(tmp_path)
+    one_core = min(os.sched_getaffinity(0))
+    done = subprocess.run([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "check", "demo", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {one_core}))
+    cpu = rows(json.loads(done.stdout))["cpu"]
+    assert cpu["verdict"] == "different" and "1 usable core(s)" in cpu["showed"], cpu
+    assert cpu["meaning"].endswith("to fit: --set download.local.replicas=1 --set download.local.processes=1"), cpu
+    assert "=N" not in cpu["meaning"]

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bcp_pipeline.cli.completion import pipeline_names, run_ids, stage_names
+from bcp_pipeline.cli.completion import override_keys, pipeline_names, run_ids, stage_names
 
 BIN = Path(sys.executable).parent
 COMMAND = BIN / "bcp-pipeline"
-VERBS = ["run", "plan", "status", "resume", "logs", "cancel", "list", "report", "verify", "check"]
+VERBS = ["run", "plan", "status", "resume", "logs", "cancel", "list", "report", "profile", "verify", "check"]
 CONFIG = """\
 version: 1
 x-stages: &stages
@@ -29,9 +29,11 @@ pipelines:
       pipeline"
     stages: *stages
   beta:
+    vars: {files: 8}
+    defaults: {local: {processes: 2}}
     stages:
       <<: *stages
-      report: {program: report.py, needs: [train]}
+      report: {program: report.py, needs: [train], local: {replicas: 3}}
 """
 OTHER_CONFIG = "version: 1\npipelines:\n  gamma: {stages: {only-stage: {program: x.py}}}\n"
 RUN_ID = "alpha-20250102-030405-abcd"
@@ -93,6 +95,26 @@ def test_runs_of_the_state_folder(project: Path, tmp_path_factory: pytest.TempPa
     (elsewhere / "runs" / "beta-1").mkdir(parents=True)
     (elsewhere / "runs" / "beta-1" / "state.json").write_text("{}")
     assert list(run_ids(args(project, state_dir=str(elsewhere)))) == ["beta-1"]
+
+
+def test_set_offers_the_keys_the_pipeline_writes_with_their_values(project: Path) -> None:
+    found = override_keys(args(project, pipeline="beta"))
+    assert found["vars.files="] == "now 8"
+    assert found["report.local.replicas="] == "now 3" and found["report.local.processes="] == "now 2"
+    assert "report.program=" in found and "fetch.description=" in found
+    assert found["backends.bcp.driver.total_runtime="] == "the --detach driver job"
+    assert candidates(project, "bcp-pipeline run beta --set report.local.") == ["report.local.processes=",
+                                                                                "report.local.replicas="]
+
+
+def test_logs_of_a_detached_run_offer_its_driver(project: Path) -> None:
+    run_dir = project / ".bcp-pipeline" / "runs" / "alpha-detached"
+    run_dir.mkdir()
+    (run_dir / "state.json").write_text(json.dumps({"run_id": "alpha-detached", "pipeline": "alpha",
+                                                    "detached": {"owner": "driver"}, "stages": {"fetch": {}}}))
+    assert candidates(project, "bcp-pipeline logs alpha-detached ") == ["fetch", "driver"]
+    assert candidates(project, f"bcp-pipeline logs {RUN_ID} ") == ["fetch", "train"]  # not detached: no driver
+    assert candidates(project, "bcp-pipeline verify alpha-detached ") == ["fetch"]  # a driver has no verification
 
 
 # -- the command answering the shell ---------------------------------------------------------------------------------

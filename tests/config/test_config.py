@@ -87,7 +87,7 @@ def test_unknown_backend_resource_key(tmp_path):
 def test_wrong_type(tmp_path):
     text = CHAIN_CONFIG.replace("local: {replicas: 1, processes: 3}", "local: {replicas: two}")
     message = error_of(tmp_path, text)
-    assert f"pipelines.yaml:{line_no(text, 'replicas: two')}:" in message and "stages.second.local.replicas" in message and "expected an integer, got str 'two'" in message
+    assert f"pipelines.yaml:{line_no(text, 'replicas: two')}:" in message and "stages.second.local.replicas" in message and "expected an integer, got text two" in message
 
 
 def test_unknown_needs(tmp_path):
@@ -218,3 +218,38 @@ pipelines:
     assert loaded.pipeline("small").stages["first"].local.processes == 2
     big = loaded.pipeline("big").stages["first"]
     assert big.slurm.ntasks_per_node is None and big.slurm.time is None and big.local.processes == 1
+
+
+# -- --set errors: one line, naming the --set, exit 2 (issue 27, rough edges) -----------------------------------------
+@pytest.mark.parametrize("override, wanted", [
+    ("first.local.replicas=-2", "--set first.local.replicas=-2: pipelines.chain.stages.first.local.replicas: "
+                                "must be >= 1, got -2"),
+    ("second.local.processes=0", "--set second.local.processes=0: pipelines.chain.stages.second.local.processes: "
+                                 "must be >= 1, got 0"),
+    ("first.slurm.cpus_per_task=0", "--set first.slurm.cpus_per_task=0: pipelines.chain.stages.first.slurm."
+                                    "cpus_per_task: must be >= 1, got 0"),
+    ("vars.count=-5", "--set vars.count=-5: pipelines.chain.stages.first.verify[0]: expect ${count} must be >= 0, "
+                      "got -5"),
+    ("first.args=[--out, x: y", "--set first.args=[--out, x: y: VALUE '[--out, x: y' is not valid YAML (expected "
+                                "',' or ']', but got '<stream end>')"),
+    ("first.local.replicas={a: 1}", "--set first.local.replicas={a: 1}: pipelines.chain.stages.first.local.replicas: "
+                                    "expected an integer, got a mapping {a: 1}"),
+])
+def test_a_bad_set_is_one_line_naming_the_set(tmp_path, override, wanted):
+    message = error_of(tmp_path, CHAIN_CONFIG, [override])
+    assert message.startswith(wanted), message
+    assert "\n" not in message and "pipelines.yaml" not in message and "{'a'" not in message
+
+
+def test_set_reaches_the_backend_options_of_the_detach_driver(tmp_path):
+    config = load_text(tmp_path, CHAIN_CONFIG, ["backends.bcp.driver.total_runtime=1H30M", "first.local.replicas=3",
+                                                "backends.local.poll_seconds=2"])
+    assert config.options["bcp"].driver.total_runtime == "1H30M"
+    assert config.options["local"].poll_seconds == 2
+    assert config.pipeline("chain").stages["first"].local.replicas == 3
+    message = error_of(tmp_path, CHAIN_CONFIG, ["backends.bcp.driver.total_runtime=soon"])
+    assert message.startswith("--set backends.bcp.driver.total_runtime=soon: backends.bcp.driver.total_runtime:"), \
+        message
+    message = error_of(tmp_path, CHAIN_CONFIG, ["backends.nope.x=1"])
+    assert message.startswith("--set backends.nope.x=1: expected backends.BACKEND.KEY=VALUE with BACKEND one of "
+                              "bcp, local, slurm"), message

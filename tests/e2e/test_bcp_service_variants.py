@@ -65,12 +65,31 @@ def test_detach_is_refused_when_the_ace_leaves_no_room_for_the_driver_and_a_stag
     assert run(project, "plan", "chain", "--backend", "bcp") == 0  # without --detach one active job is enough
 
 
+@pytest.mark.emulator(variants={"ace": {"maxRuntimeSeconds": 5400}})
+def test_the_detach_driver_is_checked_against_the_ace_and_its_fix_is_a_set(fake, project, capsys):
+    """The driver's default --total-runtime (5D) breaks an ACE of 90 minutes: plan and run say so, with the
+    --set that fixes it; that --set is enough (the stage jobs, 1H, fit)."""
+    refusal = ("the --detach driver job: total_runtime 5D (432000 s), but the ACE's maxRuntimeSeconds allows 1H30M "
+               "(5400 s); --set backends.bcp.driver.total_runtime=1H30M")
+    assert run(project, "plan", "chain", "--backend", "bcp", "--detach") == 1
+    assert refusal in capsys.readouterr().err
+    assert run(project, "run", "chain", "--backend", "bcp", "--detach") == 2
+    err = capsys.readouterr().err
+    assert refusal in err and "credentials" not in err and "API key" not in err, err
+    assert fake.jobs() == {} and no_run_recorded(project)
+    fix = ("--set", "backends.bcp.driver.total_runtime=1H30M")
+    assert run(project, "plan", "chain", "--backend", "bcp", "--detach", *fix) == 0
+    assert "ACE bcpp-test-ace: every job fits its limits" in capsys.readouterr().err
+    assert run(project, "plan", "chain", "--backend", "bcp") == 0  # without --detach there is no driver to fit
+
+
 def test_plan_without_any_credentials_says_it_did_not_check_the_ace(fake, project, monkeypatch, capsys):
     monkeypatch.delenv("NGC_CLI_API_KEY")
     assert run(project, "plan", "chain", "--backend", "bcp") == 0
     captured = capsys.readouterr()
     assert "ngc base-command job run" in captured.out
     assert "ACE limits not checked: the BCP backend is missing an API key" in captured.err
+    assert "submitted" not in captured.err  # plan never submits: `run`'s "Nothing was submitted" is not its to say
     assert not fake.requests("GET", "/v2/org/*/aces/*")
 
 

@@ -1,0 +1,75 @@
+"""scripts/ngc-emulator: the NGC API EMULATOR (tests/fakes/ngc_api.py, a fake, named so) started alone, as a user
+trying BCP mode without an account would start it; the environment it prints is what NVIDIA's client and
+bcp-pipeline then use, and it stops (its jobs killed) on SIGTERM as on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from bcp_emulation import needs_ngcsdk
+from golden_files import REPO
+
+pytestmark = needs_ngcsdk
+SCRIPT = REPO / "scripts" / "ngc-emulator"
+
+
+def exported(lines: list[str]) -> dict[str, str]:
+    """`export KEY=VALUE` lines (values shell-quoted) as a mapping."""
+    import shlex
+
+    return dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in lines)
+
+
+def test_the_emulator_starts_alone_prints_its_environment_and_stops_on_sigterm(tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "stages", project / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pipelines.yaml", project / "pipelines.yaml")
+    home = tmp_path / "emulator"
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "--home", str(home), "--workspace", "demo",
+                                "--ace-limit", "maxRuntimeSeconds=5400"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [process.stdout.readline().rstrip("\n") for _ in range(10)]
+        assert all(line.startswith("export ") for line in lines), (lines, process.stderr.read())
+        env = exported(lines)
+        assert env["NGC_CLI_API_URL"].startswith("https://127.0.0.1:")
+        assert env["PATH"].split(":")[0] == str(REPO / "tests" / "fakes")  # NVIDIA's CLI code as `ngc`
+        assert (home / "env.sh").read_text().splitlines() == lines  # `source` it in another shell
+        base = {key: value for key, value in os.environ.items() if not key.startswith("NGC_CLI_")}
+
+        def bcp_pipeline(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "bcp_pipeline", *args], cwd=project, env={**base, **env},
+                                  capture_output=True, text=True, timeout=120)
+
+        plan = bcp_pipeline("plan", "demo", "--backend", "bcp")
+        assert plan.returncode == 0, plan.stderr
+        assert "ACE bcpp-test-ace: every job fits its limits" in plan.stderr  # the ACE was read from the emulator
+        detached = bcp_pipeline("plan", "demo", "--backend", "bcp", "--detach")
+        assert detached.returncode == 1 and "maxRuntimeSeconds allows 1H30M (5400 s)" in detached.stderr
+        info = subprocess.run(["ngc", "workspace", "info", "demo", "--format_type", "json"], env={**base, **env},
+                              capture_output=True, text=True, timeout=120)
+        assert info.returncode == 0 and '"name": "demo"' in info.stdout, info.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "stopped (its jobs killed)" in err
+    try:
+        urllib.request.urlopen(env["NGC_CLI_API_URL"], timeout=5)  # noqa: S310 - loopback only
+        raise AssertionError("the emulator still answers after SIGTERM")
+    except urllib.error.URLError as exc:
+        assert "refused" in str(exc.reason).lower() or "connect" in str(exc.reason).lower(), exc
+
+
+def test_an_unknown_ace_limit_is_refused_by_name(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--home", str(tmp_path / "emulator"), "--ace-limit",
+                           "maxRuntme=5"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unknown ACE limit(s) ['maxRuntme']" in done.stderr, done.stderr
+    assert done.stdout == ""
