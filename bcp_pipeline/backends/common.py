@@ -12,6 +12,15 @@ from ..config.resources import RankLayout
 from .contract import JobProgress, JobRequest
 
 LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
+OUTPUT_DIGEST_ENV = "BCP_PIPELINE_OUTPUT_DIGEST"  # stages/_common.py reads these two under the same names
+OTHER_OUTPUTS_ENV = "BCP_PIPELINE_OTHER_OUTPUTS"
+
+
+def folder_writer_lock(workspace: Path) -> Path:
+    """The writer lock of a folder that stands in for the workspace (local, Slurm): beside it, so two orchestrators
+    of different config files or state folders that share the folder share the lock (on Slurm, on the shared file
+    system the folder must be on)."""
+    return workspace.parent / f".{workspace.name}.writer.lock"
 
 
 def stage_command(request: JobRequest, backend: str, values: dict[str, str]) -> list[str]:
@@ -32,7 +41,11 @@ def placeholder_values(request: JobRequest, *, workspace: str, results: str, cod
 
 
 def resolved_env(request: JobRequest, backend: str, values: dict[str, str]) -> dict[str, str]:
-    return {key: substitute(value, values) for key, value in request.resources(backend).env.items()}
+    """The job's environment from the config, and (a data stage's job) what defines its outputs."""
+    env = {key: substitute(value, values) for key, value in request.resources(backend).env.items()}
+    if request.output_digest is not None:  # read by stages/_common.py claim_outputs, under these names
+        env |= {OUTPUT_DIGEST_ENV: request.output_digest, OTHER_OUTPUTS_ENV: request.other_outputs}
+    return env
 
 
 def rendezvous(layout: RankLayout, master_addr: str, master_port: str) -> dict[str, Any] | None:
