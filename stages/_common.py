@@ -261,12 +261,18 @@ def write_completion(output_dir: Path, stage: str, rank: int, world_size: int, s
     path = completion_path(output_dir, stage, rank, world_size)
     remove_stale_temporaries_of([path])  # a rank killed while writing this record left its temporary (scripts/chaos)
     atomic_write_json(path, {"stage": stage, "rank": rank, "world_size": world_size, "started_at": STARTED_AT,
-                             "finished_at": time.time(), "ran_on": ran_on(), **summary})
+                             "finished_at": time.time(), "ran_on": ran_on(),
+                             # what defines the outputs it vouches for (claim_outputs); absent when run by hand
+                             **({"output_digest": os.environ[OUTPUT_DIGEST_ENV]} if os.environ.get(OUTPUT_DIGEST_ENV)
+                                else {}), **summary})
+    for claimed in CLAIMED:  # again at the end, where the orchestrator reads a log's tail (engine/outcomes.py)
+        emit("outputs", claimed)
 
 
 OUTPUT_DIGEST_ENV = "BCP_PIPELINE_OUTPUT_DIGEST"  # what defines this stage's outputs (bcp_pipeline/engine/output_digest.py)
 OTHER_OUTPUTS_ENV = "BCP_PIPELINE_OTHER_OUTPUTS"  # redo | refuse | reuse: outputs made under another digest
 DIGEST_WAIT_SECONDS = 1800.0  # how long ranks other than 0 wait for rank 0 to settle the output folder
+CLAIMED: list[dict] = []  # what claim_outputs did in this process: said again at the end (write_completion)
 
 
 def claim_outputs(out_dir: Path, stage: str, outputs: Iterable[Path], rank: int,
@@ -309,7 +315,8 @@ def claim_outputs(out_dir: Path, stage: str, outputs: Iterable[Path], rank: int,
         fsync_dir(out_dir)
         outcome["set_aside"] = str(aside)
     atomic_write_json(record, {"digest": digest})
-    emit("outputs", {"stage": stage, **outcome})  # `status` shows what was done with outputs of another config
+    CLAIMED.append({"stage": stage, **outcome})
+    emit("outputs", CLAIMED[-1])  # `status` shows what was done with outputs of another config
     return outcome
 
 

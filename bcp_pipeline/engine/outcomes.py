@@ -47,9 +47,10 @@ class Outcomes(RunContext):
 
     def record_summary(self, stage_state: StageState, job: JobRecord) -> None:
         """Keep the `##bcp-pipeline summary` line a stage program printed (e.g. the loss of a training run), and
-        its `outputs` line: what it did with outputs another config made (stages/_common.py claim_outputs)."""
+        its `outputs` line: what it did with outputs another config made (stages/_common.py claim_outputs; said
+        again by its last lines)."""
         try:
-            text = self.backend.logs(job.job_id, rank=0)
+            text = self.backend.logs(job.job_id, rank=0, tail=50)
         except (PipelineError, OSError):
             return  # a summary is a nicety: never fail a stage over it
         lines = parse_lines(text, "summary")

@@ -152,3 +152,6 @@ def test_a_sample_made_with_another_seed_is_redone_refused_or_reused_and_status_
     assert mirror_bytes(tmp_path) == second
     state = RunStore(tmp_path / ".bcp-pipeline").latest()
     assert state.stages["sample"].extra["outputs"]["outputs"] == "reused"
+    record = json.loads(next((tmp_path / ".bcp-pipeline/workspaces/demo/mirror/.completions").glob("sample-*.json"))
+                        .read_text())
+    assert record["output_digest"] == state.stages["sample"].extra["outputs"]["digest"]  # the completion record's
