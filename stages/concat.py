@@ -110,6 +110,8 @@ def build_output(index: int, names: list[str], in_dir: Path, out_dir: Path) -> B
 
 
 def run(args: argparse.Namespace, rank: int, world: int) -> int:
+    if _common.claim_or_refuse(args.out_dir, STAGE, args.out_dir.glob(OUTPUT_TEMPLATE.format(index="*")), rank):
+        return 1
     names = list_inputs(args.in_dir)
     if not names:
         return _common.fail_with_items(STAGE, {str(args.in_dir): f"no *{IN_SUFFIX} inputs"})

@@ -562,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     except _common.StageError as exc:
         log(str(exc))
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+    if _common.claim_or_refuse(args.out, STAGE, args.out.glob("*.jsonl.zst"), rank):
+        return 1
     policy = RetryPolicy(args.attempts, args.backoff, args.max_wait, args.timeout)
     with make_session(args.workers, token) as session:
         fetcher = Fetcher(args.base_url, args.out, policy, session, log)

@@ -269,6 +269,8 @@ def extract_one(stem: str, args: argparse.Namespace) -> Finished:
 # ---------------------------------------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace, rank: int, world: int) -> int:
+    if _common.claim_or_refuse(args.out_dir, STAGE, args.out_dir.glob(f"*{OUT_SUFFIX}"), rank):
+        return 1
     stems = list_stems(args.in_dir, args.out_dir)
     if not stems:
         return _common.fail_with_items(STAGE, {str(args.in_dir): f"no *{IN_SUFFIX} inputs and no download manifest"})

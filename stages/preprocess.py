@@ -389,6 +389,9 @@ def make_executor(workers: int, spec: TokenizerSpec, key: str) -> Executor | Non
 
 
 def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, rank: int, world: int) -> int:
+    outputs = [p for suffix in (".bin", ".idx", ".manifest.json", ".lengths") for p in args.out_dir.glob(f"*{suffix}")]
+    if _common.claim_or_refuse(args.out_dir, STAGE, outputs, rank):
+        return 1
     items = list_items(args.in_dir, args.files_per_output)
     if not items:
         wanted = "/".join(f"*{s}" for s in INPUT_SUFFIXES) if args.files_per_output else "train_chunk_{i}.jsonl"

@@ -365,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     except _common.StageError as exc:
         print(f"{STAGE}: {exc}", file=sys.stderr)
         return 1
+    if _common.claim_or_refuse(args.out, STAGE, args.out.glob("train/chunk*/example_train_*.jsonl.zst"), rank):
+        return 1
     mine = _common.shard(sample_paths(args.out, args.chunks, args.files_per_chunk), rank, world)
     _common.remove_stale_temporaries_of(path for path, _, _ in mine)
     progress = _common.Progress(len(mine), rank)

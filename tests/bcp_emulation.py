@@ -46,6 +46,8 @@ def fake(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
         monkeypatch.delenv(key)
     for key, value in ngc.env().items():
         monkeypatch.setenv(key, value)
+    # The BCP workspace writer locks live in the user's state folder (engine/workspace_lock.py): one per test.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
     point_ngcsdk_at_environment()
     yield ngc
     ngc.shutdown()

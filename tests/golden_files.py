@@ -12,10 +12,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def normalize(text: str, *roots: Path) -> str:
-    """Machine-independent text: the checkout path and the stages/ content hash are replaced."""
+    """Machine-independent text: the checkout path, the stages/ content hash and the output digests (which hash
+    the stage programs too: tests/engine and tests/stages check them) are replaced."""
     text = text.replace(sys.executable, "<PYTHON>")
     for root in (*roots, REPO):
         text = text.replace(str(root), "<ROOT>")
+    text = re.sub(r"(BCP_PIPELINE_OUTPUT_DIGEST[:=])[0-9a-f]{16}", r"\1<DIGEST>", text)
     return re.sub(r"(\.bcp-pipeline/code/)[0-9a-f]{16}", r"\1<HASH>", text)
 
 

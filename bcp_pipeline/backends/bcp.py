@@ -97,6 +97,14 @@ class BcpBackend(Backend):
             self._transport = make_transport(self.options)
         return self._transport
 
+    def writer_lock_path(self) -> Path:
+        """A BCP workspace is named, not a folder here: its lock lives in this user's state folder, keyed by org and
+        workspace name, so every orchestrator on this machine (any config file, any --state-dir) sees it; a run
+        handed to a driver job leaves a record there naming it (engine/workspace_lock.py)."""
+        org = account_of(self.options, os.environ)[0] or "no-org"
+        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        return base / "bcp-pipeline" / "workspace-locks" / safe_file_name(org) / f"{safe_file_name(self.workspace_name)}.lock"
+
     # -- pure ------------------------------------------------------------------------------------------
     def sharding(self, request: JobRequest) -> dict[str, int]:
         layout = request.rank_layout("bcp")
@@ -402,6 +410,12 @@ def account_of(options: BcpOptions, environ: Mapping[str, str]) -> tuple[str | N
     return (options.org or environ.get("NGC_CLI_ORG") or saved.get("org") or None,
             options.team or environ.get("NGC_CLI_TEAM") or saved.get("team") or None,
             options.ace or environ.get("NGC_CLI_ACE") or saved.get("ace") or None)
+
+
+def safe_file_name(name: str) -> str:
+    """A name as one path component: characters other than letters, digits, `-`, `_`, `.` become `_`."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return cleaned if cleaned.strip(".") else "_"
 
 
 def profile_key_of(options: BcpOptions, environ: Mapping[str, str]) -> str | None:

@@ -2,7 +2,8 @@
 
 Who the key belongs to, an image, a workspace, the user's secrets (names and key names: never values), and
 the client's version. Each returns the JSON shape NVIDIA's printer prints for the CLI (and ngcsdk's `toDict()`),
-and raises BackendCallError when the call fails. Kept apart from the transports: `run` never needs them (the ACE, which `run` needs too, is `Transport.ace`).
+and raises BackendCallError when the call fails. Kept apart from the transports; `run` needs only the workspaces' (check_workspaces_exist), before a run is
+recorded (the ACE, which `run` needs too, is `Transport.ace`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from ..errors import BackendCallError
-from .bcp_transport import CliTransport, SdkTransport, Transport, first_json
+from ..config.pipelines import PipelineConfig
+from ..config.resources import BcpOptions
+from ..errors import BackendCallError, ConfigError, is_not_found
+from .bcp_transport import CliTransport, SdkTransport, Transport, first_json, make_transport
 
 
 def _cli(transport: CliTransport, args: list[str]) -> Any:
@@ -54,6 +57,26 @@ def workspace(transport: Transport, name: str) -> dict[str, Any]:
         return _cli(transport, ["workspace", "info", name])
     return transport.call("basecommand.workspace.info",
                            lambda c: _as_dict(c.basecommand.workspace.info(name)))
+
+
+def check_workspaces_exist(options: BcpOptions, pipeline: PipelineConfig,
+                           transport: Transport | None = None) -> None:
+    """Every workspace the pipeline's jobs mount exists, or a ConfigError naming it and `ngc workspace create`:
+    found before a run is recorded, not as a failed first submission. Only "not found" refuses: another failure of
+    the look-up is left to the submission, which reports it with its own hint."""
+    names = [pipeline.workspace.name]
+    for section in [pipeline.verification.bcp, *(stage.bcp for stage in pipeline.stages.values())]:
+        names += [mount.name for mount in section.workspaces if mount.name not in names]
+    transport = transport or make_transport(options)
+    for name in names:
+        try:
+            workspace(transport, name)
+        except BackendCallError as exc:
+            if is_not_found(exc):
+                ace = f" --ace {options.ace}" if options.ace else ""
+                raise ConfigError(f"BCP workspace {name!r} (pipeline {pipeline.name}) does not exist in this org: "
+                                  f"create it with `ngc workspace create --name {name}{ace}`, or name an existing "
+                                  "one (`ngc workspace list`). Nothing was submitted or recorded") from None
 
 
 def secret_keys(transport: Transport) -> dict[str, list[str]]:

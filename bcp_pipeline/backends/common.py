@@ -50,6 +50,17 @@ def paths_for(options: Any, *, config_dir: Path, stages_dir: Path, run_dir: Path
                  orchestrator_python=orchestrator_python)
 
 
+OUTPUT_DIGEST_ENV = "BCP_PIPELINE_OUTPUT_DIGEST"  # stages/_common.py reads these two under the same names
+OTHER_OUTPUTS_ENV = "BCP_PIPELINE_OTHER_OUTPUTS"
+
+
+def folder_writer_lock(workspace: Path) -> Path:
+    """The writer lock of a folder that stands in for the workspace (local, Slurm): beside it, so two orchestrators
+    of different config files or state folders that share the folder share the lock (on Slurm, on the shared file
+    system the folder must be on)."""
+    return workspace.parent / f".{workspace.name}.writer.lock"
+
+
 def stage_command(request: JobRequest, backend: str, values: dict[str, str]) -> list[str]:
     """argv of the job's program: the backend section's `command`, else `PYTHON ${code}/PROGRAM ARGS`."""
     resources = request.resources(backend)
@@ -68,7 +79,11 @@ def placeholder_values(request: JobRequest, *, workspace: str, results: str, cod
 
 
 def resolved_env(request: JobRequest, backend: str, values: dict[str, str]) -> dict[str, str]:
-    return {key: substitute(value, values) for key, value in request.resources(backend).env.items()}
+    """The job's environment from the config, and (a data stage's job) what defines its outputs."""
+    env = {key: substitute(value, values) for key, value in request.resources(backend).env.items()}
+    if request.output_digest is not None:  # read by stages/_common.py claim_outputs, under these names
+        env |= {OUTPUT_DIGEST_ENV: request.output_digest, OTHER_OUTPUTS_ENV: request.other_outputs}
+    return env
 
 
 def apptainer_argv(image: str, binds: list[str]) -> list[str]:

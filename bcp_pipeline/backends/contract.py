@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..config.pipelines import PipelineConfig, StageConfig
     from ..config.resources import RankLayout
 
@@ -67,6 +69,10 @@ class JobRequest:
     program: str  # file in stages/
     args: tuple[str, ...]  # may hold ${placeholders}; the backend resolves them for where the job runs
     attempt: int = 1
+    # A data stage's job: the digest of what defines its outputs and what to do with outputs made under another
+    # (engine/output_digest.py); passed to the program in its environment. None for verification and training.
+    output_digest: str | None = None
+    other_outputs: str = "redo"
 
     @property
     def job_name(self) -> str:
@@ -192,6 +198,11 @@ class Backend(abc.ABC):
 
     def job_url(self, job_id: str) -> str | None:
         return None
+
+    @abc.abstractmethod
+    def writer_lock_path(self) -> "Path":
+        """The file whose lock marks the one writer of this backend's workspace data (engine/workspace_lock.py):
+        where every orchestrator that could write the same data sees it, whatever its config file or --state-dir."""
 
     has_profile: bool = False  # a saved `check` profile of this service was found (backends/profile.py)
     local_workspace: Path | None = None  # the workspace as a folder on this machine, where it is one (local, Slurm)

@@ -54,6 +54,10 @@ def check_backend_ready(name: str, config: Config, pipeline: PipelineConfig | No
         options = config.options["bcp"]
         choose_transport(options)
         check_credentials(options)
+        if pipeline is not None:
+            from .bcp_lookups import check_workspaces_exist
+
+            check_workspaces_exist(options, pipeline)
 
 
 def check_backend_limits(name: str, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,

@@ -32,6 +32,7 @@ from ..engine.drive import cancel_run, drive_run, refresh_jobs, verify_stage
 from ..engine.selection import ChosenRun, RunRequest, choose_resume, choose_run, open_run, run_config
 from ..engine.state import RunState, RunStore, store_for
 from ..engine.submitter import planned_requests
+from ..engine.workspace_lock import hold_workspace
 from ..errors import ConfigError, PipelineError, StateError
 from ..report.estimates import actual_rates, estimate_pipeline, instances_table, manifest_tokens
 from ..report.gather import latest_throughput, write_report
@@ -192,7 +193,11 @@ def given_config(args: argparse.Namespace) -> Path | None:
 
 
 def run_store(args: argparse.Namespace) -> RunStore:
-    return store_for(config_file(args), args.state_dir)
+    return store_for(config_file(args), args.state_dir, notice=warn)
+
+
+def warn(message: str) -> None:
+    print(f"bcp-pipeline: warning: {message}", file=sys.stderr)
 
 
 def stored_run(args: argparse.Namespace) -> ChosenRun:
@@ -242,7 +247,9 @@ def detach(chosen: ChosenRun) -> int:
     """Hand the run to a driver job on BCP and return: the laptop may close."""
     state = chosen.state
     run = detached_run(chosen)
-    job_id, resumed = run.start(os.environ)
+    # The driver job becomes the workspace's writer: its record stays in the lock file after this process ends.
+    with hold_workspace(run.backend, chosen.pipeline.workspace.name, state, chosen.store, detached=True):
+        job_id, resumed = run.start(os.environ)
     url = run.backend.job_url(job_id)
     print(f"run {state.run_id} ({chosen.pipeline.name}) is detached: driver job {job_id} "
           f"{'resumed' if resumed else 'submitted'}" + (f" ({url})" if url else ""))
@@ -588,20 +595,23 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     config = load_and_check(config_file(args))
-    runs = run_store(args).runs()
+    runs, corrupt = run_store(args).scan()
     if args.json:
         print(json.dumps({
             "pipelines": [{"name": p.name, "backend": p.backend, "description": p.description, "stages": p.order()}
                           for p in config.pipelines.values()],
             "runs": [{"run_id": r.run_id, "pipeline": r.pipeline, "backend": r.backend, "status": r.status,
-                      "created_at": r.created_at} for r in runs]}, indent=2))
+                      "created_at": r.created_at} for r in runs],
+            "corrupt_runs": [{"run_id": c.run_id, "pipeline": c.pipeline, "status": "corrupt",
+                              "state_set_aside_as": str(c.path), "reason": c.reason} for c in corrupt]}, indent=2))
         return 0
     rows = [["PIPELINE", "BACKEND", "STAGES", "DESCRIPTION"]]
     rows += [[p.name, p.backend, " -> ".join(p.order()), p.description] for p in config.pipelines.values()]
     print(format_table(rows))
     print()
-    if runs:
+    if runs or corrupt:
         rows = [["RUN", "PIPELINE", "BACKEND", "STATUS"]] + [[r.run_id, r.pipeline, r.backend, r.status] for r in runs]
+        rows += [[c.run_id, c.pipeline or "?", "?", f"corrupt (state set aside as {c.path})"] for c in corrupt]
         print(format_table(rows))
     else:
         print("no runs yet")

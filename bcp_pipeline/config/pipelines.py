@@ -25,6 +25,7 @@ commands load through `preflight.load_and_check`.
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,11 @@ PLACEHOLDER = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
 BUILTIN_PLACEHOLDERS = ("workspace", "results", "code", "run_id", "stage", "python")
 STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
 OPTIONS_PREFIX = "backends."  # `--set backends.bcp.driver.total_runtime=1H`: backend-wide options, not a stage
+# A BCP workspace name (also the local and Slurm workspace folder's name) and a pipeline name (the start of every
+# run id and run folder): letters, digits, '.', '_', '-', not starting with '.', so no name is ever a path that
+# leaves its folder (`../../etc`), has a space, or a ':' that would split BCP's `--workspace NAME:MOUNT:MODE`.
+FOLDER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+FOLDER_NAME_RULE = "1-64 letters, digits, '.', '_' and '-', starting with a letter or digit"
 
 
 @dataclass(kw_only=True)
@@ -123,6 +129,9 @@ class StageConfig:
     outputs: list[str] = field(default_factory=list)
     verify: list[Check] = field(default_factory=list)
     reshardable: bool = False  # may resume with a different replicas x processes than it started with
+    # Outputs found in the stage's output folders that another config made (engine/output_digest.py): redone
+    # (set aside first, never deleted), refused (the stage fails and names this setting), or reused as they are.
+    other_outputs: Literal["redo", "refuse", "reuse"] = "redo"
     continuation: Continuation | None = None  # with `nemo:` and none given, preflight.py derives it
     nemo: NemoTraining | None = None
     bcp: BcpResources = field(default_factory=BcpResources)
@@ -131,6 +140,7 @@ class StageConfig:
     gridengine: GridEngineResources = field(default_factory=GridEngineResources)
     name: str = field(default="", metadata={"internal": True})
     line: int | None = field(default=None, metadata={"internal": True})
+    program_sha256: str = field(default="", metadata={"internal": True})  # of stages/PROGRAM, read when loaded
     # Where each key was written (file:line, or the --set that gave it; a key left out points at the stage), so
     # the checks that run after loading (preflight.py) name the same place the loader's own errors do.
     locations: dict[str, Where] = field(default_factory=dict, repr=False, metadata={"internal": True})
@@ -301,6 +311,15 @@ def _load_options(raw: Any, where: Where) -> dict[str, Any]:
 def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> PipelineConfig:
     if not isinstance(raw, dict):
         raise where.error("expected a mapping with keys workspace, stages, ...")
+    if not FOLDER_NAME.match(str(name)):
+        raise where.error(f"pipeline name {name!r}: a pipeline name starts every run id and run folder, so it is "
+                          f"{FOLDER_NAME_RULE}")
+    workspace = raw.get("workspace")
+    if isinstance(workspace, dict) and not FOLDER_NAME.match(str(workspace.get("name", "x"))):
+        where_workspace = where.child("workspace", raw)
+        raise where_workspace.child("name", workspace).error(
+            f"workspace name {workspace.get('name')!r}: BCP accepts {FOLDER_NAME_RULE} (it is also the local and "
+            "Slurm workspace folder's name, which must stay inside workspace_dir)")
     defaults = raw.get("defaults") or {}
     where_defaults = where.child("defaults", raw)
     if not isinstance(defaults, dict):
@@ -444,6 +463,7 @@ def _validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where,
         if not (stages_dir / stage.program).is_file():
             raise stage_where.child("program", body).error(
                 f"stage program {stage.program!r} not found in {stages_dir}")
+        stage.program_sha256 = hashlib.sha256((stages_dir / stage.program).read_bytes()).hexdigest()
         _validate_placeholders(pipeline, stage, body, stage_where)
         _validate_bcp(stage.bcp, stage_where.child("bcp", body) if "bcp" in body else stage_where)
         _validate_counts(stage, body, stage_where)

@@ -12,6 +12,7 @@ from .poller import is_training, progress_record
 from .progress import Progress
 from .selection import ChosenRun
 from .state import RunLock, RunState, StageStatus
+from .workspace_lock import hold_workspace
 
 
 def drive_run(chosen: ChosenRun, progress: Progress) -> bool:
@@ -20,10 +21,11 @@ def drive_run(chosen: ChosenRun, progress: Progress) -> bool:
     run_dir = store.run_dir(state.run_id)
     with RunLock(run_dir):
         backend = make_backend(state.backend, chosen.config, chosen.pipeline, run_dir)
-        store.save(state)
-        progress.started(state, store.state_path(state.run_id))
-        return Orchestrator(pipeline=chosen.pipeline, backend=backend, store=store, state=state, progress=progress,
-                            selected=chosen.selected).drive()
+        with hold_workspace(backend, chosen.pipeline.workspace.name, state, store):  # before the first save: a refused run leaves nothing
+            store.save(state)
+            progress.started(state, store.state_path(state.run_id))
+            return Orchestrator(pipeline=chosen.pipeline, backend=backend, store=store, state=state,
+                                progress=progress, selected=chosen.selected).drive()
 
 
 def verify_stage(chosen: ChosenRun, stage: str, progress: Progress) -> bool:
@@ -35,9 +37,11 @@ def verify_stage(chosen: ChosenRun, stage: str, progress: Progress) -> bool:
     run_dir = chosen.store.run_dir(state.run_id)
     with RunLock(run_dir):
         backend = make_backend(state.backend, chosen.config, pipeline, run_dir)
-        state.stages[stage].status = StageStatus.VERIFYING  # with no verification job yet: one is submitted
-        Orchestrator(pipeline=pipeline, backend=backend, store=chosen.store, state=state, progress=progress,
-                     selected={stage}).drive()
+        with hold_workspace(backend, pipeline.workspace.name, state, chosen.store):  # counting files another run writes proves nothing
+            # The stage keeps its finished_at: checking its outputs again does not change when its work ended.
+            state.stages[stage].status = StageStatus.VERIFYING  # with no verification job yet: one is submitted
+            Orchestrator(pipeline=pipeline, backend=backend, store=chosen.store, state=state, progress=progress,
+                         selected={stage}).drive()
     return state.stages[stage].status is StageStatus.SUCCEEDED
 
 

@@ -46,13 +46,19 @@ class Outcomes(RunContext):
             self.succeed(name, stage_state)
 
     def record_summary(self, stage_state: StageState, job: JobRecord) -> None:
-        """Keep the `##bcp-pipeline summary` line a stage program printed (e.g. the loss of a training run)."""
+        """Keep the `##bcp-pipeline summary` line a stage program printed (e.g. the loss of a training run), and
+        its `outputs` line: what it did with outputs another config made (stages/_common.py claim_outputs; said
+        again by its last lines)."""
         try:
-            lines = parse_lines(self.backend.logs(job.job_id, rank=0, tail=50), "summary")
+            text = self.backend.logs(job.job_id, rank=0, tail=50)
         except (PipelineError, OSError):
             return  # a summary is a nicety: never fail a stage over it
+        lines = parse_lines(text, "summary")
         if lines and isinstance(lines[-1].get("text"), str):
             stage_state.extra["summary"] = lines[-1]["text"]
+        found = parse_lines(text, "outputs")
+        if found:
+            stage_state.extra["outputs"] = found[-1]
 
     def finish_verification(self, name: str, stage_state: StageState, job: JobRecord, status: JobStatus) -> None:
         """A verification job ended: its last `##bcp-pipeline verify` line decides the stage."""
@@ -66,7 +72,7 @@ class Outcomes(RunContext):
             stage_state.status = StageStatus.FAILED
             stage_state.error = (f"verification job {job.job_id} ended {status.native} without a result line; "
                                  f"log tail:\n{last_lines(text, 10) or '(empty)'}")
-            stage_state.finished_at = time.time()
+            mark_finished(stage_state)
             self.progress.event(f"{name}: verification FAILED (no result line)")
             return
         result = results[-1]
@@ -81,7 +87,7 @@ class Outcomes(RunContext):
             [f"{c['glob']}: expected {c['expected']}, found {c['found']}"
              for c in result.get("checks", []) if c.get("found") != c.get("expected")]
             + ([f"step {result['steps']} of {result['target']}"] if "steps" in result else []))
-        stage_state.finished_at = time.time()
+        mark_finished(stage_state)
         self.progress.event(f"{name}: {stage_state.error}")
 
     def continue_stage(self, name: str, stage_state: StageState, result: dict) -> bool:
@@ -114,15 +120,23 @@ class Outcomes(RunContext):
     def fail(self, name: str, stage_state: StageState, message: str) -> None:
         stage_state.status = StageStatus.FAILED
         stage_state.error = message
-        stage_state.finished_at = time.time()
+        mark_finished(stage_state)
         self.progress.event(f"{name}: FAILED: {message}")
 
     def succeed(self, name: str, stage_state: StageState) -> None:
         stage_state.status = StageStatus.SUCCEEDED
-        stage_state.finished_at = time.time()
+        mark_finished(stage_state)
         stage_state.error = None
         summary = stage_state.extra.get("summary")
         self.progress.event(f"{name}: succeeded{_verification_text(stage_state)}" + (f"; {summary}" if summary else ""))
+
+
+def mark_finished(stage_state: StageState) -> None:
+    """When the stage's work ended, unless that is known: `verify RUN STAGE` checking a finished stage again must
+    not move it (its ELAPSED, the report and the estimates all read it). A stage that runs again had it cleared
+    (selection.continue_run)."""
+    if stage_state.finished_at is None:
+        stage_state.finished_at = time.time()
 
 
 def _verification_text(stage_state: StageState) -> str:

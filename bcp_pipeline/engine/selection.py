@@ -17,7 +17,7 @@ from ..config.dag import downstream_of
 from ..config.pipelines import Config, PipelineConfig
 from ..config.preflight import load_and_check
 from ..errors import ConfigError, StateError
-from .state import RunState, RunStore, StageState, StageStatus, new_run_id
+from .state import CANCELLED_WHILE, RunState, RunStore, StageState, StageStatus, new_run_id
 from .submitter import planned_requests
 
 PROFILE_RUN_ID = "PROFILE-CHECK"  # the run id jobs are rendered under to hold them against a check profile
@@ -209,18 +209,39 @@ def continue_run(state: RunState, pipeline: PipelineConfig, selection: Selection
         if selection.from_stage or selection.only:
             reset = reset or stage.status is StageStatus.SUCCEEDED
         if reset:
-            stage.status = StageStatus.PENDING
+            # A stage cancelled while its finished job was being verified resumes at its verification: submitting
+            # its job again would redo finished work (a resumed run's TRIES 2 for a download that was done).
+            verifying = stage.extra.pop(CANCELLED_WHILE, None) == StageStatus.VERIFYING.value
+            again = verifying and stage.status is StageStatus.CANCELLED and not (selection.from_stage or selection.only)
+            stage.status = StageStatus.VERIFYING if again else StageStatus.PENDING
             stage.error = None
             stage.finished_at = None
             stage.verification = None
     return selected
 
 
+def never_submitted(state: RunState) -> bool:
+    """No stage of the run ever got to a submit call."""
+    return all(not stage.jobs and stage.submit_call is None and stage.status is not StageStatus.SUBMITTING
+               for stage in state.stages.values())
+
+
 def pick_run(store: RunStore, pipeline: PipelineConfig, backend: str, *, restart: bool) -> RunState | None:
     """The run `run PIPELINE` continues: the latest one of this pipeline unless it succeeded (or --restart)."""
-    latest = store.latest(pipeline.name)
-    if restart or latest is None or latest.status == "succeeded":
+    if restart:
         return None
+    readable, corrupt = store.scan()
+    runs = [state for state in readable if state.pipeline == pipeline.name]
+    latest = runs[-1] if runs else None
+    newer_corrupt = [c for c in corrupt if c.pipeline == pipeline.name and (latest is None or c.run_id > latest.run_id)]
+    if newer_corrupt:  # continuing an older run instead would be a guess
+        raise StateError(f"the last run of {pipeline.name} ({newer_corrupt[-1].run_id}) is corrupt, its state set "
+                         f"aside as {newer_corrupt[-1].path}: pass --restart to start a new run (or repair that "
+                         "file and rename it back to state.json to continue it)")
+    if latest is None or latest.status == "succeeded":
+        return None
+    if latest.backend != backend and never_submitted(latest):
+        return None  # nothing of it runs anywhere: it blocks nothing (it stays listed, to be continued with its backend)
     if latest.backend != backend:
         raise StateError(f"the last run of {pipeline.name} ({latest.run_id}) is unfinished on backend "
                          f"{latest.backend!r}; continue it with --backend {latest.backend}, or pass --restart "

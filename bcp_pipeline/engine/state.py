@@ -11,8 +11,10 @@ import enum
 import fcntl
 import json
 import os
+import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,9 @@ from ..errors import StateError
 
 STATE_VERSION = 1
 STATE_FOLDER = ".bcp-pipeline"  # next to the config file, unless --state-dir says where
+
+
+CANCELLED_WHILE = "cancelled_while"  # StageState.extra: the status a cancelled stage had (selection.continue_run)
 
 
 class StageStatus(enum.Enum):
@@ -98,13 +103,22 @@ class RunState:
         return bool(self.detached) and self.detached.get("owner") == "driver"
 
     def mark_cancelled(self) -> None:
-        """Every stage not yet done (active or pending) and each of its unfinished jobs: cancelled."""
+        """Every stage not yet done (active or pending) and each of its unfinished jobs: cancelled.
+
+        A job's last native state goes into its detail: left in `native`, a "running" seen before the cancel would
+        be shown for the job ever after (status shows the native state where there is one)."""
+        now = time.time()
         for stage in self.stages.values():
             if stage.status.active or stage.status is StageStatus.PENDING:
+                if stage.status is StageStatus.VERIFYING:  # its work is done: a resume verifies it again, no more
+                    stage.extra[CANCELLED_WHILE] = StageStatus.VERIFYING.value
                 stage.status = StageStatus.CANCELLED
                 for job in stage.jobs:
                     if job.ended_at is None:
-                        job.state = JobState.CANCELLED.value
+                        if job.native:
+                            job.detail = f"cancelled here while {job.native}" + (f"; {job.detail}" if job.detail
+                                                                                    else "")
+                        job.state, job.native, job.ended_at = JobState.CANCELLED.value, "", now
 
     @property
     def status(self) -> str:
@@ -153,9 +167,34 @@ def new_run_id(pipeline: str) -> str:
     return f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def store_for(config_file: Path, state_dir: str | Path | None = None) -> "RunStore":
+def store_for(config_file: Path, state_dir: str | Path | None = None,
+              notice: Callable[[str], None] | None = None) -> "RunStore":
     """Where runs are kept: `state_dir` (--state-dir), else `.bcp-pipeline` next to the config file."""
-    return RunStore(Path(state_dir) if state_dir else config_file.resolve().parent / STATE_FOLDER)
+    return RunStore(Path(state_dir) if state_dir else config_file.resolve().parent / STATE_FOLDER, notice=notice)
+
+
+CORRUPT_STATE_GLOB = "state.corrupt-*.json"  # a run's unreadable state, set aside under this name (never deleted)
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # what run_dir accepts: a name inside runs/
+RUN_ID_PATTERN = re.compile(r"^(?P<pipeline>.+)-\d{8}-\d{6}-[0-9a-f]{4}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorruptRun:
+    """A run whose state.json could not be read: set aside as `path`, kept byte for byte."""
+
+    run_id: str
+    path: Path
+    reason: str
+
+    @property
+    def pipeline(self) -> str | None:
+        match = RUN_ID_PATTERN.match(self.run_id)
+        return match.group("pipeline") if match else None
+
+    def describe(self) -> str:
+        return (f"run {self.run_id} is corrupt: its state file could not be read ({self.reason}) and is kept, set "
+                f"aside, as {self.path}; nothing was deleted. Once repaired, rename it back to state.json to "
+                "continue that run; other runs are not affected, and `run PIPELINE --restart` starts a new one")
 
 
 class RunStore:
@@ -163,17 +202,24 @@ class RunStore:
 
     `folder` other than `runs` keeps a kind of run apart under the same root (`profile`'s runs in `profiles/`: a
     `run PIPELINE` never continues one), where they share what the root holds (`checks/`, `bcp-uploads/`).
-    """
 
-    def __init__(self, root: Path, folder: str = "runs") -> None:
+    A state.json that cannot be read is set aside (renamed `state.corrupt-TIME.json`, never rewritten) the first
+    time it is found, reported once through `notice`, and from then on listed as a corrupt run: one bad file must
+    not block the other runs, and guessing its content could resubmit jobs that are still running."""
+
+    def __init__(self, root: Path, folder: str = "runs", notice: Callable[[str], None] | None = None) -> None:
         self.root = root
         self.folder = folder
+        self.notice = notice or (lambda message: None)
 
     @property
     def runs_dir(self) -> Path:
         return self.root / self.folder
 
     def run_dir(self, run_id: str) -> Path:
+        if not RUN_ID.match(run_id):  # from the command line: never a path out of runs/ (`../../etc`)
+            raise StateError(f"{run_id!r} is not a run id (letters, digits, '.', '_' and '-'; e.g. "
+                             f"{new_run_id('demo')}): `bcp-pipeline list` shows the runs")
         return self.runs_dir / run_id
 
     def state_path(self, run_id: str) -> Path:
@@ -187,34 +233,78 @@ class RunStore:
     def load(self, run_id: str) -> RunState:
         path = self.state_path(run_id)
         if not path.is_file():
+            corrupt = self.corrupt(run_id)
+            if corrupt is not None:
+                raise StateError(corrupt.describe())
             known = ", ".join(r.run_id for r in self.runs()[-5:]) or "(none)"
             raise StateError(f"no run {run_id!r} under {self.runs_dir}; recent runs: {known}")
+        state = self._read(run_id)
+        if isinstance(state, CorruptRun):
+            raise StateError(state.describe())
+        return state
+
+    def _read(self, run_id: str) -> "RunState | CorruptRun":
+        """The run's state, or (when it cannot be read) the corrupt run it is now, its file set aside."""
+        path = self.state_path(run_id)
         try:
             return RunState.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:  # set aside meanwhile by another process
+            return self.corrupt(run_id) or CorruptRun(run_id=run_id, path=path, reason="state.json vanished")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # AttributeError: e.g. "stages": []
-            # Never guess: a corrupt state could resubmit jobs that are still running.
-            raise StateError(f"{path}: unreadable run state ({_reason(exc)}); inspect or move it aside "
-                             "and start over with `run --restart`") from None
+            return self._set_aside(run_id, _reason(exc))
 
-    def runs(self, pipeline: str | None = None) -> list[RunState]:
-        """Runs, oldest first (run ids sort by creation time)."""
+    def _set_aside(self, run_id: str, reason: str) -> CorruptRun:
+        """Rename the unreadable state.json to a name that says so (a link first: nothing is ever overwritten)."""
+        path = self.state_path(run_id)
+        aside = path.with_name(f"state.corrupt-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}.json")
+        try:
+            os.link(path, aside)
+            os.unlink(path)
+        except FileNotFoundError:  # another process set it aside first, and reported it
+            return self.corrupt(run_id) or CorruptRun(run_id=run_id, path=path, reason=reason)
+        corrupt = CorruptRun(run_id=run_id, path=aside, reason=reason)
+        self.notice(corrupt.describe())
+        return corrupt
+
+    def corrupt(self, run_id: str) -> CorruptRun | None:
+        """The run's state as set aside, when it was found corrupt (the latest such file)."""
+        found = sorted(self.run_dir(run_id).glob(CORRUPT_STATE_GLOB))
+        if not found:
+            return None
+        try:
+            RunState.from_json(json.loads(found[-1].read_text(encoding="utf-8")))
+            reason = "it reads now: rename it back to state.json"
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            reason = _reason(exc)
+        return CorruptRun(run_id=run_id, path=found[-1], reason=reason)
+
+    def scan(self) -> tuple[list[RunState], list[CorruptRun]]:
+        """Every run: the readable ones oldest first, and the corrupt ones (set aside now or before)."""
         runs_dir = self.runs_dir
         if not runs_dir.is_dir():
-            return []
-        found = []
+            return [], []
+        readable: list[RunState] = []
+        corrupt: list[CorruptRun] = []
         for path in sorted(runs_dir.iterdir(), key=lambda p: p.name):
-            if (path / "state.json").is_file():
-                state = self.load(path.name)
-                if pipeline is None or state.pipeline == pipeline:
-                    found.append(state)
-        return sorted(found, key=lambda s: (s.created_at, s.run_id))
+            if not RUN_ID.match(path.name):  # not a run's folder (PLAN runs aside, nothing else is made here)
+                continue
+            found = self._read(path.name) if (path / "state.json").is_file() else self.corrupt(path.name)
+            if isinstance(found, RunState):
+                readable.append(found)
+            elif found is not None:
+                corrupt.append(found)
+        return sorted(readable, key=lambda s: (s.created_at, s.run_id)), corrupt
+
+    def runs(self, pipeline: str | None = None) -> list[RunState]:
+        """Readable runs, oldest first (run ids sort by creation time)."""
+        return [state for state in self.scan()[0] if pipeline is None or state.pipeline == pipeline]
 
     def latest(self, pipeline: str | None = None) -> RunState | None:
         runs = self.runs(pipeline)
         return runs[-1] if runs else None
 
     def resolve(self, run_id: str | None) -> RunState:
-        """A run by id, or the most recent run when `run_id` is None."""
+        """A run by id, or the most recent readable run when `run_id` is None."""
         if run_id:
             return self.load(run_id)
         latest = self.latest()

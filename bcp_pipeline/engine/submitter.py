@@ -18,6 +18,7 @@ from .context import RunContext
 from ..errors import BackendCallError, SubmissionError
 from ..backends.contract import JobRequest
 from .outcomes import Outcomes
+from .output_digest import output_digest
 from ..redact import redact, secret_values
 from .state import JobRecord, StageStatus
 
@@ -164,8 +165,12 @@ def job_request(pipeline: PipelineConfig, stage: StageConfig, kind: str, run_id:
     if kind == "verify":
         return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="verify", program="verify.py",
                           args=tuple(verification_args(pipeline, stage)), attempt=attempt)
+    # Training (nemo:, or continued from checkpoints) follows its own rules for what it finds (config/nemo.py).
+    data_stage = stage.nemo is None and stage.continuation is None
     return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
-                      args=tuple(stage.args), attempt=attempt)
+                      args=tuple(stage.args), attempt=attempt,
+                      output_digest=output_digest(pipeline, stage.name) if data_stage else None,
+                      other_outputs=stage.other_outputs)
 
 
 def planned_requests(pipeline: PipelineConfig, run_id: str) -> list[JobRequest]:

@@ -77,6 +77,17 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def other_outputs_text(found: dict | None) -> str:
+    """What a stage did with outputs another config made, in words ("" when it found none)."""
+    if not isinstance(found, dict) or found.get("outputs") not in ("redone", "reused"):
+        return ""
+    previous = found.get("previous_digest") or "not recorded"
+    made = f"{found.get('count')} output(s) made by another config (digest {previous}, this run's {found.get('digest')})"
+    if found["outputs"] == "reused":
+        return f"{made} reused as they are (other_outputs: reuse)"
+    return f"{made} redone; the old ones are kept in {found.get('set_aside')}"
+
+
 def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None = None,
                   actual: dict[str, dict] | None = None, throughput: list[dict] | None = None) -> str:
     """The `status` view: a table of stages, estimate against actual (when given), then errors with log tails."""
@@ -89,6 +100,8 @@ def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None =
         lines += [""] + [throughput_line(series) for series in throughput]
     summaries = [f"{name}: {stage.extra['summary']}" for name, stage in state.stages.items()
                  if stage.extra.get("summary") and stage.status is StageStatus.SUCCEEDED]
+    summaries += [f"{name}: {text}" for name, stage in state.stages.items()
+                  if (text := other_outputs_text(stage.extra.get("outputs")))]
     if summaries:
         lines += [""] + summaries
     for name, stage in state.stages.items():

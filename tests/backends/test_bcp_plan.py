@@ -97,10 +97,10 @@ backends:
   local: {workspace_dir: "local ws", poll_seconds: 0.05}
 pipelines:
   odd:
-    workspace: {name: "team's ws", mount: /mount_workspace}
+    workspace: {name: team.ws_2-b, mount: /mount_workspace}  # all BCP accepts besides letters and digits
     defaults:
       bcp: {image: "nvcr.io/nvaie/nemo-framework-training:23.11", instance: dgxa100.80g.8.norm, total_runtime: 1h,
-            workspaces: [{name: "team's ws", mount: /mount_workspace, mode: RW}]}
+            workspaces: [{name: team.ws_2-b, mount: /mount_workspace, mode: RW}]}
     stages:
       write:
         program: items.py
@@ -141,7 +141,7 @@ def test_plan_quotes_names_with_spaces_quotes_and_semicolons(tmp_path, capsys):
 def test_odd_names_run_on_the_local_backend(tmp_path):
     config = odd_project(tmp_path)
     assert main(["--config", str(config), "run", "odd"]) == 0
-    out_dir = tmp_path / "local ws" / "team's ws" / "it's here; rm -rf \"x\" $HOME"
+    out_dir = tmp_path / "local ws" / "team.ws_2-b" / "it's here; rm -rf \"x\" $HOME"
     assert sorted(p.name for p in out_dir.glob("item-*.txt")) == ["item-0000.txt", "item-0001.txt"]
 
 

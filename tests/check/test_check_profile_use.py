@@ -19,7 +19,9 @@ KEY = profile_key("bcpp-test-org", "bcpp-test-ace")  # the emulator's
 
 @pytest.fixture
 def bcp_env(fake):
-    """choose_run checks credentials and the ACE's limits through the API: the emulator's (never the internet)."""
+    """choose_run checks credentials, the ACE's limits and the pipeline's workspace through the API: the
+    emulator's (never the internet), which has the demo's workspace."""
+    fake.create_workspace("demo")
     return fake
 
 

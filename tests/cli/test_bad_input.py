@@ -271,11 +271,11 @@ def project_with_a_run(root: Path) -> tuple[Path, dict[str, bytes]]:
     config = write_chain_project(root)
     assert cli(config, "run", "chain", "--only", "first") == 0
     workspace = snapshot(root / "ws")
-    assert len(workspace) == 6
+    assert len(workspace) == 7  # 6 items and the workspace's writer lock (engine/workspace_lock.py)
     return config, workspace
 
 
-def test_a_corrupt_or_hand_edited_state_json_is_refused_by_name_and_left_as_it_is(tmp_path, capsys):
+def test_a_corrupt_or_hand_edited_state_json_is_refused_by_name_and_set_aside_byte_for_byte(tmp_path, capsys):
     config, workspace = project_with_a_run(tmp_path)
     state_path = next((tmp_path / ".bcp-pipeline" / "runs").glob("*/state.json"))
     good = json.loads(state_path.read_text())
@@ -297,16 +297,20 @@ def test_a_corrupt_or_hand_edited_state_json_is_refused_by_name_and_left_as_it_i
         "state version 7, this tool reads 1": edited(lambda s: s.update(version=7)),
         "'list' object has no attribute 'items'": edited(lambda s: s.update(stages=[])),
     }
+    run_id = state_path.parent.name
     for reason, text in variants.items():
         state_path.write_text(text)
         capsys.readouterr()
-        for verb in (("resume",), ("status",), ("run", "chain")):
+        for verb in (("resume", run_id), ("status", run_id), ("run", "chain")):
             assert cli(config, *verb) == 1, (verb, reason)
             err = capsys.readouterr().err
-            assert f"{state_path}: unreadable run state ({reason}" in err, (verb, err)
-            assert "); inspect or move it aside and start over with `run --restart`" in err
-        assert state_path.read_text() == text, "the state file is never rewritten from a guess"
+            assert f"run {run_id} is corrupt: its state file could not be read ({reason}" in err or \
+                f"the last run of chain ({run_id}) is corrupt" in err, (verb, err)
+        # Set aside under a name that says so, never rewritten from a guess, and said where.
+        aside = next(state_path.parent.glob("state.corrupt-*.json"))
+        assert aside.read_text() == text and not state_path.exists()
         assert snapshot(tmp_path / "ws") == workspace
+        aside.unlink()  # the next variant
 
 
 def stage_status(run_dir: Path, stage: str) -> str | None:

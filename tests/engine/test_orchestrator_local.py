@@ -319,9 +319,10 @@ def test_corrupt_state_file_is_an_error_not_a_guess(tmp_path, capsys):
     state_path = next((config.parent / ".bcp-pipeline/runs").glob("*/state.json"))
     state_path.write_text("{ not json")
     capsys.readouterr()
-    assert cli(config, "status") == 1
+    assert cli(config, "status") == 1  # the only run is corrupt: there is no run to show
     err = capsys.readouterr().err
-    assert f"{state_path}: unreadable run state" in err and "--restart" in err
+    assert f"is corrupt: its state file could not be read" in err and "--restart" in err
+    assert next(state_path.parent.glob("state.corrupt-*.json")).read_text() == "{ not json"
 
 
 def test_status_lists_stages_in_pipeline_order(tmp_path, capsys):
