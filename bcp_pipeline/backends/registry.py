@@ -11,7 +11,7 @@ from ..config.pipelines import Config, PipelineConfig
 from ..errors import ConfigError
 from .contract import Backend, JobRequest
 
-BACKENDS = ("local", "bcp", "slurm")
+BACKENDS = ("local", "bcp", "slurm", "kubernetes")
 
 
 def make_backend(name: str, config: Config, pipeline: PipelineConfig, run_dir: Path) -> Backend:
@@ -35,6 +35,10 @@ def make_backend(name: str, config: Config, pipeline: PipelineConfig, run_dir: P
         from .slurm import SlurmBackend
 
         return SlurmBackend(options, **common)
+    if name == "kubernetes":
+        from .kubernetes import KubernetesBackend
+
+        return KubernetesBackend(options, **common)
     raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 

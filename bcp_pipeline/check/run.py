@@ -31,7 +31,7 @@ def backend_for(config: Config, request: CheckRequest) -> str:
         return request.backend
     if request.pipeline:
         return config.pipeline(request.pipeline).backend
-    raise ConfigError("name a pipeline (`bcp-pipeline check PIPELINE`) or a backend (`--backend bcp|slurm|local`)")
+    raise ConfigError("name a pipeline (`bcp-pipeline check PIPELINE`) or a backend (`--backend bcp|slurm|kubernetes|local`)")
 
 
 def run_check(request: CheckRequest, environ: Mapping[str, str],
@@ -59,13 +59,18 @@ def run_check(request: CheckRequest, environ: Mapping[str, str],
 
         target, rows, facts, notes = check_slurm(ctx)
         target_parts = ("slurm", target["cluster"])
+    elif backend == "kubernetes":
+        from .kubernetes import check_kubernetes
+
+        target, rows, facts, notes = check_kubernetes(ctx)
+        target_parts = ("kubernetes", target["cluster"])
     elif backend == "bcp":
         from .bcp import check_bcp
 
         target, rows, facts, notes = check_bcp(ctx)
         target_parts = (target["org"], target["ace"])
     else:
-        raise ConfigError(f"unknown backend {backend!r}; choose one of bcp, slurm, local")
+        raise ConfigError(f"unknown backend {backend!r}; choose one of bcp, slurm, kubernetes, local")
     key = profile_key(*target_parts)
     result = CheckResult(backend=backend, key=key, target=target, pipeline=request.pipeline, checked_at=started,
                          rows=rows, facts=facts, notes=notes if backend != "local" else [])

@@ -33,7 +33,8 @@ from typing import Any, Literal
 import yaml
 
 from ..errors import ConfigError
-from .resources import OPTION_TYPES, RESOURCE_TYPES, BcpResources, LocalResources, SlurmResources
+from .resources import (OPTION_TYPES, RESOURCE_TYPES, BcpResources, KubernetesResources, LocalResources,
+                        SlurmResources)
 from .resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
 from .typed import Duration, Where, build, field_names
 from .yaml_lines import LineDict, load_yaml_with_lines
@@ -123,6 +124,7 @@ class StageConfig:
     bcp: BcpResources = field(default_factory=BcpResources)
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)
+    kubernetes: KubernetesResources = field(default_factory=KubernetesResources)
     name: str = field(default="", metadata={"internal": True})
     line: int | None = field(default=None, metadata={"internal": True})
     # Where each key was written (file:line, or the --set that gave it; a key left out points at the stage), so
@@ -144,6 +146,7 @@ class VerificationResources:
     bcp: BcpResources = field(default_factory=BcpResources)
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)
+    kubernetes: KubernetesResources = field(default_factory=KubernetesResources)
 
 
 @dataclass(kw_only=True)
@@ -188,7 +191,7 @@ class PipelineConfig:
     workspace: Workspace
     stages: dict[str, StageConfig]
     description: str = ""
-    backend: Literal["local", "bcp", "slurm"] = "local"  # used when --backend is not given
+    backend: Literal["local", "bcp", "slurm", "kubernetes"] = "local"  # used when --backend is not given
     vars: dict[str, str] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     verification: VerificationResources = field(default_factory=VerificationResources)

@@ -28,6 +28,7 @@ what it may touch, as for a real kubelet.
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime
 import http.server
 import json
@@ -83,6 +84,7 @@ class RunningPod:
     started: datetime.datetime
     deleting: bool = False
     kill_at: float | None = None
+    reported: bool = False  # its exit is in the pod's status
 
 
 @dataclass
@@ -97,6 +99,7 @@ class Agent:
     coordination: client.CoordinationV1Api
     pods: dict[str, RunningPod] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    hosts_lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
 
     # -- the Node, its Lease and its Ready condition ---------------------------------------------------------
@@ -176,8 +179,6 @@ class Agent:
             elif var.value_from.secret_key_ref is not None:
                 ref = var.value_from.secret_key_ref
                 secret = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
-                import base64
-
                 env[var.name] = base64.b64decode((secret.data or {})[ref.key]).decode()
         return env
 
@@ -201,8 +202,6 @@ class Agent:
                 folder = self.pod_dir(pod.metadata.uid) / "volumes" / volume.name
                 folder.mkdir(parents=True, exist_ok=True, mode=0o700)
                 secret = self.core.read_namespaced_secret(volume.secret.secret_name, pod.metadata.namespace)
-                import base64
-
                 for key, value in (secret.data or {}).items():
                     path = folder / key
                     path.write_bytes(base64.b64decode(value))
@@ -228,11 +227,14 @@ class Agent:
         return sources
 
     def start_pod(self, pod: client.V1Pod) -> None:
+        """Run the pod's first container. Its status says Running (with the pod's IP) and the hosts file names it
+        before the process starts, so the process resolves its own host name at once (gloo binds to it)."""
         uid, container = pod.metadata.uid, pod.spec.containers[0]
         folder = self.pod_dir(uid)
         folder.mkdir(parents=True, exist_ok=True)
         log_path = folder / f"{container.name}.log"
-        started = now()
+        running = RunningPod(uid, pod.metadata.namespace, pod.metadata.name, container.name, None, log_path, now())
+        self.pods[uid] = running
         try:
             env = self.resolve_env(pod, container)
             sources = self.volume_sources(pod)
@@ -243,20 +245,19 @@ class Agent:
                 raise ValueError("the container has no command: the node agent pulls no image to take one from")
             spec = {"hostname": pod.spec.hostname or pod.metadata.name, "hosts": str(self.root / "hosts"),
                     "mounts": mounts, "workdir": container.working_dir or "/", "argv": argv, "env": env}
+            self.patch_running(pod, container, running.started)
+            self.write_hosts()
             with open(log_path, "ab") as output:
-                process = subprocess.Popen(
+                running.process = subprocess.Popen(
                     ["unshare", "--uts", "--mount", "--propagation", "private", "--", sys.executable, "-c", POD_INIT,
                      json.dumps(spec)], stdin=subprocess.DEVNULL, stdout=output, stderr=output,
                     start_new_session=True)
         except (ValueError, KeyError, ApiException, OSError) as exc:
             log_path.write_text(f"k8s_node_agent: cannot start the container: {exc}\n")
-            self.pods[uid] = RunningPod(uid, pod.metadata.namespace, pod.metadata.name, container.name, None,
-                                        log_path, started)
-            self.patch_terminated(self.pods[uid], 128, "StartError", str(exc))
-            return
-        self.pods[uid] = RunningPod(uid, pod.metadata.namespace, pod.metadata.name, container.name, process,
-                                    log_path, started)
-        self.write_hosts()
+            self.patch_terminated(running, 128, "StartError", str(exc))
+            running.reported = True
+
+    def patch_running(self, pod: client.V1Pod, container: client.V1Container, started: datetime.datetime) -> None:
         stamp = started.isoformat()
         conditions = [{"type": kind, "status": "True", "lastTransitionTime": stamp}
                       for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")]
@@ -292,10 +293,10 @@ class Agent:
                 if running.kill_at is not None and time.monotonic() >= running.kill_at:
                     self.signal_group(process, signal.SIGKILL)
                 continue
-            if process is not None and not getattr(running, "reported", False):
+            if process is not None and not running.reported:
                 reason = "Completed" if code == 0 else ("Error" if code > 0 else "Killed")
                 self.patch_terminated(running, code if code >= 0 else 128 - code, reason)
-                running.reported = True  # type: ignore[attr-defined]
+                running.reported = True
             if running.deleting:
                 try:
                     self.core.delete_namespaced_pod(running.name, running.namespace, grace_period_seconds=0,
@@ -321,7 +322,7 @@ class Agent:
                 if running is None:
                     running = RunningPod(uid, pod.metadata.namespace, pod.metadata.name,
                                          pod.spec.containers[0].name, None, Path("/dev/null"), now())
-                    running.reported = True  # type: ignore[attr-defined]
+                    running.reported = True
                     self.pods[uid] = running
                 if not running.deleting:
                     running.deleting = True
@@ -366,7 +367,7 @@ class Agent:
                 fqdn = f"{host}.{pod.spec.subdomain}.{pod.metadata.namespace}.svc"
                 names = [f"{fqdn}.cluster.local", fqdn, f"{host}.{pod.spec.subdomain}", host]
             lines.append(f"{ip} {' '.join(names)}")
-        with open(self.root / "hosts", "a+") as handle:
+        with self.hosts_lock, open(self.root / "hosts", "a+") as handle:
             handle.seek(0)
             handle.truncate()
             handle.write("\n".join(lines) + "\n")
