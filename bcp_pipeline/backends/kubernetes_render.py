@@ -161,6 +161,10 @@ def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name:
                             "containers": [container],
                             "volumes": [{"name": "workspace",
                                          "persistentVolumeClaim": {"claimName": options.workspace_claim}}]}
+    if size.pods > 1:  # a pod per node where the nodes allow it, as a multi-node stage on BCP or Slurm has
+        spec["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                              "whenUnsatisfiable": "ScheduleAnyway",
+                                              "labelSelector": {"matchLabels": {LABEL_JOB: name}}}]
     if options.service_account:
         spec["serviceAccountName"] = options.service_account
     if res.node_selector:

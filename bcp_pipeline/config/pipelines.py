@@ -4,7 +4,7 @@ Layout of the file:
 
     version: 1
     stages_dir: stages            # stage programs, relative to this file
-    backends: {local: {...}, bcp: {...}, slurm: {...}}        # backend-wide options (resources.py *Options)
+    backends: {local: {...}, bcp: {...}, slurm: {...}, kubernetes: {...}}  # backend-wide options (resources.py *Options)
     pipelines:
       NAME:
         workspace: {name: nemo-framework, mount: /mount_workspace}
@@ -269,7 +269,7 @@ def _check_top_keys(raw: dict, top: Where) -> None:
 
 def _load_options(raw: Any, where: Where) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise where.error("expected a mapping of backend names (local, bcp, slurm) to options")
+        raise where.error("expected a mapping of backend names (local, bcp, slurm, kubernetes) to options")
     for key in raw:
         if key not in OPTION_TYPES:
             raise where.child(key, raw).error(f"unknown backend {key!r}; valid: {', '.join(OPTION_TYPES)}")
