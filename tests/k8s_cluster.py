@@ -80,7 +80,7 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
     stale = script("--base", str(base), "stop")
     assert stale.returncode == 0, f"stopping a stale cluster under {base} failed:\n{stale.stderr}"
     try:
-        res = script("--base", str(base), "start", "--nodes", str(NODES))
+        res = script("--base", str(base), "start", "--fresh", "--nodes", str(NODES))
         if res.returncode != 0:
             pytest.fail(f"scripts/k8s-cluster start --nodes {NODES} failed (exit {res.returncode}):\n{res.stderr}",
                         pytrace=False)

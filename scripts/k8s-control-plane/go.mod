@@ -1,8 +1,8 @@
 // A wrapper module that builds kube-apiserver, kube-controller-manager and kube-scheduler from the k8s.io/kubernetes
 // module (fetched through the Go module proxy) into one binary, chosen by argv[0]. k8s.io/kubernetes' own go.mod
 // points its staging modules at ./staging/..., which a module dependency cannot use, so the replace lines below
-// point each at its published v0.N.M release matching the pinned v1.N.M. scripts/k8s-cluster rewrites the
-// versions when KUBERNETES_RELEASE changes.
+// point each at its published v0.N.M release matching the pinned v1.N.M. To move to another release, change
+// every v1.N.M and v0.N.M below and run `go mod tidy`; scripts/k8s-cluster reads the release from here.
 module bcp-pipeline/k8s-control-plane
 
 go 1.25.0

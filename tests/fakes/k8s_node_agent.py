@@ -50,6 +50,7 @@ from kubernetes.client.rest import ApiException
 
 LEASE_RENEW_S = 2.0
 STATUS_REFRESH_S = 5.0
+AUTHORIZER_LAG_S = 15.0
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # Runs first in the pod's new UTS + mount namespaces: host name, /etc/hosts, the volumes, then the command.
 POD_INIT = """
@@ -236,8 +237,7 @@ class Agent:
         running = RunningPod(uid, pod.metadata.namespace, pod.metadata.name, container.name, None, log_path, now())
         self.pods[uid] = running
         try:
-            env = self.resolve_env(pod, container)
-            sources = self.volume_sources(pod)
+            env, sources = self.pod_inputs(pod, container)
             mounts = [(sources[m.name], m.mount_path, bool(m.read_only))
                       for m in container.volume_mounts or [] if m.name in sources]
             argv = [*(container.command or []), *(container.args or [])]
@@ -256,6 +256,18 @@ class Agent:
             log_path.write_text(f"k8s_node_agent: cannot start the container: {exc}\n")
             self.patch_terminated(running, 128, "StartError", str(exc))
             running.reported = True
+
+    def pod_inputs(self, pod: client.V1Pod, container: client.V1Container) -> tuple[dict[str, str], dict[str, str]]:
+        """The pod's environment and volumes. The apiserver's Node authorizer learns of a new binding a moment after
+        the scheduler made it (its graph), so a 403 is retried for a while, as the kubelet does."""
+        deadline = time.monotonic() + AUTHORIZER_LAG_S
+        while True:
+            try:
+                return self.resolve_env(pod, container), self.volume_sources(pod)
+            except ApiException as exc:
+                if exc.status != 403 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def patch_running(self, pod: client.V1Pod, container: client.V1Container, started: datetime.datetime) -> None:
         stamp = started.isoformat()
