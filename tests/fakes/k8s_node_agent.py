@@ -310,13 +310,16 @@ class Agent:
                 self.patch_terminated(running, code if code >= 0 else 128 - code, reason)
                 running.reported = True
             if running.deleting:
+                # The kubelet's last word on a deleted pod: its containers are gone, so the object may go too.
                 try:
-                    self.core.delete_namespaced_pod(running.name, running.namespace, grace_period_seconds=0,
-                                                    body=client.V1DeleteOptions(
-                                                        preconditions=client.V1Preconditions(uid=running.uid)))
+                    # The grace period in the body: with a body, the apiserver reads the options from it alone.
+                    self.core.delete_namespaced_pod(running.name, running.namespace, body=client.V1DeleteOptions(
+                        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=running.uid)))
+                    log.info("pod %s/%s removed", running.namespace, running.name)
                 except ApiException as exc:
-                    if exc.status not in (404, 409):
-                        raise
+                    if exc.status not in (404, 409):  # 409: the uid differs, a new pod of the same name
+                        log.warning("removing pod %s/%s: %s", running.namespace, running.name, exc.reason)
+                        continue
                 del self.pods[running.uid]
 
     @staticmethod
@@ -337,6 +340,7 @@ class Agent:
                     running.reported = True
                     self.pods[uid] = running
                 if not running.deleting:
+                    log.info("pod %s/%s deleted: stopping it", running.namespace, running.name)
                     running.deleting = True
                     grace = pod.metadata.deletion_grace_period_seconds or 0
                     running.kill_at = time.monotonic() + grace
