@@ -143,7 +143,7 @@ def test_cancel_deletes_the_job_and_kills_its_pods(k8s_cluster: K8sCluster, work
     from bcp_pipeline.engine.submitter import planned_requests
 
     config_file = demo_project(tmp_path / "cancel", "kubernetes", k8s_cluster.kubeconfig)
-    config = load_config(config_file, overrides=["sample.kubernetes.command=[sleep, '600']"])
+    config = load_config(config_file, overrides=["sample.kubernetes.command=[sleep, '600']"], pipeline="demo")
     pipeline = config.pipeline("demo")
     backend = make_backend("kubernetes", config, pipeline, tmp_path / "runs" / "demo-CANCEL")
     request = next(r for r in planned_requests(pipeline, "demo-CANCEL") if r.stage.name == "sample")
