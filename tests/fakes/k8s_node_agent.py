@@ -86,6 +86,7 @@ class RunningPod:
     deleting: bool = False
     kill_at: float | None = None
     reported: bool = False  # its exit is in the pod's status
+    hostname: str = ""
 
 
 @dataclass
@@ -98,8 +99,9 @@ class Agent:
     memory: str
     core: client.CoreV1Api
     coordination: client.CoordinationV1Api
+    discovery: client.DiscoveryV1Api  # with the DNS stand-in's identity (nodes may not list EndpointSlices)
     pods: dict[str, RunningPod] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)  # write_hosts takes it inside on_pod
     hosts_lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
 
@@ -234,7 +236,8 @@ class Agent:
         folder = self.pod_dir(uid)
         folder.mkdir(parents=True, exist_ok=True)
         log_path = folder / f"{container.name}.log"
-        running = RunningPod(uid, pod.metadata.namespace, pod.metadata.name, container.name, None, log_path, now())
+        running = RunningPod(uid, pod.metadata.namespace, pod.metadata.name, container.name, None, log_path, now(),
+                             hostname=pod.spec.hostname or pod.metadata.name)
         self.pods[uid] = running
         try:
             env, sources = self.pod_inputs(pod, container)
@@ -367,22 +370,29 @@ class Agent:
                 self.stopping.wait(1)
 
     def write_hosts(self) -> None:
-        """The pods' /etc/hosts: every running pod's `hostname.subdomain` at its IP, rewritten in place (the
-        pods' bind mounts keep the file's inode)."""
+        """The pods' /etc/hosts, as cluster DNS answers: every headless Service's endpoints by
+        `hostname.service.namespace.svc.cluster.local` (from EndpointSlices, read with the DNS stand-in's own
+        identity, as CoreDNS reads them), and this node's own pods' host names. Rewritten in place (the pods' bind
+        mounts keep the file's inode)."""
         lines = ["127.0.0.1 localhost"]
         try:
-            pods = self.core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items
-        except ApiException:
-            pods = []
-        for pod in pods:
-            host, ip = pod.spec.hostname or pod.metadata.name, pod.status.pod_ip
-            if not ip:
-                continue
-            names = [host]
-            if pod.spec.subdomain:
-                fqdn = f"{host}.{pod.spec.subdomain}.{pod.metadata.namespace}.svc"
-                names = [f"{fqdn}.cluster.local", fqdn, f"{host}.{pod.spec.subdomain}", host]
-            lines.append(f"{ip} {' '.join(names)}")
+            # Raw JSON: the client's model refuses a slice with no endpoints (a Service whose pods are gone).
+            answer = self.discovery.list_endpoint_slice_for_all_namespaces(_preload_content=False)
+            slices = json.loads(answer.data).get("items", [])
+        except (ApiException, ValueError) as exc:
+            log.warning("listing EndpointSlices: %s", exc)
+            slices = []
+        for endpoint_slice in slices:
+            metadata = endpoint_slice.get("metadata", {})
+            service = metadata.get("labels", {}).get("kubernetes.io/service-name")
+            for endpoint in endpoint_slice.get("endpoints") or []:
+                hostname, addresses = endpoint.get("hostname"), endpoint.get("addresses")
+                if service and hostname and addresses:
+                    fqdn = f"{hostname}.{service}.{metadata.get('namespace')}.svc"
+                    lines.append(f"{addresses[0]} {fqdn}.cluster.local {fqdn} {hostname}.{service}")
+        with self.lock:
+            own = sorted({pod.hostname for pod in self.pods.values() if pod.hostname})
+        lines += [f"{self.address} {hostname}" for hostname in own]
         with self.hosts_lock, open(self.root / "hosts", "a+") as handle:
             handle.seek(0)
             handle.truncate()
@@ -469,7 +479,7 @@ def serve_logs(agent: Agent, cert: str, key: str, client_ca: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="kubelet stand-in: one Node of the test cluster")
-    for name in ("--kubeconfig", "--node", "--address", "--tls-cert", "--tls-key", "--client-ca", "--root"):
+    for name in ("--kubeconfig", "--dns-kubeconfig", "--node", "--address", "--tls-cert", "--tls-key", "--client-ca", "--root"):
         parser.add_argument(name, required=True)
     parser.add_argument("--port", type=int, default=10250)
     parser.add_argument("--cpu", default="8")
@@ -478,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api = config.new_client_from_config(config_file=args.kubeconfig)
     agent = Agent(node=args.node, address=args.address, port=args.port, root=Path(args.root), cpu=args.cpu,
-                  memory=args.memory, core=client.CoreV1Api(api), coordination=client.CoordinationV1Api(api))
+                  memory=args.memory, core=client.CoreV1Api(api), coordination=client.CoordinationV1Api(api),
+                  discovery=client.DiscoveryV1Api(config.new_client_from_config(config_file=args.dns_kubeconfig)))
     agent.root.mkdir(parents=True, exist_ok=True)
     agent.write_hosts()
     serve_logs(agent, args.tls_cert, args.tls_key, args.client_ca)
