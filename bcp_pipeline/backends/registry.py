@@ -11,7 +11,7 @@ from ..config.pipelines import Config, PipelineConfig
 from ..errors import ConfigError
 from .contract import Backend, JobRequest
 
-BACKENDS = ("local", "bcp", "slurm", "gridengine")
+BACKENDS = ("local", "bcp", "slurm", "gridengine", "kubernetes")
 
 
 def make_backend(name: str, config: Config, pipeline: PipelineConfig, run_dir: Path) -> Backend:
@@ -39,6 +39,10 @@ def make_backend(name: str, config: Config, pipeline: PipelineConfig, run_dir: P
         from .gridengine import GridEngineBackend
 
         return GridEngineBackend(options, **common)
+    if name == "kubernetes":
+        from .kubernetes import KubernetesBackend
+
+        return KubernetesBackend(options, **common)
     raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 

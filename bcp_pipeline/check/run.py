@@ -31,7 +31,7 @@ def backend_for(config: Config, request: CheckRequest) -> str:
         return request.backend
     if request.pipeline:
         return config.pipeline(request.pipeline).backend
-    raise ConfigError("name a pipeline (`bcp-pipeline check PIPELINE`) or a backend (`--backend bcp|slurm|gridengine|local`)")
+    raise ConfigError("name a pipeline (`bcp-pipeline check PIPELINE`) or a backend (`--backend bcp|slurm|gridengine|kubernetes|local`)")
 
 
 def run_check(request: CheckRequest, environ: Mapping[str, str],
@@ -64,13 +64,18 @@ def run_check(request: CheckRequest, environ: Mapping[str, str],
 
         target, rows, facts, notes = check_gridengine(ctx)
         target_parts = ("gridengine", target["cell"].replace("/", "-"))
+    elif backend == "kubernetes":
+        from .kubernetes import check_kubernetes
+
+        target, rows, facts, notes = check_kubernetes(ctx)
+        target_parts = ("kubernetes", target["cluster"])
     elif backend == "bcp":
         from .bcp import check_bcp
 
         target, rows, facts, notes = check_bcp(ctx)
         target_parts = (target["org"], target["ace"])
     else:
-        raise ConfigError(f"unknown backend {backend!r}; choose one of bcp, slurm, gridengine, local")
+        raise ConfigError(f"unknown backend {backend!r}; choose one of bcp, slurm, gridengine, kubernetes, local")
     key = profile_key(*target_parts)
     result = CheckResult(backend=backend, key=key, target=target, pipeline=request.pipeline, checked_at=started,
                          rows=rows, facts=facts, notes=notes if backend != "local" else [])

@@ -4,7 +4,7 @@ Layout of the file:
 
     version: 1
     stages_dir: stages            # stage programs, relative to this file
-    backends: {local: {...}, bcp: {...}, slurm: {...}, gridengine: {...}}  # backend-wide options (resources.py *Options)
+    backends: {local: {...}, bcp: {...}, slurm: {...}, gridengine: {...}, kubernetes: {...}}  # backend-wide options (resources.py *Options)
     pipelines:
       NAME:
         workspace: {name: nemo-framework, mount: /mount_workspace}
@@ -34,7 +34,8 @@ from typing import Any, Literal
 import yaml
 
 from ..errors import ConfigError
-from .resources import OPTION_TYPES, RESOURCE_TYPES, BcpResources, GridEngineResources, LocalResources, SlurmResources
+from .resources import (OPTION_TYPES, RESOURCE_TYPES, BcpResources, GridEngineResources, KubernetesResources,
+                        LocalResources, SlurmResources)
 from .resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
 from .typed import Duration, Where, build, field_names, shown
 from .yaml_lines import LineDict, load_yaml_with_lines
@@ -138,6 +139,7 @@ class StageConfig:
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)
     gridengine: GridEngineResources = field(default_factory=GridEngineResources)
+    kubernetes: KubernetesResources = field(default_factory=KubernetesResources)
     name: str = field(default="", metadata={"internal": True})
     line: int | None = field(default=None, metadata={"internal": True})
     program_sha256: str = field(default="", metadata={"internal": True})  # of stages/PROGRAM, read when loaded
@@ -161,6 +163,7 @@ class VerificationResources:
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)
     gridengine: GridEngineResources = field(default_factory=GridEngineResources)
+    kubernetes: KubernetesResources = field(default_factory=KubernetesResources)
 
 
 @dataclass(kw_only=True)
@@ -207,7 +210,7 @@ class PipelineConfig:
     workspace: Workspace
     stages: dict[str, StageConfig]
     description: str = ""
-    backend: Literal["local", "bcp", "slurm", "gridengine"] = "local"  # used when --backend is not given
+    backend: Literal["local", "bcp", "slurm", "gridengine", "kubernetes"] = "local"  # used when --backend is not given
     vars: dict[str, str] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     verification: VerificationResources = field(default_factory=VerificationResources)
@@ -291,7 +294,7 @@ def _check_top_keys(raw: dict, top: Where) -> None:
 
 def _load_options(raw: Any, where: Where) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise where.error("expected a mapping of backend names (local, bcp, slurm, gridengine) to options")
+        raise where.error("expected a mapping of backend names (local, bcp, slurm, gridengine, kubernetes) to options")
     for key in raw:
         if key not in OPTION_TYPES:
             raise where.child(key, raw).error(f"unknown backend {key!r}; valid: {', '.join(OPTION_TYPES)}")

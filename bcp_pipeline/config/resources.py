@@ -1,6 +1,6 @@
 """Typed per-backend sections of pipelines.yaml: what a stage asks of each backend, and backend-wide options.
 
-A stage's `bcp:`, `slurm:` and `local:` sections (merged over the pipeline's `defaults:`) become these dataclasses.
+A stage's `bcp:`, `slurm:`, `kubernetes:` and `local:` sections (merged over the pipeline's `defaults:`) become these dataclasses.
 Keys map 1:1 to fields; the field comments are the reference for pipelines.yaml.
 """
 
@@ -105,11 +105,44 @@ class GridEngineResources:
     # workspace is bound at /mount_workspace; stages/ and the run folder at their own paths)
     extra_args: list[str] = field(default_factory=list)  # more `#$` lines, verbatim, e.g. -l gpu=4
     env: dict[str, str] = field(default_factory=dict)  # exported in the job script (and so to every rank)
+
+
+@dataclass(kw_only=True)
+class Toleration:
+    """A pod toleration (`spec.tolerations[]`), e.g. of a GPU node group's taint."""
+
+    key: str | None = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+@dataclass(kw_only=True)
+class KubernetesResources:
+    """One batch/v1 Indexed Job of `replicas` pods (or a Kubeflow PyTorchJob), each pod running `processes`
+    processes; unset fields are derived from the stage's BCP section (replicas, processes, image, runtime)."""
+
+    replicas: int | None = None  # pods: the Job's completions = parallelism (default: bcp.replicas)
+    processes: int | None = None  # processes per pod (default: bcp.processes)
+    image: str | None = None  # the container image (default: bcp.image; neither: backends.kubernetes.image)
+    cpu: str | None = None  # requests = limits of each pod, e.g. "8"
+    memory: str | None = None  # e.g. 64Gi
+    gpus: int = 0  # nvidia.com/gpu per pod
+    efa: int = 0  # vpc.amazonaws.com/efa per pod (EKS p4de: 4, p5: 32)
+    node_selector: dict[str, str] = field(default_factory=dict)  # e.g. {node.kubernetes.io/instance-type: p5.48xlarge}
+    tolerations: list[Toleration] = field(default_factory=list)
+    active_deadline: Duration | None = None  # the Job's activeDeadlineSeconds (default: bcp.total_runtime)
+    backoff_limit: int = 0  # pods that may fail (a failed program) before the Job fails; disrupted pods don't count
+    secrets: list[str] = field(default_factory=list)  # SECRET:KEY:ENV, a Kubernetes Secret's key as an env var
+    launcher: Literal["job", "pytorchjob"] = "job"  # pytorchjob: a Kubeflow PyTorchJob (training operator)
+    env: dict[str, str] = field(default_factory=dict)
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
 
 
 RESOURCE_TYPES: dict[str, type] = {"bcp": BcpResources, "local": LocalResources, "slurm": SlurmResources,
-                                   "gridengine": GridEngineResources}
+                                   "gridengine": GridEngineResources,
+                                   "kubernetes": KubernetesResources}
 BACKEND_NAMES = tuple(RESOURCE_TYPES)
 
 
@@ -203,11 +236,29 @@ class GridEngineOptions:
     accounting_grace_seconds: float = 60.0  # a job gone from qstat with no `qacct` record this long was deleted
     # before it started (the cell writes accounting every reporting_params flush_time, 15 s by default)
     poll_seconds: float = 1.0  # first qstat interval after a change ...
+
+
+@dataclass(kw_only=True)
+class KubernetesOptions:
+    """`backends.kubernetes`: the cluster (a kubeconfig, as kubectl reads it) and what every stage's pods share."""
+
+    kubeconfig: str | None = None  # default: $KUBECONFIG, else ~/.kube/config
+    context: str | None = None  # default: the kubeconfig's current-context
+    namespace: str = "default"
+    service_account: str | None = None  # the pods' serviceAccountName (default: the namespace's `default`)
+    image: str | None = None  # the image of stages whose kubernetes and bcp sections name none
+    workspace_claim: str = "bcp-pipeline-workspace"  # the PVC holding the workspace (ReadWriteMany across nodes),
+    # mounted at the pipeline's workspace mount (the path the stage programs use on BCP)
+    code_dir: str = "/opt/bcp-pipeline/stages"  # the stages/ folder inside the image
+    python: str = "python3"  # interpreter inside the image
+    master_port: int = 29500  # the rendezvous port on the index-0 pod
+    poll_seconds: float = 2.0  # first poll interval after a change ...
     poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
 
 
 OPTION_TYPES: dict[str, type] = {"bcp": BcpOptions, "local": LocalOptions, "slurm": SlurmOptions,
-                                 "gridengine": GridEngineOptions}
+                                 "gridengine": GridEngineOptions,
+                                 "kubernetes": KubernetesOptions}
 
 
 @dataclass(frozen=True)
@@ -229,8 +280,8 @@ def rank_layout(sections: object, backend: str) -> RankLayout:
     the estimates all call it, so they cannot disagree about a distributed stage's world size.
 
     local: replicas x processes; bcp: replicas x processes; slurm: nodes x ntasks_per_node; gridengine: nodes x
-    processes_per_node; each Slurm or Grid Engine one unset taken from the bcp section, so a pipeline written for
-    BCP runs at the same shape on a Slurm cluster or a Grid Engine cell.
+    processes_per_node; kubernetes: replicas (pods) x processes; each unset Slurm, Grid Engine or Kubernetes count
+    taken from the bcp section, so a pipeline written for BCP runs at the same shape on any of them.
     """
     if backend == "slurm":
         slurm, bcp = sections.slurm, sections.bcp  # type: ignore[attr-defined]
@@ -240,7 +291,11 @@ def rank_layout(sections: object, backend: str) -> RankLayout:
         ge, bcp = sections.gridengine, sections.bcp  # type: ignore[attr-defined]
         return RankLayout(nodes=bcp.replicas if ge.nodes is None else ge.nodes,
                           per_node=bcp.processes if ge.processes_per_node is None else ge.processes_per_node)
+    if backend == "kubernetes":
+        kubernetes, bcp = sections.kubernetes, sections.bcp  # type: ignore[attr-defined]
+        return RankLayout(nodes=bcp.replicas if kubernetes.replicas is None else kubernetes.replicas,
+                          per_node=bcp.processes if kubernetes.processes is None else kubernetes.processes)
     if backend in ("local", "bcp"):
         res = getattr(sections, backend)
         return RankLayout(nodes=res.replicas, per_node=res.processes)
-    raise ValueError(f"no rank layout for backend {backend!r} (local, slurm, gridengine, bcp)")
+    raise ValueError(f"no rank layout for backend {backend!r} (local, slurm, gridengine, kubernetes, bcp)")

@@ -1,0 +1,298 @@
+"""Kubernetes: every stage a headless Service and one Indexed batch/v1 Job (or a Kubeflow PyTorchJob), through the
+official `kubernetes` Python client, configured from a kubeconfig (path, context) as kubectl reads it.
+
+Rendering is pure (kubernetes_render.py): `plan` prints the exact manifests. Every object carries the labels
+`app.kubernetes.io/managed-by=bcp-pipeline` and `bcp-pipeline/run|stage|kind`, so one list call by label answers
+a poll for all of a run's jobs, and `find_active` finds a job a dead orchestrator left. A job's id is its name
+(in the configured namespace). Logs come from `pods/log`; `cancel` deletes with foreground propagation (the pods
+go first, so nothing of the stage is left running when the Job is gone).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..config.resources import KubernetesOptions
+from ..errors import BackendCallError, ConfigError, SubmissionError
+from .common import last_lines, progress_from_logs
+from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
+from .kubernetes_render import (INDEX_ANNOTATION, LABEL_KIND, LABEL_STAGE, job_rendezvous, label_value, manifests,
+                                printable, selector_labels, shape)
+
+# A Job's state, from its conditions (the first true one of Complete, SuccessCriteriaMet, Failed, Suspended; a
+# Failed condition with its reason) or, without one, its pod counts. Anything else is "not finished yet".
+STATE_MAP: dict[str, JobState] = {
+    "COMPLETE": JobState.SUCCEEDED,
+    "SUCCESSCRITERIAMET": JobState.SUCCEEDED,
+    "FAILED/BACKOFFLIMITEXCEEDED": JobState.FAILED,  # its programs failed more than backoffLimit times
+    "FAILED/PODFAILUREPOLICY": JobState.FAILED,  # a rule of the pod failure policy failed the Job
+    "FAILED/MAXFAILEDINDEXESEXCEEDED": JobState.FAILED,
+    "FAILED/FAILEDINDEXES": JobState.FAILED,
+    "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # activeDeadlineSeconds (the stage's runtime) ran out
+    "FAILED/EVICTED": JobState.PREEMPTED,
+    "SUSPENDED": JobState.QUEUED,
+    "RUNNING": JobState.RUNNING,  # pods ready
+    "PENDING": JobState.QUEUED,  # pods created, none ready (unscheduled, starting)
+}
+# A PyTorchJob's conditions (kubeflow.org/v1 JobConditionType), the last true one deciding.
+PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
+    "CREATED": JobState.QUEUED, "RUNNING": JobState.RUNNING, "RESTARTING": JobState.RUNNING,
+    "SUCCEEDED": JobState.SUCCEEDED, "FAILED": JobState.FAILED, "SUSPENDED": JobState.QUEUED,
+}
+HINT = ("the Kubernetes API answers at the kubeconfig's server (backends.kubernetes.kubeconfig/context, else "
+        "$KUBECONFIG or ~/.kube/config): `kubectl get nodes` shows whether this machine reaches it")
+
+
+def native_state(job: Any) -> tuple[str, str]:
+    """(STATE_MAP key, detail) of a batch/v1 Job object."""
+    for condition in job.status.conditions or []:
+        if condition.status != "True":
+            continue
+        kind = condition.type.upper()
+        if kind == "FAILED":
+            return f"FAILED/{(condition.reason or '').upper()}", condition.message or ""
+        if kind in ("COMPLETE", "SUCCESSCRITERIAMET", "SUSPENDED"):
+            return kind, condition.message or ""
+    return ("RUNNING" if (job.status.ready or 0) > 0 else "PENDING"), ""
+
+
+def pytorchjob_status(obj: dict[str, Any]) -> JobStatus:
+    """A PyTorchJob (a dict from the custom-objects API): its last true condition decides."""
+    conditions = [c for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"]
+    native = conditions[-1]["type"].upper() if conditions else "CREATED"
+    state = map_native_state(native, PYTORCHJOB_STATE_MAP)
+    return JobStatus(job_id=obj["metadata"]["name"], state=state, native=native,
+                     detail=conditions[-1].get("message", "") if conditions else "",
+                     exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
+
+
+def status_of(job: Any) -> JobStatus:
+    native, detail = native_state(job)
+    state = map_native_state(native, STATE_MAP)
+    return JobStatus(job_id=job.metadata.name, state=state, native=native, detail=detail,
+                     exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+
+    def __init__(self, options: KubernetesOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
+                 workspace_name: str) -> None:
+        self.options = options
+        self.config_dir = config_dir
+        self.run_id = run_dir.name  # run_dir is STATE/runs/RUN
+        self.poll_min_seconds = options.poll_seconds
+        self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
+        self._api: Any = None
+
+    # -- rendering (pure) ------------------------------------------------------------------------------
+    def sharding(self, request: JobRequest) -> dict[str, int]:
+        size = shape(request, self.options)
+        return {"replicas": size.pods, "processes": size.processes}
+
+    def render(self, request: JobRequest) -> Submission:
+        objects = manifests(request, self.options)
+        return Submission(request=request, printable=printable(objects),
+                          payload={"manifests": objects, **self.sharding(request)},
+                          rendezvous=job_rendezvous(request, self.options))
+
+    # -- the API -----------------------------------------------------------------------------------------
+    def api(self) -> Any:
+        """The API client of the kubeconfig, made on first use (so `plan` needs no cluster)."""
+        if self._api is None:
+            self._api = api_client(self.options, self.config_dir)
+        return self._api
+
+    def _batch(self) -> Any:
+        from kubernetes import client
+
+        return client.BatchV1Api(self.api())
+
+    def _core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api())
+
+    def create(self, obj: dict[str, Any], dry_run: bool = False) -> None:
+        """Create one rendered object (a Service, a Job or a PyTorchJob); `dry_run`: the apiserver validates and
+        admits it without storing it (server-side dry run)."""
+        create_object(self.api(), obj, dry_run=dry_run)
+
+    # -- side effects ------------------------------------------------------------------------------------
+    def submit(self, submission: Submission) -> str:
+        objects = submission.payload["manifests"]
+        for obj in objects:
+            try:
+                self.create(obj)
+            except BackendCallError as exc:
+                if "AlreadyExists" not in str(exc) or obj["kind"] != "Service":
+                    raise SubmissionError(f"creating {obj['kind']} {obj['metadata']['name']} failed: {exc}") from None
+        return objects[-1]["metadata"]["name"]
+
+    def _list_jobs(self, stage: str | None = None, kind: str | None = None) -> list[Any]:
+        selector = selector_labels(self.run_id, stage, kind)
+        try:
+            return self._batch().list_namespaced_job(self.options.namespace, label_selector=selector).items
+        except Exception as exc:  # noqa: BLE001 - the client raises ApiException, urllib3 and OS errors
+            raise api_error("list jobs", exc) from None
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """One list call, by the run's label, for every job of the run; ids no longer there are omitted."""
+        if not job_ids:
+            return {}
+        wanted = set(job_ids)
+        found = {job.metadata.name: status_of(job) for job in self._list_jobs() if job.metadata.name in wanted}
+        if wanted - set(found):  # a PyTorchJob (`launcher: pytorchjob`) is not a batch/v1 Job
+            found.update({obj["metadata"]["name"]: pytorchjob_status(obj) for obj in self._list_pytorchjobs()
+                          if obj["metadata"]["name"] in wanted})
+        return found
+
+    def _list_pytorchjobs(self) -> list[dict[str, Any]]:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return client.CustomObjectsApi(self.api()).list_namespaced_custom_object(
+                "kubeflow.org", "v1", self.options.namespace, "pytorchjobs",
+                label_selector=selector_labels(self.run_id))["items"]
+        except ApiException as exc:
+            if exc.status == 404:  # no training operator (its CRD) on this cluster
+                return []
+            raise api_error("list pytorchjobs", exc) from None
+
+    def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
+        if label_value(run_id) != label_value(self.run_id):
+            return []
+        return [job.metadata.name for job in self._list_jobs(stage, kind) if not status_of(job).state.finished]
+
+    def find_submitted(self, run_id: str, stage: str, kind: str) -> list[str]:
+        if label_value(run_id) != label_value(self.run_id):
+            return []
+        jobs = sorted(self._list_jobs(stage, kind), key=lambda job: job.metadata.creation_timestamp)
+        return [job.metadata.name for job in jobs]
+
+    def _pods(self, job_id: str) -> list[Any]:
+        """The job's pods, by completion index (the latest pod of an index last)."""
+        try:
+            pods = self._core().list_namespaced_pod(self.options.namespace,
+                                                    label_selector=f"batch.kubernetes.io/job-name={job_id}").items
+        except Exception as exc:  # noqa: BLE001
+            raise api_error("list pods", exc) from None
+        return sorted(pods, key=lambda p: (int((p.metadata.annotations or {}).get(INDEX_ANNOTATION, 0)),
+                                           p.metadata.creation_timestamp))
+
+    def _pod_log(self, pod: Any, tail: int | None = None) -> str:
+        try:
+            return self._core().read_namespaced_pod_log(pod.metadata.name, self.options.namespace,
+                                                        tail_lines=tail) or ""
+        except Exception as exc:  # noqa: BLE001
+            return f"(no log: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+
+    def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
+        pods = self._pods(job_id)
+        if not pods:
+            raise SubmissionError(f"job {job_id} has no pods (yet, or any more) in namespace {self.options.namespace}")
+        by_index = {int((p.metadata.annotations or {}).get(INDEX_ANNOTATION, 0)): p for p in pods}
+        if rank is not None:
+            processes = int(next((e.value for e in pods[0].spec.containers[0].env or []
+                                  if e.name == "BCP_PIPELINE_PROCESSES"), "1"))
+            pod = by_index.get(rank // processes)
+            if pod is None:
+                raise SubmissionError(f"job {job_id} has no pod for rank {rank} (indexes {sorted(by_index)})")
+            return self._pod_log(pod, tail)
+        if len(by_index) == 1:
+            return self._pod_log(next(iter(by_index.values())), tail)
+        return "\n".join(f"==> {pod.metadata.name} <==\n{self._pod_log(pod, tail)}" for pod in by_index.values())
+
+    def progress(self, job_id: str) -> JobProgress | None:
+        return progress_from_logs([self._pod_log(pod, 50) for pod in self._pods(job_id)])
+
+    def failure_detail(self, job_id: str, status: JobStatus) -> str:
+        """The Job's condition message, the failed pods' exit codes and the first one's log tail."""
+        lines = [status.detail] if status.detail else []
+        failed = []
+        for pod in self._pods(job_id):
+            for container in pod.status.container_statuses or []:
+                terminated = container.state.terminated if container.state else None
+                if terminated is not None and terminated.exit_code != 0:
+                    failed.append((pod, terminated))
+        if failed:
+            lines.append("; ".join(f"pod {pod.metadata.name} on {pod.spec.node_name} exited {t.exit_code} "
+                                   f"({t.reason})" for pod, t in failed))
+            lines.append(f"last lines of {failed[0][0].metadata.name}:\n" +
+                         "\n".join(f"    {line}" for line in last_lines(self._pod_log(failed[0][0], 15), 15)
+                                   .splitlines()))
+        return "\n".join(lines)
+
+    def cancel(self, job_ids: list[str]) -> None:
+        from kubernetes.client.rest import ApiException
+
+        for name in job_ids:
+            for delete in (self._batch().delete_namespaced_job, self._core().delete_namespaced_service):
+                try:
+                    delete(name, self.options.namespace, propagation_policy="Foreground")
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise api_error(f"delete {name}", exc) from None
+
+
+def api_client(options: KubernetesOptions, config_dir: Path) -> Any:
+    """An ApiClient from the kubeconfig (options.kubeconfig relative to the config file; else $KUBECONFIG or
+    ~/.kube/config) and its context, as kubectl picks them."""
+    try:
+        from kubernetes import config
+    except ImportError:
+        raise ConfigError("the kubernetes backend needs the `kubernetes` package: pip install 'kubernetes==35.0.0' "
+                          "(scripts/setup installs it)") from None
+    path = (config_dir / options.kubeconfig) if options.kubeconfig else Path(
+        os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0]).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"no kubeconfig at {path}: set backends.kubernetes.kubeconfig (or $KUBECONFIG) to the "
+                          "cluster's kubeconfig (`aws eks update-kubeconfig` writes one for EKS)")
+    try:
+        return config.new_client_from_config(config_file=str(path), context=options.context)
+    except Exception as exc:  # noqa: BLE001 - a bad kubeconfig raises ConfigException, ValueError, ...
+        raise ConfigError(f"{path}: cannot use this kubeconfig"
+                          f"{f' (context {options.context!r})' if options.context else ''}: {exc}") from None
+
+
+def create_object(api: Any, obj: dict[str, Any], *, dry_run: bool = False) -> None:
+    """POST one manifest to its collection; raises BackendCallError with the apiserver's message."""
+    from kubernetes import client
+
+    namespace, kind = obj["metadata"]["namespace"], obj["kind"]
+    extra = {"dry_run": "All"} if dry_run else {}
+    try:
+        if kind == "Service":
+            client.CoreV1Api(api).create_namespaced_service(namespace, obj, **extra)
+        elif kind == "Job":
+            client.BatchV1Api(api).create_namespaced_job(namespace, obj, **extra)
+        elif kind == "PyTorchJob":
+            client.CustomObjectsApi(api).create_namespaced_custom_object("kubeflow.org", "v1", namespace,
+                                                                         "pytorchjobs", obj, **extra)
+        else:
+            raise SubmissionError(f"cannot create a {kind}: the backend renders only Service, Job and PyTorchJob")
+    except SubmissionError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise api_error(f"create {kind} {obj['metadata']['name']}", exc) from None
+
+
+def api_error(what: str, exc: Exception) -> BackendCallError:
+    """An API failure as one readable error: the apiserver's reason and message, not the client's dump."""
+    import json
+
+    body = getattr(exc, "body", None)
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if body:
+        try:
+            parsed = json.loads(body)
+            message = f"{parsed.get('reason', '')}: {parsed.get('message', '')}"
+        except (ValueError, AttributeError):
+            pass
+    status = getattr(exc, "status", None)
+    return BackendCallError(f"Kubernetes API, {what}: {message}; {HINT}",
+                            http_status=status if isinstance(status, int) and status else None,
+                            unreachable=not isinstance(status, int) or not status)

@@ -1,0 +1,124 @@
+"""The kubernetes backend without a cluster: golden manifests (`plan` prints them as `run` creates them), the
+rank layout and rendezvous, secrets only by reference, the PyTorchJob, and the Job-condition -> JobState map."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bcp_pipeline.backends.contract import JobRequest, JobState
+from bcp_pipeline.backends.kubernetes import KubernetesBackend, pytorchjob_status, status_of
+from bcp_pipeline.backends.kubernetes_render import job_name, manifests
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.config.preflight import load_and_check
+from bcp_pipeline.errors import SubmissionError
+from golden_files import REPO, assert_golden, normalize
+
+kubernetes = pytest.importorskip("kubernetes")
+from kubernetes import client  # noqa: E402
+
+
+def plan(capsys: pytest.CaptureFixture, pipeline: str, *overrides: str) -> str:
+    capsys.readouterr()
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    assert main(["--config", str(REPO / "pipelines.yaml"), "plan", pipeline, "--backend", "kubernetes", *sets]) == 0
+    return capsys.readouterr().out.replace(sys.executable, "<PYTHON>")
+
+
+def request_for(stage: str, *overrides: str, kind: str = "stage") -> tuple[KubernetesBackend, JobRequest]:
+    config = load_and_check(REPO / "pipelines.yaml", overrides=list(overrides), pipeline="demo")
+    pipeline = config.pipeline("demo")
+    backend = KubernetesBackend(config.options["kubernetes"], config_dir=REPO, stages_dir=config.stages_dir,
+                                run_dir=REPO / ".bcp-pipeline/runs/demo-RUN", workspace_name="demo")
+    program = "verify.py" if kind == "verify" else pipeline.stages[stage].program
+    return backend, JobRequest(run_id="demo-RUN", pipeline=pipeline, stage=pipeline.stages[stage], kind=kind,
+                               program=program, args=tuple(pipeline.stages[stage].args))
+
+
+def test_plan_demo_golden(capsys: pytest.CaptureFixture) -> None:
+    assert_golden("kubernetes/plan-demo.txt", normalize(plan(capsys, "demo")))
+
+
+def test_indexed_job_shape_rendezvous_and_secrets_by_reference() -> None:
+    backend, request = request_for("download", "download.kubernetes.secrets=[hf-token:token:HF_TOKEN]",
+                                   "download.kubernetes.gpus=8", "download.kubernetes.efa=4")
+    submission = backend.render(request)
+    service, job = yaml.safe_load_all(submission.printable)
+    assert [service, job] == submission.payload["manifests"]  # printed exactly as created
+    name = job["metadata"]["name"]
+    assert name == job_name(request) == "demo-run-download-a1"
+    assert service["spec"]["clusterIP"] == "None" and service["metadata"]["name"] == name
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 2, 2)  # demo: 2 x 2
+    assert spec["activeDeadlineSeconds"] == 3600  # bcp.total_runtime 1h
+    assert spec["podFailurePolicy"]["rules"][0] == {"action": "Ignore",
+                                                    "onPodConditions": [{"type": "DisruptionTarget"}]}
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == name and pod["restartPolicy"] == "Never"
+    container = pod["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["WORLD_SIZE"]["value"] == "4" and env["BCP_PIPELINE_PROCESSES"]["value"] == "2"
+    assert env["MASTER_ADDR"]["value"] == f"{name}-0.{name}"
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "4"}
+    assert container["volumeMounts"] == [{"name": "workspace", "mountPath": "/mount_workspace", "readOnly": False}]
+    assert submission.rendezvous["WORLD_SIZE"] == 4
+    assert backend.sharding(request) == {"replicas": 2, "processes": 2}
+
+
+def test_verification_mounts_read_only_and_names_apart() -> None:
+    backend, request = request_for("download", kind="verify")
+    _, job = manifests(request, backend.options)
+    assert job["metadata"]["name"] == "demo-run-download-verify-a1"
+    assert job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] is True
+
+
+def test_long_names_stay_dns_labels() -> None:
+    backend, request = request_for("tokenize-preprocess")
+    long = JobRequest(run_id="a-very-long-pipeline-name-20261125-221500-abcd", pipeline=request.pipeline,
+                      stage=request.stage, kind="verify", program="verify.py", args=(), attempt=12)
+    name = job_name(long)
+    assert len(name) <= 52 and name.endswith("-verify-a12") and name == name.lower()
+
+
+def test_pytorchjob_golden() -> None:
+    backend, request = request_for("pretrain", "pretrain.kubernetes.launcher=pytorchjob",
+                                   "pretrain.kubernetes.replicas=2", "pretrain.kubernetes.gpus=8")
+    assert_golden("kubernetes/pretrain-pytorchjob.yaml", normalize(backend.render(request).printable))
+    (obj,) = manifests(request, backend.options)
+    assert obj["kind"] == "PyTorchJob" and obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+
+
+def test_bad_secret_and_missing_image_are_refused() -> None:
+    backend, request = request_for("bpe", "bpe.kubernetes.secrets=[just-a-name]")
+    with pytest.raises(SubmissionError, match="SECRET:KEY:ENV"):
+        backend.render(request)
+
+
+def job_with(conditions: list[tuple[str, str]], ready: int = 0) -> client.V1Job:
+    return client.V1Job(metadata=client.V1ObjectMeta(name="j"), status=client.V1JobStatus(ready=ready, conditions=[
+        client.V1JobCondition(type=kind, status="True", reason=reason) for kind, reason in conditions]))
+
+
+@pytest.mark.parametrize(("conditions", "ready", "state"), [
+    ([], 0, JobState.QUEUED), ([], 1, JobState.RUNNING), ([("Complete", "")], 0, JobState.SUCCEEDED),
+    ([("SuccessCriteriaMet", ""), ("Complete", "")], 0, JobState.SUCCEEDED),
+    ([("Failed", "BackoffLimitExceeded")], 0, JobState.FAILED), ([("Failed", "PodFailurePolicy")], 0, JobState.FAILED),
+    ([("Failed", "DeadlineExceeded")], 0, JobState.TIMED_OUT), ([("Suspended", "JobSuspended")], 0, JobState.QUEUED),
+    ([("Failed", "SomethingNew")], 0, JobState.UNKNOWN),  # unknown: not finished, never "failed"
+])
+def test_job_conditions_map_to_states(conditions: list, ready: int, state: JobState) -> None:
+    assert status_of(job_with(conditions, ready)).state is state
+
+
+def test_pytorchjob_conditions_map_to_states() -> None:
+    def obj(*kinds: str) -> dict:
+        return {"metadata": {"name": "p"}, "status": {"conditions": [{"type": k, "status": "True"} for k in kinds]}}
+
+    assert pytorchjob_status(obj()).state is JobState.QUEUED
+    assert pytorchjob_status(obj("Created", "Running")).state is JobState.RUNNING
+    assert pytorchjob_status(obj("Created", "Running", "Succeeded")).state is JobState.SUCCEEDED
+    assert pytorchjob_status(obj("Created", "Failed")).state is JobState.FAILED

@@ -1,0 +1,68 @@
+"""The smoke pretrain on 2 ranks as one Indexed Job of 2 pods on the test cluster (scripts/k8s-cluster: Kubernetes'
+own control plane, the node agent standing in for the kubelet), one pod per node: rank 1 meets rank 0 at the
+index-0 pod's DNS name through the headless Service, and the losses equal a one-process run to rtol 1e-4, as on
+the other backends (tests/e2e/test_pretrain_backends.py)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bcp_pipeline.backends.registry import make_backend
+from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.engine.state import RunStore
+from k8s_cluster import K8sCluster, k8s_cluster  # noqa: F401  (the fixture)
+from pipeline_fixtures import REPO
+from test_pretrain_backends import RUN_NAME, assert_trained_like_one_process, cli, stage_job, write_project
+from test_pretrain_distributed import data_dir, reference  # noqa: F401 (fixtures)
+
+kubernetes = pytest.importorskip("kubernetes")
+from kubernetes import client  # noqa: E402
+
+NAMESPACE = "bcp-ddp"
+
+
+@pytest.fixture(scope="module")
+def workspace(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    core = client.CoreV1Api(k8s_cluster.api())
+    folder = tmp_path_factory.mktemp("ddp-workspace")
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    core.create_persistent_volume({"metadata": {"name": "bcp-ddp-workspace"}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
+        "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
+    core.create_namespaced_persistent_volume_claim(NAMESPACE, {"metadata": {"name": "bcp-pipeline-workspace"}, "spec": {
+        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "",
+        "volumeName": "bcp-ddp-workspace"}})
+    deadline = time.monotonic() + 60
+    while core.read_namespaced_persistent_volume_claim("bcp-pipeline-workspace", NAMESPACE).status.phase != "Bound":
+        assert time.monotonic() < deadline, "the workspace PVC did not bind"
+        time.sleep(0.5)
+    return folder
+
+
+def test_kubernetes_two_pods_train_as_one(k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path,  # noqa: F811
+                                          data_dir: Path, reference: dict) -> None:  # noqa: F811
+    config = write_project(tmp_path / "p", data_dir)
+    raw = yaml.safe_load(config.read_text())
+    raw["backends"]["kubernetes"] = {"kubeconfig": str(k8s_cluster.kubeconfig), "namespace": NAMESPACE,
+                                     "code_dir": str(REPO / "stages"), "python": sys.executable,
+                                     "poll_seconds": 0.5, "poll_max_seconds": 2.0}
+    raw["pipelines"]["ddp"]["stages"]["pretrain"]["kubernetes"] = {"replicas": 2, "processes": 1}
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert cli(config, "run", "ddp", "--backend", "kubernetes") == 0
+    stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
+    assert stage.sharding == {"replicas": 2, "processes": 1}
+    loaded = load_config(config, pipeline="ddp")
+    backend = make_backend("kubernetes", loaded, loaded.pipeline("ddp"), config.parent / ".bcp-pipeline/runs/x")
+    job = stage_job(stage)
+    logs = [backend.logs(job, rank=rank) for rank in (0, 1)]  # each rank's pod, through pods/log
+    name = job
+    assert f"rank 1 of 2: met at {name}-0.{name}:" in logs[1] and "(gloo, cpu)" in logs[1], logs[1]
+    pods = client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
+        NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}").items
+    assert sorted(p.spec.node_name for p in pods) == ["node1", "node2"]
+    assert_trained_like_one_process(workspace / "results" / RUN_NAME / "train_summary.json", logs, reference)

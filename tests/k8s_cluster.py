@@ -1,0 +1,91 @@
+"""A real Kubernetes control plane for tests (kube-apiserver, -controller-manager, -scheduler built from
+Kubernetes' source, and etcd), started through scripts/k8s-cluster with two node agents (the kubelet STAND-IN of
+tests/fakes/k8s_node_agent.py), each in its own network namespace.
+
+    def test_something(k8s_cluster: K8sCluster) -> None:
+        api = k8s_cluster.api()  # a kubernetes.client.ApiClient for the cluster's admin
+
+The build needs the Go module proxy, which tests never reach (tests/offline.py): `scripts/k8s-cluster install`
+runs before pytest (in .ci/run, or by hand), and the fixture only starts what is installed. Where it is not
+installed, or the machine cannot run it (not Linux, not root, no `ip`), the tests that use it are skipped with the
+reason printed on the terminal. The cluster lives under its own base folder in /tmp (one per checkout), is
+stopped at the end of the module, and one a killed session left behind is stopped before a new one starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "k8s-cluster"
+NODES = 2
+
+
+def script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """scripts/k8s-cluster with this interpreter (the node agents need its `kubernetes` client)."""
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def cluster_base(repo: Path = REPO) -> Path:
+    return Path("/tmp") / f"bcp-pipeline-k8s-{hashlib.sha1(str(repo).encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class K8sCluster:
+    base: Path
+    kubeconfig: Path
+    nodes: tuple[str, ...]
+
+    def script(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """scripts/k8s-cluster COMMAND --base BASE ARGS."""
+        return script("--base", str(self.base), *args, timeout=timeout)
+
+    def api(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+
+def unavailable_reason() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return f"the Kubernetes test cluster needs Linux (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "the Kubernetes test cluster's nodes need root (network and mount namespaces)"
+    if shutil.which("ip") is None or shutil.which("etcd") is None or shutil.which("openssl") is None:
+        return "ip, etcd or openssl is missing: run `scripts/k8s-cluster install`"
+    installed = subprocess.run([sys.executable, str(SCRIPT), "status"], capture_output=True, text=True)
+    if "not installed" in installed.stderr:
+        return installed.stderr.strip()
+    return None
+
+
+@pytest.fixture(scope="module")
+def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
+    if reason := unavailable_reason():
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"SKIPPING the Kubernetes tests: {reason}", yellow=True)
+        pytest.skip(reason)
+    base = cluster_base()
+    stale = script("--base", str(base), "stop")
+    assert stale.returncode == 0, f"stopping a stale cluster under {base} failed:\n{stale.stderr}"
+    try:
+        res = script("--base", str(base), "start", "--fresh", "--nodes", str(NODES))
+        if res.returncode != 0:
+            pytest.fail(f"scripts/k8s-cluster start --nodes {NODES} failed (exit {res.returncode}):\n{res.stderr}",
+                        pytrace=False)
+        kubeconfig = Path(res.stdout.strip().splitlines()[-1].split("=", 1)[1])
+        yield K8sCluster(base=base, kubeconfig=kubeconfig, nodes=tuple(f"node{k}" for k in range(1, NODES + 1)))
+    finally:
+        res = script("--base", str(base), "stop")
+        assert res.returncode == 0, f"scripts/k8s-cluster stop failed:\n{res.stderr}"
