@@ -18,6 +18,7 @@ def normalize(text: str, *roots: Path) -> str:
     for root in (*roots, REPO):
         text = text.replace(str(root), "<ROOT>")
     text = re.sub(r"(BCP_PIPELINE_OUTPUT_DIGEST[:=])[0-9a-f]{16}", r"\1<DIGEST>", text)
+    text = re.sub(r"(name: BCP_PIPELINE_OUTPUT_DIGEST\n\s+value: )[0-9a-f]{16}", r"\1<DIGEST>", text)  # a manifest
     return re.sub(r"(\.bcp-pipeline/code/)[0-9a-f]{16}", r"\1<HASH>", text)
 
 

@@ -27,7 +27,7 @@ from .bcp_transport import Transport, make_transport, read_ngc_config
 from .bcp_driver import DRIVER_STAGE, driver_job_shape
 from .bcp_policy import PlannedJob, planned_jobs, violations
 from .profile import profile_key
-from .common import last_lines, shell_join, training_progress
+from .common import last_lines, shell_join, training_progress, user_writer_lock
 from .retries import RetryPolicy, with_retries
 
 # All 25 BCP job statuses (ngc-cli.md). PREEMPTED waits for `job resume`; unknown ones are "not finished".
@@ -101,9 +101,7 @@ class BcpBackend(Backend):
         """A BCP workspace is named, not a folder here: its lock lives in this user's state folder, keyed by org and
         workspace name, so every orchestrator on this machine (any config file, any --state-dir) sees it; a run
         handed to a driver job leaves a record there naming it (engine/workspace_lock.py)."""
-        org = account_of(self.options, os.environ)[0] or "no-org"
-        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-        return base / "bcp-pipeline" / "workspace-locks" / safe_file_name(org) / f"{safe_file_name(self.workspace_name)}.lock"
+        return user_writer_lock(account_of(self.options, os.environ)[0] or "no-org", self.workspace_name)
 
     # -- pure ------------------------------------------------------------------------------------------
     def sharding(self, request: JobRequest) -> dict[str, int]:
@@ -410,12 +408,6 @@ def account_of(options: BcpOptions, environ: Mapping[str, str]) -> tuple[str | N
     return (options.org or environ.get("NGC_CLI_ORG") or saved.get("org") or None,
             options.team or environ.get("NGC_CLI_TEAM") or saved.get("team") or None,
             options.ace or environ.get("NGC_CLI_ACE") or saved.get("ace") or None)
-
-
-def safe_file_name(name: str) -> str:
-    """A name as one path component: characters other than letters, digits, `-`, `_`, `.` become `_`."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-    return cleaned if cleaned.strip(".") else "_"
 
 
 def profile_key_of(options: BcpOptions, environ: Mapping[str, str]) -> str | None:

@@ -4,6 +4,7 @@ batch-scheduler backends (Slurm, Grid Engine) share: job names and the job-side 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -52,6 +53,21 @@ def paths_for(options: Any, *, config_dir: Path, stages_dir: Path, run_dir: Path
 
 OUTPUT_DIGEST_ENV = "BCP_PIPELINE_OUTPUT_DIGEST"  # stages/_common.py reads these two under the same names
 OTHER_OUTPUTS_ENV = "BCP_PIPELINE_OTHER_OUTPUTS"
+
+
+def user_writer_lock(service: str, workspace: str) -> Path:
+    """The writer lock of a workspace that is no folder here (a BCP workspace, a Kubernetes volume claim): in this
+    user's state folder ($XDG_STATE_HOME, else ~/.local/state), keyed by the service (an org, a cluster and
+    namespace) and the workspace's name, so every orchestrator on this machine sees it, whatever its config file or
+    --state-dir."""
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "bcp-pipeline" / "workspace-locks" / safe_file_name(service) / f"{safe_file_name(workspace)}.lock"
+
+
+def safe_file_name(name: str) -> str:
+    """A name as one path component: characters other than letters, digits, `-`, `_`, `.` become `_`."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return cleaned if cleaned.strip(".") else "_"
 
 
 def folder_writer_lock(workspace: Path) -> Path:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config.resources import KubernetesOptions
 from ..errors import BackendCallError, ConfigError, SubmissionError
-from .common import last_lines, progress_from_logs
+from .common import last_lines, progress_from_logs, user_writer_lock
 from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
 from .kubernetes_render import (INDEX_ANNOTATION, LABEL_KIND, LABEL_STAGE, job_rendezvous, label_value, manifests,
                                 printable, selector_labels, shape)
@@ -88,6 +88,12 @@ class KubernetesBackend(Backend):
         self._api: Any = None
 
     # -- rendering (pure) ------------------------------------------------------------------------------
+    def writer_lock_path(self) -> Path:
+        """The workspace is a volume claim of a cluster: locked in this user's state folder, by cluster context,
+        namespace and claim (common.user_writer_lock)."""
+        context = self.options.context or os.environ.get("KUBECONFIG") or "default-kubeconfig"
+        return user_writer_lock(f"kubernetes-{context}", f"{self.options.namespace}.{self.options.workspace_claim}")
+
     def sharding(self, request: JobRequest) -> dict[str, int]:
         size = shape(request, self.options)
         return {"replicas": size.pods, "processes": size.processes}

@@ -105,6 +105,7 @@ class GridEngineResources:
     # workspace is bound at /mount_workspace; stages/ and the run folder at their own paths)
     extra_args: list[str] = field(default_factory=list)  # more `#$` lines, verbatim, e.g. -l gpu=4
     env: dict[str, str] = field(default_factory=dict)  # exported in the job script (and so to every rank)
+    command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
 
 
 @dataclass(kw_only=True)
@@ -236,6 +237,7 @@ class GridEngineOptions:
     accounting_grace_seconds: float = 60.0  # a job gone from qstat with no `qacct` record this long was deleted
     # before it started (the cell writes accounting every reporting_params flush_time, 15 s by default)
     poll_seconds: float = 1.0  # first qstat interval after a change ...
+    poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
 
 
 @dataclass(kw_only=True)
