@@ -70,13 +70,6 @@ def safe_file_name(name: str) -> str:
     return cleaned if cleaned.strip(".") else "_"
 
 
-def folder_writer_lock(workspace: Path) -> Path:
-    """The writer lock of a folder that stands in for the workspace (local, Slurm): beside it, so two orchestrators
-    of different config files or state folders that share the folder share the lock (on Slurm, on the shared file
-    system the folder must be on)."""
-    return workspace.parent / f".{workspace.name}.writer.lock"
-
-
 def stage_command(request: JobRequest, backend: str, values: dict[str, str]) -> list[str]:
     """argv of the job's program: the backend section's `command`, else `PYTHON ${code}/PROGRAM ARGS`."""
     resources = request.resources(backend)

@@ -199,10 +199,15 @@ class Backend(abc.ABC):
     def job_url(self, job_id: str) -> str | None:
         return None
 
-    @abc.abstractmethod
-    def writer_lock_path(self) -> "Path":
+    def writer_lock_path(self) -> Path:
         """The file whose lock marks the one writer of this backend's workspace data (engine/workspace_lock.py):
-        where every orchestrator that could write the same data sees it, whatever its config file or --state-dir."""
+        where every orchestrator that could write the same data sees it, whatever its config file or --state-dir.
+        A workspace that is a folder here (local, Slurm, Grid Engine): beside it, so any config file or state
+        folder that shares the folder shares the lock (on a cluster, on the shared file system the folder is on).
+        A backend whose workspace is no folder here overrides this (BCP, Kubernetes: common.user_writer_lock)."""
+        if self.local_workspace is None:
+            raise NotImplementedError(f"backend {self.name} names no writer lock for its workspace")
+        return self.local_workspace.parent / f".{self.local_workspace.name}.writer.lock"
 
     has_profile: bool = False  # a saved `check` profile of this service was found (backends/profile.py)
     local_workspace: Path | None = None  # the workspace as a folder on this machine, where it is one (local, Slurm)

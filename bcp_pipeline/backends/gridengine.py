@@ -24,7 +24,7 @@ from pathlib import Path
 from ..config.resources import GridEngineOptions
 from ..errors import CommandError, SubmissionError
 from ..procs import run_command
-from .common import folder_writer_lock, job_name, last_lines, paths_for, progress_from_logs, read_tail
+from .common import job_name, last_lines, paths_for, progress_from_logs, read_tail
 from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
 from .gridengine_render import job_rendezvous, job_script, shape
 
@@ -99,9 +99,6 @@ class GridEngineBackend(Backend):
         self.accounting_grace_seconds = options.accounting_grace_seconds
         self._finished: dict[str, JobStatus] = {}  # from qacct: it never changes once written
         self._unlisted_since: dict[str, float] = {}  # left qstat, no accounting record yet
-
-    def writer_lock_path(self) -> Path:
-        return folder_writer_lock(Path(self.paths.workspace))
 
     # -- rendering (pure) ------------------------------------------------------------------------------
     def sharding(self, request: JobRequest) -> dict[str, int]:

@@ -22,7 +22,7 @@ from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Sub
 from ..procs import is_alive, process_start_ticks, signal_group
 from ..config.resources import LocalOptions
 from .common import last_lines, placeholder_values, progress_from_logs, read_tail, rendezvous, resolved_env
-from .common import folder_writer_lock, shell_join, stage_command
+from .common import shell_join, stage_command
 
 CANCEL_MARKER = "cancel-requested"
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 20000  # a job's MASTER_PORT: BASE + crc32(run/job id) % SPAN
@@ -48,9 +48,6 @@ class LocalBackend(Backend):
         self.poll_min_seconds = options.poll_seconds
         self.poll_max_seconds = max(options.poll_seconds, 2.0)
         self._launched: list[subprocess.Popen] = []  # reaped in poll() so finished supervisors leave no zombies
-
-    def writer_lock_path(self) -> Path:
-        return folder_writer_lock(self.workspace_dir)
 
     # -- rendering (pure) ------------------------------------------------------------------------------
     def values(self, request: JobRequest) -> dict[str, str]:

@@ -22,7 +22,7 @@ from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Sub
 from ..procs import run_command
 from ..config.nemo import nemo_run_name
 from ..config.resources import SlurmOptions
-from .common import folder_writer_lock, last_lines, progress_from_logs, read_tail
+from .common import last_lines, progress_from_logs, read_tail
 from .slurm_render import NEMO_SUFFIX, batch_script, job_name, nemo_job_name_prefix, nemo_launcher_script, paths_for
 from .slurm_render import job_rendezvous, nemo_rendezvous, shape
 
@@ -97,9 +97,6 @@ class SlurmBackend(Backend):
         self.poll_min_seconds = options.poll_seconds
         self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
         self._sacct_enabled = True  # until sacct says accounting is off here
-
-    def writer_lock_path(self) -> Path:
-        return folder_writer_lock(Path(self.paths.workspace))
 
     # -- rendering (pure) ------------------------------------------------------------------------------
     def sharding(self, request: JobRequest) -> dict[str, int]:
