@@ -87,27 +87,6 @@ class Poller(RunContext):
         if progress is not None:
             self.state.stages[name].progress = progress_record(stage, progress, self.pipeline.vars)
 
-
-def is_training(stage: StageConfig | None) -> bool:
-    """A stage whose job logs training steps (NeMo, or any stage that continues toward a step count)."""
-    return stage is not None and (stage.nemo is not None or stage.continuation is not None)
-
-
-def progress_record(stage: StageConfig | None, progress: JobProgress, variables: dict[str, str]) -> dict:
-    """What the run state keeps of a job's progress (`status` and the live view show it). A training's total, where
-    its log does not say, is its continuation's target; tokens per step come from a NeMo stage's model."""
-    record: dict = {"done": progress.done, "total": progress.total, "unit": progress.unit}
-    if progress.loss is not None:
-        record["loss"] = progress.loss
-    if progress.step_seconds is not None:
-        record["step_seconds"] = progress.step_seconds
-    if stage is not None and stage.continuation is not None and not progress.total:
-        record["total"] = resolve_int(str(stage.continuation.target_steps), variables)
-    if stage is not None and stage.nemo is not None:
-        with contextlib.suppress(ValueError):
-            record["tokens_per_step"] = tokens_per_step(stage)
-    return record
-
     def on_preempted(self, name: str, job: JobRecord) -> bool:
         """Resume a preempted job where its stage says so; a failing resume call is tried again next cycle. True when
         the run state changed: the backend cannot resume the job, so the stage's job is submitted again."""
@@ -151,3 +130,24 @@ def progress_record(stage: StageConfig | None, progress: JobProgress, variables:
         if failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
             self.progress.event(f"{name}: {doing} preempted job {job.job_id} failed {failures} times in a row, "
                                 f"still retrying: {exc}")
+
+
+def is_training(stage: StageConfig | None) -> bool:
+    """A stage whose job logs training steps (NeMo, or any stage that continues toward a step count)."""
+    return stage is not None and (stage.nemo is not None or stage.continuation is not None)
+
+
+def progress_record(stage: StageConfig | None, progress: JobProgress, variables: dict[str, str]) -> dict:
+    """What the run state keeps of a job's progress (`status` and the live view show it). A training's total, where
+    its log does not say, is its continuation's target; tokens per step come from a NeMo stage's model."""
+    record: dict = {"done": progress.done, "total": progress.total, "unit": progress.unit}
+    if progress.loss is not None:
+        record["loss"] = progress.loss
+    if progress.step_seconds is not None:
+        record["step_seconds"] = progress.step_seconds
+    if stage is not None and stage.continuation is not None and not progress.total:
+        record["total"] = resolve_int(str(stage.continuation.target_steps), variables)
+    if stage is not None and stage.nemo is not None:
+        with contextlib.suppress(ValueError):
+            record["tokens_per_step"] = tokens_per_step(stage)
+    return record
