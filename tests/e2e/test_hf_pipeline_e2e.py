@@ -71,5 +71,7 @@ def test_plan_renders_the_fineweb_edu_pipeline_for_bcp(capsys):
         "fineweb-edu-126m.download")
     assert "'/mount_workspace/data/fineweb-edu/parquet/*.parquet=14'" in command("fineweb-edu-126m.download-verify")
     assert "--files-per-output 1 --json-key text" in command("fineweb-edu-126m.tokenize-preprocess")
-    assert "training=gpt3/126m" in command("fineweb-edu-126m.pretrain")
+    [script] = jobs["fineweb-edu-126m.pretrain"]["files"].values()  # the job's script, run by its commandline
+    assert command("fineweb-edu-126m.pretrain").startswith("bash /mount_workspace/.bcp-pipeline/jobs/")
+    assert "training=gpt3/126m" in script and "training.trainer.max_steps=19000" in script
     assert "HF_TOKEN" not in json.dumps(jobs)
