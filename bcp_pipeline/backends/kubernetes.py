@@ -212,8 +212,8 @@ class KubernetesBackend(Backend):
             return self._pod_log(next(iter(by_index.values())), tail)
         return "\n".join(f"==> {pod.metadata.name} <==\n{self._pod_log(pod, tail)}" for pod in by_index.values())
 
-    def progress(self, job_id: str) -> JobProgress | None:
-        return progress_from_logs([self._pod_log(pod, 50) for pod in self._pods(job_id)])
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        return progress_from_logs([self._pod_log(pod, 50) for pod in self._pods(job_id)], training=training)
 
     def failure_detail(self, job_id: str, status: JobStatus) -> str:
         """The Job's condition message, the failed pods' exit codes and the first one's log tail."""

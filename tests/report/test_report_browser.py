@@ -213,12 +213,12 @@ def test_profile_demo_gives_a_trace_and_its_report_draws_step_time_mfu_and_the_t
     capsys.readouterr()
     assert main(["--config", str(config), "profile", "demo", "--steps", "2:4"]) == 0
     out = capsys.readouterr().out
-    results = project / ".bcp-pipeline" / "workspaces" / "demo" / "results"
-    trace = json.loads((results / "demo-gpt-profile" / "profile" / "trace_rank0.json").read_text())
+    # The profile trains a model of its own: the demo's `demo-gpt-<run id>` with the profile suffix.
+    [profiled] = (project / ".bcp-pipeline" / "workspaces" / "demo" / "results").glob("demo-gpt-*-profile")
+    trace = json.loads((profiled / "profile" / "trace_rank0.json").read_text())
     assert {"step 2", "step 3", "step 4"} <= {event.get("name") for event in trace["traceEvents"]}
-    assert "aten::" in (results / "demo-gpt-profile" / "profile" / "top_ops_rank0.txt").read_text()
-    assert not (results / "demo-gpt-profile" / "checkpoints").exists() or \
-        list((results / "demo-gpt-profile" / "checkpoints").glob("*.pt")) == []
+    assert "aten::" in (profiled / "profile" / "top_ops_rank0.txt").read_text()
+    assert not (profiled / "checkpoints").exists() or list((profiled / "checkpoints").glob("*.pt")) == []
     report = Path(re.search(r"profile report \(.*\): (\S+)", out).group(1))
     run_id = re.search(r"^profile run (\S+): stage pretrain, steps 2:4", out, re.M).group(1)
     assert report == project / ".bcp-pipeline" / "profiles" / run_id / "report.html"
