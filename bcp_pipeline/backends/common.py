@@ -162,6 +162,17 @@ def training_progress(text: str) -> JobProgress | None:
                        step_seconds=found.step_seconds)
 
 
+def joined_logs(paths: list[Path], tail: int | None) -> str:
+    """Log files as one text (each headed `==> NAME <==` where there are several); `tail` keeps each one's last
+    lines. What `logs` shows on the backends whose logs are files here."""
+    parts = []
+    for path in paths:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        text = last_lines(text, tail) if tail else text
+        parts.append(text if len(paths) == 1 else f"==> {path.name} <==\n{text}")
+    return "\n".join(parts)
+
+
 def read_tail(path: Path, max_bytes: int = 65536) -> str:
     """The end of a (possibly huge) log file."""
     try:

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..config.resources import GridEngineOptions
 from ..errors import CommandError, SubmissionError
 from ..procs import run_command
-from .common import job_name, last_lines, paths_for, progress_from_logs, read_tail
+from .common import job_name, joined_logs, last_lines, paths_for, progress_from_logs, read_tail
 from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
 from .gridengine_render import job_rendezvous, job_script, shape
 
@@ -232,12 +232,7 @@ class GridEngineBackend(Backend):
             paths = self._rank_logs(job_id) + [p for p in self._job_logs(job_id) if p.stat().st_size]
             if not paths:
                 raise SubmissionError(f"job {job_id} has no logs yet under {self.logs_dir}")
-        parts = []
-        for path in paths:
-            text = path.read_text(encoding="utf-8", errors="replace")
-            text = last_lines(text, tail) if tail else text
-            parts.append(text if len(paths) == 1 else f"==> {path.name} <==\n{text}")
-        return "\n".join(parts)
+        return joined_logs(paths, tail)
 
     def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
         return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)

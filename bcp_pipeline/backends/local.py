@@ -22,7 +22,7 @@ from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Sub
 from ..procs import is_alive, process_start_ticks, signal_group
 from ..config.resources import LocalOptions
 from .common import last_lines, placeholder_values, progress_from_logs, read_tail, rendezvous, resolved_env
-from .common import shell_join, stage_command
+from .common import joined_logs, shell_join, stage_command
 
 CANCEL_MARKER = "cancel-requested"
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 20000  # a job's MASTER_PORT: BASE + crc32(run/job id) % SPAN
@@ -178,12 +178,7 @@ class LocalBackend(Backend):
             paths = [p for p in paths if p.name == f"rank-{rank:05d}.log"]
             if not paths:
                 raise SubmissionError(f"job {job_id} has no log for rank {rank}")
-        parts = []
-        for path in paths:
-            text = path.read_text(encoding="utf-8", errors="replace")
-            text = last_lines(text, tail) if tail else text
-            parts.append(text if rank is not None or len(paths) == 1 else f"==> {path.name} <==\n{text}")
-        return "\n".join(parts)
+        return joined_logs(paths, tail)
 
     def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
         return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)

@@ -22,7 +22,7 @@ from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Sub
 from ..procs import run_command
 from ..config.nemo import nemo_run_name
 from ..config.resources import SlurmOptions
-from .common import last_lines, progress_from_logs, read_tail
+from .common import joined_logs, last_lines, progress_from_logs, read_tail
 from .slurm_render import NEMO_SUFFIX, batch_script, job_name, nemo_job_name_prefix, nemo_launcher_script, paths_for
 from .slurm_render import job_rendezvous, nemo_rendezvous, shape
 
@@ -255,12 +255,7 @@ class SlurmBackend(Backend):
                 paths = self._slurm_output_files(job_id)  # e.g. the NeMo launcher's own job
             if not paths:
                 raise SubmissionError(f"job {job_id} has no logs yet under {self.logs_dir}")
-        parts = []
-        for path in paths:
-            text = path.read_text(encoding="utf-8", errors="replace")
-            text = last_lines(text, tail) if tail else text
-            parts.append(text if len(paths) == 1 else f"==> {path.name} <==\n{text}")
-        return "\n".join(parts)
+        return joined_logs(paths, tail)
 
     def _slurm_output_files(self, job_id: str) -> list[Path]:
         try:
