@@ -485,7 +485,7 @@ def train(args: argparse.Namespace, comm: Comm) -> dict:
         # The shape the report computes model FLOPs per token from (bcp_pipeline/report/throughput.py).
         print(f"model shape: layers {args.layers} hidden {args.hidden} heads {args.heads} seq_length "
               f"{args.seq_length} vocab {cfg['vocab_size']} global_batch {args.global_batch_size} world {comm.world} "
-              f"device {device.type}", flush=True)
+              f"device {device.type} precision {args.precision}", flush=True)
     start = state["step"]
     dataset = None
     if start < args.steps:  # a finished run (NeMo: max_steps reached) needs no data, and megatron's import is slow
@@ -535,7 +535,7 @@ def checkpoint_payload(model: nn.Module, optimizer: torch.optim.Optimizer, state
 
 def train_step(comm: Comm, ddp: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
                micro_batches: list[dict[str, torch.Tensor]],
-               timers: _profiling.PhaseTimers | None = None) -> tuple[float, float]:
+               timers: _profiling.PhaseTimers | None = None, precision: str = "fp32") -> tuple[float, float]:
     """One optimizer step over this rank's micro batches; returns (this rank's loss sum, the step's global token
     count): the step's loss is the sum over ranks divided by the count.
 
@@ -551,7 +551,7 @@ def train_step(comm: Comm, ddp: nn.Module, model: nn.Module, optimizer: torch.op
         # DDP all-reduces gradients on the last micro batch only; the others accumulate locally.
         sync = contextlib.nullcontext() if last or ddp is model else ddp.no_sync()
         with sync, comm.guard("the gradient all-reduce"):
-            with timers.time("forward-compute"):
+            with timers.time("forward-compute"), autocast(comm.device, precision):
                 summed = masked_loss_sum(ddp(batch["tokens"]), batch["labels"], batch["loss_mask"])
             # With DDP the last micro batch's backward also all-reduces the gradients (overlapped).
             with timers.time("backward-compute"):
@@ -561,6 +561,14 @@ def train_step(comm: Comm, ddp: nn.Module, model: nn.Module, optimizer: torch.op
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
     return loss_sum, global_tokens
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The forward's precision: "bf16-mixed" (NeMo's name) runs matrix products in bfloat16 with fp32 weights,
+    optimizer state and loss (masked_loss_sum upcasts the logits), as NeMo trains on A100/H100; "fp32" is plain."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def loop(args: argparse.Namespace, comm: Comm, model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Any,
@@ -592,7 +600,7 @@ def loop(args: argparse.Namespace, comm: Comm, model: nn.Module, optimizer: torc
         micro_batches = get_micro_batches(dataset, sample_range(step, args.global_batch_size, comm.rank, comm.world),
                                           args.micro_batch_size, device)
         with window.step(step + 1):
-            loss_sum, tokens = train_step(comm, ddp, model, optimizer, micro_batches, timers)
+            loss_sum, tokens = train_step(comm, ddp, model, optimizer, micro_batches, timers, args.precision)
         # One all-reduce for the log and the stop: a signal may reach some ranks only, or at different steps,
         # and all must stop after the same one.
         loss_sum, stops = comm.sum([loss_sum, float(stop.signal is not None)], "summing the loss")
@@ -667,6 +675,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--heads", type=_common.positive_int, default=4)
     parser.add_argument("--split", default="100,0,0", help="megatron train,valid,test split (no validation here)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--precision", choices=("fp32", "bf16-mixed"), default="fp32",
+                        help="bf16-mixed: the forward in bfloat16 autocast, as NeMo trains on GPUs (default: fp32, "
+                             "bit-exact resume on CPU)")
     parser.add_argument("--threads", type=_common.positive_int, default=None,
                         help="torch CPU threads (default: this node's CPUs / LOCAL_WORLD_SIZE, at most 8); keep it "
                              "equal across a resume for bit-identical results")

@@ -255,3 +255,32 @@ def test_index_cache_without_marker_is_rebuilt(tmp_path: Path) -> None:
     (cache / ".complete").touch()
     pretrain_local.prepare_cache(cache)
     assert [p.name for p in cache.iterdir()] == ["kept.npy"]  # marker removed until this build returns
+
+
+def test_bf16_mixed_runs_the_forward_in_bfloat16_and_keeps_fp32_weights_and_loss() -> None:
+    """`--precision bf16-mixed` (how NeMo trains on GPUs, and what the README's H200 figures used): the matrix
+    products of the forward run in bfloat16, the weights stay fp32, and the loss is computed in fp32."""
+    torch = pytest.importorskip("torch")
+    model = pretrain_local.SmokeGPT(vocab_size=97, hidden=16, layers=1, heads=2, seq_length=8)
+    tokens = torch.randint(0, 97, (2, 8))
+    device = torch.device("cpu")
+    with pretrain_local.autocast(device, "bf16-mixed"):
+        logits = model(tokens)
+        loss = pretrain_local.masked_loss_sum(logits, tokens, torch.ones_like(tokens))
+    assert logits.dtype == torch.bfloat16
+    assert loss.dtype == torch.float32
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    with pretrain_local.autocast(device, "fp32"):
+        assert model(tokens).dtype == torch.float32
+
+
+def test_precision_is_in_the_shape_line_and_an_unknown_one_is_refused(data_dir: Path, tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, str(SCRIPT), "--data-dir", str(data_dir), "--results", str(tmp_path),
+                          "--precision", "fp16"], capture_output=True, text=True, check=False)
+    assert run.returncode == 2 and "--precision" in run.stderr and "bf16-mixed" in run.stderr
+    run = subprocess.run([sys.executable, str(SCRIPT), "--data-dir", str(data_dir), "--results", str(tmp_path),
+                          "--steps", "1", "--seq-length", "16", "--hidden", "16", "--heads", "2", "--layers", "1",
+                          "--global-batch-size", "2", "--precision", "bf16-mixed", "--no-checkpoints",
+                          "--device", "cpu"], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "device cpu precision bf16-mixed" in run.stdout
