@@ -1,5 +1,10 @@
 """Fixtures for tests on the emulated BCP: NVIDIA's client (ngc CLI code, or ngcsdk in-process) against the NGC API
-EMULATOR on loopback (tests/fakes/ngc_api.py, a fake, named so). Every `fake` test runs once per transport."""
+EMULATOR on loopback (tests/fakes/ngc_api.py, a fake, named so).
+
+Which transports a `fake` test runs on (`transports_for`): both where the transport is what is tested (every test
+under tests/backends/, and tests marked `@pytest.mark.both_transports`: the demo end to end, submit/kill/resume by
+label, logs, transient API errors, credentials and org); else one, `SINGLE_TRANSPORT`, since the engine above the
+transport is the same code whichever it is. `BCP_TEST_TRANSPORTS=cli,sdk` runs every `fake` test on both."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ sys.path.insert(0, str(REPO / "tests" / "fakes"))
 from ngc_control import FakeNgc, reread_ngcsdk_environment  # noqa: E402
 
 TRANSPORTS = ("cli", "sdk")
+SINGLE_TRANSPORT = "sdk"  # in-process ngcsdk: the cheaper of the two (no `ngc` process per API call)
 needs_ngcsdk = pytest.mark.skipif(not ngc_parser.available(), reason="ngcsdk[telemetry]==4.19.1 not installed")
 
 
@@ -33,7 +39,21 @@ def ngc_tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ngc-tls")
 
 
-@pytest.fixture(params=TRANSPORTS)
+def transports_for(metafunc: pytest.Metafunc) -> tuple[str, ...] | None:
+    """The transports a test that uses `fake` runs on; None where the test parametrizes `fake` itself."""
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
+        if "fake" in ([n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)):
+            return None
+    if forced := os.environ.get("BCP_TEST_TRANSPORTS"):
+        return tuple(t.strip() for t in forced.split(",") if t.strip())
+    under_backends = Path(str(metafunc.definition.path)).parent.name == "backends"
+    if under_backends or metafunc.definition.get_closest_marker("both_transports"):
+        return TRANSPORTS
+    return (SINGLE_TRANSPORT,)
+
+
+@pytest.fixture
 def fake(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ngc_tls_dir: Path):
     """A running emulator with workspace `main`; this process's environment points NVIDIA's client at it.
     `fake.transport` is the transport the test's config should name. `@pytest.mark.emulator(api_key=...,

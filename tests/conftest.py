@@ -15,10 +15,17 @@ for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p
         sys.path.insert(1, str(folder))
 
 # The emulated BCP's fixtures (`fake`, once per transport), for every test module.
-from bcp_emulation import fake, ngc_tls_dir  # noqa: E402,F401
+from bcp_emulation import fake, ngc_tls_dir, transports_for  # noqa: E402,F401
 from offline import offline  # noqa: E402,F401  (autouse: no test reaches the internet)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "emulator(api_key=None, variants=None): start the `fake` NGC API emulator "
                                        "as another variant of the service (tests/fakes/README.md)")
+    config.addinivalue_line("markers", "both_transports: run this `fake` test on the ngc CLI and on ngcsdk "
+                                       "(tests/bcp_emulation.py: else on one)")
+
+
+def pytest_generate_tests(metafunc):
+    if "fake" in metafunc.fixturenames and (transports := transports_for(metafunc)) is not None:
+        metafunc.parametrize("fake", transports, indirect=True)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 
 from bcp_pipeline.cli.main import main
 from bcp_emulation import needs_ngcsdk
 from check_fixtures import project
 
-pytestmark = needs_ngcsdk
+pytestmark = [needs_ngcsdk, pytest.mark.both_transports]  # what this checks differs by transport
 
 
 def bcp_project(tmp_path, fake, extra: str = ""):

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from bcp_pipeline.check import bcp_probe
 from bcp_pipeline.check.run import CheckRequest, run_check
 from bcp_emulation import needs_ngcsdk
@@ -23,6 +25,7 @@ def bcp_project(tmp_path, fake):
     return project(tmp_path / "project", f"  bcp: {{transport: {fake.transport}}}\n")
 
 
+@pytest.mark.both_transports
 @needs_ngcsdk
 def test_probe_jobs_on_the_emulator(tmp_path, fake):
     config = bcp_project(tmp_path, fake)

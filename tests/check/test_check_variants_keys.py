@@ -12,7 +12,7 @@ from bcp_pipeline.errors import ConfigError
 from bcp_emulation import needs_ngcsdk
 from check_fixtures import checked
 
-pytestmark = needs_ngcsdk
+pytestmark = [needs_ngcsdk, pytest.mark.both_transports]  # what this checks differs by transport
 
 NVAPI_KEY = "nvapi-emulated-personal-key-not-a-secret"
 

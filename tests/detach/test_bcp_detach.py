@@ -104,6 +104,7 @@ def assert_once_per_attempt(fake: FakeNgc, state) -> None:
             (name, counts)
 
 
+@pytest.mark.both_transports
 def test_detached_run_completes_under_the_driver_job(fake, project, capsys):
     started = time.monotonic()
     assert cli(project, "run", "chain", "--backend", "bcp", "--detach") == 0

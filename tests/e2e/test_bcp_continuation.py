@@ -77,6 +77,7 @@ def test_two_attempts_without_progress_stop_with_a_clear_message(fake, tmp_path)
     assert stage.error.startswith("no progress in the last two attempts (still at step 0 of 10)")
 
 
+@pytest.mark.both_transports
 def test_demo_runs_end_to_end_on_emulated_bcp(fake, tmp_path):
     """The bundled demo pipeline, every stage as an emulated `ngc base-command job run`."""
     missing = [p for p in ("sample", "download", "extract", "concat", "preprocess", "pretrain_local")

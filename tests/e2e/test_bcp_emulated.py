@@ -66,6 +66,7 @@ def jobs_by_stage(fake: FakeNgc) -> dict[str, list[dict]]:
     return grouped
 
 
+@pytest.mark.both_transports
 def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys):
     assert run(project, "run", "chain", "--backend", "bcp") == 0
     state = latest(project)
@@ -100,6 +101,7 @@ def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys
     assert leaks == []
 
 
+@pytest.mark.both_transports
 def test_a_poll_cycle_costs_one_list_call_whatever_the_number_of_jobs(fake, project):
     from bcp_pipeline.backends.contract import JobRequest
 
@@ -141,6 +143,7 @@ def stage_state(project: Path, stage: str) -> dict | None:
 
 
 
+@pytest.mark.both_transports
 def test_sigkill_after_submit_then_resume_submits_no_duplicate(fake, project):
     fake.hold_queued(name="chain.second", times=1)
     process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
@@ -160,6 +163,7 @@ def test_sigkill_after_submit_then_resume_submits_no_duplicate(fake, project):
         "chain.third": 1, "chain.third-verify": 1}
 
 
+@pytest.mark.both_transports
 def test_killed_while_the_submit_answer_is_on_its_way_then_resume_finds_the_job_by_label(fake, project):
     """The service created the job, but the orchestrator died before the answer (and so the job id) reached it."""
     fake.hold_queued(name="chain.first", times=1)
@@ -262,6 +266,7 @@ def test_a_preempted_runonce_job_is_submitted_again_where_check_found_bcp_will_n
            "verification job again" in out
 
 
+@pytest.mark.both_transports
 def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
     # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up (tests/backends/test_ngc_emulator.py has those).
     fake.fail_requests(4, method="GET", path="/v2/org/*/jobs", status=500, message="Internal Server Error")
@@ -282,6 +287,7 @@ def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
     assert "Server Error: 500 Response: Bad Day" in output
 
 
+@pytest.mark.both_transports
 def test_cancel_kills_the_active_job(fake, project, capsys):
     fake.hold_queued(name="chain.first", times=1)
     process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
@@ -300,6 +306,7 @@ def test_cancel_kills_the_active_job(fake, project, capsys):
         backend.cancel([str(job_id)])
 
 
+@pytest.mark.both_transports
 def test_logs_come_from_ngc_job_log(fake, project, capsys):
     assert run(project, "run", "chain", "--backend", "bcp") == 0
     run_id = latest(project).run_id
@@ -321,6 +328,7 @@ def with_org_team_ace_in_yaml(config: Path, monkeypatch: pytest.MonkeyPatch) -> 
         "  bcp: {transport:", "  bcp: {org: bcpp-test-org, team: bcpp-test-team, ace: bcpp-test-ace, transport:"))
 
 
+@pytest.mark.both_transports
 @pytest.mark.emulator(api_key=NVAPI_KEY)
 def test_org_team_and_ace_only_in_pipelines_yaml_with_an_nvapi_key(fake, project, monkeypatch, capsys):
     with_org_team_ace_in_yaml(project, monkeypatch)
@@ -340,6 +348,7 @@ def test_org_team_and_ace_only_in_pipelines_yaml_with_an_nvapi_key(fake, project
     assert fake.requests("POST", "/v3/keys/get-caller-info") and not fake.requests("GET", "/token")
 
 
+@pytest.mark.both_transports
 @pytest.mark.emulator(api_key=NVAPI_KEY, variants={"key_org": "the-keys-own-org"})
 def test_an_nvapi_key_of_another_org_is_refused_naming_its_org(fake, project, monkeypatch, capsys):
     with_org_team_ace_in_yaml(project, monkeypatch)

@@ -162,6 +162,7 @@ def test_run_restart_trains_from_step_zero_and_resume_continues(fake, tmp_path, 
     assert {int(re.search(r"-step=(\d+)-", p.name).group(1)) for p in checkpoints.iterdir()} == {10, 20}
 
 
+@pytest.mark.both_transports
 def test_the_job_script_is_uploaded_and_the_commandline_is_one_short_line(fake, tmp_path):
     config = project(tmp_path, fake, steps=10)
     assert cli(config, "run", "nemo", "--backend", "bcp") == 0
