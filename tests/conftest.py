@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 STAGES = REPO / "stages"
 if str(STAGES) not in sys.path:
@@ -17,6 +19,7 @@ for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p
 # The emulated BCP's fixtures (`fake`, once per transport), for every test module.
 from bcp_emulation import fake, ngc_tls_dir, transports_for  # noqa: E402,F401
 from offline import offline  # noqa: E402,F401  (autouse: no test reaches the internet)
+import parallel  # noqa: E402  (tests/parallel.py: which tests share a worker, in what order)
 
 
 def pytest_configure(config):
@@ -29,3 +32,12 @@ def pytest_configure(config):
 def pytest_generate_tests(metafunc):
     if "fake" in metafunc.fixturenames and (transports := transports_for(metafunc)) is not None:
         metafunc.parametrize("fake", transports, indirect=True)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    parallel.assign_groups(items)
+
+
+def pytest_xdist_auto_num_workers(config):
+    return parallel.workers()

@@ -6,19 +6,23 @@ tests/fakes/k8s_node_agent.py), each in its own network namespace.
         api = k8s_cluster.api()  # a kubernetes.client.ApiClient for the cluster's admin
 
 The build needs the Go module proxy, which tests never reach (tests/offline.py): `scripts/k8s-cluster install`
-runs before pytest (in .ci/run, or by hand), and the fixture only starts what is installed. Where it is not
-installed, or the machine cannot run it (not Linux, not root, no `ip`), the tests that use it are skipped with the
-reason printed on the terminal. The cluster lives under its own base folder in /tmp (one per checkout), is
+runs before pytest (by hand), or beside it (.ci/run builds in the background while the other tests run; these
+tests come last, tests/parallel.py), and the fixture waits for a build in progress (its lock is held), at most
+BCP_K8S_BUILD_WAIT seconds (default 3600), then starts what is installed. Where it is not installed, or the
+machine cannot run it (not Linux, not root, no `ip`), the tests that use it are skipped with the reason printed
+on the terminal; with BCP_K8S_REQUIRED=1 (.ci/run) they fail instead. The cluster lives under its own base folder in /tmp (one per checkout), is
 stopped at the end of the module, and one a killed session left behind is stopped before a new one starts.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +60,32 @@ class K8sCluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
+def wait_for_a_build(say: Any = print) -> None:
+    """Block while `scripts/k8s-cluster install` builds the control plane (it holds .build.lock), at most
+    BCP_K8S_BUILD_WAIT seconds."""
+    status = subprocess.run([sys.executable, str(SCRIPT), "status"], capture_output=True, text=True)
+    if "being built" not in status.stderr:
+        return
+    lock_path = Path(os.environ.get("BCP_K8S_CACHE") or Path.home() / ".cache" / "bcp-pipeline" / "k8s")
+    lock_path = next(lock_path.glob("*/bin/.build.lock"), None)
+    if lock_path is None:
+        return
+    say(f"waiting for the Kubernetes control plane being built in the background ({status.stderr.strip()})")
+    deadline = time.monotonic() + float(os.environ.get("BCP_K8S_BUILD_WAIT", "3600"))
+    started = time.monotonic()
+    with lock_path.open("a") as lock:
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(5)
+                continue
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            say(f"the build ended after {time.monotonic() - started:.0f} s of waiting")
+            return
+    say(f"gave up waiting for the build after {time.monotonic() - started:.0f} s (BCP_K8S_BUILD_WAIT)")
+
+
 def unavailable_reason() -> str | None:
     if not sys.platform.startswith("linux"):
         return f"the Kubernetes test cluster needs Linux (this is {sys.platform})"
@@ -71,10 +101,18 @@ def unavailable_reason() -> str | None:
 
 @pytest.fixture(scope="module")
 def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
-    if reason := unavailable_reason():
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(message: str) -> None:
         if reporter is not None:
-            reporter.write_line(f"SKIPPING the Kubernetes tests: {reason}", yellow=True)
+            reporter.write_line(message, yellow=True)
+        print(message, file=sys.stderr)
+
+    wait_for_a_build(say)
+    if reason := unavailable_reason():
+        if os.environ.get("BCP_K8S_REQUIRED") == "1":
+            pytest.fail(f"BCP_K8S_REQUIRED=1 and the Kubernetes test cluster cannot run: {reason}", pytrace=False)
+        say(f"SKIPPING the Kubernetes tests: {reason}")
         pytest.skip(reason)
     base = cluster_base()
     stale = script("--base", str(base), "stop")

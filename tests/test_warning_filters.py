@@ -38,7 +38,7 @@ def test_project_warnings():
 def test_only_the_expected_third_party_warnings_are_filtered(tmp_path: Path) -> None:
     (tmp_path / "test_probe.py").write_text(PROBE)
     done = subprocess.run([sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "--rootdir",
-                           str(tmp_path), "-p", "no:cacheprovider", "-q", str(tmp_path / "test_probe.py")],
+                           str(tmp_path), "-p", "no:cacheprovider", "-n", "0", "-q", str(tmp_path / "test_probe.py")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
