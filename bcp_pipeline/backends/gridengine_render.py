@@ -24,13 +24,15 @@ the run folder (on a real cell: a shared file system):
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config.durations import parse_duration
+from ..config.pipelines import substitute
 from ..config.resources import GridEngineOptions, GridEngineResources
 from ..errors import ConfigError, SubmissionError
 from .common import Paths, apptainer_argv, job_name, placeholder_values, rendezvous, shell_exports, shell_join
 from .common import stage_command
+from . import gridengine_nemo
 from .contract import JobRequest
 
 CONTAINER_WORKSPACE = "/mount_workspace"  # where a container sees the workspace, as BCP mounts it
@@ -98,9 +100,15 @@ def rank_argv(request: JobRequest, options: GridEngineOptions, paths: Paths) -> 
         return program
     if not (request.kind == "stage" and res.command):
         program = ["bash", f"{paths.code}/bootstrap.sh", *program]  # as on BCP: installs missing stage packages
+    return container_argv(request, paths) + program
+
+
+def container_argv(request: JobRequest, paths: Paths) -> list[str]:
+    """`apptainer exec --nv --bind WORKSPACE:/mount_workspace,STAGES:STAGES,RUN:RUN[,container_binds] IMAGE`."""
+    res: GridEngineResources = request.resources("gridengine")
     binds = [f"{paths.workspace}:{CONTAINER_WORKSPACE}", f"{paths.code}:{paths.code}",
              f"{paths.run_dir}:{paths.run_dir}", *res.container_binds]
-    return apptainer_argv(str(res.container_image), binds) + program
+    return apptainer_argv(str(res.container_image), binds)
 
 
 def directives(request: JobRequest, size: Shape, paths: Paths) -> list[str]:
@@ -162,10 +170,8 @@ exit "$code"'''
 
 def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) -> str:
     """The whole `qsub` script of a stage or verification job."""
-    if request.kind == "stage" and request.stage.nemo and not request.resources("gridengine").command:
-        raise config_error(request, "nemo", "NeMo pretraining (the stage's nemo: section) is not rendered for Grid "
-                           "Engine yet; give the stage a gridengine.command (e.g. torchrun in its container), or run "
-                           "it with --backend slurm or bcp")
+    if is_nemo(request):
+        return gridengine_nemo.render(nemo_job(request, options, paths))
     size = shape(request, options)
     world = size.nodes * size.per_node
     what = "verification of stage" if request.kind == "verify" else "stage"
@@ -191,10 +197,60 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
     return "\n".join(lines) + "\n"
 
 
+def is_nemo(request: JobRequest) -> bool:
+    """A NeMo pretrain job (the stage's nemo: section, no command of its own): gridengine_nemo.py's script."""
+    return request.kind == "stage" and bool(request.stage.nemo) and not request.resources("gridengine").command
+
+
+def nemo_shape(request: JobRequest, options: GridEngineOptions) -> Shape:
+    """A NeMo training is one job over all its hosts: a parallel one from two hosts on, never an array."""
+    size = shape(request, options)
+    return replace(size, distributed=size.nodes > 1)
+
+
+def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> gridengine_nemo.NemoJob:
+    """The NeMo pretrain script's inputs: the launcher's overrides for this job, in the stage's Apptainer image."""
+    from ..config.nemo import (DATA_LIST_FILE, PRETRAINING_SCRIPT, composed_config, launcher_dir,
+                               launcher_overrides, nemo_run_name)
+
+    stage = request.stage
+    nemo = stage.nemo
+    assert nemo is not None
+    if not in_container(request, options):
+        raise config_error(request, "gridengine", "NeMo pretraining on Grid Engine runs NeMo's training in the NeMo "
+                           "container through Apptainer: set the stage's gridengine.container_image (a .sif of the "
+                           "NeMo image, or its docker:// reference) and backends.gridengine.container: apptainer")
+    size = nemo_shape(request, options)
+    values = job_values(request, options, paths)
+    try:
+        overrides = launcher_overrides(stage, cluster_type="bcp", nodes=str(size.nodes), runtime=size.h_rt,
+                                       values=values, backend="gridengine", devices=str(size.per_node))
+        launcher = launcher_dir(stage, "gridengine")
+    except ValueError as exc:
+        raise SubmissionError(f"{where(request)}: {exc}") from None
+    run_name = nemo_run_name(stage, request.run_id)
+    config_dir, config_name = composed_config(substitute(nemo.results_dir, values), run_name)
+    data_list_file = f"{values['results']}/{DATA_LIST_FILE}"
+    return gridengine_nemo.NemoJob(
+        title=f"run {request.run_id}, stage {stage.name}", directives=directives(request, size, paths),
+        exports=[f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
+                 f"BCP_PIPELINE_STAGE={shlex.quote(stage.name)}",
+                 *shell_exports(request, "gridengine", values, where(request))],
+        logs=paths.logs, nodes=size.nodes, per_node=size.per_node, container=container_argv(request, paths),
+        data_list_argv=["python3", f"{values['code']}/data_list.py", "--data-dir", substitute(nemo.data_dir, values),
+                        "--format", "hydra", "--key", "training.model.data.data_prefix", "--out", data_list_file],
+        data_list_file=data_list_file, launcher_dir=launcher, overrides=overrides, config_dir=config_dir,
+        config_name=config_name, trainer=f"{nemo.nemo_dir.rstrip('/')}/{PRETRAINING_SCRIPT}",
+        master_port=MASTER_PORT_EXPR)
+
+
 def job_rendezvous(request: JobRequest, options: GridEngineOptions) -> dict | None:
     """Where the job's ranks meet, as `plan` shows it (None for one rank)."""
     size = shape(request, options)
     layout = request.rank_layout("gridengine")
+    if is_nemo(request):
+        return rendezvous(layout, "torchrun's c10d rendezvous at the first host of $PE_HOSTFILE (one host: its own)",
+                          f"$(({MASTER_PORT_EXPR}))")
     if size.distributed:
         return rendezvous(layout, "the first host of $PE_HOSTFILE", f"$(({MASTER_PORT_EXPR}))")
     return rendezvous(layout, "$(hostname) of each array task (its ranks are independent of other tasks')",
