@@ -15,10 +15,10 @@ still the one the launcher composes for the stage, so the job runs, in the stage
 The overrides are config/nemo.py's, as on BCP: this run's own NeMo run name (so a continuation resumes from its
 `-last` checkpoint), `+training.exp_manager.max_time_per_run` (the runtime minus nemo.time_margin: each job trains
 and saves before `h_rt`), `trainer.num_nodes` x `trainer.devices` = rank_layout's nodes x processes_per_node.
-Failure: the script runs under `set -euo pipefail`, each host's torchrun exits with its ranks' status and the job
-with the worst host's. Output: host K's torchrun (its ranks' lines, rank 0's training progress on host 0) goes to
-`logs/ID/rank-<K x P>.log`, the file of its first rank, which is where `logs`, `status` and the report read a
-training's steps and loss on this backend; the launcher's and the data list's lines go to the job log.
+Failure: the script runs under `set -euo pipefail`; a host's torchrun fails when one of its ranks does, and the job
+when one host does. Output: each rank's lines go to `logs/ID/rank-<RANK>.log` (rank 0's holds NeMo's training
+progress: where `logs`, `status` and the report read a training's steps and loss on this backend); torchrun's own
+lines, a failed rank's name, the launcher's and the data list's go to the job log.
 """
 
 from __future__ import annotations
@@ -49,17 +49,15 @@ class NemoJob:
     master_port: str  # a shell arithmetic expression
 
 
-# One host's torchrun: its ranks' output to the log of its first rank; its status the host's.
-TRAIN_HOST = r'''train_host() {  # NODE MASTER_ADDR MASTER_PORT
-  local node=$1 first=$(($1 * per_node)) code=0
+# One host's torchrun. c10d assigns the ranks (by host name, not by the order of $PE_HOSTFILE), so each worker
+# writes its own log, rank-<RANK>.log, as the backend's other jobs do; a worker that fails names itself on the
+# job log (`failure_detail` reads that line and shows the tail of the rank's log: the training's traceback).
+TRAIN_HOST = r'''train_host() {  # MASTER_ADDR MASTER_PORT
   mkdir -p "$logs/$JOB_ID"
-  in_image torchrun --nnodes "$nodes" --nproc_per_node "$per_node" --node_rank "$node" --rdzv-backend c10d \
-    --rdzv-endpoint "$2:$3" --rdzv-id "$JOB_ID" TRAINER \
-    >> "$logs/$JOB_ID/rank-$(printf %05d "$first").log" 2>&1 || code=$?
-  if [ "$code" != 0 ]; then
-    echo "bcp-pipeline: rank $first on $(hostname) exited $code (the torchrun of node $node: ranks $first..$((first + per_node - 1)))" >&2
-  fi
-  return "$code"
+  in_image torchrun --nnodes "$nodes" --nproc_per_node "$per_node" --rdzv-backend c10d --rdzv-endpoint "$1:$2" \
+    --rdzv-id "$JOB_ID" --no-python bash -c 'log="$0/rank-$(printf %05d "$RANK").log"; "$@" >> "$log" 2>&1 || \
+    { code=$?; echo "bcp-pipeline: rank $RANK on $HOSTNAME exited $code" >&2; exit "$code"; }' "$logs/$JOB_ID" \
+    python3 -u TRAINER
 }'''
 
 # More than one host: the hosts of the job, one torchrun on each through `qrsh -inherit` (tight integration).
@@ -99,7 +97,7 @@ def render(job: NemoJob) -> str:
         f'in_image() {{ {" ".join(shell_word(word) for word in job.container)} "$@"; }}',
         TRAIN_HOST.replace("TRAINER", trainer),
         *(['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
-           '  train_host "$2" "$3" "$4"', "  exit $?", "fi"] if job.nodes > 1 else []),
+           '  train_host "$3" "$4"', "  exit $?", "fi"] if job.nodes > 1 else []),
         'mkdir -p "$logs/$JOB_ID"',
         "",
         "# The data list: every .bin/.idx pair of the preprocess manifests, weighted by tokens.",
@@ -116,5 +114,5 @@ def render(job: NemoJob) -> str:
     if job.nodes > 1:
         lines.append(START_HOSTS.replace("$((MASTER_PORT))", f"$(({job.master_port}))"))
     else:
-        lines.append(f'train_host 0 "$(hostname)" "$(({job.master_port}))"')
+        lines.append(f'train_host "$(hostname)" "$(({job.master_port}))"')
     return "\n".join(lines) + "\n"

@@ -75,9 +75,15 @@ for word in command:
         folder = pathlib.Path(word.split("=", 1)[1].replace("/mount_workspace", {str(tmp_path / 'ws')!r})) / run
         folder.mkdir(parents=True, exist_ok=True)
         (folder / (run + "_hydra.yaml")).write_text("trainer: {{}}\\n")
-if command[0] == "torchrun" and os.environ.get("FAKE_CRASH"):
-    print("Traceback (most recent call last):\\nRuntimeError: boom", file=sys.stderr)
-    sys.exit(3)
+if command[0] == "torchrun":  # as torchrun: its worker command, with RANK; NeMo's script replaced by a stand-in
+    worker = command[command.index("--no-python") + 1:]
+    trainer = "raise RuntimeError('boom')" if os.environ.get("FAKE_CRASH") else "print('trained')"
+    worker = worker[:worker.index("python3")] + ["python3", "-c", trainer]
+    node = int(os.environ.get("FAKE_HOST", "host1")[-1]) - 1
+    per_node = int(command[command.index("--nproc_per_node") + 1])
+    codes = [subprocess.run(worker, env={{**os.environ, "RANK": str(node * per_node + local)}}).returncode
+             for local in range(per_node)]
+    sys.exit(1 if any(codes) else 0)  # torchrun's status when a worker failed
 if command[1].endswith("data_list.py"):
     pathlib.Path(command[command.index("--out") + 1]).write_text(
         "training.model.data.data_prefix=[1.0,/mount_workspace/x_text_document]")
@@ -91,9 +97,9 @@ if command[1].endswith("data_list.py"):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "JOB_ID": "4242", "SGE_TASK_ID": "undefined",
            "PE_HOSTFILE": str(tmp_path / "pe_hostfile"), **({"FAKE_CRASH": "1"} if crash else {})}
     done = subprocess.run(["bash", str(job)], env=env, capture_output=True, text=True, timeout=60)
-    if crash:  # the training's status is the job's, the node's first rank named where failure_detail reads it
-        assert done.returncode == 3, done.stderr
-        assert "bcp-pipeline: rank 0 on host1 exited 3 (the torchrun of node 0" in done.stderr, done.stderr
+    if crash:  # the training's status fails the job; each failed rank named where failure_detail reads it
+        assert done.returncode == 1, done.stderr
+        assert "bcp-pipeline: rank 0 on " in done.stderr and " exited 1" in done.stderr, done.stderr
     else:
         assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in calls.read_text().splitlines()]
@@ -118,9 +124,7 @@ def test_each_host_runs_one_torchrun_of_nemo_s_script_with_the_config_the_launch
         assert call.action == "exec" and call.nv and call.image == IMAGE
         assert call.binds[0] == (workspace, "/mount_workspace", "rw")
     data_list, launcher, *trainings = parsed
-    # the hosts' torchruns run at once: in node order
-    order = sorted(range(len(trainings)), key=lambda i: trainings[i].command[trainings[i].command.index("--node_rank") + 1])
-    trainings, hosts = [trainings[i] for i in order], [calls[2 + i]["host"] for i in order]
+    hosts = sorted(call["host"] for call in calls[2:])  # the hosts' torchruns run at once
     assert data_list.command[:2] == ["python3", f"{REPO / 'stages'}/data_list.py"]
 
     # The launcher, in its debug mode (composes and writes the config, runs nothing), in the image.
@@ -139,17 +143,21 @@ def test_each_host_runs_one_torchrun_of_nemo_s_script_with_the_config_the_launch
     assert hosts == ["host1", "host2"]
     assert all(call["nccl"] == "WARN" for call in calls)  # the stage's env reaches every host's ranks
     port = None
-    for node, call in enumerate(trainings):
+    for call in trainings:
         words = call.command
-        assert words[:7] == ["torchrun", "--nnodes", "2", "--nproc_per_node", "4", "--node_rank", str(node)]
-        options = dict(zip(words[7:13:2], words[8:13:2]))
+        assert words[:5] == ["torchrun", "--nnodes", "2", "--nproc_per_node", "4"]
+        options = dict(zip(words[5:11:2], words[6:11:2]))
         assert options["--rdzv-backend"] == "c10d" and options["--rdzv-id"] == "4242"
         host, _, port_now = options["--rdzv-endpoint"].partition(":")
         assert host == "host1" and port_now.isdigit() and port in (None, port_now)
         port = port_now
-        assert words[13:] == ["/opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py",
+        assert words[11:14] == ["--no-python", "bash", "-c"]  # each worker logs to its rank's file
+        assert words[-5:] == ["python3", "-u", "/opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py",
                               "--config-path=/mount_workspace/results/gpt_126m-RUN",
                               "--config-name=gpt_126m-RUN_hydra.yaml"]
+    logs = tmp_path / ".bcp-pipeline/runs/RUN/logs/4242"
+    assert sorted(p.name for p in logs.glob("rank-*.log")) == [f"rank-{r:05d}.log" for r in range(8)]
+    assert all(p.read_text() == "trained\n" for p in logs.glob("rank-*.log"))
 
 
 def test_one_host_runs_its_torchrun_itself_without_qrsh(tmp_path):
@@ -158,14 +166,14 @@ def test_one_host_runs_its_torchrun_itself_without_qrsh(tmp_path):
     assert "qrsh" not in script and "#$ -pe" not in script
     calls = run_script(script, tmp_path, ["host1"])
     torchrun = load_stand_in().parse(calls[-1]["argv"]).command
-    assert torchrun[:7] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "4", "--node_rank", "0"]
+    assert torchrun[:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "4"]
     assert torchrun[torchrun.index("--rdzv-endpoint") + 1].startswith("host1:")
 
 
 def test_a_crashed_training_fails_the_job_and_its_traceback_is_in_the_node_s_log(tmp_path):
     backend, request = nemo_backend(tmp_path, "pretrain.gridengine.nodes=1")
     run_script(backend.render(request).printable, tmp_path, ["host1"], crash=True)
-    assert "RuntimeError: boom" in (tmp_path / ".bcp-pipeline/runs/RUN/logs/4242/rank-00000.log").read_text()
+    assert "RuntimeError: boom" in (tmp_path / ".bcp-pipeline/runs/RUN/logs/4242/rank-00003.log").read_text()
 
 
 def test_a_docker_image_s_release_tag_picks_the_launcher_s_folder(tmp_path):
