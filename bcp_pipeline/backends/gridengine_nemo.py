@@ -49,16 +49,21 @@ class NemoJob:
     master_port: str  # a shell arithmetic expression
 
 
-# One host's torchrun. c10d assigns the ranks (by host name, not by the order of $PE_HOSTFILE), so each worker
-# writes its own log, rank-<RANK>.log, as the backend's other jobs do; a worker that fails names itself on the
-# job log (`failure_detail` reads that line and shows the tail of the rank's log: the training's traceback).
-TRAIN_HOST = r'''train_host() {  # MASTER_ADDR MASTER_PORT
-  mkdir -p "$logs/$JOB_ID"
-  in_image torchrun --nnodes "$nodes" --nproc_per_node "$per_node" --rdzv-backend c10d --rdzv-endpoint "$1:$2" \
-    --rdzv-id "$JOB_ID" --no-python bash -c 'log="$0/rank-$(printf %05d "$RANK").log"; "$@" >> "$log" 2>&1 || \
-    { code=$?; echo "bcp-pipeline: rank $RANK on $HOSTNAME exited $code" >&2; exit "$code"; }' "$logs/$JOB_ID" \
-    python3 -u TRAINER
-}'''
+# What each torchrun worker runs before the program: c10d assigns the ranks (by host name, not by the order of
+# $PE_HOSTFILE), so each worker writes its own log, rank-<RANK>.log, as the backend's other jobs do, and a worker that
+# fails names itself on the job log (`failure_detail` reads that line and shows the tail of that rank's log).
+WORKER_LOG = ('log="$0/rank-$(printf %05d "$RANK").log"; "$@" >> "$log" 2>&1 || '
+              '{ code=$?; echo "bcp-pipeline: rank $RANK on $HOSTNAME exited $code" >&2; exit "$code"; }')
+
+
+def torchrun_call(runner: str, endpoint: str, program: str) -> str:
+    """One host's `RUNNER --nnodes $nodes --nproc_per_node $per_node --rdzv-backend c10d --rdzv-endpoint ENDPOINT
+    --rdzv-id $JOB_ID --no-python bash -c WORKER_LOG LOGDIR PROGRAM` (shell text; RUNNER runs torchrun, in the
+    container where there is one). Also the Grid Engine backend's `launcher: torchrun` (gridengine_render.py)."""
+    return (f'{runner} --nnodes "$nodes" --nproc_per_node "$per_node" --rdzv-backend c10d --rdzv-endpoint '
+            f'{endpoint} \\\n    --rdzv-id "$JOB_ID" --no-python bash -c {shell_word(WORKER_LOG)} \\\n'
+            f'    "$logs/$JOB_ID" {program}')
+
 
 # More than one host: the hosts of the job, one torchrun on each through `qrsh -inherit` (tight integration).
 START_HOSTS = r'''mapfile -t hosts < <(awk '{print $1}' "$PE_HOSTFILE")
@@ -95,7 +100,10 @@ def render(job: NemoJob) -> str:
         f"logs={shell_word(job.logs)} nodes={job.nodes} per_node={job.per_node}",
         *job.exports,
         f'in_image() {{ {" ".join(shell_word(word) for word in job.container)} "$@"; }}',
-        TRAIN_HOST.replace("TRAINER", trainer),
+        'train_host() {  # MASTER_ADDR MASTER_PORT: this host\'s torchrun, its ranks\' logs their own',
+        '  mkdir -p "$logs/$JOB_ID"',
+        f'  {torchrun_call("in_image torchrun", chr(34) + "$1:$2" + chr(34), "python3 -u " + trainer)}',
+        "}",
         *(['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
            '  train_host "$3" "$4"', "  exit $?", "fi"] if job.nodes > 1 else []),
         'mkdir -p "$logs/$JOB_ID"',

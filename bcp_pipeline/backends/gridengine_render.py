@@ -94,13 +94,20 @@ def job_values(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
 
 def rank_argv(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:
     """The argv each rank runs: the stage program, in its container where one is configured."""
+    return container_prefix(request, options, paths) + program_argv(request, options, paths)
+
+
+def program_argv(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:
+    """The stage program (in a container: through stages/bootstrap.sh, as on BCP, which installs missing packages)."""
     res: GridEngineResources = request.resources("gridengine")
     program = stage_command(request, "gridengine", job_values(request, options, paths))
-    if not in_container(request, options):
-        return program
-    if not (request.kind == "stage" and res.command):
-        program = ["bash", f"{paths.code}/bootstrap.sh", *program]  # as on BCP: installs missing stage packages
-    return container_argv(request, paths) + program
+    if in_container(request, options) and not (request.kind == "stage" and res.command):
+        program = ["bash", f"{paths.code}/bootstrap.sh", *program]
+    return program
+
+
+def container_prefix(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:
+    return container_argv(request, paths) if in_container(request, options) else []
 
 
 def container_argv(request: JobRequest, paths: Paths) -> list[str]:
@@ -184,8 +191,7 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
              f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
              f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
              *shell_exports(request, "gridengine", job_values(request, options, paths), where(request)),
-             f"run_rank() {{ exec {shell_join(rank_argv(request, options, paths))}; }}",
-             LAUNCH_NODE]
+             *node_launcher(request, options, paths, size)]
     port = f'"$(({MASTER_PORT_EXPR}))"'
     if size.distributed:
         lines += ['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
@@ -242,6 +248,20 @@ def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> g
         data_list_file=data_list_file, launcher_dir=launcher, overrides=overrides, config_dir=config_dir,
         config_name=config_name, trainer=f"{nemo.nemo_dir.rstrip('/')}/{PRETRAINING_SCRIPT}",
         master_port=MASTER_PORT_EXPR)
+
+
+def node_launcher(request: JobRequest, options: GridEngineOptions, paths: Paths, size: Shape) -> list[str]:
+    """`launch_node NODE`: the job script's ranks (LAUNCH_NODE), or, for a distributed stage with `launcher:
+    torchrun`, one torchrun that starts the host's ranks and meets the other hosts' at MASTER_ADDR:MASTER_PORT (c10d;
+    each rank logs to its own file, as gridengine_nemo.py's NeMo training does)."""
+    if not (size.distributed and request.resources("gridengine").launcher == "torchrun"):
+        return [f"run_rank() {{ exec {shell_join(rank_argv(request, options, paths))}; }}", LAUNCH_NODE]
+    python = job_values(request, options, paths)["python"]
+    runner = shell_join([*container_prefix(request, options, paths), python, "-m", "torch.distributed.run"])
+    call = gridengine_nemo.torchrun_call(runner, '"$MASTER_ADDR:$MASTER_PORT"',
+                                         shell_join(program_argv(request, options, paths)))
+    return ['launch_node() {  # NODE: this host\'s torchrun (torch.distributed.run), its ranks\' logs their own',
+            '  mkdir -p "$logs/$JOB_ID"', f"  {call}", "}"]
 
 
 def job_rendezvous(request: JobRequest, options: GridEngineOptions) -> dict | None:

@@ -111,13 +111,17 @@ def test_demo_array_tasks_on_both_hosts_match_a_local_run(sge_cell: SgeCell, loc
     assert (config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / download_job).is_dir()
 
 
+@pytest.mark.parametrize("launcher", ["ranks", "torchrun"])
 def test_ddp_pretrain_over_a_parallel_environment_trains_as_one_process(sge_cell: SgeCell, tmp_path: Path,
-                                                                         data_dir: Path, reference: dict) -> None:
+                                                                         data_dir: Path, reference: dict,
+                                                                         launcher: str) -> None:
+    """The smoke trainer over both hosts, its ranks started by the job script or (the TSUBAME way, as the NeMo
+    training below) by one torchrun a host meeting at the first host (c10d)."""
     config = write_ddp_project(tmp_path / "p", data_dir)
     raw = yaml.safe_load(config.read_text())
     raw["backends"]["gridengine"] = {**OPTIONS, "workspace_dir": "ws", "parallel_environment": "pe_node"}
     raw["pipelines"]["ddp"]["stages"]["pretrain"]["gridengine"] = {"nodes": 2, "processes_per_node": 1,
-                                                                    "distributed": True}
+                                                                    "distributed": True, "launcher": launcher}
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert cli(config, "run", "ddp", "--backend", "gridengine") == 0
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]

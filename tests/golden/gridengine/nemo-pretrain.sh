@@ -13,12 +13,11 @@ logs=<ROOT>/.bcp-pipeline/runs/RUN/logs nodes=2 per_node=4
 export BCP_PIPELINE_RUN_ID=RUN BCP_PIPELINE_STAGE=pretrain
 export NCCL_DEBUG=WARN
 in_image() { apptainer exec --nv --bind <ROOT>/.bcp-pipeline/workspaces/nemo-framework:/mount_workspace,<ROOT>/stages:<ROOT>/stages,<ROOT>/.bcp-pipeline/runs/RUN:<ROOT>/.bcp-pipeline/runs/RUN '/images/nemo 24.05.sif' "$@"; }
-train_host() {  # MASTER_ADDR MASTER_PORT
+train_host() {  # MASTER_ADDR MASTER_PORT: this host's torchrun, its ranks' logs their own
   mkdir -p "$logs/$JOB_ID"
   in_image torchrun --nnodes "$nodes" --nproc_per_node "$per_node" --rdzv-backend c10d --rdzv-endpoint "$1:$2" \
-    --rdzv-id "$JOB_ID" --no-python bash -c 'log="$0/rank-$(printf %05d "$RANK").log"; "$@" >> "$log" 2>&1 || \
-    { code=$?; echo "bcp-pipeline: rank $RANK on $HOSTNAME exited $code" >&2; exit "$code"; }' "$logs/$JOB_ID" \
-    python3 -u /opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py --config-path=/mount_workspace/results/gpt_126m-RUN --config-name=gpt_126m-RUN_hydra.yaml
+    --rdzv-id "$JOB_ID" --no-python bash -c 'log="$0/rank-$(printf %05d "$RANK").log"; "$@" >> "$log" 2>&1 || { code=$?; echo "bcp-pipeline: rank $RANK on $HOSTNAME exited $code" >&2; exit "$code"; }' \
+    "$logs/$JOB_ID" python3 -u /opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py --config-path=/mount_workspace/results/gpt_126m-RUN --config-name=gpt_126m-RUN_hydra.yaml
 }
 if [ "${1:-}" = --node ]; then  # one host's part, started below by `qrsh -inherit`
   train_host "$3" "$4"
