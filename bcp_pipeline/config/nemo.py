@@ -140,7 +140,8 @@ def launcher_image(stage: StageConfig, backend: str | None = None) -> tuple[str 
     BCP runs the launcher inside `bcp.image`. On Slurm the training runs in `slurm.container_image`; without one
     the launcher uses its own default container, and `bcp.image`, the pipeline's NeMo image, is the best guess of
     its release. On Grid Engine both run in `gridengine.container_image` (a `docker://` reference's tag; a `.sif`
-    path has none, and `bcp.image` is the guess). No backend: the stage's BCP image, or its Slurm one when only that is given.
+    path has none, and `bcp.image` is the guess).
+    No backend: the stage's BCP image, or its Slurm one when only that is given.
     """
     if backend is None:
         backend = "slurm" if stage.bcp.image is None and stage.slurm.container_image else "bcp"
@@ -294,6 +295,9 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
         nodes = rank_layout(stage, "slurm").nodes
         gpus = stage.slurm.gpus_per_node or gpus_per_node(stage, bcp.instance)
         check_parallelism(stage, nodes, gpus, "slurm")
+    if stage.gridengine.nodes or stage.gridengine.processes_per_node:  # torchrun: nodes x processes_per_node GPUs
+        layout = rank_layout(stage, "gridengine")
+        check_parallelism(stage, layout.nodes, layout.per_node, "gridengine")
 
 
 RUN_ID = "${run_id}"  # the bcp-pipeline run's id, as a placeholder the renderers resolve

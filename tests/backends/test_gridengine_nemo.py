@@ -68,7 +68,8 @@ if command[0] in ("rm", "test"):  # on a file the container sees under /mount_wo
     sys.exit(subprocess.run([w.replace("/mount_workspace", {str(tmp_path / 'ws')!r}) for w in command]).returncode)
 with open({str(calls)!r}, "a") as out:
     out.write(json.dumps({{"argv": argv, "host": os.environ.get("FAKE_HOST", "host1"),
-                          "debug": os.environ.get("NEMO_LAUNCHER_DEBUG"), "nccl": os.environ.get("NCCL_DEBUG")}}) + "\\n")
+                          "debug": os.environ.get("NEMO_LAUNCHER_DEBUG"),
+                          "nccl": os.environ.get("NCCL_DEBUG")}}) + "\\n")
 for word in command:
     if word.startswith("base_results_dir="):  # the launcher in its debug mode: the composed config, and no run
         run = [w for w in command if w.startswith("training.run.name=")][0].split("=", 1)[1]
@@ -199,3 +200,13 @@ def test_plan_prints_the_script_exactly_as_submitted(tmp_path, capsys):
     printed = capsys.readouterr().out
     submitted = backend.render(request).printable
     assert "torchrun --nnodes" in submitted and submitted in printed
+
+
+def test_nodes_times_processes_per_node_is_checked_against_the_model_s_parallel_sizes(tmp_path, capsys):
+    nemo_backend(tmp_path)  # writes the config
+    capsys.readouterr()
+    assert main(["--config", str(tmp_path / "pipelines.yaml"), "plan", "slimpajama-126m", "--backend", "gridengine",
+                 *[word for value in (*SETS, "pretrain.gridengine.nodes=3") for word in ("--set", value)]]) == 2
+    err = capsys.readouterr().err
+    assert "gpt3/126m on 3 node(s): global batch 256 is not divisible" in err, err
+    assert "valid node counts with 4 GPUs per node: 1, 2, 4, 8" in err

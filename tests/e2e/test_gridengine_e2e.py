@@ -260,6 +260,10 @@ def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCe
     assert rows["qmaster"]["verdict"] == "ok"
     assert rows["qsub -w v"]["verdict"] == "different" and 'unknown resource "node_h"' in rows["qsub -w v"]["showed"]
     assert "stage extract" in rows["qsub -w v"]["showed"] and "stage download" not in rows["qsub -w v"]["showed"]
+    # the same request read against the cell's complexes (qconf -sc): node_h is none of them, h_rt is
+    assert rows["requested resources"]["verdict"] == "different", rows["requested resources"]
+    assert "node_h (extract): no such complex" in rows["requested resources"]["showed"]
+    assert "requestable: h_rt" in rows["requested resources"]["showed"]
     assert rows["parallel environments"]["verdict"] == "ok" and "allocation_rule 1" in rows["parallel environments"]["showed"]
     assert rows["hosts"]["verdict"] == "ok" and set(result["facts"]["hosts"]) == set(sge_cell.hosts)
     assert rows["shared folder"]["verdict"] == "ok"
