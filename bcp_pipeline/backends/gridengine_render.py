@@ -11,6 +11,10 @@ WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT
   starts itself on every host with `qrsh -inherit` (Grid Engine's tight integration: the ranks are the job's own
   tasks, accounted and killed with it), as `SCRIPT --node K MASTER_ADDR MASTER_PORT`.
 
+A distributed stage with `launcher: torchrun` starts each host's ranks with one torchrun instead (c10d rendezvous at
+the first host; each rank logs to its own file), as a NeMo pretrain stage always does: its whole script is
+gridengine_nemo.py's (the launcher composes the config, torchrun runs NeMo's training script).
+
 With `backends.gridengine.container: apptainer` and an image, every rank runs as `apptainer exec --nv --bind
 WORKSPACE:/mount_workspace,... IMAGE PROGRAM...`: the workspace is at /mount_workspace inside (as on BCP), stages/
 and the run folder at their own paths; Apptainer passes the launcher's environment through. Files of job ID in
