@@ -258,7 +258,12 @@ def node_launcher(request: JobRequest, options: GridEngineOptions, paths: Paths,
     """`launch_node NODE`: the job script's ranks (LAUNCH_NODE), or, for a distributed stage with `launcher:
     torchrun`, one torchrun that starts the host's ranks and meets the other hosts' at MASTER_ADDR:MASTER_PORT (c10d;
     each rank logs to its own file, as gridengine_nemo.py's NeMo training does)."""
-    if not (size.distributed and request.resources("gridengine").launcher == "torchrun"):
+    torchrun = request.resources("gridengine").launcher == "torchrun"
+    if torchrun and not size.distributed:
+        raise config_error(request, "gridengine", "gridengine.launcher torchrun starts the ranks of a distributed "
+                           "stage (one torchrun a host, meeting at the first); set distributed: true, or launcher: "
+                           "ranks for independent replicas")
+    if not torchrun:
         return [f"run_rank() {{ exec {shell_join(rank_argv(request, options, paths))}; }}", LAUNCH_NODE]
     python = job_values(request, options, paths)["python"]
     runner = shell_join([*container_prefix(request, options, paths), python, "-m", "torch.distributed.run"])

@@ -210,3 +210,31 @@ def test_nodes_times_processes_per_node_is_checked_against_the_model_s_parallel_
     err = capsys.readouterr().err
     assert "gpt3/126m on 3 node(s): global batch 256 is not divisible" in err, err
     assert "valid node counts with 4 GPUs per node: 1, 2, 4, 8" in err
+
+
+def test_torchrun_for_ranks_that_never_meet_is_refused_not_ignored(tmp_path, capsys):
+    capsys.readouterr()
+    code = main(["--config", str(REPO / "pipelines.yaml"), "plan", "demo", "--backend", "gridengine",
+                 "--set", "download.gridengine.launcher=torchrun"])
+    err = capsys.readouterr().err
+    assert code == 2 and "stage download: gridengine.launcher torchrun starts the ranks of a distributed" in err, err
+
+
+def test_a_distributed_stage_with_launcher_torchrun_runs_one_torchrun_a_host_in_its_image(tmp_path):
+    from test_gridengine_backend import container_backend
+
+    backend, request = container_backend(tmp_path, "pretrain.gridengine.launcher=torchrun",
+                                         "pretrain.gridengine.processes_per_node=4")
+    script = backend.render(request).printable
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert "run_rank()" not in script  # the script starts no ranks itself
+    start = script.index("launch_node() {")
+    call = script[start:script.index("\n}", start)].split("\n", 2)[2].replace("\\\n", " ")
+    words = shlex.split(call.replace('"$nodes"', "2").replace('"$per_node"', "4").replace('"$JOB_ID"', "9")
+                        .replace('"$MASTER_ADDR:$MASTER_PORT"', "h1:29500").replace('"$logs/$JOB_ID"', "/logs/9"))
+    apptainer = load_stand_in().parse(words[1:])  # strict: Apptainer's documented grammar
+    assert apptainer.image == "/images/nemo framework 24.05.sif" and apptainer.nv
+    assert apptainer.command[:13] == ["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node",
+                                      "4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h1:29500", "--rdzv-id", "9"]
+    program = apptainer.command[apptainer.command.index("/logs/9") + 1:]
+    assert program[:2] == ["bash", f"{REPO / 'stages'}/bootstrap.sh"] and program[3].endswith("pretrain_local.py")
