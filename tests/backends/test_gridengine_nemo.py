@@ -171,7 +171,7 @@ def test_one_host_runs_its_torchrun_itself_without_qrsh(tmp_path):
     assert torchrun[torchrun.index("--rdzv-endpoint") + 1].startswith("host1:")
 
 
-def test_a_crashed_training_fails_the_job_and_its_traceback_is_in_the_node_s_log(tmp_path):
+def test_a_crashed_training_fails_the_job_and_its_traceback_is_in_the_rank_s_log(tmp_path):
     backend, request = nemo_backend(tmp_path, "pretrain.gridengine.nodes=1")
     run_script(backend.render(request).printable, tmp_path, ["host1"], crash=True)
     assert "RuntimeError: boom" in (tmp_path / ".bcp-pipeline/runs/RUN/logs/4242/rank-00003.log").read_text()
