@@ -85,12 +85,7 @@ def render(job: TrainingJob) -> str:
         "",
         "# The launcher only writes its submission script (NEMO_LAUNCHER_DEBUG): run by the launcher, the training's",
         "# output would never reach this job's log, and a crash would end the job with status 0.",
-        "overrides=(",
-        *[f"  {shell_word(override)}" for override in job.overrides],
-        f'  "$(cat {shell_word(job.data_list_file)})"',
-        ")",
-        f"rm -f {shell_word(submission)}",
-        f'NEMO_LAUNCHER_DEBUG=1 python3 {shell_word(job.launcher_dir + "/main.py")} "${{overrides[@]}}"',
+        *launcher_debug_step(job.overrides, job.data_list_file, job.launcher_dir, submission),
         "",
         "# The training, under pipefail: its output to this job's log and to the result folder as it comes, and its",
         "# exit status this job's.",
@@ -103,6 +98,24 @@ def render(job: TrainingJob) -> str:
         'exit "$status"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def launcher_debug_step(overrides: list[str], data_list_file: str, launcher: str, written: str,
+                        inside: str = "") -> list[str]:
+    """The launcher run in its debug mode (NEMO_LAUNCHER_DEBUG: it composes the training config and writes it and
+    its submission script, and runs nothing): the overrides as a bash array, the data list read from its file, and
+    `written` (a file the launcher writes) removed first, so a launcher that fails leaves no stale one behind.
+    `inside`: the shell word that runs a command where the launcher's paths are (Grid Engine: `in_image`, its
+    container); the data list file is read where the script runs. Shared with backends/gridengine_nemo.py."""
+    prefix = f"{inside} " if inside else ""
+    return [
+        "overrides=(",
+        *[f"  {shell_word(override)}" for override in overrides],
+        f'  "$(cat {shell_word(data_list_file)})"',
+        ")",
+        f"{prefix}rm -f {shell_word(written)}",
+        f'NEMO_LAUNCHER_DEBUG=1 {prefix}python3 {shell_word(launcher + "/main.py")} "${{overrides[@]}}"',
+    ]
 
 
 def file_name(stage: str, text: str) -> str:

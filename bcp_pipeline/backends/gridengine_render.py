@@ -11,6 +11,10 @@ WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT
   starts itself on every host with `qrsh -inherit` (Grid Engine's tight integration: the ranks are the job's own
   tasks, accounted and killed with it), as `SCRIPT --node K MASTER_ADDR MASTER_PORT`.
 
+A distributed stage with `launcher: torchrun` starts each host's ranks with one torchrun instead (c10d rendezvous at
+the first host; each rank logs to its own file), as a NeMo pretrain stage always does: its whole script is
+gridengine_nemo.py's (the launcher composes the config, torchrun runs NeMo's training script).
+
 With `backends.gridengine.container: apptainer` and an image, every rank runs as `apptainer exec --nv --bind
 WORKSPACE:/mount_workspace,... IMAGE PROGRAM...`: the workspace is at /mount_workspace inside (as on BCP), stages/
 and the run folder at their own paths; Apptainer passes the launcher's environment through. Files of job ID in
@@ -24,13 +28,15 @@ the run folder (on a real cell: a shared file system):
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config.durations import parse_duration
+from ..config.pipelines import substitute
 from ..config.resources import GridEngineOptions, GridEngineResources
 from ..errors import ConfigError, SubmissionError
 from .common import Paths, apptainer_argv, job_name, placeholder_values, rendezvous, shell_exports, shell_join
 from .common import stage_command
+from . import gridengine_nemo
 from .contract import JobRequest
 
 CONTAINER_WORKSPACE = "/mount_workspace"  # where a container sees the workspace, as BCP mounts it
@@ -92,15 +98,28 @@ def job_values(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
 
 def rank_argv(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:
     """The argv each rank runs: the stage program, in its container where one is configured."""
+    return container_prefix(request, options, paths) + program_argv(request, options, paths)
+
+
+def program_argv(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:
+    """The stage program (in a container: through stages/bootstrap.sh, as on BCP, which installs missing packages)."""
     res: GridEngineResources = request.resources("gridengine")
     program = stage_command(request, "gridengine", job_values(request, options, paths))
-    if not in_container(request, options):
-        return program
-    if not (request.kind == "stage" and res.command):
-        program = ["bash", f"{paths.code}/bootstrap.sh", *program]  # as on BCP: installs missing stage packages
+    if in_container(request, options) and not (request.kind == "stage" and res.command):
+        program = ["bash", f"{paths.code}/bootstrap.sh", *program]
+    return program
+
+
+def container_prefix(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:
+    return container_argv(request, paths) if in_container(request, options) else []
+
+
+def container_argv(request: JobRequest, paths: Paths) -> list[str]:
+    """`apptainer exec --nv --bind WORKSPACE:/mount_workspace,STAGES:STAGES,RUN:RUN[,container_binds] IMAGE`."""
+    res: GridEngineResources = request.resources("gridengine")
     binds = [f"{paths.workspace}:{CONTAINER_WORKSPACE}", f"{paths.code}:{paths.code}",
              f"{paths.run_dir}:{paths.run_dir}", *res.container_binds]
-    return apptainer_argv(str(res.container_image), binds) + program
+    return apptainer_argv(str(res.container_image), binds)
 
 
 def directives(request: JobRequest, size: Shape, paths: Paths) -> list[str]:
@@ -162,10 +181,8 @@ exit "$code"'''
 
 def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) -> str:
     """The whole `qsub` script of a stage or verification job."""
-    if request.kind == "stage" and request.stage.nemo and not request.resources("gridengine").command:
-        raise config_error(request, "nemo", "NeMo pretraining (the stage's nemo: section) is not rendered for Grid "
-                           "Engine yet; give the stage a gridengine.command (e.g. torchrun in its container), or run "
-                           "it with --backend slurm or bcp")
+    if is_nemo(request):
+        return gridengine_nemo.render(nemo_job(request, options, paths))
     size = shape(request, options)
     world = size.nodes * size.per_node
     what = "verification of stage" if request.kind == "verify" else "stage"
@@ -178,8 +195,7 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
              f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
              f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
              *shell_exports(request, "gridengine", job_values(request, options, paths), where(request)),
-             f"run_rank() {{ exec {shell_join(rank_argv(request, options, paths))}; }}",
-             LAUNCH_NODE]
+             *node_launcher(request, options, paths, size)]
     port = f'"$(({MASTER_PORT_EXPR}))"'
     if size.distributed:
         lines += ['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
@@ -191,10 +207,79 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
     return "\n".join(lines) + "\n"
 
 
+def is_nemo(request: JobRequest) -> bool:
+    """A NeMo pretrain job (the stage's nemo: section, no command of its own): gridengine_nemo.py's script."""
+    return request.kind == "stage" and bool(request.stage.nemo) and not request.resources("gridengine").command
+
+
+def nemo_shape(request: JobRequest, options: GridEngineOptions) -> Shape:
+    """A NeMo training is one job over all its hosts: a parallel one from two hosts on, never an array."""
+    size = shape(request, options)
+    return replace(size, distributed=size.nodes > 1)
+
+
+def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> gridengine_nemo.NemoJob:
+    """The NeMo pretrain script's inputs: the launcher's overrides for this job, in the stage's Apptainer image."""
+    from ..config.nemo import (DATA_LIST_FILE, PRETRAINING_SCRIPT, composed_config, launcher_dir,
+                               launcher_overrides, nemo_run_name)
+
+    stage = request.stage
+    nemo = stage.nemo
+    assert nemo is not None
+    if not in_container(request, options):
+        raise config_error(request, "gridengine", "NeMo pretraining on Grid Engine runs NeMo's training in the NeMo "
+                           "container through Apptainer: set the stage's gridengine.container_image (a .sif of the "
+                           "NeMo image, or its docker:// reference) and backends.gridengine.container: apptainer")
+    size = nemo_shape(request, options)
+    values = job_values(request, options, paths)
+    try:
+        overrides = launcher_overrides(stage, cluster_type="bcp", nodes=str(size.nodes), runtime=size.h_rt,
+                                       values=values, backend="gridengine", devices=str(size.per_node))
+        launcher = launcher_dir(stage, "gridengine")
+    except ValueError as exc:
+        raise SubmissionError(f"{where(request)}: {exc}") from None
+    run_name = nemo_run_name(stage, request.run_id)
+    config_dir, config_name = composed_config(substitute(nemo.results_dir, values), run_name)
+    data_list_file = f"{values['results']}/{DATA_LIST_FILE}"
+    return gridengine_nemo.NemoJob(
+        title=f"run {request.run_id}, stage {stage.name}", directives=directives(request, size, paths),
+        exports=[f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
+                 f"BCP_PIPELINE_STAGE={shlex.quote(stage.name)}",
+                 *shell_exports(request, "gridengine", values, where(request))],
+        logs=paths.logs, nodes=size.nodes, per_node=size.per_node, container=container_argv(request, paths),
+        data_list_argv=["python3", f"{values['code']}/data_list.py", "--data-dir", substitute(nemo.data_dir, values),
+                        "--format", "hydra", "--key", "training.model.data.data_prefix", "--out", data_list_file],
+        data_list_file=data_list_file, launcher_dir=launcher, overrides=overrides, config_dir=config_dir,
+        config_name=config_name, trainer=f"{nemo.nemo_dir.rstrip('/')}/{PRETRAINING_SCRIPT}",
+        master_port=MASTER_PORT_EXPR)
+
+
+def node_launcher(request: JobRequest, options: GridEngineOptions, paths: Paths, size: Shape) -> list[str]:
+    """`launch_node NODE`: the job script's ranks (LAUNCH_NODE), or, for a distributed stage with `launcher:
+    torchrun`, one torchrun that starts the host's ranks and meets the other hosts' at MASTER_ADDR:MASTER_PORT (c10d;
+    each rank logs to its own file, as gridengine_nemo.py's NeMo training does)."""
+    torchrun = request.resources("gridengine").launcher == "torchrun"
+    if torchrun and not size.distributed:
+        raise config_error(request, "gridengine", "gridengine.launcher torchrun starts the ranks of a distributed "
+                           "stage (one torchrun a host, meeting at the first); set distributed: true, or launcher: "
+                           "ranks for independent replicas")
+    if not torchrun:
+        return [f"run_rank() {{ exec {shell_join(rank_argv(request, options, paths))}; }}", LAUNCH_NODE]
+    python = job_values(request, options, paths)["python"]
+    runner = shell_join([*container_prefix(request, options, paths), python, "-m", "torch.distributed.run"])
+    call = gridengine_nemo.torchrun_call(runner, '"$MASTER_ADDR:$MASTER_PORT"',
+                                         shell_join(program_argv(request, options, paths)))
+    return ['launch_node() {  # NODE: this host\'s torchrun (torch.distributed.run), its ranks\' logs their own',
+            '  mkdir -p "$logs/$JOB_ID"', f"  {call}", "}"]
+
+
 def job_rendezvous(request: JobRequest, options: GridEngineOptions) -> dict | None:
     """Where the job's ranks meet, as `plan` shows it (None for one rank)."""
     size = shape(request, options)
     layout = request.rank_layout("gridengine")
+    if is_nemo(request):
+        return rendezvous(layout, "torchrun's c10d rendezvous at the first host of $PE_HOSTFILE (one host: its own)",
+                          f"$(({MASTER_PORT_EXPR}))")
     if size.distributed:
         return rendezvous(layout, "the first host of $PE_HOSTFILE", f"$(({MASTER_PORT_EXPR}))")
     return rendezvous(layout, "$(hostname) of each array task (its ranks are independent of other tasks')",

@@ -1,5 +1,6 @@
 """Checks of a Grid Engine cell: qmaster answers; `qsub -w v` (verify, nothing submitted) of every rendered job
-script, which names an unknown resource (`qconf -sc`), parallel environment or queue; the parallel environment of
+script, which names an unknown resource, parallel environment or queue; every requested resource a requestable
+complex of `qconf -sc` and every queue one of `qconf -sql`; the parallel environment of
 each distributed stage gives one slot per host; a probe job over two hosts (`$PE_HOSTFILE`, `qrsh -inherit` to
 each host, a marker written in the shared workspace on the second host and read here); and Apptainer on the exec
 hosts where a stage runs in a container (its `--nv` needs the NVIDIA driver there), with a note that a `docker://`
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from ..backends.common import paths_for
 from ..backends.gridengine import HINT
+from ..config.resources import rank_layout
 from ..errors import CommandError
 from ..procs import run_command
 from .cleanup import always_cleaned_up
@@ -44,7 +46,7 @@ def check_gridengine(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict
         return {"cell": "unreachable"}, [row], {}, []
     cell = cell_name()
     rows = [ok("qmaster", "Grid Engine's qmaster answers (qstat, qconf)", f"cell {cell}"), verify_row(ctx),
-            environments_row(ctx, environments), image_row(ctx)]
+            requests_row(ctx), environments_row(ctx, environments), image_row(ctx)]
     facts: dict = {"parallel_environments": environments}
     notes = []
     pe = probe_environment(ctx) or options.parallel_environment
@@ -93,13 +95,65 @@ def verify_row(ctx: CheckContext) -> Row | None:
     return ok("qsub -w v", assumes, showed)
 
 
+def requested(ctx: CheckContext) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """The `-l` resource names and `-q` queues each stage asks for (h_rt too), by name -> stages."""
+    options = ctx.config.options["gridengine"]
+    resources: dict[str, set[str]] = {}
+    queues: dict[str, set[str]] = {}
+    for name, stage in (ctx.pipeline.stages.items() if ctx.pipeline else []):
+        res = stage.gridengine
+        asked = [*res.resources, *[arg.split(None, 1)[1] for arg in res.extra_args if arg.startswith("-l ")]]
+        for words in asked:
+            for one in words.split(","):
+                resources.setdefault(one.split("=", 1)[0].strip(), set()).add(name)
+        if res.h_rt or stage.bcp.total_runtime:
+            resources.setdefault("h_rt", set()).add(name)
+        extra_queues = [arg.split(None, 1)[1] for arg in res.extra_args if arg.startswith("-q ")]
+        for queue in [res.queue or options.queue, *extra_queues]:
+            if queue:
+                queues.setdefault(queue.split("@", 1)[0], set()).add(name)
+    return resources, queues
+
+
+def requests_row(ctx: CheckContext) -> Row | None:
+    """Every requested resource is a requestable complex (`qconf -sc`: its name or shortcut) and every queue exists
+    (`qconf -sql`): a site resource such as TSUBAME's node_f is defined by the site's complexes."""
+    resources, queues = requested(ctx)
+    if not resources and not queues:
+        return None
+    assumes = "every requested resource is a requestable complex (qconf -sc) and every queue exists (qconf -sql)"
+    try:
+        complexes = run_command(["qconf", "-sc"], timeout=60, hint=HINT).stdout
+        known_queues = set(run_command(["qconf", "-sql"], timeout=60, hint=HINT).stdout.split())
+    except CommandError as exc:
+        return unchecked("requested resources", assumes, f"qconf failed: {str(exc).splitlines()[0]}")
+    requestable = {}
+    for line in complexes.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and not line.startswith("#"):
+            for key in fields[:2]:
+                requestable[key] = fields[4].upper() in ("YES", "FORCED")
+    problems = [f"{name} ({', '.join(sorted(stages))}): " + ("not requestable" if name in requestable else
+                                                               "no such complex")
+                for name, stages in sorted(resources.items()) if not requestable.get(name)]
+    problems += [f"queue {queue} ({', '.join(sorted(stages))}): no such queue"
+                 for queue, stages in sorted(queues.items()) if queue not in known_queues]
+    fine = sorted(name for name in resources if requestable.get(name)) + \
+        [f"queue {queue}" for queue in sorted(queues) if queue in known_queues]
+    showed = "; ".join(problems + [f"requestable: {', '.join(fine)}" if fine else "nothing requestable asked"])
+    if problems:
+        return different("requested resources", assumes, showed, "qsub refuses those jobs: name the cell's own "
+                         "complexes and queues (`qconf -sc`, `qconf -sql`), or ask the site which to request")
+    return ok("requested resources", assumes, showed)
+
+
 def environments_row(ctx: CheckContext, environments: list[str]) -> Row | None:
     """Each distributed stage's parallel environment exists and puts one slot on each host (allocation_rule 1)."""
     assumes = "each distributed stage's parallel environment gives one slot per host (allocation_rule 1)"
     options = ctx.config.options["gridengine"]
     wanted = {}
     for name, stage in (ctx.pipeline.stages.items() if ctx.pipeline else []):
-        if stage.gridengine.distributed:
+        if stage.gridengine.distributed or over_hosts_nemo(stage):
             wanted[name] = stage.gridengine.parallel_environment or options.parallel_environment
     if not wanted:
         return ok("parallel environments", assumes, f"the cell has {', '.join(environments) or 'none'}; no "
@@ -151,9 +205,14 @@ def image_row(ctx: CheckContext) -> Row | None:
     return ok("container images", assumes, showed)
 
 
+def over_hosts_nemo(stage) -> bool:
+    """A NeMo training on more than one host: one parallel job, `distributed` or not (gridengine_render.nemo_shape)."""
+    return bool(stage.nemo) and not stage.gridengine.command and rank_layout(stage, "gridengine").nodes > 1
+
+
 def probe_environment(ctx: CheckContext) -> str | None:
     for stage in (ctx.pipeline.stages.values() if ctx.pipeline else []):
-        if stage.gridengine.distributed and stage.gridengine.parallel_environment:
+        if (stage.gridengine.distributed or over_hosts_nemo(stage)) and stage.gridengine.parallel_environment:
             return stage.gridengine.parallel_environment
     return None
 

@@ -102,6 +102,19 @@ KNOWN_SHAPES = {
 }
 MAX_NODES_LISTED = 256
 DATA_LIST_FILE = "data_prefix.txt"
+# NeMo's GPT pretraining script under nemo.nemo_dir: what the launcher's training command runs (its core/stages.py,
+# GPT3 training: /opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py).
+PRETRAINING_SCRIPT = "examples/nlp/language_modeling/megatron_gpt_pretraining.py"
+
+
+def composed_config(results_dir: str, run_name: str) -> tuple[str, str]:
+    """Where the launcher writes the training config it composed, as (folder, file name): its JobPaths'
+    config_file, `<training.run.results_dir>/<run name>_hydra.yaml`, with run.results_dir =
+    base_results_dir/<run name> (nemo_launcher/utils/job_utils.py; core/stages.py save_stage_hydra_config, which
+    resolves the interpolations first). The launcher's own training command passes it to NeMo as
+    `--config-path=FOLDER --config-name=FILE`."""
+    folder = f"{results_dir.rstrip('/')}/{run_name}"
+    return folder, f"{run_name}_hydra.yaml"
 
 
 def launcher_version(image: str) -> LauncherVersion | None:
@@ -126,12 +139,19 @@ def launcher_image(stage: StageConfig, backend: str | None = None) -> tuple[str 
 
     BCP runs the launcher inside `bcp.image`. On Slurm the training runs in `slurm.container_image`; without one
     the launcher uses its own default container, and `bcp.image`, the pipeline's NeMo image, is the best guess of
-    its release. No backend: the stage's BCP image, or its Slurm one when only that is given.
+    its release. On Grid Engine both run in `gridengine.container_image` (a `docker://` reference's tag; a `.sif`
+    path has none, and `bcp.image` is the guess).
+    No backend: the stage's BCP image, or its Slurm one when only that is given.
     """
     if backend is None:
         backend = "slurm" if stage.bcp.image is None and stage.slurm.container_image else "bcp"
     if backend == "slurm" and stage.slurm.container_image:
         return stage.slurm.container_image, "slurm.container_image"
+    # Grid Engine runs the launcher and the training in its Apptainer image: a docker:// reference carries the
+    # release's tag; a .sif path does not, and the pipeline's NeMo image (the one it was pulled from) is the guess.
+    image = stage.gridengine.container_image or ""
+    if backend == "gridengine" and image.startswith("docker://"):
+        return image.removeprefix("docker://"), "gridengine.container_image"
     return stage.bcp.image, "bcp.image"
 
 
@@ -275,6 +295,9 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
         nodes = rank_layout(stage, "slurm").nodes
         gpus = stage.slurm.gpus_per_node or gpus_per_node(stage, bcp.instance)
         check_parallelism(stage, nodes, gpus, "slurm")
+    if stage.gridengine.nodes or stage.gridengine.processes_per_node:  # torchrun: nodes x processes_per_node GPUs
+        layout = rank_layout(stage, "gridengine")
+        check_parallelism(stage, layout.nodes, layout.per_node, "gridengine")
 
 
 RUN_ID = "${run_id}"  # the bcp-pipeline run's id, as a placeholder the renderers resolve
@@ -302,14 +325,19 @@ def derived_continuation(stage: StageConfig) -> Continuation:
 
 
 def launcher_overrides(stage: StageConfig, *, cluster_type: str, nodes: str, runtime: str | None,
-                       values: dict[str, str]) -> list[str]:
+                       values: dict[str, str], backend: str | None = None, devices: str | None = None) -> list[str]:
     """The launcher's Hydra overrides (placeholders resolved with `values`, which hold the run id), without the
-    data list. `runtime`: the job's (BCP's total_runtime, Slurm's time)."""
+    data list. `runtime`: the job's (BCP's total_runtime, Slurm's time, Grid Engine's h_rt). `backend`: whose image
+    the launcher runs in (default: BCP's for cluster_type bcp, else Slurm's). `devices`: trainer.devices, the ranks
+    a node (default: the BCP instance's GPUs for cluster_type bcp, else the launcher config's own)."""
     nemo = stage.nemo
-    # cluster_type bcp runs in the BCP image; bcm is a Slurm cluster (backends/slurm_render.py).
-    backend = "bcp" if cluster_type == "bcp" else "slurm"
+    # cluster_type bcp runs in the BCP image; bcm is a Slurm cluster (backends/slurm_render.py). Grid Engine
+    # composes with cluster_type bcp in its own image (backends/gridengine_nemo.py).
+    backend = backend or ("bcp" if cluster_type == "bcp" else "slurm")
     model = model_config(stage, backend)
     limits = time_limits(stage, runtime)
+    if devices is None and cluster_type == "bcp":
+        devices = str(gpus_per_node(stage, stage.bcp.instance))
     bpe = substitute(nemo.bpe_dir, values).rstrip("/")
     results = substitute(nemo.results_dir, values).rstrip("/")
     verbatim = {o.split("=", 1)[0] for o in nemo.overrides}
@@ -327,7 +355,7 @@ def launcher_overrides(stage: StageConfig, *, cluster_type: str, nodes: str, run
         *([f"training.run.time_limit={limits.hard_limit}"] if cluster_type == "bcm" else []),
         f"training.trainer.num_nodes={nodes}",
         # The BCP launcher starts trainer.devices ranks a node (its bcprun --npernode); the configs say 8.
-        *([f"training.trainer.devices={gpus_per_node(stage, stage.bcp.instance)}"] if cluster_type == "bcp" else []),
+        *([f"training.trainer.devices={devices}"] if devices is not None else []),
         f"training.trainer.max_steps={model.max_steps}",
         *([f"{PER_RUN_TIME_KEY}={limits.per_run}"] if PER_RUN_TIME_KEY not in verbatim else []),
         f"training.model.tokenizer.vocab_file={bpe}/vocab.json",

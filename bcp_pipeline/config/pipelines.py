@@ -82,7 +82,8 @@ class Continuation:
 
 @dataclass(kw_only=True)
 class NemoTraining:
-    """Pretraining with NVIDIA's NeMo launcher (on BCP and Slurm; the local backend runs `program` instead).
+    """Pretraining with NVIDIA's NeMo launcher (on BCP and Slurm; on Grid Engine the launcher composes the config
+    and torchrun runs NeMo's training script; the local and Kubernetes backends run `program` instead).
 
     The launcher's data list is built inside the job from the preprocess manifests under `data_dir`. Loading
     checks only the section's shape; preflight.py checks it against the nodes and runtime and derives the stage's
@@ -95,6 +96,8 @@ class NemoTraining:
     bpe_dir: str  # vocab.json + merges.txt
     results_dir: str  # base_results_dir; checkpoints go to RESULTS/<NeMo run>/results/checkpoints
     launcher_dir: str | None = None  # default: where the image's release keeps it (nemo.KNOWN_LAUNCHER_DIRS)
+    nemo_dir: str = "/opt/NeMo"  # NeMo in the image, where the launcher's training command has it; Grid Engine's
+    # torchrun runs its examples/nlp/language_modeling/megatron_gpt_pretraining.py (nemo.py)
     time_margin: Duration = Duration("45m")  # each job trains for its runtime minus this, then saves and stops
     continue_run: str | None = None  # take over this NeMo run (its folder under results_dir) and its checkpoints
     # instead of starting this run's own; several bcp-pipeline runs then train the same model (nemo.py)

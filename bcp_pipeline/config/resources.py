@@ -106,6 +106,8 @@ class GridEngineResources:
     extra_args: list[str] = field(default_factory=list)  # more `#$` lines, verbatim, e.g. -l gpu=4
     env: dict[str, str] = field(default_factory=dict)  # exported in the job script (and so to every rank)
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
+    launcher: Literal["ranks", "torchrun"] = "ranks"  # a distributed stage's ranks on each host: started by the job
+    # script with RANK etc. set, or by one torchrun a host (c10d rendezvous at the first host; in the container)
 
 
 @dataclass(kw_only=True)

@@ -172,13 +172,6 @@ def test_h_rt_is_hours_minutes_seconds():
     assert h_rt("1h30m") == "1:30:00" and h_rt("2D") == "48:00:00" and h_rt("90s") == "0:01:30"
 
 
-def test_a_nemo_stage_without_a_gridengine_command_is_refused_naming_the_stage(capsys):
-    capsys.readouterr()
-    assert main(["--config", str(REPO / "pipelines.yaml"), "plan", "slimpajama-126m", "--backend", "gridengine"]) == 2
-    err = capsys.readouterr().err
-    assert "stage pretrain: NeMo pretraining" in err and "gridengine.command" in err, err
-
-
 def test_a_stage_of_no_nodes_is_refused_naming_the_stage_and_the_keys(tmp_path):
     backend, request = container_backend(tmp_path, "pretrain.gridengine.processes_per_node=0")
     with pytest.raises(ConfigError, match=r"stage pretrain: gridengine nodes and processes_per_node must be >= 1"):

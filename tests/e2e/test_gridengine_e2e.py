@@ -111,13 +111,17 @@ def test_demo_array_tasks_on_both_hosts_match_a_local_run(sge_cell: SgeCell, loc
     assert (config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / download_job).is_dir()
 
 
+@pytest.mark.parametrize("launcher", ["ranks", "torchrun"])
 def test_ddp_pretrain_over_a_parallel_environment_trains_as_one_process(sge_cell: SgeCell, tmp_path: Path,
-                                                                         data_dir: Path, reference: dict) -> None:
+                                                                         data_dir: Path, reference: dict,
+                                                                         launcher: str) -> None:
+    """The smoke trainer over both hosts, its ranks started by the job script or (the TSUBAME way, as the NeMo
+    training below) by one torchrun a host meeting at the first host (c10d)."""
     config = write_ddp_project(tmp_path / "p", data_dir)
     raw = yaml.safe_load(config.read_text())
     raw["backends"]["gridengine"] = {**OPTIONS, "workspace_dir": "ws", "parallel_environment": "pe_node"}
     raw["pipelines"]["ddp"]["stages"]["pretrain"]["gridengine"] = {"nodes": 2, "processes_per_node": 1,
-                                                                    "distributed": True}
+                                                                    "distributed": True, "launcher": launcher}
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert cli(config, "run", "ddp", "--backend", "gridengine") == 0
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
@@ -256,6 +260,10 @@ def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCe
     assert rows["qmaster"]["verdict"] == "ok"
     assert rows["qsub -w v"]["verdict"] == "different" and 'unknown resource "node_h"' in rows["qsub -w v"]["showed"]
     assert "stage extract" in rows["qsub -w v"]["showed"] and "stage download" not in rows["qsub -w v"]["showed"]
+    # the same request read against the cell's complexes (qconf -sc): node_h is none of them, h_rt is
+    assert rows["requested resources"]["verdict"] == "different", rows["requested resources"]
+    assert "node_h (extract): no such complex" in rows["requested resources"]["showed"]
+    assert "requestable: h_rt" in rows["requested resources"]["showed"]
     assert rows["parallel environments"]["verdict"] == "ok" and "allocation_rule 1" in rows["parallel environments"]["showed"]
     assert rows["hosts"]["verdict"] == "ok" and set(result["facts"]["hosts"]) == set(sge_cell.hosts)
     assert rows["shared folder"]["verdict"] == "ok"
@@ -345,3 +353,110 @@ def test_cancel_deletes_the_run_s_jobs_on_the_cell(tmp_path: Path, capsys: pytes
                                                                   text=True).stdout, re.MULTILINE),
              timeout=30, what="qacct's record: failed 100 (deleted while running)")
     assert not (first / "item-0005.txt").exists()
+
+
+# A nemo: pretrain the TSUBAME way on the cell: NVIDIA's launcher composes the config in its debug mode, then one
+# torchrun a host runs NeMo's training script, all in the Apptainer image. The launcher, the training script and
+# Apptainer are STAND-INS (tests/fakes/README.md): the stand-in apptainer runs the command on this machine with the
+# binds applied, so the image's python3 and torchrun are this environment's (its PATH, given to the job).
+NEMO_STAND_IN = REPO / "tests" / "fakes" / "nemo_launcher"
+NEMO_CONFIG = """\
+version: 1
+stages_dir: {stages}
+backends:
+  gridengine: {{workspace_dir: ws, container: apptainer, parallel_environment: pe_node, poll_seconds: 0.3,
+               poll_max_seconds: 1, accounting_grace_seconds: 3}}
+pipelines:
+  nemo:
+    workspace: {{name: main}}
+    defaults:
+      bcp: {{image: "nvcr.io/nvaie/nemo-framework-training:23.11", instance: dgxa100.80g.1.norm, total_runtime: 1h}}
+    stages:
+      pretrain:
+        program: pretrain_local.py
+        nemo:
+          model: gpt3/126m
+          run_name: gpt
+          data_dir: ${{workspace}}/data/preprocessed
+          bpe_dir: ${{workspace}}/data/bpe
+          results_dir: ${{workspace}}/results
+          launcher_dir: {stand_in}/launcher_scripts
+          nemo_dir: {stand_in}/NeMo
+          max_steps: {steps}
+          time_margin: {margin}
+          overrides: [training.trainer.val_check_interval=10, +training.standin.step_seconds=0.02{extra}]
+        gridengine: {{nodes: {nodes}, processes_per_node: 1, h_rt: {runtime}, container_image: {image},
+                     env: {{PATH: "{path}"}}}}
+"""
+
+
+def nemo_project(root: Path, *, nodes: int = 1, steps: int = 30, runtime: str = "2m", margin: str = "1m",
+                 extra: str = "") -> Path:
+    from test_data_list import chunk_name, fabricate
+
+    image = root / "images" / "nemo-24.05.sif"
+    image.parent.mkdir(parents=True)
+    image.write_bytes(b"")  # the stand-in runs the command on this machine: the image only has to exist
+    path = f"{REPO / 'tests/fakes/apptainer_bin'}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    config = root / "pipelines.yaml"
+    config.write_text(NEMO_CONFIG.format(stages=REPO / "stages", stand_in=NEMO_STAND_IN, steps=steps, margin=margin,
+                                         extra=extra, nodes=nodes, runtime=runtime, image=image, path=path))
+    for i, tokens in enumerate((3000, 1000)):
+        fabricate(root / "ws/main/data/preprocessed", chunk_name(i), tokens)
+    return config
+
+
+def test_a_nemo_pretrain_over_both_hosts_trains_and_shows_its_loss(sge_cell: SgeCell, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    config = nemo_project(tmp_path, nodes=2)
+    assert cli(config, "run", "nemo", "--backend", "gridengine") == 0
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    stage = state.stages["pretrain"]
+    assert stage.status is StageStatus.SUCCEEDED and stage.attempts == 1
+    assert stage.progress["done"] == 30 and stage.progress["unit"] == "steps", stage.progress
+    # The config the launcher composed, for this run's own NeMo run, is what NeMo's script trained with.
+    run_dir = config.parent / "ws/main/results" / f"gpt-{state.run_id}"
+    composed = yaml.safe_load((run_dir / f"gpt-{state.run_id}_hydra.yaml").read_text())
+    assert composed["trainer"]["num_nodes"] == 2 and composed["trainer"]["devices"] == 1
+    assert composed["exp_manager"]["max_time_per_run"] == "0:00:01:00"  # h_rt 2m minus the 1m margin
+    assert {p.name.split("-step=")[1].split("-")[0] for p in (run_dir / "results/checkpoints").iterdir()} == {
+        "10", "20", "30"}
+    # Both hosts' torchruns met (c10d at the first host of $PE_HOSTFILE); node 1's went through `qrsh -inherit`.
+    logs = config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / stage_job(stage)
+    assert "torchrun --nnodes" in (logs / "job.sh").read_text()
+    assert sorted(p.name for p in logs.glob("rank-*.log")) == ["rank-00000.log", "rank-00001.log"]
+    capsys.readouterr()
+    assert cli(config, "logs", state.run_id, "pretrain") == 0
+    log = capsys.readouterr().out
+    assert "reduced_train_loss=" in log and "global_step=29.000" in log
+    assert cli(config, "status", state.run_id) == 0
+    status = capsys.readouterr().out
+    assert f"30/30 steps, loss {stage.progress['loss']:.3g}" in status, status
+
+
+def test_a_crashed_nemo_training_fails_its_stage_with_its_traceback(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    config = nemo_project(tmp_path, extra=", +training.standin.crash_at_step=12")
+    assert cli(config, "run", "nemo", "--backend", "gridengine") == 1
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    stage = state.stages["pretrain"]
+    assert stage.status is StageStatus.FAILED and stage.attempts == 1 and "steps_after_attempt" not in stage.extra
+    assert "RuntimeError: CUDA error: an illegal memory access" in stage.error, stage.error
+    capsys.readouterr()
+    assert cli(config, "status") == 0
+    assert "RuntimeError: CUDA error: an illegal memory access" in capsys.readouterr().out
+    assert cli(config, "logs", state.run_id, "pretrain") == 0
+    assert "RuntimeError: CUDA error" in capsys.readouterr().out
+
+
+def test_every_nemo_continuation_on_grid_engine_trains_under_the_per_run_limit(tmp_path: Path) -> None:
+    """h_rt 25 s, margin 21 s: each job trains 4 s (NeMo's per-run timer), about 200 steps at 0.02 s a step, and
+    stops cleanly before h_rt; 300 steps take two jobs or more, each of which trains from the last checkpoint."""
+    config = nemo_project(tmp_path, steps=300, runtime="25s", margin="21s")
+    assert cli(config, "run", "nemo", "--backend", "gridengine") == 0
+    stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
+    history = [*stage.extra["steps_after_attempt"], stage.verification["steps"]]  # the last attempt's: verified
+    gains = [after - before for before, after in zip([0, *history], history)]
+    assert stage.status is StageStatus.SUCCEEDED and len(history) >= 2 and all(gain > 0 for gain in gains), history
+    assert history[-1] == 300 and stage.attempts == len(history)
+    assert all(job.native == "done" for job in stage.jobs if job.kind == "stage")  # none hit h_rt
