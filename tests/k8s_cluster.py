@@ -40,6 +40,12 @@ def cluster_base(repo: Path = REPO) -> Path:
     return Path("/tmp") / f"bcp-pipeline-k8s-{hashlib.sha1(str(repo).encode()).hexdigest()[:8]}"
 
 
+def cluster_port(repo: Path = REPO) -> int:
+    """The apiserver's port, one per checkout as the base folder is (the cluster takes PORT..PORT+4), so two
+    checkouts' test sessions on one machine never meet on 16443."""
+    return 20000 + int(hashlib.sha1(str(repo).encode()).hexdigest()[:8], 16) % 2000 * 5
+
+
 @dataclass(frozen=True)
 class K8sCluster:
     base: Path
@@ -80,7 +86,8 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
     stale = script("--base", str(base), "stop")
     assert stale.returncode == 0, f"stopping a stale cluster under {base} failed:\n{stale.stderr}"
     try:
-        res = script("--base", str(base), "start", "--fresh", "--nodes", str(NODES))
+        res = script("--base", str(base), "start", "--fresh", "--nodes", str(NODES),
+                     "--port", str(cluster_port()))
         if res.returncode != 0:
             pytest.fail(f"scripts/k8s-cluster start --nodes {NODES} failed (exit {res.returncode}):\n{res.stderr}",
                         pytrace=False)

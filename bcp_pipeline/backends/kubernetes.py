@@ -18,21 +18,39 @@ from ..config.resources import KubernetesOptions
 from ..errors import BackendCallError, ConfigError, SubmissionError
 from .common import last_lines, progress_from_logs, user_writer_lock
 from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
-from .kubernetes_render import (INDEX_ANNOTATION, LABEL_KIND, LABEL_STAGE, job_rendezvous, label_value, manifests,
-                                printable, selector_labels, shape)
+from .kubernetes_render import (INDEX_ANNOTATION, LABEL_JOB, LABEL_KIND, LABEL_STAGE, job_rendezvous, label_value,
+                                manifests, printable, selector_labels, shape)
 
-# A Job's state, from its conditions (the first true one of Complete, SuccessCriteriaMet, Failed, Suspended; a
-# Failed condition with its reason) or, without one, its pod counts. Anything else is "not finished yet".
+# The one map from what the API says of a stage's Job to JobState. A native state is built, in this order, from:
+# 1. the Job's first true terminal condition (Complete, SuccessCriteriaMet, Failed with its reason), or its
+#    FailureTarget (decided to fail, its pods being stopped) or Suspended condition;
+# 2. else its pods (pod_trouble): a pod on a node that stopped being Ready (its kubelet lost: NODE-LOST), or a pod
+#    the cluster disrupted (the DisruptionTarget condition: preempted, evicted through the Eviction API or by the
+#    kubelet, removed by taint eviction or the pod garbage collector), which the pod failure policy's Ignore rule
+#    makes the Job replace (DISRUPTED);
+# 3. else its ready pod count (RUNNING, or PENDING before any pod is ready).
+# Anything else is "not finished yet" (map_native_state: UNKNOWN).
 STATE_MAP: dict[str, JobState] = {
     "COMPLETE": JobState.SUCCEEDED,
-    "SUCCESSCRITERIAMET": JobState.SUCCEEDED,
+    "SUCCESSCRITERIAMET": JobState.SUCCEEDED,  # an Indexed Job's success policy met (other indexes stopping)
     "FAILED/BACKOFFLIMITEXCEEDED": JobState.FAILED,  # its programs failed more than backoffLimit times
-    "FAILED/PODFAILUREPOLICY": JobState.FAILED,  # a rule of the pod failure policy failed the Job
+    "FAILED/PODFAILUREPOLICY": JobState.FAILED,  # a FailJob rule of the pod failure policy failed the Job
     "FAILED/MAXFAILEDINDEXESEXCEEDED": JobState.FAILED,
     "FAILED/FAILEDINDEXES": JobState.FAILED,
     "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # activeDeadlineSeconds (the stage's runtime) ran out
-    "FAILED/EVICTED": JobState.PREEMPTED,
+    # Decided to fail, its pods still being stopped: not finished until they are (the Failed condition follows),
+    # so the stage's next attempt never overlaps this one's processes.
+    "FAILURETARGET/BACKOFFLIMITEXCEEDED": JobState.RUNNING,
+    "FAILURETARGET/PODFAILUREPOLICY": JobState.RUNNING,
+    "FAILURETARGET/DEADLINEEXCEEDED": JobState.RUNNING,
+    "FAILURETARGET/MAXFAILEDINDEXESEXCEEDED": JobState.RUNNING,
     "SUSPENDED": JobState.QUEUED,
+    # A pod on a node that is no longer Ready: the kubelet is gone, nothing on the node runs or reports, and the
+    # Job controller replaces the pod only once the node is removed. The job is lost; the stage's next attempt
+    # (resume) first deletes this Job (KubernetesBackend.submit), so no replacement pod ever runs beside it.
+    "NODE-LOST": JobState.LOST,
+    # A disrupted pod (DisruptionTarget): the Job replaces it itself (podFailurePolicy: Ignore); the stage waits.
+    "DISRUPTED": JobState.PREEMPTED,
     "RUNNING": JobState.RUNNING,  # pods ready
     "PENDING": JobState.QUEUED,  # pods created, none ready (unscheduled, starting)
 }
@@ -43,19 +61,73 @@ PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
 }
 HINT = ("the Kubernetes API answers at the kubeconfig's server (backends.kubernetes.kubeconfig/context, else "
         "$KUBECONFIG or ~/.kube/config): `kubectl get nodes` shows whether this machine reaches it")
+TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
-def native_state(job: Any) -> tuple[str, str]:
-    """(STATE_MAP key, detail) of a batch/v1 Job object."""
-    for condition in job.status.conditions or []:
-        if condition.status != "True":
-            continue
+def job_condition(job: Any) -> tuple[str, str] | None:
+    """(native, detail) from the Job's conditions: a true Complete, SuccessCriteriaMet or Failed first, then a true
+    FailureTarget or Suspended; None when none is true."""
+    true = [c for c in job.status.conditions or [] if c.status == "True"]
+    for condition in true:
         kind = condition.type.upper()
         if kind == "FAILED":
             return f"FAILED/{(condition.reason or '').upper()}", condition.message or ""
-        if kind in ("COMPLETE", "SUCCESSCRITERIAMET", "SUSPENDED"):
+        if kind in ("COMPLETE", "SUCCESSCRITERIAMET"):
             return kind, condition.message or ""
+    for condition in true:
+        kind = condition.type.upper()
+        if kind == "FAILURETARGET":
+            return f"FAILURETARGET/{(condition.reason or '').upper()}", condition.message or ""
+        if kind == "SUSPENDED":
+            return kind, condition.message or ""
+    return None
+
+
+def pod_trouble(pods: list[Any], ready_nodes: set[str] | None) -> tuple[str, str] | None:
+    """NODE-LOST when a pod that has not ended is bound to a node not in `ready_nodes` (None: nodes unknown, not
+    judged); else DISRUPTED when a pod carries a true DisruptionTarget condition; else None."""
+    live = [p for p in pods if (p.status.phase if p.status else None) not in TERMINAL_PHASES]
+    if ready_nodes is not None:
+        for pod in live:
+            if pod.spec.node_name and pod.spec.node_name not in ready_nodes:
+                return "NODE-LOST", (f"pod {pod.metadata.name} is on node {pod.spec.node_name}, which is not Ready "
+                                     "(its kubelet stopped reporting): the pod's processes are gone or unreachable")
+    for pod in newest_per_index(pods):  # a disrupted pod already replaced is past trouble
+        for condition in (pod.status.conditions if pod.status else None) or []:
+            if condition.type == "DisruptionTarget" and condition.status == "True":
+                return "DISRUPTED", (f"pod {pod.metadata.name} was disrupted ({condition.reason}: "
+                                     f"{condition.message or 'no message'}); the Job replaces it")
+    return None
+
+
+def completion_index(pod: Any) -> int:
+    return int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, 0))
+
+
+def newest_per_index(pods: list[Any]) -> list[Any]:
+    """The latest pod of each completion index (a replaced pod's successor)."""
+    newest: dict[int, Any] = {}
+    for pod in sorted(pods, key=lambda p: p.metadata.creation_timestamp):
+        newest[completion_index(pod)] = pod
+    return list(newest.values())
+
+
+def native_state(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None) -> tuple[str, str]:
+    """(STATE_MAP key, detail) of a batch/v1 Job object and its pods (see STATE_MAP for the order)."""
+    decided = job_condition(job)
+    if decided is not None:
+        return decided
+    trouble = pod_trouble(list(pods), ready_nodes)
+    if trouble is not None:
+        return trouble
     return ("RUNNING" if (job.status.ready or 0) > 0 else "PENDING"), ""
+
+
+def ready_node_names(nodes: list[Any]) -> set[str]:
+    """The Nodes whose Ready condition is True (a lost kubelet's node turns Unknown within the node monitor's
+    grace period)."""
+    return {node.metadata.name for node in nodes
+            if any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))}
 
 
 def pytorchjob_status(obj: dict[str, Any]) -> JobStatus:
@@ -68,8 +140,8 @@ def pytorchjob_status(obj: dict[str, Any]) -> JobStatus:
                      exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
 
 
-def status_of(job: Any) -> JobStatus:
-    native, detail = native_state(job)
+def status_of(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None) -> JobStatus:
+    native, detail = native_state(job, pods, ready_nodes)
     state = map_native_state(native, STATE_MAP)
     return JobStatus(job_id=job.metadata.name, state=state, native=native, detail=detail,
                      exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
@@ -129,6 +201,7 @@ class KubernetesBackend(Backend):
     # -- side effects ------------------------------------------------------------------------------------
     def submit(self, submission: Submission) -> str:
         objects = submission.payload["manifests"]
+        self._delete_earlier_attempts(submission.request, objects[-1]["metadata"]["name"])
         for obj in objects:
             try:
                 self.create(obj)
@@ -136,6 +209,18 @@ class KubernetesBackend(Backend):
                 if "AlreadyExists" not in str(exc) or obj["kind"] != "Service":
                     raise SubmissionError(f"creating {obj['kind']} {obj['metadata']['name']} failed: {exc}") from None
         return objects[-1]["metadata"]["name"]
+
+    def _delete_earlier_attempts(self, request: JobRequest, name: str) -> None:
+        """An earlier attempt's Job of this stage that has not ended (no Complete or Failed condition: lost with
+        its node, say) is deleted (foreground) before the next attempt's is created: it would otherwise replace its
+        pod once the node is removed, beside the new attempt. Ended Jobs stay, with their pods' logs."""
+        if request.resources("kubernetes").launcher == "pytorchjob" and request.kind == "stage":
+            return
+        earlier = [job.metadata.name for job in self._list_jobs(request.stage.name, request.kind)
+                   if job.metadata.name != name and job.metadata.deletion_timestamp is None
+                   and not (job_condition(job) or ("",))[0].startswith(("COMPLETE", "SUCCESS", "FAILED/"))]
+        if earlier:
+            self.cancel(earlier)
 
     def _list_jobs(self, stage: str | None = None, kind: str | None = None) -> list[Any]:
         selector = selector_labels(self.run_id, stage, kind)
@@ -149,11 +234,40 @@ class KubernetesBackend(Backend):
         if not job_ids:
             return {}
         wanted = set(job_ids)
-        found = {job.metadata.name: status_of(job) for job in self._list_jobs() if job.metadata.name in wanted}
+        jobs = [job for job in self._list_jobs() if job.metadata.name in wanted]
+        found = {job.metadata.name: status_of(job, *self._pods_and_nodes(jobs)[job.metadata.name]) for job in jobs}
         if wanted - set(found):  # a PyTorchJob (`launcher: pytorchjob`) is not a batch/v1 Job
             found.update({obj["metadata"]["name"]: pytorchjob_status(obj) for obj in self._list_pytorchjobs()
                           if obj["metadata"]["name"] in wanted})
         return found
+
+    def _pods_and_nodes(self, jobs: list[Any]) -> dict[str, tuple[list[Any], set[str] | None]]:
+        """Each Job's pods and the Ready nodes, for the Jobs no condition decides: one list of the run's pods (by
+        label) and one of the nodes, whatever the number of Jobs. Where this identity may not list nodes (a
+        namespaced user), nodes are not judged (None)."""
+        from kubernetes.client.rest import ApiException
+
+        open_jobs = [job for job in jobs if job_condition(job) is None]
+        if not open_jobs:
+            return {job.metadata.name: ([], None) for job in jobs}
+        try:
+            pods = self._core().list_namespaced_pod(self.options.namespace,
+                                                    label_selector=selector_labels(self.run_id)).items
+        except Exception as exc:  # noqa: BLE001
+            raise api_error("list pods", exc) from None
+        ready: set[str] | None
+        try:
+            ready = ready_node_names(self._core().list_node().items)
+        except ApiException as exc:
+            if exc.status != 403:
+                raise api_error("list nodes", exc) from None
+            ready = None
+        except Exception as exc:  # noqa: BLE001
+            raise api_error("list nodes", exc) from None
+        by_job: dict[str, list[Any]] = {}
+        for pod in pods:
+            by_job.setdefault((pod.metadata.labels or {}).get(LABEL_JOB, ""), []).append(pod)
+        return {job.metadata.name: (by_job.get(job.metadata.name, []), ready) for job in jobs}
 
     def _list_pytorchjobs(self) -> list[dict[str, Any]]:
         from kubernetes import client
@@ -171,7 +285,9 @@ class KubernetesBackend(Backend):
     def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
         if label_value(run_id) != label_value(self.run_id):
             return []
-        return [job.metadata.name for job in self._list_jobs(stage, kind) if not status_of(job).state.finished]
+        jobs = self._list_jobs(stage, kind)
+        found = self._pods_and_nodes(jobs)
+        return [job.metadata.name for job in jobs if not status_of(job, *found[job.metadata.name]).state.finished]
 
     def find_submitted(self, run_id: str, stage: str, kind: str) -> list[str]:
         if label_value(run_id) != label_value(self.run_id):
@@ -186,8 +302,7 @@ class KubernetesBackend(Backend):
                                                     label_selector=f"batch.kubernetes.io/job-name={job_id}").items
         except Exception as exc:  # noqa: BLE001
             raise api_error("list pods", exc) from None
-        return sorted(pods, key=lambda p: (int((p.metadata.annotations or {}).get(INDEX_ANNOTATION, 0)),
-                                           p.metadata.creation_timestamp))
+        return sorted(pods, key=lambda p: (completion_index(p), p.metadata.creation_timestamp))
 
     def _pod_log(self, pod: Any, tail: int | None = None) -> str:
         try:

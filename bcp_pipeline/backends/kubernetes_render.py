@@ -190,9 +190,11 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     spec: dict[str, Any] = {
         "completionMode": "Indexed", "completions": size.pods, "parallelism": size.pods,
         "backoffLimit": res.backoff_limit,
-        # A disrupted pod (preempted, evicted, its node drained) is replaced without counting against
-        # backoffLimit; a failed program counts.
-        "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+        # A disrupted pod (preempted, evicted, its node drained or tainted away) is replaced without counting
+        # against backoffLimit; a failed program (any non-zero exit of the stage container) counts.
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            {"action": "Count", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}}]},
         "template": {"metadata": {"labels": labels(request, name)}, "spec": pod_spec(request, options, size, name)},
     }
     if size.deadline_seconds:
