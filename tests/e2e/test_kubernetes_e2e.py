@@ -218,16 +218,19 @@ def chain_projects(k8s_cluster: K8sCluster, tmp_path: Path, name: str) -> tuple[
     folder = tmp_path / "workspace"
     raw = yaml.safe_load(config.read_text())
     raw["backends"]["kubernetes"] = {
-        "kubeconfig": str(k8s_cluster.kubeconfig), "namespace": NAMESPACE, "workspace_claim": claim(
-            k8s_cluster, name, folder), "code_dir": str(config.parent / "stages"), "python": sys.executable,
-        "poll_seconds": 0.3, "poll_max_seconds": 1.0}
+        "kubeconfig": str(k8s_cluster.kubeconfig), "namespace": NAMESPACE, "image": "python:3.11",
+        "workspace_claim": claim(k8s_cluster, name, folder), "code_dir": str(config.parent / "stages"),
+        "python": sys.executable, "poll_seconds": 0.3, "poll_max_seconds": 1.0}
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     return reference, config, folder
 
 
 def first_pods(k8s_cluster: K8sCluster, config: Path) -> dict[int, client.V1Pod]:  # noqa: F811
-    """The running pods of the first stage's latest Job, by completion index."""
-    job = RunStore(config.parent / ".bcp-pipeline").latest().stages["first"].jobs[-1].job_id
+    """The running pods of the first stage's latest Job, by completion index (none before the run records one)."""
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    if state is None or not state.stages["first"].jobs:
+        return {}
+    job = state.stages["first"].jobs[-1].job_id
     pods = client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
         NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}").items
     return {int(p.metadata.annotations[INDEX_ANNOTATION]): p for p in pods
@@ -240,9 +243,8 @@ def stalled_first_stage(k8s_cluster: K8sCluster, config: Path, folder: Path):  #
     (folder / "first").mkdir(parents=True)
     (folder / "first" / "STALL").write_text("")
     orchestrator = start_orchestrator(config, "run", "chain", "--backend", "kubernetes")
-    pods = wait_for(lambda: RunStore(config.parent / ".bcp-pipeline").latest() is not None and (
-        lambda found: found if len(found) == 2 else None)(first_pods(k8s_cluster, config)),
-        timeout=90, what="the first stage's 2 pods running")
+    pods = wait_for(lambda: (lambda found: found if len(found) == 2 else None)(first_pods(k8s_cluster, config)),
+                    timeout=90, what="the first stage's 2 pods running")
     wait_for(lambda: rank_process(config, 1), timeout=30, what="rank 1's process")
     return orchestrator, pods
 
