@@ -62,6 +62,29 @@ class K8sCluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
+def pytorchjob_crd_file() -> Path:
+    """The Kubeflow training operator's own PyTorchJob CRD, as `scripts/k8s-cluster install` takes it from the
+    operator's module source (github.com/kubeflow/training-operator, through the Go module proxy)."""
+    return Path.home() / ".cache/bcp-pipeline/training-operator/v1.8.1/crds/kubeflow.org_pytorchjobs.yaml"
+
+
+def install_pytorchjob_crd(api: Any) -> None:
+    """Create the PyTorchJob CRD in the cluster and wait until it is Established (its API served)."""
+    import time
+
+    import yaml
+    from kubernetes import client
+
+    crd = yaml.safe_load(pytorchjob_crd_file().read_text())
+    extensions = client.ApiextensionsV1Api(api)
+    extensions.create_custom_resource_definition(crd)
+    deadline = time.monotonic() + 30
+    while not any(c.type == "Established" and c.status == "True" for c in
+                  extensions.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []):
+        assert time.monotonic() < deadline, "the PyTorchJob CRD was not Established in 30 s"
+        time.sleep(0.2)
+
+
 def unavailable_reason() -> str | None:
     if not sys.platform.startswith("linux"):
         return f"the Kubernetes test cluster needs Linux (this is {sys.platform})"

@@ -380,11 +380,12 @@ def api_client(options: KubernetesOptions, config_dir: Path) -> Any:
 
 
 def create_object(api: Any, obj: dict[str, Any], *, dry_run: bool = False) -> None:
-    """POST one manifest to its collection; raises BackendCallError with the apiserver's message."""
+    """POST one manifest to its collection; raises BackendCallError with the apiserver's message. A dry run is
+    also strict: a field the API's schema (a CRD's, for a PyTorchJob) does not know is refused, not dropped."""
     from kubernetes import client
 
     namespace, kind = obj["metadata"]["namespace"], obj["kind"]
-    extra = {"dry_run": "All"} if dry_run else {}
+    extra = {"dry_run": "All", "field_validation": "Strict"} if dry_run else {}
     try:
         if kind == "Service":
             client.CoreV1Api(api).create_namespaced_service(namespace, obj, **extra)

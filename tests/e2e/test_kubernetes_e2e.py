@@ -22,7 +22,8 @@ from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
 from bcp_pipeline.backends.kubernetes_render import INDEX_ANNOTATION
 from bcp_pipeline.engine.state import RunState, RunStore, StageStatus
-from k8s_cluster import K8sCluster, k8s_cluster  # noqa: F401  (the fixture)
+from bcp_pipeline.errors import BackendCallError
+from k8s_cluster import K8sCluster, install_pytorchjob_crd, k8s_cluster, pytorchjob_crd_file  # noqa: F401
 from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
 
 kubernetes = pytest.importorskip("kubernetes")
@@ -67,11 +68,15 @@ def workspace(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory)
     return folder
 
 
-def demo_project(root: Path, backend: str, kubeconfig: Path) -> Path:
-    """The bundled demo without its pretrain stage (data stages only), on `backend`."""
+def demo_project(root: Path, backend: str, kubeconfig: Path, pretrain: dict | None = None) -> Path:
+    """The bundled demo without its pretrain stage (data stages only), on `backend`; with `pretrain`, the pretrain
+    stage kept with that kubernetes section."""
     raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
     demo = raw["pipelines"]["demo"]
-    del demo["stages"]["pretrain"]
+    if pretrain is None:
+        del demo["stages"]["pretrain"]
+    else:
+        demo["stages"]["pretrain"]["kubernetes"] = pretrain
     for stage, (pods, processes) in SPREAD.items():
         demo["stages"][stage]["kubernetes"] = {"replicas": pods, "processes": processes}
     demo["stages"]["download"]["kubernetes"]["secrets"] = ["hf-token:token:HF_TOKEN"]
@@ -177,6 +182,60 @@ def test_check_reports_the_cluster(k8s_cluster: K8sCluster, workspace: Path, tmp
     assert verdicts["namespace"] == "ok" and verdicts["who am i"] == "ok"
     assert all(row["verdict"] == "ok" for (topic, _), row in rows.items() if topic == "manifests"), rows
     assert code == 0
+
+
+def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass_its_crd_schema(
+        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+    """Without the operator's CRD, a pytorchjob stage is a finding; with the operator's own CRD (v1.8.1, from its
+    module source) installed, every bundled pipeline's stages rendered as PyTorchJobs pass its schema (a strict
+    server-side dry run: an unknown field is refused), and check says so."""
+    if not pytorchjob_crd_file().is_file():
+        pytest.skip(f"no PyTorchJob CRD at {pytorchjob_crd_file()}: run `scripts/k8s-cluster install`")
+    from bcp_pipeline.backends.kubernetes import create_object
+    from bcp_pipeline.backends.registry import make_backend
+    from bcp_pipeline.engine.submitter import planned_requests
+
+    config = demo_project(tmp_path / "operator", "kubernetes", k8s_cluster.kubeconfig,
+                          pretrain={"launcher": "pytorchjob", "replicas": 2, "processes": 1})
+
+    def check_rows() -> dict[str, list[dict]]:
+        capsys.readouterr()
+        cli(config, "check", "demo", "--backend", "kubernetes", "--json")
+        rows: dict[str, list[dict]] = {}
+        for row in json.loads(capsys.readouterr().out)["rows"]:
+            rows.setdefault(row["topic"], []).append(row)
+        return rows
+
+    before = check_rows()
+    assert [(r["verdict"], r["showed"]) for r in before["training operator"]] == [("different", "not installed")]
+    pretrain = [r for r in before["manifests"] if "pretrain" in r["assumes"] and "verif" not in r["assumes"]]
+    assert pretrain and all(r["verdict"] == "different" for r in pretrain), pretrain
+    api = k8s_cluster.api()
+    install_pytorchjob_crd(api)
+    try:
+        after = check_rows()
+        assert [(r["verdict"], r["showed"]) for r in after["training operator"]] == [("ok", "installed")]
+        assert all(r["verdict"] == "ok" for r in after["manifests"]), after["manifests"]
+        checked = 0
+        for name in load_config(REPO / "pipelines.yaml").pipelines:
+            stages = load_config(REPO / "pipelines.yaml", pipeline=name).pipeline(name).stages
+            loaded = load_config(REPO / "pipelines.yaml", pipeline=name, overrides=[
+                f"{stage}.kubernetes.launcher=pytorchjob" for stage in stages])
+            loaded.options["kubernetes"].namespace = NAMESPACE
+            pipeline = loaded.pipeline(name)
+            backend = make_backend("kubernetes", loaded, pipeline, Path("/tmp/none/runs") / f"{name}-RUN")
+            for request in planned_requests(pipeline, f"{name}-RUN"):
+                for obj in backend.render(request).payload["manifests"]:
+                    if obj["kind"] == "PyTorchJob":
+                        create_object(api, obj, dry_run=True)  # raises with the apiserver's reason if refused
+                        checked += 1
+        assert checked >= len(load_config(REPO / "pipelines.yaml").pipelines) * 3, checked
+        # The schema is really applied: a field the CRD does not know is refused.
+        bad = dict(obj, spec={**obj["spec"], "nprocPerNodeTypo": "2"})
+        with pytest.raises(BackendCallError, match="nprocPerNodeTypo"):
+            create_object(api, bad, dry_run=True)
+    finally:
+        client.ApiextensionsV1Api(api).delete_custom_resource_definition("pytorchjobs.kubeflow.org")
 
 
 # -- Job and pod conditions on the real control plane, chaos, then resume -----------------------------------------
