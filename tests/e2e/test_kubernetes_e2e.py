@@ -181,6 +181,17 @@ def test_check_reports_the_cluster(k8s_cluster: K8sCluster, workspace: Path, tmp
     assert verdicts["api"] == "ok" and verdicts["rights"] == "ok" and verdicts["workspace claim"] == "ok"
     assert verdicts["namespace"] == "ok" and verdicts["who am i"] == "ok"
     assert all(row["verdict"] == "ok" for (topic, _), row in rows.items() if topic == "manifests"), rows
+    # The probe Job, shaped as the first stage's: a RANK per pod on each node, the mount shared, the kill timed.
+    assert verdicts["probe ranks"] == "ok" and verdicts["probe mount"] == "ok" and verdicts["kill timing"] == "ok"
+    pods = sorted(result["facts"]["probe_pods"], key=lambda p: p["index"])
+    assert [(p["index"], p["rank"]) for p in pods] == [("0", "0"), ("1", "1")]
+    assert {p["node"] for p in pods} == set(k8s_cluster.nodes)
+    assert all(p["marker"].startswith("bcpp-check-") for p in pods)
+    assert 0 < result["facts"]["kill_seconds"] < 30
+    shown = {topic: row["showed"] for (topic, _), row in rows.items()}
+    assert "RANK 1 on node" in shown["probe ranks"] and "index(es) 0, 1" in shown["probe mount"]
+    assert not client.BatchV1Api(k8s_cluster.api()).list_namespaced_job(  # the probe is gone with the check
+        NAMESPACE, label_selector="bcp-pipeline/kind=probe").items
     assert code == 0
 
 
