@@ -14,6 +14,7 @@ stopped at the end of the module, and one a killed session left behind is stoppe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -119,3 +120,58 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
     finally:
         res = script("--base", str(base), "stop")
         assert res.returncode == 0, f"scripts/k8s-cluster stop failed:\n{res.stderr}"
+
+
+def training_operator_binary() -> Path:
+    """The Kubeflow training operator v1.8.1, built from its module source by `scripts/k8s-cluster install`."""
+    return pytorchjob_crd_file().parent.parent / "bin" / "training-operator.v1"
+
+
+# The operator's webhook certificates are read from this fixed folder (its pkg/cert: certDir), where the kubelet
+# would mount its Secret; the fixture writes them there as that volume would.
+OPERATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+
+
+@contextlib.contextmanager
+def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
+    """The real training operator (v1.8.1, PyTorchJob only) against the cluster's apiserver, as its Deployment would
+    run it: its namespace `kubeflow`, its webhook-certificate Secret (which its own cert rotator fills) written to
+    its certificate folder, and its ValidatingWebhookConfiguration (empty: the apiserver cannot reach a webhook on
+    this machine's loopback from its own, so no webhook is registered; the CRD's schema still validates)."""
+    import base64
+    import time
+
+    from kubernetes import client
+
+    api = cluster.api()
+    core = client.CoreV1Api(api)
+    install_pytorchjob_crd(api)
+    core.create_namespace({"metadata": {"name": "kubeflow"}})
+    core.create_namespaced_secret("kubeflow", {"metadata": {"name": "training-operator-webhook-cert"}})
+    client.AdmissionregistrationV1Api(api).create_validating_webhook_configuration(
+        {"metadata": {"name": "validator.training-operator.kubeflow.org"}, "webhooks": []})
+    log_path = cluster.base / "log" / "training-operator.log"
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen([str(training_operator_binary()), f"--kubeconfig={cluster.kubeconfig}",
+                                    "--enable-scheme=pytorchjob", "--metrics-bind-address=0",
+                                    f"--health-probe-bind-address=127.0.0.1:{port}",
+                                    f"--webhook-server-port={port + 1}"],
+                                   env={**os.environ, "MY_POD_NAMESPACE": "kubeflow"}, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 60
+        while b'"controller": "pytorchjob-controller", "worker count"' not in log_path.read_bytes():
+            assert process.poll() is None, f"the training operator exited: {log_path.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"the training operator did not start: {log_path.read_text()[-2000:]}"
+            data = core.read_namespaced_secret("training-operator-webhook-cert", "kubeflow").data or {}
+            if "tls.crt" in data:
+                OPERATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
+                for key, value in data.items():
+                    (OPERATOR_CERT_DIR / key).write_bytes(base64.b64decode(value))
+            time.sleep(0.5)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()

@@ -62,6 +62,7 @@ PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
 HINT = ("the Kubernetes API answers at the kubeconfig's server (backends.kubernetes.kubeconfig/context, else "
         "$KUBECONFIG or ~/.kube/config): `kubectl get nodes` shows whether this machine reaches it")
 TERMINAL_PHASES = ("Succeeded", "Failed")
+REPLICA_TYPE_LABEL, REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index"
 
 
 def job_condition(job: Any) -> tuple[str, str] | None:
@@ -101,7 +102,13 @@ def pod_trouble(pods: list[Any], ready_nodes: set[str] | None) -> tuple[str, str
 
 
 def completion_index(pod: Any) -> int:
-    return int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, 0))
+    """A pod's place in its job: an Indexed Job's completion index; a PyTorchJob's Master 0, Worker i i + 1 (the
+    training operator's replica labels), as the operator numbers node ranks."""
+    annotations, labels = pod.metadata.annotations or {}, pod.metadata.labels or {}
+    if INDEX_ANNOTATION in annotations:
+        return int(annotations[INDEX_ANNOTATION])
+    index = int(labels.get(REPLICA_INDEX_LABEL, 0))
+    return index + 1 if labels.get(REPLICA_TYPE_LABEL) == "worker" else index
 
 
 def newest_per_index(pods: list[Any]) -> list[Any]:
@@ -296,10 +303,11 @@ class KubernetesBackend(Backend):
         return [job.metadata.name for job in jobs]
 
     def _pods(self, job_id: str) -> list[Any]:
-        """The job's pods, by completion index (the latest pod of an index last)."""
+        """The job's pods (an Indexed Job's or a PyTorchJob's: both carry the job's own label), by completion index
+        (the latest pod of an index last)."""
         try:
             pods = self._core().list_namespaced_pod(self.options.namespace,
-                                                    label_selector=f"batch.kubernetes.io/job-name={job_id}").items
+                                                    label_selector=f"{LABEL_JOB}={job_id}").items
         except Exception as exc:  # noqa: BLE001
             raise api_error("list pods", exc) from None
         return sorted(pods, key=lambda p: (completion_index(p), p.metadata.creation_timestamp))
@@ -315,7 +323,7 @@ class KubernetesBackend(Backend):
         pods = self._pods(job_id)
         if not pods:
             raise SubmissionError(f"job {job_id} has no pods (yet, or any more) in namespace {self.options.namespace}")
-        by_index = {int((p.metadata.annotations or {}).get(INDEX_ANNOTATION, 0)): p for p in pods}
+        by_index = {completion_index(p): p for p in pods}
         if rank is not None:
             processes = int(next((e.value for e in pods[0].spec.containers[0].env or []
                                   if e.name == "BCP_PIPELINE_PROCESSES"), "1"))

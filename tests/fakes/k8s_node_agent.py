@@ -390,6 +390,9 @@ class Agent:
                 if service and hostname and addresses:
                     fqdn = f"{hostname}.{service}.{metadata.get('namespace')}.svc"
                     lines.append(f"{addresses[0]} {fqdn}.cluster.local {fqdn} {hostname}.{service}")
+                elif service and addresses:  # a headless Service's own name: its endpoint (the training operator's
+                    fqdn = f"{service}.{metadata.get('namespace')}.svc"  # one Service per replica), as the pod's
+                    lines.append(f"{addresses[0]} {fqdn}.cluster.local {fqdn} {service}")  # DNS search path finds it
         with self.lock:
             own = sorted({pod.hostname for pod in self.pods.values() if pod.hostname})
         lines += [f"{self.address} {hostname}" for hostname in own]
