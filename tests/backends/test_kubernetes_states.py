@@ -1,6 +1,6 @@
-"""The kubernetes backend's one map from Job and pod conditions to JobState (backends/kubernetes.py STATE_MAP), on
+"""The kubernetes backend's one map from Job and pod conditions to JobState (backends/kubernetes_states.py), on
 the client's own model objects as a list call returns them. The same states on the real control plane:
-tests/e2e/test_kubernetes_chaos.py."""
+tests/e2e/test_kubernetes_e2e.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import datetime
 import pytest
 
 from bcp_pipeline.backends.contract import JobState
-from bcp_pipeline.backends.kubernetes import STATE_MAP, native_state, ready_node_names, status_of
+from bcp_pipeline.backends.kubernetes_states import STATE_MAP, native_state, ready_node_names, status_of
 from bcp_pipeline.backends.kubernetes_render import INDEX_ANNOTATION
 
 client = pytest.importorskip("kubernetes.client")

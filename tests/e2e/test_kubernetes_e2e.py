@@ -346,8 +346,8 @@ def resume_to_the_reference(config: Path, reference: Path, folder: Path, orchest
     return state
 
 
-def test_a_deadline_and_a_failed_program_map_to_timed_out_and_failed(k8s_cluster: K8sCluster, workspace: Path,  # noqa: F811
-                                                                    tmp_path: Path) -> None:
+def test_a_deadline_and_a_failed_program_map_to_timed_out_and_failed(
+        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path) -> None:  # noqa: F811
     from bcp_pipeline.backends.contract import JobState
     from bcp_pipeline.backends.registry import make_backend
     from bcp_pipeline.engine.submitter import planned_requests
