@@ -175,3 +175,4 @@ def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
+        shutil.rmtree(OPERATOR_CERT_DIR, ignore_errors=True)  # the test CA's key goes with the operator
