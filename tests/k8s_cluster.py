@@ -151,6 +151,13 @@ def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
     client.AdmissionregistrationV1Api(api).create_validating_webhook_configuration(
         {"metadata": {"name": "validator.training-operator.kubeflow.org"}, "webhooks": []})
     log_path = cluster.base / "log" / "training-operator.log"
+    offset = log_path.stat().st_size if log_path.is_file() else 0  # what this start writes, not an earlier one
+
+    def said() -> bytes:
+        with open(log_path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read()
+
     with open(log_path, "ab") as log:
         process = subprocess.Popen([str(training_operator_binary()), f"--kubeconfig={cluster.kubeconfig}",
                                     "--enable-scheme=pytorchjob", "--metrics-bind-address=0",
@@ -159,9 +166,9 @@ def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
                                    env={**os.environ, "MY_POD_NAMESPACE": "kubeflow"}, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 60
-        while b'"controller": "pytorchjob-controller", "worker count"' not in log_path.read_bytes():
-            assert process.poll() is None, f"the training operator exited: {log_path.read_text()[-2000:]}"
-            assert time.monotonic() < deadline, f"the training operator did not start: {log_path.read_text()[-2000:]}"
+        while b'"controller": "pytorchjob-controller", "worker count"' not in said():
+            assert process.poll() is None, f"the training operator exited: {said()[-2000:].decode()}"
+            assert time.monotonic() < deadline, f"the training operator did not start: {said()[-2000:].decode()}"
             data = core.read_namespaced_secret("training-operator-webhook-cert", "kubeflow").data or {}
             if "tls.crt" in data:
                 OPERATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)

@@ -83,8 +83,9 @@ def test_a_pytorchjob_through_the_real_training_operator_trains_as_one(  # noqa:
                                      "poll_seconds": 0.5, "poll_max_seconds": 2.0}
     raw["pipelines"]["ddp"]["stages"]["pretrain"]["kubernetes"] = {"replicas": 2, "processes": 1,
                                                                    "launcher": "pytorchjob"}
-    raw["pipelines"]["ddp"]["stages"]["pretrain"]["args"] = [
-        "pytorchjob" if a == RUN_NAME else a for a in raw["pipelines"]["ddp"]["stages"]["pretrain"]["args"]]
+    stage = raw["pipelines"]["ddp"]["stages"]["pretrain"]  # a training of its own beside the Indexed Job's
+    stage["args"] = ["pytorchjob" if a == RUN_NAME else a for a in stage["args"]]
+    stage["verify"] = [{"glob": "${workspace}/results/pytorchjob/train_summary.json", "expect": 1}]
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     with training_operator(k8s_cluster, cluster_port() + 10):
         assert cli(config, "run", "ddp", "--backend", "kubernetes") == 0
