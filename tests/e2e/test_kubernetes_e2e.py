@@ -13,6 +13,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -307,12 +308,26 @@ def first_pods(k8s_cluster: K8sCluster, config: Path) -> dict[int, client.V1Pod]
             if p.status.phase == "Running" and p.metadata.deletion_timestamp is None}
 
 
+STARTED: list = []  # orchestrators a test started (killed after it, should it fail before they end)
+
+
+@pytest.fixture(autouse=True)
+def no_orchestrator_left() -> Iterator[None]:
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+
+
 def stalled_first_stage(k8s_cluster: K8sCluster, config: Path, folder: Path):  # noqa: F811
     """The chain run started in a subprocess with its first stage's 2 pods running and held before their first
     item (the STALL marker of items.py); returns (orchestrator, pods by index)."""
     (folder / "first").mkdir(parents=True)
     (folder / "first" / "STALL").write_text("")
     orchestrator = start_orchestrator(config, "run", "chain", "--backend", "kubernetes")
+    STARTED.append(orchestrator)
     pods = wait_for(lambda: (lambda found: found if len(found) == 2 else None)(first_pods(k8s_cluster, config)),
                     timeout=90, what="the first stage's 2 pods running")
     wait_for(lambda: rank_process(config, 1), timeout=30, what="rank 1's process")
