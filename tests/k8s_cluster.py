@@ -16,6 +16,7 @@ stopped at the end of the module, and one a killed session left behind is stoppe
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -44,6 +45,12 @@ def cluster_base(repo: Path = REPO) -> Path:
     return Path("/tmp") / f"bcp-pipeline-k8s-{hashlib.sha1(str(repo).encode()).hexdigest()[:8]}"
 
 
+def cluster_port(repo: Path = REPO) -> int:
+    """The apiserver's port, one per checkout as the base folder is (the cluster takes PORT..PORT+4), so two
+    checkouts' test sessions on one machine never meet on 16443."""
+    return 20000 + int(hashlib.sha1(str(repo).encode()).hexdigest()[:8], 16) % 2000 * 5
+
+
 @dataclass(frozen=True)
 class K8sCluster:
     base: Path
@@ -60,30 +67,64 @@ class K8sCluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
+def skip_unless_required(reason: str) -> None:
+    """Skip a Kubernetes test that cannot run here, saying why; fail it instead under BCP_K8S_REQUIRED=1 (.ci/run,
+    which builds everything these tests need)."""
+    if os.environ.get("BCP_K8S_REQUIRED") == "1":
+        pytest.fail(f"BCP_K8S_REQUIRED=1 and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def wait_for_a_build(say: Any = print) -> None:
-    """Block while `scripts/k8s-cluster install` builds the control plane (it holds .build.lock), at most
-    BCP_K8S_BUILD_WAIT seconds."""
-    status = subprocess.run([sys.executable, str(SCRIPT), "status"], capture_output=True, text=True)
-    if "being built" not in status.stderr:
-        return
-    lock_path = Path(os.environ.get("BCP_K8S_CACHE") or Path.home() / ".cache" / "bcp-pipeline" / "k8s")
-    lock_path = next(lock_path.glob("*/bin/.build.lock"), None)
+    """Block while `scripts/k8s-cluster install` builds (the control plane, then the training operator: it holds
+    .build.lock throughout), at most BCP_K8S_BUILD_WAIT seconds."""
+    cache = Path(os.environ.get("BCP_K8S_CACHE") or Path.home() / ".cache" / "bcp-pipeline" / "k8s")
+    lock_path = next(cache.glob("*/bin/.build.lock"), None)
     if lock_path is None:
         return
-    say(f"waiting for the Kubernetes control plane being built in the background ({status.stderr.strip()})")
-    deadline = time.monotonic() + float(os.environ.get("BCP_K8S_BUILD_WAIT", "3600"))
     started = time.monotonic()
+    deadline = started + float(os.environ.get("BCP_K8S_BUILD_WAIT", "3600"))
     with lock_path.open("a") as lock:
-        while time.monotonic() < deadline:
+        waiting = False
+        while True:
             try:
                 fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
+                if not waiting:
+                    say(f"waiting for the Kubernetes build in the background (its log: {lock_path.parent}/build.log)")
+                    waiting = True
+                if time.monotonic() > deadline:
+                    say(f"gave up waiting for the build after {time.monotonic() - started:.0f} s (BCP_K8S_BUILD_WAIT)")
+                    return
                 time.sleep(5)
                 continue
             fcntl.flock(lock, fcntl.LOCK_UN)
-            say(f"the build ended after {time.monotonic() - started:.0f} s of waiting")
+            if waiting:
+                say(f"the build ended after {time.monotonic() - started:.0f} s of waiting")
             return
-    say(f"gave up waiting for the build after {time.monotonic() - started:.0f} s (BCP_K8S_BUILD_WAIT)")
+
+
+def pytorchjob_crd_file() -> Path:
+    """The Kubeflow training operator's own PyTorchJob CRD, as `scripts/k8s-cluster install` takes it from the
+    operator's module source (github.com/kubeflow/training-operator, through the Go module proxy)."""
+    return Path.home() / ".cache/bcp-pipeline/training-operator/v1.8.1/crds/kubeflow.org_pytorchjobs.yaml"
+
+
+def install_pytorchjob_crd(api: Any) -> None:
+    """Create the PyTorchJob CRD in the cluster and wait until it is Established (its API served)."""
+    import time
+
+    import yaml
+    from kubernetes import client
+
+    crd = yaml.safe_load(pytorchjob_crd_file().read_text())
+    extensions = client.ApiextensionsV1Api(api)
+    extensions.create_custom_resource_definition(crd)
+    deadline = time.monotonic() + 30
+    while not any(c.type == "Established" and c.status == "True" for c in
+                  extensions.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []):
+        assert time.monotonic() < deadline, "the PyTorchJob CRD was not Established in 30 s"
+        time.sleep(0.2)
 
 
 def unavailable_reason() -> str | None:
@@ -110,15 +151,14 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
 
     wait_for_a_build(say)
     if reason := unavailable_reason():
-        if os.environ.get("BCP_K8S_REQUIRED") == "1":
-            pytest.fail(f"BCP_K8S_REQUIRED=1 and the Kubernetes test cluster cannot run: {reason}", pytrace=False)
         say(f"SKIPPING the Kubernetes tests: {reason}")
-        pytest.skip(reason)
+        skip_unless_required(f"the Kubernetes test cluster cannot run: {reason}")
     base = cluster_base()
     stale = script("--base", str(base), "stop")
     assert stale.returncode == 0, f"stopping a stale cluster under {base} failed:\n{stale.stderr}"
     try:
-        res = script("--base", str(base), "start", "--fresh", "--nodes", str(NODES))
+        res = script("--base", str(base), "start", "--fresh", "--nodes", str(NODES),
+                     "--port", str(cluster_port()))
         if res.returncode != 0:
             pytest.fail(f"scripts/k8s-cluster start --nodes {NODES} failed (exit {res.returncode}):\n{res.stderr}",
                         pytrace=False)
@@ -127,3 +167,66 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
     finally:
         res = script("--base", str(base), "stop")
         assert res.returncode == 0, f"scripts/k8s-cluster stop failed:\n{res.stderr}"
+
+
+def training_operator_binary() -> Path:
+    """The Kubeflow training operator v1.8.1, built from its module source by `scripts/k8s-cluster install`."""
+    return pytorchjob_crd_file().parent.parent / "bin" / "training-operator.v1"
+
+
+# The operator's webhook certificates are read from this fixed folder (its pkg/cert: certDir), where the kubelet
+# would mount its Secret; the fixture writes them there as that volume would.
+OPERATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+
+
+@contextlib.contextmanager
+def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
+    """The real training operator (v1.8.1, PyTorchJob only) against the cluster's apiserver, as its Deployment would
+    run it: its namespace `kubeflow`, its webhook-certificate Secret (which its own cert rotator fills) written to
+    its certificate folder, and its ValidatingWebhookConfiguration (empty: the apiserver cannot reach a webhook on
+    this machine's loopback from its own, so no webhook is registered; the CRD's schema still validates)."""
+    import base64
+    import time
+
+    from kubernetes import client
+
+    api = cluster.api()
+    core = client.CoreV1Api(api)
+    install_pytorchjob_crd(api)
+    core.create_namespace({"metadata": {"name": "kubeflow"}})
+    core.create_namespaced_secret("kubeflow", {"metadata": {"name": "training-operator-webhook-cert"}})
+    client.AdmissionregistrationV1Api(api).create_validating_webhook_configuration(
+        {"metadata": {"name": "validator.training-operator.kubeflow.org"}, "webhooks": []})
+    log_path = cluster.base / "log" / "training-operator.log"
+    offset = log_path.stat().st_size if log_path.is_file() else 0  # what this start writes, not an earlier one
+
+    def said() -> bytes:
+        with open(log_path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read()
+
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen([str(training_operator_binary()), f"--kubeconfig={cluster.kubeconfig}",
+                                    "--enable-scheme=pytorchjob", "--metrics-bind-address=0",
+                                    f"--health-probe-bind-address=127.0.0.1:{port}",
+                                    f"--webhook-server-port={port + 1}"],
+                                   env={**os.environ, "MY_POD_NAMESPACE": "kubeflow"}, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 60
+        while b'"controller": "pytorchjob-controller", "worker count"' not in said():
+            assert process.poll() is None, f"the training operator exited: {said()[-2000:].decode()}"
+            assert time.monotonic() < deadline, f"the training operator did not start: {said()[-2000:].decode()}"
+            data = core.read_namespaced_secret("training-operator-webhook-cert", "kubeflow").data or {}
+            if "tls.crt" in data:
+                OPERATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
+                for key, value in data.items():
+                    (OPERATOR_CERT_DIR / key).write_bytes(base64.b64decode(value))
+            time.sleep(0.5)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        shutil.rmtree(OPERATOR_CERT_DIR, ignore_errors=True)  # the test CA's key goes with the operator

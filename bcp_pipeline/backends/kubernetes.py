@@ -5,7 +5,8 @@ Rendering is pure (kubernetes_render.py): `plan` prints the exact manifests. Eve
 `app.kubernetes.io/managed-by=bcp-pipeline` and `bcp-pipeline/run|stage|kind`, so one list call by label answers
 a poll for all of a run's jobs, and `find_active` finds a job a dead orchestrator left. A job's id is its name
 (in the configured namespace). Logs come from `pods/log`; `cancel` deletes with foreground propagation (the pods
-go first, so nothing of the stage is left running when the Job is gone).
+go first, so nothing of the stage is left running when the Job is gone). What a poll lists becomes a JobState
+through the one map of kubernetes_states.py (pure).
 """
 
 from __future__ import annotations
@@ -17,62 +18,13 @@ from typing import Any
 from ..config.resources import KubernetesOptions
 from ..errors import BackendCallError, ConfigError, SubmissionError
 from .common import last_lines, progress_from_logs, user_writer_lock
-from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
-from .kubernetes_render import (INDEX_ANNOTATION, LABEL_KIND, LABEL_STAGE, job_rendezvous, label_value, manifests,
+from .contract import Backend, JobProgress, JobRequest, JobStatus, Submission
+from .kubernetes_render import (LABEL_JOB, LABEL_KIND, LABEL_STAGE, job_rendezvous, label_value, manifests,
                                 printable, selector_labels, shape)
+from .kubernetes_states import completion_index, job_condition, pytorchjob_status, ready_node_names, status_of
 
-# A Job's state, from its conditions (the first true one of Complete, SuccessCriteriaMet, Failed, Suspended; a
-# Failed condition with its reason) or, without one, its pod counts. Anything else is "not finished yet".
-STATE_MAP: dict[str, JobState] = {
-    "COMPLETE": JobState.SUCCEEDED,
-    "SUCCESSCRITERIAMET": JobState.SUCCEEDED,
-    "FAILED/BACKOFFLIMITEXCEEDED": JobState.FAILED,  # its programs failed more than backoffLimit times
-    "FAILED/PODFAILUREPOLICY": JobState.FAILED,  # a rule of the pod failure policy failed the Job
-    "FAILED/MAXFAILEDINDEXESEXCEEDED": JobState.FAILED,
-    "FAILED/FAILEDINDEXES": JobState.FAILED,
-    "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # activeDeadlineSeconds (the stage's runtime) ran out
-    "FAILED/EVICTED": JobState.PREEMPTED,
-    "SUSPENDED": JobState.QUEUED,
-    "RUNNING": JobState.RUNNING,  # pods ready
-    "PENDING": JobState.QUEUED,  # pods created, none ready (unscheduled, starting)
-}
-# A PyTorchJob's conditions (kubeflow.org/v1 JobConditionType), the last true one deciding.
-PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
-    "CREATED": JobState.QUEUED, "RUNNING": JobState.RUNNING, "RESTARTING": JobState.RUNNING,
-    "SUCCEEDED": JobState.SUCCEEDED, "FAILED": JobState.FAILED, "SUSPENDED": JobState.QUEUED,
-}
 HINT = ("the Kubernetes API answers at the kubeconfig's server (backends.kubernetes.kubeconfig/context, else "
         "$KUBECONFIG or ~/.kube/config): `kubectl get nodes` shows whether this machine reaches it")
-
-
-def native_state(job: Any) -> tuple[str, str]:
-    """(STATE_MAP key, detail) of a batch/v1 Job object."""
-    for condition in job.status.conditions or []:
-        if condition.status != "True":
-            continue
-        kind = condition.type.upper()
-        if kind == "FAILED":
-            return f"FAILED/{(condition.reason or '').upper()}", condition.message or ""
-        if kind in ("COMPLETE", "SUCCESSCRITERIAMET", "SUSPENDED"):
-            return kind, condition.message or ""
-    return ("RUNNING" if (job.status.ready or 0) > 0 else "PENDING"), ""
-
-
-def pytorchjob_status(obj: dict[str, Any]) -> JobStatus:
-    """A PyTorchJob (a dict from the custom-objects API): its last true condition decides."""
-    conditions = [c for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"]
-    native = conditions[-1]["type"].upper() if conditions else "CREATED"
-    state = map_native_state(native, PYTORCHJOB_STATE_MAP)
-    return JobStatus(job_id=obj["metadata"]["name"], state=state, native=native,
-                     detail=conditions[-1].get("message", "") if conditions else "",
-                     exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
-
-
-def status_of(job: Any) -> JobStatus:
-    native, detail = native_state(job)
-    state = map_native_state(native, STATE_MAP)
-    return JobStatus(job_id=job.metadata.name, state=state, native=native, detail=detail,
-                     exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
 
 
 class KubernetesBackend(Backend):
@@ -129,6 +81,7 @@ class KubernetesBackend(Backend):
     # -- side effects ------------------------------------------------------------------------------------
     def submit(self, submission: Submission) -> str:
         objects = submission.payload["manifests"]
+        self._delete_earlier_attempts(submission.request, objects[-1]["metadata"]["name"])
         for obj in objects:
             try:
                 self.create(obj)
@@ -136,6 +89,18 @@ class KubernetesBackend(Backend):
                 if "AlreadyExists" not in str(exc) or obj["kind"] != "Service":
                     raise SubmissionError(f"creating {obj['kind']} {obj['metadata']['name']} failed: {exc}") from None
         return objects[-1]["metadata"]["name"]
+
+    def _delete_earlier_attempts(self, request: JobRequest, name: str) -> None:
+        """An earlier attempt's Job of this stage that has not ended (no Complete or Failed condition: lost with
+        its node, say) is deleted (foreground) before the next attempt's is created: it would otherwise replace its
+        pod once the node is removed, beside the new attempt. Ended Jobs stay, with their pods' logs."""
+        if request.resources("kubernetes").launcher == "pytorchjob" and request.kind == "stage":
+            return
+        earlier = [job.metadata.name for job in self._list_jobs(request.stage.name, request.kind)
+                   if job.metadata.name != name and job.metadata.deletion_timestamp is None
+                   and not (job_condition(job) or ("",))[0].startswith(("COMPLETE", "SUCCESS", "FAILED/"))]
+        if earlier:
+            self.cancel(earlier)
 
     def _list_jobs(self, stage: str | None = None, kind: str | None = None) -> list[Any]:
         selector = selector_labels(self.run_id, stage, kind)
@@ -149,11 +114,40 @@ class KubernetesBackend(Backend):
         if not job_ids:
             return {}
         wanted = set(job_ids)
-        found = {job.metadata.name: status_of(job) for job in self._list_jobs() if job.metadata.name in wanted}
+        jobs = [job for job in self._list_jobs() if job.metadata.name in wanted]
+        found = {job.metadata.name: status_of(job, *self._pods_and_nodes(jobs)[job.metadata.name]) for job in jobs}
         if wanted - set(found):  # a PyTorchJob (`launcher: pytorchjob`) is not a batch/v1 Job
             found.update({obj["metadata"]["name"]: pytorchjob_status(obj) for obj in self._list_pytorchjobs()
                           if obj["metadata"]["name"] in wanted})
         return found
+
+    def _pods_and_nodes(self, jobs: list[Any]) -> dict[str, tuple[list[Any], set[str] | None]]:
+        """Each Job's pods and the Ready nodes, for the Jobs no condition decides: one list of the run's pods (by
+        label) and one of the nodes, whatever the number of Jobs. Where this identity may not list nodes (a
+        namespaced user), nodes are not judged (None)."""
+        from kubernetes.client.rest import ApiException
+
+        open_jobs = [job for job in jobs if job_condition(job) is None]
+        if not open_jobs:
+            return {job.metadata.name: ([], None) for job in jobs}
+        try:
+            pods = self._core().list_namespaced_pod(self.options.namespace,
+                                                    label_selector=selector_labels(self.run_id)).items
+        except Exception as exc:  # noqa: BLE001
+            raise api_error("list pods", exc) from None
+        ready: set[str] | None
+        try:
+            ready = ready_node_names(self._core().list_node().items)
+        except ApiException as exc:
+            if exc.status != 403:
+                raise api_error("list nodes", exc) from None
+            ready = None
+        except Exception as exc:  # noqa: BLE001
+            raise api_error("list nodes", exc) from None
+        by_job: dict[str, list[Any]] = {}
+        for pod in pods:
+            by_job.setdefault((pod.metadata.labels or {}).get(LABEL_JOB, ""), []).append(pod)
+        return {job.metadata.name: (by_job.get(job.metadata.name, []), ready) for job in jobs}
 
     def _list_pytorchjobs(self) -> list[dict[str, Any]]:
         from kubernetes import client
@@ -171,7 +165,9 @@ class KubernetesBackend(Backend):
     def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
         if label_value(run_id) != label_value(self.run_id):
             return []
-        return [job.metadata.name for job in self._list_jobs(stage, kind) if not status_of(job).state.finished]
+        jobs = self._list_jobs(stage, kind)
+        found = self._pods_and_nodes(jobs)
+        return [job.metadata.name for job in jobs if not status_of(job, *found[job.metadata.name]).state.finished]
 
     def find_submitted(self, run_id: str, stage: str, kind: str) -> list[str]:
         if label_value(run_id) != label_value(self.run_id):
@@ -180,14 +176,14 @@ class KubernetesBackend(Backend):
         return [job.metadata.name for job in jobs]
 
     def _pods(self, job_id: str) -> list[Any]:
-        """The job's pods, by completion index (the latest pod of an index last)."""
+        """The job's pods (an Indexed Job's or a PyTorchJob's: both carry the job's own label), by completion index
+        (the latest pod of an index last)."""
         try:
             pods = self._core().list_namespaced_pod(self.options.namespace,
-                                                    label_selector=f"batch.kubernetes.io/job-name={job_id}").items
+                                                    label_selector=f"{LABEL_JOB}={job_id}").items
         except Exception as exc:  # noqa: BLE001
             raise api_error("list pods", exc) from None
-        return sorted(pods, key=lambda p: (int((p.metadata.annotations or {}).get(INDEX_ANNOTATION, 0)),
-                                           p.metadata.creation_timestamp))
+        return sorted(pods, key=lambda p: (completion_index(p), p.metadata.creation_timestamp))
 
     def _pod_log(self, pod: Any, tail: int | None = None) -> str:
         try:
@@ -200,7 +196,7 @@ class KubernetesBackend(Backend):
         pods = self._pods(job_id)
         if not pods:
             raise SubmissionError(f"job {job_id} has no pods (yet, or any more) in namespace {self.options.namespace}")
-        by_index = {int((p.metadata.annotations or {}).get(INDEX_ANNOTATION, 0)): p for p in pods}
+        by_index = {completion_index(p): p for p in pods}
         if rank is not None:
             processes = int(next((e.value for e in pods[0].spec.containers[0].env or []
                                   if e.name == "BCP_PIPELINE_PROCESSES"), "1"))
@@ -265,11 +261,12 @@ def api_client(options: KubernetesOptions, config_dir: Path) -> Any:
 
 
 def create_object(api: Any, obj: dict[str, Any], *, dry_run: bool = False) -> None:
-    """POST one manifest to its collection; raises BackendCallError with the apiserver's message."""
+    """POST one manifest to its collection; raises BackendCallError with the apiserver's message. A dry run is
+    also strict: a field the API's schema (a CRD's, for a PyTorchJob) does not know is refused, not dropped."""
     from kubernetes import client
 
     namespace, kind = obj["metadata"]["namespace"], obj["kind"]
-    extra = {"dry_run": "All"} if dry_run else {}
+    extra = {"dry_run": "All", "field_validation": "Strict"} if dry_run else {}
     try:
         if kind == "Service":
             client.CoreV1Api(api).create_namespaced_service(namespace, obj, **extra)

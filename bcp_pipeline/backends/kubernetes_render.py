@@ -190,9 +190,11 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     spec: dict[str, Any] = {
         "completionMode": "Indexed", "completions": size.pods, "parallelism": size.pods,
         "backoffLimit": res.backoff_limit,
-        # A disrupted pod (preempted, evicted, its node drained) is replaced without counting against
-        # backoffLimit; a failed program counts.
-        "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+        # A disrupted pod (preempted, evicted, its node drained or tainted away) is replaced without counting
+        # against backoffLimit; a failed program (any non-zero exit of the stage container) counts.
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            {"action": "Count", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}}]},
         "template": {"metadata": {"labels": labels(request, name)}, "spec": pod_spec(request, options, size, name)},
     }
     if size.deadline_seconds:
@@ -210,7 +212,9 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     template = pod_spec(request, options, size, name)
     container = template["containers"][0]
     container["name"] = "pytorch"  # the training operator finds the container by this name
-    container["command"] = ["torchrun", f"--nproc_per_node={size.processes}"]
+    # torchrun, by its module (the same program: no dependence on where the image puts the script); it reads the
+    # operator's PET_NNODES/PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT for the rest of its arguments.
+    container["command"] = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
     container["args"] = container["args"][1:] if container["args"][:1] == [options.python] else container["args"]
     container["env"] = [e for e in container["env"] if e["name"] not in
                         ("WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")]

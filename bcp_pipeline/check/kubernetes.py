@@ -1,6 +1,7 @@
 """Checks of a Kubernetes cluster: the API and who we are, the rights the backend needs (SelfSubjectAccessReview),
 the namespace, the workspace PVC and its access mode, GPUs on the nodes, the training operator's CRD, and every
-rendered manifest of the pipeline through the apiserver's admission with a server-side dry run (nothing stored).
+rendered manifest of the pipeline through the apiserver's admission with a server-side dry run (nothing stored),
+and a probe Job shaped as the first stage's (check/kubernetes_probe.py: RANK per pod, the mount, kill timing).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from ..backends.kubernetes import api_client, api_error, create_object
 from ..config.resources import KubernetesOptions
 from ..errors import BackendCallError, ConfigError
 from .context import CheckContext, job_label
+from .kubernetes_probe import probe_rows
 from .result import Row, different, ok, unchecked
 
 # (verb, group, resource, subresource): what `run`, `logs` and `cancel` do.
@@ -40,6 +42,9 @@ def check_kubernetes(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict
             claim_row(ctx, api, options), gpu_row(ctx, api), operator_row(ctx, api)]
     rows += dry_run_rows(ctx, api)
     facts = {"server": server, "version": version.git_version}
+    probed, probe_facts = probe_rows(ctx, api, options)
+    rows += probed
+    facts.update(probe_facts)
     return {"cluster": server.split("//")[-1].replace(":", "-")}, [r for r in rows if r is not None], facts, []
 
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,9 +21,12 @@ import yaml
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
-from bcp_pipeline.engine.state import RunStore, StageStatus
-from k8s_cluster import K8sCluster, k8s_cluster  # noqa: F401  (the fixture)
-from pipeline_fixtures import REPO
+from bcp_pipeline.backends.kubernetes_render import INDEX_ANNOTATION
+from bcp_pipeline.engine.state import RunState, RunStore, StageStatus
+from bcp_pipeline.errors import BackendCallError
+from k8s_cluster import (K8sCluster, install_pytorchjob_crd, k8s_cluster, pytorchjob_crd_file,  # noqa: F401
+                         skip_unless_required)
+from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
@@ -63,11 +70,15 @@ def workspace(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory)
     return folder
 
 
-def demo_project(root: Path, backend: str, kubeconfig: Path) -> Path:
-    """The bundled demo without its pretrain stage (data stages only), on `backend`."""
+def demo_project(root: Path, backend: str, kubeconfig: Path, pretrain: dict | None = None) -> Path:
+    """The bundled demo without its pretrain stage (data stages only), on `backend`; with `pretrain`, the pretrain
+    stage kept with that kubernetes section."""
     raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
     demo = raw["pipelines"]["demo"]
-    del demo["stages"]["pretrain"]
+    if pretrain is None:
+        del demo["stages"]["pretrain"]
+    else:
+        demo["stages"]["pretrain"]["kubernetes"] = pretrain
     for stage, (pods, processes) in SPREAD.items():
         demo["stages"][stage]["kubernetes"] = {"replicas": pods, "processes": processes}
     demo["stages"]["download"]["kubernetes"]["secrets"] = ["hf-token:token:HF_TOKEN"]
@@ -172,4 +183,280 @@ def test_check_reports_the_cluster(k8s_cluster: K8sCluster, workspace: Path, tmp
     assert verdicts["api"] == "ok" and verdicts["rights"] == "ok" and verdicts["workspace claim"] == "ok"
     assert verdicts["namespace"] == "ok" and verdicts["who am i"] == "ok"
     assert all(row["verdict"] == "ok" for (topic, _), row in rows.items() if topic == "manifests"), rows
+    # The probe Job, shaped as the first stage's: a RANK per pod on each node, the mount shared, the kill timed.
+    assert verdicts["probe ranks"] == "ok" and verdicts["probe mount"] == "ok" and verdicts["kill timing"] == "ok"
+    pods = sorted(result["facts"]["probe_pods"], key=lambda p: p["index"])
+    assert [(p["index"], p["rank"]) for p in pods] == [("0", "0"), ("1", "1")]
+    assert {p["node"] for p in pods} == set(k8s_cluster.nodes)
+    assert all(p["marker"].startswith("bcpp-check-") for p in pods)
+    assert 0 < result["facts"]["kill_seconds"] < 30
+    shown = {topic: row["showed"] for (topic, _), row in rows.items()}
+    assert "RANK 1 on node" in shown["probe ranks"] and "index(es) 0, 1" in shown["probe mount"]
+    assert not client.BatchV1Api(k8s_cluster.api()).list_namespaced_job(  # the probe is gone with the check
+        NAMESPACE, label_selector="bcp-pipeline/kind=probe").items
     assert code == 0
+
+
+def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass_its_crd_schema(
+        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+    """Without the operator's CRD, a pytorchjob stage is a finding; with the operator's own CRD (v1.8.1, from its
+    module source) installed, every bundled pipeline's stages rendered as PyTorchJobs pass its schema (a strict
+    server-side dry run: an unknown field is refused), and check says so."""
+    if not pytorchjob_crd_file().is_file():
+        skip_unless_required(f"no PyTorchJob CRD at {pytorchjob_crd_file()}: run `scripts/k8s-cluster install`")
+    from bcp_pipeline.backends.kubernetes import create_object
+    from bcp_pipeline.backends.registry import make_backend
+    from bcp_pipeline.engine.submitter import planned_requests
+
+    config = demo_project(tmp_path / "operator", "kubernetes", k8s_cluster.kubeconfig,
+                          pretrain={"launcher": "pytorchjob", "replicas": 2, "processes": 1})
+
+    def check_rows() -> dict[str, list[dict]]:
+        capsys.readouterr()
+        cli(config, "check", "demo", "--backend", "kubernetes", "--json")
+        rows: dict[str, list[dict]] = {}
+        for row in json.loads(capsys.readouterr().out)["rows"]:
+            rows.setdefault(row["topic"], []).append(row)
+        return rows
+
+    before = check_rows()
+    assert [(r["verdict"], r["showed"]) for r in before["training operator"]] == [("different", "not installed")]
+    pretrain = [r for r in before["manifests"] if "pretrain" in r["assumes"] and "verif" not in r["assumes"]]
+    assert pretrain and all(r["verdict"] == "different" for r in pretrain), pretrain
+    api = k8s_cluster.api()
+    install_pytorchjob_crd(api)
+    try:
+        after = check_rows()
+        assert [(r["verdict"], r["showed"]) for r in after["training operator"]] == [("ok", "installed")]
+        assert all(r["verdict"] == "ok" for r in after["manifests"]), after["manifests"]
+        checked = 0
+        for name in load_config(REPO / "pipelines.yaml").pipelines:
+            stages = load_config(REPO / "pipelines.yaml", pipeline=name).pipeline(name).stages
+            loaded = load_config(REPO / "pipelines.yaml", pipeline=name, overrides=[
+                f"{stage}.kubernetes.launcher=pytorchjob" for stage in stages])
+            loaded.options["kubernetes"].namespace = NAMESPACE
+            pipeline = loaded.pipeline(name)
+            backend = make_backend("kubernetes", loaded, pipeline, Path("/tmp/none/runs") / f"{name}-RUN")
+            for request in planned_requests(pipeline, f"{name}-RUN"):
+                for obj in backend.render(request).payload["manifests"]:
+                    if obj["kind"] == "PyTorchJob":
+                        create_object(api, obj, dry_run=True)  # raises with the apiserver's reason if refused
+                        checked += 1
+        assert checked >= len(load_config(REPO / "pipelines.yaml").pipelines) * 3, checked
+        # The schema is really applied: a field the CRD does not know is refused.
+        bad = dict(obj, spec={**obj["spec"], "nprocPerNodeTypo": "2"})
+        with pytest.raises(BackendCallError, match="nprocPerNodeTypo"):
+            create_object(api, bad, dry_run=True)
+    finally:
+        client.ApiextensionsV1Api(api).delete_custom_resource_definition("pytorchjobs.kubeflow.org")
+
+
+# -- Job and pod conditions on the real control plane, chaos, then resume -----------------------------------------
+# The chain pipeline (tests/pipeline_fixtures.py) with its first stage as 2 pods of one process, over both nodes.
+K8S_CHAIN = (CHAIN_CONFIG
+             .replace("        local: {replicas: 2, processes: 1}\n",
+                      "        local: {replicas: 2, processes: 1}\n        kubernetes: {replicas: 2, processes: 1}\n")
+             .replace("        local: {replicas: 1, processes: 3}\n",
+                      "        local: {replicas: 1, processes: 3}\n        kubernetes: {replicas: 1, processes: 3}\n"))
+
+
+def report_data_of(html: str) -> dict:
+    """The data a report page was drawn from (embedded as JSON, as tests/report/test_report_browser.py reads it)."""
+    match = re.search(r'<script type="application/json" id=report-data>(.*?)</script>', html, re.S)
+    assert match, "the report has no embedded data"
+    return json.loads(match.group(1).replace("<\\/", "</"))
+
+
+def claim(k8s_cluster: K8sCluster, name: str, folder: Path) -> str:  # noqa: F811
+    """A workspace claim of its own (a test's own folder, as a hostPath PV both nodes see); returns its name."""
+    core = client.CoreV1Api(k8s_cluster.api())
+    folder.mkdir(parents=True, exist_ok=True)
+    core.create_persistent_volume({"metadata": {"name": f"bcp-e2e-{name}"}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
+        "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
+    core.create_namespaced_persistent_volume_claim(NAMESPACE, {"metadata": {"name": f"ws-{name}"}, "spec": {
+        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "",
+        "volumeName": f"bcp-e2e-{name}"}})
+    wait_for(lambda: core.read_namespaced_persistent_volume_claim(f"ws-{name}", NAMESPACE).status.phase == "Bound",
+             timeout=60, what=f"claim ws-{name} bound")
+    return f"ws-{name}"
+
+
+def chain_projects(k8s_cluster: K8sCluster, tmp_path: Path, name: str) -> tuple[Path, Path, Path]:  # noqa: F811
+    """(the local reference's config, run already; the kubernetes project's config; its workspace folder)."""
+    reference = write_chain_project(tmp_path / "local", K8S_CHAIN)
+    assert cli(reference, "run", "chain", "--backend", "local") == 0
+    config = write_chain_project(tmp_path / "k8s", K8S_CHAIN)
+    folder = tmp_path / "workspace"
+    raw = yaml.safe_load(config.read_text())
+    raw["backends"]["kubernetes"] = {
+        "kubeconfig": str(k8s_cluster.kubeconfig), "namespace": NAMESPACE, "image": "python:3.11",
+        "workspace_claim": claim(k8s_cluster, name, folder), "code_dir": str(config.parent / "stages"),
+        "python": sys.executable, "poll_seconds": 0.3, "poll_max_seconds": 1.0}
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return reference, config, folder
+
+
+def first_pods(k8s_cluster: K8sCluster, config: Path) -> dict[int, client.V1Pod]:  # noqa: F811
+    """The running pods of the first stage's latest Job, by completion index (none before the run records one)."""
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    if state is None or not state.stages["first"].jobs:
+        return {}
+    job = state.stages["first"].jobs[-1].job_id
+    pods = client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
+        NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}").items
+    return {int(p.metadata.annotations[INDEX_ANNOTATION]): p for p in pods
+            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None}
+
+
+STARTED: list = []  # orchestrators a test started (killed after it, should it fail before they end)
+
+
+@pytest.fixture(autouse=True)
+def no_orchestrator_left() -> Iterator[None]:
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+
+
+def stalled_first_stage(k8s_cluster: K8sCluster, config: Path, folder: Path):  # noqa: F811
+    """The chain run started in a subprocess with its first stage's 2 pods running and held before their first
+    item (the STALL marker of items.py); returns (orchestrator, pods by index)."""
+    (folder / "first").mkdir(parents=True)
+    (folder / "first" / "STALL").write_text("")
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "kubernetes")
+    STARTED.append(orchestrator)
+    pods = wait_for(lambda: (lambda found: found if len(found) == 2 else None)(first_pods(k8s_cluster, config)),
+                    timeout=90, what="the first stage's 2 pods running")
+    wait_for(lambda: rank_process(config, 1), timeout=30, what="rank 1's process")
+    return orchestrator, pods
+
+
+def rank_process(config: Path, rank: int) -> int | None:
+    """The pid of the stage program of `rank` in this project (its environment names the rank; its command line
+    the project's items.py)."""
+    program = str(config.parent / "stages" / "items.py").encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and program in (entry / "cmdline").read_bytes() and \
+                    f"RANK={rank}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def resume_to_the_reference(config: Path, reference: Path, folder: Path, orchestrator) -> RunState:
+    """The first run ended FAILED (exit 1); `resume` (the STALL marker gone) ends like the local run."""
+    output, _ = orchestrator.communicate(timeout=120)
+    assert orchestrator.returncode == 1, output
+    (folder / "first" / "STALL").unlink()
+    assert cli(config, "resume") == 0
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+    assert state.stages["first"].attempts == 2
+    assert tree(folder) == tree(reference.parent / "ws/main")
+    return state
+
+
+def test_a_deadline_and_a_failed_program_map_to_timed_out_and_failed(
+        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path) -> None:  # noqa: F811
+    from bcp_pipeline.backends.contract import JobState
+    from bcp_pipeline.backends.registry import make_backend
+    from bcp_pipeline.engine.submitter import planned_requests
+
+    config_file = demo_project(tmp_path / "states", "kubernetes", k8s_cluster.kubeconfig)
+    ended = {}
+    for label, overrides in {"deadline": ["sample.kubernetes.command=[sleep, '600']",
+                                          "sample.kubernetes.active_deadline=2s"],
+                             "exit3": ["sample.kubernetes.command=[bash, -c, 'echo about to fail; exit 3']"]}.items():
+        config = load_config(config_file, overrides=overrides, pipeline="demo")
+        backend = make_backend("kubernetes", config, config.pipeline("demo"), tmp_path / "runs" / f"demo-{label}")
+        request = next(r for r in planned_requests(config.pipeline("demo"), f"demo-{label}")
+                       if r.stage.name == "sample")
+        job_id = backend.submit(backend.render(request))
+        ended[label] = backend, job_id, wait_for(lambda: (lambda s: s if s.state.finished else None)(
+            backend.poll([job_id])[job_id]), timeout=90, what=f"the {label} job's end")
+    backend, job_id, status = ended["deadline"]
+    assert (status.state, status.native) == (JobState.TIMED_OUT, "FAILED/DEADLINEEXCEEDED"), status
+    backend, job_id, status = ended["exit3"]
+    assert (status.state, status.native) == (JobState.FAILED, "FAILED/BACKOFFLIMITEXCEEDED"), status
+    detail = backend.failure_detail(job_id, status)
+    assert "exited 3" in detail and "about to fail" in detail, detail
+
+
+def test_a_killed_pod_process_fails_the_stage_then_resume_matches_a_local_run(k8s_cluster: K8sCluster,  # noqa: F811
+                                                                             workspace: Path, tmp_path: Path) -> None:
+    reference, config, folder = chain_projects(k8s_cluster, tmp_path, "kill")
+    orchestrator, _ = stalled_first_stage(k8s_cluster, config, folder)
+    os.kill(rank_process(config, 1), signal.SIGKILL)  # a failed program: counts against backoffLimit (0)
+    state = resume_to_the_reference(config, reference, folder, orchestrator)
+    first = state.stages["first"].jobs
+    assert first[0].native == "FAILED/BACKOFFLIMITEXCEEDED" and first[0].state == "failed", first[0]
+
+
+def test_a_deleted_pod_fails_the_stage_then_resume_matches_a_local_run(k8s_cluster: K8sCluster,  # noqa: F811
+                                                                      workspace: Path, tmp_path: Path) -> None:
+    reference, config, folder = chain_projects(k8s_cluster, tmp_path, "delete")
+    orchestrator, pods = stalled_first_stage(k8s_cluster, config, folder)
+    # A plain delete is no disruption (no DisruptionTarget): the killed program counts as a failure.
+    client.CoreV1Api(k8s_cluster.api()).delete_namespaced_pod(pods[1].metadata.name, NAMESPACE)
+    state = resume_to_the_reference(config, reference, folder, orchestrator)
+    assert state.stages["first"].jobs[0].native == "FAILED/BACKOFFLIMITEXCEEDED"
+
+
+def test_an_evicted_pod_is_replaced_by_the_job_and_the_run_goes_on(k8s_cluster: K8sCluster,  # noqa: F811
+                                                                  workspace: Path, tmp_path: Path) -> None:
+    reference, config, folder = chain_projects(k8s_cluster, tmp_path, "evict")
+    orchestrator, pods = stalled_first_stage(k8s_cluster, config, folder)
+    evicted = pods[1].metadata.name
+    core = client.CoreV1Api(k8s_cluster.api())
+    core.create_namespaced_pod_eviction(evicted, NAMESPACE, {"apiVersion": "policy/v1", "kind": "Eviction",
+                                                              "metadata": {"name": evicted, "namespace": NAMESPACE}})
+    # The Eviction API marks the pod DisruptionTarget; the pod failure policy's Ignore rule replaces it.
+    replacement = wait_for(lambda: (lambda found: found.get(1) if found.get(1) is not None and
+                                    found[1].metadata.name != evicted else None)(first_pods(k8s_cluster, config)),
+                           timeout=60, what="index 1's replacement pod")
+    (folder / "first" / "STALL").unlink()
+    output, _ = orchestrator.communicate(timeout=120)
+    assert orchestrator.returncode == 0, output
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    assert state.stages["first"].attempts == 1  # the same Job went on: no resubmission, no resume
+    job = client.BatchV1Api(k8s_cluster.api()).read_namespaced_job(state.stages["first"].jobs[0].job_id, NAMESPACE)
+    assert job.status.succeeded == 2 and not job.status.failed, job.status  # the eviction counted as no failure
+    assert replacement.metadata.name != evicted
+    assert tree(folder) == tree(reference.parent / "ws/main")
+
+
+def test_z_a_lost_node_is_a_lost_job_then_resume_runs_on_the_other_node_and_reports_it(  # last: node2 stays dead
+        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path) -> None:  # noqa: F811
+    reference, config, folder = chain_projects(k8s_cluster, tmp_path, "node")
+    orchestrator, pods = stalled_first_stage(k8s_cluster, config, folder)
+    lost = pods[1].spec.node_name
+    killed = k8s_cluster.script("kill-node", lost)
+    assert killed.returncode == 0, killed.stderr
+    state = resume_to_the_reference(config, reference, folder, orchestrator)
+    failed = state.stages["first"].jobs[0]
+    assert (failed.native, failed.state) == ("NODE-LOST", "lost") and lost in failed.detail, failed
+    # The lost attempt's Job was deleted before the next was created: nothing of it can be replaced later.
+    batch = client.BatchV1Api(k8s_cluster.api())
+    wait_for(lambda: all(j.metadata.name != failed.job_id or j.metadata.deletion_timestamp is not None
+                         for j in batch.list_namespaced_job(NAMESPACE).items), timeout=30, what="the lost Job deleted")
+    second = state.stages["first"].jobs[-1].job_id
+    survivors = client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
+        NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={second}").items
+    assert {p.spec.node_name for p in survivors} == set(k8s_cluster.nodes) - {lost}
+
+    report = tmp_path / "report.html"
+    assert cli(config, "report", "--out", str(report)) == 0
+    data = report_data_of(report.read_text())
+    assert data["run"]["status"] == "succeeded"
+    commands = {c["job_id"]: c for c in data["commands"]}
+    assert set(commands) == {job.job_id for stage in state.stages.values() for job in stage.jobs}
+    assert "kind: Job" in commands[second]["text"] and "completionMode: Indexed" in commands[second]["text"]
+    assert {s["stage"]: [c["found"] for c in s["checks"]] for s in data["stages"]} == {
+        "first": [6], "second": [6], "third": [3]}
+    assert "NODE-LOST" in report.read_text()

@@ -15,7 +15,8 @@ import yaml
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.pipelines import load_config
 from bcp_pipeline.engine.state import RunStore
-from k8s_cluster import K8sCluster, k8s_cluster  # noqa: F401  (the fixture)
+from k8s_cluster import (K8sCluster, cluster_port, k8s_cluster, training_operator,  # noqa: F401 (the fixture)
+                         skip_unless_required, training_operator_binary)
 from pipeline_fixtures import REPO
 from test_pretrain_backends import RUN_NAME, assert_trained_like_one_process, cli, stage_job, write_project
 from test_pretrain_distributed import data_dir, reference  # noqa: F401 (fixtures)
@@ -66,3 +67,40 @@ def test_kubernetes_two_pods_train_as_one(k8s_cluster: K8sCluster, workspace: Pa
         NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}").items
     assert sorted(p.spec.node_name for p in pods) == ["node1", "node2"]
     assert_trained_like_one_process(workspace / "results" / RUN_NAME / "train_summary.json", logs, reference)
+
+
+def test_a_pytorchjob_through_the_real_training_operator_trains_as_one(  # noqa: F811
+        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, data_dir: Path, reference: dict) -> None:
+    """`launcher: pytorchjob`: the Kubeflow training operator v1.8.1 (built from its source, run against the
+    cluster's apiserver) makes the Master and Worker pods of the rendered PyTorchJob, with its own RANK,
+    WORLD_SIZE and PET_* rendezvous; torchrun in each pod starts the stage program; the losses equal one process."""
+    if not training_operator_binary().is_file():
+        skip_unless_required(f"no training operator at {training_operator_binary()}: run `scripts/k8s-cluster install`")
+    config = write_project(tmp_path / "p", data_dir)
+    raw = yaml.safe_load(config.read_text())
+    raw["backends"]["kubernetes"] = {"kubeconfig": str(k8s_cluster.kubeconfig), "namespace": NAMESPACE,
+                                     "code_dir": str(REPO / "stages"), "python": sys.executable,
+                                     "poll_seconds": 0.5, "poll_max_seconds": 2.0}
+    raw["pipelines"]["ddp"]["stages"]["pretrain"]["kubernetes"] = {"replicas": 2, "processes": 1,
+                                                                   "launcher": "pytorchjob"}
+    stage = raw["pipelines"]["ddp"]["stages"]["pretrain"]  # a training of its own beside the Indexed Job's
+    stage["args"] = ["pytorchjob" if a == RUN_NAME else a for a in stage["args"]]
+    stage["verify"] = [{"glob": "${workspace}/results/pytorchjob/train_summary.json", "expect": 1}]
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with training_operator(k8s_cluster, cluster_port() + 10):
+        assert cli(config, "run", "ddp", "--backend", "kubernetes") == 0
+    stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
+    job = stage_job(stage)
+    assert stage.jobs[0].native == "SUCCEEDED"  # the PyTorchJob's own condition
+    obj = client.CustomObjectsApi(k8s_cluster.api()).get_namespaced_custom_object(
+        "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", job)
+    assert obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+    pods = client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
+        NAMESPACE, label_selector=f"training.kubeflow.org/job-name={job}").items
+    assert sorted(p.metadata.labels["training.kubeflow.org/replica-type"] for p in pods) == ["master", "worker"]
+    assert sorted(p.spec.node_name for p in pods) == ["node1", "node2"]
+    loaded = load_config(config, pipeline="ddp")
+    backend = make_backend("kubernetes", loaded, loaded.pipeline("ddp"), config.parent / ".bcp-pipeline/runs/x")
+    logs = [backend.logs(job, rank=rank) for rank in (0, 1)]  # the Master's and the Worker's pod, by pods/log
+    assert "rank 1 of 2: met at" in logs[1] and f"{job}-master-0" in logs[1], logs[1]
+    assert_trained_like_one_process(workspace / "results" / "pytorchjob" / "train_summary.json", logs, reference)

@@ -10,7 +10,8 @@ on the test machine, so no real kubelet can run there). One agent is one Node:
   resolved; Secret volumes written as files (0600) and PersistentVolumeClaims bound to a `hostPath` or `local`
   PersistentVolume bind-mounted at their `mountPath`, in a private mount namespace of the pod; the pod's host name
   set in a UTS namespace and resolvable, with every pod's `hostname.subdomain` (a headless Service's DNS names,
-  as cluster DNS would give them), through a hosts file bind-mounted over /etc/hosts;
+  as cluster DNS would give them) and a headless Service's own name (its endpoint: the training operator's
+  per-replica Services), through a hosts file bind-mounted over /etc/hosts;
 - it patches the pod's status (Running, then Succeeded/Failed with the container's exit code or signal), kills
   the process group on deletion (SIGTERM, SIGKILL after the grace period) and then removes the pod;
 - it serves `/containerLogs/NAMESPACE/POD/CONTAINER` (tailLines, follow) over TLS on the node's address, so
@@ -390,6 +391,9 @@ class Agent:
                 if service and hostname and addresses:
                     fqdn = f"{hostname}.{service}.{metadata.get('namespace')}.svc"
                     lines.append(f"{addresses[0]} {fqdn}.cluster.local {fqdn} {hostname}.{service}")
+                elif service and addresses:  # a headless Service's own name: its endpoint (the training operator's
+                    fqdn = f"{service}.{metadata.get('namespace')}.svc"  # one Service per replica), as the pod's
+                    lines.append(f"{addresses[0]} {fqdn}.cluster.local {fqdn} {service}")  # DNS search path finds it
         with self.lock:
             own = sorted({pod.hostname for pod in self.pods.values() if pod.hostname})
         lines += [f"{self.address} {hostname}" for hostname in own]

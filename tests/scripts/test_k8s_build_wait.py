@@ -39,7 +39,7 @@ def test_status_says_being_built_and_the_fixture_waits_for_the_build(tmp_path: P
         holder.kill()
         holder.wait()
     assert waited >= 2, (waited, said)
-    assert said[0].startswith("waiting for the Kubernetes control plane being built"), said
+    assert said[0].startswith("waiting for the Kubernetes build in the background"), said
     assert said[-1].startswith("the build ended after"), said
     # No build running: the fixture goes straight on, and status says what to run.
     said.clear()

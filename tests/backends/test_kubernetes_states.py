@@ -1,0 +1,123 @@
+"""The kubernetes backend's one map from Job and pod conditions to JobState (backends/kubernetes_states.py), on
+the client's own model objects as a list call returns them. The same states on the real control plane:
+tests/e2e/test_kubernetes_e2e.py."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from bcp_pipeline.backends.contract import JobState
+from bcp_pipeline.backends.kubernetes_states import STATE_MAP, native_state, ready_node_names, status_of
+from bcp_pipeline.backends.kubernetes_render import INDEX_ANNOTATION
+
+client = pytest.importorskip("kubernetes.client")
+T0 = datetime.datetime(2026, 11, 26, tzinfo=datetime.timezone.utc)
+
+
+def job(*conditions: tuple[str, str, str], ready: int = 0) -> client.V1Job:
+    """A Job with conditions (type, status, reason)."""
+    return client.V1Job(metadata=client.V1ObjectMeta(name="run-stage-a1"), status=client.V1JobStatus(
+        ready=ready, conditions=[client.V1JobCondition(type=t, status=s, reason=r, message=f"{t} {r}")
+                                 for t, s, r in conditions] or None))
+
+
+def pod(name: str, index: int, *, node: str = "node1", phase: str = "Running", age: int = 0,
+        disruption: str | None = None) -> client.V1Pod:
+    conditions = [client.V1PodCondition(type="Ready", status="True")]
+    if disruption:
+        conditions.append(client.V1PodCondition(type="DisruptionTarget", status="True", reason=disruption,
+                                                message="Eviction API: evicting"))
+    return client.V1Pod(metadata=client.V1ObjectMeta(name=name, annotations={INDEX_ANNOTATION: str(index)},
+                                                     creation_timestamp=T0 + datetime.timedelta(seconds=age)),
+                        spec=client.V1PodSpec(node_name=node, containers=[client.V1Container(name="stage")]),
+                        status=client.V1PodStatus(phase=phase, conditions=conditions))
+
+
+def state(the_job: client.V1Job, pods: list = (), ready_nodes: set[str] | None = None) -> tuple[JobState, str]:
+    status = status_of(the_job, list(pods), ready_nodes)
+    return status.state, status.native
+
+
+@pytest.mark.parametrize(("conditions", "expected"), [
+    ([("Complete", "True", "CompletionsReached")], (JobState.SUCCEEDED, "COMPLETE")),
+    ([("SuccessCriteriaMet", "True", "SuccessPolicy")], (JobState.SUCCEEDED, "SUCCESSCRITERIAMET")),
+    ([("Failed", "True", "BackoffLimitExceeded")], (JobState.FAILED, "FAILED/BACKOFFLIMITEXCEEDED")),
+    ([("Failed", "True", "PodFailurePolicy")], (JobState.FAILED, "FAILED/PODFAILUREPOLICY")),
+    ([("Failed", "True", "DeadlineExceeded")], (JobState.TIMED_OUT, "FAILED/DEADLINEEXCEEDED")),
+    ([("Failed", "True", "MaxFailedIndexesExceeded")], (JobState.FAILED, "FAILED/MAXFAILEDINDEXESEXCEEDED")),
+    # Decided to fail while its pods are still stopping: not finished until the Failed condition comes.
+    ([("FailureTarget", "True", "BackoffLimitExceeded")], (JobState.RUNNING, "FAILURETARGET/BACKOFFLIMITEXCEEDED")),
+    ([("FailureTarget", "True", "DeadlineExceeded"), ("Failed", "True", "DeadlineExceeded")],
+     (JobState.TIMED_OUT, "FAILED/DEADLINEEXCEEDED")),
+    ([("Suspended", "True", "JobSuspended")], (JobState.QUEUED, "SUSPENDED")),
+    ([("Suspended", "False", "JobResumed")], (JobState.QUEUED, "PENDING")),  # a false condition says nothing
+    ([("Failed", "True", "SomeReasonOfAFutureRelease")], (JobState.UNKNOWN, "FAILED/SOMEREASONOFAFUTURERELEASE")),
+])
+def test_job_conditions_map_to_one_state(conditions: list, expected: tuple[JobState, str]) -> None:
+    assert state(job(*conditions)) == expected
+
+
+def test_an_unknown_failure_reason_is_not_finished_never_failed() -> None:
+    assert not status_of(job(("Failed", "True", "NewReason")), [], None).state.finished
+
+
+def test_ready_pods_run_and_none_ready_is_queued() -> None:
+    assert state(job(ready=2), [pod("p0", 0), pod("p1", 1)], {"node1"}) == (JobState.RUNNING, "RUNNING")
+    assert state(job(), [], {"node1"}) == (JobState.QUEUED, "PENDING")
+
+
+def test_a_pod_on_a_node_that_is_not_ready_is_a_lost_job_with_the_node_named() -> None:
+    status = status_of(job(ready=2), [pod("p0", 0), pod("p1", 1, node="node2")], {"node1"})
+    assert (status.state, status.native) == (JobState.LOST, "NODE-LOST") and status.state.finished
+    assert "p1" in status.detail and "node2" in status.detail
+    assert status.exit_code == 1
+
+
+def test_a_node_is_judged_only_for_pods_that_have_not_ended_and_only_when_nodes_are_known() -> None:
+    ended = [pod("p0", 0), pod("p1", 1, node="node2", phase="Succeeded")]
+    assert state(job(ready=1), ended, {"node1"}) == (JobState.RUNNING, "RUNNING")
+    assert state(job(ready=2), [pod("p1", 1, node="node2")], None) == (JobState.RUNNING, "RUNNING")
+
+
+def test_a_terminal_condition_wins_over_pod_trouble() -> None:
+    lost = [pod("p1", 1, node="node2")]
+    assert state(job(("Complete", "True", "CompletionsReached")), lost, {"node1"})[0] is JobState.SUCCEEDED
+    assert state(job(("Failed", "True", "DeadlineExceeded")), lost, {"node1"})[0] is JobState.TIMED_OUT
+
+
+@pytest.mark.parametrize("reason", ["EvictionByEvictionAPI", "PreemptionByScheduler", "DeletionByTaintManager",
+                                    "DeletionByPodGC", "TerminationByKubelet"])
+def test_a_disrupted_pod_is_preempted_not_finished_and_the_job_replaces_it(reason: str) -> None:
+    status = status_of(job(ready=1), [pod("p0", 0), pod("p1", 1, phase="Failed", disruption=reason)], {"node1"})
+    assert (status.state, status.native) == (JobState.PREEMPTED, "DISRUPTED") and not status.state.finished
+    assert reason in status.detail and "replaces" in status.detail
+
+
+def test_a_disrupted_pod_already_replaced_is_no_longer_trouble() -> None:
+    replaced = [pod("p1-old", 1, phase="Failed", disruption="EvictionByEvictionAPI", age=0), pod("p1-new", 1, age=5),
+                pod("p0", 0)]
+    assert state(job(ready=2), replaced, {"node1"}) == (JobState.RUNNING, "RUNNING")
+
+
+def test_node_loss_is_told_before_a_disruption() -> None:
+    pods = [pod("p0", 0, disruption="DeletionByTaintManager", node="node2")]
+    assert native_state(job(ready=1), pods, {"node1"})[0] == "NODE-LOST"
+
+
+def test_ready_nodes_are_those_whose_ready_condition_is_true() -> None:
+    def node(name: str, ready: str) -> client.V1Node:
+        return client.V1Node(metadata=client.V1ObjectMeta(name=name), status=client.V1NodeStatus(
+            conditions=[client.V1NodeCondition(type="MemoryPressure", status="False"),
+                        client.V1NodeCondition(type="Ready", status=ready)]))
+
+    assert ready_node_names([node("node1", "True"), node("node2", "Unknown"), node("node3", "False")]) == {"node1"}
+
+
+def test_every_mapped_native_state_is_one_the_map_can_produce() -> None:
+    """No dead entries: each key is a condition the code reads, a pod trouble or a pod count."""
+    produced = {"COMPLETE", "SUCCESSCRITERIAMET", "SUSPENDED", "NODE-LOST", "DISRUPTED", "RUNNING", "PENDING"}
+    for key in STATE_MAP:
+        kind, _, reason = key.partition("/")
+        assert key in produced or (kind in ("FAILED", "FAILURETARGET") and reason), key
