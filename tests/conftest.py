@@ -34,9 +34,12 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("fake", transports, indirect=True)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    parallel.assign_groups(items)
+    parallel.order_items(items)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return parallel.GroupScheduling(config, log)
 
 
 def pytest_xdist_auto_num_workers(config):
