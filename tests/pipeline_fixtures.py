@@ -7,6 +7,7 @@ can be told to fail or to stall through marker files in its output folder, so te
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -101,10 +102,19 @@ def write_chain_project(root: Path, config_text: str = CHAIN_CONFIG) -> Path:
     return config
 
 
+def sigint_as_from_a_terminal() -> None:
+    """`preexec_fn` of a subprocess a test interrupts with SIGINT (Ctrl-C): its default action, whatever pytest
+    inherited. A non-interactive shell starts `pytest ... &` with SIGINT ignored, and an ignored signal stays
+    ignored across fork and exec, so without this such a run's Ctrl-C tests would wait for an exit that never
+    comes."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_orchestrator(config: Path, *args: str) -> subprocess.Popen:
-    """`bcp-pipeline --config CONFIG ARGS` as a real subprocess (so a test can SIGKILL it)."""
+    """`bcp-pipeline --config CONFIG ARGS` as a real subprocess (so a test can SIGKILL it, or SIGINT it)."""
     return subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=sigint_as_from_a_terminal)
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from pipeline_fixtures import sigint_as_from_a_terminal
 from bcp_pipeline.check import bcp_probe
 from bcp_pipeline.check.run import CheckRequest, run_check
 from bcp_emulation import needs_ngcsdk
@@ -61,7 +62,7 @@ def test_ctrl_c_kills_the_probe_jobs(tmp_path, fake):
     fake.hold_queued(name="bcp-pipeline.check")
     proc = subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "check", "demo",
                              "--backend", "bcp"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
+                            env=dict(os.environ), preexec_fn=sigint_as_from_a_terminal)
     try:
         deadline = time.monotonic() + 60
         while not fake.jobs():

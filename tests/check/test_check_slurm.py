@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from pipeline_fixtures import sigint_as_from_a_terminal
 from bcp_pipeline.check.slurm import slurm_seconds
 from check_fixtures import check, project, rows
 from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
@@ -72,7 +73,7 @@ def test_ctrl_c_cancels_the_probe_job(tmp_path):
     config = project(tmp_path, SLURM_BACKEND.format(python=f", python: {slow}"))
     proc = subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "check", "demo",
                              "--backend", "slurm"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
+                            env=dict(os.environ), preexec_fn=sigint_as_from_a_terminal)
     try:
         deadline = time.monotonic() + 60
         while not any("RUNNING" in line for line in probe_jobs()):
