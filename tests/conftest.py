@@ -3,8 +3,6 @@
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 STAGES = REPO / "stages"
 if str(STAGES) not in sys.path:

@@ -112,8 +112,6 @@ def pytorchjob_crd_file() -> Path:
 
 def install_pytorchjob_crd(api: Any) -> None:
     """Create the PyTorchJob CRD in the cluster and wait until it is Established (its API served)."""
-    import time
-
     import yaml
     from kubernetes import client
 
@@ -186,8 +184,6 @@ def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
     its certificate folder, and its ValidatingWebhookConfiguration (empty: the apiserver cannot reach a webhook on
     this machine's loopback from its own, so no webhook is registered; the CRD's schema still validates)."""
     import base64
-    import time
-
     from kubernetes import client
 
     api = cluster.api()

@@ -65,14 +65,14 @@ def torchrun_call(runner: str, endpoint: str, program: str) -> str:
             f'    "$logs/$JOB_ID" {program}')
 
 
-# More than one host: the hosts of the job, one torchrun on each through `qrsh -inherit` (tight integration).
-START_HOSTS = r'''mapfile -t hosts < <(awk '{print $1}' "$PE_HOSTFILE")
+# More than one host: this script again on each host of the job through `qrsh -inherit` (tight integration).
+HOSTS = r'''mapfile -t hosts < <(awk '{print $1}' "$PE_HOSTFILE")
 if [ "${#hosts[@]}" -ne "$nodes" ]; then
   echo "bcp-pipeline: \$PE_HOSTFILE lists ${#hosts[@]} host(s), the stage needs $nodes (one per node: a parallel environment with allocation_rule 1, or the site's whole-node request)" >&2
   exit 1
 fi
-master_addr="${hosts[0]}" master_port="$((MASTER_PORT))"
-cp "$0" "$logs/$JOB_ID/job.sh"
+master_addr="${hosts[0]}" master_port="$((PORT_EXPRESSION))"
+mkdir -p "$logs/$JOB_ID" && cp "$0" "$logs/$JOB_ID/job.sh"
 code=0 pids=()
 for node in "${!hosts[@]}"; do
   qrsh -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$master_addr" "$master_port" &
@@ -82,6 +82,14 @@ for node in "${!pids[@]}"; do
   wait "${pids[node]}" || { echo "bcp-pipeline: node $node (${hosts[node]}) failed" >&2; code=1; }
 done
 exit "$code"'''
+
+
+def fan_out_to_hosts(port_expression: str) -> str:
+    """The batch script's part of a job over several hosts (shell text): the hosts of $PE_HOSTFILE, one per node,
+    then this script again on each through `qrsh -inherit` (tight integration) as `--node N ADDRESS PORT`, the
+    first host's address and PORT_EXPRESSION's value the rendezvous; the job fails where any host's part does.
+    Also the Grid Engine backend's distributed stages (gridengine_render.py)."""
+    return HOSTS.replace("PORT_EXPRESSION", port_expression)
 
 
 def render(job: NemoJob) -> str:
@@ -120,7 +128,7 @@ def render(job: NemoJob) -> str:
         "# The training: one torchrun a host; the job's status is the worst host's.",
     ]
     if job.nodes > 1:
-        lines.append(START_HOSTS.replace("$((MASTER_PORT))", f"$(({job.master_port}))"))
+        lines.append(fan_out_to_hosts(job.master_port))
     else:
         lines.append(f'train_host "$(hostname)" "$(({job.master_port}))"')
     return "\n".join(lines) + "\n"

@@ -160,25 +160,6 @@ LAUNCH_NODE = r'''launch_node() {
   return "$code"
 }'''
 
-# A distributed job: the hosts of the parallel environment, one launcher on each through `qrsh -inherit`.
-LAUNCH_HOSTS = r'''mapfile -t hosts < <(awk '{print $1}' "$PE_HOSTFILE")
-if [ "${#hosts[@]}" -ne "$nodes" ]; then
-  echo "bcp-pipeline: \$PE_HOSTFILE lists ${#hosts[@]} host(s), the stage needs $nodes (one per node: a parallel environment with allocation_rule 1, or the site's whole-node request)" >&2
-  exit 1
-fi
-export MASTER_ADDR="${hosts[0]}" MASTER_PORT="$((MASTER_PORT_EXPR))"
-mkdir -p "$logs/$JOB_ID" && cp "$0" "$logs/$JOB_ID/job.sh"
-code=0 pids=()
-for node in "${!hosts[@]}"; do
-  qrsh -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$MASTER_ADDR" "$MASTER_PORT" &
-  pids+=($!)
-done
-for node in "${!pids[@]}"; do
-  wait "${pids[node]}" || { echo "bcp-pipeline: node $node (${hosts[node]}) failed" >&2; code=1; }
-done
-exit "$code"'''
-
-
 def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) -> str:
     """The whole `qsub` script of a stage or verification job."""
     if is_nemo(request):
@@ -200,7 +181,7 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
     if size.distributed:
         lines += ['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
                   '  export MASTER_ADDR="$3" MASTER_PORT="$4"', '  launch_node "$2"', "  exit $?", "fi",
-                  LAUNCH_HOSTS.replace("$((MASTER_PORT_EXPR))", port[1:-1])]
+                  gridengine_nemo.fan_out_to_hosts(MASTER_PORT_EXPR)]
     else:
         lines += [f'export MASTER_ADDR="$(hostname)" MASTER_PORT={port}',
                   'launch_node "$(( ${SGE_TASK_ID/undefined/1} - 1 ))"']

@@ -36,11 +36,11 @@ if [ "${#hosts[@]}" -ne "$nodes" ]; then
   echo "bcp-pipeline: \$PE_HOSTFILE lists ${#hosts[@]} host(s), the stage needs $nodes (one per node: a parallel environment with allocation_rule 1, or the site's whole-node request)" >&2
   exit 1
 fi
-export MASTER_ADDR="${hosts[0]}" MASTER_PORT="$((20000 + (JOB_ID * 7 + ${SGE_TASK_ID/undefined/0}) % 20000))"
+master_addr="${hosts[0]}" master_port="$((20000 + (JOB_ID * 7 + ${SGE_TASK_ID/undefined/0}) % 20000))"
 mkdir -p "$logs/$JOB_ID" && cp "$0" "$logs/$JOB_ID/job.sh"
 code=0 pids=()
 for node in "${!hosts[@]}"; do
-  qrsh -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$MASTER_ADDR" "$MASTER_PORT" &
+  qrsh -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$master_addr" "$master_port" &
   pids+=($!)
 done
 for node in "${!pids[@]}"; do

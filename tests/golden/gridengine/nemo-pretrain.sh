@@ -57,7 +57,7 @@ if [ "${#hosts[@]}" -ne "$nodes" ]; then
   exit 1
 fi
 master_addr="${hosts[0]}" master_port="$((20000 + (JOB_ID * 7 + ${SGE_TASK_ID/undefined/0}) % 20000))"
-cp "$0" "$logs/$JOB_ID/job.sh"
+mkdir -p "$logs/$JOB_ID" && cp "$0" "$logs/$JOB_ID/job.sh"
 code=0 pids=()
 for node in "${!hosts[@]}"; do
   qrsh -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$master_addr" "$master_port" &
