@@ -108,6 +108,13 @@ def _error_text(stderr: str) -> str:
     return " ".join(stderr.split())
 
 
+class BackendUnreachable(PipelineError):
+    """The backend's service has not answered a status query for longer than its `status_outage_limit`: the run
+    stops waiting, and leaves its jobs as they are (they may well be running)."""
+
+    exit_code = 75  # EX_TEMPFAIL (sysexits.h): the same command may succeed later
+
+
 class SubmissionError(PipelineError):
     """A backend refused a job, or it could not be rendered for that backend."""
 

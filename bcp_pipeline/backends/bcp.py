@@ -27,7 +27,7 @@ from .bcp_transport import Transport, make_transport, read_ngc_config
 from .bcp_driver import DRIVER_STAGE, driver_job_shape
 from .bcp_policy import PlannedJob, planned_jobs, violations
 from .profile import profile_key
-from .common import last_lines, shell_join, training_progress, user_writer_lock
+from .common import last_lines, outage_seconds, shell_join, training_progress, user_writer_lock
 from .retries import RetryPolicy, with_retries
 
 # All 25 BCP job statuses (ngc-cli.md). PREEMPTED waits for `job resume`; unknown ones are "not finished".
@@ -77,6 +77,7 @@ class BcpBackend(Backend):
         self.run_id = run_dir.name
         self.workspace_name = workspace_name
         self.poll_min_seconds = options.poll_min_seconds
+        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
         self.poll_max_seconds = options.poll_max_seconds
         self.lookup_grace_seconds = options.lookup_grace_seconds  # BCP's job list may lag job creation
         self.retry_policy = retry_policy(options)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config.durations import parse_duration
 from ..config.pipelines import substitute
 from ..config.resources import RankLayout
 from ..errors import SubmissionError
@@ -20,6 +21,11 @@ from ..training_log import last_progress
 LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def outage_seconds(limit: str | None) -> float | None:
+    """A backend's `status_outage_limit` (validated on load) in seconds; None: no limit."""
+    return None if limit is None else float(parse_duration(limit))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -137,6 +137,8 @@ class Backend(abc.ABC):
     name: str = ""
     poll_min_seconds: float = 1.0
     poll_max_seconds: float = 10.0
+    # How long status queries may fail in a row before the run stops waiting (BackendUnreachable); None: for ever.
+    status_outage_seconds: float | None = None
     # How long a job just created may stay missing from find_submitted (a service whose listing lags its
     # submissions, or whose clock runs ahead of ours): a resumed orchestrator looks again until then before it
     # submits a second job for a stage it found marked "submitting".

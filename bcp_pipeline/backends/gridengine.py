@@ -24,7 +24,8 @@ from pathlib import Path
 from ..config.resources import GridEngineOptions
 from ..errors import CommandError, SubmissionError
 from ..procs import run_command
-from .common import job_name, joined_logs, last_lines, paths_for, progress_from_logs, read_tail
+from .common import (job_name, joined_logs, last_lines, outage_seconds, paths_for, progress_from_logs,
+                     read_tail)
 from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
 from .gridengine_render import job_rendezvous, job_script, shape
 
@@ -95,6 +96,7 @@ class GridEngineBackend(Backend):
                                workspace_name=workspace_name, orchestrator_python=sys.executable)
         self.local_workspace = Path(self.paths.workspace)
         self.poll_min_seconds = options.poll_seconds
+        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
         self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
         self.accounting_grace_seconds = options.accounting_grace_seconds
         self._finished: dict[str, JobStatus] = {}  # from qacct: it never changes once written

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config.resources import KubernetesOptions
 from ..errors import BackendCallError, ConfigError, SubmissionError
-from .common import last_lines, progress_from_logs, user_writer_lock
+from .common import last_lines, outage_seconds, progress_from_logs, user_writer_lock
 from .contract import Backend, JobProgress, JobRequest, JobStatus, Submission
 from .kubernetes_render import (LABEL_JOB, LABEL_KIND, LABEL_STAGE, job_rendezvous, label_value, manifests,
                                 printable, selector_labels, shape)
@@ -36,6 +36,7 @@ class KubernetesBackend(Backend):
         self.config_dir = config_dir
         self.run_id = run_dir.name  # run_dir is STATE/runs/RUN
         self.poll_min_seconds = options.poll_seconds
+        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
         self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
         self._api: Any = None
 

@@ -22,7 +22,7 @@ from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Sub
 from ..procs import is_alive, process_start_ticks, signal_group
 from ..config.resources import LocalOptions
 from .common import last_lines, placeholder_values, progress_from_logs, read_tail, rendezvous, resolved_env
-from .common import joined_logs, shell_join, stage_command
+from .common import joined_logs, outage_seconds, shell_join, stage_command
 
 CANCEL_MARKER = "cancel-requested"
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 20000  # a job's MASTER_PORT: BASE + crc32(run/job id) % SPAN
@@ -47,6 +47,7 @@ class LocalBackend(Backend):
         self.local_workspace = self.workspace_dir
         self.poll_min_seconds = options.poll_seconds
         self.poll_max_seconds = max(options.poll_seconds, 2.0)
+        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
         self._launched: list[subprocess.Popen] = []  # reaped in poll() so finished supervisors leave no zombies
 
     # -- rendering (pure) ------------------------------------------------------------------------------

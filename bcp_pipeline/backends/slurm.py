@@ -22,7 +22,7 @@ from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Sub
 from ..procs import run_command
 from ..config.nemo import nemo_run_name
 from ..config.resources import SlurmOptions
-from .common import joined_logs, last_lines, progress_from_logs, read_tail
+from .common import joined_logs, last_lines, outage_seconds, progress_from_logs, read_tail
 from .slurm_render import NEMO_SUFFIX, batch_script, job_name, nemo_job_name_prefix, nemo_launcher_script, paths_for
 from .slurm_render import job_rendezvous, nemo_rendezvous, shape
 
@@ -95,6 +95,7 @@ class SlurmBackend(Backend):
                                workspace_name=workspace_name, orchestrator_python=sys.executable)
         self.local_workspace = Path(self.paths.workspace)
         self.poll_min_seconds = options.poll_seconds
+        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
         self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
         self._sacct_enabled = True  # until sacct says accounting is off here
 

@@ -156,6 +156,8 @@ class LocalOptions:
     workspace_dir: str = ".bcp-pipeline/workspaces"  # relative to the config file; one folder per workspace name
     python: str | None = None  # interpreter for stage programs (default: the orchestrator's)
     poll_seconds: float = 0.5
+    status_outage_limit: Duration | None = None  # as on the clusters; a local job's status is read from files,
+    # which fail only with the disk, so by default the run waits for ever
 
 
 @dataclass(kw_only=True)
@@ -197,6 +199,8 @@ class BcpOptions:
     jobs_dir: str = ".bcp-pipeline/jobs"  # under the pipeline workspace: job scripts (a NeMo pretrain's), per run
     poll_min_seconds: float = 10.0
     poll_max_seconds: float = 60.0
+    status_outage_limit: Duration | None = None  # as on the clusters, but waiting for ever by default: a detached
+    # driver that stopped would leave its run undriven until someone resumes it, and NGC outages are short
     training_log_seconds: float = 60.0  # a running training's progress (steps, loss) is read from its log this often
     list_duration: Duration = Duration("30D")  # `job list --duration`: ngc's default 7-day window misses long runs
     lookup_grace_seconds: float = 60.0  # a stage found "submitting" after a restart is looked up in `job list`
@@ -222,6 +226,8 @@ class SlurmOptions:
     # --container-image (an enroot image), or each task as `apptainer exec --nv` (a .sif path or docker:// image)
     poll_seconds: float = 1.0  # first squeue interval after a change ...
     poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
+    status_outage_limit: Duration | None = Duration("1h")  # a run stops waiting (exit 75, its jobs left running;
+    # `resume` re-attaches) once squeue has failed for this long in a row; null: wait for ever
 
 
 @dataclass(kw_only=True)
@@ -240,6 +246,8 @@ class GridEngineOptions:
     # before it started (the cell writes accounting every reporting_params flush_time, 15 s by default)
     poll_seconds: float = 1.0  # first qstat interval after a change ...
     poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
+    status_outage_limit: Duration | None = Duration("1h")  # a run stops waiting (exit 75, its jobs left running;
+    # `resume` re-attaches) once qstat has failed for this long in a row; null: wait for ever
 
 
 @dataclass(kw_only=True)
@@ -258,6 +266,8 @@ class KubernetesOptions:
     master_port: int = 29500  # the rendezvous port on the index-0 pod
     poll_seconds: float = 2.0  # first poll interval after a change ...
     poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
+    status_outage_limit: Duration | None = Duration("1h")  # a run stops waiting (exit 75, its jobs left running;
+    # `resume` re-attaches) once listing the run's Jobs has failed for this long in a row; null: wait for ever
 
 
 OPTION_TYPES: dict[str, type] = {"bcp": BcpOptions, "local": LocalOptions, "slurm": SlurmOptions,

@@ -1,7 +1,9 @@
 """Polling: one backend call per cycle for every active job, and each job's new status recorded in the run state.
 
 A failing status call is retried next cycle (reported after a few in a row), never a stage failure: the jobs may
-well be running fine. So is a failing resume of a preempted job. A preempted job the backend cannot resume is
+well be running fine. Once calls have failed in a row for longer than the backend's `status_outage_limit`, the run
+stops waiting (BackendUnreachable) and leaves its jobs as they are, for `resume`. A failing resume of a preempted
+job is retried next cycle too. A preempted job the backend cannot resume is
 killed and its stage's job submitted again. A job the backend does not list this cycle is "not finished yet".
 """
 
@@ -9,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .context import RunContext
-from ..errors import BackendCallError
+from ..config.durations import format_duration
+from ..errors import BackendCallError, BackendUnreachable
 from ..backends.contract import JobProgress, JobState, JobStatus
 from ..config.nemo import tokens_per_step
 from ..config.pipelines import StageConfig, resolve_int
@@ -27,7 +31,9 @@ class Poller(RunContext):
     """Maps the backend's job statuses onto the run state; a finished job goes to Outcomes to decide its stage."""
 
     outcomes: Outcomes
+    clock: Callable[[], float] = time.monotonic  # how long status calls have failed in a row
     _failures: int = 0  # status calls failed in a row
+    _failing_since: float | None = None  # when the first of them failed
     _resume_failures: dict[str, int] = field(default_factory=dict)  # job id -> resume calls failed in a row
 
     def active_jobs(self) -> dict[str, tuple[str, JobRecord]]:
@@ -44,11 +50,9 @@ class Poller(RunContext):
         try:
             statuses = self.backend.poll(list(waiting))
         except (BackendCallError, OSError) as exc:
-            self._failures += 1
-            if self._failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
-                self.progress.event(f"status query failed {self._failures} times in a row, still retrying: {exc}")
+            self.status_query_failed(exc)
             return False
-        self._failures = 0
+        self._failures, self._failing_since = 0, None
         changed = False
         for job_id, (name, job) in waiting.items():
             status = statuses.get(job_id)
@@ -56,6 +60,28 @@ class Poller(RunContext):
                 continue  # not listed this cycle: unknown is "not finished"
             changed |= self.handle(name, job, status)
         return changed
+
+    def status_query_failed(self, exc: Exception) -> None:
+        """Count a failed status call; past the backend's outage limit, stop the run (its jobs left as they are)."""
+        now = self.clock()
+        self._failures += 1
+        if self._failing_since is None:
+            self._failing_since = now
+        failing_for = now - self._failing_since
+        limit = self.backend.status_outage_seconds
+        if limit is not None and failing_for >= limit:
+            name = self.backend.name
+            raise BackendUnreachable(
+                f"{name} has not answered a status query for {format_duration(max(1, round(failing_for)))} "
+                f"({self._failures} calls in a row failed; the last: {' '.join(str(exc).split())[:500]}). The run "
+                f"stopped waiting and left its jobs as they are: they may well be running. Once {name} answers, "
+                f"`bcp-pipeline resume {self.state.run_id}` re-attaches to them; `backends.{name}."
+                f"status_outage_limit` in pipelines.yaml sets how long a run waits (now "
+                f"{format_duration(max(1, round(limit)))}; null: for ever)")
+        if self._failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
+            until = "" if limit is None else f" (for {format_duration(max(1, round(limit)))} at most)"
+            self.progress.event(f"status query failed {self._failures} times in a row, still retrying{until}: "
+                                f"{exc}")
 
     def handle(self, name: str, job: JobRecord, status: JobStatus) -> bool:
         """Record one job's status and, once it finished, its stage's transition; save on any change."""

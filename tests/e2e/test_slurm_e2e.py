@@ -9,6 +9,8 @@ and prints why.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -137,6 +139,48 @@ def test_sigkilled_orchestrator_resumes_without_duplicate_jobs(tmp_path):
     names = [name for _, name, _ in jobs_named(run_id)]
     assert sorted(names) == sorted(f"{run_id}.{s}{k}" for s in ("first", "second", "third") for k in ("", ".verify"))
     assert workspace_files(config) == workspace_files(reference)
+
+
+def slurmctld_pid() -> int:
+    """The controller of the session's cluster, from the PID file its slurm.conf names."""
+    conf = Path(os.environ["SLURM_CONF"]).read_text()
+    pid_file = next(line.split("=", 1)[1] for line in conf.splitlines() if line.startswith("SlurmctldPidFile="))
+    return int(Path(pid_file).read_text().split()[0])
+
+
+def test_a_controller_that_stops_answering_stops_the_run_after_its_outage_limit_and_resume_goes_on(tmp_path):
+    """slurmctld stopped (SIGSTOP: a hung controller; every squeue times out) while a stage runs: past
+    `status_outage_limit` the run exits 75 (EX_TEMPFAIL) naming the outage and `resume`, leaves the job alone,
+    and once the controller answers again `resume` re-attaches to that same job and finishes the run."""
+    config = project(tmp_path)
+    text = config.read_text().replace("poll_max_seconds: 1}", "poll_max_seconds: 1, status_outage_limit: 3s}")
+    assert text != config.read_text()
+    config.write_text(text)
+    marker = stall(config, "second")
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "slurm")
+    job_id = wait_for(lambda: stage_job(config, "second"), what="stage second's job to run")
+    controller = slurmctld_pid()
+    os.kill(controller, signal.SIGSTOP)
+    try:
+        output, _ = orchestrator.communicate(timeout=180)
+    finally:
+        os.kill(controller, signal.SIGCONT)
+    run_id = state_of(config).run_id
+    assert orchestrator.returncode == 75, output
+    error = output.strip().splitlines()[-1]
+    assert error.startswith("bcp-pipeline: error: slurm has not answered a status query for "), error
+    assert "calls in a row failed; the last: `squeue` exited " in error
+    assert (f"left its jobs as they are: they may well be running. Once slurm answers, `bcp-pipeline resume "
+            f"{run_id}` re-attaches to them; `backends.slurm.status_outage_limit` in pipelines.yaml sets how long "
+            f"a run waits (now 3S; null: for ever)") in error
+    state = state_of(config)
+    assert state.stages["second"].status is StageStatus.RUNNING
+    assert [j.job_id for j in state.stages["second"].jobs] == [job_id]
+    wait_for(lambda: stage_job(config, "second"), what="the controller to answer again")  # the job still runs
+    marker.unlink()
+    assert cli(config, "resume") == 0
+    assert [r[0] for r in jobs_named(run_id) if r[1] == f"{run_id}.second"] == [job_id]  # re-attached, not resubmitted
+    assert len(workspace_files(config)) == 15
 
 
 def test_crash_between_sbatch_and_record_adopts_the_live_job(tmp_path, monkeypatch):
