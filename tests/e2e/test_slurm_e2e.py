@@ -141,6 +141,19 @@ def test_sigkilled_orchestrator_resumes_without_duplicate_jobs(tmp_path):
     assert workspace_files(config) == workspace_files(reference)
 
 
+def items_processes(output_folder: str) -> list[int]:
+    """The running items.py programs writing into `output_folder` (not the srun and bash around them)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue  # ended meanwhile
+        if len(argv) > 3 and argv[1].endswith(b"/items.py") and argv[2:4] == [b"--out", output_folder.encode()]:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
 def slurmctld_pid() -> int:
     """The controller of the session's cluster, from the PID file its slurm.conf names."""
     conf = Path(os.environ["SLURM_CONF"]).read_text()
@@ -159,6 +172,10 @@ def test_a_controller_that_stops_answering_stops_the_run_after_its_outage_limit_
     marker = stall(config, "second")
     orchestrator = start_orchestrator(config, "run", "chain", "--backend", "slurm")
     job_id = wait_for(lambda: stage_job(config, "second"), what="stage second's job to run")
+    # Its 3 tasks started: an srun still confirming its allocation with a stopped controller fails the job (real
+    # Slurm: "Unable to confirm allocation ... Socket timed out"); tasks already running are not touched.
+    output_folder = str(config.parent / WORKSPACE_DIR / "main" / "second")
+    wait_for(lambda: len(items_processes(output_folder)) == 3, what="the 3 tasks of stage second to run")
     controller = slurmctld_pid()
     os.kill(controller, signal.SIGSTOP)
     try:
