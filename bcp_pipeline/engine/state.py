@@ -12,7 +12,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -162,9 +161,13 @@ def _reason(exc: Exception) -> str:
     return f"missing key {exc.args[0]!r}" if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
-def new_run_id(pipeline: str) -> str:
-    """`PIPELINE-YYYYmmdd-HHMMSS-xxxx`: sortable by time, unique, readable."""
-    return f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+def new_run_id(pipeline: str, now: float | None = None) -> str:
+    """`PIPELINE-YYYYmmdd-HHMMSS-xxxx`: readable, and sortable by creation time also within a second, as `xxxx` is
+    the fraction of the second in 1/65536ths (a random `xxxx` put two runs of one second in a random order, and
+    `run` then took a corrupt newest run for an older one). Unique as a random suffix was: runs of one pipeline
+    within the same 15 microseconds would share it."""
+    now = time.time() if now is None else now
+    return f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{int(now % 1 * 65536):04x}"
 
 
 def store_for(config_file: Path, state_dir: str | Path | None = None,

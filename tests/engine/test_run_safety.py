@@ -19,7 +19,7 @@ import pytest
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.selection import RunRequest, Selection, choose_run, continue_run
-from bcp_pipeline.engine.state import RunStore, StageStatus, store_for
+from bcp_pipeline.engine.state import RUN_ID, RunStore, StageStatus, new_run_id, store_for
 from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
 
 TWO_PIPELINES = CHAIN_CONFIG + """\
@@ -103,6 +103,18 @@ def test_continuing_a_pipeline_whose_last_run_is_corrupt_is_refused_not_guessed(
     assert f"the last run of chain ({newest.run_id}) is corrupt" in err and "--restart" in err
     assert cli(config, "run", "chain", "--restart", "--only", "first") == 0
 
+
+
+def test_run_ids_sort_in_creation_order_within_one_second():
+    """Run ids are compared to find a pipeline's newest run (a corrupt one has only its id): runs made within one
+    second must sort as they were made. With a random suffix the test above failed when its two runs shared a
+    second and the older one's suffix sorted last."""
+    base = 1_795_000_000.0  # any second
+    moments = [base + f for f in (0.0, 0.000016, 0.25, 0.5, 0.999, 0.99999, 1.0, 1.5)]
+    ids = [new_run_id("chain", now) for now in moments]
+    assert sorted(ids) == ids and len(set(ids)) == len(ids)
+    assert all(RUN_ID.match(run_id) for run_id in ids)
+    assert ids[0].endswith("-0000") and ids[3].endswith("-8000") and ids[5].endswith("-ffff")
 
 # -- Break 2: two writers of one workspace --------------------------------------------------------------------
 def test_a_second_writer_of_a_workspace_is_refused_whatever_the_flag_until_the_first_is_killed(tmp_path):
