@@ -17,6 +17,7 @@ for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p
 # The emulated BCP's fixtures (`fake`, once per transport), for every test module.
 from bcp_emulation import fake, ngc_tls_dir, transports_for  # noqa: E402,F401
 from offline import offline  # noqa: E402,F401  (autouse: no test reaches the internet)
+from tmpfs_mount import tmpfs  # noqa: E402,F401  (a small real file system, root only)
 import parallel  # noqa: E402  (tests/parallel.py: which tests share a worker, in what order)
 
 

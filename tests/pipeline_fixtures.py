@@ -126,3 +126,15 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def logs_and_status(config: Path, run_id: str, stage: str, capsys) -> tuple[str, str]:
+    """What `logs RUN STAGE` and `status RUN` print for a finished run (each must exit 0), through the CLI in-process:
+    how a test sees what a user sees of a training's steps and loss."""
+    from bcp_pipeline.cli.main import main  # noqa: PLC0415 (this module's pipelines need no CLI otherwise)
+
+    capsys.readouterr()
+    assert main(["--config", str(config), "logs", run_id, stage]) == 0
+    log = capsys.readouterr().out
+    assert main(["--config", str(config), "status", run_id]) == 0
+    return log, capsys.readouterr().out

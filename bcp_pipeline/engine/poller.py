@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .context import RunContext
@@ -31,9 +30,8 @@ class Poller(RunContext):
     """Maps the backend's job statuses onto the run state; a finished job goes to Outcomes to decide its stage."""
 
     outcomes: Outcomes
-    clock: Callable[[], float] = time.monotonic  # how long status calls have failed in a row
     _failures: int = 0  # status calls failed in a row
-    _failing_since: float | None = None  # when the first of them failed
+    _failing_since: float | None = None  # when the first of them failed (time.monotonic)
     _resume_failures: dict[str, int] = field(default_factory=dict)  # job id -> resume calls failed in a row
 
     def active_jobs(self) -> dict[str, tuple[str, JobRecord]]:
@@ -63,7 +61,7 @@ class Poller(RunContext):
 
     def status_query_failed(self, exc: Exception) -> None:
         """Count a failed status call; past the backend's outage limit, stop the run (its jobs left as they are)."""
-        now = self.clock()
+        now = time.monotonic()
         self._failures += 1
         if self._failing_since is None:
             self._failing_since = now
@@ -72,14 +70,14 @@ class Poller(RunContext):
         if limit is not None and failing_for >= limit:
             name = self.backend.name
             raise BackendUnreachable(
-                f"{name} has not answered a status query for {format_duration(max(1, round(failing_for)))} "
+                f"{name} has not answered a status query for {_spelled(failing_for)} "
                 f"({self._failures} calls in a row failed; the last: {' '.join(str(exc).split())[:500]}). The run "
                 f"stopped waiting and left its jobs as they are: they may well be running. Once {name} answers, "
                 f"`bcp-pipeline resume {self.state.run_id}` re-attaches to them; `backends.{name}."
                 f"status_outage_limit` in pipelines.yaml sets how long a run waits (now "
-                f"{format_duration(max(1, round(limit)))}; null: for ever)")
+                f"{_spelled(limit)}; null: for ever)")
         if self._failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
-            until = "" if limit is None else f" (for {format_duration(max(1, round(limit)))} at most)"
+            until = "" if limit is None else f" (for {_spelled(limit)} at most)"
             self.progress.event(f"status query failed {self._failures} times in a row, still retrying{until}: "
                                 f"{exc}")
 
@@ -156,6 +154,11 @@ class Poller(RunContext):
         if failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
             self.progress.event(f"{name}: {doing} preempted job {job.job_id} failed {failures} times in a row, "
                                 f"still retrying: {exc}")
+
+
+def _spelled(seconds: float) -> str:
+    """Seconds as a duration is written in pipelines.yaml (`1H`, `3S`), at least one second."""
+    return format_duration(max(1, round(seconds)))
 
 
 def is_training(stage: StageConfig | None) -> bool:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -66,27 +64,6 @@ def still_there(before: dict[str, bytes], folder: Path) -> None:
     """Every file of `before` is still in `folder` with the same bytes."""
     after = snapshot(folder)
     assert {name: after.get(name) for name in before} == before
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """`tmpfs(folder, size)` mounts a small tmpfs on `folder`; skipped where mounting is not possible."""
-    mounted: list[Path] = []
-
-    def mount(folder: Path, size: str = "1m") -> Path:
-        if os.geteuid() != 0 or shutil.which("mount") is None:
-            pytest.skip("needs root and mount(8) to mount a small tmpfs")
-        folder.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip() or result.returncode}")
-        mounted.append(folder)
-        return folder
-
-    yield mount
-    for folder in reversed(mounted):
-        subprocess.run(["umount", str(folder)], check=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

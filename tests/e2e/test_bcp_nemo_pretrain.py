@@ -10,7 +10,6 @@ per-run time limit); `run --restart` starts a new training at step 0.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from bcp_pipeline.engine.selection import open_run
 from bcp_pipeline.report.data import report_data
 from bcp_pipeline.report.gather import training_logs
 from golden_files import REPO
+from pipeline_fixtures import logs_and_status
 from test_data_list import chunk_name, fabricate
 
 pytestmark = needs_ngcsdk
@@ -95,12 +95,8 @@ def test_a_good_pretrain_shows_its_loss_in_logs_status_and_the_report(fake, tmp_
     assert stage.progress["done"] == 30 and stage.progress["total"] == 30 and stage.progress["unit"] == "steps"
     # The NeMo run is this run's own: RUN_NAME-RUN_ID.
     assert nemo_runs(fake) == [f"gpt-{state.run_id}"]
-    capsys.readouterr()
-    assert cli(config, "logs", state.run_id, "pretrain") == 0
-    log = capsys.readouterr().out
+    log, status = logs_and_status(config, state.run_id, "pretrain", capsys)
     assert "reduced_train_loss=" in log and "global_step=29.000" in log
-    assert cli(config, "status", state.run_id) == 0
-    status = capsys.readouterr().out
     # 126m: 256 x 2,048 tokens a step at the stand-in's 0.02 s a step (its train_step_timing)
     assert f"30/30 steps, loss {stage.progress['loss']:.3g}, 26.2 M tokens/s" in status, status
     # The report reads the same log: its loss chart has the 30 steps.

@@ -28,7 +28,7 @@ from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
+from pipeline_fixtures import CHAIN_CONFIG, REPO, logs_and_status, start_orchestrator, wait_for, write_chain_project
 from sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 from test_pretrain_backends import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
 from test_pretrain_backends import write_project as write_ddp_project
@@ -425,12 +425,8 @@ def test_a_nemo_pretrain_over_both_hosts_trains_and_shows_its_loss(sge_cell: Sge
     logs = config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / stage_job(stage)
     assert "torchrun --nnodes" in (logs / "job.sh").read_text()
     assert sorted(p.name for p in logs.glob("rank-*.log")) == ["rank-00000.log", "rank-00001.log"]
-    capsys.readouterr()
-    assert cli(config, "logs", state.run_id, "pretrain") == 0
-    log = capsys.readouterr().out
+    log, status = logs_and_status(config, state.run_id, "pretrain", capsys)
     assert "reduced_train_loss=" in log and "global_step=29.000" in log
-    assert cli(config, "status", state.run_id) == 0
-    status = capsys.readouterr().out
     assert f"30/30 steps, loss {stage.progress['loss']:.3g}" in status, status
 
 

@@ -21,6 +21,7 @@ import yaml
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.pipelines import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
+from chaos_backends import processes
 from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
 from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
@@ -143,15 +144,8 @@ def test_sigkilled_orchestrator_resumes_without_duplicate_jobs(tmp_path):
 
 def items_processes(output_folder: str) -> list[int]:
     """The running items.py programs writing into `output_folder` (not the srun and bash around them)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue  # ended meanwhile
-        if len(argv) > 3 and argv[1].endswith(b"/items.py") and argv[2:4] == [b"--out", output_folder.encode()]:
-            found.append(int(cmdline.parent.name))
-    return found
+    return [pid for pid, _group, argv in processes()
+            if len(argv) > 3 and argv[1].endswith("/items.py") and argv[2:4] == ["--out", output_folder]]
 
 
 def slurmctld_pid() -> int:
