@@ -119,13 +119,5 @@ class SubmissionError(PipelineError):
     """A backend refused a job, or it could not be rendered for that backend."""
 
 
-class StageFailed(PipelineError):
-    """A stage's job ended unsuccessfully."""
-
-
-class VerificationFailed(StageFailed):
-    """A stage's verification found a different number of outputs than expected."""
-
-
 class ReportError(PipelineError):
     """The run report cannot be made: its optional extra is missing, or its file cannot be written."""

@@ -50,8 +50,3 @@ def load_profile(state_root: Path, key: str) -> dict[str, Any] | None:
         raise StateError(f"{path}: not a check profile of version {PROFILE_VERSION}; run `bcp-pipeline check` again")
     return data
 
-
-def profile_facts(state_root: Path, key: str) -> dict[str, Any]:
-    """The facts of the saved profile; {} where there is none."""
-    profile = load_profile(state_root, key)
-    return dict(profile["facts"]) if profile else {}

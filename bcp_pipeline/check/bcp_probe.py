@@ -44,7 +44,6 @@ RESTART_LOG_WAIT_SECONDS = 60.0  # once RUNNING again, how long its log may take
 STATUS_WAIT_SECONDS = 60.0  # for one answer of `job info` (a busy API is asked again)
 ARRAY_TYPES = {"PYTORCH", "PyTorchJob"}  # NGC_ARRAY_TYPE values known for --array-type PYTORCH (emulator; NVIDIA's
 # public scripts): anything else is reported as different
-SHELLS = ("bash", "sh", "dash")
 
 
 @dataclass(kw_only=True)

@@ -146,7 +146,6 @@ class KubernetesResources:
 RESOURCE_TYPES: dict[str, type] = {"bcp": BcpResources, "local": LocalResources, "slurm": SlurmResources,
                                    "gridengine": GridEngineResources,
                                    "kubernetes": KubernetesResources}
-BACKEND_NAMES = tuple(RESOURCE_TYPES)
 
 
 @dataclass(kw_only=True)
