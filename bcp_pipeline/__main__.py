@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli.main import main
+from bcp_pipeline.cli.main import main
 
 sys.exit(main())

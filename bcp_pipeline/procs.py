@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .errors import CommandError
+from bcp_pipeline.errors import CommandError
 
 
 def run_command(argv: list[str], *, timeout: float = 120, env: dict[str, str] | None = None,

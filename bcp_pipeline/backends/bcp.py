@@ -16,19 +16,22 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
-from ..atomic import atomic_write_json, atomic_write_text
-from ..config.pipelines import PipelineConfig
-from ..errors import BackendCallError
-from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, PreparedAction, Submission, map_native_state
-from ..config.resources import BcpOptions
-from .bcp_render import NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_rendezvous, job_run_argv
-from .bcp_render import job_files, job_spec, label, nemo_launcher_overrides, nemo_overrides_digest, upload_argv
-from .bcp_transport import Transport, make_transport, read_ngc_config
-from .bcp_driver import DRIVER_STAGE, driver_job_shape
-from .bcp_policy import PlannedJob, planned_jobs, violations
-from .profile import profile_key
-from .common import last_lines, outage_seconds, shell_join, training_progress, user_writer_lock
-from .retries import RetryPolicy, with_retries
+from bcp_pipeline.atomic import atomic_write_json, atomic_write_text
+from bcp_pipeline.config.pipelines import PipelineConfig
+from bcp_pipeline.errors import BackendCallError
+from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobState, JobStatus, PreparedAction,
+    Submission, map_native_state)
+from bcp_pipeline.config.resources import BcpOptions
+from bcp_pipeline.backends.bcp_render import (NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_rendezvous,
+    job_run_argv)
+from bcp_pipeline.backends.bcp_render import (job_files, job_spec, label, nemo_launcher_overrides,
+    nemo_overrides_digest, upload_argv)
+from bcp_pipeline.backends.bcp_transport import Transport, make_transport, read_ngc_config
+from bcp_pipeline.backends.bcp_driver import DRIVER_STAGE, driver_job_shape
+from bcp_pipeline.backends.bcp_policy import PlannedJob, planned_jobs, violations
+from bcp_pipeline.backends.profile import profile_key
+from bcp_pipeline.backends.common import last_lines, outage_seconds, shell_join, training_progress, user_writer_lock
+from bcp_pipeline.backends.retries import RetryPolicy, with_retries
 
 # All 25 BCP job statuses (ngc-cli.md). PREEMPTED waits for `job resume`; unknown ones are "not finished".
 STATE_MAP: dict[str, JobState] = {

@@ -11,16 +11,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.resources import BcpOptions
-from ..errors import BackendCallError, ConfigError
-from .bcp import retry_policy
-from .bcp_policy import PlannedJob, Violation, violations
-from .bcp_driver import DRIVER_STAGE
-from .bcp_render import JobSpec, job_spec
-from .bcp_transport import (NOTHING_DONE, Transport, check_credentials, choose_transport, make_transport,
-                            read_ngc_config)
-from .contract import JobRequest
-from .retries import RetryPolicy, with_retries
+from bcp_pipeline.config.resources import BcpOptions
+from bcp_pipeline.errors import BackendCallError, ConfigError
+from bcp_pipeline.backends.bcp import retry_policy
+from bcp_pipeline.backends.bcp_policy import PlannedJob, Violation, violations
+from bcp_pipeline.backends.bcp_driver import DRIVER_STAGE
+from bcp_pipeline.backends.bcp_render import JobSpec, job_spec
+from bcp_pipeline.backends.bcp_transport import (NOTHING_DONE, Transport, check_credentials, choose_transport,
+    make_transport, read_ngc_config)
+from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.retries import RetryPolicy, with_retries
 
 PLAN_RETRIES = RetryPolicy(attempts=2, backoff=1.0, max_wait=2.0)  # `plan`'s look-up of the ACE
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from ..config.pipelines import PipelineConfig
-from ..config.resources import BcpOptions
-from ..errors import BackendCallError, ConfigError, is_not_found
-from .bcp_transport import CliTransport, SdkTransport, Transport, first_json, make_transport
+from bcp_pipeline.config.pipelines import PipelineConfig
+from bcp_pipeline.config.resources import BcpOptions
+from bcp_pipeline.errors import BackendCallError, ConfigError, is_not_found
+from bcp_pipeline.backends.bcp_transport import CliTransport, SdkTransport, Transport, first_json, make_transport
 
 
 def _cli(transport: CliTransport, args: list[str]) -> Any:

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.durations import format_duration, parse_duration
-from .bcp_render import JobSpec
+from bcp_pipeline.config.durations import format_duration, parse_duration
+from bcp_pipeline.backends.bcp_render import JobSpec
 
 PREEMPTABLE = frozenset({"RESUMABLE", "RESTARTABLE"})  # preempt classes the scheduler may preempt
 PREFERRED_ARRAY_TYPE = "PYTORCH"  # what the stage programs' rank variables need (bcp_render.check_stage)

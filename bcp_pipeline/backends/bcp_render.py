@@ -17,15 +17,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config.durations import format_duration, parse_duration
-from ..config.pipelines import PipelineConfig, StageConfig
-from ..config.resources import BcpOptions, BcpResources, RankLayout
-from ..errors import ConfigError, SubmissionError
-from .contract import JobRequest
-from .common import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
-from . import bcp_training_script as training_script
-from .bcp_training_script import TrainingJob
-from ..config.pipelines import substitute
+from bcp_pipeline.config.durations import format_duration, parse_duration
+from bcp_pipeline.config.pipelines import PipelineConfig, StageConfig
+from bcp_pipeline.config.resources import BcpOptions, BcpResources, RankLayout
+from bcp_pipeline.errors import ConfigError, SubmissionError
+from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.common import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
+from bcp_pipeline.backends import bcp_training_script as training_script
+from bcp_pipeline.backends.bcp_training_script import TrainingJob
+from bcp_pipeline.config.pipelines import substitute
 
 LABEL_PREFIX = "bcpp"
 # A one-replica job's own ranks meet on loopback at a port from the job id (29500 is torchrun's default), so
@@ -69,7 +69,7 @@ def nemo_launcher_overrides(request: JobRequest, options: BcpOptions, stages_dir
     (the job passes `${NGC_ARRAY_SIZE}`), the run's id as RUN (its NeMo run name holds it; no composition depends
     on it) and without the data list (the job builds that from the manifests). What `check`'s NeMo probe composes,
     and what a profile's finding about it is matched against, whichever run it is rendered for."""
-    from ..config.nemo import launcher_overrides
+    from bcp_pipeline.config.nemo import launcher_overrides
 
     resources: BcpResources = request.resources("bcp")
     values = {**job_values(request, options, stages_dir), "run_id": "RUN"}
@@ -82,7 +82,7 @@ def nemo_launcher_overrides(request: JobRequest, options: BcpOptions, stages_dir
 
 def training_job(request: JobRequest, options: BcpOptions, stages_dir: Path) -> TrainingJob:
     """The NeMo pretrain job's script inputs, every path written from the script's WORKSPACE / RESULTS arguments."""
-    from ..config.nemo import DATA_LIST_FILE, launcher_dir, launcher_overrides, nemo_run_name
+    from bcp_pipeline.config.nemo import DATA_LIST_FILE, launcher_dir, launcher_overrides, nemo_run_name
 
     stage, resources = request.stage, request.resources("bcp")
     values = placeholder_values(request, workspace=training_script.WORKSPACE, results=training_script.RESULTS,
@@ -164,7 +164,7 @@ def job_rendezvous(request: JobRequest) -> dict | None:
     res: BcpResources = request.resources("bcp")
     layout = request.rank_layout("bcp")
     if request.kind == "stage" and request.stage.nemo and not res.command:
-        from ..config.nemo import gpus_per_node
+        from bcp_pipeline.config.nemo import gpus_per_node
 
         # The launcher starts one rank per GPU on each of the job's nodes, with its own torchrun rendezvous.
         try:

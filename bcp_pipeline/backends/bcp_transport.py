@@ -25,11 +25,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from ..config.durations import format_duration, parse_duration
-from ..errors import BackendCallError, CommandError, ConfigError
-from ..procs import run_command
-from ..config.resources import BcpOptions
-from .bcp_render import JobSpec, global_flags, job_run_argv, upload_argv
+from bcp_pipeline.config.durations import format_duration, parse_duration
+from bcp_pipeline.errors import BackendCallError, CommandError, ConfigError
+from bcp_pipeline.procs import run_command
+from bcp_pipeline.config.resources import BcpOptions
+from bcp_pipeline.backends.bcp_render import JobSpec, global_flags, job_run_argv, upload_argv
 
 SDK_VERSION = "4.19.1"  # the last ngcsdk with Base Command in it
 INSTALL_HINT = ("install one of: NVIDIA's ngc CLI (https://org.ngc.nvidia.com/setup/installers/cli, then put `ngc` "

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config.durations import parse_duration
-from ..config.pipelines import substitute
-from ..config.resources import RankLayout
-from ..errors import SubmissionError
-from .contract import JobProgress, JobRequest
-from ..training_log import last_progress
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.config.pipelines import substitute
+from bcp_pipeline.config.resources import RankLayout
+from bcp_pipeline.errors import SubmissionError
+from bcp_pipeline.backends.contract import JobProgress, JobRequest
+from bcp_pipeline.training_log import last_progress
 
 LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")

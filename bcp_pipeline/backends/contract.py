@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from ..config.pipelines import PipelineConfig, StageConfig
-    from ..config.resources import RankLayout
+    from bcp_pipeline.config.pipelines import PipelineConfig, StageConfig
+    from bcp_pipeline.config.resources import RankLayout
 
 
 class JobState(enum.Enum):
@@ -88,7 +88,7 @@ class JobRequest:
         """Nodes x processes per node on `backend` (config.resources.rank_layout, the one place they come from)."""
         # Imported here: this module stays importable with the standard library alone, as the detached driver
         # needs before it has checked its image (tests/test_architecture.py).
-        from ..config.resources import rank_layout
+        from bcp_pipeline.config.resources import rank_layout
 
         return rank_layout(self.pipeline.verification if self.kind == "verify" else self.stage, backend)
 

@@ -21,13 +21,14 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config.resources import GridEngineOptions
-from ..errors import CommandError, SubmissionError
-from ..procs import run_command
-from .common import (job_name, joined_logs, last_lines, outage_seconds, paths_for, progress_from_logs,
-                     read_tail)
-from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
-from .gridengine_render import job_rendezvous, job_script, shape
+from bcp_pipeline.config.resources import GridEngineOptions
+from bcp_pipeline.errors import CommandError, SubmissionError
+from bcp_pipeline.procs import run_command
+from bcp_pipeline.backends.common import (job_name, joined_logs, last_lines, outage_seconds, paths_for,
+    progress_from_logs, read_tail)
+from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobState, JobStatus, Submission,
+    map_native_state)
+from bcp_pipeline.backends.gridengine_render import job_rendezvous, job_script, shape
 
 HINT = ("is the Grid Engine cell reachable from here? try `qstat`; its clients need SGE_ROOT, SGE_CELL (and a "
         "private cell's SGE_QMASTER_PORT) in the environment")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .bcp_training_script import launcher_debug_step, shell_word
+from bcp_pipeline.backends.bcp_training_script import launcher_debug_step, shell_word
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,14 +30,15 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, replace
 
-from ..config.durations import parse_duration
-from ..config.pipelines import substitute
-from ..config.resources import GridEngineOptions, GridEngineResources
-from ..errors import ConfigError, SubmissionError
-from .common import Paths, apptainer_argv, job_name, placeholder_values, rendezvous, shell_exports, shell_join
-from .common import stage_command
-from . import gridengine_nemo
-from .contract import JobRequest
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.config.pipelines import substitute
+from bcp_pipeline.config.resources import GridEngineOptions, GridEngineResources
+from bcp_pipeline.errors import ConfigError, SubmissionError
+from bcp_pipeline.backends.common import (Paths, apptainer_argv, job_name, placeholder_values, rendezvous,
+    shell_exports, shell_join)
+from bcp_pipeline.backends.common import stage_command
+from bcp_pipeline.backends import gridengine_nemo
+from bcp_pipeline.backends.contract import JobRequest
 
 CONTAINER_WORKSPACE = "/mount_workspace"  # where a container sees the workspace, as BCP mounts it
 # The job's rendezvous port from its id (and array task), so two jobs sharing a host do not collide.
@@ -201,8 +202,8 @@ def nemo_shape(request: JobRequest, options: GridEngineOptions) -> Shape:
 
 def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> gridengine_nemo.NemoJob:
     """The NeMo pretrain script's inputs: the launcher's overrides for this job, in the stage's Apptainer image."""
-    from ..config.nemo import (DATA_LIST_FILE, PRETRAINING_SCRIPT, composed_config, launcher_dir,
-                               launcher_overrides, nemo_run_name)
+    from bcp_pipeline.config.nemo import (DATA_LIST_FILE, PRETRAINING_SCRIPT, composed_config, launcher_dir,
+        launcher_overrides, nemo_run_name)
 
     stage = request.stage
     nemo = stage.nemo

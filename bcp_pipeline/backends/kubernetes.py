@@ -15,13 +15,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..config.resources import KubernetesOptions
-from ..errors import BackendCallError, ConfigError, SubmissionError
-from .common import last_lines, outage_seconds, progress_from_logs, user_writer_lock
-from .contract import Backend, JobProgress, JobRequest, JobStatus, Submission
-from .kubernetes_render import (LABEL_JOB, LABEL_KIND, LABEL_STAGE, job_rendezvous, label_value, manifests,
-                                printable, selector_labels, shape)
-from .kubernetes_states import completion_index, job_condition, pytorchjob_status, ready_node_names, status_of
+from bcp_pipeline.config.resources import KubernetesOptions
+from bcp_pipeline.errors import BackendCallError, ConfigError, SubmissionError
+from bcp_pipeline.backends.common import last_lines, outage_seconds, progress_from_logs, user_writer_lock
+from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission
+from bcp_pipeline.backends.kubernetes_render import (LABEL_JOB, LABEL_KIND, LABEL_STAGE, job_rendezvous, label_value,
+    manifests, printable, selector_labels, shape)
+from bcp_pipeline.backends.kubernetes_states import (completion_index, job_condition, pytorchjob_status,
+    ready_node_names, status_of)
 
 HINT = ("the Kubernetes API answers at the kubeconfig's server (backends.kubernetes.kubeconfig/context, else "
         "$KUBECONFIG or ~/.kube/config): `kubectl get nodes` shows whether this machine reaches it")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .contract import JobState, JobStatus, map_native_state
-from .kubernetes_render import INDEX_ANNOTATION
+from bcp_pipeline.backends.contract import JobState, JobStatus, map_native_state
+from bcp_pipeline.backends.kubernetes_render import INDEX_ANNOTATION
 
 # The one map from what the API says of a stage's Job to JobState. A native state is built, in this order, from:
 # 1. the Job's first true terminal condition (Complete, SuccessCriteriaMet, Failed with its reason), or its

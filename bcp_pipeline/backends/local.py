@@ -16,13 +16,14 @@ import time
 import zlib
 from pathlib import Path
 
-from ..atomic import atomic_write_json
-from ..errors import SubmissionError
-from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission
-from ..procs import is_alive, process_start_ticks, signal_group
-from ..config.resources import LocalOptions
-from .common import last_lines, placeholder_values, progress_from_logs, read_tail, rendezvous, resolved_env
-from .common import joined_logs, outage_seconds, shell_join, stage_command
+from bcp_pipeline.atomic import atomic_write_json
+from bcp_pipeline.errors import SubmissionError
+from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission
+from bcp_pipeline.procs import is_alive, process_start_ticks, signal_group
+from bcp_pipeline.config.resources import LocalOptions
+from bcp_pipeline.backends.common import (last_lines, placeholder_values, progress_from_logs, read_tail, rendezvous,
+    resolved_env)
+from bcp_pipeline.backends.common import joined_logs, outage_seconds, shell_join, stage_command
 
 CANCEL_MARKER = "cancel-requested"
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 20000  # a job's MASTER_PORT: BASE + crc32(run/job id) % SPAN

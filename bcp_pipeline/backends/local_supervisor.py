@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..atomic import atomic_write_json
-from ..procs import die_with_parent, process_start_ticks
+from bcp_pipeline.atomic import atomic_write_json
+from bcp_pipeline.procs import die_with_parent, process_start_ticks
 
 
 def rank_environment(base: dict[str, str], replica: int, local_rank: int, replicas: int, processes: int,

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_json
-from ..errors import StateError
+from bcp_pipeline.atomic import atomic_write_json
+from bcp_pipeline.errors import StateError
 
 CHECKS_FOLDER = "checks"
 PROFILE_VERSION = 1

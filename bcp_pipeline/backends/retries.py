@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import tenacity
 
-from ..errors import BackendCallError, is_transient
+from bcp_pipeline.errors import BackendCallError, is_transient
 
 T = TypeVar("T")
 

@@ -17,14 +17,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CommandError, SubmissionError
-from .contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission, map_native_state
-from ..procs import run_command
-from ..config.nemo import nemo_run_name
-from ..config.resources import SlurmOptions
-from .common import joined_logs, last_lines, outage_seconds, progress_from_logs, read_tail
-from .slurm_render import NEMO_SUFFIX, batch_script, job_name, nemo_job_name_prefix, nemo_launcher_script, paths_for
-from .slurm_render import job_rendezvous, nemo_rendezvous, shape
+from bcp_pipeline.errors import CommandError, SubmissionError
+from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobState, JobStatus, Submission,
+    map_native_state)
+from bcp_pipeline.procs import run_command
+from bcp_pipeline.config.nemo import nemo_run_name
+from bcp_pipeline.config.resources import SlurmOptions
+from bcp_pipeline.backends.common import joined_logs, last_lines, outage_seconds, progress_from_logs, read_tail
+from bcp_pipeline.backends.slurm_render import (NEMO_SUFFIX, batch_script, job_name, nemo_job_name_prefix,
+    nemo_launcher_script, paths_for)
+from bcp_pipeline.backends.slurm_render import job_rendezvous, nemo_rendezvous, shape
 
 # Every Slurm job state (squeue/sacct names). Unlisted ones map to UNKNOWN: "not finished", never "failed".
 STATE_MAP: dict[str, JobState] = {

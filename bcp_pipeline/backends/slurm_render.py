@@ -19,12 +19,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ..config.durations import parse_duration
-from ..errors import SubmissionError
-from .contract import JobRequest
-from ..config.resources import RankLayout, SlurmOptions, SlurmResources
-from .common import Paths, apptainer_argv, job_name, paths_for, placeholder_values, rendezvous, shell_exports
-from .common import shell_join, stage_command
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.errors import SubmissionError
+from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.config.resources import RankLayout, SlurmOptions, SlurmResources
+from bcp_pipeline.backends.common import (Paths, apptainer_argv, job_name, paths_for, placeholder_values, rendezvous,
+    shell_exports)
+from bcp_pipeline.backends.common import shell_join, stage_command
 
 # Each task records its own exit status (TASK_EXITS/rank-R.exit) when its program ends: srun may exit 0 for a job
 # whose node was lost (NODE_FAIL), and the batch script then holds every rank to its own record.
@@ -163,7 +164,7 @@ def nemo_job_name_prefix(request: JobRequest) -> str:
 
 def nemo_rendezvous(request: JobRequest, options: SlurmOptions) -> dict | None:
     """The NeMo launcher's job: one rank per GPU on each node, meeting through the launcher's own torchrun/srun."""
-    from ..config.nemo import gpus_per_node
+    from bcp_pipeline.config.nemo import gpus_per_node
 
     res: SlurmResources = request.resources("slurm")
     try:
@@ -176,7 +177,7 @@ def nemo_rendezvous(request: JobRequest, options: SlurmOptions) -> dict | None:
 
 def nemo_launcher_overrides(request: JobRequest, options: SlurmOptions, paths: Paths) -> list[str]:
     """NeMo launcher Hydra overrides for a Slurm cluster (`cluster_type=bcm`), data_prefix excluded."""
-    from ..config.nemo import gpus_per_node, launcher_overrides
+    from bcp_pipeline.config.nemo import gpus_per_node, launcher_overrides
 
     res: SlurmResources = request.resources("slurm")
     stage = request.stage
@@ -204,8 +205,8 @@ def nemo_launcher_script(request: JobRequest, options: SlurmOptions, paths: Path
     """Shell script for the submit host: build the data list from the manifests, then run the launcher, which
     `sbatch`es the training job. `data_prefix` (a rendered `training.model.data.data_prefix=[...]`) replaces the
     list built at submit time, for tests and for users who pin one."""
-    from ..config.pipelines import substitute
-    from ..config.nemo import DATA_LIST_FILE, launcher_dir
+    from bcp_pipeline.config.pipelines import substitute
+    from bcp_pipeline.config.nemo import DATA_LIST_FILE, launcher_dir
 
     stage = request.stage
     assert stage.nemo is not None

@@ -12,16 +12,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..backends import bcp_lookups as lookups
-from ..backends.bcp_driver import DRIVER_STAGE
-from ..backends.bcp_policy import PlannedJob, violations
-from ..backends.bcp_render import JobSpec
-from ..backends.bcp import account_of
-from ..backends.bcp_transport import (CONFIG_HINT, SCOPED_KEY_PREFIX, SDK_VERSION, Transport, configured_api_key,
-                                      make_transport, scoped_key_org)
-from ..errors import BackendCallError, PipelineError, is_not_found, is_refused_credentials
-from .context import CheckContext
-from .result import Row, different, ok, unchecked
+from bcp_pipeline.backends import bcp_lookups as lookups
+from bcp_pipeline.backends.bcp_driver import DRIVER_STAGE
+from bcp_pipeline.backends.bcp_policy import PlannedJob, violations
+from bcp_pipeline.backends.bcp_render import JobSpec
+from bcp_pipeline.backends.bcp import account_of
+from bcp_pipeline.backends.bcp_transport import (CONFIG_HINT, SCOPED_KEY_PREFIX, SDK_VERSION, Transport,
+    configured_api_key, make_transport, scoped_key_org)
+from bcp_pipeline.errors import BackendCallError, PipelineError, is_not_found, is_refused_credentials
+from bcp_pipeline.check.context import CheckContext
+from bcp_pipeline.check.result import Row, different, ok, unchecked
 
 VERSION = re.compile(r"\b\d+\.\d+\.\d+\b")
 HTTP_ANSWER = re.compile(r"\b([45]\d\d) (?:Client|Server) Error: ([A-Za-z ]+?)(?= for url|$|:|\.)")
@@ -58,7 +58,7 @@ def planned_jobs(ctx: CheckContext) -> list[PlannedBcpJob]:
     jobs = [PlannedBcpJob(stage=s.request.stage.name, kind=s.request.kind, spec=JobSpec(**s.payload["spec"]))
             for s in ctx.submissions()]
     if ctx.detach and ctx.pipeline is not None:
-        from ..detach.jobs import driver_spec
+        from bcp_pipeline.detach.jobs import driver_spec
 
         jobs.append(PlannedBcpJob(stage=DRIVER_STAGE, kind="driver",
                                   spec=driver_spec(ctx.config, ctx.pipeline, "CHECK", ctx.environ)))
@@ -91,7 +91,7 @@ def check_bcp(ctx: CheckContext) -> tuple[dict[str, str], list[Row], dict, list[
                               f"not submitted: it would fail on what the {', '.join(blocking)} row(s) show",
                               "fix those, then run `check` again"))
     elif ctx.jobs and ace_data is not None:
-        from .bcp_probe import run_probes
+        from bcp_pipeline.check.bcp_probe import run_probes
 
         probe_rows, probe_facts = run_probes(ctx, transport, ace_data, notes)
         rows += probe_rows

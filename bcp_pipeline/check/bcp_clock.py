@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ..backends.bcp_transport import LIST_WINDOW_AHEAD, Transport
-from ..errors import BackendCallError
-from .result import Row, different, ok, unchecked
+from bcp_pipeline.backends.bcp_transport import LIST_WINDOW_AHEAD, Transport
+from bcp_pipeline.errors import BackendCallError
+from bcp_pipeline.check.result import Row, different, ok, unchecked
 
 TOLERANCE_SECONDS = 60.0  # clocks kept by NTP agree far better; a larger gap is worth a line in the table
 

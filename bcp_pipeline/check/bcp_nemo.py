@@ -17,12 +17,12 @@ from typing import Any
 
 import yaml
 
-from ..backends.bcp_render import job_values, nemo_launcher_overrides, nemo_overrides_digest
-from ..config.nemo import launcher_dir, model_config, time_limits
-from ..config.pipelines import substitute
-from .context import CheckContext
-from .probe_log import lines_of
-from .result import Row, different, ok, unchecked
+from bcp_pipeline.backends.bcp_render import job_values, nemo_launcher_overrides, nemo_overrides_digest
+from bcp_pipeline.config.nemo import launcher_dir, model_config, time_limits
+from bcp_pipeline.config.pipelines import substitute
+from bcp_pipeline.check.context import CheckContext
+from bcp_pipeline.check.probe_log import lines_of
+from bcp_pipeline.check.result import Row, different, ok, unchecked
 
 DATA_KEY = "training.model.data.data_prefix"
 SAMPLE_PREFIXES = ("bcpp-check-a_text_document", "bcpp-check-b_text_document")

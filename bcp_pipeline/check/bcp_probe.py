@@ -21,19 +21,19 @@ import shlex
 import time
 from dataclasses import dataclass, field
 
-from ..backends import bcp_lookups as lookups
-from ..backends.bcp import STATE_MAP, status_of
-from ..backends.bcp_render import JobSpec, label
-from ..backends.bcp_transport import Transport
-from ..backends.contract import JobState
-from ..errors import BackendCallError
-from ..report.estimates import instances_table
-from .bcp_nemo import nemo_commandline, nemo_row, plan_nemo_probes
-from .bcp_clock import submitted_clock
-from .cleanup import always_cleaned_up
-from .context import CheckContext
-from .probe_log import fields, lines_of
-from .result import Row, different, ok, unchecked
+from bcp_pipeline.backends import bcp_lookups as lookups
+from bcp_pipeline.backends.bcp import STATE_MAP, status_of
+from bcp_pipeline.backends.bcp_render import JobSpec, label
+from bcp_pipeline.backends.bcp_transport import Transport
+from bcp_pipeline.backends.contract import JobState
+from bcp_pipeline.errors import BackendCallError
+from bcp_pipeline.report.estimates import instances_table
+from bcp_pipeline.check.bcp_nemo import nemo_commandline, nemo_row, plan_nemo_probes
+from bcp_pipeline.check.bcp_clock import submitted_clock
+from bcp_pipeline.check.cleanup import always_cleaned_up
+from bcp_pipeline.check.context import CheckContext
+from bcp_pipeline.check.probe_log import fields, lines_of
+from bcp_pipeline.check.result import Row, different, ok, unchecked
 
 PROBE_RUNTIME = "10M"  # each probe job's --total-runtime: the most it can cost
 WAIT_SECONDS = 1800.0  # a probe not finished after this (queueing included) is killed and reported

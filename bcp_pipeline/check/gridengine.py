@@ -21,14 +21,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..backends.common import paths_for
-from ..backends.gridengine import HINT
-from ..config.resources import rank_layout
-from ..errors import CommandError
-from ..procs import run_command
-from .cleanup import always_cleaned_up
-from .context import CheckContext, job_label
-from .result import Row, different, ok, unchecked
+from bcp_pipeline.backends.common import paths_for
+from bcp_pipeline.backends.gridengine import HINT
+from bcp_pipeline.config.resources import rank_layout
+from bcp_pipeline.errors import CommandError
+from bcp_pipeline.procs import run_command
+from bcp_pipeline.check.cleanup import always_cleaned_up
+from bcp_pipeline.check.context import CheckContext, job_label
+from bcp_pipeline.check.result import Row, different, ok, unchecked
 
 PROBE_HOSTS = 2
 PROBE_WAIT_SECONDS = 180.0

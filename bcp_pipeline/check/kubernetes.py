@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.kubernetes import api_client, api_error, create_object
-from ..config.resources import KubernetesOptions
-from ..errors import BackendCallError, ConfigError
-from .context import CheckContext, job_label
-from .kubernetes_probe import probe_rows
-from .result import Row, different, ok, unchecked
+from bcp_pipeline.backends.kubernetes import api_client, api_error, create_object
+from bcp_pipeline.config.resources import KubernetesOptions
+from bcp_pipeline.errors import BackendCallError, ConfigError
+from bcp_pipeline.check.context import CheckContext, job_label
+from bcp_pipeline.check.kubernetes_probe import probe_rows
+from bcp_pipeline.check.result import Row, different, ok, unchecked
 
 # (verb, group, resource, subresource): what `run`, `logs` and `cancel` do.
 RIGHTS = [("create", "batch", "jobs", ""), ("list", "batch", "jobs", ""), ("delete", "batch", "jobs", ""),

@@ -18,13 +18,13 @@ import secrets
 import time
 from typing import Any
 
-from ..backends.kubernetes import api_error, create_object
-from ..backends.kubernetes_render import CONTAINER, LABEL_JOB, LABEL_KIND, MANAGED_BY
-from ..config.resources import KubernetesOptions
-from ..errors import BackendCallError
-from .cleanup import always_cleaned_up
-from .context import CheckContext
-from .result import Row, different, ok, unchecked
+from bcp_pipeline.backends.kubernetes import api_error, create_object
+from bcp_pipeline.backends.kubernetes_render import CONTAINER, LABEL_JOB, LABEL_KIND, MANAGED_BY
+from bcp_pipeline.config.resources import KubernetesOptions
+from bcp_pipeline.errors import BackendCallError
+from bcp_pipeline.check.cleanup import always_cleaned_up
+from bcp_pipeline.check.context import CheckContext
+from bcp_pipeline.check.result import Row, different, ok, unchecked
 
 PODS = 2
 START_SECONDS = 120.0  # for both pods to print their lines (scheduled, started)

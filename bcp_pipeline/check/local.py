@@ -10,11 +10,11 @@ import socket
 import sys
 from pathlib import Path
 
-from ..config.resources import LocalResources
-from ..errors import CommandError
-from ..procs import run_command
-from .context import CheckContext
-from .result import Row, different, ok, unchecked
+from bcp_pipeline.config.resources import LocalResources
+from bcp_pipeline.errors import CommandError
+from bcp_pipeline.procs import run_command
+from bcp_pipeline.check.context import CheckContext
+from bcp_pipeline.check.result import Row, different, ok, unchecked
 
 MIN_STAGE_PYTHON = (3, 10)  # docs/CONVENTIONS.md: the stage programs run on the NeMo container's 3.10
 MIN_ORCHESTRATOR_PYTHON = (3, 11)  # pyproject.toml requires-python

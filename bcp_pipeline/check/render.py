@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from datetime import datetime, timezone
 
-from .result import CheckResult, Verdict
+from bcp_pipeline.check.result import CheckResult, Verdict
 
 COLUMNS = (("ASSUMES", 30), ("SHOWED", 38), ("RESULT", 15), ("WHAT IT MEANS / WHAT TO DO", 52))
 

@@ -7,12 +7,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.profile import profile_key, save_profile
-from ..config.pipelines import Config
-from ..config.preflight import load_and_check
-from ..errors import ConfigError
-from .context import CheckContext
-from .result import CheckResult
+from bcp_pipeline.backends.profile import profile_key, save_profile
+from bcp_pipeline.config.pipelines import Config
+from bcp_pipeline.config.preflight import load_and_check
+from bcp_pipeline.errors import ConfigError
+from bcp_pipeline.check.context import CheckContext
+from bcp_pipeline.check.result import CheckResult
 
 
 @dataclass(kw_only=True)
@@ -49,28 +49,28 @@ def run_check(request: CheckRequest, environ: Mapping[str, str],
                        detach=request.detach, announce=announce)
     started = time.time()
     if backend == "local":
-        from .local import check_local, local_key
+        from bcp_pipeline.check.local import check_local, local_key
 
         target_parts = local_key()
         rows, facts = check_local(ctx)
         target = {"host": target_parts[1]}
     elif backend == "slurm":
-        from .slurm import check_slurm
+        from bcp_pipeline.check.slurm import check_slurm
 
         target, rows, facts, notes = check_slurm(ctx)
         target_parts = ("slurm", target["cluster"])
     elif backend == "gridengine":
-        from .gridengine import check_gridengine
+        from bcp_pipeline.check.gridengine import check_gridengine
 
         target, rows, facts, notes = check_gridengine(ctx)
         target_parts = ("gridengine", target["cell"].replace("/", "-"))
     elif backend == "kubernetes":
-        from .kubernetes import check_kubernetes
+        from bcp_pipeline.check.kubernetes import check_kubernetes
 
         target, rows, facts, notes = check_kubernetes(ctx)
         target_parts = ("kubernetes", target["cluster"])
     elif backend == "bcp":
-        from .bcp import check_bcp
+        from bcp_pipeline.check.bcp import check_bcp
 
         target, rows, facts, notes = check_bcp(ctx)
         target_parts = (target["org"], target["ace"])

@@ -19,15 +19,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ..backends.slurm import HINT
-from ..backends.slurm_render import paths_for, shape
-from ..config.durations import parse_duration
-from ..errors import BackendCallError, CommandError
-from ..procs import run_command
-from .cleanup import always_cleaned_up
-from .context import CheckContext, job_label
-from .local import PROBE, MIN_STAGE_PYTHON, module_names
-from .result import Row, different, ok, unchecked
+from bcp_pipeline.backends.slurm import HINT
+from bcp_pipeline.backends.slurm_render import paths_for, shape
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.errors import BackendCallError, CommandError
+from bcp_pipeline.procs import run_command
+from bcp_pipeline.check.cleanup import always_cleaned_up
+from bcp_pipeline.check.context import CheckContext, job_label
+from bcp_pipeline.check.local import PROBE, MIN_STAGE_PYTHON, module_names
+from bcp_pipeline.check.result import Row, different, ok, unchecked
 
 INSTALL_COMMAND = "scripts/slurm-cluster install"  # the project's own single-node Slurm (README, "Slurm")
 PROBE_TASKS = 2

@@ -19,9 +19,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..config.pipelines import DEFAULT_CONFIG_FILE
-from ..config.resources import DriverOptions
-from ..engine.state import store_for
+from bcp_pipeline.config.pipelines import DEFAULT_CONFIG_FILE
+from bcp_pipeline.config.resources import DriverOptions
+from bcp_pipeline.engine.state import store_for
 
 # A completer gets the arguments parsed so far and returns candidates, each with a description (shown by zsh).
 Candidates = dict[str, str]

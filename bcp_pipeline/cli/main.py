@@ -11,35 +11,35 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
-from ..backends.bcp import profile_key_of
-from ..backends.bcp_render import job_run_argv, upload_argv
-from ..backends.profile import load_profile
-from ..backends.common import shell_join
-from ..backends.contract import Backend
-from ..backends.registry import BACKENDS, describe_backend_limits, make_backend
-from ..check.render import render_check
-from ..check.result import Verdict
-from ..check.run import CheckRequest, run_check
-from ..config.pipelines import DEFAULT_CONFIG_FILE, Config, PipelineConfig, substitute
-from ..config.preflight import load_and_check
-from ..config.resources import rank_layout
-from ..config.profiling import DEFAULT_STEPS, PROFILE_SUFFIX, parse_window, profile_overrides, profiled_stage
-from ..detach.jobs import driver_spec
-from ..detach.laptop import DetachedRun, DriverView, render_driver
-from ..detach.protocol import SNAPSHOT_PREFIX, workspace_run_path
-from ..engine.drive import cancel_run, drive_run, refresh_jobs, verify_stage
-from ..engine.selection import ChosenRun, RunRequest, choose_resume, choose_run, open_run, run_config
-from ..engine.state import RunState, RunStore, store_for
-from ..engine.submitter import planned_requests
-from ..engine.workspace_lock import hold_workspace
-from ..errors import ConfigError, PipelineError, StateError
-from ..report.estimates import actual_rates, estimate_pipeline, instances_table, manifest_tokens
-from ..report.gather import latest_throughput, write_report
-from ..report.measured import Measurement, load_measurement, save_measurement
-from ..report.throughput import summary_text
-from ..report.text import Reporter, format_table, render_estimates, render_status
-from .completion import enable_completion
+from bcp_pipeline import __version__
+from bcp_pipeline.backends.bcp import profile_key_of
+from bcp_pipeline.backends.bcp_render import job_run_argv, upload_argv
+from bcp_pipeline.backends.profile import load_profile
+from bcp_pipeline.backends.common import shell_join
+from bcp_pipeline.backends.contract import Backend
+from bcp_pipeline.backends.registry import BACKENDS, describe_backend_limits, make_backend
+from bcp_pipeline.check.render import render_check
+from bcp_pipeline.check.result import Verdict
+from bcp_pipeline.check.run import CheckRequest, run_check
+from bcp_pipeline.config.pipelines import DEFAULT_CONFIG_FILE, Config, PipelineConfig, substitute
+from bcp_pipeline.config.preflight import load_and_check
+from bcp_pipeline.config.resources import rank_layout
+from bcp_pipeline.config.profiling import DEFAULT_STEPS, PROFILE_SUFFIX, parse_window, profile_overrides, profiled_stage
+from bcp_pipeline.detach.jobs import driver_spec
+from bcp_pipeline.detach.laptop import DetachedRun, DriverView, render_driver
+from bcp_pipeline.detach.protocol import SNAPSHOT_PREFIX, workspace_run_path
+from bcp_pipeline.engine.drive import cancel_run, drive_run, refresh_jobs, verify_stage
+from bcp_pipeline.engine.selection import ChosenRun, RunRequest, choose_resume, choose_run, open_run, run_config
+from bcp_pipeline.engine.state import RunState, RunStore, store_for
+from bcp_pipeline.engine.submitter import planned_requests
+from bcp_pipeline.engine.workspace_lock import hold_workspace
+from bcp_pipeline.errors import ConfigError, PipelineError, StateError
+from bcp_pipeline.report.estimates import actual_rates, estimate_pipeline, instances_table, manifest_tokens
+from bcp_pipeline.report.gather import latest_throughput, write_report
+from bcp_pipeline.report.measured import Measurement, load_measurement, save_measurement
+from bcp_pipeline.report.throughput import summary_text
+from bcp_pipeline.report.text import Reporter, format_table, render_estimates, render_status
+from bcp_pipeline.cli.completion import enable_completion
 
 PLAN_RUN_ID = "{pipeline}-RUN"
 RUN_HELP = "run id (default: the latest run; `bcp-pipeline list` shows them)"

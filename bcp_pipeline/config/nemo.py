@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .pipelines import Continuation, PipelineConfig, StageConfig, substitute
-from .durations import format_clock, parse_duration
-from .resources import rank_layout
+from bcp_pipeline.config.pipelines import Continuation, PipelineConfig, StageConfig, substitute
+from bcp_pipeline.config.durations import format_clock, parse_duration
+from bcp_pipeline.config.resources import rank_layout
 
 
 @dataclass(frozen=True)

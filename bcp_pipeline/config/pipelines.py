@@ -33,12 +33,12 @@ from typing import Any, Literal
 
 import yaml
 
-from ..errors import ConfigError
-from .resources import (OPTION_TYPES, RESOURCE_TYPES, BcpResources, GridEngineResources, KubernetesResources,
-                        LocalResources, SlurmResources)
-from .resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
-from .typed import Duration, Where, build, field_names, shown
-from .yaml_lines import LineDict, load_yaml_with_lines
+from bcp_pipeline.errors import ConfigError
+from bcp_pipeline.config.resources import (OPTION_TYPES, RESOURCE_TYPES, BcpResources, GridEngineResources,
+    KubernetesResources, LocalResources, SlurmResources)
+from bcp_pipeline.config.resources import ENV_KEY, LABEL_PATTERN, SECRET_PART
+from bcp_pipeline.config.typed import Duration, Where, build, field_names, shown
+from bcp_pipeline.config.yaml_lines import LineDict, load_yaml_with_lines
 
 DEFAULT_CONFIG_FILE = Path("pipelines.yaml")  # what every command reads without --config
 
@@ -222,7 +222,7 @@ class PipelineConfig:
 
     def order(self) -> list[str]:
         """Stage names in a topological order (file order among independent stages)."""
-        from .dag import topological_order
+        from bcp_pipeline.config.dag import topological_order
 
         return topological_order({name: stage.needs for name, stage in self.stages.items()})
 
@@ -456,7 +456,7 @@ def _validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where,
                        var_origins: dict[str, str]) -> None:
     """`var_origins`: the vars given by --set (name -> `--set vars.NAME=VALUE`), which a bad value made of them
     is blamed on."""
-    from .dag import find_cycle
+    from bcp_pipeline.config.dag import find_cycle
 
     names = set(pipeline.stages)
     for name, stage in pipeline.stages.items():

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .pipelines import Config, PipelineConfig, StageConfig, load_config, validate_continuation
-from .nemo import derived_continuation, static_preflight
+from bcp_pipeline.config.pipelines import Config, PipelineConfig, StageConfig, load_config, validate_continuation
+from bcp_pipeline.config.nemo import derived_continuation, static_preflight
 
 
 def load_and_check(path: str | Path, overrides: list[str] | None = None, pipeline: str | None = None) -> Config:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .typed import Duration
+from bcp_pipeline.config.typed import Duration
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 SECRET_PART = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")

@@ -13,9 +13,9 @@ from typing import Any, Literal, NewType, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from .durations import parse_duration
-from ..errors import ConfigError
-from .yaml_lines import line_of
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.errors import ConfigError
+from bcp_pipeline.config.yaml_lines import line_of
 
 Duration = NewType("Duration", str)
 """A duration string validated like ngc's (`10h`, `5D`, `1h30m`); kept as written, seconds via parse_duration."""

@@ -26,9 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..engine.state import RunState, RunStore
-from ..errors import BackendCallError, PipelineError, StateError, is_refused_credentials
-from .protocol import DRIVER_FOLDER, ERROR_PREFIX, MAX_LINE_BYTES, capped, snapshot_lines, workspace_state_root
+from bcp_pipeline.engine.state import RunState, RunStore
+from bcp_pipeline.errors import BackendCallError, PipelineError, StateError, is_refused_credentials
+from bcp_pipeline.detach.protocol import (DRIVER_FOLDER, ERROR_PREFIX, MAX_LINE_BYTES, capped, snapshot_lines,
+    workspace_state_root)
 
 EXIT_MISSING_SOFTWARE = 3
 SDK_REQUIREMENT = "ngcsdk==4.19.1"
@@ -83,13 +84,13 @@ def ensure_software(*, install: bool) -> str | None:
 def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     """Take the lease, drive the run from the workspace state, hand over before the deadline: the exit status."""
     # pylint: disable=import-outside-toplevel  (these need PyYAML, checked by now)
-    from ..backends.bcp import BcpBackend
-    from ..backends.retries import with_retries
-    from ..config.preflight import load_and_check
-    from ..engine.orchestrator import Orchestrator
-    from ..engine.selection import resume_selection
-    from ..report.text import Reporter
-    from .jobs import Lease, runtime_used
+    from bcp_pipeline.backends.bcp import BcpBackend
+    from bcp_pipeline.backends.retries import with_retries
+    from bcp_pipeline.config.preflight import load_and_check
+    from bcp_pipeline.engine.orchestrator import Orchestrator
+    from bcp_pipeline.engine.selection import resume_selection
+    from bcp_pipeline.report.text import Reporter
+    from bcp_pipeline.detach.jobs import Lease, runtime_used
 
     own_id = os.environ.get("NGC_JOB_ID", "")
     if not own_id:
@@ -156,8 +157,8 @@ def check_credentials(backend, run_id: str, driver, *, sleep=time.sleep) -> None
     Only a 401/403 is a wrong key. A 429 or 5xx (or no answer) is the API being busy: the call is made again with
     back-off, and if it keeps failing the driver says so without blaming the key."""
     # pylint: disable=import-outside-toplevel  (these need PyYAML and tenacity, checked by now)
-    from ..backends.retries import with_retries
-    from .jobs import active_drivers
+    from bcp_pipeline.backends.retries import with_retries
+    from bcp_pipeline.detach.jobs import active_drivers
 
     try:
         with_retries(lambda: active_drivers(backend.transport, run_id), "the first NGC API call",
@@ -180,8 +181,8 @@ def hand_over(backend, config, pipeline, run_id: str, own_id: str, environ: dict
     Made again with back-off while the API is busy. Each attempt reads the list first, so a submit whose job was
     created but whose answer was lost (a 5xx) is not made a second time once the list shows that job."""
     # pylint: disable=import-outside-toplevel  (these need PyYAML and tenacity, checked by now)
-    from ..backends.retries import with_retries
-    from .jobs import active_drivers, driver_spec
+    from bcp_pipeline.backends.retries import with_retries
+    from bcp_pipeline.detach.jobs import active_drivers, driver_spec
 
     spec = driver_spec(config, pipeline, run_id, environ)
 

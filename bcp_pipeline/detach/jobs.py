@@ -13,17 +13,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..atomic import atomic_write_json
-from ..backends.bcp import labels_of, status_of
-from ..backends.bcp_driver import driver_job_shape
-from ..backends.bcp_render import JobSpec, label
-from ..backends.bcp_transport import Transport, read_ngc_config
-from ..backends.common import shell_join
-from ..backends.retries import with_retries
-from ..config.durations import parse_duration
-from ..config.pipelines import Config, PipelineConfig
-from ..errors import StateError
-from .protocol import DRIVER_FOLDER, DRIVER_KIND, workspace_run_path
+from bcp_pipeline.atomic import atomic_write_json
+from bcp_pipeline.backends.bcp import labels_of, status_of
+from bcp_pipeline.backends.bcp_driver import driver_job_shape
+from bcp_pipeline.backends.bcp_render import JobSpec, label
+from bcp_pipeline.backends.bcp_transport import Transport, read_ngc_config
+from bcp_pipeline.backends.common import shell_join
+from bcp_pipeline.backends.retries import with_retries
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.config.pipelines import Config, PipelineConfig
+from bcp_pipeline.errors import StateError
+from bcp_pipeline.detach.protocol import DRIVER_FOLDER, DRIVER_KIND, workspace_run_path
 
 LEASE_POLL_SECONDS = 2.0
 

@@ -22,16 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..backends.bcp import BcpBackend, status_of
-from ..backends.bcp_render import UPLOAD_EXCLUDES, label
-from ..backends.bcp_transport import Transport
-from ..backends.contract import JobState, JobStatus
-from ..backends.retries import with_retries
-from ..config.pipelines import Config, PipelineConfig
-from ..engine.state import RunState, RunStore
-from ..errors import BackendCallError, StateError
-from .jobs import active_drivers, driver_jobs, driver_spec
-from .protocol import DRIVER_FOLDER, last_error, last_snapshot, workspace_run_path
+from bcp_pipeline.backends.bcp import BcpBackend, status_of
+from bcp_pipeline.backends.bcp_render import UPLOAD_EXCLUDES, label
+from bcp_pipeline.backends.bcp_transport import Transport
+from bcp_pipeline.backends.contract import JobState, JobStatus
+from bcp_pipeline.backends.retries import with_retries
+from bcp_pipeline.config.pipelines import Config, PipelineConfig
+from bcp_pipeline.engine.state import RunState, RunStore
+from bcp_pipeline.errors import BackendCallError, StateError
+from bcp_pipeline.detach.jobs import active_drivers, driver_jobs, driver_spec
+from bcp_pipeline.detach.protocol import DRIVER_FOLDER, last_error, last_snapshot, workspace_run_path
 
 LOG_TAIL_LINES = 400
 STOP_WAIT_SECONDS = 120.0

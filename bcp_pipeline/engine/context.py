@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config.pipelines import PipelineConfig
-from ..backends.contract import Backend
-from .progress import Progress
-from .state import RunState, RunStore
+from bcp_pipeline.config.pipelines import PipelineConfig
+from bcp_pipeline.backends.contract import Backend
+from bcp_pipeline.engine.progress import Progress
+from bcp_pipeline.engine.state import RunState, RunStore
 
 
 @dataclass

@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-from ..backends.contract import Backend
-from ..backends.registry import make_backend
-from ..errors import StateError
-from ..config.pipelines import PipelineConfig
-from .orchestrator import Orchestrator
-from .poller import is_training, progress_record
-from .progress import Progress
-from .selection import ChosenRun
-from .state import RunLock, RunState, StageStatus
-from .workspace_lock import hold_workspace
+from bcp_pipeline.backends.contract import Backend
+from bcp_pipeline.backends.registry import make_backend
+from bcp_pipeline.errors import StateError
+from bcp_pipeline.config.pipelines import PipelineConfig
+from bcp_pipeline.engine.orchestrator import Orchestrator
+from bcp_pipeline.engine.poller import is_training, progress_record
+from bcp_pipeline.engine.progress import Progress
+from bcp_pipeline.engine.selection import ChosenRun
+from bcp_pipeline.engine.state import RunLock, RunState, StageStatus
+from bcp_pipeline.engine.workspace_lock import hold_workspace
 
 
 def drive_run(chosen: ChosenRun, progress: Progress) -> bool:

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
-from .context import RunContext
-from ..errors import StateError
-from .outcomes import Outcomes
-from .poller import Poller
-from .submitter import Submitter
+from bcp_pipeline.engine.context import RunContext
+from bcp_pipeline.errors import StateError
+from bcp_pipeline.engine.outcomes import Outcomes
+from bcp_pipeline.engine.poller import Poller
+from bcp_pipeline.engine.submitter import Submitter
 
 
 @dataclass

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ..config.pipelines import PipelineConfig, substitute
+from bcp_pipeline.config.pipelines import PipelineConfig, substitute
 
 
 def output_digest(pipeline: PipelineConfig, name: str) -> str:

@@ -13,14 +13,14 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-from .context import RunContext
-from ..config.durations import format_duration
-from ..errors import BackendCallError, BackendUnreachable
-from ..backends.contract import JobProgress, JobState, JobStatus
-from ..config.nemo import tokens_per_step
-from ..config.pipelines import StageConfig, resolve_int
-from .outcomes import Outcomes
-from .state import JobRecord, StageStatus
+from bcp_pipeline.engine.context import RunContext
+from bcp_pipeline.config.durations import format_duration
+from bcp_pipeline.errors import BackendCallError, BackendUnreachable
+from bcp_pipeline.backends.contract import JobProgress, JobState, JobStatus
+from bcp_pipeline.config.nemo import tokens_per_step
+from bcp_pipeline.config.pipelines import StageConfig, resolve_int
+from bcp_pipeline.engine.outcomes import Outcomes
+from bcp_pipeline.engine.state import JobRecord, StageStatus
 
 TRANSIENT_ERRORS_BEFORE_NOTICE = 3
 

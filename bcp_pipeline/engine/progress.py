@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from .state import RunState
+from bcp_pipeline.engine.state import RunState
 
 
 class Progress(Protocol):

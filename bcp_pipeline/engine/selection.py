@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.registry import check_backend_limits, check_backend_ready, make_backend
-from ..config.dag import downstream_of
-from ..config.pipelines import Config, PipelineConfig
-from ..config.preflight import load_and_check
-from ..errors import ConfigError, StateError
-from .state import CANCELLED_WHILE, RunState, RunStore, StageState, StageStatus, new_run_id
-from .submitter import planned_requests
+from bcp_pipeline.backends.registry import check_backend_limits, check_backend_ready, make_backend
+from bcp_pipeline.config.dag import downstream_of
+from bcp_pipeline.config.pipelines import Config, PipelineConfig
+from bcp_pipeline.config.preflight import load_and_check
+from bcp_pipeline.errors import ConfigError, StateError
+from bcp_pipeline.engine.state import CANCELLED_WHILE, RunState, RunStore, StageState, StageStatus, new_run_id
+from bcp_pipeline.engine.submitter import planned_requests
 
 PROFILE_RUN_ID = "PROFILE-CHECK"  # the run id jobs are rendered under to hold them against a check profile
 

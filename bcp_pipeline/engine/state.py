@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_json
-from ..backends.contract import JobState
-from ..errors import StateError
+from bcp_pipeline.atomic import atomic_write_json
+from bcp_pipeline.backends.contract import JobState
+from bcp_pipeline.errors import StateError
 
 STATE_VERSION = 1
 STATE_FOLDER = ".bcp-pipeline"  # next to the config file, unless --state-dir says where

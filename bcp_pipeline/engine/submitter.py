@@ -12,15 +12,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..atomic import atomic_write_text
-from ..config.pipelines import PipelineConfig, StageConfig, expected_count, resolve_int
-from .context import RunContext
-from ..errors import BackendCallError, SubmissionError
-from ..backends.contract import JobRequest
-from .outcomes import Outcomes
-from .output_digest import output_digest
-from ..redact import redact, secret_values
-from .state import JobRecord, StageStatus
+from bcp_pipeline.atomic import atomic_write_text
+from bcp_pipeline.config.pipelines import PipelineConfig, StageConfig, expected_count, resolve_int
+from bcp_pipeline.engine.context import RunContext
+from bcp_pipeline.errors import BackendCallError, SubmissionError
+from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.engine.outcomes import Outcomes
+from bcp_pipeline.engine.output_digest import output_digest
+from bcp_pipeline.redact import redact, secret_values
+from bcp_pipeline.engine.state import JobRecord, StageStatus
 
 SUBMIT_ATTEMPTS = 6  # consecutive failed submit calls before the stage fails (status calls retry forever)
 

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..backends.contract import Backend
-from ..errors import StateError
-from .state import RunState, RunStore
+from bcp_pipeline.backends.contract import Backend
+from bcp_pipeline.errors import StateError
+from bcp_pipeline.engine.state import RunState, RunStore
 
 
 class WorkspaceLock:

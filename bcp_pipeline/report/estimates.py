@@ -16,13 +16,14 @@ import re
 from pathlib import Path
 from dataclasses import asdict, dataclass, field
 
-from ..config.pipelines import PipelineConfig, StageConfig, expected_count
-from ..config.durations import format_elapsed, parse_duration
-from ..config.nemo import KNOWN_SHAPES, model_config
-from ..config.resources import InstanceType, rank_layout
-from ..engine.state import StageState
-from .measured import Measurement
-from .mfu import A100_BF16_TFLOPS, H100_SXM_BF16_TFLOPS, Peak, flops_per_token, gpu_peak, step_seconds_at
+from bcp_pipeline.config.pipelines import PipelineConfig, StageConfig, expected_count
+from bcp_pipeline.config.durations import format_elapsed, parse_duration
+from bcp_pipeline.config.nemo import KNOWN_SHAPES, model_config
+from bcp_pipeline.config.resources import InstanceType, rank_layout
+from bcp_pipeline.engine.state import StageState
+from bcp_pipeline.report.measured import Measurement
+from bcp_pipeline.report.mfu import (A100_BF16_TFLOPS, H100_SXM_BF16_TFLOPS, Peak, flops_per_token, gpu_peak,
+    step_seconds_at)
 
 DGX_A100_CORES = 128  # DGX A100 datasheet: 2 x AMD EPYC 7742, 64 cores each (256 threads)
 DGX_H100_CORES = 112  # DGX H100 datasheet: 2 x Intel Xeon Platinum 8480C, 56 cores each (224 threads)

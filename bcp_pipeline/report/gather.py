@@ -12,21 +12,21 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..atomic import atomic_write_text
-from ..config.pipelines import PipelineConfig, StageConfig
-from ..errors import PipelineError, ReportError
-from ..config.nemo import KNOWN_SHAPES, model_config
-from ..config.profiling import SMOKE_PROGRAM
-from ..config.resources import InstanceType, rank_layout
-from .estimates import PlanEstimate, instance_peak
-from .mfu import flops_per_token
-from .throughput import StageFacts, TrainingFacts
-from ..backends.contract import Backend
-from ..redact import secret_values
-from .data import SubmittedCommand, report_data
-from .html import render_report, require_plotly
-from ..engine.state import RunState, RunStore
-from ..engine.submitter import job_request
+from bcp_pipeline.atomic import atomic_write_text
+from bcp_pipeline.config.pipelines import PipelineConfig, StageConfig
+from bcp_pipeline.errors import PipelineError, ReportError
+from bcp_pipeline.config.nemo import KNOWN_SHAPES, model_config
+from bcp_pipeline.config.profiling import SMOKE_PROGRAM
+from bcp_pipeline.config.resources import InstanceType, rank_layout
+from bcp_pipeline.report.estimates import PlanEstimate, instance_peak
+from bcp_pipeline.report.mfu import flops_per_token
+from bcp_pipeline.report.throughput import StageFacts, TrainingFacts
+from bcp_pipeline.backends.contract import Backend
+from bcp_pipeline.redact import secret_values
+from bcp_pipeline.report.data import SubmittedCommand, report_data
+from bcp_pipeline.report.html import render_report, require_plotly
+from bcp_pipeline.engine.state import RunState, RunStore
+from bcp_pipeline.engine.submitter import job_request
 
 RECORDED = "recorded at submission"
 RERENDERED = "re-rendered from the config: not recorded at submission"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import html
 import json
 
-from ..config.durations import format_elapsed
-from ..errors import ReportError
-from .throughput_html import throughput_figures, throughput_summary
+from bcp_pipeline.config.durations import format_elapsed
+from bcp_pipeline.errors import ReportError
+from bcp_pipeline.report.throughput_html import throughput_figures, throughput_summary
 
 EXTRA_HINT = ("the run report draws its charts with plotly, the optional extra `report`: "
               "pip install 'bcp-pipeline[report]' (scripts/setup installs it into .venv)")

@@ -12,8 +12,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..atomic import atomic_write_json
-from ..errors import StateError
+from bcp_pipeline.atomic import atomic_write_json
+from bcp_pipeline.errors import StateError
 
 
 @dataclass(frozen=True)

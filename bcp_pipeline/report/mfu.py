@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config.nemo import ModelShape
+from bcp_pipeline.config.nemo import ModelShape
 
 A100_BF16_TFLOPS = 312.0  # NVIDIA A100 datasheet: BF16 Tensor Core, dense (624 with sparsity)
 H100_SXM_BF16_TFLOPS = 989.0  # NVIDIA H100 datasheet, SXM: 1,979 with sparsity, half of it dense

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import IO
 
-from ..config.durations import format_elapsed
-from .estimates import PlanEstimate, short_number
-from .throughput import summary_text
-from ..engine.state import RunState, StageState, StageStatus
+from bcp_pipeline.config.durations import format_elapsed
+from bcp_pipeline.report.estimates import PlanEstimate, short_number
+from bcp_pipeline.report.throughput import summary_text
+from bcp_pipeline.engine.state import RunState, StageState, StageStatus
 
 
 def stage_elapsed(stage: StageState, now: float | None = None) -> str:

@@ -4,7 +4,7 @@ stacked bars. Pure: report_data's `throughput` entries -> plotly figures and a l
 
 from __future__ import annotations
 
-from .throughput import summary_text
+from bcp_pipeline.report.throughput import summary_text
 
 LAYOUT = {"height": 320, "margin": {"l": 10, "r": 10, "t": 50, "b": 40}, "template": "plotly_white"}
 

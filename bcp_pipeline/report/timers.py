@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from ..training_log import NUMBER
+from bcp_pipeline.training_log import NUMBER
 
 _HEADER = re.compile(r"(max|\(min, max\)|times) (?:time )?across ranks \(ms\):\s*$")
 _ENTRY = re.compile(rf"^\s+(\S.*?) \.*: (?:({NUMBER})|\(({NUMBER}), ({NUMBER})\))\s*$")
