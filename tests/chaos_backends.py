@@ -105,7 +105,7 @@ class LocalChaos(ChaosBackend):
     kinds = ("rank", "verify", "supervisor")
 
     def workspace(self) -> Path:
-        from bcp_pipeline.config.pipelines import load_config
+        from bcp_pipeline.config.load import load_config
 
         config = load_config(self.config, pipeline=self.pipeline)
         options = config.options["local"]

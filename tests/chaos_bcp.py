@@ -51,7 +51,7 @@ class BcpChaos(ChaosBackend):
         return self.fake.env()
 
     def _workspace_name(self) -> str:
-        from bcp_pipeline.config.pipelines import load_config
+        from bcp_pipeline.config.load import load_config
 
         return load_config(self.config, pipeline=self.pipeline).pipeline(self.pipeline).workspace.name
 

@@ -32,7 +32,8 @@ from chaos_checks import Check, check_one_live_job, check_outputs, check_verific
 from chaos_monkey import HTTP_FAULTS, ChaosHttpSource, Monkey
 from chaos_slurm import SlurmChaos
 
-from bcp_pipeline.config.pipelines import load_config, substitute
+from bcp_pipeline.config.load import load_config
+from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.engine.state import RunState, RunStore
 
 REPO = Path(__file__).resolve().parent.parent

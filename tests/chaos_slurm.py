@@ -49,7 +49,7 @@ class SlurmChaos(ChaosBackend):
         return {**os.environ, "SLURM_CONF": self.slurm_conf or ""}
 
     def workspace(self) -> Path:
-        from bcp_pipeline.config.pipelines import load_config
+        from bcp_pipeline.config.load import load_config
 
         config = load_config(self.config, pipeline=self.pipeline)
         options = config.options["slurm"]

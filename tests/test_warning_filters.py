@@ -26,8 +26,8 @@ def test_megatron_imports():
 
 
 def test_project_warnings():
-    warnings.warn_explicit("PROJECT-1 " + NOTICE, UserWarning, "bcp_pipeline/config/pipelines.py", 1,
-                           module="bcp_pipeline.config.pipelines")
+    warnings.warn_explicit("PROJECT-1 " + NOTICE, UserWarning, "bcp_pipeline/config/load.py", 1,
+                           module="bcp_pipeline.config.load")
     warnings.warn_explicit(NOTICE + " PROJECT-2", UserWarning, "stages/preprocess.py", 1, module="preprocess")
     warnings.warn_explicit(NOTICE + " PROJECT-3", UserWarning, "stages/megatron_index.py", 1, module="megatron_index")
     warnings.warn_explicit("PROJECT-4 deprecated", DeprecationWarning, "stages/pretrain_local.py", 1,

@@ -4,6 +4,11 @@ A backend renders a JobRequest into a Submission (pure, printable: `plan` shows 
 submits it, polls many jobs in one call, fetches logs and cancels. Each backend maps its native job states to
 JobState through an explicit dict; a native state missing from the dict is UNKNOWN, which means "not finished
 yet", never "failed" (treating it as failed would launch a duplicate on resume).
+
+What differs between backends outside one run is asked of the Backend class through hooks, never by its name:
+`for_run` (bound to a run), `check_ready` and `check_limits` (before a run is recorded), `describe_limits`
+(`plan`'s view of the same), `check_service` (`bcp-pipeline check`), `detachable` (`run --detach`) and
+`profile_key` (which saved `check` profile describes the configured service).
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-if TYPE_CHECKING:
-    from pathlib import Path
+from bcp_pipeline.config.durations import parse_duration
 
-    from bcp_pipeline.config.pipelines import PipelineConfig, StageConfig
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig
     from bcp_pipeline.config.resources import RankLayout
 
 
@@ -40,6 +47,11 @@ class JobState(enum.Enum):
 
 
 _FINISHED = {JobState.SUCCEEDED, JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED, JobState.LOST}
+
+
+def job_label(stage: str, kind: str) -> str:
+    """`stage X` or `stage X (verification)`: the one spelling of a job in messages, tables and `check` rows."""
+    return f"stage {stage}" + (" (verification)" if kind == "verify" else "")
 
 
 def map_native_state(native: str, mapping: dict[str, JobState]) -> JobState:
@@ -78,6 +90,11 @@ class JobRequest:
     def job_name(self) -> str:
         suffix = "-verify" if self.kind == "verify" else ""
         return f"{self.pipeline.name}.{self.stage.name}{suffix}"
+
+    @property
+    def label(self) -> str:
+        """How messages and `check` rows name this job: `stage X`, or `stage X (verification)`."""
+        return job_label(self.stage.name, self.kind)
 
     def resources(self, backend: str) -> Any:
         """The typed resources for `backend`: the stage's, or the pipeline's verification resources."""
@@ -134,7 +151,8 @@ class JobProgress:
 class Backend(abc.ABC):
     """The contract every backend implements; nothing else in the orchestrator is backend-specific."""
 
-    name: str = ""
+    name: str = ""  # its key in config.resources.BACKENDS, and its folder under backends/
+    detachable: bool = False  # `run --detach` can hand its runs to a job of the service itself (BCP)
     poll_min_seconds: float = 1.0
     poll_max_seconds: float = 10.0
     # How long status queries may fail in a row before the run stops waiting (BackendUnreachable); None: for ever.
@@ -144,6 +162,44 @@ class Backend(abc.ABC):
     # submits a second job for a stage it found marked "submitting".
     lookup_grace_seconds: float = 0.0
 
+    # -- hooks: what differs between backends outside one run -----------------------------------------------
+    @classmethod
+    def for_run(cls, config: "Config", pipeline: "PipelineConfig", run_dir: Path) -> "Backend":
+        """This backend bound to one run's folder (logs, local job records), from the config's options."""
+        return cls(config.options[cls.name], config_dir=config.file.parent.resolve(),  # type: ignore[call-arg]
+                   stages_dir=config.stages_dir, run_dir=run_dir, workspace_name=pipeline.workspace.name)
+
+    @classmethod
+    def check_ready(cls, config: "Config", pipeline: "PipelineConfig | None") -> None:
+        """What the backend needs before the first submission, checked before a run is recorded: raises a
+        PipelineError naming what is missing and how to get it. `plan` does not call this: it needs nothing."""
+
+    @classmethod
+    def check_limits(cls, config: "Config", pipeline: "PipelineConfig", requests: "Sequence[JobRequest]", *,
+                     detach: bool = False) -> None:
+        """The service's own limits against the jobs this invocation may submit, before a run is recorded; raises
+        a ConfigError naming each stage, the limit and the `--set` that fixes it. Called after check_ready."""
+
+    @classmethod
+    def describe_limits(cls, config: "Config", pipeline: "PipelineConfig", requests: "Sequence[JobRequest]", *,
+                        detach: bool = False) -> Any:
+        """`plan`'s view of check_limits (something `str()` prints); None for a backend with no such limits."""
+        return None
+
+    @classmethod
+    def check_service(cls, given: Any) -> Any:
+        """`bcp-pipeline check`: a backends.checks.CheckInput in, a CheckOutcome out: one row per assumption the
+        orchestrator makes about this service, and the facts the backend adapts to (saved as its profile:
+        backends/profile.py). Typed loosely here so that the contract does not import what checks import."""
+        raise NotImplementedError(f"backend {cls.name} has no `check`")
+
+    @classmethod
+    def profile_key(cls, options: Any, environ: "Mapping[str, str]") -> str | None:
+        """The name of the saved `check` profile of the service `options` configure; None where `check` keeps
+        none this backend reads back (then `run` does not suggest `check`)."""
+        return None
+
+    # -- one run ---------------------------------------------------------------------------------------------------
     def prepare(self, pipeline: "PipelineConfig", execute: bool) -> list[PreparedAction]:
         """Once per run before the first submission; with execute=False only describe it (for `plan`)."""
         return []
@@ -218,3 +274,8 @@ class Backend(abc.ABC):
         """Jobs that what `bcp-pipeline check` found about this service says cannot work, each named with the
         difference; [] without a profile. Checked before a run is recorded (`detach`: `run --detach`)."""
         return []
+
+
+def outage_seconds(limit: str | None) -> float | None:
+    """A backend's `status_outage_limit` (validated on load) in seconds; None: no limit."""
+    return None if limit is None else float(parse_duration(limit))

@@ -1,92 +1,59 @@
-"""Backends by name. Each lives in its own module and implements contract.Backend."""
+"""Backends by name: the one place that turns a backend's name into its class.
+
+The names are config.resources.BACKENDS' keys (the one table of them); a backend NAME lives in the folder
+backends/NAME/, whose backend.py names its contract.Backend class as `BACKEND`. Nothing else imports a backend's
+folder (detach/ excepted: it is BCP's by nature), and nothing else asks which backend it has: what differs is
+asked of the class through the contract's hooks.
+"""
 
 from __future__ import annotations
 
-import os
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bcp_pipeline.config.pipelines import Config, PipelineConfig
-from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.backends.contract import Backend, JobRequest
+from bcp_pipeline.config.model import Config, PipelineConfig
+from bcp_pipeline.config.resources import BACKENDS
+from bcp_pipeline.errors import ConfigError
 
-BACKENDS = ("local", "bcp", "slurm", "gridengine", "kubernetes")
+
+def backend_names() -> tuple[str, ...]:
+    return tuple(BACKENDS)
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The Backend class of `name`, imported on first use (a backend's client libraries load only with it)."""
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    cls = importlib.import_module(f"{__package__}.{name}.backend").BACKEND
+    assert cls.name == name, f"backends/{name}/backend.py names the backend {cls.name!r}"
+    return cls
+
+
+def detachable_backends() -> tuple[str, ...]:
+    """The backends whose runs `run --detach` can hand to a job of the service (Backend.detachable)."""
+    return tuple(name for name in BACKENDS if backend_class(name).detachable)
 
 
 def make_backend(name: str, config: Config, pipeline: PipelineConfig, run_dir: Path) -> Backend:
     """The backend `name`, bound to one run's folder (logs, local job records)."""
-    options = config.options.get(name)
-    common = {"config_dir": config.file.parent.resolve(), "stages_dir": config.stages_dir, "run_dir": run_dir,
-              "workspace_name": pipeline.workspace.name}
-    if name == "local":
-        from bcp_pipeline.backends.local import LocalBackend
-
-        return LocalBackend(options, **common)
-    if name == "bcp":
-        from bcp_pipeline.backends.bcp import BcpBackend, profile_key_of
-        from bcp_pipeline.backends.profile import load_profile
-
-        key = profile_key_of(options, os.environ)
-        # run_dir is STATE/runs/RUN: the profiles of `check` are in STATE/checks
-        profile = load_profile(run_dir.parent.parent, key) if key else None
-        return BcpBackend(options, pipeline=pipeline, profile=profile, **common)
-    if name == "slurm":
-        from bcp_pipeline.backends.slurm import SlurmBackend
-
-        return SlurmBackend(options, **common)
-    if name == "gridengine":
-        from bcp_pipeline.backends.gridengine import GridEngineBackend
-
-        return GridEngineBackend(options, **common)
-    if name == "kubernetes":
-        from bcp_pipeline.backends.kubernetes import KubernetesBackend
-
-        return KubernetesBackend(options, **common)
-    raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return backend_class(name).for_run(config, pipeline, run_dir)
 
 
 def check_backend_ready(name: str, config: Config, pipeline: PipelineConfig | None = None) -> None:
-    """What a backend needs before the first submission, checked before a run is recorded: raises a
-    PipelineError naming what is missing and how to get it. `plan` does not call this: it needs nothing."""
-    if name == "bcp":
-        from bcp_pipeline.backends.bcp_render import check_stage_resources
-        from bcp_pipeline.backends.bcp_transport import check_credentials, choose_transport
-
-        if pipeline is not None:
-            check_stage_resources(pipeline)
-        options = config.options["bcp"]
-        choose_transport(options)
-        check_credentials(options)
-        if pipeline is not None:
-            from bcp_pipeline.backends.bcp_lookups import check_workspaces_exist
-
-            check_workspaces_exist(options, pipeline)
+    """What a backend needs before the first submission, checked before a run is recorded (Backend.check_ready)."""
+    backend_class(name).check_ready(config, pipeline)
 
 
 def check_backend_limits(name: str, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
                          detach: bool = False) -> None:
-    """The service's own limits against the jobs this invocation may submit, before a run is recorded: on BCP the
-    ACE's (instances, runtime, replicas, multi-node, array types; with `detach`, room for the driver and a stage
-    job). Raises a ConfigError naming each stage, the limit and the `--set` that fixes it. After
-    check_backend_ready: it needs the credentials that one checks."""
-    if name == "bcp" and (requests or detach):
-        from bcp_pipeline.backends.bcp_ace import check_ace, refuse_violations
-        from bcp_pipeline.backends.bcp_driver import driver_job_shape
-
-        driver = driver_job_shape(config.options["bcp"], pipeline) if detach else None
-        refuse_violations(check_ace(config.options["bcp"], config.stages_dir, requests, detach=detach,
-                                    driver=driver), pipeline.name)
+    """The service's own limits against the jobs this invocation may submit (Backend.check_limits)."""
+    backend_class(name).check_limits(config, pipeline, requests, detach=detach)
 
 
 def describe_backend_limits(name: str, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
                             detach: bool = False) -> Any:
-    """`plan`'s view of the same check (an AceCheck on BCP: made when credentials are there, else why not); None
-    for a backend with no such limits."""
-    if name != "bcp":
-        return None
-    from bcp_pipeline.backends.bcp_ace import plan_check
-    from bcp_pipeline.backends.bcp_driver import driver_job_shape
-
-    driver = driver_job_shape(config.options["bcp"], pipeline) if detach else None
-    return plan_check(config.options["bcp"], config.stages_dir, requests, detach=detach, driver=driver)
+    """`plan`'s view of the same check (Backend.describe_limits); None for a backend with no such limits."""
+    return backend_class(name).describe_limits(config, pipeline, requests, detach=detach)

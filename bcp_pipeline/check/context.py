@@ -8,9 +8,10 @@ from pathlib import Path
 
 from bcp_pipeline.backends.contract import Backend, Submission
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.config.pipelines import Config, PipelineConfig
+from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.engine.submitter import planned_requests
-from bcp_pipeline.report.estimates import estimate_pipeline, instances_table
+from bcp_pipeline.report.estimates import estimate_pipeline
+from bcp_pipeline.config.instances import instances_table
 
 CHECK_RUN_ID = "{pipeline}-CHECK"  # the run id the rendered jobs carry (never submitted under it)
 

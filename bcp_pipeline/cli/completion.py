@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from bcp_pipeline.config.pipelines import DEFAULT_CONFIG_FILE
+from bcp_pipeline.config.load import DEFAULT_CONFIG_FILE
 from bcp_pipeline.config.resources import DriverOptions
 from bcp_pipeline.engine.state import store_for
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bcp_pipeline.config.pipelines import Config, PipelineConfig, StageConfig, load_config, validate_continuation
+from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig
+from bcp_pipeline.config.load import load_config
+from bcp_pipeline.config.validate import validate_continuation
 from bcp_pipeline.config.nemo import derived_continuation, static_preflight
 
 

@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from bcp_pipeline.config.pipelines import PipelineConfig, StageConfig
+from bcp_pipeline.config.model import PipelineConfig, StageConfig
 
 PROFILE_SUFFIX = "-profile"
 SMOKE_PROGRAM = "pretrain_local.py"

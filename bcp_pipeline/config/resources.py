@@ -1,20 +1,34 @@
 """Typed per-backend sections of pipelines.yaml: what a stage asks of each backend, and backend-wide options.
 
-A stage's `bcp:`, `slurm:`, `kubernetes:` and `local:` sections (merged over the pipeline's `defaults:`) become these dataclasses.
-Keys map 1:1 to fields; the field comments are the reference for pipelines.yaml.
+A stage's backend sections (`bcp:`, `slurm:`, ..., merged over the pipeline's `defaults:`) become these
+dataclasses, and `backends:` the options ones. Keys map 1:1 to fields; the field comments are the reference for
+pipelines.yaml. BACKENDS at the end is the one table of backend names.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
+from bcp_pipeline.config.instances import InstanceType
 from bcp_pipeline.config.typed import Duration
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 SECRET_PART = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 ENV_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """How a job's ranks are laid out on one backend: `nodes` x `per_node` processes, RANK 0..world_size-1."""
+
+    nodes: int
+    per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.per_node
 
 
 @dataclass(kw_only=True)
@@ -49,6 +63,11 @@ class BcpResources:
     launcher: Literal["bcprun", "none"] = "bcprun"  # none: the command starts its own ranks (NeMo launcher)
     command: list[str] | None = None  # run this instead of `python3 ${code}/PROGRAM ARGS`
 
+    counts: ClassVar[tuple[str, ...]] = ()  # replicas and processes: checked with BCP's own rules (validate.py)
+
+    def rank_layout(self, bcp: BcpResources) -> RankLayout:
+        return RankLayout(nodes=self.replicas, per_node=self.processes)
+
 
 @dataclass(kw_only=True)
 class LocalResources:
@@ -58,6 +77,11 @@ class LocalResources:
     processes: int = 1
     env: dict[str, str] = field(default_factory=dict)
     command: list[str] | None = None
+
+    counts: ClassVar[tuple[str, ...]] = ("replicas", "processes")  # each >= 1 where set (validate.py)
+
+    def rank_layout(self, bcp: BcpResources) -> RankLayout:
+        return RankLayout(nodes=self.replicas, per_node=self.processes)
 
 
 @dataclass(kw_only=True)
@@ -84,6 +108,12 @@ class SlurmResources:
     env: dict[str, str] = field(default_factory=dict)  # exported in the batch script (and so to every task)
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
 
+    counts: ClassVar[tuple[str, ...]] = ("nodes", "ntasks_per_node", "cpus_per_task")
+
+    def rank_layout(self, bcp: BcpResources) -> RankLayout:
+        return RankLayout(nodes=bcp.replicas if self.nodes is None else self.nodes,
+                          per_node=bcp.processes if self.ntasks_per_node is None else self.ntasks_per_node)
+
 
 @dataclass(kw_only=True)
 class GridEngineResources:
@@ -108,6 +138,12 @@ class GridEngineResources:
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
     launcher: Literal["ranks", "torchrun"] = "ranks"  # a distributed stage's ranks on each host: started by the job
     # script with RANK etc. set, or by one torchrun a host (c10d rendezvous at the first host; in the container)
+
+    counts: ClassVar[tuple[str, ...]] = ()
+
+    def rank_layout(self, bcp: BcpResources) -> RankLayout:
+        return RankLayout(nodes=bcp.replicas if self.nodes is None else self.nodes,
+                          per_node=bcp.processes if self.processes_per_node is None else self.processes_per_node)
 
 
 @dataclass(kw_only=True)
@@ -142,10 +178,13 @@ class KubernetesResources:
     env: dict[str, str] = field(default_factory=dict)
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
 
+    counts: ClassVar[tuple[str, ...]] = ()
 
-RESOURCE_TYPES: dict[str, type] = {"bcp": BcpResources, "local": LocalResources, "slurm": SlurmResources,
-                                   "gridengine": GridEngineResources,
-                                   "kubernetes": KubernetesResources}
+    def rank_layout(self, bcp: BcpResources) -> RankLayout:
+        return RankLayout(nodes=bcp.replicas if self.replicas is None else self.replicas,
+                          per_node=bcp.processes if self.processes is None else self.processes)
+
+
 
 
 @dataclass(kw_only=True)
@@ -159,13 +198,6 @@ class LocalOptions:
     # which fail only with the disk, so by default the run waits for ever
 
 
-@dataclass(kw_only=True)
-class InstanceType:
-    """An instance type's facts for estimates (`backends.bcp.instances`; estimates.py holds the known DGX ones)."""
-
-    gpus: int  # GPUs per node
-    cpu_cores: int  # physical CPU cores the job gets
-    gpu_peak_tflops: float  # peak dense BF16 TFLOP/s of one GPU
 
 
 @dataclass(kw_only=True)
@@ -208,7 +240,7 @@ class BcpOptions:
     retry_backoff_seconds: float = 2.0  # first wait between them, doubling, with as much again of jitter
     ui_url: str | None = "https://bc.ngc.nvidia.com/jobs/{job_id}"  # job page shown by `status`; null to hide
     instances: dict[str, InstanceType] = field(default_factory=dict)  # instance types for estimates, added to or
-    # replacing the known DGX ones (estimates.KNOWN_INSTANCES)
+    # replacing the known DGX ones (config/instances.py KNOWN_INSTANCES)
     driver: DriverOptions = field(default_factory=DriverOptions)  # `run --detach`: the orchestrator as a BCP job
 
 
@@ -269,46 +301,38 @@ class KubernetesOptions:
     # `resume` re-attaches) once listing the run's Jobs has failed for this long in a row; null: wait for ever
 
 
-OPTION_TYPES: dict[str, type] = {"bcp": BcpOptions, "local": LocalOptions, "slurm": SlurmOptions,
-                                 "gridengine": GridEngineOptions,
-                                 "kubernetes": KubernetesOptions}
-
-
 @dataclass(frozen=True)
-class RankLayout:
-    """How a job's ranks are laid out on one backend: `nodes` x `per_node` processes, RANK 0..world_size-1."""
+class BackendSections:
+    """A backend's two sections of pipelines.yaml: its backend-wide options and what a stage asks of it."""
 
-    nodes: int
-    per_node: int
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.per_node
+    options: type
+    resources: type
 
 
-def rank_layout(sections: object, backend: str) -> RankLayout:
-    """The node and process counts of a job on `backend`, from a stage's (or the verification's) `bcp`, `local`
-    and `slurm` sections. The ONE place these counts come from: the local supervisor, the Slurm batch script, the
-    BCP job (`--replicas`, bcprun's `--nnodes/--npernode`), the recorded sharding, the rendezvous `plan` shows and
-    the estimates all call it, so they cannot disagree about a distributed stage's world size.
+# THE table of backends: every name is written here and nowhere else (the registry finds backends/NAME/; the
+# loader reads `backends.NAME` and each stage's `NAME:` section). Adding a backend adds one row
+# (docs/backends/adding-a-backend.md).
+BACKENDS: dict[str, BackendSections] = {
+    "local": BackendSections(LocalOptions, LocalResources),
+    "bcp": BackendSections(BcpOptions, BcpResources),
+    "slurm": BackendSections(SlurmOptions, SlurmResources),
+    "gridengine": BackendSections(GridEngineOptions, GridEngineResources),
+    "kubernetes": BackendSections(KubernetesOptions, KubernetesResources),
+}
+RESOURCE_TYPES: dict[str, type] = {name: sections.resources for name, sections in BACKENDS.items()}
+OPTION_TYPES: dict[str, type] = {name: sections.options for name, sections in BACKENDS.items()}
+
+
+def rank_layout(sections: Any, backend: str) -> RankLayout:
+    """The node and process counts of a job on `backend`, from a stage's (or the verification's) sections. The ONE
+    place these counts come from: the local supervisor, the batch scripts, the BCP job (`--replicas`, bcprun's
+    `--nnodes/--npernode`), the pods, the recorded sharding, the rendezvous `plan` shows and the estimates all call
+    it, so they cannot disagree about a distributed stage's world size.
 
     local: replicas x processes; bcp: replicas x processes; slurm: nodes x ntasks_per_node; gridengine: nodes x
     processes_per_node; kubernetes: replicas (pods) x processes; each unset Slurm, Grid Engine or Kubernetes count
     taken from the bcp section, so a pipeline written for BCP runs at the same shape on any of them.
     """
-    if backend == "slurm":
-        slurm, bcp = sections.slurm, sections.bcp  # type: ignore[attr-defined]
-        return RankLayout(nodes=bcp.replicas if slurm.nodes is None else slurm.nodes,
-                          per_node=bcp.processes if slurm.ntasks_per_node is None else slurm.ntasks_per_node)
-    if backend == "gridengine":
-        ge, bcp = sections.gridengine, sections.bcp  # type: ignore[attr-defined]
-        return RankLayout(nodes=bcp.replicas if ge.nodes is None else ge.nodes,
-                          per_node=bcp.processes if ge.processes_per_node is None else ge.processes_per_node)
-    if backend == "kubernetes":
-        kubernetes, bcp = sections.kubernetes, sections.bcp  # type: ignore[attr-defined]
-        return RankLayout(nodes=bcp.replicas if kubernetes.replicas is None else kubernetes.replicas,
-                          per_node=bcp.processes if kubernetes.processes is None else kubernetes.processes)
-    if backend in ("local", "bcp"):
-        res = getattr(sections, backend)
-        return RankLayout(nodes=res.replicas, per_node=res.processes)
-    raise ValueError(f"no rank layout for backend {backend!r} (local, slurm, gridengine, kubernetes, bcp)")
+    if backend not in BACKENDS:
+        raise ValueError(f"no rank layout for backend {backend!r} ({', '.join(BACKENDS)})")
+    return getattr(sections, backend).rank_layout(sections.bcp)

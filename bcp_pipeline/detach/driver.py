@@ -84,7 +84,7 @@ def ensure_software(*, install: bool) -> str | None:
 def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     """Take the lease, drive the run from the workspace state, hand over before the deadline: the exit status."""
     # pylint: disable=import-outside-toplevel  (these need PyYAML, checked by now)
-    from bcp_pipeline.backends.bcp import BcpBackend
+    from bcp_pipeline.backends.bcp.backend import BcpBackend
     from bcp_pipeline.backends.retries import with_retries
     from bcp_pipeline.config.preflight import load_and_check
     from bcp_pipeline.engine.orchestrator import Orchestrator

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from bcp_pipeline.atomic import atomic_write_json
-from bcp_pipeline.backends.bcp import labels_of, status_of
-from bcp_pipeline.backends.bcp_driver import driver_job_shape
-from bcp_pipeline.backends.bcp_render import JobSpec, label
-from bcp_pipeline.backends.bcp_transport import Transport, read_ngc_config
-from bcp_pipeline.backends.common import shell_join
+from bcp_pipeline.backends.bcp.states import labels_of, status_of
+from bcp_pipeline.backends.bcp.driver import driver_job_shape
+from bcp_pipeline.backends.bcp.render import JobSpec, job_run_argv, label, upload_argv
+from bcp_pipeline.backends.bcp.transport import Transport, read_ngc_config
+from bcp_pipeline.backends.shared.command import shell_join
 from bcp_pipeline.backends.retries import with_retries
 from bcp_pipeline.config.durations import parse_duration
-from bcp_pipeline.config.pipelines import Config, PipelineConfig
+from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.errors import StateError
 from bcp_pipeline.detach.protocol import DRIVER_FOLDER, DRIVER_KIND, workspace_run_path
 
@@ -113,3 +113,12 @@ class Lease:
             print(f"driver job {self.job_id}: waiting for driver job {holder} ({status.native}) to end", flush=True)
             sleep(LEASE_POLL_SECONDS)
         atomic_write_json(self.path, {"job_id": self.job_id, "taken_at": time.time()})
+
+
+def planned_driver(config: Config, pipeline: PipelineConfig, run_id: str, environ: Mapping[str, str]) -> dict:
+    """The upload and the driver job `run --detach` would make, as `plan --detach` shows them (pure but for
+    reading NGC's settings)."""
+    spec = driver_spec(config, pipeline, run_id, environ)
+    upload = upload_argv(config.options["bcp"], pipeline.workspace.name, Path("BUNDLE"), workspace_run_path(run_id))
+    argv = job_run_argv(spec)
+    return {"upload": shell_join(upload), "printable": shell_join(argv), "argv": argv}

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from bcp_pipeline.backends.bcp import BcpBackend, status_of
-from bcp_pipeline.backends.bcp_render import UPLOAD_EXCLUDES, label
-from bcp_pipeline.backends.bcp_transport import Transport
+from bcp_pipeline.backends.bcp.backend import BcpBackend
+from bcp_pipeline.backends.bcp.states import status_of
+from bcp_pipeline.backends.bcp.render import UPLOAD_EXCLUDES, label
+from bcp_pipeline.backends.bcp.transport import Transport
 from bcp_pipeline.backends.contract import JobState, JobStatus
 from bcp_pipeline.backends.retries import with_retries
-from bcp_pipeline.config.pipelines import Config, PipelineConfig
+from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.engine.state import RunState, RunStore
 from bcp_pipeline.errors import BackendCallError, StateError
 from bcp_pipeline.detach.jobs import active_drivers, driver_jobs, driver_spec

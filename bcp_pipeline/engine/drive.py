@@ -6,7 +6,7 @@ from __future__ import annotations
 from bcp_pipeline.backends.contract import Backend
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.errors import StateError
-from bcp_pipeline.config.pipelines import PipelineConfig
+from bcp_pipeline.config.model import PipelineConfig
 from bcp_pipeline.engine.orchestrator import Orchestrator
 from bcp_pipeline.engine.poller import is_training, progress_record
 from bcp_pipeline.engine.progress import Progress

@@ -13,7 +13,7 @@ from bcp_pipeline.engine.context import RunContext
 from bcp_pipeline.errors import PipelineError
 from bcp_pipeline.backends.contract import JobState, JobStatus
 from bcp_pipeline.engine.state import JobRecord, StageState, StageStatus
-from bcp_pipeline.backends.common import last_lines, parse_lines
+from bcp_pipeline.backends.shared.logs import last_lines, parse_lines
 
 
 @dataclass

@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from bcp_pipeline.config.pipelines import PipelineConfig, substitute
+from bcp_pipeline.config.model import PipelineConfig
+from bcp_pipeline.config.placeholders import substitute
 
 
 def output_digest(pipeline: PipelineConfig, name: str) -> str:

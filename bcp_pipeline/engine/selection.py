@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bcp_pipeline.backends.registry import check_backend_limits, check_backend_ready, make_backend
+from bcp_pipeline.backends.registry import (check_backend_limits, check_backend_ready, detachable_backends,
+    make_backend)
 from bcp_pipeline.config.dag import downstream_of
-from bcp_pipeline.config.pipelines import Config, PipelineConfig
+from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.errors import ConfigError, StateError
 from bcp_pipeline.engine.state import CANCELLED_WHILE, RunState, RunStore, StageState, StageStatus, new_run_id
@@ -62,8 +63,9 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     backend = request.backend or pipeline.backend
     check_backend_ready(backend, config, pipeline)
     refuse_what_the_profile_rules_out(backend, config, pipeline, store, detach=request.detach)
-    if request.detach and backend != "bcp":
-        raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend!r}")
+    if request.detach and backend not in detachable_backends():
+        raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend "
+                          f"{' or '.join(detachable_backends())}, not {backend!r}")
     selection = Selection(from_stage=request.from_stage, only=request.only)
     previous = pick_run(store, pipeline, backend, restart=request.restart)
     if previous is None:
@@ -121,8 +123,9 @@ def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | No
     check_backend_ready(state.backend, config, pipeline)
     chosen = ChosenRun(config=config, pipeline=pipeline, store=store, state=state, selected=set(), continued=True)
     if detach:
-        if state.backend != "bcp":
-            raise ConfigError(f"--detach needs a run on the bcp backend; run {state.run_id} is on {state.backend!r}")
+        if state.backend not in detachable_backends():
+            raise ConfigError(f"--detach needs a run on the {' or '.join(detachable_backends())} backend; run "
+                              f"{state.run_id} is on {state.backend!r}")
     check_limits(state.backend, config, pipeline, state,
                  {name for name, stage in state.stages.items() if stage.status is not StageStatus.SKIPPED},
                  detach=detach)

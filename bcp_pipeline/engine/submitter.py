@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from bcp_pipeline.atomic import atomic_write_text
-from bcp_pipeline.config.pipelines import PipelineConfig, StageConfig, expected_count, resolve_int
+from bcp_pipeline.config.model import PipelineConfig, StageConfig, expected_count
+from bcp_pipeline.config.placeholders import resolve_int
 from bcp_pipeline.engine.context import RunContext
 from bcp_pipeline.errors import BackendCallError, SubmissionError
 from bcp_pipeline.backends.contract import JobRequest

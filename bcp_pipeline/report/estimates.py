@@ -16,25 +16,14 @@ import re
 from pathlib import Path
 from dataclasses import asdict, dataclass, field
 
-from bcp_pipeline.config.pipelines import PipelineConfig, StageConfig, expected_count
+from bcp_pipeline.config.model import PipelineConfig, StageConfig, expected_count
 from bcp_pipeline.config.durations import format_elapsed, parse_duration
 from bcp_pipeline.config.nemo import KNOWN_SHAPES, model_config
-from bcp_pipeline.config.resources import InstanceType, rank_layout
+from bcp_pipeline.config.instances import InstanceType
+from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.engine.state import StageState
 from bcp_pipeline.report.measured import Measurement
-from bcp_pipeline.report.mfu import (A100_BF16_TFLOPS, H100_SXM_BF16_TFLOPS, Peak, flops_per_token, gpu_peak,
-    step_seconds_at)
-
-DGX_A100_CORES = 128  # DGX A100 datasheet: 2 x AMD EPYC 7742, 64 cores each (256 threads)
-DGX_H100_CORES = 112  # DGX H100 datasheet: 2 x Intel Xeon Platinum 8480C, 56 cores each (224 threads)
-
-KNOWN_INSTANCES = {
-    # A partial DGX A100 instance gets its share of the cores (16 per GPU): a declared assumption, not a BCP fact.
-    **{f"dgxa100.80g.{g}.norm": InstanceType(gpus=g, cpu_cores=DGX_A100_CORES * g // 8,
-                                             gpu_peak_tflops=A100_BF16_TFLOPS) for g in (1, 2, 4, 8)},
-    "dgxa100.40g.8.norm": InstanceType(gpus=8, cpu_cores=DGX_A100_CORES, gpu_peak_tflops=A100_BF16_TFLOPS),
-    "dgxh100.80g.8.norm": InstanceType(gpus=8, cpu_cores=DGX_H100_CORES, gpu_peak_tflops=H100_SXM_BF16_TFLOPS),
-}
+from bcp_pipeline.report.mfu import Peak, flops_per_token, gpu_peak, step_seconds_at
 
 
 @dataclass(frozen=True)
@@ -110,9 +99,6 @@ class PlanEstimate:
                 "warnings": self.warnings}
 
 
-def instances_table(declared: dict[str, InstanceType]) -> dict[str, InstanceType]:
-    """The known DGX instances, with `backends.bcp.instances` added or replacing them."""
-    return {**KNOWN_INSTANCES, **declared}
 
 
 def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceType],

@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 from bcp_pipeline.atomic import atomic_write_text
-from bcp_pipeline.config.pipelines import PipelineConfig, StageConfig
+from bcp_pipeline.config.model import PipelineConfig, StageConfig
 from bcp_pipeline.errors import PipelineError, ReportError
 from bcp_pipeline.config.nemo import KNOWN_SHAPES, model_config
 from bcp_pipeline.config.profiling import SMOKE_PROGRAM
-from bcp_pipeline.config.resources import InstanceType, rank_layout
+from bcp_pipeline.config.instances import InstanceType
+from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.report.estimates import PlanEstimate, instance_peak
 from bcp_pipeline.report.mfu import flops_per_token
 from bcp_pipeline.report.throughput import StageFacts, TrainingFacts

@@ -17,10 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bcp_pipeline.config.instances import A100_BF16_TFLOPS, H100_SXM_BF16_TFLOPS
 from bcp_pipeline.config.nemo import ModelShape
 
-A100_BF16_TFLOPS = 312.0  # NVIDIA A100 datasheet: BF16 Tensor Core, dense (624 with sparsity)
-H100_SXM_BF16_TFLOPS = 989.0  # NVIDIA H100 datasheet, SXM: 1,979 with sparsity, half of it dense
 # The GPU of an instance, by the family its name starts with (dgxa100.80g.8.norm -> A100).
 GPU_PEAKS_BY_FAMILY = {"dgxa100": ("A100", A100_BF16_TFLOPS), "dgxh100": ("H100 SXM", H100_SXM_BF16_TFLOPS)}
 

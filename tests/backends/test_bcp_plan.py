@@ -12,7 +12,7 @@ import pytest
 import ngc_parser
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.durations import parse_duration
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from golden_files import REPO, assert_golden, normalize
 from pipeline_fixtures import make_stages_dir
 
@@ -188,8 +188,8 @@ def test_plan_detach_prints_the_driver_and_its_cost(capsys):
 def test_one_node_ranks_start_without_bcprun(tmp_path):
     """A one-replica multi-process stage starts its ranks itself (bcprun may be missing from such a job): every
     rank runs the exact program and arguments, with RANK/WORLD_SIZE; the job fails with a failing rank's code."""
-    from bcp_pipeline.backends.bcp_render import local_ranks
-    from bcp_pipeline.backends.common import shell_join
+    from bcp_pipeline.backends.bcp.render import local_ranks
+    from bcp_pipeline.backends.shared.command import shell_join
 
     odd = "it's; $HOME \"x\""
     program = shell_join(["sh", "-c", 'echo "$RANK/$WORLD_SIZE/$LOCAL_RANK $1" > "$2/rank-$RANK"; exit $((RANK == 1 ? 5 : 0))',

@@ -8,7 +8,7 @@ import pytest
 
 import ngc_parser
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.backends.bcp_policy import PlannedJob, planned_jobs, violations
+from bcp_pipeline.backends.bcp.policy import PlannedJob, planned_jobs, violations
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.submitter import planned_requests
 from golden_files import REPO

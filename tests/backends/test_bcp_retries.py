@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from bcp_emulation import needs_ngcsdk
-from bcp_pipeline.backends.bcp_render import label
-from bcp_pipeline.backends.bcp_transport import http_status_in, list_window
+from bcp_pipeline.backends.bcp.render import label
+from bcp_pipeline.backends.bcp.transport import http_status_in, list_window
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.detach import driver as driver_program
 from bcp_pipeline.detach.jobs import Lease, driver_jobs
 from bcp_pipeline.detach.laptop import DetachedRun

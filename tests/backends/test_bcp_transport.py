@@ -13,12 +13,12 @@ import pytest
 
 import ngc_parser
 from bcp_emulation import needs_ngcsdk
-from bcp_pipeline.backends import bcp_transport
+from bcp_pipeline.backends.bcp import transport as bcp_transport
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.backends.bcp_render import JobSpec, job_run_argv, job_spec
-from bcp_pipeline.backends.bcp_transport import CliTransport, SdkTransport
+from bcp_pipeline.backends.bcp.render import JobSpec, job_run_argv, job_spec
+from bcp_pipeline.backends.bcp.transport import CliTransport, SdkTransport
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.submitter import planned_requests

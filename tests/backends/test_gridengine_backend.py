@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 from bcp_pipeline.backends.contract import JobRequest, JobState, map_native_state
-from bcp_pipeline.backends.gridengine import STATE_MAP, GridEngineBackend, accounting_status, parse_qacct
-from bcp_pipeline.backends.gridengine_render import h_rt
+from bcp_pipeline.backends.gridengine.states import STATE_MAP, accounting_status, parse_qacct
+from bcp_pipeline.backends.gridengine.backend import GridEngineBackend
+from bcp_pipeline.backends.gridengine.render import h_rt
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import ConfigError, SubmissionError
 from golden_files import REPO, assert_golden, normalize
 
@@ -179,7 +180,7 @@ def test_a_stage_of_no_nodes_is_refused_naming_the_stage_and_the_keys(tmp_path):
 
 
 def test_slurm_offers_apptainer_beside_pyxis_in_apptainer_s_grammar(tmp_path):
-    from bcp_pipeline.backends.slurm import SlurmBackend
+    from bcp_pipeline.backends.slurm.backend import SlurmBackend
 
     raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
     raw["stages_dir"] = str(REPO / "stages")

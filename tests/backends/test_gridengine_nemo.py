@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from bcp_pipeline.backends.contract import JobRequest
-from bcp_pipeline.backends.gridengine import GridEngineBackend
+from bcp_pipeline.backends.gridengine.backend import GridEngineBackend
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from golden_files import REPO, assert_golden, normalize
 from test_gridengine_backend import load_stand_in
 

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from bcp_pipeline.backends.contract import JobRequest, JobState
-from bcp_pipeline.backends.kubernetes import KubernetesBackend
-from bcp_pipeline.backends.kubernetes_states import pytorchjob_status, status_of
-from bcp_pipeline.backends.kubernetes_render import job_name, manifests
+from bcp_pipeline.backends.kubernetes.backend import KubernetesBackend
+from bcp_pipeline.backends.kubernetes.states import pytorchjob_status, status_of
+from bcp_pipeline.backends.kubernetes.render import job_name, manifests
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.errors import SubmissionError

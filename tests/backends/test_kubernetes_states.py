@@ -9,8 +9,8 @@ import datetime
 import pytest
 
 from bcp_pipeline.backends.contract import JobState
-from bcp_pipeline.backends.kubernetes_states import STATE_MAP, native_state, ready_node_names, status_of
-from bcp_pipeline.backends.kubernetes_render import INDEX_ANNOTATION
+from bcp_pipeline.backends.kubernetes.states import STATE_MAP, native_state, ready_node_names, status_of
+from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
 
 client = pytest.importorskip("kubernetes.client")
 T0 = datetime.datetime(2026, 11, 26, tzinfo=datetime.timezone.utc)

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from bcp_pipeline.backends.slurm import STATE_MAP, SlurmBackend, decode_exit, failed_tasks
-from bcp_pipeline.backends.slurm_render import job_name, nemo_launcher_script, slurm_time
+from bcp_pipeline.backends.slurm.states import STATE_MAP, decode_exit, failed_tasks
+from bcp_pipeline.backends.slurm.backend import SlurmBackend
+from bcp_pipeline.backends.shared.batch import job_name
+from bcp_pipeline.backends.slurm.render import nemo_launcher_script, slurm_time
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import ConfigError, CommandError, SubmissionError
 from bcp_pipeline.backends.contract import JobRequest, JobState, JobStatus
 from bcp_pipeline.config.preflight import load_and_check

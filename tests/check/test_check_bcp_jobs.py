@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pipeline_fixtures import sigint_as_from_a_terminal
-from bcp_pipeline.check import bcp_probe
+from bcp_pipeline.backends.bcp import probe as bcp_probe
 from bcp_pipeline.check.run import CheckRequest, run_check
 from bcp_emulation import needs_ngcsdk
 from check_fixtures import project

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from bcp_pipeline.check.bcp_clock import clock_check, created_of
+from bcp_pipeline.backends.bcp.clock import clock_check, created_of
 
 SUBMITTED = datetime(2026, 1, 31, 12, 0, 0, tzinfo=timezone.utc).timestamp()
 

@@ -14,7 +14,8 @@ import pytest
 
 from bcp_pipeline.backends.profile import load_profile, profile_key, save_profile
 from bcp_pipeline.check.render import render_check
-from bcp_pipeline.check.result import CheckResult, different, ok, unchecked
+from bcp_pipeline.check.run import CheckResult
+from bcp_pipeline.backends.checks import different, ok, unchecked
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.errors import StateError
 from check_fixtures import check, project, rows

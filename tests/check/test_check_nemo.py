@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bcp_pipeline.check import bcp_nemo
+from bcp_pipeline.backends.bcp import nemo_probe as bcp_nemo
 from bcp_pipeline.check.run import CheckRequest, run_check
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.selection import RunRequest, choose_run

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from bcp_pipeline.backends.bcp_render import JobSpec
-from bcp_pipeline.backends.bcp_transport import SdkTransport
+from bcp_pipeline.backends.bcp.render import JobSpec
+from bcp_pipeline.backends.bcp.transport import SdkTransport
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.check import bcp_probe
-from bcp_pipeline.check.bcp_probe import Preemption, preemption_row
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.backends.bcp import probe as bcp_probe
+from bcp_pipeline.backends.bcp.probe import Preemption, preemption_row
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError
 from bcp_emulation import needs_ngcsdk
 from check_fixtures import REPO, checked

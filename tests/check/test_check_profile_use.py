@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from bcp_pipeline.backends.profile import profile_key, save_profile
-from bcp_pipeline.cli.main import main, suggest_check
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.cli.runs import suggest_check
 from bcp_pipeline.engine.selection import RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import ConfigError

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from pipeline_fixtures import sigint_as_from_a_terminal
-from bcp_pipeline.check.slurm import slurm_seconds
+from bcp_pipeline.backends.slurm.check import slurm_seconds
 from check_fixtures import check, project, rows
 from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 

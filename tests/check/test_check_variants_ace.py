@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.selection import RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import ConfigError

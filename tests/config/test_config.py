@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bcp_pipeline.config.pipelines import expected_count, load_config
+from bcp_pipeline.config.model import expected_count
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.config.durations import format_duration, parse_duration
 from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.config.preflight import load_and_check
@@ -252,4 +253,4 @@ def test_set_reaches_the_backend_options_of_the_detach_driver(tmp_path):
         message
     message = error_of(tmp_path, CHAIN_CONFIG, ["backends.nope.x=1"])
     assert message.startswith("--set backends.nope.x=1: expected backends.BACKEND.KEY=VALUE with BACKEND one of "
-                              "bcp, local, slurm"), message
+                              "local, bcp, slurm"), message

@@ -18,9 +18,10 @@ from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.config.nemo import (KNOWN_MODELS, KNOWN_SHAPES, launcher_dir, launcher_overrides, launcher_version,
                                       model_config, time_limits, valid_node_counts)
 from bcp_pipeline.config.preflight import load_and_check
-from bcp_pipeline.report.estimates import KNOWN_INSTANCES, estimate_stage
+from bcp_pipeline.config.instances import KNOWN_INSTANCES
+from bcp_pipeline.report.estimates import estimate_stage
 from bcp_pipeline.report.mfu import flops_per_token
-from bcp_pipeline.backends.bcp_render import commandline, job_files
+from bcp_pipeline.backends.bcp.render import commandline, job_files
 from bcp_pipeline.config.resources import BcpOptions
 from golden_files import REPO
 

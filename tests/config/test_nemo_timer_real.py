@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bcp_pipeline.backends.bcp_render import job_files
+from bcp_pipeline.backends.bcp.render import job_files
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.config.resources import BcpOptions

@@ -17,7 +17,7 @@ from bcp_emulation import needs_ngcsdk, status_calls
 from bcp_pipeline.backends.profile import profile_key, save_profile
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from ngc_control import FakeNgc

@@ -117,7 +117,7 @@ def test_processes_a_dead_supervisor_left_behind_are_stopped_before_its_job_coun
     """The local backend's second line: a recorded rank still alive after its supervisor died (one started before
     ranks died with their supervisor, say) is killed with the supervisor's process group; until it is gone the
     job is still running, so nothing is submitted beside it."""
-    from bcp_pipeline.backends.local import LocalBackend
+    from bcp_pipeline.backends.local.backend import LocalBackend
     from bcp_pipeline.backends.contract import JobState
     from bcp_pipeline.config.resources import LocalOptions
 
@@ -180,7 +180,7 @@ def test_the_ranks_of_a_local_job_die_with_its_supervisor(tmp_path):
     spec = {"argv": [sys.executable, "-c", "import time; time.sleep(60)"], "env": {}, "replicas": 1, "processes": 2,
             "cwd": str(tmp_path), "log_dir": str(tmp_path / "logs"), "master_port": 29999}
     (job_dir / "spec.json").write_text(json.dumps(spec))
-    supervisor = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local_supervisor", str(job_dir)])
+    supervisor = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local.supervisor", str(job_dir)])
     ranks = wait_for(lambda: len(children_of(supervisor.pid)) == 2 and children_of(supervisor.pid), what="2 ranks")
     supervisor.kill()
     supervisor.wait()

@@ -26,7 +26,7 @@ import yaml
 from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from pipeline_fixtures import CHAIN_CONFIG, REPO, logs_and_status, start_orchestrator, wait_for, write_chain_project
 from sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
-from bcp_pipeline.backends.kubernetes_render import INDEX_ANNOTATION
+from bcp_pipeline.config.load import load_config
+from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
 from bcp_pipeline.engine.state import RunState, RunStore, StageStatus
 from bcp_pipeline.errors import BackendCallError
 from k8s_cluster import (K8sCluster, install_pytorchjob_crd, k8s_cluster, pytorchjob_crd_file,  # noqa: F401
@@ -130,7 +130,7 @@ def test_demo_data_stages_spread_over_two_nodes_match_a_local_run(k8s_cluster: K
 
 
 def test_every_bundled_pipeline_is_accepted_by_the_apiserver(k8s_cluster: K8sCluster, workspace: Path) -> None:  # noqa: F811
-    from bcp_pipeline.backends.kubernetes import create_object
+    from bcp_pipeline.backends.kubernetes.client import create_object
     from bcp_pipeline.backends.registry import make_backend
     from bcp_pipeline.engine.submitter import planned_requests
 
@@ -204,7 +204,7 @@ def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass
     server-side dry run: an unknown field is refused), and check says so."""
     if not pytorchjob_crd_file().is_file():
         skip_unless_required(f"no PyTorchJob CRD at {pytorchjob_crd_file()}: run `scripts/k8s-cluster install`")
-    from bcp_pipeline.backends.kubernetes import create_object
+    from bcp_pipeline.backends.kubernetes.client import create_object
     from bcp_pipeline.backends.registry import make_backend
     from bcp_pipeline.engine.submitter import planned_requests
 

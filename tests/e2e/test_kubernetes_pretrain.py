@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore
 from k8s_cluster import (K8sCluster, cluster_port, k8s_cluster, training_operator,  # noqa: F401 (the fixture)
                          skip_unless_required, training_operator_binary)

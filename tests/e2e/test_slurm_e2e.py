@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from chaos_backends import processes
 from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
@@ -195,7 +195,7 @@ def test_a_controller_that_stops_answering_stops_the_run_after_its_outage_limit_
 
 
 def test_crash_between_sbatch_and_record_adopts_the_live_job(tmp_path, monkeypatch):
-    from bcp_pipeline.backends.slurm import SlurmBackend
+    from bcp_pipeline.backends.slurm.backend import SlurmBackend
 
     config = project(tmp_path)
     marker = stall(config, "first")

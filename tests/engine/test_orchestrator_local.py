@@ -155,7 +155,7 @@ def test_sigkilled_orchestrator_resumes_without_duplicate_jobs(tmp_path):
 
 
 def test_crash_between_submit_and_record_adopts_the_live_job(tmp_path, monkeypatch):
-    from bcp_pipeline.backends.local import LocalBackend
+    from bcp_pipeline.backends.local.backend import LocalBackend
 
     config = write_chain_project(tmp_path)
     stall = config.parent / "ws/main/first/STALL"
@@ -179,7 +179,7 @@ def test_crash_between_submit_and_record_adopts_the_live_job(tmp_path, monkeypat
 
 
 def test_crash_between_submit_and_record_adopts_the_job_even_after_it_ended(tmp_path, monkeypatch):
-    from bcp_pipeline.backends.local import LocalBackend
+    from bcp_pipeline.backends.local.backend import LocalBackend
 
     config = write_chain_project(tmp_path)
     real_submit = LocalBackend.submit
@@ -206,7 +206,7 @@ def test_a_restart_waits_the_lookup_grace_only_for_a_job_that_a_submit_call_may_
         tmp_path, monkeypatch, capsys):
     """A stage awaiting its verification job when the orchestrator stopped (a driver handing over between two
     cycles) gets it at once; only a verification whose submit call was under way is looked for over the grace."""
-    from bcp_pipeline.backends.local import LocalBackend
+    from bcp_pipeline.backends.local.backend import LocalBackend
     from bcp_pipeline.engine.submitter import Submitter
 
     config = write_chain_project(tmp_path)

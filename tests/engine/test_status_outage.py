@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bcp_pipeline.backends.local import LocalBackend
+from bcp_pipeline.backends.local.backend import LocalBackend
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError, ConfigError
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from pipeline_fixtures import CHAIN_CONFIG, write_chain_project

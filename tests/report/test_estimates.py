@@ -8,9 +8,10 @@ import math
 import pytest
 
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import ConfigError
-from bcp_pipeline.report.estimates import KNOWN_INSTANCES, actual_rates, estimate_pipeline, instances_table
+from bcp_pipeline.config.instances import KNOWN_INSTANCES, instances_table
+from bcp_pipeline.report.estimates import actual_rates, estimate_pipeline
 from bcp_pipeline.report.mfu import flops_per_token, params_for_flops
 from bcp_pipeline.config.nemo import KNOWN_SHAPES
 from bcp_pipeline.config.preflight import load_and_check

@@ -9,11 +9,11 @@ import pytest
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.nemo import KNOWN_SHAPES
 from bcp_pipeline.config.preflight import load_and_check
-from bcp_pipeline.report.estimates import KNOWN_INSTANCES
+from bcp_pipeline.config.instances import KNOWN_INSTANCES
 from bcp_pipeline.report.gather import stage_facts
 from bcp_pipeline.report.measured import Measurement, save_measurement
 from bcp_pipeline.report.mfu import (cpu_peak, flops_per_token, gpu_peak, model_flops_utilization, step_seconds_at,
-                                     tokens_per_second)
+    tokens_per_second)
 from pipeline_fixtures import REPO
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bcp_pipeline.config.pipelines import load_config
-from bcp_pipeline.report.estimates import estimate_pipeline, instances_table
+from bcp_pipeline.config.load import load_config
+from bcp_pipeline.report.estimates import estimate_pipeline
+from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.redact import REDACTED, redact, secret_values
 from bcp_pipeline.report.data import SubmittedCommand, report_data
 from bcp_pipeline.engine.state import JobRecord, RunState, StageState, StageStatus

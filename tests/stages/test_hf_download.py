@@ -201,7 +201,7 @@ def test_slimpajama_through_the_listing_keeps_its_names_and_checks_zstd_and_sha2
     """The slimpajama-* pipelines' download args (pipelines.yaml) against a SlimPajama-shaped repo."""
     from stage_fixtures import compress
 
-    from bcp_pipeline.config.pipelines import load_config
+    from bcp_pipeline.config.load import load_config
 
     shard = lambda seed: compress(jsonl_bytes(iter_documents(seed, 5)))  # noqa: E731
     files = {f"{split}/chunk{c}/{stem}_{i}.jsonl.zst": shard(100 * c + i)

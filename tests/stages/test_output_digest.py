@@ -16,7 +16,7 @@ import pytest
 
 import _common
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.pipelines import load_config
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.output_digest import output_digest
 from bcp_pipeline.engine.state import RunStore
 from golden_files import REPO

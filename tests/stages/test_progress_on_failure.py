@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bcp_pipeline.backends.common import progress_from_logs
+from bcp_pipeline.backends.shared.logs import progress_from_logs
 from stage_fixtures import make_shards
 
 STAGES = Path(__file__).resolve().parents[2] / "stages"

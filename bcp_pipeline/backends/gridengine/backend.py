@@ -1,0 +1,192 @@
+"""Grid Engine: every stage a `qsub` job (an array job, or one over a parallel environment), tracked with
+`qstat -xml` while Grid Engine lists it and `qacct -j` once it has finished.
+
+Rendering is pure (gridengine_render.py): `plan` prints the exact job script. Jobs are named `RUN.STAGE` or
+`RUN.STAGE.verify`, so `find_active` finds them again with one `qstat` call after the orchestrator died between
+`qsub` and recording the id. One `qstat -u USER -xml` call per poll cycle covers every listed job (parsed by tag
+names: Altair Grid Engine's XML may differ from Son of Grid Engine's); a job qstat no longer lists is read from
+`qacct -j` once, and its result kept. A job that left qstat with no accounting record after
+`accounting_grace_seconds` (the cell's accounting flush) was deleted while it was pending or held: CANCELLED.
+A job in `Eqw` (Grid Engine could not start it, e.g. its log path cannot be opened) stays so for ever: it is
+FAILED with the reason `qstat -j` gives, and deleted.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+from bcp_pipeline.config.resources import GridEngineOptions
+from bcp_pipeline.errors import CommandError, SubmissionError
+from bcp_pipeline.procs import run_command
+from bcp_pipeline.backends.shared.batch import job_name, paths_for
+from bcp_pipeline.backends.shared.logs import joined_logs, last_lines, progress_from_logs, read_tail, indent
+from bcp_pipeline.backends.contract import outage_seconds
+from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobState, JobStatus, Submission,
+    map_native_state)
+from bcp_pipeline.backends.gridengine.render import job_rendezvous, job_script, shape
+from bcp_pipeline.backends.gridengine.states import STATE_MAP, Listed, accounting_status
+from typing import Any
+from bcp_pipeline.backends.gridengine.client import HINT, qacct, qstat_jobs
+
+
+class GridEngineBackend(Backend):
+    name = "gridengine"
+
+    def __init__(self, options: GridEngineOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
+                 workspace_name: str) -> None:
+        self.options = options
+        self.logs_dir = run_dir / "logs"
+        self.paths = paths_for(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
+                               workspace_name=workspace_name, orchestrator_python=sys.executable)
+        self.local_workspace = Path(self.paths.workspace)
+        self.poll_min_seconds = options.poll_seconds
+        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
+        self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
+        self.accounting_grace_seconds = options.accounting_grace_seconds
+        self._finished: dict[str, JobStatus] = {}  # from qacct: it never changes once written
+        self._unlisted_since: dict[str, float] = {}  # left qstat, no accounting record yet
+
+    # -- rendering (pure) ------------------------------------------------------------------------------
+    def sharding(self, request: JobRequest) -> dict[str, int]:
+        size = shape(request, self.options)
+        return {"replicas": size.nodes, "processes": size.per_node}
+
+    def render(self, request: JobRequest) -> Submission:
+        return Submission(request=request, printable=job_script(request, self.options, self.paths), payload={
+            "submit_with": "qsub", "job_name": job_name(request.run_id, request.stage.name, request.kind),
+            **self.sharding(request)}, rendezvous=job_rendezvous(request, self.options))
+
+    # -- side effects ------------------------------------------------------------------------------------
+    def submit(self, submission: Submission) -> str:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)  # Grid Engine opens the job's log here
+        Path(self.paths.workspace).mkdir(parents=True, exist_ok=True)  # the job's -wd
+        output = run_command(["qsub", "-terse"], input_text=submission.printable, hint=HINT).stdout
+        # -terse: `ID` or, for an array job, `ID.1-N:1`
+        job_id = output.strip().splitlines()[-1].split(".")[0] if output.strip() else ""
+        if not job_id.isdigit():
+            raise SubmissionError(f"`qsub -terse` printed no job id: {output[:500]!r}")
+        return job_id
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """One qstat call for all ids; qacct once for each id qstat no longer lists."""
+        if not job_ids:
+            return {}
+        wanted = set(job_ids)
+        by_job: dict[str, list[Listed]] = {}
+        for entry in qstat_jobs():
+            if entry.job_id in wanted:
+                by_job.setdefault(entry.job_id, []).append(entry)
+        statuses = {job_id: self._listed_status(job_id, entries) for job_id, entries in by_job.items()}
+        stuck = [s.job_id for s in statuses.values() if s.state is JobState.FAILED]
+        if stuck:
+            self.cancel(stuck)  # an Eqw job stays for ever otherwise
+            # Deleted, it leaves no accounting record: what it ended as is kept here for any later poll.
+            self._finished.update((job_id, statuses[job_id]) for job_id in stuck)
+        for job_id in job_ids:
+            if job_id not in statuses and (status := self._unlisted_status(job_id)) is not None:
+                statuses[job_id] = status
+        return statuses
+
+    def _listed_status(self, job_id: str, entries: list[Listed]) -> JobStatus:
+        """The job's state from its qstat entries: an error in any task fails it; any running task runs it."""
+        self._unlisted_since.pop(job_id, None)
+        states = [(map_native_state(entry.state, STATE_MAP), entry.state) for entry in entries]
+        for state, native in states:
+            if state is JobState.FAILED:
+                return JobStatus(job_id=job_id, state=state, native=native, detail=(
+                    f"Grid Engine cannot start it ({native}): {self._error_reason(job_id)}; it was deleted"))
+        for wanted in (JobState.RUNNING, JobState.UNKNOWN, JobState.QUEUED):
+            for state, native in states:
+                if state is wanted:
+                    return JobStatus(job_id=job_id, state=state, native=native)
+        return JobStatus(job_id=job_id, state=JobState.UNKNOWN, native="")
+
+    def _error_reason(self, job_id: str) -> str:
+        try:
+            text = run_command(["qstat", "-j", job_id], timeout=30).stdout
+        except CommandError as exc:
+            return f"`qstat -j {job_id}` failed: {exc.stderr.strip()[:200]}"
+        reasons = re.findall(r"^error reason\s+\S*:\s*(.+)$", text, flags=re.MULTILINE)
+        return "; ".join(dict.fromkeys(reason.strip() for reason in reasons)) or "qstat -j gives no reason"
+
+    def _unlisted_status(self, job_id: str) -> JobStatus | None:
+        """A job qstat no longer lists: its accounting; none yet means "not finished" until the grace is over."""
+        if job_id in self._finished:
+            return self._finished[job_id]
+        records = qacct(job_id)
+        if records is None:
+            return None  # qacct failed this time: ask again next cycle
+        if records:
+            status = accounting_status(job_id, records)
+            self._finished[job_id] = status
+            self._unlisted_since.pop(job_id, None)
+            return status
+        first_missed = self._unlisted_since.setdefault(job_id, time.monotonic())
+        if time.monotonic() - first_missed < self.accounting_grace_seconds:
+            return None
+        status = JobStatus(job_id=job_id, state=JobState.CANCELLED, native="DELETED", detail=(
+            f"Grid Engine no longer lists job {job_id} and has no accounting record of it after "
+            f"{self.accounting_grace_seconds:.0f} s: it was deleted before it started (`qdel` while pending or held)"))
+        self._finished[job_id] = status
+        return status
+
+    def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
+        """This user's unfinished jobs named RUN.STAGE[.verify]."""
+        name = job_name(run_id, stage, kind)
+        return list(dict.fromkeys(entry.job_id for entry in qstat_jobs() if entry.name == name
+                                  and not map_native_state(entry.state, STATE_MAP).finished))
+
+    def _rank_logs(self, job_id: str) -> list[Path]:
+        return sorted((self.logs_dir / job_id).glob("rank-*.log"))
+
+    def _job_logs(self, job_id: str) -> list[Path]:
+        return sorted(self.logs_dir.glob(f"sge-{job_id}.log")) + sorted(self.logs_dir.glob(f"sge-{job_id}.*.log"))
+
+    def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
+        if rank is not None:
+            path = self.logs_dir / job_id / f"rank-{rank:05d}.log"
+            if not path.is_file():
+                raise SubmissionError(f"job {job_id} has no log for rank {rank} ({path})")
+            paths = [path]
+        else:
+            paths = self._rank_logs(job_id) + [p for p in self._job_logs(job_id) if p.stat().st_size]
+            if not paths:
+                raise SubmissionError(f"job {job_id} has no logs yet under {self.logs_dir}")
+        return joined_logs(paths, tail)
+
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)
+
+    def failure_detail(self, job_id: str, status: JobStatus) -> str:
+        """Grid Engine's account of the end, the failed ranks the launchers named, and the first one's log tail."""
+        lines = [status.detail] if status.detail else []
+        job_logs = "\n".join(read_tail(path) for path in self._job_logs(job_id))
+        failed = sorted({int(rank) for rank in re.findall(r"^bcp-pipeline: rank (\d+) on", job_logs, re.MULTILINE)})
+        if failed:
+            lines.append("failed ranks: " + ", ".join(map(str, failed)))
+            log = self.logs_dir / job_id / f"rank-{failed[0]:05d}.log"
+            lines.append(f"last lines of {log}:\n" + indent(last_lines(read_tail(log), 15) or "(empty)"))
+        elif job_logs.strip():
+            lines.append("last lines of the job's log:\n" + indent(last_lines(job_logs, 10)))
+        return "\n".join(lines)
+
+    def cancel(self, job_ids: list[str]) -> None:
+        if not job_ids:
+            return
+        try:
+            run_command(["qdel", *job_ids], timeout=60, hint=HINT)
+        except CommandError as exc:
+            if "does not exist" not in exc.stderr:  # finished meanwhile: nothing to stop
+                raise
+
+    @classmethod
+    def check_service(cls, given: Any) -> Any:
+        from bcp_pipeline.backends.gridengine.check import check_gridengine  # its probes' imports load only for `check`
+
+        return check_gridengine(given)
+
+
+BACKEND = GridEngineBackend

@@ -1,0 +1,341 @@
+"""Checks of a Grid Engine cell: qmaster answers; `qsub -w v` (verify, nothing submitted) of every rendered job
+script, which names an unknown resource, parallel environment or queue; every requested resource a requestable
+complex of `qconf -sc` and every queue one of `qconf -sql`; the parallel environment of
+each distributed stage gives one slot per host; a probe job over two hosts (`$PE_HOSTFILE`, `qrsh -inherit` to
+each host, a marker written in the shared workspace on the second host and read here); and Apptainer on the exec
+hosts where a stage runs in a container (its `--nv` needs the NVIDIA driver there), with a note that a `docker://`
+image is pulled on every host.
+
+The probe job is always deleted (by id, and by its unique name where qsub had not answered) when the check ends.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from bcp_pipeline.backends.shared.batch import paths_for
+from bcp_pipeline.backends.gridengine.client import HINT
+from bcp_pipeline.config.resources import rank_layout
+from bcp_pipeline.errors import CommandError
+from bcp_pipeline.procs import run_command
+from bcp_pipeline.backends.checks import always_cleaned_up
+from bcp_pipeline.backends.checks import CheckInput, CheckOutcome
+from bcp_pipeline.backends.checks import Row, different, ok, unchecked
+
+PROBE_HOSTS = 2
+PROBE_WAIT_SECONDS = 180.0
+PROBE_LINE = re.compile(r"^BCPP-HOST (.*)$", re.M)
+
+
+def check_gridengine(ctx: CheckInput) -> CheckOutcome:
+    options = ctx.config.options["gridengine"]
+    try:
+        run_command(["qstat", "-g", "c"], timeout=60, hint=HINT)
+        environments = run_command(["qconf", "-spl"], timeout=60, hint=HINT).stdout.split()
+    except CommandError as exc:
+        row = different("qmaster", "Grid Engine's qmaster answers (qstat, qconf)", str(exc).splitlines()[0],
+                        "set SGE_ROOT/SGE_CELL (and a private cell's ports); nothing else could be checked")
+        return CheckOutcome(target={"cell": "unreachable"}, profile_parts=("gridengine", "unreachable"), rows=[row])
+    cell = cell_name()
+    rows = [ok("qmaster", "Grid Engine's qmaster answers (qstat, qconf)", f"cell {cell}"), verify_row(ctx),
+            requests_row(ctx), environments_row(ctx, environments), image_row(ctx)]
+    facts: dict = {"parallel_environments": environments}
+    notes = []
+    pe = probe_environment(ctx) or options.parallel_environment
+    if ctx.jobs and pe:
+        notes.append(f"probe job: {PROBE_HOSTS} hosts of parallel environment {pe} for a few seconds "
+                     "(deleted when check ends)")
+        ctx.announce(notes[-1])
+        probe_rows, probe_facts = probe(ctx, pe)
+        rows += probe_rows
+        facts.update(probe_facts)
+    else:
+        why = "--no-jobs: no probe job submitted" if not ctx.jobs else \
+            "no parallel environment to probe (set backends.gridengine.parallel_environment)"
+        rows += [unchecked("hosts", hosts_assumption(), why), unchecked("shared folder", shared_assumption(), why)]
+    return CheckOutcome(target={"cell": cell}, profile_parts=("gridengine", cell.replace("/", "-")),
+                        rows=[r for r in rows if r is not None], facts=facts, notes=notes)
+
+
+def cell_name() -> str:
+    """`QMASTER_HOST/CELL` from the cell's act_qmaster file (what names the profile)."""
+    root, cell = os.environ.get("SGE_ROOT", "/var/lib/gridengine"), os.environ.get("SGE_CELL", "default")
+    try:
+        master = (Path(root) / cell / "common" / "act_qmaster").read_text().strip()
+    except OSError:
+        master = "unknown-qmaster"
+    return f"{master}/{cell}"
+
+
+def verify_row(ctx: CheckInput) -> Row | None:
+    """`qsub -w v` of every rendered script: Grid Engine's own verdict on its requests, nothing submitted."""
+    assumes = "qsub accepts every rendered job script (`qsub -w v`: verified, nothing submitted)"
+    if ctx.pipeline is None:
+        return None
+    refused, accepted = [], 0
+    for submission in ctx.submissions():
+        try:
+            run_command(["qsub", "-w", "v"], input_text=submission.printable, timeout=60, hint=HINT)
+            accepted += 1
+        except CommandError as exc:
+            words = " ".join(line for line in exc.stderr.splitlines() if line.strip() and line != "Exiting.")
+            refused.append(f"{submission.request.label}: {words[:200]}")
+    showed = f"{accepted} accepted" + (f"; {len(refused)} refused: " + "; ".join(refused) if refused else "")
+    if refused:
+        return different("qsub -w v", assumes, showed, "`run` fails at these stages: fix the resource, parallel "
+                         "environment or queue qsub names (`qconf -sc`, `qconf -spl`, `qconf -sql` list what the "
+                         "cell has; `plan --backend gridengine` prints each script)")
+    return ok("qsub -w v", assumes, showed)
+
+
+def requested(ctx: CheckInput) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """The `-l` resource names and `-q` queues each stage asks for (h_rt too), by name -> stages."""
+    options = ctx.config.options["gridengine"]
+    resources: dict[str, set[str]] = {}
+    queues: dict[str, set[str]] = {}
+    for name, stage in (ctx.pipeline.stages.items() if ctx.pipeline else []):
+        res = stage.gridengine
+        asked = [*res.resources, *[arg.split(None, 1)[1] for arg in res.extra_args if arg.startswith("-l ")]]
+        for words in asked:
+            for one in words.split(","):
+                resources.setdefault(one.split("=", 1)[0].strip(), set()).add(name)
+        if res.h_rt or stage.bcp.total_runtime:
+            resources.setdefault("h_rt", set()).add(name)
+        extra_queues = [arg.split(None, 1)[1] for arg in res.extra_args if arg.startswith("-q ")]
+        for queue in [res.queue or options.queue, *extra_queues]:
+            if queue:
+                queues.setdefault(queue.split("@", 1)[0], set()).add(name)
+    return resources, queues
+
+
+def requests_row(ctx: CheckInput) -> Row | None:
+    """Every requested resource is a requestable complex (`qconf -sc`: its name or shortcut) and every queue exists
+    (`qconf -sql`): a site resource such as TSUBAME's node_f is defined by the site's complexes."""
+    resources, queues = requested(ctx)
+    if not resources and not queues:
+        return None
+    assumes = "every requested resource is a requestable complex (qconf -sc) and every queue exists (qconf -sql)"
+    try:
+        complexes = run_command(["qconf", "-sc"], timeout=60, hint=HINT).stdout
+        known_queues = set(run_command(["qconf", "-sql"], timeout=60, hint=HINT).stdout.split())
+    except CommandError as exc:
+        return unchecked("requested resources", assumes, f"qconf failed: {str(exc).splitlines()[0]}")
+    requestable = {}
+    for line in complexes.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and not line.startswith("#"):
+            for key in fields[:2]:
+                requestable[key] = fields[4].upper() in ("YES", "FORCED")
+    problems = [f"{name} ({', '.join(sorted(stages))}): " + ("not requestable" if name in requestable else
+                                                               "no such complex")
+                for name, stages in sorted(resources.items()) if not requestable.get(name)]
+    problems += [f"queue {queue} ({', '.join(sorted(stages))}): no such queue"
+                 for queue, stages in sorted(queues.items()) if queue not in known_queues]
+    fine = sorted(name for name in resources if requestable.get(name)) + \
+        [f"queue {queue}" for queue in sorted(queues) if queue in known_queues]
+    showed = "; ".join(problems + [f"requestable: {', '.join(fine)}" if fine else "nothing requestable asked"])
+    if problems:
+        return different("requested resources", assumes, showed, "qsub refuses those jobs: name the cell's own "
+                         "complexes and queues (`qconf -sc`, `qconf -sql`), or ask the site which to request")
+    return ok("requested resources", assumes, showed)
+
+
+def environments_row(ctx: CheckInput, environments: list[str]) -> Row | None:
+    """Each distributed stage's parallel environment exists and puts one slot on each host (allocation_rule 1)."""
+    assumes = "each distributed stage's parallel environment gives one slot per host (allocation_rule 1)"
+    options = ctx.config.options["gridengine"]
+    wanted = {}
+    for name, stage in (ctx.pipeline.stages.items() if ctx.pipeline else []):
+        if stage.gridengine.distributed or over_hosts_nemo(stage):
+            wanted[name] = stage.gridengine.parallel_environment or options.parallel_environment
+    if not wanted:
+        return ok("parallel environments", assumes, f"the cell has {', '.join(environments) or 'none'}; no "
+                  "distributed stage")
+    problems, fine = [], []
+    for stage, pe in wanted.items():
+        if pe is None:
+            fine.append(f"{stage}: none (the site's resource request must make the job parallel)")
+        elif pe not in environments:
+            problems.append(f"{stage}: {pe} does not exist")
+        else:
+            rule = allocation_rule(pe)
+            (fine if rule == "1" else problems).append(f"{stage}: {pe} (allocation_rule {rule})")
+    showed = "; ".join(problems + fine)
+    if problems:
+        return different("parallel environments", assumes, showed, "a distributed stage needs one host per node: "
+                         "name a parallel environment with allocation_rule 1 (gridengine.parallel_environment)")
+    return ok("parallel environments", assumes, showed)
+
+
+def allocation_rule(pe: str) -> str:
+    try:
+        text = run_command(["qconf", "-sp", pe], timeout=60, hint=HINT).stdout
+    except CommandError:
+        return "unknown"
+    found = re.search(r"^allocation_rule\s+(\S+)", text, re.M)
+    return found.group(1) if found else "unknown"
+
+
+def container_stages(ctx: CheckInput) -> dict[str, str]:
+    options = ctx.config.options["gridengine"]
+    if options.container != "apptainer" or ctx.pipeline is None:
+        return {}
+    return {name: stage.gridengine.container_image for name, stage in ctx.pipeline.stages.items()
+            if stage.gridengine.container_image}
+
+
+def image_row(ctx: CheckInput) -> Row | None:
+    images = container_stages(ctx)
+    if not images:
+        return None
+    assumes = "each container image is a .sif every host reads, or a reference each host can pull"
+    pulled = sorted({image for image in images.values() if "://" in image})
+    showed = "; ".join(f"{stage}: {image}" for stage, image in images.items())
+    if pulled:
+        return ok("container images", assumes, showed, "a docker:// (or other URI) image is pulled on every host "
+                  "of every job (Apptainer converts it to a .sif in its cache first): `apptainer pull` it once to a "
+                  ".sif on the shared file system to avoid that")
+    return ok("container images", assumes, showed)
+
+
+def over_hosts_nemo(stage) -> bool:
+    """A NeMo training on more than one host: one parallel job, `distributed` or not (gridengine_render.nemo_shape)."""
+    return bool(stage.nemo) and not stage.gridengine.command and rank_layout(stage, "gridengine").nodes > 1
+
+
+def probe_environment(ctx: CheckInput) -> str | None:
+    for stage in (ctx.pipeline.stages.values() if ctx.pipeline else []):
+        if (stage.gridengine.distributed or over_hosts_nemo(stage)) and stage.gridengine.parallel_environment:
+            return stage.gridengine.parallel_environment
+    return None
+
+
+def hosts_assumption() -> str:
+    return (f"a job over {PROBE_HOSTS} slots of the parallel environment gets {PROBE_HOSTS} hosts in $PE_HOSTFILE "
+            "and `qrsh -inherit` starts a command on each")
+
+
+def shared_assumption() -> str:
+    return "the workspace folder and the state folder are the same files on every exec host as here"
+
+
+HOST_PART = ('echo "BCPP-HOST host=$(hostname) apptainer=$(command -v apptainer || echo none) '
+             'nvidia=$(command -v nvidia-smi >/dev/null && echo yes || echo no) marker=$(cat "$1" 2>/dev/null)"')
+
+
+def probe_script(name: str, output: Path, part: Path, marker_path: Path, marker: str, pe: str) -> str:
+    """A job over PROBE_HOSTS hosts: the first host writes the marker, every host (through `qrsh -inherit`)
+    reports its name, apptainer, nvidia-smi and the marker it sees."""
+    return "\n".join([
+        "#!/bin/bash", f"#$ -N {name}", "#$ -S /bin/bash", "#$ -j y", f"#$ -o {output}", "#$ -l h_rt=0:05:00",
+        f"#$ -pe {pe} {PROBE_HOSTS}",
+        'echo "BCPP-PE nhosts=$NHOSTS hostfile=$(awk \'{print $1}\' "$PE_HOSTFILE" | paste -sd,)"',
+        f"mkdir -p {shlex.quote(str(marker_path.parent))} && echo {marker} > {shlex.quote(str(marker_path))}",
+        f"printf '%s\\n' {shlex.quote(HOST_PART)} > {shlex.quote(str(part))}",
+        "for host in $(awk '{print $1}' \"$PE_HOSTFILE\"); do",
+        f"  qrsh -inherit -nostdin \"$host\" /bin/bash {shlex.quote(str(part))} {shlex.quote(str(marker_path))} &",
+        "done", "wait", ""])
+
+
+def probe(ctx: CheckInput, pe: str) -> tuple[list[Row], dict]:
+    options = ctx.config.options["gridengine"]
+    token = f"bcpp-check-{secrets.token_hex(4)}"
+    folder = ctx.state_root / "checks" / "probes"
+    folder.mkdir(parents=True, exist_ok=True)
+    output, part = folder / f"{token}.out", folder / f"{token}.sh"
+    if ctx.pipeline is not None:
+        workspace = Path(paths_for(options, config_dir=ctx.config.file.parent.resolve(),
+                                   stages_dir=ctx.config.stages_dir, run_dir=folder,
+                                   workspace_name=ctx.pipeline.workspace.name, orchestrator_python="").workspace)
+    else:
+        workspace = folder
+    marker = f".{token}"
+    script = probe_script(token, output, part, workspace / marker, marker, pe)
+    with deleted_at_exit(token) as job:
+        started = time.monotonic()
+        job.id = run_command(["qsub", "-terse"], input_text=script, timeout=60, hint=HINT).stdout.strip()
+        finished = wait_gone(job.id, PROBE_WAIT_SECONDS)
+        seconds = time.monotonic() - started
+    if not finished:
+        why = f"job {job.id} had not ended after {PROBE_WAIT_SECONDS:.0f} s (deleted)"
+        return [different("hosts", hosts_assumption(), why, "is the queue full, or the parallel environment too "
+                          "small? `qstat -f`, `qstat -j ID`"), unchecked("shared folder", shared_assumption(), why)], {}
+    text = output.read_text(errors="replace") if output.is_file() else ""
+    hosts = [dict(p.split("=", 1) for p in line.split() if "=" in p) for line in PROBE_LINE.findall(text)]
+    rows = [hosts_row(text, hosts), shared_row(output, hosts, marker), apptainer_row(ctx, hosts)]
+    for leftover in (workspace / marker, output, part):
+        leftover.unlink(missing_ok=True)
+    return [r for r in rows if r is not None], {"probe_seconds": round(seconds, 1),
+                                                "hosts": [h.get("host", "?") for h in hosts]}
+
+
+def hosts_row(text: str, hosts: list[dict]) -> Row:
+    names = sorted({h.get("host", "?") for h in hosts})
+    pe_line = next((line for line in text.splitlines() if line.startswith("BCPP-PE ")), "BCPP-PE (none)")
+    showed = f"{pe_line[8:]}; answered from: {', '.join(names) or 'no host'}"
+    if len(names) == PROBE_HOSTS:
+        return ok("hosts", hosts_assumption(), showed)
+    return different("hosts", hosts_assumption(), showed + f"; the job's output ends: {text.strip()[-200:]!r}",
+                     "a distributed stage would not reach its other hosts: check the parallel environment "
+                     "(control_slaves TRUE) and that qrsh -inherit works between the exec hosts")
+
+
+def shared_row(output: Path, hosts: list[dict], marker: str) -> Row:
+    seen = sorted(h.get("host", "?") for h in hosts if h.get("marker") == marker)
+    showed = (f"the job's output {'is' if output.is_file() else 'is NOT'} here ({output.parent}); the marker "
+              f"written on the first host is seen on: {', '.join(seen) or 'no host'}")
+    if output.is_file() and len(seen) == len(hosts) == PROBE_HOSTS:
+        return ok("shared folder", shared_assumption(), showed)
+    return different("shared folder", shared_assumption(), showed, "stages' outputs and logs would be invisible "
+                     "here or on the other hosts: put backends.gridengine.workspace_dir and the state folder on a "
+                     "file system every exec host mounts")
+
+
+def apptainer_row(ctx: CheckInput, hosts: list[dict]) -> Row | None:
+    if not container_stages(ctx) or not hosts:
+        return None
+    assumes = "every exec host has apptainer, and the NVIDIA driver its --nv binds in"
+    showed = "; ".join(f"{h.get('host')}: apptainer {h.get('apptainer')}, nvidia-smi {h.get('nvidia')}" for h in hosts)
+    if any(h.get("apptainer") in (None, "none") for h in hosts):
+        return different("apptainer", assumes, showed, "container stages fail on those hosts: install Apptainer "
+                         "there, or drop the stages' container_image")
+    if any(h.get("nvidia") != "yes" for h in hosts):
+        return different("apptainer", assumes, showed, "--nv finds no NVIDIA driver on those hosts: GPU stages "
+                         "see no GPU there (CPU stages still run)")
+    return ok("apptainer", assumes, showed)
+
+
+class _Job:
+    id: str | None = None
+
+
+@contextmanager
+def deleted_at_exit(name: str) -> Iterator[_Job]:
+    """Whatever ends the block, the probe is deleted: by id where qsub answered, by name where it had not."""
+    job = _Job()
+
+    def delete() -> None:
+        subprocess.run(["qdel", job.id or name], capture_output=True, timeout=60, check=False)
+
+    with always_cleaned_up(delete):
+        yield job
+
+
+def wait_gone(job_id: str, timeout: float) -> bool:
+    """Until qstat no longer knows the job (it ended); False at the timeout."""
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while time.monotonic() < deadline:
+        if subprocess.run(["qstat", "-j", job_id], capture_output=True, timeout=60).returncode != 0:
+            return True
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+    return False

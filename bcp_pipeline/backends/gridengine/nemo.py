@@ -1,0 +1,134 @@
+"""The `qsub` script of a NeMo pretrain stage on Grid Engine, the TSUBAME way (pure: values in, text out; `plan`
+prints it, golden-tested in tests/golden/gridengine/).
+
+NVIDIA's TSUBAME4 guide runs NeMo without its launcher: `apptainer run --nv -B DIR $NEMO_IMAGE torchrun
+--nproc_per_node=$NGPU /opt/NeMo/examples/nlp/language_modeling/<script>.py <hydra overrides>`. The training config is
+still the one the launcher composes for the stage, so the job runs, in the stage's Apptainer image:
+
+1. the data list from the preprocess manifests (stages/data_list.py), as on BCP;
+2. the launcher in its debug mode (NEMO_LAUNCHER_DEBUG=1: the BCP job script's step, bcp_training_script.
+   launcher_debug_step), which writes the composed config `<results>/<run>/<run>_hydra.yaml` and runs nothing;
+3. on every host of the job (`$PE_HOSTFILE`; one host: this one), through `qrsh -inherit` as the backend's other
+   parallel jobs do, one `torchrun --nnodes N --nproc_per_node P --rdzv-backend c10d --rdzv-endpoint MASTER:PORT`
+   of NeMo's `megatron_gpt_pretraining.py --config-path=<results>/<run> --config-name=<run>_hydra.yaml`.
+
+The overrides are config/nemo.py's, as on BCP: this run's own NeMo run name (so a continuation resumes from its
+`-last` checkpoint), `+training.exp_manager.max_time_per_run` (the runtime minus nemo.time_margin: each job trains
+and saves before `h_rt`), `trainer.num_nodes` x `trainer.devices` = rank_layout's nodes x processes_per_node.
+Failure: the script runs under `set -euo pipefail`; a host's torchrun fails when one of its ranks does, and the job
+when one host does. Output: each rank's lines go to `logs/ID/rank-<RANK>.log` (rank 0's holds NeMo's training
+progress: where `logs`, `status` and the report read a training's steps and loss on this backend); torchrun's own
+lines, a failed rank's name, the launcher's and the data list's go to the job log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bcp_pipeline.backends.shared.nemo_script import launcher_debug_step, shell_word
+
+
+@dataclass(frozen=True, kw_only=True)
+class NemoJob:
+    """What the script needs: every path as the container sees it, the `#$` lines and exports already rendered."""
+
+    title: str  # e.g. "run RUN, stage pretrain"
+    directives: list[str]  # the `#$` lines
+    exports: list[str]  # `export` lines (the run's and the stage's env)
+    logs: str  # the run's log folder
+    nodes: int
+    per_node: int
+    container: list[str]  # `apptainer exec --nv --bind ... IMAGE`
+    data_list_argv: list[str]  # builds the data list into data_list_file
+    data_list_file: str
+    launcher_dir: str
+    overrides: list[str]  # the launcher's Hydra overrides, without the data list
+    config_dir: str  # where the launcher writes the composed config ...
+    config_name: str  # ... and its file name
+    trainer: str  # NeMo's megatron_gpt_pretraining.py in the image
+    master_port: str  # a shell arithmetic expression
+
+
+# What each torchrun worker runs before the program: c10d assigns the ranks (by host name, not by the order of
+# $PE_HOSTFILE), so each worker writes its own log, rank-<RANK>.log, as the backend's other jobs do, and a worker that
+# fails names itself on the job log (`failure_detail` reads that line and shows the tail of that rank's log).
+WORKER_LOG = ('log="$0/rank-$(printf %05d "$RANK").log"; "$@" >> "$log" 2>&1 || '
+              '{ code=$?; echo "bcp-pipeline: rank $RANK on $HOSTNAME exited $code" >&2; exit "$code"; }')
+
+
+def torchrun_call(runner: str, endpoint: str, program: str) -> str:
+    """One host's `RUNNER --nnodes $nodes --nproc_per_node $per_node --rdzv-backend c10d --rdzv-endpoint ENDPOINT
+    --rdzv-id $JOB_ID --no-python bash -c WORKER_LOG LOGDIR PROGRAM` (shell text; RUNNER runs torchrun, in the
+    container where there is one). Also the Grid Engine backend's `launcher: torchrun` (gridengine_render.py)."""
+    return (f'{runner} --nnodes "$nodes" --nproc_per_node "$per_node" --rdzv-backend c10d --rdzv-endpoint '
+            f'{endpoint} \\\n    --rdzv-id "$JOB_ID" --no-python bash -c {shell_word(WORKER_LOG)} \\\n'
+            f'    "$logs/$JOB_ID" {program}')
+
+
+# More than one host: this script again on each host of the job through `qrsh -inherit` (tight integration).
+HOSTS = r'''mapfile -t hosts < <(awk '{print $1}' "$PE_HOSTFILE")
+if [ "${#hosts[@]}" -ne "$nodes" ]; then
+  echo "bcp-pipeline: \$PE_HOSTFILE lists ${#hosts[@]} host(s), the stage needs $nodes (one per node: a parallel environment with allocation_rule 1, or the site's whole-node request)" >&2
+  exit 1
+fi
+master_addr="${hosts[0]}" master_port="$((PORT_EXPRESSION))"
+mkdir -p "$logs/$JOB_ID" && cp "$0" "$logs/$JOB_ID/job.sh"
+code=0 pids=()
+for node in "${!hosts[@]}"; do
+  qrsh -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$master_addr" "$master_port" &
+  pids+=($!)
+done
+for node in "${!pids[@]}"; do
+  wait "${pids[node]}" || { echo "bcp-pipeline: node $node (${hosts[node]}) failed" >&2; code=1; }
+done
+exit "$code"'''
+
+
+def fan_out_to_hosts(port_expression: str) -> str:
+    """The batch script's part of a job over several hosts (shell text): the hosts of $PE_HOSTFILE, one per node,
+    then this script again on each through `qrsh -inherit` (tight integration) as `--node N ADDRESS PORT`, the
+    first host's address and PORT_EXPRESSION's value the rendezvous; the job fails where any host's part does.
+    Also the Grid Engine backend's distributed stages (gridengine_render.py)."""
+    return HOSTS.replace("PORT_EXPRESSION", port_expression)
+
+
+def render(job: NemoJob) -> str:
+    """The whole `qsub` script."""
+    world = job.nodes * job.per_node
+    trainer = " ".join(shell_word(word) for word in (job.trainer, f"--config-path={job.config_dir}",
+                                                      f"--config-name={job.config_name}"))
+    config = f"{job.config_dir}/{job.config_name}"
+    lines = [
+        "#!/bin/bash",
+        f"# bcp-pipeline {job.title}: NeMo pretraining the TSUBAME way, {job.nodes} host(s) x {job.per_node} "
+        f"GPU(s) = WORLD_SIZE {world}: NVIDIA's launcher only composes the training config, then torchrun runs "
+        "NeMo's training with it on every host, in the Apptainer image (bcp_pipeline/backends/gridengine_nemo.py).",
+        *job.directives,
+        "set -euo pipefail",
+        f"logs={shell_word(job.logs)} nodes={job.nodes} per_node={job.per_node}",
+        *job.exports,
+        f'in_image() {{ {" ".join(shell_word(word) for word in job.container)} "$@"; }}',
+        'train_host() {  # MASTER_ADDR MASTER_PORT: this host\'s torchrun, its ranks\' logs their own',
+        '  mkdir -p "$logs/$JOB_ID"',
+        f'  {torchrun_call("in_image torchrun", chr(34) + "$1:$2" + chr(34), "python3 -u " + trainer)}',
+        "}",
+        *(['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
+           '  train_host "$3" "$4"', "  exit $?", "fi"] if job.nodes > 1 else []),
+        'mkdir -p "$logs/$JOB_ID"',
+        "",
+        "# The data list: every .bin/.idx pair of the preprocess manifests, weighted by tokens.",
+        f"mkdir -p {shell_word(job.data_list_file.rsplit('/', 1)[0])}",
+        "in_image " + " ".join(shell_word(word) for word in job.data_list_argv),
+        "",
+        "# The training config as NVIDIA's launcher composes it for the stage (debug mode: written, nothing run).",
+        *launcher_debug_step(job.overrides, job.data_list_file, job.launcher_dir, config, inside="in_image"),
+        f"in_image test -s {shell_word(config)} || "
+        f"{{ echo {shell_word(f'bcp-pipeline: the NeMo launcher wrote no {config}')} >&2; exit 1; }}",
+        "",
+        "# The training: one torchrun a host; the job's status is the worst host's.",
+    ]
+    if job.nodes > 1:
+        lines.append(fan_out_to_hosts(job.master_port))
+    else:
+        lines.append(f'train_host "$(hostname)" "$(({job.master_port}))"')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,274 @@
+"""Pure rendering of a stage into a Grid Engine job script (no I/O), golden-tested in tests/golden/gridengine/.
+
+A stage job is one `qsub` script with its resources as `#$` lines. Each node of the stage (an array task, or a
+host of the parallel environment) runs one launcher that starts the node's `processes_per_node` ranks with RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT set, and waits for all of them:
+
+- independent replicas (`distributed: false`): an array job, `-t 1-NODES`, node rank `SGE_TASK_ID - 1`; one
+  node: a plain job;
+- a distributed stage: one job over a parallel environment (`-pe NAME NODES`). The job script runs on the first
+  host; it reads the hosts from `$PE_HOSTFILE` (MASTER_ADDR is the first), copies itself next to the logs and
+  starts itself on every host with `qrsh -inherit` (Grid Engine's tight integration: the ranks are the job's own
+  tasks, accounted and killed with it), as `SCRIPT --node K MASTER_ADDR MASTER_PORT`.
+
+A distributed stage with `launcher: torchrun` starts each host's ranks with one torchrun instead (c10d rendezvous at
+the first host; each rank logs to its own file), as a NeMo pretrain stage always does: its whole script is
+gridengine_nemo.py's (the launcher composes the config, torchrun runs NeMo's training script).
+
+With `backends.gridengine.container: apptainer` and an image, every rank runs as `apptainer exec --nv --bind
+WORKSPACE:/mount_workspace,... IMAGE PROGRAM...`: the workspace is at /mount_workspace inside (as on BCP), stages/
+and the run folder at their own paths; Apptainer passes the launcher's environment through. Files of job ID in
+the run folder (on a real cell: a shared file system):
+
+    logs/sge-ID.log, logs/sge-ID.TASK.log   the job script's output (-j y), one per array task
+    logs/ID/rank-NNNNN.log                  stdout and stderr of each rank, as the local backend writes them
+    logs/ID/job.sh                          a distributed job's script, as the `qrsh -inherit` launchers run it
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, replace
+
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.config.placeholders import substitute
+from bcp_pipeline.config.resources import GridEngineOptions, GridEngineResources
+from bcp_pipeline.errors import ConfigError, SubmissionError
+from bcp_pipeline.backends.shared.batch import Paths, job_name
+from bcp_pipeline.backends.shared.command import (apptainer_argv, placeholder_values, rendezvous, shell_exports,
+    shell_join)
+from bcp_pipeline.backends.shared.command import stage_command
+from bcp_pipeline.backends.gridengine import nemo as gridengine_nemo
+from bcp_pipeline.backends.contract import JobRequest
+
+CONTAINER_WORKSPACE = "/mount_workspace"  # where a container sees the workspace, as BCP mounts it
+# The job's rendezvous port from its id (and array task), so two jobs sharing a host do not collide.
+MASTER_PORT_EXPR = "20000 + (JOB_ID * 7 + ${SGE_TASK_ID/undefined/0}) % 20000"
+# Characters qsub's `#$` line parser would split or expand in a path.
+UNSAFE_IN_DIRECTIVE = frozenset(" \t\n'\"\\$`")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """A job's resources after deriving unset fields from the BCP section and the backend options."""
+
+    nodes: int
+    per_node: int
+    distributed: bool
+    h_rt: str | None  # a Duration, e.g. 1h
+    parallel_environment: str | None
+    project: str | None
+    queue: str | None
+
+    @property
+    def array(self) -> bool:
+        return not self.distributed and self.nodes > 1
+
+
+def shape(request: JobRequest, options: GridEngineOptions) -> Shape:
+    res: GridEngineResources = request.resources("gridengine")
+    layout = request.rank_layout("gridengine")
+    if min(layout.nodes, layout.per_node) < 1:
+        raise config_error(request, "gridengine", f"gridengine nodes and processes_per_node must be >= 1, got "
+                           f"{layout.nodes} x {layout.per_node}; set them in the stage's gridengine: section")
+    return Shape(nodes=layout.nodes, per_node=layout.per_node, distributed=res.distributed,
+                 h_rt=res.h_rt or request.resources("bcp").total_runtime,
+                 parallel_environment=res.parallel_environment or options.parallel_environment,
+                 project=res.project or options.project, queue=res.queue or options.queue)
+
+
+def h_rt(duration: str) -> str:
+    """`1h30m` -> `1:30:00`, `2D` -> `48:00:00` (Grid Engine's hours:minutes:seconds; hours may exceed 24)."""
+    seconds = parse_duration(duration)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def in_container(request: JobRequest, options: GridEngineOptions) -> bool:
+    image = request.resources("gridengine").container_image
+    if image and options.container == "none":  # never run a stage outside the image it names
+        raise config_error(request, "gridengine", f"gridengine.container_image is {image!r} but backends."
+                           "gridengine.container is none; set it to apptainer (or drop the stage's container_image)")
+    return bool(image)
+
+
+def job_values(request: JobRequest, options: GridEngineOptions, paths: Paths) -> dict[str, str]:
+    contained = in_container(request, options)
+    python = paths.python or ("python3" if contained else paths.orchestrator_python)
+    return placeholder_values(request, workspace=CONTAINER_WORKSPACE if contained else paths.workspace,
+                              code=paths.code, python=python, results=f"{paths.run_dir}/results/{request.stage.name}")
+
+
+def rank_argv(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:
+    """The argv each rank runs: the stage program, in its container where one is configured."""
+    return container_prefix(request, options, paths) + program_argv(request, options, paths)
+
+
+def program_argv(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:
+    """The stage program (in a container: through stages/bootstrap.sh, as on BCP, which installs missing packages)."""
+    res: GridEngineResources = request.resources("gridengine")
+    program = stage_command(request, "gridengine", job_values(request, options, paths))
+    if in_container(request, options) and not (request.kind == "stage" and res.command):
+        program = ["bash", f"{paths.code}/bootstrap.sh", *program]
+    return program
+
+
+def container_prefix(request: JobRequest, options: GridEngineOptions, paths: Paths) -> list[str]:
+    return container_argv(request, paths) if in_container(request, options) else []
+
+
+def container_argv(request: JobRequest, paths: Paths) -> list[str]:
+    """`apptainer exec --nv --bind WORKSPACE:/mount_workspace,STAGES:STAGES,RUN:RUN[,container_binds] IMAGE`."""
+    res: GridEngineResources = request.resources("gridengine")
+    binds = [f"{paths.workspace}:{CONTAINER_WORKSPACE}", f"{paths.code}:{paths.code}",
+             f"{paths.run_dir}:{paths.run_dir}", *res.container_binds]
+    return apptainer_argv(str(res.container_image), binds)
+
+
+def directives(request: JobRequest, size: Shape, paths: Paths) -> list[str]:
+    """The `#$` lines: name, shell, working folder, joined log, runtime, array or parallel environment, requests."""
+    res: GridEngineResources = request.resources("gridengine")
+    for label, path in (("workspace", paths.workspace), ("run folder", paths.run_dir)):
+        if UNSAFE_IN_DIRECTIVE.intersection(path):
+            raise SubmissionError(f"{request.label}: the {label} {path!r} holds a space, quote or `$`, which a "
+                                  "`#$` line cannot carry; use a path without them")
+    log = f"{paths.logs}/sge-$JOB_ID" + (".$TASK_ID" if size.array else "") + ".log"
+    lines = [f"-N {job_name(request.run_id, request.stage.name, request.kind)}", "-S /bin/bash",
+             f"-wd {paths.workspace}", "-j y", f"-o {log}"]
+    if size.h_rt:
+        lines.append(f"-l h_rt={h_rt(size.h_rt)}")
+    if size.array:
+        lines.append(f"-t 1-{size.nodes}")
+    if size.distributed and size.parallel_environment:
+        lines.append(f"-pe {size.parallel_environment} {size.nodes}")
+    lines += [f"-P {size.project}"] * bool(size.project) + [f"-q {size.queue}"] * bool(size.queue)
+    lines += [f"-l {request_}" for request_ in res.resources] + list(res.extra_args)
+    return [f"#$ {line}" for line in lines]
+
+
+# One node's ranks: started together, each with its own log, all waited for (every rank runs to its end even if
+# another fails, so a rerun has the least left to redo); the node's result is 1 if any rank failed.
+LAUNCH_NODE = r'''launch_node() {
+  local node=$1 local_rank rank code=0 pids=()
+  mkdir -p "$logs/$JOB_ID"
+  for ((local_rank = 0; local_rank < per_node; local_rank++)); do
+    rank=$((node * per_node + local_rank))
+    (export RANK=$rank LOCAL_RANK=$local_rank NODE_RANK=$node GROUP_RANK=$node WORLD_SIZE=$world \
+       LOCAL_WORLD_SIZE=$per_node; run_rank) >> "$logs/$JOB_ID/rank-$(printf %05d "$rank").log" 2>&1 &
+    pids+=($!)
+  done
+  for rank in "${!pids[@]}"; do
+    wait "${pids[rank]}" || { echo "bcp-pipeline: rank $((node * per_node + rank)) on $(hostname) exited $?" >&2; code=1; }
+  done
+  return "$code"
+}'''
+
+def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) -> str:
+    """The whole `qsub` script of a stage or verification job."""
+    if is_nemo(request):
+        return gridengine_nemo.render(nemo_job(request, options, paths))
+    size = shape(request, options)
+    world = size.nodes * size.per_node
+    what = "verification of stage" if request.kind == "verify" else "stage"
+    how = ("hosts of a parallel environment" if size.distributed else "array tasks" if size.array else "node")
+    lines = ["#!/bin/bash",
+             f"# bcp-pipeline run {request.run_id}, {what} {request.stage.name}: {size.nodes} {how} x "
+             f"{size.per_node} rank(s) = RANK 0..{world - 1} of WORLD_SIZE {world}",
+             *directives(request, size, paths),
+             f"logs={shlex.quote(paths.logs)} nodes={size.nodes} per_node={size.per_node} world={world}",
+             f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
+             f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
+             *shell_exports(request, "gridengine", job_values(request, options, paths), request.label),
+             *node_launcher(request, options, paths, size)]
+    port = f'"$(({MASTER_PORT_EXPR}))"'
+    if size.distributed:
+        lines += ['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
+                  '  export MASTER_ADDR="$3" MASTER_PORT="$4"', '  launch_node "$2"', "  exit $?", "fi",
+                  gridengine_nemo.fan_out_to_hosts(MASTER_PORT_EXPR)]
+    else:
+        lines += [f'export MASTER_ADDR="$(hostname)" MASTER_PORT={port}',
+                  'launch_node "$(( ${SGE_TASK_ID/undefined/1} - 1 ))"']
+    return "\n".join(lines) + "\n"
+
+
+def is_nemo(request: JobRequest) -> bool:
+    """A NeMo pretrain job (the stage's nemo: section, no command of its own): gridengine_nemo.py's script."""
+    return request.kind == "stage" and bool(request.stage.nemo) and not request.resources("gridengine").command
+
+
+def nemo_shape(request: JobRequest, options: GridEngineOptions) -> Shape:
+    """A NeMo training is one job over all its hosts: a parallel one from two hosts on, never an array."""
+    size = shape(request, options)
+    return replace(size, distributed=size.nodes > 1)
+
+
+def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> gridengine_nemo.NemoJob:
+    """The NeMo pretrain script's inputs: the launcher's overrides for this job, in the stage's Apptainer image."""
+    from bcp_pipeline.config.nemo import (DATA_LIST_FILE, PRETRAINING_SCRIPT, composed_config, launcher_dir,
+        launcher_overrides, nemo_run_name)
+
+    stage = request.stage
+    nemo = stage.nemo
+    assert nemo is not None
+    if not in_container(request, options):
+        raise config_error(request, "gridengine", "NeMo pretraining on Grid Engine runs NeMo's training in the NeMo "
+                           "container through Apptainer: set the stage's gridengine.container_image (a .sif of the "
+                           "NeMo image, or its docker:// reference) and backends.gridengine.container: apptainer")
+    size = nemo_shape(request, options)
+    values = job_values(request, options, paths)
+    try:
+        overrides = launcher_overrides(stage, cluster_type="bcp", nodes=str(size.nodes), runtime=size.h_rt,
+                                       values=values, backend="gridengine", devices=str(size.per_node))
+        launcher = launcher_dir(stage, "gridengine")
+    except ValueError as exc:
+        raise SubmissionError(f"{request.label}: {exc}") from None
+    run_name = nemo_run_name(stage, request.run_id)
+    config_dir, config_name = composed_config(substitute(nemo.results_dir, values), run_name)
+    data_list_file = f"{values['results']}/{DATA_LIST_FILE}"
+    return gridengine_nemo.NemoJob(
+        title=f"run {request.run_id}, stage {stage.name}", directives=directives(request, size, paths),
+        exports=[f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
+                 f"BCP_PIPELINE_STAGE={shlex.quote(stage.name)}",
+                 *shell_exports(request, "gridengine", values, request.label)],
+        logs=paths.logs, nodes=size.nodes, per_node=size.per_node, container=container_argv(request, paths),
+        data_list_argv=["python3", f"{values['code']}/data_list.py", "--data-dir", substitute(nemo.data_dir, values),
+                        "--format", "hydra", "--key", "training.model.data.data_prefix", "--out", data_list_file],
+        data_list_file=data_list_file, launcher_dir=launcher, overrides=overrides, config_dir=config_dir,
+        config_name=config_name, trainer=f"{nemo.nemo_dir.rstrip('/')}/{PRETRAINING_SCRIPT}",
+        master_port=MASTER_PORT_EXPR)
+
+
+def node_launcher(request: JobRequest, options: GridEngineOptions, paths: Paths, size: Shape) -> list[str]:
+    """`launch_node NODE`: the job script's ranks (LAUNCH_NODE), or, for a distributed stage with `launcher:
+    torchrun`, one torchrun that starts the host's ranks and meets the other hosts' at MASTER_ADDR:MASTER_PORT (c10d;
+    each rank logs to its own file, as gridengine_nemo.py's NeMo training does)."""
+    torchrun = request.resources("gridengine").launcher == "torchrun"
+    if torchrun and not size.distributed:
+        raise config_error(request, "gridengine", "gridengine.launcher torchrun starts the ranks of a distributed "
+                           "stage (one torchrun a host, meeting at the first); set distributed: true, or launcher: "
+                           "ranks for independent replicas")
+    if not torchrun:
+        return [f"run_rank() {{ exec {shell_join(rank_argv(request, options, paths))}; }}", LAUNCH_NODE]
+    python = job_values(request, options, paths)["python"]
+    runner = shell_join([*container_prefix(request, options, paths), python, "-m", "torch.distributed.run"])
+    call = gridengine_nemo.torchrun_call(runner, '"$MASTER_ADDR:$MASTER_PORT"',
+                                         shell_join(program_argv(request, options, paths)))
+    return ['launch_node() {  # NODE: this host\'s torchrun (torch.distributed.run), its ranks\' logs their own',
+            '  mkdir -p "$logs/$JOB_ID"', f"  {call}", "}"]
+
+
+def job_rendezvous(request: JobRequest, options: GridEngineOptions) -> dict | None:
+    """Where the job's ranks meet, as `plan` shows it (None for one rank)."""
+    size = shape(request, options)
+    layout = request.rank_layout("gridengine")
+    if is_nemo(request):
+        return rendezvous(layout, "torchrun's c10d rendezvous at the first host of $PE_HOSTFILE (one host: its own)",
+                          f"$(({MASTER_PORT_EXPR}))")
+    if size.distributed:
+        return rendezvous(layout, "the first host of $PE_HOSTFILE", f"$(({MASTER_PORT_EXPR}))")
+    return rendezvous(layout, "$(hostname) of each array task (its ranks are independent of other tasks')",
+                      f"$(({MASTER_PORT_EXPR}))")
+
+
+def config_error(request: JobRequest, key: str, message: str) -> ConfigError:
+    """A ConfigError at the stage's `key` (file:line, or the --set that gave it), naming the job."""
+    return request.stage.where(key).error(f"{request.label}: {message}")

@@ -1,0 +1,251 @@
+"""Kubernetes: every stage a headless Service and one Indexed batch/v1 Job (or a Kubeflow PyTorchJob), through the
+official `kubernetes` Python client, configured from a kubeconfig (path, context) as kubectl reads it.
+
+Rendering is pure (kubernetes_render.py): `plan` prints the exact manifests. Every object carries the labels
+`app.kubernetes.io/managed-by=bcp-pipeline` and `bcp-pipeline/run|stage|kind`, so one list call by label answers
+a poll for all of a run's jobs, and `find_active` finds a job a dead orchestrator left. A job's id is its name
+(in the configured namespace). Logs come from `pods/log`; `cancel` deletes with foreground propagation (the pods
+go first, so nothing of the stage is left running when the Job is gone). What a poll lists becomes a JobState
+through the one map of kubernetes_states.py (pure).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from bcp_pipeline.config.resources import KubernetesOptions
+from bcp_pipeline.errors import BackendCallError, SubmissionError
+from bcp_pipeline.backends.shared.logs import last_lines, progress_from_logs
+from bcp_pipeline.backends.contract import outage_seconds
+from bcp_pipeline.backends.shared.locks import user_writer_lock
+from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission
+from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, job_rendezvous, label_value,
+    manifests, printable, selector_labels, shape)
+from bcp_pipeline.backends.kubernetes.states import (completion_index, job_condition, pytorchjob_status,
+    ready_node_names, status_of)
+from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+
+    def __init__(self, options: KubernetesOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
+                 workspace_name: str) -> None:
+        self.options = options
+        self.config_dir = config_dir
+        self.run_id = run_dir.name  # run_dir is STATE/runs/RUN
+        self.poll_min_seconds = options.poll_seconds
+        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
+        self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
+        self._api: Any = None
+
+    # -- rendering (pure) ------------------------------------------------------------------------------
+    def writer_lock_path(self) -> Path:
+        """The workspace is a volume claim of a cluster: locked in this user's state folder, by cluster context,
+        namespace and claim (common.user_writer_lock)."""
+        context = self.options.context or os.environ.get("KUBECONFIG") or "default-kubeconfig"
+        return user_writer_lock(f"kubernetes-{context}", f"{self.options.namespace}.{self.options.workspace_claim}")
+
+    def sharding(self, request: JobRequest) -> dict[str, int]:
+        size = shape(request, self.options)
+        return {"replicas": size.pods, "processes": size.processes}
+
+    def render(self, request: JobRequest) -> Submission:
+        objects = manifests(request, self.options)
+        return Submission(request=request, printable=printable(objects),
+                          payload={"manifests": objects, **self.sharding(request)},
+                          rendezvous=job_rendezvous(request, self.options))
+
+    # -- the API -----------------------------------------------------------------------------------------
+    def api(self) -> Any:
+        """The API client of the kubeconfig, made on first use (so `plan` needs no cluster)."""
+        if self._api is None:
+            self._api = api_client(self.options, self.config_dir)
+        return self._api
+
+    def _batch(self) -> Any:
+        from kubernetes import client
+
+        return client.BatchV1Api(self.api())
+
+    def _core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api())
+
+    def create(self, obj: dict[str, Any], dry_run: bool = False) -> None:
+        """Create one rendered object (a Service, a Job or a PyTorchJob); `dry_run`: the apiserver validates and
+        admits it without storing it (server-side dry run)."""
+        create_object(self.api(), obj, dry_run=dry_run)
+
+    # -- side effects ------------------------------------------------------------------------------------
+    def submit(self, submission: Submission) -> str:
+        objects = submission.payload["manifests"]
+        self._delete_earlier_attempts(submission.request, objects[-1]["metadata"]["name"])
+        for obj in objects:
+            try:
+                self.create(obj)
+            except BackendCallError as exc:
+                if "AlreadyExists" not in str(exc) or obj["kind"] != "Service":
+                    raise SubmissionError(f"creating {obj['kind']} {obj['metadata']['name']} failed: {exc}") from None
+        return objects[-1]["metadata"]["name"]
+
+    def _delete_earlier_attempts(self, request: JobRequest, name: str) -> None:
+        """An earlier attempt's Job of this stage that has not ended (no Complete or Failed condition: lost with
+        its node, say) is deleted (foreground) before the next attempt's is created: it would otherwise replace its
+        pod once the node is removed, beside the new attempt. Ended Jobs stay, with their pods' logs."""
+        if request.resources("kubernetes").launcher == "pytorchjob" and request.kind == "stage":
+            return
+        earlier = [job.metadata.name for job in self._list_jobs(request.stage.name, request.kind)
+                   if job.metadata.name != name and job.metadata.deletion_timestamp is None
+                   and not (job_condition(job) or ("",))[0].startswith(("COMPLETE", "SUCCESS", "FAILED/"))]
+        if earlier:
+            self.cancel(earlier)
+
+    def _list_jobs(self, stage: str | None = None, kind: str | None = None) -> list[Any]:
+        selector = selector_labels(self.run_id, stage, kind)
+        try:
+            return self._batch().list_namespaced_job(self.options.namespace, label_selector=selector).items
+        except Exception as exc:  # noqa: BLE001 - the client raises ApiException, urllib3 and OS errors
+            raise api_error("list jobs", exc) from None
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """One list call, by the run's label, for every job of the run; ids no longer there are omitted."""
+        if not job_ids:
+            return {}
+        wanted = set(job_ids)
+        jobs = [job for job in self._list_jobs() if job.metadata.name in wanted]
+        found = {job.metadata.name: status_of(job, *self._pods_and_nodes(jobs)[job.metadata.name]) for job in jobs}
+        if wanted - set(found):  # a PyTorchJob (`launcher: pytorchjob`) is not a batch/v1 Job
+            found.update({obj["metadata"]["name"]: pytorchjob_status(obj) for obj in self._list_pytorchjobs()
+                          if obj["metadata"]["name"] in wanted})
+        return found
+
+    def _pods_and_nodes(self, jobs: list[Any]) -> dict[str, tuple[list[Any], set[str] | None]]:
+        """Each Job's pods and the Ready nodes, for the Jobs no condition decides: one list of the run's pods (by
+        label) and one of the nodes, whatever the number of Jobs. Where this identity may not list nodes (a
+        namespaced user), nodes are not judged (None)."""
+        from kubernetes.client.rest import ApiException
+
+        open_jobs = [job for job in jobs if job_condition(job) is None]
+        if not open_jobs:
+            return {job.metadata.name: ([], None) for job in jobs}
+        try:
+            pods = self._core().list_namespaced_pod(self.options.namespace,
+                                                    label_selector=selector_labels(self.run_id)).items
+        except Exception as exc:  # noqa: BLE001
+            raise api_error("list pods", exc) from None
+        ready: set[str] | None
+        try:
+            ready = ready_node_names(self._core().list_node().items)
+        except ApiException as exc:
+            if exc.status != 403:
+                raise api_error("list nodes", exc) from None
+            ready = None
+        except Exception as exc:  # noqa: BLE001
+            raise api_error("list nodes", exc) from None
+        by_job: dict[str, list[Any]] = {}
+        for pod in pods:
+            by_job.setdefault((pod.metadata.labels or {}).get(LABEL_JOB, ""), []).append(pod)
+        return {job.metadata.name: (by_job.get(job.metadata.name, []), ready) for job in jobs}
+
+    def _list_pytorchjobs(self) -> list[dict[str, Any]]:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return client.CustomObjectsApi(self.api()).list_namespaced_custom_object(
+                "kubeflow.org", "v1", self.options.namespace, "pytorchjobs",
+                label_selector=selector_labels(self.run_id))["items"]
+        except ApiException as exc:
+            if exc.status == 404:  # no training operator (its CRD) on this cluster
+                return []
+            raise api_error("list pytorchjobs", exc) from None
+
+    def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
+        if label_value(run_id) != label_value(self.run_id):
+            return []
+        jobs = self._list_jobs(stage, kind)
+        found = self._pods_and_nodes(jobs)
+        return [job.metadata.name for job in jobs if not status_of(job, *found[job.metadata.name]).state.finished]
+
+    def find_submitted(self, run_id: str, stage: str, kind: str) -> list[str]:
+        if label_value(run_id) != label_value(self.run_id):
+            return []
+        jobs = sorted(self._list_jobs(stage, kind), key=lambda job: job.metadata.creation_timestamp)
+        return [job.metadata.name for job in jobs]
+
+    def _pods(self, job_id: str) -> list[Any]:
+        """The job's pods (an Indexed Job's or a PyTorchJob's: both carry the job's own label), by completion index
+        (the latest pod of an index last)."""
+        try:
+            pods = self._core().list_namespaced_pod(self.options.namespace,
+                                                    label_selector=f"{LABEL_JOB}={job_id}").items
+        except Exception as exc:  # noqa: BLE001
+            raise api_error("list pods", exc) from None
+        return sorted(pods, key=lambda p: (completion_index(p), p.metadata.creation_timestamp))
+
+    def _pod_log(self, pod: Any, tail: int | None = None) -> str:
+        try:
+            return self._core().read_namespaced_pod_log(pod.metadata.name, self.options.namespace,
+                                                        tail_lines=tail) or ""
+        except Exception as exc:  # noqa: BLE001
+            return f"(no log: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+
+    def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
+        pods = self._pods(job_id)
+        if not pods:
+            raise SubmissionError(f"job {job_id} has no pods (yet, or any more) in namespace {self.options.namespace}")
+        by_index = {completion_index(p): p for p in pods}
+        if rank is not None:
+            processes = int(next((e.value for e in pods[0].spec.containers[0].env or []
+                                  if e.name == "BCP_PIPELINE_PROCESSES"), "1"))
+            pod = by_index.get(rank // processes)
+            if pod is None:
+                raise SubmissionError(f"job {job_id} has no pod for rank {rank} (indexes {sorted(by_index)})")
+            return self._pod_log(pod, tail)
+        if len(by_index) == 1:
+            return self._pod_log(next(iter(by_index.values())), tail)
+        return "\n".join(f"==> {pod.metadata.name} <==\n{self._pod_log(pod, tail)}" for pod in by_index.values())
+
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        return progress_from_logs([self._pod_log(pod, 50) for pod in self._pods(job_id)], training=training)
+
+    def failure_detail(self, job_id: str, status: JobStatus) -> str:
+        """The Job's condition message, the failed pods' exit codes and the first one's log tail."""
+        lines = [status.detail] if status.detail else []
+        failed = []
+        for pod in self._pods(job_id):
+            for container in pod.status.container_statuses or []:
+                terminated = container.state.terminated if container.state else None
+                if terminated is not None and terminated.exit_code != 0:
+                    failed.append((pod, terminated))
+        if failed:
+            lines.append("; ".join(f"pod {pod.metadata.name} on {pod.spec.node_name} exited {t.exit_code} "
+                                   f"({t.reason})" for pod, t in failed))
+            lines.append(f"last lines of {failed[0][0].metadata.name}:\n" +
+                         "\n".join(f"    {line}" for line in last_lines(self._pod_log(failed[0][0], 15), 15)
+                                   .splitlines()))
+        return "\n".join(lines)
+
+    def cancel(self, job_ids: list[str]) -> None:
+        from kubernetes.client.rest import ApiException
+
+        for name in job_ids:
+            for delete in (self._batch().delete_namespaced_job, self._core().delete_namespaced_service):
+                try:
+                    delete(name, self.options.namespace, propagation_policy="Foreground")
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise api_error(f"delete {name}", exc) from None
+
+    @classmethod
+    def check_service(cls, given: Any) -> Any:
+        from bcp_pipeline.backends.kubernetes.check import check_kubernetes  # its probes' imports load only for `check`
+
+        return check_kubernetes(given)
+
+
+BACKEND = KubernetesBackend

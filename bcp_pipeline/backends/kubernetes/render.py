@@ -1,0 +1,253 @@
+"""Pure rendering of a stage into Kubernetes manifests (no I/O), golden-tested in tests/golden/kubernetes/.
+
+A stage job is a headless Service (its pods' DNS names: the rendezvous) and one batch/v1 Job in Indexed mode:
+completions = parallelism = the stage's pods (config/resources.rank_layout, the one place for nodes x processes),
+each pod running `processes` processes of the stage program with RANK = JOB_COMPLETION_INDEX x processes +
+LOCAL_RANK, MASTER_ADDR the index-0 pod's DNS name (`JOB-0.JOB`, through the Service) and a fixed MASTER_PORT.
+activeDeadlineSeconds comes from the stage's runtime; `backoffLimit` counts failed programs while the pod failure
+policy ignores disrupted pods (preempted, evicted, drained: the DisruptionTarget condition), which the Job replaces.
+`launcher: pytorchjob` renders a Kubeflow PyTorchJob (kubeflow.org/v1) instead: Master + Worker replicas, the
+training operator sets RANK/WORLD_SIZE/MASTER_ADDR itself.
+
+The workspace is the PVC `workspace_claim`, mounted at the pipeline's workspace mount (the path the stage programs
+use on BCP); secrets are Kubernetes Secrets referenced by name (`secretKeyRef`): no value is ever in a manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.config.resources import KubernetesOptions, KubernetesResources, RankLayout
+from bcp_pipeline.errors import SubmissionError
+from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, stage_command
+from bcp_pipeline.backends.contract import JobRequest
+
+MANAGED_BY = "bcp-pipeline"
+LABEL_RUN, LABEL_STAGE, LABEL_KIND, LABEL_JOB = ("bcp-pipeline/run", "bcp-pipeline/stage", "bcp-pipeline/kind",
+                                                  "bcp-pipeline/job")
+CONTAINER = "stage"
+NAME_MAX = 52  # a Job name; its pods are JOB-INDEX-xxxxx, and JOB-INDEX must stay a 63-character DNS label
+UNSAFE = re.compile(r"[^a-z0-9-]+")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# Starts the pod's processes: LOCAL_RANK 0..P-1, each with its global RANK, and waits for all of them; the pod's
+# exit status is the first non-zero one, so the pod failure policy sees a failed program's own exit code.
+POD_LAUNCHER = ('P=$BCP_PIPELINE_PROCESSES; pids=""; for local in $(seq 0 $((P - 1))); do '
+                'RANK=$((JOB_COMPLETION_INDEX * P + local)) LOCAL_RANK=$local "$@" & pids="$pids $!"; done; '
+                'code=0; for pid in $pids; do wait "$pid"; status=$?; [ "$code" = 0 ] && code=$status; done; '
+                'exit "$code"')
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """A stage's pods after deriving unset fields from the BCP section and the backend options."""
+
+    pods: int
+    processes: int
+    image: str
+    deadline_seconds: int | None
+
+
+def label_value(text: str) -> str:
+    """A label value (63 characters of [A-Za-z0-9_.-]): longer ones keep their start and gain a hash."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", text).strip("_.-")
+    if len(clean) <= 63:
+        return clean
+    return f"{clean[:54]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def job_name(request: JobRequest) -> str:
+    """`RUN-STAGE[-verify]-aN` as a DNS label: unique per attempt, so a stage's next attempt never meets the last
+    one's Job still being deleted."""
+    suffix = ("-verify" if request.kind == "verify" else "") + f"-a{request.attempt}"
+    base = UNSAFE.sub("-", f"{request.run_id}-{request.stage.name}".lower()).strip("-")
+    if len(base) + len(suffix) > NAME_MAX:
+        digest = hashlib.sha256(base.encode()).hexdigest()[:6]
+        base = f"{base[:NAME_MAX - len(suffix) - 7].rstrip('-')}-{digest}"
+    return base + suffix
+
+
+def selector_labels(run_id: str, stage: str | None = None, kind: str | None = None) -> str:
+    """A label selector for one run's jobs (one stage's, of one kind): what each poll lists by."""
+    parts = [f"app.kubernetes.io/managed-by={MANAGED_BY}", f"{LABEL_RUN}={label_value(run_id)}"]
+    if stage is not None:
+        parts.append(f"{LABEL_STAGE}={label_value(stage)}")
+    if kind is not None:
+        parts.append(f"{LABEL_KIND}={kind}")
+    return ",".join(parts)
+
+
+def shape(request: JobRequest, options: KubernetesOptions) -> Shape:
+    res: KubernetesResources = request.resources("kubernetes")
+    bcp = request.resources("bcp")
+    layout = request.rank_layout("kubernetes")
+    image = res.image or bcp.image or options.image
+    if min(layout.nodes, layout.per_node) < 1:
+        raise SubmissionError(f"{request.label}: kubernetes replicas and processes must be >= 1, got "
+                              f"{layout.nodes} x {layout.per_node}")
+    if not image:
+        raise SubmissionError(f"{request.label}: no container image: set the stage's kubernetes.image (or "
+                              "bcp.image), or backends.kubernetes.image")
+    deadline = res.active_deadline or bcp.total_runtime
+    return Shape(pods=layout.nodes, processes=layout.per_node, image=image,
+                 deadline_seconds=parse_duration(deadline) if deadline else None)
+
+
+def job_values(request: JobRequest, options: KubernetesOptions) -> dict[str, str]:
+    mount = request.pipeline.workspace.mount.rstrip("/")
+    return placeholder_values(request, workspace=mount, code=options.code_dir.rstrip("/"), python=options.python,
+                              results=f"{mount}/.bcp-pipeline/results/{request.run_id}/{request.stage.name}")
+
+
+def labels(request: JobRequest, name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_RUN: label_value(request.run_id),
+            LABEL_STAGE: label_value(request.stage.name), LABEL_KIND: request.kind, LABEL_JOB: name}
+
+
+def container_env(request: JobRequest, options: KubernetesOptions, size: Shape, name: str) -> list[dict[str, Any]]:
+    """The container's environment: the rendezvous, the stage's env, and each secret as a secretKeyRef."""
+    res: KubernetesResources = request.resources("kubernetes")
+    world = size.pods * size.processes
+    env: list[dict[str, Any]] = [
+        {"name": "BCP_PIPELINE_RUN_ID", "value": request.run_id},
+        {"name": "BCP_PIPELINE_STAGE", "value": request.stage.name},
+        {"name": "BCP_PIPELINE_PROCESSES", "value": str(size.processes)},
+        {"name": "WORLD_SIZE", "value": str(world)},
+        {"name": "LOCAL_WORLD_SIZE", "value": str(size.processes)},
+        {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
+        {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
+        {"name": "MASTER_PORT", "value": str(options.master_port)},
+    ]
+    for key, value in resolved_env(request, "kubernetes", job_values(request, options)).items():
+        if not ENV_NAME.match(key):
+            raise SubmissionError(f"{request.label}: kubernetes env name {key!r} is not a valid variable name")
+        env.append({"name": key, "value": value})
+    for spec in res.secrets:
+        parts = spec.split(":")
+        if len(parts) != 3 or not all(parts):
+            raise SubmissionError(f"{request.label}: kubernetes secret {spec!r} must be SECRET:KEY:ENV (a "
+                                  "Kubernetes Secret's key, exposed as the variable ENV)")
+        secret, key, variable = parts
+        env.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    return env
+
+
+def resources_of(res: KubernetesResources) -> dict[str, Any]:
+    amounts = {"cpu": res.cpu, "memory": res.memory, "nvidia.com/gpu": res.gpus or None,
+               "vpc.amazonaws.com/efa": res.efa or None}
+    given = {key: str(value) for key, value in amounts.items() if value}
+    return {"requests": given, "limits": given} if given else {}
+
+
+def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name: str) -> dict[str, Any]:
+    res: KubernetesResources = request.resources("kubernetes")
+    mount = request.pipeline.workspace.mount.rstrip("/")
+    program = stage_command(request, "kubernetes", job_values(request, options))
+    container: dict[str, Any] = {
+        "name": CONTAINER, "image": size.image,
+        "command": ["bash", "-c", POD_LAUNCHER, "bcp-pipeline-pod"], "args": program,
+        "workingDir": mount, "env": container_env(request, options, size, name),
+        "volumeMounts": [{"name": "workspace", "mountPath": mount, "readOnly": request.kind == "verify"}],
+    }
+    if resources := resources_of(res):
+        container["resources"] = resources
+    spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": name, "automountServiceAccountToken": False,
+                            "containers": [container],
+                            "volumes": [{"name": "workspace",
+                                         "persistentVolumeClaim": {"claimName": options.workspace_claim}}]}
+    if size.pods > 1:  # a pod per node where the nodes allow it, as a multi-node stage on BCP or Slurm has
+        spec["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                              "whenUnsatisfiable": "ScheduleAnyway",
+                                              "labelSelector": {"matchLabels": {LABEL_JOB: name}}}]
+    if options.service_account:
+        spec["serviceAccountName"] = options.service_account
+    if res.node_selector:
+        spec["nodeSelector"] = dict(res.node_selector)
+    if res.tolerations:
+        spec["tolerations"] = [{key: value for key, value in (
+            ("key", t.key), ("operator", t.operator), ("value", t.value), ("effect", t.effect),
+            ("tolerationSeconds", t.toleration_seconds)) if value is not None} for t in res.tolerations]
+    return spec
+
+
+def headless_service(request: JobRequest, options: KubernetesOptions, name: str) -> dict[str, Any]:
+    """The pods' DNS names (`JOB-INDEX.JOB`): published before the pods are ready, as a rendezvous needs."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": options.namespace, "labels": labels(request, name)},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {LABEL_JOB: name}}}
+
+
+def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, Any]:
+    size = shape(request, options)
+    name = job_name(request)
+    res: KubernetesResources = request.resources("kubernetes")
+    spec: dict[str, Any] = {
+        "completionMode": "Indexed", "completions": size.pods, "parallelism": size.pods,
+        "backoffLimit": res.backoff_limit,
+        # A disrupted pod (preempted, evicted, its node drained or tainted away) is replaced without counting
+        # against backoffLimit; a failed program (any non-zero exit of the stage container) counts.
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            {"action": "Count", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}}]},
+        "template": {"metadata": {"labels": labels(request, name)}, "spec": pod_spec(request, options, size, name)},
+    }
+    if size.deadline_seconds:
+        spec["activeDeadlineSeconds"] = size.deadline_seconds
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": options.namespace, "labels": labels(request, name)},
+            "spec": spec}
+
+
+def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, Any]:
+    """A Kubeflow PyTorchJob: one Master and pods-1 Workers; the operator sets RANK/WORLD_SIZE/MASTER_ADDR (one
+    process per pod: its `nproc_per_node` is the stage's processes, started by torchrun inside the image)."""
+    size = shape(request, options)
+    name = job_name(request)
+    template = pod_spec(request, options, size, name)
+    container = template["containers"][0]
+    container["name"] = "pytorch"  # the training operator finds the container by this name
+    # torchrun, by its module (the same program: no dependence on where the image puts the script); it reads the
+    # operator's PET_NNODES/PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT for the rest of its arguments.
+    container["command"] = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
+    container["args"] = container["args"][1:] if container["args"][:1] == [options.python] else container["args"]
+    container["env"] = [e for e in container["env"] if e["name"] not in
+                        ("WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")]
+    container["ports"] = [{"name": "pytorchjob-port", "containerPort": options.master_port}]
+    template.pop("subdomain")
+    replica = {"restartPolicy": "Never", "template": {"metadata": {"labels": labels(request, name)},
+                                                      "spec": template}}
+    specs: dict[str, Any] = {"Master": {"replicas": 1, **replica}}
+    if size.pods > 1:
+        specs["Worker"] = {"replicas": size.pods - 1, **replica}
+    run_policy: dict[str, Any] = {"backoffLimit": request.resources("kubernetes").backoff_limit,
+                                  "cleanPodPolicy": "None"}
+    if size.deadline_seconds:
+        run_policy["activeDeadlineSeconds"] = size.deadline_seconds
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": name, "namespace": options.namespace, "labels": labels(request, name)},
+            "spec": {"nprocPerNode": str(size.processes), "runPolicy": run_policy, "pytorchReplicaSpecs": specs}}
+
+
+def manifests(request: JobRequest, options: KubernetesOptions) -> list[dict[str, Any]]:
+    """Everything `run` creates for one job, in creation order."""
+    if request.resources("kubernetes").launcher == "pytorchjob" and request.kind == "stage":
+        return [pytorch_job(request, options)]
+    return [headless_service(request, options, job_name(request)), indexed_job(request, options)]
+
+
+def printable(objects: list[dict[str, Any]]) -> str:
+    """The manifests as YAML documents, exactly as submitted (key order kept)."""
+    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, width=120)
+
+
+def job_rendezvous(request: JobRequest, options: KubernetesOptions) -> dict | None:
+    layout: RankLayout = request.rank_layout("kubernetes")
+    name = job_name(request)
+    return rendezvous(layout, f"{name}-0.{name} (the index-0 pod, through the headless Service)",
+                      str(options.master_port))

@@ -1,0 +1,141 @@
+"""The kubernetes backend's one map from what the API says of a job to JobState (pure: model objects in, states
+out; no I/O). An Indexed Job is judged by its conditions, then its pods and the nodes they are on; a Kubeflow
+PyTorchJob by its own conditions. Unit-tested in tests/backends/test_kubernetes_states.py, on the real control
+plane in tests/e2e/test_kubernetes_e2e.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bcp_pipeline.backends.contract import JobState, JobStatus, map_native_state
+from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
+
+# The one map from what the API says of a stage's Job to JobState. A native state is built, in this order, from:
+# 1. the Job's first true terminal condition (Complete, SuccessCriteriaMet, Failed with its reason), or its
+#    FailureTarget (decided to fail, its pods being stopped) or Suspended condition;
+# 2. else its pods (pod_trouble): a pod on a node that stopped being Ready (its kubelet lost: NODE-LOST), or a pod
+#    the cluster disrupted (the DisruptionTarget condition: preempted, evicted through the Eviction API or by the
+#    kubelet, removed by taint eviction or the pod garbage collector), which the pod failure policy's Ignore rule
+#    makes the Job replace (DISRUPTED);
+# 3. else its ready pod count (RUNNING, or PENDING before any pod is ready).
+# Anything else is "not finished yet" (map_native_state: UNKNOWN).
+STATE_MAP: dict[str, JobState] = {
+    "COMPLETE": JobState.SUCCEEDED,
+    "SUCCESSCRITERIAMET": JobState.SUCCEEDED,  # an Indexed Job's success policy met (other indexes stopping)
+    "FAILED/BACKOFFLIMITEXCEEDED": JobState.FAILED,  # its programs failed more than backoffLimit times
+    "FAILED/PODFAILUREPOLICY": JobState.FAILED,  # a FailJob rule of the pod failure policy failed the Job
+    "FAILED/MAXFAILEDINDEXESEXCEEDED": JobState.FAILED,
+    "FAILED/FAILEDINDEXES": JobState.FAILED,
+    "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # activeDeadlineSeconds (the stage's runtime) ran out
+    # Decided to fail, its pods still being stopped: not finished until they are (the Failed condition follows),
+    # so the stage's next attempt never overlaps this one's processes.
+    "FAILURETARGET/BACKOFFLIMITEXCEEDED": JobState.RUNNING,
+    "FAILURETARGET/PODFAILUREPOLICY": JobState.RUNNING,
+    "FAILURETARGET/DEADLINEEXCEEDED": JobState.RUNNING,
+    "FAILURETARGET/MAXFAILEDINDEXESEXCEEDED": JobState.RUNNING,
+    "SUSPENDED": JobState.QUEUED,
+    # A pod on a node that is no longer Ready: the kubelet is gone, nothing on the node runs or reports, and the
+    # Job controller replaces the pod only once the node is removed. The job is lost; the stage's next attempt
+    # (resume) first deletes this Job (KubernetesBackend.submit), so no replacement pod ever runs beside it.
+    "NODE-LOST": JobState.LOST,
+    # A disrupted pod (DisruptionTarget): the Job replaces it itself (podFailurePolicy: Ignore); the stage waits.
+    "DISRUPTED": JobState.PREEMPTED,
+    "RUNNING": JobState.RUNNING,  # pods ready
+    "PENDING": JobState.QUEUED,  # pods created, none ready (unscheduled, starting)
+}
+# A PyTorchJob's conditions (kubeflow.org/v1 JobConditionType), the last true one deciding.
+PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
+    "CREATED": JobState.QUEUED, "RUNNING": JobState.RUNNING, "RESTARTING": JobState.RUNNING,
+    "SUCCEEDED": JobState.SUCCEEDED, "FAILED": JobState.FAILED, "SUSPENDED": JobState.QUEUED,
+}
+TERMINAL_PHASES = ("Succeeded", "Failed")
+REPLICA_TYPE_LABEL, REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index"
+
+
+def job_condition(job: Any) -> tuple[str, str] | None:
+    """(native, detail) from the Job's conditions: a true Complete, SuccessCriteriaMet or Failed first, then a true
+    FailureTarget or Suspended; None when none is true."""
+    true = [c for c in job.status.conditions or [] if c.status == "True"]
+    for condition in true:
+        kind = condition.type.upper()
+        if kind == "FAILED":
+            return f"FAILED/{(condition.reason or '').upper()}", condition.message or ""
+        if kind in ("COMPLETE", "SUCCESSCRITERIAMET"):
+            return kind, condition.message or ""
+    for condition in true:
+        kind = condition.type.upper()
+        if kind == "FAILURETARGET":
+            return f"FAILURETARGET/{(condition.reason or '').upper()}", condition.message or ""
+        if kind == "SUSPENDED":
+            return kind, condition.message or ""
+    return None
+
+
+def pod_trouble(pods: list[Any], ready_nodes: set[str] | None) -> tuple[str, str] | None:
+    """NODE-LOST when a pod that has not ended is bound to a node not in `ready_nodes` (None: nodes unknown, not
+    judged); else DISRUPTED when a pod carries a true DisruptionTarget condition; else None."""
+    live = [p for p in pods if (p.status.phase if p.status else None) not in TERMINAL_PHASES]
+    if ready_nodes is not None:
+        for pod in live:
+            if pod.spec.node_name and pod.spec.node_name not in ready_nodes:
+                return "NODE-LOST", (f"pod {pod.metadata.name} is on node {pod.spec.node_name}, which is not Ready "
+                                     "(its kubelet stopped reporting): the pod's processes are gone or unreachable")
+    for pod in newest_per_index(pods):  # a disrupted pod already replaced is past trouble
+        for condition in (pod.status.conditions if pod.status else None) or []:
+            if condition.type == "DisruptionTarget" and condition.status == "True":
+                return "DISRUPTED", (f"pod {pod.metadata.name} was disrupted ({condition.reason}: "
+                                     f"{condition.message or 'no message'}); the Job replaces it")
+    return None
+
+
+def completion_index(pod: Any) -> int:
+    """A pod's place in its job: an Indexed Job's completion index; a PyTorchJob's Master 0, Worker i i + 1 (the
+    training operator's replica labels), as the operator numbers node ranks."""
+    annotations, labels = pod.metadata.annotations or {}, pod.metadata.labels or {}
+    if INDEX_ANNOTATION in annotations:
+        return int(annotations[INDEX_ANNOTATION])
+    index = int(labels.get(REPLICA_INDEX_LABEL, 0))
+    return index + 1 if labels.get(REPLICA_TYPE_LABEL) == "worker" else index
+
+
+def newest_per_index(pods: list[Any]) -> list[Any]:
+    """The latest pod of each completion index (a replaced pod's successor)."""
+    newest: dict[int, Any] = {}
+    for pod in sorted(pods, key=lambda p: p.metadata.creation_timestamp):
+        newest[completion_index(pod)] = pod
+    return list(newest.values())
+
+
+def native_state(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None) -> tuple[str, str]:
+    """(STATE_MAP key, detail) of a batch/v1 Job object and its pods (see STATE_MAP for the order)."""
+    decided = job_condition(job)
+    if decided is not None:
+        return decided
+    trouble = pod_trouble(list(pods), ready_nodes)
+    if trouble is not None:
+        return trouble
+    return ("RUNNING" if (job.status.ready or 0) > 0 else "PENDING"), ""
+
+
+def ready_node_names(nodes: list[Any]) -> set[str]:
+    """The Nodes whose Ready condition is True (a lost kubelet's node turns Unknown within the node monitor's
+    grace period)."""
+    return {node.metadata.name for node in nodes
+            if any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))}
+
+
+def pytorchjob_status(obj: dict[str, Any]) -> JobStatus:
+    """A PyTorchJob (a dict from the custom-objects API): its last true condition decides."""
+    conditions = [c for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"]
+    native = conditions[-1]["type"].upper() if conditions else "CREATED"
+    state = map_native_state(native, PYTORCHJOB_STATE_MAP)
+    return JobStatus(job_id=obj["metadata"]["name"], state=state, native=native,
+                     detail=conditions[-1].get("message", "") if conditions else "",
+                     exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
+
+
+def status_of(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None) -> JobStatus:
+    native, detail = native_state(job, pods, ready_nodes)
+    state = map_native_state(native, STATE_MAP)
+    return JobStatus(job_id=job.metadata.name, state=state, native=native, detail=detail,
+                     exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)

@@ -1,0 +1,96 @@
+"""The detached supervisor of one local job: starts replicas x processes ranks the way bcprun would.
+
+Started by the local backend as `python -m bcp_pipeline.backends.local.supervisor JOB_DIR` in a new session, so
+it outlives the orchestrator (SIGKILL, Ctrl-C) like a BCP job outlives the user's laptop. It reads `spec.json`,
+writes `status.json` atomically (running -> succeeded | failed | cancelled) and each rank's stdout and stderr to
+its own log file. Every rank runs to its end even if another fails, so a rerun has the least left to redo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bcp_pipeline.atomic import atomic_write_json
+from bcp_pipeline.procs import die_with_parent, process_start_ticks
+
+
+def rank_environment(base: dict[str, str], replica: int, local_rank: int, replicas: int, processes: int,
+                     port: int) -> dict[str, str]:
+    """The variables bcprun sets for one process (torchrun-style ranks plus NGC's node-level ones)."""
+    return {
+        **base,
+        "RANK": str(replica * processes + local_rank),
+        "WORLD_SIZE": str(replicas * processes),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(processes),
+        "NODE_RANK": str(replica),
+        "GROUP_RANK": str(replica),
+        "NGC_ARRAY_INDEX": str(replica),
+        "NGC_ARRAY_SIZE": str(replicas),
+        "NGC_REPLICA_ID": str(replica),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def supervise(job_dir: Path) -> int:
+    spec = json.loads((job_dir / "spec.json").read_text())
+    replicas, processes = spec["replicas"], spec["processes"]
+    log_dir = Path(spec["log_dir"])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    status_path = job_dir / "status.json"
+    me = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid())}
+    children: list[subprocess.Popen] = []
+
+    def on_cancel(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        deadline = time.monotonic() + 10
+        for child in children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=5)  # reaped, so its exit code is recorded (else it stays None)
+        atomic_write_json(status_path, {**me, "state": "cancelled", "signal": signum, "ended_at": time.time(),
+                                        "exit_codes": [c.returncode for c in children]})
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_cancel)
+    signal.signal(signal.SIGINT, on_cancel)
+    started_at = time.time()
+    atomic_write_json(status_path, {**me, "state": "running", "started_at": started_at})
+    base_env = {**os.environ, **spec["env"]}
+    for replica in range(replicas):
+        for local_rank in range(processes):
+            rank = replica * processes + local_rank
+            log = open(log_dir / f"rank-{rank:05d}.log", "ab")
+            env = rank_environment(base_env, replica, local_rank, replicas, processes, spec["master_port"])
+            # A rank dies with its supervisor: killed before it recorded its ranks (below), it would otherwise
+            # leave ranks no record names, still writing the stage's files beside its next job (scripts/chaos).
+            children.append(subprocess.Popen(spec["argv"], env=env, cwd=spec["cwd"], stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=subprocess.STDOUT,
+                                             preexec_fn=die_with_parent(os.getpid())))
+            log.close()
+    # The rank pids go into the job's record: a rank that outlives a killed supervisor is still this job's, and
+    # `status`, `cancel` and the chaos checks (tests/chaos_backends.py) must be able to see it.
+    ranks = [{"pid": child.pid, "start_ticks": process_start_ticks(child.pid)} for child in children]
+    atomic_write_json(status_path, {**me, "state": "running", "started_at": started_at, "ranks": ranks})
+    exit_codes = [child.wait() for child in children]
+    state = "succeeded" if all(code == 0 for code in exit_codes) else "failed"
+    atomic_write_json(status_path, {**me, "state": state, "started_at": started_at, "ranks": ranks,
+                                    "exit_codes": exit_codes, "ended_at": time.time()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(Path(sys.argv[1])))

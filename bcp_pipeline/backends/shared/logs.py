@@ -1,0 +1,89 @@
+"""Reading jobs' logs alike on every backend: the stage programs' machine-readable lines, progress summed over
+ranks, a training's steps and loss, log tails, and several log files shown as one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bcp_pipeline.backends.contract import JobProgress
+from bcp_pipeline.training_log import last_progress
+
+
+LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
+
+
+def parse_lines(text: str, kind: str) -> list[dict[str, Any]]:
+    """Every `##bcp-pipeline KIND {json}` payload in `text`, in order (bad JSON is ignored: logs get cut)."""
+    found = []
+    marker = f"{LINE_PREFIX}{kind} "
+    for line in text.splitlines():
+        index = line.find(marker)
+        if index < 0:
+            continue
+        try:
+            found.append(json.loads(line[index + len(marker):]))
+        except ValueError:
+            continue
+    return found
+
+
+def progress_from_logs(texts: list[str], *, training: bool = False) -> JobProgress | None:
+    """Sum the last progress line of each rank's log: items done of total across the job. For a training job,
+    rank 0's (the first text's) steps and loss, from its training lines, where they are found."""
+    if training and texts and (found := training_progress(texts[0])) is not None:
+        return found
+    done = total = 0
+    unit = "items"
+    seen = False
+    for text in texts:
+        lines = parse_lines(text, "progress")
+        if lines:
+            last = lines[-1]
+            done += int(last.get("done", 0))
+            total += int(last.get("total", 0))
+            unit = str(last.get("unit", unit))
+            seen = True
+    return JobProgress(done=done, total=total, unit=unit) if seen else None
+
+
+def training_progress(text: str) -> JobProgress | None:
+    """A training job's steps done (of its total, where the log says) and last loss, from its rank 0 log."""
+    found = last_progress(text)
+    if found is None:
+        return None
+    return JobProgress(done=found.steps_done, total=found.total or 0, unit="steps", loss=found.loss,
+                       step_seconds=found.step_seconds)
+
+
+def joined_logs(paths: list[Path], tail: int | None) -> str:
+    """Log files as one text (each headed `==> NAME <==` where there are several); `tail` keeps each one's last
+    lines. What `logs` shows on the backends whose logs are files here."""
+    parts = []
+    for path in paths:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        text = last_lines(text, tail) if tail else text
+        parts.append(text if len(paths) == 1 else f"==> {path.name} <==\n{text}")
+    return "\n".join(parts)
+
+
+def read_tail(path: Path, max_bytes: int = 65536) -> str:
+    """The end of a (possibly huge) log file."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            return handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def last_lines(text: str, count: int) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-count:])
+
+
+def indent(text: str, prefix: str = "    ") -> str:
+    """`text` with every line indented: a log excerpt inside a failure's explanation."""
+    return "\n".join(f"{prefix}{line}" for line in text.splitlines())

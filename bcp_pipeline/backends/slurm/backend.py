@@ -1,0 +1,239 @@
+"""Slurm: every stage an `sbatch` job of nodes x ntasks_per_node tasks started by `srun`, tracked with `squeue`.
+
+Rendering is pure (slurm_render.py): `plan` prints the exact batch script. Jobs are named `RUN.STAGE` or
+`RUN.STAGE.verify` (and carry `--comment "bcp-pipeline run=... stage=... kind=..."`), so `find_active` finds
+them again with one `squeue` call after the orchestrator died between `sbatch` and recording the id. One
+`squeue --jobs=...` call per poll cycle covers every job; for ids Slurm no longer lists (finished longer than
+MinJobAge ago) `sacct` is asked when accounting is enabled, else the exit record the batch script writes last.
+Logs are the per-task files under `<run>/logs/JOBID/` (see slurm_render.py for the layout).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from bcp_pipeline.errors import CommandError, SubmissionError
+from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobState, JobStatus, Submission)
+from bcp_pipeline.procs import run_command
+from bcp_pipeline.config.nemo import nemo_run_name
+from bcp_pipeline.config.resources import SlurmOptions
+from bcp_pipeline.backends.shared.logs import joined_logs, last_lines, progress_from_logs, read_tail, indent
+from bcp_pipeline.backends.contract import outage_seconds
+from bcp_pipeline.backends.slurm.render import NEMO_SUFFIX, batch_script, nemo_job_name_prefix, nemo_launcher_script
+from bcp_pipeline.backends.shared.batch import job_name, paths_for
+from bcp_pipeline.backends.slurm.render import job_rendezvous, nemo_rendezvous, shape
+from bcp_pipeline.backends.slurm.states import Row, failed_tasks, status_of
+from typing import Any
+from bcp_pipeline.backends.slurm.client import HINT, squeue
+
+LAUNCHER_JOB_ID = re.compile(r"(?:Submitted batch job|submitted with Job ID) (\d+)")
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+
+    def __init__(self, options: SlurmOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
+                 workspace_name: str) -> None:
+        self.options = options
+        self.run_dir = run_dir
+        self.logs_dir = run_dir / "logs"
+        self.paths = paths_for(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
+                               workspace_name=workspace_name, orchestrator_python=sys.executable)
+        self.local_workspace = Path(self.paths.workspace)
+        self.poll_min_seconds = options.poll_seconds
+        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
+        self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
+        self._sacct_enabled = True  # until sacct says accounting is off here
+
+    # -- rendering (pure) ------------------------------------------------------------------------------
+    def sharding(self, request: JobRequest) -> dict[str, int]:
+        size = shape(request, self.options)
+        return {"replicas": size.nodes, "processes": size.ntasks_per_node}
+
+    def render(self, request: JobRequest) -> Submission:
+        if request.kind == "stage" and request.stage.nemo and not request.resources("slurm").command:
+            script = nemo_launcher_script(request, self.options, self.paths)
+            printable = ("# runs on this machine: NeMo's launcher (cluster_type=bcm) writes and sbatch-es the "
+                         f"training job {nemo_job_name_prefix(request)}{nemo_run_name(request.stage, request.run_id)}\n{script}")
+            return Submission(request=request, printable=printable, payload={"submit_with": "nemo-launcher"},
+                              rendezvous=nemo_rendezvous(request, self.options))
+        return Submission(request=request, printable=batch_script(request, self.options, self.paths), payload={
+            "submit_with": "sbatch", "job_name": job_name(request.run_id, request.stage.name, request.kind),
+            **self.sharding(request)}, rendezvous=job_rendezvous(request))
+
+    # -- side effects ------------------------------------------------------------------------------------
+    def submit(self, submission: Submission) -> str:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)  # sbatch opens the batch log here before the script runs
+        Path(self.paths.workspace).mkdir(parents=True, exist_ok=True)  # the job's --chdir
+        if submission.payload["submit_with"] == "nemo-launcher":
+            output = run_command(["bash", "-c", submission.printable], timeout=1800,
+                                 hint="the NeMo launcher runs on this machine: it needs launcher_dir and "
+                                      "hydra-core/omegaconf here").stdout
+            found = LAUNCHER_JOB_ID.findall(output)
+            if not found:
+                raise SubmissionError(f"the NeMo launcher printed no Slurm job id; its output ends:\n"
+                                      f"{last_lines(output, 20)}")
+            return found[-1]
+        output = run_command(["sbatch", "--parsable"], input_text=submission.printable, hint=HINT).stdout
+        lines = output.strip().splitlines()
+        job_id = lines[-1].split(";")[0].strip() if lines else ""  # --parsable: ID or ID;CLUSTER
+        if not job_id.isdigit():
+            raise SubmissionError(f"`sbatch --parsable` printed no job id: {output[:500]!r}")
+        return job_id
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """One squeue call for all ids; sacct, then the exit record, for ids Slurm no longer lists."""
+        if not job_ids:
+            return {}
+        wanted = set(job_ids)
+        rows = [row for row in squeue("--jobs=" + ",".join(job_ids)) if row.job_id in wanted]
+        too_big = self._too_big_for_partition(rows)
+        statuses = {row.job_id: status_of(row, too_big=row.job_id in too_big) for row in rows}
+        missing = [job_id for job_id in job_ids if job_id not in statuses]
+        if missing:
+            statuses.update(self._forgotten(missing))
+        stuck = [s.job_id for s in statuses.values() if s.native.startswith("PENDING") and s.state is JobState.FAILED]
+        if stuck:
+            self.cancel(stuck)
+        return statuses
+
+    def _too_big_for_partition(self, rows: list[Row]) -> set[str]:
+        """Pending jobs asking for more nodes than their partition has. Slurm's PartitionNodeLimit also means
+        "some nodes are down right now", which passes, so the partition's size decides (one scontrol call)."""
+        waiting = [row for row in rows if row.state == "PENDING" and row.reason == "PartitionNodeLimit"]
+        if not waiting:
+            return set()
+        try:
+            text = run_command(["scontrol", "-o", "show", "partition"], timeout=30).stdout
+        except CommandError:
+            return set()
+        sizes = {}
+        for line in text.splitlines():
+            fields = dict(re.findall(r"(\w+)=(\S*)", line))
+            if fields.get("TotalNodes", "").isdigit():
+                max_nodes = fields.get("MaxNodes", "")
+                sizes[fields.get("PartitionName")] = min(int(fields["TotalNodes"]),
+                                                         int(max_nodes) if max_nodes.isdigit() else 1 << 30)
+        return {row.job_id for row in waiting
+                if row.nodes.isdigit() and row.partition in sizes and int(row.nodes) > sizes[row.partition]}
+
+    def _forgotten(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """Jobs Slurm no longer lists: sacct's answer, else the exit record; neither means the job is LOST, unless
+        sacct failed this time (then the job is left out, i.e. "not finished", and asked about again)."""
+        rows = self._sacct(job_ids)
+        statuses = {row.job_id: status_of(row) for row in rows or []}
+        for job_id in job_ids:
+            if job_id in statuses:
+                continue
+            record = self.logs_dir / f"slurm-{job_id}.exit"
+            try:
+                code = int(record.read_text().strip())
+            except (OSError, ValueError):
+                if rows is not None:
+                    statuses[job_id] = JobStatus(job_id=job_id, state=JobState.LOST, native="GONE", detail=(
+                        f"Slurm no longer knows job {job_id} and its batch script left no exit record ({record}): "
+                        "it ended without finishing (cancelled, timed out or its node failed) long enough ago for "
+                        "Slurm to forget it"))
+                continue
+            statuses[job_id] = JobStatus(job_id=job_id, state=JobState.SUCCEEDED if code == 0 else JobState.FAILED,
+                                         native="COMPLETED" if code == 0 else "FAILED", exit_code=code,
+                                         detail="" if code == 0 else f"exit code {code} (from {record})")
+        return statuses
+
+    def _sacct(self, job_ids: list[str]) -> list[Row] | None:
+        """sacct's rows for `job_ids`: [] where accounting is off, None when sacct failed this time."""
+        if not self._sacct_enabled:
+            return []
+        argv = ["sacct", "--noheader", "--parsable2", "--allocations", "--jobs=" + ",".join(job_ids),
+                "--format=JobIDRaw,State,ExitCode"]
+        try:
+            output = run_command(argv, timeout=60).stdout
+        except CommandError as exc:
+            if exc.returncode == 127 or "accounting storage is disabled" in exc.stderr.lower():
+                self._sacct_enabled = False  # no slurmdbd on this cluster: stop asking
+                return []
+            return None
+        rows = []
+        for line in output.splitlines():
+            parts = line.split("|")
+            if len(parts) >= 3 and parts[1]:
+                rows.append(Row(parts[0], parts[1].split()[0], parts[2], ""))  # "CANCELLED by 123" -> CANCELLED
+        return rows
+
+    def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
+        """This user's unfinished jobs named RUN.STAGE[.verify] (or RUN.STAGE.nemo.* from the NeMo launcher)."""
+        name = job_name(run_id, stage, kind)
+        found = []
+        for row in squeue(f"--user={os.getuid()}"):
+            mine = row.name == name or (kind == "stage" and row.name.startswith(name + NEMO_SUFFIX))
+            if mine and not status_of(row).state.finished:
+                found.append(row.job_id)
+        return found
+
+    def _rank_logs(self, job_id: str) -> list[Path]:
+        return sorted((self.logs_dir / job_id).glob("rank-*.log"))
+
+    def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
+        batch_log = self.logs_dir / f"slurm-{job_id}.log"
+        if rank is not None:
+            path = self.logs_dir / job_id / f"rank-{rank:05d}.log"
+            if not path.is_file():
+                raise SubmissionError(f"job {job_id} has no log for rank {rank} ({path}); the batch script's "
+                                      f"output ends:\n{indent(last_lines(read_tail(batch_log), 10) or '(empty)')}")
+            paths = [path]
+        else:
+            paths = self._rank_logs(job_id) + ([batch_log] if batch_log.is_file() and batch_log.stat().st_size else [])
+            if not paths:
+                paths = self._slurm_output_files(job_id)  # e.g. the NeMo launcher's own job
+            if not paths:
+                raise SubmissionError(f"job {job_id} has no logs yet under {self.logs_dir}")
+        return joined_logs(paths, tail)
+
+    def _slurm_output_files(self, job_id: str) -> list[Path]:
+        try:
+            text = run_command(["scontrol", "-o", "show", "job", job_id], timeout=30).stdout
+        except CommandError:
+            return []
+        found = dict.fromkeys(Path(m) for m in re.findall(r"\bStd(?:Out|Err)=(\S+)", text))
+        return [path for path in found if path.is_file()]
+
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)
+
+    def failure_detail(self, job_id: str, status: JobStatus) -> str:
+        """Slurm's reason and exit code, the failing tasks (from srun's messages) and the first one's log tail."""
+        lines = [status.detail] if status.detail else []
+        batch = read_tail(self.logs_dir / f"slurm-{job_id}.log")
+        failed = failed_tasks(batch)
+        if failed:
+            lines.append("; ".join(f"rank {rank} {why}" for rank, why in failed.items()))
+            rank = min(failed)
+            log = self.logs_dir / job_id / f"rank-{rank:05d}.log"
+            lines.append(f"last lines of {log}:\n" + indent(last_lines(read_tail(log), 15) or "(empty)"))
+        elif batch.strip():
+            lines.append(f"last lines of {self.logs_dir / f'slurm-{job_id}.log'}:\n" + indent(last_lines(batch, 10)))
+        return "\n".join(lines)
+
+    def cancel(self, job_ids: list[str]) -> None:
+        if job_ids:
+            run_command(["scancel", *job_ids], timeout=60, hint=HINT)  # finished or unknown ids: no error
+
+    def resume(self, job_id: str) -> bool:
+        """Requeue a PREEMPTED job: it runs again under the same id (its logs are appended to)."""
+        try:
+            run_command(["scontrol", "requeue", job_id], timeout=60, hint=HINT)
+        except CommandError:
+            return False
+        return True
+
+    @classmethod
+    def check_service(cls, given: Any) -> Any:
+        from bcp_pipeline.backends.slurm.check import check_slurm  # its probes' imports load only for `check`
+
+        return check_slurm(given)
+
+
+BACKEND = SlurmBackend

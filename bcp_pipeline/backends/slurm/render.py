@@ -1,0 +1,230 @@
+"""Pure rendering of a stage into a Slurm batch script (no I/O), golden-tested in tests/golden/slurm/.
+
+A stage job is one `sbatch` script: resources as `#SBATCH` lines, then one `srun` that starts nodes x
+ntasks_per_node tasks of the stage program. Every task exports RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
+NODE_RANK from Slurm's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE and SLURM_NODEID (so a
+stale RANK in the submitting shell cannot leak into a job), and the batch script exports MASTER_ADDR (the first
+node) and a per-job MASTER_PORT. Files of job ID in the run folder (on real clusters: a shared file system):
+
+    logs/slurm-ID.log          the batch script's output: srun's own messages, e.g. "task 1: Exited with exit code 3"
+    logs/ID/rank-NNNNN.log     stdout and stderr of each task, as the local backend writes them
+    logs/slurm-ID.exit         srun's exit status, written last: the result once Slurm has forgotten the job
+
+A stage with a `nemo:` section runs NVIDIA's NeMo launcher on the submit host with `cluster_type=bcm`: the
+launcher writes and `sbatch`es its own job (named JOB_NAME.nemo.RUN_NAME), whose id is then tracked like any other.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.errors import SubmissionError
+from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.config.resources import RankLayout, SlurmOptions, SlurmResources
+from bcp_pipeline.backends.shared.batch import Paths, job_name
+from bcp_pipeline.backends.shared.command import apptainer_argv, placeholder_values, rendezvous, shell_exports
+from bcp_pipeline.backends.shared.command import shell_join, stage_command
+
+# Each task records its own exit status (TASK_EXITS/rank-R.exit) when its program ends: srun may exit 0 for a job
+# whose node was lost (NODE_FAIL), and the batch script then holds every rank to its own record.
+TASK_WRAPPER = ('export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID '
+                'LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE NODE_RANK=$SLURM_NODEID; "$@"; code=$?; '
+                'printf \'%s\\n\' "$code" > "$BCP_PIPELINE_TASK_EXITS/rank-$RANK.exit"; exit "$code"')
+NEMO_SUFFIX = ".nemo."  # JOB_NAME.nemo.RUN_NAME: the name of the job the NeMo launcher submits
+# The batch script runs on the job's first node: its host name is the rendezvous address of every task, and the
+# port comes from the job id, so two jobs sharing a node do not collide (stages/_common.rendezvous falls back to the
+# same formula for tasks that lack the variable).
+MASTER_PORT_EXPR = "20000 + SLURM_JOB_ID % 20000"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """A job's resources after deriving unset fields from the BCP section and the backend options."""
+
+    nodes: int
+    ntasks_per_node: int
+    cpus_per_task: int
+    time: str | None  # a Duration, e.g. 1h
+    partition: str | None
+    account: str | None
+
+
+def slurm_time(duration: str) -> str:
+    """`1h30m` -> `01:30:00`, `5D` -> `5-00:00:00` (sbatch --time's days-hours:minutes:seconds)."""
+    days, rest = divmod(parse_duration(duration), 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def shape(request: JobRequest, options: SlurmOptions) -> Shape:
+    res: SlurmResources = request.resources("slurm")
+    bcp = request.resources("bcp")
+    layout = request.rank_layout("slurm")
+    result = Shape(nodes=layout.nodes, ntasks_per_node=layout.per_node, cpus_per_task=res.cpus_per_task,
+                   time=res.time or bcp.total_runtime,
+                   partition=res.partition or options.partition, account=res.account or options.account)
+    if min(result.nodes, result.ntasks_per_node, result.cpus_per_task) < 1:
+        raise SubmissionError(f"{request.label}: slurm nodes, ntasks_per_node and cpus_per_task must be >= 1, got "
+                              f"{result.nodes} x {result.ntasks_per_node} x {result.cpus_per_task}")
+    return result
+
+
+def job_values(request: JobRequest, paths: Paths) -> dict[str, str]:
+    res: SlurmResources = request.resources("slurm")
+    python = paths.python or ("python3" if res.container_image else paths.orchestrator_python)
+    return placeholder_values(request, workspace=paths.workspace, code=paths.code, python=python,
+                              results=f"{paths.run_dir}/results/{request.stage.name}")
+
+
+def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> str:
+    """The whole `sbatch` script of a stage or verification job."""
+    res: SlurmResources = request.resources("slurm")
+    size = shape(request, options)
+    values = job_values(request, paths)
+    program = stage_command(request, "slurm", values)
+    if res.container_image and not (request.kind == "stage" and res.command):
+        program = ["bash", f"{paths.code}/bootstrap.sh", *program]  # as on BCP: installs missing stage packages
+    apptainer = bool(res.container_image) and options.container == "apptainer"
+    if apptainer:  # the same paths inside as outside, as Pyxis mounts them
+        binds = [f"{paths.workspace}:{paths.workspace}", f"{paths.code}:{paths.code}",
+                 f"{paths.run_dir}:{paths.run_dir}", *res.container_mounts]
+        program = apptainer_argv(str(res.container_image), binds) + program
+    world = size.nodes * size.ntasks_per_node
+    what = "verification of stage" if request.kind == "verify" else "stage"
+    lines = ["#!/bin/bash",
+             f"# bcp-pipeline run {request.run_id}, {what} {request.stage.name}: {size.nodes} node(s) x "
+             f"{size.ntasks_per_node} task(s) = RANK 0..{world - 1} of WORLD_SIZE {world}"]
+    lines += [f"#SBATCH {flag}={shlex.quote(value)}" for flag, value in sbatch_flags(request, size, paths)]
+    lines += [f"#SBATCH {arg}" for arg in res.extra_args]
+    lines += [f"logs={shlex.quote(paths.logs)}",
+              f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
+              f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}"]
+    lines += shell_exports(request, "slurm", values, request.label)
+    task = f"bash -c {shlex.quote(TASK_WRAPPER)} bcp-pipeline-task"
+    lines += [f'export MASTER_ADDR="$(hostname)" MASTER_PORT="$(({MASTER_PORT_EXPR}))"',
+              'mkdir -p "$logs/$SLURM_JOB_ID"',
+              'export BCP_PIPELINE_TASK_EXITS="$logs/$SLURM_JOB_ID"',
+              'rm -f "$BCP_PIPELINE_TASK_EXITS"/rank-*.exit  # a requeued job starts over',
+              "srun " + " \\\n  ".join([*srun_flags(res, paths, pyxis=not apptainer), task, shell_join(program)]),
+              "code=$?",
+              "# srun can exit 0 although a lost node's tasks never finished: every rank must have recorded 0.",
+              f'if [ "$code" = 0 ]; then for rank in $(seq 0 {world - 1}); do '
+              '{ read -r task_code < "$BCP_PIPELINE_TASK_EXITS/rank-$rank.exit"; } 2>/dev/null || task_code=none; '
+              'if [ "$task_code" != 0 ]; then echo "bcp-pipeline: srun exited 0, but task $rank recorded exit '
+              '$task_code (a lost node?): the job failed" >&2; code=1; fi; done; fi',
+              "# Written last: the job's result even after Slurm has forgotten the job (MinJobAge, no sacct).",
+              'printf \'%s\\n\' "$code" > "$logs/slurm-$SLURM_JOB_ID.exit.tmp" && '
+              'mv -f "$logs/slurm-$SLURM_JOB_ID.exit.tmp" "$logs/slurm-$SLURM_JOB_ID.exit"',
+              'exit "$code"']
+    return "\n".join(lines) + "\n"
+
+
+def job_rendezvous(request: JobRequest) -> dict | None:
+    """Where the job's tasks meet, as `plan` shows it (None for one task)."""
+    return rendezvous(request.rank_layout("slurm"), "$(hostname) of the job's first node (the batch script)",
+                      f"$(({MASTER_PORT_EXPR}))")
+
+
+def sbatch_flags(request: JobRequest, size: Shape, paths: Paths) -> list[tuple[str, str]]:
+    res: SlurmResources = request.resources("slurm")
+    batch_log = f"{paths.logs}/slurm-%j.log"
+    flags = [("--job-name", job_name(request.run_id, request.stage.name, request.kind)),
+             ("--comment", f"bcp-pipeline run={request.run_id} stage={request.stage.name} kind={request.kind}"),
+             ("--nodes", str(size.nodes)), ("--ntasks-per-node", str(size.ntasks_per_node)),
+             ("--cpus-per-task", str(size.cpus_per_task))]
+    optional = [("--time", slurm_time(size.time) if size.time else None), ("--partition", size.partition),
+                ("--account", size.account), ("--gpus-per-node", res.gpus_per_node and str(res.gpus_per_node)),
+                ("--mem", res.mem)]
+    flags += [(flag, value) for flag, value in optional if value]
+    # Append, so a requeued job (preemption) keeps the output of its earlier start.
+    return flags + [("--chdir", paths.workspace), ("--output", batch_log), ("--error", batch_log),
+                    ("--open-mode", "append")]
+
+
+def srun_flags(res: SlurmResources, paths: Paths, *, pyxis: bool = True) -> list[str]:
+    rank_log = '"$logs/%j/rank-%5t.log"'  # %5t: the task's rank, zero-padded like the local backend's names
+    # Every task runs to its end even if another fails, so a rerun has the least left to redo.
+    flags = ["--kill-on-bad-exit=0 --open-mode=append", f"--output={rank_log} --error={rank_log}"]
+    if res.container_image and pyxis:
+        mounts = [f"{paths.workspace}:{paths.workspace}", f"{paths.code}:{paths.code}", *res.container_mounts]
+        flags.append(" ".join([f"--container-image={shlex.quote(res.container_image)}",
+                               f"--container-mounts={shlex.quote(','.join(mounts))}",
+                               f"--container-workdir={shlex.quote(paths.workspace)}"]))
+    if res.srun_args:
+        flags.append(shell_join(res.srun_args))
+    return flags
+
+
+def nemo_job_name_prefix(request: JobRequest) -> str:
+    """The launcher names its job PREFIX + training.run.name: `RUN.STAGE.nemo.RUN_NAME`."""
+    return job_name(request.run_id, request.stage.name, "stage") + NEMO_SUFFIX
+
+
+def nemo_rendezvous(request: JobRequest, options: SlurmOptions) -> dict | None:
+    """The NeMo launcher's job: one rank per GPU on each node, meeting through the launcher's own torchrun/srun."""
+    from bcp_pipeline.config.nemo import gpus_per_node
+
+    res: SlurmResources = request.resources("slurm")
+    try:
+        gpus = res.gpus_per_node or gpus_per_node(request.stage, request.stage.bcp.instance)
+    except ValueError as exc:
+        raise SubmissionError(f"{request.label}: {exc}") from None
+    layout = RankLayout(nodes=shape(request, options).nodes, per_node=gpus)
+    return rendezvous(layout, "the NeMo launcher's own", "the NeMo launcher's own")
+
+
+def nemo_launcher_overrides(request: JobRequest, options: SlurmOptions, paths: Paths) -> list[str]:
+    """NeMo launcher Hydra overrides for a Slurm cluster (`cluster_type=bcm`), data_prefix excluded."""
+    from bcp_pipeline.config.nemo import gpus_per_node, launcher_overrides
+
+    res: SlurmResources = request.resources("slurm")
+    stage = request.stage
+    size = shape(request, options)
+    values = job_values(request, paths)
+    try:
+        gpus = res.gpus_per_node or gpus_per_node(stage, stage.bcp.instance)
+        overrides = launcher_overrides(stage, cluster_type="bcm", nodes=str(size.nodes), runtime=size.time,
+                                       values=values)
+    except ValueError as exc:
+        raise SubmissionError(f"{request.label}: {exc}") from None
+    overrides += [f"training.trainer.devices={gpus}", f"cluster.gpus_per_node={gpus}",
+                  f"cluster.job_name_prefix={nemo_job_name_prefix(request)}"]
+    overrides += [f"cluster.{key}={value}" for key, value in (("partition", size.partition),
+                                                               ("account", size.account)) if value]
+    if res.container_image:
+        overrides.append(f"container={res.container_image}")
+    mounts = [paths.workspace, *res.container_mounts]
+    overrides.append(f"container_mounts=[{','.join(mounts)}]")
+    return overrides
+
+
+def nemo_launcher_script(request: JobRequest, options: SlurmOptions, paths: Paths,
+                         data_prefix: str | None = None) -> str:
+    """Shell script for the submit host: build the data list from the manifests, then run the launcher, which
+    `sbatch`es the training job. `data_prefix` (a rendered `training.model.data.data_prefix=[...]`) replaces the
+    list built at submit time, for tests and for users who pin one."""
+    from bcp_pipeline.config.placeholders import substitute
+    from bcp_pipeline.config.nemo import DATA_LIST_FILE, launcher_dir
+
+    stage = request.stage
+    assert stage.nemo is not None
+    values = job_values(request, paths)
+    list_file = f"{paths.run_dir}/{stage.name}-{DATA_LIST_FILE}"
+    words = [shlex.quote(o) for o in nemo_launcher_overrides(request, options, paths)]
+    lines = ["set -eo pipefail", f"mkdir -p {shlex.quote(paths.logs)}"]
+    if data_prefix is None:
+        lines.append(shell_join(["python3", f"{paths.code}/data_list.py", "--data-dir",
+                                 substitute(stage.nemo.data_dir, values), "--format", "hydra", "--key",
+                                 "training.model.data.data_prefix", "--out", list_file]))
+        words.append(f'"$(cat {shlex.quote(list_file)})"')
+    else:
+        words.append(shlex.quote(data_prefix))
+    try:
+        launcher = launcher_dir(stage, "slurm")
+    except ValueError as exc:
+        raise SubmissionError(f"{request.label}: {exc}") from None
+    lines.append(" ".join(["python3", shlex.quote(f"{launcher}/main.py"), *words])
+                 + f" 2>&1 | tee -a {shlex.quote(f'{paths.logs}/{stage.name}-nemo-launcher.log')}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,219 @@
+"""The typed pipelines.yaml: a Config of pipelines, each a DAG of stages with their checks, continuation, NeMo
+training and per-backend sections (config/resources.py). Keys map 1:1 to fields; the field comments are the
+reference for pipelines.yaml (docs/pipelines-yaml.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from bcp_pipeline.config.placeholders import resolve_int, substitute
+from bcp_pipeline.config.resources import (BcpResources, GridEngineResources, KubernetesResources, LocalResources,
+    SlurmResources)
+from bcp_pipeline.config.typed import Duration, Where
+from bcp_pipeline.errors import ConfigError
+
+
+@dataclass(kw_only=True)
+class Check:
+    """One verification: count files matching `glob` and compare with a fixed or derived number."""
+
+    glob: str  # under ${workspace}; hidden temporaries never match
+    expect: int | str | None = None  # a number, or "${var}"
+    expect_from: str | None = None  # derive from an upstream stage's (first) check ...
+    per: int = 1  # ... times `per` (one .jsonl per .zst: 1; a .bin and an .idx per chunk: 1 each)
+    group: int | str | None = None  # ... or divided by `group` (a number or "${var}"), rounded up: 800 per chunk
+
+
+@dataclass(kw_only=True)
+class Continuation:
+    """Resubmit a stage that ended before its work was done (training that hit its runtime or was preempted).
+
+    After each end listed in `resubmit_on`, a small verification job reads the highest `step=N` among the names in
+    `checkpoints`; below `target_steps` the same job is submitted again (NeMo resumes from its `-last`
+    checkpoint), up to `max_attempts`. Two attempts in a row without progress stop the stage.
+    """
+
+    checkpoints: str  # folder whose entries are named ...step=N... (NeMo's and the local smoke pretrain's)
+    target_steps: int | str  # a number or "${var}"
+    max_attempts: int = 10
+    resubmit_on: list[Literal["succeeded", "timed_out", "lost", "failed"]] = field(
+        default_factory=lambda: ["succeeded", "timed_out", "lost"])
+
+
+@dataclass(kw_only=True)
+class NemoTraining:
+    """Pretraining with NVIDIA's NeMo launcher (on BCP and Slurm; on Grid Engine the launcher composes the config
+    and torchrun runs NeMo's training script; the local and Kubernetes backends run `program` instead).
+
+    The launcher's data list is built inside the job from the preprocess manifests under `data_dir`. Loading
+    checks only the section's shape; preflight.py checks it against the nodes and runtime and derives the stage's
+    continuation from it.
+    """
+
+    model: str  # training config, e.g. gpt3/7b_improved or gpt3/126m
+    run_name: str  # the NeMo run is named RUN_NAME-<run id>: each bcp-pipeline run trains its own (nemo.py)
+    data_dir: str  # preprocess outputs (.bin/.idx + manifests), as the job sees them
+    bpe_dir: str  # vocab.json + merges.txt
+    results_dir: str  # base_results_dir; checkpoints go to RESULTS/<NeMo run>/results/checkpoints
+    launcher_dir: str | None = None  # default: where the image's release keeps it (nemo.KNOWN_LAUNCHER_DIRS)
+    nemo_dir: str = "/opt/NeMo"  # NeMo in the image, where the launcher's training command has it; Grid Engine's
+    # torchrun runs its examples/nlp/language_modeling/megatron_gpt_pretraining.py (nemo.py)
+    time_margin: Duration = Duration("45m")  # each job trains for its runtime minus this, then saves and stops
+    continue_run: str | None = None  # take over this NeMo run (its folder under results_dir) and its checkpoints
+    # instead of starting this run's own; several bcp-pipeline runs then train the same model (nemo.py)
+    gpus_per_node: int | None = None  # default: from the instance name (dgxa100.80g.8.norm -> 8)
+    max_steps: int | None = None  # default: the model's
+    tensor_parallel: int | None = None  # required for a model, or an image release, without known facts (nemo.py);
+    # like the next three and max_steps. Given, they are passed to the launcher.
+    pipeline_parallel: int | None = None
+    global_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    max_attempts: int = 10  # continuation: resubmissions until max_steps
+    checkpoints: bool = True  # false: one job that saves no checkpoint, done when it exits 0 (no continuation is
+    # derived; `bcp-pipeline profile` sets it)
+    overrides: list[str] = field(default_factory=list)  # more Hydra overrides, verbatim
+
+
+@dataclass(kw_only=True)
+class Workspace:
+    """The workspace every stage mounts; `${workspace}` in args is its path as the job sees it."""
+
+    name: str
+    mount: str = "/mount_workspace"
+
+
+@dataclass(kw_only=True)
+class StageConfig:
+    """One stage: a program from stages/, its dependencies, outputs, verification and per-backend resources."""
+
+    program: str
+    args: list[str] = field(default_factory=list)
+    needs: list[str] = field(default_factory=list)
+    description: str = ""
+    outputs: list[str] = field(default_factory=list)
+    verify: list[Check] = field(default_factory=list)
+    reshardable: bool = False  # may resume with a different replicas x processes than it started with
+    # Outputs found in the stage's output folders that another config made (engine/output_digest.py): redone
+    # (set aside first, never deleted), refused (the stage fails and names this setting), or reused as they are.
+    other_outputs: Literal["redo", "refuse", "reuse"] = "redo"
+    continuation: Continuation | None = None  # with `nemo:` and none given, preflight.py derives it
+    nemo: NemoTraining | None = None
+    bcp: BcpResources = field(default_factory=BcpResources)
+    local: LocalResources = field(default_factory=LocalResources)
+    slurm: SlurmResources = field(default_factory=SlurmResources)
+    gridengine: GridEngineResources = field(default_factory=GridEngineResources)
+    kubernetes: KubernetesResources = field(default_factory=KubernetesResources)
+    name: str = field(default="", metadata={"internal": True})
+    line: int | None = field(default=None, metadata={"internal": True})
+    program_sha256: str = field(default="", metadata={"internal": True})  # of stages/PROGRAM, read when loaded
+    # Where each key was written (file:line, or the --set that gave it; a key left out points at the stage), so
+    # the checks that run after loading (preflight.py) name the same place the loader's own errors do.
+    locations: dict[str, Where] = field(default_factory=dict, repr=False, metadata={"internal": True})
+
+    def resources(self, backend: str) -> Any:
+        return getattr(self, backend)
+
+    def where(self, key: str) -> Where:
+        """Where `key` of this stage came from, for errors raised after loading."""
+        return self.locations[key]
+
+
+@dataclass(kw_only=True)
+class VerificationResources:
+    """Resources of the small jobs that count a stage's outputs (merged over the pipeline defaults)."""
+
+    bcp: BcpResources = field(default_factory=BcpResources)
+    local: LocalResources = field(default_factory=LocalResources)
+    slurm: SlurmResources = field(default_factory=SlurmResources)
+    gridengine: GridEngineResources = field(default_factory=GridEngineResources)
+    kubernetes: KubernetesResources = field(default_factory=KubernetesResources)
+
+
+@dataclass(kw_only=True)
+class Estimates:
+    """`estimates:` of a pipeline: the declared figures `plan` and `status` estimate from (estimates.py).
+
+    Data-set sizes are numbers or `${var}` (YAML reads `895e9` as text; it is taken as a number here). README
+    ("Where the estimate figures come from") says where each default comes from.
+    """
+
+    compressed_bytes: float | str | None = None  # what download fetches (.jsonl.zst)
+    text_bytes: float | str | None = None  # the same uncompressed (.jsonl)
+    documents: float | str | None = None  # adds the .idx bytes (20 per document) when given
+    tokens: float | str | None = None  # in the training tokenizer's count
+    download_mb_per_s_per_node: float | None = None  # declared, never measured here; no figure: no download time
+    storage_mb_per_s_per_node: float | None = None  # declared workspace read or write rate per node; caps the
+    # data stages (no figure: their times are CPU-bound only)
+    mfu: float = 0.40  # model FLOPs utilisation of pretraining (declared; the README says why 0.40)
+    cpu_peak_tflops: float | None = None  # declared peak of one CPU process, the only peak MFU on CPU is held
+    # against (report/mfu.py); none: a CPU run shows no MFU
+    per_core: dict[str, float] = field(default_factory=dict)  # PROGRAM: per-core figure replacing the benchmark's
+    # (extract.py, concat.py: MB/s written; preprocess.py: tokens/s)
+
+    def number(self, key: str, variables: dict[str, str]) -> float | None:
+        """A data-set size as a number, `${var}` resolved; ValueError naming the text otherwise."""
+        value = getattr(self, key)
+        if value is None or isinstance(value, float):
+            return value
+        resolved = substitute(value, variables)
+        try:
+            return float(resolved)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a number" + (f" (it is {resolved!r})" if resolved != value else "")) \
+                from None
+
+
+ESTIMATE_SIZES = ("compressed_bytes", "text_bytes", "documents", "tokens")
+
+
+@dataclass(kw_only=True)
+class PipelineConfig:
+    """A DAG of stages with shared workspace, variables and defaults."""
+
+    workspace: Workspace
+    stages: dict[str, StageConfig]
+    description: str = ""
+    backend: str = "local"  # used when --backend is not given: a name of config.resources.BACKENDS
+    vars: dict[str, str] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    verification: VerificationResources = field(default_factory=VerificationResources)
+    estimates: Estimates = field(default_factory=Estimates)
+    name: str = field(default="", metadata={"internal": True})
+
+    def order(self) -> list[str]:
+        """Stage names in a topological order (file order among independent stages)."""
+        from bcp_pipeline.config.dag import topological_order
+
+        return topological_order({name: stage.needs for name, stage in self.stages.items()})
+
+
+@dataclass(kw_only=True)
+class Config:
+    """A whole pipelines.yaml."""
+
+    file: Path
+    stages_dir: Path
+    options: dict[str, Any]
+    pipelines: dict[str, PipelineConfig]
+
+    def pipeline(self, name: str) -> PipelineConfig:
+        if name not in self.pipelines:
+            raise ConfigError(f"no pipeline {name!r}; pipelines here: {', '.join(self.pipelines) or '(none)'}",
+                              file=str(self.file))
+        return self.pipelines[name]
+
+
+def expected_count(pipeline: PipelineConfig, stage_name: str, check: Check, seen: tuple[str, ...] = ()) -> int:
+    """The number of files `check` expects, derived through `expect_from` chains (pure, so `plan` can print it)."""
+    if check.expect is not None:
+        return resolve_int(str(check.expect), pipeline.vars)
+    upstream = check.expect_from
+    assert upstream is not None
+    if upstream in seen:
+        raise ConfigError(f"stage {stage_name!r}: expect_from loops through {' -> '.join((*seen, upstream))}")
+    base = expected_count(pipeline, upstream, pipeline.stages[upstream].verify[0], (*seen, stage_name))
+    if check.group is not None:
+        return -(-base // resolve_int(str(check.group), pipeline.vars))
+    return base * check.per

@@ -1,0 +1,165 @@
+"""What loading checks of a pipeline beyond its keys' types: stage needs and programs, placeholders, counts, BCP's
+own rules, verification counts, continuation and estimates, each refused at the line (or --set) that wrote it."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from bcp_pipeline.config.model import ESTIMATE_SIZES, Check, Continuation, PipelineConfig, StageConfig
+from bcp_pipeline.config.placeholders import BUILTIN_PLACEHOLDERS, PLACEHOLDER, resolve_int
+from bcp_pipeline.config.resources import ENV_KEY, LABEL_PATTERN, RESOURCE_TYPES, SECRET_PART, BcpResources
+from bcp_pipeline.config.typed import Where
+
+
+def validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, stages_dir: Path,
+                       var_origins: dict[str, str]) -> None:
+    """`var_origins`: the vars given by --set (name -> `--set vars.NAME=VALUE`), which a bad value made of them
+    is blamed on."""
+    from bcp_pipeline.config.dag import find_cycle
+
+    names = set(pipeline.stages)
+    for name, stage in pipeline.stages.items():
+        stage_where = where.child(name, stages_raw)
+        body = stages_raw[name]
+        for index, need in enumerate(stage.needs):
+            if need not in names:
+                raise stage_where.child("needs", body).child(index, body["needs"]).error(
+                    f"unknown stage {need!r} in needs; stages of this pipeline: {', '.join(pipeline.stages)}")
+        if not (stages_dir / stage.program).is_file():
+            raise stage_where.child("program", body).error(
+                f"stage program {stage.program!r} not found in {stages_dir}")
+        stage.program_sha256 = hashlib.sha256((stages_dir / stage.program).read_bytes()).hexdigest()
+        _validate_placeholders(pipeline, stage, body, stage_where)
+        _validate_bcp(stage.bcp, stage_where.child("bcp", body) if "bcp" in body else stage_where)
+        _validate_counts(stage, body, stage_where)
+        if stage.continuation:
+            validate_continuation(pipeline, stage.continuation, stage_where.child("continuation", body))
+        for index, check in enumerate(stage.verify):
+            _validate_check(pipeline, stage, check, stage_where.child("verify", body).child(index, body["verify"]),
+                            var_origins)
+    cycle = find_cycle({name: stage.needs for name, stage in pipeline.stages.items()})
+    if cycle:
+        first = cycle[0]
+        raise where.child(first, stages_raw).error(f"the stages form a cycle: {' -> '.join(cycle)}")
+
+
+def _validate_placeholders(pipeline: PipelineConfig, stage: StageConfig, body: dict, where: Where) -> None:
+    known = set(BUILTIN_PLACEHOLDERS) | set(pipeline.vars)
+    texts = [("args", a) for a in stage.args] + [("outputs", o) for o in stage.outputs]
+    texts += [("verify", c.glob) for c in stage.verify] + [("verify", str(c.expect)) for c in stage.verify]
+    if stage.continuation:
+        texts += [("continuation", stage.continuation.checkpoints), ("continuation", str(stage.continuation.target_steps))]
+    if stage.nemo:
+        texts += [("nemo", text) for text in (stage.nemo.data_dir, stage.nemo.bpe_dir, stage.nemo.results_dir,
+                                               *stage.nemo.overrides)]
+    for backend in RESOURCE_TYPES:
+        resources = stage.resources(backend)
+        texts += [(backend, a) for a in (resources.command or [])] + [(backend, v) for v in resources.env.values()]
+    for key, text in texts:
+        for name in PLACEHOLDER.findall(text):
+            if name not in known:
+                raise where.child(key, body).error(
+                    f"unknown placeholder ${{{name}}} in {text!r}; known: {', '.join(sorted(known))} "
+                    "(upper-case ${NAME} is left for the job's shell)")
+
+
+def _validate_counts(stage: StageConfig, body: Any, where: Where) -> None:
+    """The counts of processes, nodes and CPUs a backend's section declares (its `counts`) are >= 1 where set
+    (BCP's: _validate_bcp), named at their line or --set."""
+    for backend, resource_type in RESOURCE_TYPES.items():
+        keys = resource_type.counts
+        resources = stage.resources(backend)
+        section = body.get(backend) if isinstance(body, dict) else None
+        section_where = where.child(backend, body) if isinstance(section, dict) else where
+        for key in keys:
+            value = getattr(resources, key)
+            if value is not None and value < 1:
+                at = section_where.child(key, section) if isinstance(section, dict) and key in section else where
+                raise at.error(f"{backend}.{key} must be >= 1, got {value}" if at is where else
+                               f"must be >= 1, got {value}")
+
+
+def _validate_bcp(res: BcpResources, where: Where) -> None:
+    if res.replicas < 1 or res.processes < 1:
+        raise where.error(f"replicas and processes must be >= 1, got {res.replicas} x {res.processes}")
+    if res.replicas > 1 and res.total_runtime is None:
+        raise where.error("replicas > 1 needs total_runtime (ngc requires --total-runtime for multi-node jobs)")
+    if not 1 <= res.order <= 99:
+        raise where.error(f"order {res.order} is outside 1..99")
+    for label in res.labels:
+        if not LABEL_PATTERN.match(label) or label.startswith("_x"):
+            raise where.error(f"label {label!r} must match [A-Za-z_][A-Za-z0-9_]* (<= 256 chars, not _x...)")
+    for secret in res.secrets:
+        parts = secret.split(":")
+        if len(parts) not in (1, 3) or not all(SECRET_PART.match(p) for p in parts):
+            raise where.error(f"secret {secret!r} must be NAME or NAME:KEY:ENVVAR ([A-Za-z0-9_.-], <= 63 chars)")
+    for key, value in res.env.items():
+        if not ENV_KEY.match(key) or len(value) > 2048:
+            raise where.error(f"env var {key!r} must match [A-Za-z0-9_.-]{{1,63}} with a value <= 2048 chars")
+
+
+def validate_estimates(pipeline: PipelineConfig, raw: dict, where: Where) -> None:
+    estimates = pipeline.estimates
+    for key in ESTIMATE_SIZES:
+        try:
+            value = estimates.number(key, pipeline.vars)
+        except ValueError as exc:
+            raise where.child(key, raw).error(str(exc)) from None
+        if value is not None and value <= 0:
+            raise where.child(key, raw).error(f"must be > 0, got {value:g}")
+    if not 0 < estimates.mfu <= 1:
+        raise where.child("mfu", raw).error(f"mfu is a fraction of peak in (0, 1], got {estimates.mfu:g}")
+    if estimates.cpu_peak_tflops is not None and estimates.cpu_peak_tflops <= 0:
+        raise where.child("cpu_peak_tflops", raw).error(
+            f"cpu_peak_tflops is one CPU process's peak in TFLOP/s, > 0; got {estimates.cpu_peak_tflops:g}")
+    for key in ("download_mb_per_s_per_node", "storage_mb_per_s_per_node"):
+        if getattr(estimates, key) is not None and getattr(estimates, key) <= 0:
+            raise where.child(key, raw).error(f"must be > 0, got {getattr(estimates, key):g}")
+    programs = sorted({stage.program for stage in pipeline.stages.values()})
+    for program, value in estimates.per_core.items():
+        key_where = where.child("per_core", raw).child(program, raw.get("per_core") or {})
+        if program not in programs:
+            raise key_where.error(f"no stage of this pipeline runs {program!r}; its programs: {', '.join(programs)}")
+        if value <= 0:
+            raise key_where.error(f"must be > 0, got {value:g}")
+
+
+def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, where: Where) -> None:
+    """Refuse a target or attempt count below 1 (public: preflight.py checks the continuation it derives)."""
+    try:
+        target = resolve_int(str(continuation.target_steps), pipeline.vars)
+    except ValueError as exc:
+        raise where.error(f"target_steps: {exc}") from None
+    if target < 1 or continuation.max_attempts < 1:
+        raise where.error(f"target_steps ({target}) and max_attempts ({continuation.max_attempts}) must be >= 1")
+
+
+def _blamed(where: Where, text: str, var_origins: dict[str, str]) -> Where:
+    """Where to blame a bad value written as `text`: the --set of a var it is made of, if any, else `where`."""
+    given = [var_origins[name] for name in PLACEHOLDER.findall(text) if name in var_origins]
+    return Where(given[0], where.key, None) if given else where
+
+
+def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, where: Where,
+                    var_origins: dict[str, str]) -> None:
+    if (check.expect is None) == (check.expect_from is None):
+        raise where.error("give exactly one of expect (a number) or expect_from (an upstream stage)")
+    if check.expect_from is not None:
+        if check.expect_from not in pipeline.stages:
+            raise where.error(f"expect_from: unknown stage {check.expect_from!r}")
+        if not pipeline.stages[check.expect_from].verify:
+            raise where.error(f"expect_from: stage {check.expect_from!r} has no verification to derive a count from")
+    if check.per < 1:
+        raise where.error(f"per must be >= 1, got {check.per}")
+    for key in ("expect", "group"):
+        value = getattr(check, key)
+        if value is not None:
+            blamed = _blamed(where, str(value), var_origins)
+            try:
+                number = resolve_int(str(value), pipeline.vars)
+            except ValueError as exc:
+                raise blamed.error(f"{key}: {exc}") from None
+            if number < (0 if key == "expect" else 1):
+                raise blamed.error(f"{key} {value} must be >= {0 if key == 'expect' else 1}, got {number}")
