@@ -17,7 +17,8 @@ import pytest
 
 from bcp_emulation import needs_ngcsdk
 from bcp_pipeline.backends.bcp.render import label
-from bcp_pipeline.backends.bcp.transport import http_status_in, list_window
+from bcp_pipeline.backends.bcp.transport_cli import http_status_in
+from bcp_pipeline.backends.bcp.transport import list_window
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.detach import driver as driver_program

@@ -16,7 +16,8 @@ from bcp_emulation import needs_ngcsdk
 from bcp_pipeline.backends.bcp import transport as bcp_transport
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.backends.bcp.render import JobSpec, job_run_argv, job_spec
-from bcp_pipeline.backends.bcp.transport import CliTransport, SdkTransport
+from bcp_pipeline.backends.bcp.transport_cli import CliTransport
+from bcp_pipeline.backends.bcp.transport_sdk import SdkTransport
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.backends.contract import JobRequest

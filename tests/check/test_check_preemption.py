@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from bcp_pipeline.backends.bcp.render import JobSpec
-from bcp_pipeline.backends.bcp.transport import SdkTransport
+from bcp_pipeline.backends.bcp.transport_sdk import SdkTransport
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.backends.bcp import probe as bcp_probe
-from bcp_pipeline.backends.bcp.probe import Preemption, preemption_row
+from bcp_pipeline.backends.bcp.probe_findings import Preemption, preemption_row
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError
 from bcp_emulation import needs_ngcsdk

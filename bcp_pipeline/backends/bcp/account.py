@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bcp_pipeline.backends.bcp.transport import read_ngc_config
+from bcp_pipeline.backends.bcp.connect import read_ngc_config
 from bcp_pipeline.backends.profile import profile_key
 from bcp_pipeline.config.resources import BcpOptions
 

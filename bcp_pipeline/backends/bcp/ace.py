@@ -17,8 +17,9 @@ from bcp_pipeline.backends.bcp.transport import retry_policy
 from bcp_pipeline.backends.bcp.policy import PlannedJob, Violation, violations
 from bcp_pipeline.backends.bcp.driver import DRIVER_STAGE
 from bcp_pipeline.backends.bcp.render import JobSpec, job_spec
-from bcp_pipeline.backends.bcp.transport import (NOTHING_DONE, Transport, check_credentials, choose_transport,
-    make_transport, read_ngc_config)
+from bcp_pipeline.backends.bcp.connect import (NOTHING_DONE, check_credentials, choose_transport, make_transport,
+    read_ngc_config)
+from bcp_pipeline.backends.bcp.transport import Transport
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.retries import RetryPolicy, with_retries
 

@@ -26,7 +26,8 @@ from bcp_pipeline.backends.bcp.render import (NO_REDIRECT, UPLOAD_EXCLUDES, JobS
     job_run_argv)
 from bcp_pipeline.backends.bcp.render import (job_files, job_spec, label, nemo_launcher_overrides,
     nemo_overrides_digest, upload_argv)
-from bcp_pipeline.backends.bcp.transport import Transport, make_transport, read_ngc_config
+from bcp_pipeline.backends.bcp.transport import Transport
+from bcp_pipeline.backends.bcp.connect import make_transport, read_ngc_config
 from bcp_pipeline.backends.bcp.driver import DRIVER_STAGE, driver_job_shape
 from bcp_pipeline.backends.bcp.policy import PlannedJob, planned_jobs, violations
 from bcp_pipeline.backends.shared.logs import last_lines, training_progress, indent

@@ -12,13 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bcp_pipeline.backends.bcp import lookups
 from bcp_pipeline.backends.bcp.driver import DRIVER_STAGE
 from bcp_pipeline.backends.bcp.policy import PlannedJob, violations
 from bcp_pipeline.backends.bcp.render import JobSpec
 from bcp_pipeline.backends.bcp.account import account_of
-from bcp_pipeline.backends.bcp.transport import (CONFIG_HINT, SCOPED_KEY_PREFIX, SDK_VERSION, Transport,
-    configured_api_key, make_transport, scoped_key_org)
+from bcp_pipeline.backends.bcp.transport import CONFIG_HINT, SDK_VERSION, Transport
+from bcp_pipeline.backends.bcp.connect import SCOPED_KEY_PREFIX, configured_api_key, make_transport, scoped_key_org
 from bcp_pipeline.errors import BackendCallError, PipelineError, is_not_found, is_refused_credentials
 from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, Row, different, ok, unchecked
 from bcp_pipeline.backends.contract import job_label
@@ -131,7 +130,7 @@ def credentials_row(transport: Transport, who: Account, key: str) -> tuple[Row, 
     assumes = f"the API key is accepted and may act in org {who.org}"
     scoped = key.startswith(SCOPED_KEY_PREFIX)
     try:
-        answer = lookups.who(transport)
+        answer = transport.who()
     except BackendCallError as exc:
         if is_refused_credentials(exc):  # ngcsdk refuses an org the key has no role in before any call
             key_org = scoped_key_org(key) if scoped else None
@@ -266,7 +265,7 @@ def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
     found, missing, unknown = [], [], []
     for name in images:
         try:
-            info = lookups.image(transport, name)
+            info = transport.image(name)
             size = info.get("size")
             found.append(name + (f" ({int(size) / 1e9:.1f} GB)" if isinstance(size, (int, float)) else ""))
         except BackendCallError as exc:
@@ -288,7 +287,7 @@ def workspace_row(transport: Transport, jobs: list[PlannedBcpJob], ace: str) -> 
     shown, missing, unknown = [], [], []
     for name in names:
         try:
-            info = lookups.workspace(transport, name)
+            info = transport.workspace(name)
             info = info.get("workspace", info) if isinstance(info.get("workspace"), dict) else info
             size = info.get("sizeInBytes")
             shown.append(f"{name}: {int(size) / 1e9:,.1f} GB used" if isinstance(size, (int, float)) else name)
@@ -305,7 +304,7 @@ def workspace_row(transport: Transport, jobs: list[PlannedBcpJob], ace: str) -> 
 
 def quota_text(transport: Transport, ace: str) -> str:
     try:
-        quotas = lookups.storage_quota(transport)
+        quotas = transport.storage_quota()
     except BackendCallError as exc:
         return f"storage quota not shown (`user storage` answered {_answer(exc)})"
     mine = [q for q in quotas if q.get("aceName") in (ace, None)] or quotas
@@ -323,7 +322,7 @@ def secrets_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
         return None
     assumes = "every secret the jobs name exists, with the key they take (names only, never values)"
     try:
-        have = lookups.secret_keys(transport)
+        have = transport.secret_keys()
     except BackendCallError as exc:
         return unchecked("secrets", assumes, f"`user secret list` failed: {_reason(exc)}")
     problems = []
@@ -349,7 +348,7 @@ def version_row(transport: Transport) -> Row:
     else:
         assumes = "NVIDIA's ngc CLI with base-command (its version is recorded)"
     try:
-        version = lookups.client_version(transport)
+        version = transport.client_version()
     except (BackendCallError, PipelineError) as exc:
         if NO_VERSION_COMMAND in str(exc):  # argparse's refusal of the verb: ngcsdk's CLI code has no `version`
             return unchecked("client version", assumes, "this `ngc` has no `version` command (ngcsdk's CLI code, as "

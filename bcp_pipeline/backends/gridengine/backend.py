@@ -14,37 +14,30 @@ FAILED with the reason `qstat -j` gives, and deleted.
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
 from bcp_pipeline.config.resources import GridEngineOptions
 from bcp_pipeline.errors import CommandError, SubmissionError
 from bcp_pipeline.procs import run_command
-from bcp_pipeline.backends.shared.batch import job_name, paths_for
-from bcp_pipeline.backends.shared.logs import joined_logs, last_lines, progress_from_logs, read_tail, indent
-from bcp_pipeline.backends.contract import outage_seconds
-from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobState, JobStatus, Submission,
+from bcp_pipeline.backends.shared.batch import job_name
+from bcp_pipeline.backends.shared.logs import last_lines, read_tail, indent
+from bcp_pipeline.backends.contract import (JobRequest, JobState, JobStatus, Submission,
     map_native_state)
 from bcp_pipeline.backends.gridengine.render import job_rendezvous, job_script, shape
 from bcp_pipeline.backends.gridengine.states import STATE_MAP, Listed, accounting_status
 from typing import Any
 from bcp_pipeline.backends.gridengine.client import HINT, qacct, qstat_jobs
+from bcp_pipeline.backends.shared.batch import BatchBackend
 
 
-class GridEngineBackend(Backend):
+class GridEngineBackend(BatchBackend):
     name = "gridengine"
 
     def __init__(self, options: GridEngineOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
                  workspace_name: str) -> None:
-        self.options = options
-        self.logs_dir = run_dir / "logs"
-        self.paths = paths_for(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
-                               workspace_name=workspace_name, orchestrator_python=sys.executable)
-        self.local_workspace = Path(self.paths.workspace)
-        self.poll_min_seconds = options.poll_seconds
-        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
-        self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
+        super().__init__(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
+                         workspace_name=workspace_name)
         self.accounting_grace_seconds = options.accounting_grace_seconds
         self._finished: dict[str, JobStatus] = {}  # from qacct: it never changes once written
         self._unlisted_since: dict[str, float] = {}  # left qstat, no accounting record yet
@@ -139,36 +132,17 @@ class GridEngineBackend(Backend):
         return list(dict.fromkeys(entry.job_id for entry in qstat_jobs() if entry.name == name
                                   and not map_native_state(entry.state, STATE_MAP).finished))
 
-    def _rank_logs(self, job_id: str) -> list[Path]:
-        return sorted((self.logs_dir / job_id).glob("rank-*.log"))
-
-    def _job_logs(self, job_id: str) -> list[Path]:
+    def scheduler_logs(self, job_id: str) -> list[Path]:
         return sorted(self.logs_dir.glob(f"sge-{job_id}.log")) + sorted(self.logs_dir.glob(f"sge-{job_id}.*.log"))
-
-    def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
-        if rank is not None:
-            path = self.logs_dir / job_id / f"rank-{rank:05d}.log"
-            if not path.is_file():
-                raise SubmissionError(f"job {job_id} has no log for rank {rank} ({path})")
-            paths = [path]
-        else:
-            paths = self._rank_logs(job_id) + [p for p in self._job_logs(job_id) if p.stat().st_size]
-            if not paths:
-                raise SubmissionError(f"job {job_id} has no logs yet under {self.logs_dir}")
-        return joined_logs(paths, tail)
-
-    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
-        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)
 
     def failure_detail(self, job_id: str, status: JobStatus) -> str:
         """Grid Engine's account of the end, the failed ranks the launchers named, and the first one's log tail."""
         lines = [status.detail] if status.detail else []
-        job_logs = "\n".join(read_tail(path) for path in self._job_logs(job_id))
+        job_logs = "\n".join(read_tail(path) for path in self.scheduler_logs(job_id))
         failed = sorted({int(rank) for rank in re.findall(r"^bcp-pipeline: rank (\d+) on", job_logs, re.MULTILINE)})
         if failed:
             lines.append("failed ranks: " + ", ".join(map(str, failed)))
-            log = self.logs_dir / job_id / f"rank-{failed[0]:05d}.log"
-            lines.append(f"last lines of {log}:\n" + indent(last_lines(read_tail(log), 15) or "(empty)"))
+            lines.append(self.rank_log_tail(job_id, failed[0]))
         elif job_logs.strip():
             lines.append("last lines of the job's log:\n" + indent(last_lines(job_logs, 10)))
         return "\n".join(lines)

@@ -17,8 +17,7 @@ import secrets
 import shlex
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from bcp_pipeline.backends.shared.batch import paths_for
@@ -26,7 +25,7 @@ from bcp_pipeline.backends.gridengine.client import HINT
 from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.errors import CommandError
 from bcp_pipeline.procs import run_command
-from bcp_pipeline.backends.checks import always_cleaned_up
+from bcp_pipeline.backends.checks import ProbeJob, poll_until, removed_at_exit
 from bcp_pipeline.backends.checks import CheckInput, CheckOutcome
 from bcp_pipeline.backends.checks import Row, different, ok, unchecked
 
@@ -313,29 +312,13 @@ def apptainer_row(ctx: CheckInput, hosts: list[dict]) -> Row | None:
     return ok("apptainer", assumes, showed)
 
 
-class _Job:
-    id: str | None = None
-
-
-@contextmanager
-def deleted_at_exit(name: str) -> Iterator[_Job]:
+def deleted_at_exit(name: str) -> AbstractContextManager[ProbeJob]:
     """Whatever ends the block, the probe is deleted: by id where qsub answered, by name where it had not."""
-    job = _Job()
-
-    def delete() -> None:
-        subprocess.run(["qdel", job.id or name], capture_output=True, timeout=60, check=False)
-
-    with always_cleaned_up(delete):
-        yield job
+    return removed_at_exit(lambda job: subprocess.run(["qdel", job.id or name], capture_output=True, timeout=60,
+                                                      check=False))
 
 
 def wait_gone(job_id: str, timeout: float) -> bool:
     """Until qstat no longer knows the job (it ended); False at the timeout."""
-    deadline = time.monotonic() + timeout
-    delay = 0.2
-    while time.monotonic() < deadline:
-        if subprocess.run(["qstat", "-j", job_id], capture_output=True, timeout=60).returncode != 0:
-            return True
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
-    return False
+    return bool(poll_until(lambda: subprocess.run(["qstat", "-j", job_id], capture_output=True,
+                                                  timeout=60).returncode != 0 or None, timeout))

@@ -25,6 +25,7 @@ from bcp_pipeline.errors import BackendCallError
 from bcp_pipeline.backends.checks import always_cleaned_up
 from bcp_pipeline.backends.checks import CheckInput
 from bcp_pipeline.backends.checks import Row, different, ok, unchecked
+from bcp_pipeline.backends.checks import poll_until
 
 PODS = 2
 START_SECONDS = 120.0  # for both pods to print their lines (scheduled, started)
@@ -146,13 +147,13 @@ class Probe:
 
     def wait_for_lines(self) -> list[str] | None:
         """Each pod's BCPP-POD line once every pod waits (printed BCPP-WAITING); None at the timeout."""
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
+        def ask() -> list[str] | None:
             logs = [self.log(pod) for pod in self.pods() if pod.status.phase == "Running"]
             if len(logs) == PODS and all("BCPP-WAITING" in text for text in logs):
                 return [POD_LINE.search(text).group(1) for text in logs if POD_LINE.search(text)]
-            time.sleep(0.5)
-        return None
+            return None
+
+        return poll_until(ask, START_SECONDS, first_delay=0.5, max_delay=0.5)
 
     def stuck(self) -> str:
         pods = self.pods()
@@ -167,14 +168,15 @@ class Probe:
         except Exception as exc:  # noqa: BLE001
             raise api_error("delete probe job", exc) from None
         termed = False
-        while time.monotonic() - started < GONE_SECONDS:
+
+        def gone() -> tuple[float, bool] | None:
+            nonlocal termed
             left = self.pods()
             for pod in left:  # a log read while the pod still exists
                 termed = termed or "BCPP-TERM" in self.log(pod)
-            if not left:
-                return time.monotonic() - started, termed
-            time.sleep(0.2)
-        return None
+            return None if left else (time.monotonic() - started, termed)
+
+        return poll_until(gone, GONE_SECONDS, max_delay=0.2)
 
     def delete(self) -> None:
         """The Job and the Service, whatever is left of them (a 404 is fine)."""

@@ -4,9 +4,14 @@ with their common set-up, per-rank log files, `logs` and `progress`."""
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bcp_pipeline.backends.contract import Backend, JobProgress, outage_seconds
+from bcp_pipeline.backends.shared.logs import indent, joined_logs, last_lines, progress_from_logs, read_tail
+from bcp_pipeline.errors import SubmissionError
 
 
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -39,3 +44,60 @@ def paths_for(options: Any, *, config_dir: Path, stages_dir: Path, run_dir: Path
     workspace = (config_dir / options.workspace_dir / workspace_name).resolve()
     return Paths(workspace=str(workspace), code=str(stages_dir), run_dir=str(run_dir), python=options.python,
                  orchestrator_python=orchestrator_python)
+
+
+class BatchBackend(Backend):
+    """The part of a batch-scheduler backend that does not depend on the scheduler: the job-side paths, the poll
+    intervals and outage limit from its options, and the logs. Each rank of a job writes
+    `<run>/logs/JOBID/rank-NNNNN.log`; the scheduler's own log files of the job are `scheduler_logs`."""
+
+    def __init__(self, options: Any, *, config_dir: Path, stages_dir: Path, run_dir: Path,
+                 workspace_name: str) -> None:
+        self.options = options
+        self.run_dir = run_dir
+        self.logs_dir = run_dir / "logs"
+        self.paths = paths_for(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
+                               workspace_name=workspace_name, orchestrator_python=sys.executable)
+        self.local_workspace = Path(self.paths.workspace)
+        self.poll_min_seconds = options.poll_seconds
+        self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
+        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
+
+    def scheduler_logs(self, job_id: str) -> list[Path]:
+        """The scheduler's own log files of the job (its batch script's output), in `logs`' order."""
+        return []
+
+    def other_logs(self, job_id: str) -> list[Path]:
+        """Where else the job's output went, when it has neither rank logs nor scheduler logs of ours."""
+        return []
+
+    def missing_rank_log(self, job_id: str, rank: int, path: Path) -> str:
+        """The error text when rank `rank` has no log."""
+        return f"job {job_id} has no log for rank {rank} ({path})"
+
+    def rank_log(self, job_id: str, rank: int) -> Path:
+        return self.logs_dir / job_id / f"rank-{rank:05d}.log"
+
+    def rank_logs(self, job_id: str) -> list[Path]:
+        return sorted((self.logs_dir / job_id).glob("rank-*.log"))
+
+    def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
+        if rank is not None:
+            path = self.rank_log(job_id, rank)
+            if not path.is_file():
+                raise SubmissionError(self.missing_rank_log(job_id, rank, path))
+            paths = [path]
+        else:
+            paths = self.rank_logs(job_id) + [p for p in self.scheduler_logs(job_id) if p.stat().st_size]
+            paths = paths or self.other_logs(job_id)
+            if not paths:
+                raise SubmissionError(f"job {job_id} has no logs yet under {self.logs_dir}")
+        return joined_logs(paths, tail)
+
+    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
+        return progress_from_logs([read_tail(path, 8192) for path in self.rank_logs(job_id)], training=training)
+
+    def rank_log_tail(self, job_id: str, rank: int) -> str:
+        """`last lines of LOG:` and the end of rank `rank`'s log, for a failure's explanation."""
+        log = self.rank_log(job_id, rank)
+        return f"last lines of {log}:\n" + indent(last_lines(read_tail(log), 15) or "(empty)")

@@ -12,40 +12,32 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 
 from bcp_pipeline.errors import CommandError, SubmissionError
-from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobState, JobStatus, Submission)
+from bcp_pipeline.backends.contract import (JobRequest, JobState, JobStatus, Submission)
 from bcp_pipeline.procs import run_command
 from bcp_pipeline.config.nemo import nemo_run_name
 from bcp_pipeline.config.resources import SlurmOptions
-from bcp_pipeline.backends.shared.logs import joined_logs, last_lines, progress_from_logs, read_tail, indent
-from bcp_pipeline.backends.contract import outage_seconds
+from bcp_pipeline.backends.shared.logs import last_lines, read_tail, indent
 from bcp_pipeline.backends.slurm.render import NEMO_SUFFIX, batch_script, nemo_job_name_prefix, nemo_launcher_script
-from bcp_pipeline.backends.shared.batch import job_name, paths_for
+from bcp_pipeline.backends.shared.batch import job_name
 from bcp_pipeline.backends.slurm.render import job_rendezvous, nemo_rendezvous, shape
 from bcp_pipeline.backends.slurm.states import Row, failed_tasks, status_of
 from typing import Any
 from bcp_pipeline.backends.slurm.client import HINT, squeue
+from bcp_pipeline.backends.shared.batch import BatchBackend
 
 LAUNCHER_JOB_ID = re.compile(r"(?:Submitted batch job|submitted with Job ID) (\d+)")
 
 
-class SlurmBackend(Backend):
+class SlurmBackend(BatchBackend):
     name = "slurm"
 
     def __init__(self, options: SlurmOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
                  workspace_name: str) -> None:
-        self.options = options
-        self.run_dir = run_dir
-        self.logs_dir = run_dir / "logs"
-        self.paths = paths_for(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
-                               workspace_name=workspace_name, orchestrator_python=sys.executable)
-        self.local_workspace = Path(self.paths.workspace)
-        self.poll_min_seconds = options.poll_seconds
-        self.status_outage_seconds = outage_seconds(options.status_outage_limit)
-        self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
+        super().__init__(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
+                         workspace_name=workspace_name)
         self._sacct_enabled = True  # until sacct says accounting is off here
 
     # -- rendering (pure) ------------------------------------------------------------------------------
@@ -173,35 +165,24 @@ class SlurmBackend(Backend):
                 found.append(row.job_id)
         return found
 
-    def _rank_logs(self, job_id: str) -> list[Path]:
-        return sorted((self.logs_dir / job_id).glob("rank-*.log"))
+    def batch_log(self, job_id: str) -> Path:
+        return self.logs_dir / f"slurm-{job_id}.log"
 
-    def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
-        batch_log = self.logs_dir / f"slurm-{job_id}.log"
-        if rank is not None:
-            path = self.logs_dir / job_id / f"rank-{rank:05d}.log"
-            if not path.is_file():
-                raise SubmissionError(f"job {job_id} has no log for rank {rank} ({path}); the batch script's "
-                                      f"output ends:\n{indent(last_lines(read_tail(batch_log), 10) or '(empty)')}")
-            paths = [path]
-        else:
-            paths = self._rank_logs(job_id) + ([batch_log] if batch_log.is_file() and batch_log.stat().st_size else [])
-            if not paths:
-                paths = self._slurm_output_files(job_id)  # e.g. the NeMo launcher's own job
-            if not paths:
-                raise SubmissionError(f"job {job_id} has no logs yet under {self.logs_dir}")
-        return joined_logs(paths, tail)
+    def scheduler_logs(self, job_id: str) -> list[Path]:
+        return [log] if (log := self.batch_log(job_id)).is_file() else []
 
-    def _slurm_output_files(self, job_id: str) -> list[Path]:
+    def missing_rank_log(self, job_id: str, rank: int, path: Path) -> str:
+        return (f"{super().missing_rank_log(job_id, rank, path)}; the batch script's output ends:\n"
+                f"{indent(last_lines(read_tail(self.batch_log(job_id)), 10) or '(empty)')}")
+
+    def other_logs(self, job_id: str) -> list[Path]:
+        """The files Slurm says the job writes (e.g. the NeMo launcher's own job)."""
         try:
             text = run_command(["scontrol", "-o", "show", "job", job_id], timeout=30).stdout
         except CommandError:
             return []
         found = dict.fromkeys(Path(m) for m in re.findall(r"\bStd(?:Out|Err)=(\S+)", text))
         return [path for path in found if path.is_file()]
-
-    def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
-        return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)
 
     def failure_detail(self, job_id: str, status: JobStatus) -> str:
         """Slurm's reason and exit code, the failing tasks (from srun's messages) and the first one's log tail."""
@@ -210,9 +191,7 @@ class SlurmBackend(Backend):
         failed = failed_tasks(batch)
         if failed:
             lines.append("; ".join(f"rank {rank} {why}" for rank, why in failed.items()))
-            rank = min(failed)
-            log = self.logs_dir / job_id / f"rank-{rank:05d}.log"
-            lines.append(f"last lines of {log}:\n" + indent(last_lines(read_tail(log), 15) or "(empty)"))
+            lines.append(self.rank_log_tail(job_id, min(failed)))
         elif batch.strip():
             lines.append(f"last lines of {self.logs_dir / f'slurm-{job_id}.log'}:\n" + indent(last_lines(batch, 10)))
         return "\n".join(lines)

@@ -15,9 +15,8 @@ import shlex
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Iterator
 
 from bcp_pipeline.backends.slurm.client import HINT
 from bcp_pipeline.backends.shared.batch import paths_for
@@ -25,8 +24,7 @@ from bcp_pipeline.backends.slurm.render import shape
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.errors import BackendCallError, CommandError
 from bcp_pipeline.procs import run_command
-from bcp_pipeline.backends.checks import always_cleaned_up
-from bcp_pipeline.backends.checks import CheckInput, CheckOutcome
+from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, ProbeJob, poll_until, removed_at_exit
 from bcp_pipeline.backends.shared.python_probe import MIN_STAGE_PYTHON, PROBE, module_names
 from bcp_pipeline.backends.checks import Row, different, ok, unchecked
 
@@ -34,6 +32,7 @@ INSTALL_COMMAND = "scripts/slurm-cluster install"  # the project's own single-no
 PROBE_TASKS = 2
 PROBE_WAIT_SECONDS = 180.0  # a probe still queued after this is reported, and cancelled
 PROBE_LINE = re.compile(r"^BCPP-PROBE (.*)$", re.M)
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")  # `squeue -o %T` once ended
 
 
 def check_slurm(ctx: CheckInput) -> CheckOutcome:
@@ -220,36 +219,26 @@ def probe(ctx: CheckInput) -> tuple[list[Row], dict]:
     return rows, {"probe_seconds": round(seconds, 1)}
 
 
-class _Job:
-    id: str | None = None
-
-
-@contextmanager
-def cancelled_at_exit(name: str) -> Iterator[_Job]:
+def cancelled_at_exit(name: str) -> AbstractContextManager[ProbeJob]:
     """Whatever ends the block, the job named `name` is cancelled: by id where sbatch answered, and by name too,
     for the case where the interrupt came before its answer."""
-    job = _Job()
 
-    def cancel() -> None:
+    def cancel(job: ProbeJob) -> None:
         for argv in ([["scancel", job.id]] if job.id else []) + [["scancel", f"--name={name}"]]:
             subprocess.run(argv, capture_output=True, timeout=60, check=False)
 
-    with always_cleaned_up(cancel):
-        yield job
+    return removed_at_exit(cancel)
 
 
 def wait_gone(job_id: str, timeout: float) -> bool:
     """Until squeue no longer lists the job (it ended); False at the timeout."""
-    deadline = time.monotonic() + timeout
-    delay = 0.2
-    while time.monotonic() < deadline:
+
+    def gone() -> bool | None:
         out = subprocess.run(["squeue", "--noheader", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
                              timeout=60).stdout.strip()
-        if not out or out in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-            return True
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
-    return False
+        return True if not out or out in FINISHED else None
+
+    return bool(poll_until(gone, timeout))
 
 
 def ranks_row(text: str) -> Row:
