@@ -8,7 +8,7 @@ import pytest
 
 import ngc_parser
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.backends.bcp.policy import PlannedJob, planned_jobs, violations
+from bcp_pipeline.backends.bcp.policy import PlannedJob, planned_jobs, rendered_jobs, violations
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.submitter import planned_requests
 from golden_files import REPO
@@ -20,7 +20,7 @@ INSTANCES = ("dgxa100.80g.1.norm", "dgxa100.80g.8.norm", "dgxh100.80g.8.norm")
 def jobs(pipeline: str) -> list[PlannedJob]:
     config = CONFIG.pipeline(pipeline)
     backend = make_backend("bcp", CONFIG, config, Path("/nonexistent/runs") / f"{pipeline}-RUN")
-    return planned_jobs(backend.render(r) for r in planned_requests(config, f"{pipeline}-RUN"))
+    return planned_jobs(rendered_jobs(backend.render(r) for r in planned_requests(config, f"{pipeline}-RUN")))
 
 
 def ace(**limits) -> dict:

@@ -13,7 +13,7 @@ import pytest
 
 import ngc_parser
 from bcp_emulation import needs_ngcsdk
-from bcp_pipeline.backends.bcp import transport as bcp_transport
+from bcp_pipeline.backends.bcp import connect
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.backends.bcp.render import JobSpec, job_run_argv, job_spec
 from bcp_pipeline.backends.bcp.transport_cli import CliTransport
@@ -72,8 +72,8 @@ def test_every_bundled_commandline_is_one_program_and_its_arguments():
 
 
 def without_any_transport(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bcp_transport, "sdk_available", lambda: False)
-    monkeypatch.setattr(bcp_transport, "cli_available", lambda options: False)
+    monkeypatch.setattr(connect, "sdk_available", lambda: False)
+    monkeypatch.setattr(connect, "cli_available", lambda options: False)
 
 
 def demo_project(tmp_path: Path, transport: str = "auto") -> Path:
@@ -120,7 +120,7 @@ def test_without_api_key_or_ace_run_fails_before_recording(tmp_path, monkeypatch
     # The settings file `ngc config set` writes is enough.
     (tmp_path / "empty-ngc-home/.ngc").mkdir(parents=True)
     (tmp_path / "empty-ngc-home/.ngc/config").write_text("[CURRENT]\napikey = k\nace = my-ace\norg = my-org\n")
-    bcp_transport.check_credentials(load_config(config).options["bcp"])
+    connect.check_credentials(load_config(config).options["bcp"])
 
 
 def test_global_options_are_taken_after_the_verb(tmp_path, capsys):

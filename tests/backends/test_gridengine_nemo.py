@@ -13,7 +13,6 @@ import stat
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from bcp_pipeline.backends.contract import JobRequest

@@ -4,7 +4,6 @@ rank layout and rendezvous, secrets only by reference, the PyTorchJob, and the J
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import yaml

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pipeline_fixtures import sigint_as_from_a_terminal
-from bcp_pipeline.backends.bcp import probe as bcp_probe
+from bcp_pipeline.backends.bcp import probe_findings
 from bcp_pipeline.check.run import CheckRequest, run_check
 from bcp_emulation import needs_ngcsdk
 from check_fixtures import project
@@ -82,38 +82,38 @@ def test_ctrl_c_kills_the_probe_jobs(tmp_path, fake):
 
 
 # -- values the tool does not know are `different`, never ok ---------------------------------------------------------
-def plan(replicas: int = 2) -> bcp_probe.ProbePlan:
-    return bcp_probe.ProbePlan(instance="i", replicas=replicas, image="x", workspace=None, mount=None,
+def plan(replicas: int = 2) -> probe_findings.ProbePlan:
+    return probe_findings.ProbePlan(instance="i", replicas=replicas, image="x", workspace=None, mount=None,
                                bcprun_flags=["--nnodes", str(replicas), "--npernode", "1"], token="t")
 
 
 def test_an_unknown_array_type_is_different():
     logs = {r: f"BCPP-PROBE replica={r} size=2 job=7 type=PyTorchJobV2 shell=/bin/bash\n" for r in range(2)}
-    row = bcp_probe.env_row(plan(), logs, "7")
+    row = probe_findings.env_row(plan(), logs, "7")
     assert row.verdict.value == "different" and "NGC_ARRAY_TYPE=PyTorchJobV2 (not a value this tool knows)" in \
         row.showed
     logs = {r: f"BCPP-PROBE replica={r} size=2 job=7 type=PyTorchJob shell=/bin/bash\n" for r in range(2)}
-    assert bcp_probe.env_row(plan(), logs, "7").verdict.value == "ok"  # NVIDIA's scripts' spelling
+    assert probe_findings.env_row(plan(), logs, "7").verdict.value == "ok"  # NVIDIA's scripts' spelling
 
 
 def test_an_unknown_status_in_the_history_is_different():
-    row = bcp_probe.history_row(["CREATED", "QUEUED", "WARMING_UP", "RUNNING", "FINISHED_SUCCESS"])
+    row = probe_findings.history_row(["CREATED", "QUEUED", "WARMING_UP", "RUNNING", "FINISHED_SUCCESS"])
     assert row.verdict.value == "different" and "not known: WARMING_UP" in row.showed
-    kill = bcp_probe.kill_row(3.0, ["PENDING_TERMINATION", "TERMINATED_GRACEFULLY"])
+    kill = probe_findings.kill_row(3.0, ["PENDING_TERMINATION", "TERMINATED_GRACEFULLY"])
     assert kill.verdict.value == "different"
-    assert bcp_probe.kill_row(3.0, ["PENDING_TERMINATION", "KILLED_BY_USER"]).verdict.value == "ok"
+    assert probe_findings.kill_row(3.0, ["PENDING_TERMINATION", "KILLED_BY_USER"]).verdict.value == "ok"
 
 
 def test_ranks_that_are_not_each_their_own_are_different():
     logs = {0: "BCPP-BCPRUN present /x\nBCPP-RANK rank=0 world=1\nBCPP-BCPRUN-EXIT 0\n",
             1: "BCPP-BCPRUN present /x\nBCPP-RANK rank=0 world=1\nBCPP-BCPRUN-EXIT 0\n"}
-    row = bcp_probe.bcprun_row(plan(), logs, "BCPP-SINGLE bcprun=/x\n")
+    row = probe_findings.bcprun_row(plan(), logs, "BCPP-SINGLE bcprun=/x\n")
     assert row.verdict.value == "different" and "0/1, 0/1" in row.showed
-    row = bcp_probe.bcprun_row(plan(), {0: logs[0].replace("world=1", "world=2"),
+    row = probe_findings.bcprun_row(plan(), {0: logs[0].replace("world=1", "world=2"),
                                         1: logs[1].replace("rank=0 world=1", "rank=1 world=2")},
                                "BCPP-SINGLE bcprun=absent\n")
     assert row.verdict.value == "ok" and "absent in a one-replica job" in row.showed  # not needed there
-    row = bcp_probe.bcprun_row(plan(), {0: "BCPP-BCPRUN absent\n", 1: "BCPP-BCPRUN absent\n"}, "")
+    row = probe_findings.bcprun_row(plan(), {0: "BCPP-BCPRUN absent\n", 1: "BCPP-BCPRUN absent\n"}, "")
     assert row.verdict.value == "different" and "bcprun absent in the 2-replica job" in row.showed
 
 
@@ -122,21 +122,21 @@ def test_what_bcprun_sets_for_nsys_file_names():
         return f"BCPP-RANK rank={proc} world=2 replica={node} slurm={slurm}\n"
 
     unique = {0: rank(0, 0, "7/0/0"), 1: rank(1, 1, "7/1/1")}
-    assert bcp_probe.nsys_names_row(unique).verdict.value == "ok"
-    assert bcp_probe.slurm_variables(unique) == "set"
+    assert probe_findings.nsys_names_row(unique).verdict.value == "ok"
+    assert probe_findings.slurm_variables(unique) == "set"
     unset = {0: rank(0, 0, "unset/unset/unset"), 1: rank(1, 1, "unset/unset/unset")}
-    assert bcp_probe.nsys_names_row(unset).verdict.value == "ok" and bcp_probe.slurm_variables(unset) == "unset"
+    assert probe_findings.nsys_names_row(unset).verdict.value == "ok" and probe_findings.slurm_variables(unset) == "unset"
     same = {0: rank(0, 0, "7/0/0"), 1: rank(1, 1, "7/0/0")}
-    row = bcp_probe.nsys_names_row(same)
+    row = probe_findings.nsys_names_row(same)
     assert row.verdict.value == "different" and "7/0/0, 7/0/0" in row.showed
-    assert bcp_probe.nsys_names_row({0: "", 1: None}).verdict.value == "could not check"
+    assert probe_findings.nsys_names_row({0: "", 1: None}).verdict.value == "could not check"
 
 
 def test_a_commandline_on_neither_model_is_different():
     ended = type("S", (), {"native": "FINISHED_SUCCESS", "detail": ""})()
     logs = {0: "", 1: "BCPP-PROBE replica=1 size=2\n"}  # only replica 1: neither every replica nor the launcher
-    assert bcp_probe.replicas_row(plan(), logs, ended).verdict.value == "different"
-    assert bcp_probe.replicas_row(plan(), {0: "BCPP-PROBE replica=0\n", 1: ""}, ended).verdict.value == "ok"
+    assert probe_findings.replicas_row(plan(), logs, ended).verdict.value == "different"
+    assert probe_findings.replicas_row(plan(), {0: "BCPP-PROBE replica=0\n", 1: ""}, ended).verdict.value == "ok"
 
 
 @needs_ngcsdk

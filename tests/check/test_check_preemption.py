@@ -11,6 +11,7 @@ from bcp_pipeline.backends.bcp.render import JobSpec
 from bcp_pipeline.backends.bcp.transport_sdk import SdkTransport
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.backends.bcp import probe as bcp_probe
+from bcp_pipeline.backends.bcp import probe_findings
 from bcp_pipeline.backends.bcp.probe_findings import Preemption, preemption_row
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError
@@ -105,6 +106,6 @@ def test_only_a_refusal_by_the_service_counts_as_refused():
 
 def test_the_log_shows_the_commandline_started_again():
     first = "BCPP-SINGLE bcprun=/x\nBCPP-WAITING\n"
-    assert bcp_probe.started_again(first, first + "BCPP-SINGLE bcprun=/x\nBCPP-WAITING\n")  # appended to
-    assert bcp_probe.started_again(first, "BCPP-SINGLE bcprun=/y\nBCPP-WAITING\n")  # a new log
-    assert not bcp_probe.started_again(first, first) and not bcp_probe.started_again(first, None)
+    assert probe_findings.started_again(first, first + "BCPP-SINGLE bcprun=/x\nBCPP-WAITING\n")  # appended to
+    assert probe_findings.started_again(first, "BCPP-SINGLE bcprun=/y\nBCPP-WAITING\n")  # a new log
+    assert not probe_findings.started_again(first, first) and not probe_findings.started_again(first, None)

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 from bcp_emulation import needs_ngcsdk
 from golden_files import REPO

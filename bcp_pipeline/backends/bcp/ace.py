@@ -14,8 +14,7 @@ from pathlib import Path
 from bcp_pipeline.config.resources import BcpOptions
 from bcp_pipeline.errors import BackendCallError, ConfigError
 from bcp_pipeline.backends.bcp.transport import retry_policy
-from bcp_pipeline.backends.bcp.policy import PlannedJob, Violation, violations
-from bcp_pipeline.backends.bcp.driver import DRIVER_STAGE
+from bcp_pipeline.backends.bcp.policy import Violation, planned_jobs, violations
 from bcp_pipeline.backends.bcp.render import JobSpec, job_spec
 from bcp_pipeline.backends.bcp.connect import (NOTHING_DONE, check_credentials, choose_transport, make_transport,
     read_ngc_config)
@@ -55,14 +54,6 @@ def configured_ace(options: BcpOptions, environ: Mapping[str, str] | None = None
     return options.ace or env.get("NGC_CLI_ACE") or read_ngc_config(env).get("ace") or None
 
 
-def planned_jobs(requests: Iterable[JobRequest], options: BcpOptions, stages_dir: Path,
-                 driver: JobSpec | None = None) -> list[PlannedJob]:
-    """The JobSpec each request becomes (the same rendering `run` submits), and the --detach driver's."""
-    jobs = [PlannedJob(stage=r.stage.name, kind=r.kind, spec=job_spec(r, options, stages_dir),
-                       continues=r.kind == "stage" and r.stage.continuation is not None) for r in requests]
-    return jobs + ([PlannedJob(stage=DRIVER_STAGE, kind="driver", spec=driver)] if driver is not None else [])
-
-
 def check_ace(options: BcpOptions, stages_dir: Path, requests: Iterable[JobRequest], *, detach: bool,
               driver: JobSpec | None = None, transport: Transport | None = None,
               policy: RetryPolicy | None = None) -> AceCheck:
@@ -72,7 +63,7 @@ def check_ace(options: BcpOptions, stages_dir: Path, requests: Iterable[JobReque
     name = configured_ace(options)
     if not name:
         return AceCheck(ace=None, checked=False, reason="no ACE is configured")
-    jobs = planned_jobs(requests, options, stages_dir, driver)
+    jobs = planned_jobs([(r, job_spec(r, options, stages_dir)) for r in requests], driver)
     client = transport or make_transport(options)
     ace = with_retries(lambda: client.ace(name), f"reading the limits of ACE {name}", policy or retry_policy(options))
     return AceCheck(ace=name, checked=True, violations=violations(ace, jobs, detach=detach))

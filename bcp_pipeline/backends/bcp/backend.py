@@ -28,8 +28,8 @@ from bcp_pipeline.backends.bcp.render import (job_files, job_spec, label, nemo_l
     nemo_overrides_digest, upload_argv)
 from bcp_pipeline.backends.bcp.transport import Transport
 from bcp_pipeline.backends.bcp.connect import make_transport, read_ngc_config
-from bcp_pipeline.backends.bcp.driver import DRIVER_STAGE, driver_job_shape
-from bcp_pipeline.backends.bcp.policy import PlannedJob, planned_jobs, violations
+from bcp_pipeline.backends.bcp.driver import driver_job_shape
+from bcp_pipeline.backends.bcp.policy import planned_jobs, rendered_jobs, violations
 from bcp_pipeline.backends.shared.logs import last_lines, training_progress, indent
 from bcp_pipeline.backends.contract import outage_seconds
 from bcp_pipeline.backends.shared.command import shell_join
@@ -342,10 +342,9 @@ class BcpBackend(Backend):
         found += self._nemo_refusals(submissions, where)
         ace = (self.profile.get("facts") or {}).get("ace")
         if isinstance(ace, dict):
-            driver = [PlannedJob(stage=DRIVER_STAGE, kind="driver",
-                                 spec=driver_job_shape(self.options, self.pipeline))] if detach and self.pipeline else []
+            driver = driver_job_shape(self.options, self.pipeline) if detach and self.pipeline else None
             found += [f"{violation} (as {where} saw the ACE)" for violation in
-                      violations(ace, planned_jobs(submissions) + driver, detach=detach)]
+                      violations(ace, planned_jobs(rendered_jobs(submissions), driver), detach=detach)]
         return found
 
     def _nemo_refusals(self, submissions: list[Submission], where: str) -> list[str]:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bcp_pipeline.backends.bcp.driver import DRIVER_STAGE
-from bcp_pipeline.backends.bcp.policy import PlannedJob, violations
-from bcp_pipeline.backends.bcp.render import JobSpec
+from bcp_pipeline.backends.bcp.policy import PlannedJob, planned_jobs, rendered_jobs, violations
 from bcp_pipeline.backends.bcp.account import account_of
 from bcp_pipeline.backends.bcp.transport import CONFIG_HINT, SDK_VERSION, Transport
 from bcp_pipeline.backends.bcp.connect import SCOPED_KEY_PREFIX, configured_api_key, make_transport, scoped_key_org
@@ -25,19 +23,6 @@ from bcp_pipeline.backends.contract import job_label
 VERSION = re.compile(r"\b\d+\.\d+\.\d+\b")
 HTTP_ANSWER = re.compile(r"\b([45]\d\d) (?:Client|Server) Error: ([A-Za-z ]+?)(?= for url|$|:|\.)")
 NO_VERSION_COMMAND = "invalid choice: 'version'"
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlannedBcpJob:
-    stage: str  # `(driver)` for the --detach driver
-    kind: str  # stage, verify, driver
-    spec: JobSpec
-
-    @property
-    def label(self) -> str:
-        if self.kind == "driver":
-            return "the driver (--detach)"
-        return job_label(self.stage, self.kind)
 
 
 @dataclass(kw_only=True)
@@ -53,19 +38,11 @@ def account(ctx: CheckInput) -> Account:
     return Account(org=org or "(no org)", team=team, ace=ace or "(no ACE)")
 
 
-def planned_jobs(ctx: CheckInput) -> list[PlannedBcpJob]:
-    jobs = [PlannedBcpJob(stage=s.request.stage.name, kind=s.request.kind, spec=JobSpec(**s.payload["spec"]))
-            for s in ctx.submissions()]
-    if ctx.detach and ctx.detach_driver is not None:
-        jobs.append(PlannedBcpJob(stage=DRIVER_STAGE, kind="driver", spec=ctx.detach_driver))
-    return jobs
-
-
 def check_bcp(ctx: CheckInput) -> CheckOutcome:
     who = account(ctx)
     target = {"org": who.org, "ace": who.ace, **({"team": who.team} if who.team else {})}
     transport = make_transport(ctx.config.options["bcp"])
-    jobs = planned_jobs(ctx)
+    jobs = planned_jobs(rendered_jobs(ctx.submissions()), ctx.detach_driver if ctx.detach else None)
     credentials, answer = credentials_row(transport, who, configured_api_key(ctx.environ))
     rows: list[Row] = [credentials]
     if credentials.verdict.value == "different":
@@ -214,7 +191,7 @@ def ace_facts(ace: dict) -> dict:
 INSTANCE_LIMITS = ("instances", "allowMultinode", "allowMultinodePreemptable", "multiNodeSupportedArrayTypes")
 
 
-def policy_rows(ace: dict, jobs: list[PlannedBcpJob], detach: bool) -> list[Row]:
+def policy_rows(ace: dict, jobs: list[PlannedJob], detach: bool) -> list[Row]:
     """bcp_policy's violations of this ACE, as two rows: the instances (multi-node, array types) and the limits
     (runtime, replicas, active jobs; the driver's needs with --detach)."""
     if not jobs:
@@ -257,7 +234,7 @@ def _fix_of(v) -> str:
     return re.sub(r"\s*\([^)]*\)$", "", v.fix)
 
 
-def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
+def image_row(transport: Transport, jobs: list[PlannedJob]) -> Row | None:
     images = sorted({job.spec.image for job in jobs})
     if not images:
         return None
@@ -279,7 +256,7 @@ def image_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
     return ok("image", assumes, "; ".join(found))
 
 
-def workspace_row(transport: Transport, jobs: list[PlannedBcpJob], ace: str) -> Row | None:
+def workspace_row(transport: Transport, jobs: list[PlannedJob], ace: str) -> Row | None:
     names = sorted({mount.split(":")[0] for job in jobs for mount in job.spec.workspaces})
     if not names:
         return None
@@ -316,7 +293,7 @@ def quota_text(transport: Transport, ace: str) -> str:
     return "quota unknown (not in the answer)"
 
 
-def secrets_row(transport: Transport, jobs: list[PlannedBcpJob]) -> Row | None:
+def secrets_row(transport: Transport, jobs: list[PlannedJob]) -> Row | None:
     wanted = sorted({secret for job in jobs for secret in job.spec.secrets})
     if not wanted:
         return None

@@ -19,7 +19,8 @@ from typing import Any
 
 from bcp_pipeline.config.durations import format_duration, parse_duration
 from bcp_pipeline.backends.bcp.render import JobSpec
-from bcp_pipeline.backends.contract import job_label
+from bcp_pipeline.backends.bcp.driver import DRIVER_STAGE
+from bcp_pipeline.backends.contract import JobRequest, job_label
 
 PREEMPTABLE = frozenset({"RESUMABLE", "RESTARTABLE"})  # preempt classes the scheduler may preempt
 PREFERRED_ARRAY_TYPE = "PYTORCH"  # what the stage programs' rank variables need (bcp_render.check_stage)
@@ -27,12 +28,16 @@ PREFERRED_ARRAY_TYPE = "PYTORCH"  # what the stage programs' rank variables need
 
 @dataclass(frozen=True, kw_only=True)
 class PlannedJob:
-    """One rendered job of the pipeline: its stage, kind (`stage` or `verify`) and JobSpec."""
+    """One job a run submits: its stage, kind (`stage`, `verify`, or `driver` for `run --detach`'s) and JobSpec."""
 
-    stage: str
+    stage: str  # DRIVER_STAGE for the driver
     kind: str
     spec: JobSpec
     continues: bool = False  # a stage that continues from its checkpoint in a further job (NeMo pretraining)
+
+    @property
+    def label(self) -> str:
+        return "the driver (--detach)" if self.kind == "driver" else job_label(self.stage, self.kind)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,11 +56,17 @@ class Violation:
         return f"{job}: {self.value}, but the ACE's {self.limit} allows {self.allowed}; {self.fix}"
 
 
-def planned_jobs(submissions: Iterable[Any]) -> list[PlannedJob]:
-    """PlannedJobs from rendered Submissions (`Backend.render` of the BCP backend: payload["spec"])."""
-    return [PlannedJob(stage=s.request.stage.name, kind=s.request.kind, spec=JobSpec(**s.payload["spec"]),
-                       continues=s.request.kind == "stage" and s.request.stage.continuation is not None)
-            for s in submissions]
+def planned_jobs(jobs: Iterable[tuple[JobRequest, JobSpec]], driver: JobSpec | None = None) -> list[PlannedJob]:
+    """The jobs (each request with its rendered JobSpec) and the `--detach` driver's, where one is given."""
+    planned = [PlannedJob(stage=request.stage.name, kind=request.kind, spec=spec,
+                          continues=request.kind == "stage" and request.stage.continuation is not None)
+               for request, spec in jobs]
+    return planned + ([PlannedJob(stage=DRIVER_STAGE, kind="driver", spec=driver)] if driver is not None else [])
+
+
+def rendered_jobs(submissions: Iterable[Any]) -> list[tuple[JobRequest, JobSpec]]:
+    """Each rendered Submission of the BCP backend with its JobSpec (payload["spec"])."""
+    return [(s.request, JobSpec(**s.payload["spec"])) for s in submissions]
 
 
 def violations(ace: Mapping[str, Any], jobs: Sequence[PlannedJob], *, detach: bool = False) -> list[Violation]:
