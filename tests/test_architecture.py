@@ -7,6 +7,7 @@ is still a circle. The checker is tried on small packages made here too, so a br
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -118,8 +119,11 @@ def test_wing_packages_import_nothing_on_their_own():
 
 
 def test_stage_programs_import_nothing_of_the_orchestrator():
-    """They run inside jobs, where only stages/ is shipped (docs/CONVENTIONS.md)."""
-    for path in STAGE_PROGRAMS.glob("*.py"):
+    """They run inside jobs, where only stages/ is shipped (docs/CONVENTIONS.md): every module under stages/, in
+    any folder."""
+    programs = sorted(STAGE_PROGRAMS.rglob("*.py"))
+    assert programs, "no stage program found: the walk is broken"
+    for path in programs:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
@@ -127,11 +131,89 @@ def test_stage_programs_import_nothing_of_the_orchestrator():
 
 
 def test_backends_print_nothing():
-    """Backends report through return values and errors; what reaches the terminal is the CLI's to say."""
-    for path in (PACKAGE / "backends").glob("*.py"):
+    """Backends report through return values and errors; what reaches the terminal is the CLI's to say (every
+    module under backends/, its folders included)."""
+    modules = sorted((PACKAGE / "backends").rglob("*.py"))
+    assert any(path.parent.name == "bcp" for path in modules), "the walk misses the backend folders"
+    for path in modules:
         calls = [n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print"]
-        assert calls == [], f"{path.name} calls print() on line {calls[0].lineno}" if calls else ""
+        assert calls == [], f"{path.relative_to(PACKAGE)} calls print() on line {calls[0].lineno}" if calls else ""
+
+
+# -- backend folders --------------------------------------------------------------------------------------------
+def backend_folders(package: Path) -> set[str]:
+    """The backends of `package`: each folder of backends/ that has a backend.py."""
+    return {path.parent.name for path in (package / "backends").glob("*/backend.py")}
+
+
+def folder_of(module: str, folders: set[str]) -> str | None:
+    """The backend whose folder holds `module` (`backends.bcp.render` -> bcp), None for any other module."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "backends" and parts[1] in folders else None
+
+
+def cross_backend_imports(graph: dict[str, set[str]], folders: set[str]) -> list[str]:
+    """Imports of a backend folder by anything but its own modules, the registry and detach/ (BCP's by nature)."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        mine = folder_of(module, folders)
+        for target in sorted(targets):
+            theirs = folder_of(target, folders)
+            allowed = module == "backends.registry" or (module.startswith("detach.") and theirs == "bcp")
+            if theirs is not None and theirs != mine and not allowed:
+                found.append(f"{module} imports {target} (the {theirs} backend's folder)")
+            if mine is not None and target == "backends.registry":
+                found.append(f"{module} imports the registry: a backend knows no other backend")
+    return found
+
+
+def test_a_backend_folder_is_imported_only_by_itself_the_registry_and_detach():
+    graph = module_graph(PACKAGE)
+    folders = backend_folders(PACKAGE)
+    assert folders == {"local", "bcp", "slurm", "gridengine", "kubernetes"}
+    assert cross_backend_imports(graph, folders) == []
+
+
+def test_every_backend_of_the_table_is_a_folder_the_registry_finds():
+    from bcp_pipeline.backends.registry import backend_class
+    from bcp_pipeline.config.resources import BACKENDS
+
+    assert set(BACKENDS) == backend_folders(PACKAGE)
+    for name in BACKENDS:
+        assert backend_class(name).name == name
+
+
+BACKEND_NAME_WORD = re.compile(r"\b(local|bcp|slurm|gridengine|kubernetes)\b")
+
+
+def backend_name_lists(package: Path) -> list[str]:
+    """Literals outside config/resources.py that spell out several backend names: a tuple, list, set or dict of
+    them, or a text listing them (`bcp|slurm|...`). The names are written once, in config.resources.BACKENDS;
+    everything else derives from it."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).as_posix() == "config/resources.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                names = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            elif isinstance(node, ast.Dict):
+                names = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = BACKEND_NAME_WORD.findall(node.value) if re.search(
+                    r"\b(?:local|bcp|slurm|gridengine|kubernetes)\s*[|,/]\s*(?:local|bcp|slurm|gridengine|kubernetes)\b",
+                    node.value) else []
+            else:
+                continue
+            named = {name for name in names if BACKEND_NAME_WORD.fullmatch(name)}
+            if len(named) >= 2:
+                found.append(f"{path.relative_to(package)}:{node.lineno}: {sorted(named)}")
+    return found
+
+
+def test_the_backend_names_are_written_once():
+    assert backend_name_lists(PACKAGE) == []
 
 
 # -- the checker, on packages made here ------------------------------------------------------------------------
@@ -163,6 +245,41 @@ def test_checker_finds_a_lower_wing_importing_a_higher_one(tmp_path, source, exp
                                       "cli/__init__.py": "", "cli/main.py": "", "engine/__init__.py": "",
                                       "engine/runs.py": source})
     assert wrong_way(module_graph(package)) == expected
+
+
+@pytest.mark.parametrize("module, source, expected", [
+    ("backends/slurm/check.py", "from bcp_pipeline.backends.local.check import PROBE\n",
+     ["backends.slurm.check imports backends.local.check (the local backend's folder)"]),
+    ("backends/shared/logs.py", "from ..bcp.states import STATE_MAP\n",
+     ["backends.shared.logs imports backends.bcp.states (the bcp backend's folder)"]),
+    ("engine/poller.py", "def f():\n    from bcp_pipeline.backends.slurm import backend\n",
+     ["engine.poller imports backends.slurm.backend (the slurm backend's folder)"]),
+    ("backends/slurm/check.py", "from bcp_pipeline.backends.registry import make_backend\n",
+     ["backends.slurm.check imports the registry: a backend knows no other backend"]),
+    ("backends/slurm/check.py", "from ..shared.logs import x\nfrom .render import y\n", []),
+    ("detach/jobs.py", "from bcp_pipeline.backends.bcp.states import status_of\n", []),
+])
+def test_checker_finds_a_planted_cross_backend_import(tmp_path, module, source, expected):
+    files = {f"backends/{name}/{leaf}": "" for name in ("local", "bcp", "slurm") for leaf in
+             ("__init__.py", "backend.py", "check.py", "states.py", "render.py")}
+    files |= {"backends/__init__.py": "", "backends/registry.py": "", "backends/shared/__init__.py": "",
+              "backends/shared/logs.py": "", "engine/__init__.py": "", "engine/poller.py": "",
+              "detach/__init__.py": "", "detach/jobs.py": "", module: source}
+    package = make_package(tmp_path, files)
+    graph = module_graph(package)
+    assert cross_backend_imports(graph, backend_folders(package)) == expected
+
+
+@pytest.mark.parametrize("source, found", [
+    ('BACKENDS = ("local", "bcp")\n', 1),
+    ('HELP = "--backend bcp|slurm|local"\n', 1),
+    ('X = {"bcp": 1, "slurm": 2}\n', 1),
+    ('WHAT = "a BCP job on bcp"\nONE = ("bcp",)\n', 0),
+])
+def test_checker_finds_a_second_list_of_backend_names(tmp_path, source, found):
+    package = make_package(tmp_path, {"engine/__init__.py": "", "engine/x.py": source,
+                                      "config/__init__.py": "", "config/resources.py": 'B = ("local", "bcp")\n'})
+    assert len(backend_name_lists(package)) == found
 
 
 # -- what the detached driver imports before it has checked its image ---------------------------------------------

@@ -103,7 +103,7 @@ def _check_top_keys(raw: dict, top: Where) -> None:
 
 def _load_options(raw: Any, where: Where) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise where.error("expected a mapping of backend names (local, bcp, slurm, gridengine, kubernetes) to options")
+        raise where.error(f"expected a mapping of backend names ({', '.join(OPTION_TYPES)}) to options")
     for key in raw:
         if key not in OPTION_TYPES:
             raise where.child(key, raw).error(f"unknown backend {key!r}; valid: {', '.join(OPTION_TYPES)}")

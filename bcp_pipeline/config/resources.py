@@ -64,6 +64,7 @@ class BcpResources:
     command: list[str] | None = None  # run this instead of `python3 ${code}/PROGRAM ARGS`
 
     counts: ClassVar[tuple[str, ...]] = ()  # replicas and processes: checked with BCP's own rules (validate.py)
+    image_field: ClassVar[str | None] = "image"  # the field naming the stage's container image (output digest)
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
         return RankLayout(nodes=self.replicas, per_node=self.processes)
@@ -79,6 +80,7 @@ class LocalResources:
     command: list[str] | None = None
 
     counts: ClassVar[tuple[str, ...]] = ("replicas", "processes")  # each >= 1 where set (validate.py)
+    image_field: ClassVar[str | None] = None  # local processes run in no container
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
         return RankLayout(nodes=self.replicas, per_node=self.processes)
@@ -109,6 +111,7 @@ class SlurmResources:
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
 
     counts: ClassVar[tuple[str, ...]] = ("nodes", "ntasks_per_node", "cpus_per_task")
+    image_field: ClassVar[str | None] = "container_image"
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
         return RankLayout(nodes=bcp.replicas if self.nodes is None else self.nodes,
@@ -140,6 +143,7 @@ class GridEngineResources:
     # script with RANK etc. set, or by one torchrun a host (c10d rendezvous at the first host; in the container)
 
     counts: ClassVar[tuple[str, ...]] = ()
+    image_field: ClassVar[str | None] = "container_image"
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
         return RankLayout(nodes=bcp.replicas if self.nodes is None else self.nodes,
@@ -179,6 +183,7 @@ class KubernetesResources:
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
 
     counts: ClassVar[tuple[str, ...]] = ()
+    image_field: ClassVar[str | None] = "image"
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
         return RankLayout(nodes=bcp.replicas if self.replicas is None else self.replicas,

@@ -3,11 +3,11 @@ own rules, verification counts, continuation and estimates, each refused at the 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.config.model import ESTIMATE_SIZES, Check, Continuation, PipelineConfig, StageConfig
+from bcp_pipeline.config.programs import program_sha256
 from bcp_pipeline.config.placeholders import BUILTIN_PLACEHOLDERS, PLACEHOLDER, resolve_int
 from bcp_pipeline.config.resources import ENV_KEY, LABEL_PATTERN, RESOURCE_TYPES, SECRET_PART, BcpResources
 from bcp_pipeline.config.typed import Where
@@ -30,7 +30,7 @@ def validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, 
         if not (stages_dir / stage.program).is_file():
             raise stage_where.child("program", body).error(
                 f"stage program {stage.program!r} not found in {stages_dir}")
-        stage.program_sha256 = hashlib.sha256((stages_dir / stage.program).read_bytes()).hexdigest()
+        stage.program_sha256 = program_sha256(stages_dir, stage.program)
         _validate_placeholders(pipeline, stage, body, stage_where)
         _validate_bcp(stage.bcp, stage_where.child("bcp", body) if "bcp" in body else stage_where)
         _validate_counts(stage, body, stage_where)

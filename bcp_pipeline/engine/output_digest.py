@@ -2,10 +2,20 @@
 
 A workspace outlives runs: outputs another config made (other args, another program, another image, other
 inputs) sit where a new run looks for its own, and a stage program that skips complete outputs would take them
-for its own. Each data stage's job therefore gets the digest of what defines its outputs (the program's content,
-its args with the pipeline's vars in, the image, and the digests of the stages it needs, so a change upstream
-reaches every stage below) and the stage's `other_outputs` setting; the program compares the digest with the one
-its output folder was made under (stages/_common.py `claim_outputs`) and redoes, refuses or reuses them.
+for its own. Each data stage's job therefore gets the digest of what defines its outputs, and the stage's
+`other_outputs` setting; the program compares the digest with the one its output folder was made under
+(stages/_common.py `claim_outputs`) and redoes, refuses or reuses them.
+
+What it hashes, and why each:
+- the program's name and content digest: the program file AND every module of stages/ it imports
+  (config/programs.py), because the code that writes the outputs may live in a private helper (`_common.py`,
+  `_hub_download.py`, ...), and a change there changes the outputs as much as one in the program;
+- its args with the pipeline's vars substituted (the built-ins such as ${workspace} stay as written, so the
+  digest is the same on every backend, where the workspace's path differs);
+- the image of every backend section that names one, so another container (another tokenizer library, say)
+  counts as another config, whichever backend runs the stage;
+- the digests of the stages it needs, so a change upstream reaches every stage below.
+Not hashed: the resources (replicas, processes, instance), which change how the work is split, never its result.
 
 The pretrain stage (`nemo:`) is not covered here: its checkpoints have their own rules (config/nemo.py).
 """
@@ -17,6 +27,7 @@ import json
 
 from bcp_pipeline.config.model import PipelineConfig
 from bcp_pipeline.config.placeholders import substitute
+from bcp_pipeline.config.resources import RESOURCE_TYPES
 
 
 def output_digest(pipeline: PipelineConfig, name: str) -> str:
@@ -25,7 +36,8 @@ def output_digest(pipeline: PipelineConfig, name: str) -> str:
     # Twice: a var may name another var (`data: ${workspace}/...` then `${data}/zst`); built-ins stay as written,
     # so the digest is the same on every backend.
     args = [substitute(substitute(arg, pipeline.vars), pipeline.vars) for arg in stage.args]
-    defining = {"program": stage.program, "program_sha256": stage.program_sha256, "args": args,
-                "images": {"bcp": stage.bcp.image, "slurm": stage.slurm.container_image},
+    images = {name: getattr(stage.resources(name), resources.image_field)
+              for name, resources in RESOURCE_TYPES.items() if resources.image_field}
+    defining = {"program": stage.program, "program_sha256": stage.program_sha256, "args": args, "images": images,
                 "needs": {need: output_digest(pipeline, need) for need in sorted(stage.needs)}}
     return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]

@@ -12,6 +12,7 @@ its share, or the launcher's starts all); what must run once (the NeMo launcher)
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import re
 from dataclasses import dataclass
@@ -28,10 +29,10 @@ from bcp_pipeline.backends.shared.nemo_script import TrainingJob
 from bcp_pipeline.config.placeholders import substitute
 
 LABEL_PREFIX = "bcpp"
+UPLOAD_EXCLUDES = ("*__pycache__*",)  # what of stages/ is never uploaded (nor hashed: code_hash)
 # A one-replica job's own ranks meet on loopback at a port from the job id (29500 is torchrun's default), so
 # concurrent jobs sharing a machine (the emulator's, a shared node) do not collide.
 LOCAL_MASTER_PORT_EXPR = "29500 + ${NGC_JOB_ID:-0} % 1000"
-CODE_FILES = ("*.py", "*.sh", "requirements*.txt")
 
 
 def label(kind: str, value: str) -> str:
@@ -44,12 +45,19 @@ def job_labels(request: JobRequest) -> list[str]:
 
 
 def code_hash(stages_dir: Path) -> str:
-    """Content hash of the stage programs: the upload destination, so each version is uploaded once."""
+    """Content hash of what is uploaded of stages/: the upload's destination, so each version is uploaded once.
+    Every file the upload takes counts (in every folder, by its path), so a change to any of them, a private
+    helper in a subfolder included, makes a new destination."""
     digest = hashlib.sha256()
-    files = sorted({p for pattern in CODE_FILES for p in stages_dir.glob(pattern)})
-    for path in files:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in uploaded_files(stages_dir):
+        digest.update(path.relative_to(stages_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def uploaded_files(stages_dir: Path) -> list[Path]:
+    """The files of stages/ the upload takes: every one, in every folder, but those UPLOAD_EXCLUDES matches."""
+    return sorted(path for path in stages_dir.rglob("*") if path.is_file() and not any(
+        fnmatch.fnmatch(path.relative_to(stages_dir).as_posix(), pattern) for pattern in UPLOAD_EXCLUDES))
 
 
 def code_destination(options: BcpOptions, stages_dir: Path) -> str:
@@ -311,9 +319,6 @@ def global_flags(org: str | None, team: str | None, ace: str | None, *, json_out
         if value:
             flags += [flag, value]
     return [*flags, "--format_type", "json"] if json_output else flags
-
-
-UPLOAD_EXCLUDES = ("*__pycache__*",)
 
 
 def upload_argv(options: BcpOptions, workspace: str, source: Path, destination: str,
