@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+import _pretrain_checkpoints
 import _ranks
-import pretrain_local
 from _stage_error import StageError
 from test_pretrain_local import child_env, logged_steps, make_dataset, summary
 
@@ -114,8 +115,8 @@ def test_two_ranks_hold_equal_weights_and_follow_the_one_process_curve(data_dir:
     assert result["world_size"] == 2 and result["tokens_seen"] == reference["tokens_seen"]
     assert result["losses"] == pytest.approx(reference["losses"], rel=LOSS_RTOL)
     assert result["last_loss"] < result["first_loss"] - 1.0  # it trains (the curve is not flat by accident)
-    checkpoint = pretrain_local.load_checkpoint(pretrain_local.latest_checkpoint(tmp_path / "two" / "checkpoints"),
-                                                pretrain_local.torch.device("cpu"))
+    latest = _pretrain_checkpoints.latest_checkpoint(tmp_path / "two" / "checkpoints")
+    checkpoint = _pretrain_checkpoints.load_checkpoint(latest, torch.device("cpu"))
     assert checkpoint["step"] == STEPS and checkpoint["config"]["world_size"] == 2
 
 
@@ -154,7 +155,7 @@ def test_resume_across_world_sizes(data_dir: Path, tmp_path: Path, reference: di
         (code0, out0, err0), (code1, _out1, err1) = finish(ranks)
     assert code0 == code1 == 1, err0 + err1
     assert "stopped by signal on another rank" in err0 and "stopped by signal 15" in err1
-    stopped_at = int(pretrain_local.latest_checkpoint(ckpt_dir).name[5:11])
+    stopped_at = int(_pretrain_checkpoints.latest_checkpoint(ckpt_dir).name[5:11])
     assert 2 <= stopped_at < STEPS and f"checkpoint saved: {ckpt_dir}" in out0
     resumed = run_one(command(data_dir, tmp_path, "two-then-one"))
     assert f"at step {stopped_at} of {STEPS}" in resumed.stdout and "checkpoint ran on 2 rank(s)" in resumed.stdout
@@ -172,7 +173,7 @@ def test_resume_across_world_sizes(data_dir: Path, tmp_path: Path, reference: di
     finally:
         one.kill()
     assert one.returncode == 1
-    stopped_at = int(pretrain_local.latest_checkpoint(tmp_path / "one-then-two" / "checkpoints").name[5:11])
+    stopped_at = int(_pretrain_checkpoints.latest_checkpoint(tmp_path / "one-then-two" / "checkpoints").name[5:11])
     # On 2 ranks with 1 sample per forward: 2 accumulation steps per rank, still the same samples per step.
     (code0, out0, err0), (code1, out1, err1) = finish(start_ranks(
         command(data_dir, tmp_path, "one-then-two", "--micro-batch-size", "1")))
