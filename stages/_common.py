@@ -30,6 +30,15 @@ from _ranks import (DEFAULT_MASTER_PORT, Rendezvous, expand_hostlist, first_slur
                     rendezvous, shard)
 from _stage_error import StageError
 
+__all__ = [  # what `_common.NAME` offers: the names above, and the helpers below
+    "CLAIMED", "COMPLETIONS_DIR", "DEFAULT_MASTER_PORT", "DIGEST_WAIT_SECONDS", "LINE_PREFIX", "OTHER_OUTPUTS_ENV",
+    "OUTPUT_DIGEST_ENV", "OUT_OF_SPACE", "STARTED_AT", "Progress", "Rendezvous", "StageError", "atomic_output",
+    "atomic_write_json", "claim_or_refuse", "claim_outputs", "completion_path", "emit", "error_naming",
+    "expand_hostlist", "fail_with_items", "first_slurm_host", "fsync_dir", "ipv4_addresses", "positive_int",
+    "ran_on", "rank_and_world_size", "remove_stale_temporaries", "remove_stale_temporaries_of", "rendezvous",
+    "shard", "start_writeback", "temp_path_for", "usable_cpus", "write_completion",
+]
+
 
 def positive_int(text: str) -> int:
     """argparse type for counts: a whole number >= 1, else a clear usage error."""
