@@ -1,5 +1,5 @@
 """The smoke pretrain's training steps: micro batches, gradient accumulation, the step lines, checkpoints and a
-clean stop on SIGTERM/SIGINT (after the step, on every rank at once, with a checkpoint first).
+clean stop on SIGTERM/SIGINT (every rank after the same step, a checkpoint saved first unless --no-checkpoints).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The smoke pretrain's model: a small pre-LayerNorm GPT, its loss, optimizer, learning-rate schedule and precision.
+"""The smoke pretrain's model: a small pre-LayerNorm GPT, its loss, optimizer, learning-rate schedule, precision
+and the digest of its weights.
 
 Megatron's own GPTModel needs CUDA internals, so this is a plain PyTorch GPT with the output layer tied to the
 token embedding over the full GPT-2 vocabulary: it trains on 2 CPU cores in seconds, and on a GPU when given one.
