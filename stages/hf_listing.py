@@ -14,7 +14,8 @@ same version. A resume whose revision now resolves to another commit is refused 
 than finished with files of two versions.
 
 This module is the listing and the manifest only (standard library, pure but for the `get_json` it is handed);
-the transfer, its retries and its checks (sha256 of LFS files, git blob id of the others) stay in download.py.
+the transfer, its retries and its checks (sha256 of LFS files, git blob id of the others) are the download
+stage's (_fetch_attempt.py, _fetcher.py).
 """
 
 from __future__ import annotations

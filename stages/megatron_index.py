@@ -1,10 +1,19 @@
 """Streaming writer for Megatron's indexed dataset (`PREFIX.bin` + `PREFIX.idx`), with bounded memory.
 
-The format, as megatron-core's `IndexedDataset` reads it (see ../../shared/notes/data-formats.md):
+The format, as megatron-core's `IndexedDataset` reads it:
 
-* `.bin`: the token ids of every sequence back to back, in the index's dtype, no header.
-* `.idx` (little-endian): magic, version, dtype code, sequence count N, document count N+1, then N int32 sequence
-  lengths, N int64 byte offsets into `.bin`, and N+1 int64 document indices `[0, 1, ..., N]`.
+* `.bin`: the token ids of every sequence back to back, no header, in the index's dtype (numpy's native byte
+  order, as megatron-core reads them): uint16 for a vocabulary of fewer than 65,500 ids, else int32.
+* `.idx`, every integer little-endian; with N sequences:
+  - bytes 0-8: the magic `MMIDIDX` followed by two zero bytes;
+  - bytes 9-16: the version, uint64, 1;
+  - byte 17: the dtype's code, uint8 (megatron-core's `DType`: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64,
+    6 float64, 7 float32, 8 uint16);
+  - bytes 18-25: the sequence count N, uint64; bytes 26-33: the document count N + 1, uint64;
+  - from byte 34: N int32 sequence lengths, in tokens;
+  - then N int64 pointers: each sequence's byte offset in `.bin` (0 for the first, then the running sum of the
+    lengths before it times the dtype's size);
+  - then N + 1 int64 document indices `[0, 1, ..., N]`: document i is sequences idx[i] to idx[i + 1] - 1.
 
 Every document is one sequence here (Megatron's preprocess_data.py without sentence splitting). megatron-core's
 own `IndexedDatasetBuilder` keeps every length in a Python list until `finalize` (tens of millions of Python ints
@@ -24,7 +33,6 @@ MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQB")  # magic, version, dtype code
 COUNTS = struct.Struct("<QQ")  # sequence count, document count (+1 for the leading 0)
-HEADER_BYTES = HEADER.size + COUNTS.size  # 34
 LENGTH_DTYPE = np.dtype("<i4")
 POINTER_DTYPE = np.dtype("<i8")
 DOCUMENT_DTYPE = np.dtype("<i8")

@@ -28,39 +28,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import os
 import re
 import sys
-import threading
 import time
-from collections import deque
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
-
-import numpy as np
 
 import _common
-from doc_sources import GZ_SUFFIX, INPUT_SUFFIXES, PARQUET_SUFFIX, ZST_SUFFIX
-from doc_sources import gzip_blocks, input_suffix, parquet_texts
-from extract import decompress_blocks, download_manifest_names, line_problem, visible_names
-from megatron_index import LENGTH_DTYPE, HashingWriter, IndexedDatasetWriter
+from _preprocess_batches import read_batches
+from _tokenize_workers import BatchResult, init_worker, make_executor, ordered_results
+from doc_sources import INPUT_SUFFIXES, input_suffix
+from extract import download_manifest_names, visible_names
+from megatron_index import HashingWriter, IndexedDatasetWriter
 from tokenizers_gpt2 import Tokenizer, TokenizerError, TokenizerSpec, describe, token_dtype
 
 STAGE = "preprocess"
 JSONL_INPUT = re.compile(r"train_chunk_(\d+)\.jsonl")
 PREFIX_TEMPLATE = "train_chunk_{index}.jsonl_text_document"
 BATCH_BYTES = 1 << 20  # text per task: ~60 ms of tokenizing, so pickling and scheduling are noise
-PROBE_BYTES = 1 << 16  # read around a batch boundary to find the end of its line
 MAX_REPORTED_LINES = 20  # bad lines printed per output; the rest are only counted
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Items
-# ---------------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class OutputItem:
@@ -88,202 +77,6 @@ def list_items(in_dir: Path, files_per_output: int | None) -> list[OutputItem]:
     return [OutputItem(i, tuple(names[start:start + files_per_output]))
             for i, start in enumerate(range(0, len(names), files_per_output))]
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Reading: batches of ~BATCH_BYTES of whole lines
-# ---------------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Batch:
-    """Whole lines of one source: a byte range of a plain file, which the worker reads itself (so the text does
-    not travel through the main process and a pipe), or bytes the main process decompressed from a .jsonl.zst or
-    .jsonl.gz; or, from a parquet file, the texts themselves (one per row, None for a null)."""
-
-    source: int  # index into the item's sources
-    data: bytes = b""
-    path: str = ""
-    start: int = 0
-    end: int = 0
-    texts: list[str | None] | None = None
-
-    def text(self) -> bytes:
-        if not self.path:
-            return self.data
-        with open(self.path, "rb", buffering=0) as handle:
-            data = os.pread(handle.fileno(), self.end - self.start, self.start)
-        if len(data) != self.end - self.start:
-            raise OSError(f"{Path(self.path).name} shrank while being read")
-        return data
-
-
-def line_ranges(path: Path, batch_bytes: int) -> Iterator[tuple[int, int]]:
-    """(start, end) byte ranges of about `batch_bytes` that end just after a newline (or at the end of file).
-    Only a small window around each cut is read here; the workers read the ranges themselves."""
-    with open(path, "rb", buffering=0) as handle:
-        fd, size, start = handle.fileno(), os.fstat(handle.fileno()).st_size, 0
-        while start < size:
-            end = min(start + batch_bytes, size)
-            while end < size:  # move the cut to just after the next newline
-                window = os.pread(fd, PROBE_BYTES, end - 1)
-                newline = window.find(b"\n")
-                if newline >= 0:
-                    end += newline
-                    break
-                end = min(end - 1 + len(window), size) if window else size
-            yield start, end
-            start = end
-
-
-def compressed_batches(source: int, path: Path, batch_bytes: int) -> Iterator[Batch]:
-    """Decompressed whole lines of a .jsonl.zst or .jsonl.gz (a truncated stream raises, naming the file)."""
-    pending: list[bytes] = []
-    size = 0
-    for block in (gzip_blocks if path.name.endswith(GZ_SUFFIX) else decompress_blocks)(path):
-        pending.append(block)
-        size += len(block)
-        last_newline = block.rfind(b"\n")
-        if size < batch_bytes or last_newline < 0:
-            continue  # a small batch so far, or a line longer than a batch that has not ended yet
-        data = b"".join(pending)
-        cut = size - len(block) + last_newline + 1
-        yield Batch(source, data=data[:cut])
-        pending, size = [data[cut:]], size - cut
-    if size:
-        yield Batch(source, data=b"".join(pending))
-
-
-def read_batches(paths: list[Path], batch_bytes: int, key: str = "text") -> Iterator[Batch]:
-    """Every source in order, cut into batches of whole lines (of rows of the `key` column, for parquet); batches
-    never span two sources."""
-    for source, path in enumerate(paths):
-        if path.name.endswith((ZST_SUFFIX, GZ_SUFFIX)):
-            yield from compressed_batches(source, path, batch_bytes)
-        elif path.name.endswith(PARQUET_SUFFIX):
-            yield from (Batch(source, texts=texts) for texts in parquet_texts(path, key, batch_bytes))
-        else:
-            for start, end in line_ranges(path, batch_bytes):
-                yield Batch(source, path=str(path), start=start, end=end)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Tokenizing (in worker processes, or inline with one worker)
-# ---------------------------------------------------------------------------------------------------------------
-
-@dataclass
-class BatchResult:
-    source: int
-    tokens: bytes = b""  # ids + EOD per document, in the output dtype, back to back
-    lengths: bytes = b""  # int32 per document (EOD included)
-    lines: int = 0
-    documents: int = 0
-    empty: int = 0
-    bad: list[tuple[int, str]] = field(default_factory=list)  # (line index in the batch, reason)
-
-
-@dataclass
-class WorkerState:
-    tokenizer: Tokenizer
-    key: str
-    dtype: np.dtype
-    eod: np.ndarray
-
-
-_STATE: WorkerState | None = None
-
-
-def init_worker(spec: TokenizerSpec, key: str, loaded: Tokenizer | None = None, parent: int | None = None) -> None:
-    """Load the tokenizer once per process (a forked worker inherits the parent's, loaded before the fork)."""
-    global _STATE
-    if parent is not None:
-        threading.Thread(target=exit_when_orphaned, args=(parent,), name="orphan-watch", daemon=True).start()
-    tokenizer = loaded if loaded is not None else spec.load()
-    dtype = token_dtype(tokenizer)
-    _STATE = WorkerState(tokenizer, key, dtype, np.array([tokenizer.eod], dtype=np.uint32))
-
-
-def exit_when_orphaned(parent: int, interval: float = 0.5) -> None:
-    """End this worker once its parent is gone. A SIGKILLed parent never closes the task pipe for its workers
-    (each worker holds the pipe's write end, inherited from the others), so they would wait on it forever."""
-    while os.getppid() == parent:
-        time.sleep(interval)
-    os._exit(1)
-
-
-def tokenize_batch(batch: Batch) -> BatchResult:
-    """Tokenize every line (or parquet row) of `batch`: ids + EOD per usable document; bad ones listed, not raised."""
-    state = _STATE
-    assert state is not None, "init_worker was not called in this process"
-    encode, key, eod = state.tokenizer.encode, state.key, state.eod
-    pieces: list[np.ndarray] = []
-    lengths: list[int] = []
-    result = BatchResult(batch.source)
-    if batch.texts is not None:
-        records, read = batch.texts, parquet_text
-    else:
-        records = batch.text().split(b"\n")
-        if records[-1] == b"":
-            records.pop()  # the batch ends with a newline; that is not one more (empty) line
-        read = json_text
-    result.lines = len(records)
-    for offset, record in enumerate(records):
-        text = read(record, key)
-        if text.__class__ is not str:
-            result.bad.append((offset, text))
-            continue
-        ids = encode(text)
-        if ids.size == 0:
-            result.empty += 1
-            continue
-        pieces += (ids, eod)
-        lengths.append(ids.size + 1)
-    if pieces:
-        # Ids are below the vocabulary size, which chose the dtype, so the narrowing cast is exact.
-        result.tokens = np.concatenate(pieces).astype(state.dtype, copy=False).tobytes()
-        result.lengths = np.array(lengths, dtype=LENGTH_DTYPE).tobytes()
-    result.documents = len(lengths)
-    return result
-
-
-class Problem(str):
-    """Why a record has no usable text (a str subclass, told apart from a text by its class)."""
-
-
-def json_text(line: bytes, key: str) -> str | Problem:
-    """The `key` string of a JSON line, else why not."""
-    try:
-        text = json.loads(line)[key]
-        if text.__class__ is str:
-            return text
-    except (ValueError, KeyError, TypeError, IndexError):
-        pass
-    return Problem(line_problem(line, key) or "unusable")
-
-
-def parquet_text(value: str | None, key: str) -> str | Problem:
-    return value if value is not None else Problem(f"{key!r} is null")
-
-
-def ordered_results(batches: Iterator[Batch], executor: Executor | None, window: int) -> Iterator[BatchResult]:
-    """Results in input order, with at most `window` batches in flight (Pool.imap would read the whole input)."""
-    if executor is None:
-        yield from map(tokenize_batch, batches)
-        return
-    pending: deque[Future] = deque()
-    try:
-        for batch in batches:
-            pending.append(executor.submit(tokenize_batch, batch))
-            if len(pending) >= window:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for future in pending:  # an error upstream: drop what is still queued for this output
-            future.cancel()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# One output
-# ---------------------------------------------------------------------------------------------------------------
 
 @dataclass
 class Context:
@@ -371,21 +164,6 @@ def build_output(item: OutputItem, ctx: Context) -> dict:
     }
     _common.atomic_write_json(manifest_path, manifest)
     return manifest
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The rank's run
-# ---------------------------------------------------------------------------------------------------------------
-
-def make_executor(workers: int, spec: TokenizerSpec, key: str) -> Executor | None:
-    """A pool of `workers` tokenizer processes, or None to tokenize inline (one worker: no pickling at all)."""
-    if workers <= 1:
-        return None
-    # fork where available: workers inherit the tokenizer already loaded here instead of loading it again.
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                               initializer=init_worker,
-                               initargs=(spec, key, _STATE.tokenizer if method else None, os.getpid()))
 
 
 def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, rank: int, world: int) -> int:

@@ -340,7 +340,7 @@ def chunk_sizes(chunks: int, per_chunk: int | str) -> list[int]:
     """Files in chunk1..chunkC: `per_chunk` each, or SlimPajama's real train counts (download.py's table)."""
     if per_chunk != "real":
         return [int(per_chunk)] * chunks
-    from download import TRAIN_FILES_PER_CHUNK  # pylint: disable=import-outside-toplevel  (a sibling stage)
+    from _slimpajama_files import TRAIN_FILES_PER_CHUNK  # pylint: disable=import-outside-toplevel  (download.py's)
 
     if chunks > len(TRAIN_FILES_PER_CHUNK):
         raise SystemExit(f"sample.py: --files-per-chunk real knows {len(TRAIN_FILES_PER_CHUNK)} train chunks, "

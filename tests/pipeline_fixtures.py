@@ -51,11 +51,17 @@ write_completion(args.out, args.name, rank, world, {"items": len(mine)})
 '''
 
 
+# What stages/_common.py imports: without them the copied _common.py cannot be imported.
+COMMON_PARTS = ("_stage_error.py", "_ranks.py", "_atomic_outputs.py", "_progress_lines.py", "_completion.py")
+
+
 def make_stages_dir(root: Path) -> Path:
-    """A stages folder with the real _common.py, verify.py and job bootstrap plus the test program items.py."""
+    """A stages folder with the real _common.py (and the modules it re-exports), verify.py and job bootstrap plus
+    the test program items.py."""
     stages = root / "stages"
     stages.mkdir(parents=True, exist_ok=True)
-    for name in ("_common.py", "verify.py", "bootstrap.sh", "requirements.txt", "requirements-nodeps.txt"):
+    for name in ("_common.py", *COMMON_PARTS, "verify.py", "bootstrap.sh", "requirements.txt",
+                 "requirements-nodeps.txt"):
         shutil.copy(REPO / "stages" / name, stages / name)
     (stages / "items.py").write_text(textwrap.dedent(ITEMS_PROGRAM))
     return stages

@@ -142,7 +142,7 @@ def test_processes_a_dead_supervisor_left_behind_are_stopped_before_its_job_coun
 def test_a_completion_record_half_written_by_a_killed_rank_leaves_no_temporary_after_the_rerun(tmp_path):
     """Found by scripts/chaos on Slurm: a rank killed while writing its completion record left the record's
     hidden temporary behind for good (the rerun wrote the record, not the temporary's cleanup)."""
-    from _common import completion_path, write_completion
+    from _completion import completion_path, write_completion
 
     record = completion_path(tmp_path, "download", 1, 4)
     record.parent.mkdir(parents=True)

@@ -33,7 +33,7 @@ from pipeline_fixtures import REPO, start_orchestrator, wait_for
 from slurm_cluster import MultiNodeCluster, two_node_cluster  # noqa: F401 (the fixture)
 from test_pretrain_distributed import ARGS, LOSS_RTOL, STEPS, data_dir, reference  # noqa: F401 (fixtures)
 
-import pretrain_local
+import _pretrain_checkpoints
 
 TIMEOUT = 8  # --collective-timeout (s): how long a rank waits for a dead peer
 RUN_NAME = "ddp"
@@ -137,7 +137,7 @@ def kill_rank_after_a_checkpoint(config: Path, results: Path, marker: Path, *arg
     orchestrator = start_orchestrator(config, "run", "ddp", *args)
     checkpoints = results / RUN_NAME / "checkpoints"
     try:
-        wait_for(lambda: pretrain_local.latest_checkpoint(checkpoints), timeout=120, what="a first checkpoint")
+        wait_for(lambda: _pretrain_checkpoints.latest_checkpoint(checkpoints), timeout=120, what="a first checkpoint")
         ranks = wait_for(lambda: (found := rank_processes(marker)).keys() == {0, 1} and found, timeout=10,
                          what="both ranks' processes")
         envs = {rank: env for rank, (_pid, env) in ranks.items()}
@@ -153,7 +153,7 @@ def kill_rank_after_a_checkpoint(config: Path, results: Path, marker: Path, *arg
         orchestrator.kill()
     assert orchestrator.returncode == 1, output
     assert not (results / RUN_NAME / "train_summary.json").exists(), output  # it did not finish anyway
-    step = int(pretrain_local.latest_checkpoint(checkpoints).name[5:11])
+    step = int(_pretrain_checkpoints.latest_checkpoint(checkpoints).name[5:11])
     assert 4 <= step < STEPS
     return output, waited, step
 

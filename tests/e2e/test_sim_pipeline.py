@@ -9,7 +9,7 @@ import sys
 
 from bcp_pipeline.cli.main import main
 from golden_files import REPO
-import download  # stages/ is on sys.path (conftest)
+import _slimpajama_files  # stages/ is on sys.path (conftest)
 import sample
 
 
@@ -34,7 +34,7 @@ def test_the_sim_verifies_the_real_counts(capsys):
 def test_the_sim_mirror_has_slimpajamas_per_chunk_counts(tmp_path):
     paths = sample.sample_paths(tmp_path, 10, "real")
     per_chunk = [sum(1 for _, chunk, _ in paths if chunk == c) for c in range(1, 11)]
-    assert per_chunk == list(download.TRAIN_FILES_PER_CHUNK) and len(paths) == 59166
+    assert per_chunk == list(_slimpajama_files.TRAIN_FILES_PER_CHUNK) and len(paths) == 59166
     assert paths[0][0] == tmp_path / "train/chunk1/example_train_0.jsonl.zst"
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
+import _fetch_attempt
+import _slimpajama_files
 import download
 import sample
 from http_faults import Fault, FaultServer
@@ -71,14 +73,14 @@ def args_for(base: str, out: Path, *extra: str) -> list[str]:
 # --- pure parts -----------------------------------------------------------------------------------------------
 
 def test_expected_items_use_the_real_counts_and_caps() -> None:
-    assert len(download.expected_items("train", list(range(1, 11)), None, None)) == 59166
-    assert download.parse_chunks("1-3,7", 10) == [1, 2, 3, 7]
+    assert len(_slimpajama_files.expected_items("train", list(range(1, 11)), None, None)) == 59166
+    assert _slimpajama_files.parse_chunks("1-3,7", 10) == [1, 2, 3, 7]
     for bad in ("0", "11", "3-1", "a", "1-"):
         with pytest.raises(ValueError):
-            download.parse_chunks(bad, 10)
-    capped = download.expected_items("train", [1, 2], 7000, None)
+            _slimpajama_files.parse_chunks(bad, 10)
+    capped = _slimpajama_files.expected_items("train", [1, 2], 7000, None)
     assert len(capped) == 5912 + 5911  # a cap above the real count asks for no file that does not exist
-    first = download.expected_items("train", [1], None, 12)
+    first = _slimpajama_files.expected_items("train", [1], None, 12)
     assert {item.index for item in first} == set(range(12))  # the first 12 by index, not by name
     assert [item.name for item in first] == sorted(item.name for item in first)
     assert first[0].url("https://h/x/") == "https://h/x/train/chunk1/example_train_0.jsonl.zst"
@@ -94,47 +96,47 @@ def test_bad_arguments_exit_2(tmp_path: Path) -> None:
 
 def test_server_wait_hints() -> None:
     now = 1_700_000_000.0
-    assert download.server_wait_hint({}, now) is None
-    assert download.server_wait_hint({"Retry-After": "7"}, now) == 7
-    assert download.server_wait_hint({"Retry-After": formatdate(now + 30, usegmt=True)}, now) == pytest.approx(30)
-    assert download.server_wait_hint({"Retry-After": formatdate(now - 30, usegmt=True)}, now) == 0
-    assert download.server_wait_hint({"RateLimit": '"api";r=0;t=55'}, now) == 55
-    assert download.server_wait_hint({"RateLimit": "limit=100, remaining=0, reset=12"}, now) == 12
-    assert download.server_wait_hint({"RateLimit-Reset": "9"}, now) == 9
-    assert download.server_wait_hint({"X-RateLimit-Reset": str(int(now) + 40)}, now) == pytest.approx(40)
-    assert download.server_wait_hint({"Retry-After": "3", "RateLimit": "r=0;t=20"}, now) == 20  # the largest
-    assert download.server_wait_hint({"Retry-After": "soon"}, now) is None
+    assert _fetch_attempt.server_wait_hint({}, now) is None
+    assert _fetch_attempt.server_wait_hint({"Retry-After": "7"}, now) == 7
+    assert _fetch_attempt.server_wait_hint({"Retry-After": formatdate(now + 30, usegmt=True)}, now) == pytest.approx(30)
+    assert _fetch_attempt.server_wait_hint({"Retry-After": formatdate(now - 30, usegmt=True)}, now) == 0
+    assert _fetch_attempt.server_wait_hint({"RateLimit": '"api";r=0;t=55'}, now) == 55
+    assert _fetch_attempt.server_wait_hint({"RateLimit": "limit=100, remaining=0, reset=12"}, now) == 12
+    assert _fetch_attempt.server_wait_hint({"RateLimit-Reset": "9"}, now) == 9
+    assert _fetch_attempt.server_wait_hint({"X-RateLimit-Reset": str(int(now) + 40)}, now) == pytest.approx(40)
+    assert _fetch_attempt.server_wait_hint({"Retry-After": "3", "RateLimit": "r=0;t=20"}, now) == 20  # the largest
+    assert _fetch_attempt.server_wait_hint({"Retry-After": "soon"}, now) is None
 
 
 def test_zstd_check_detects_truncated_and_corrupt_streams() -> None:
     compressor = zstandard.ZstdCompressor(level=3)
     stream = compressor.compress(os.urandom(3000) + b"x" * 50_000) + compressor.compress(b"second frame " * 999)
     for piece in (1, 7, 4096, len(stream)):  # whole stream fed in pieces of any size passes
-        check = download.ZstdStreamCheck()
+        check = _fetch_attempt.ZstdStreamCheck()
         for start in range(0, len(stream), piece):
             check.feed(stream[start:start + piece])
         check.finish()
         assert check.frames == 2 and check.decompressed_bytes == 53_000 + 13 * 999
     for cut in (1, 10, len(stream) // 3, len(stream) - 200, len(stream) - 1):  # cut inside either frame
-        check = download.ZstdStreamCheck()
+        check = _fetch_attempt.ZstdStreamCheck()
         check.feed(stream[:cut])
-        with pytest.raises(download.FetchError, match="truncated"):
+        with pytest.raises(_fetch_attempt.FetchError, match="truncated"):
             check.finish()
-    with pytest.raises(download.FetchError, match="corrupt"):
-        download.ZstdStreamCheck().feed(b"this is not zstd at all")
-    with pytest.raises(download.FetchError, match="empty"):
-        download.ZstdStreamCheck().finish()
+    with pytest.raises(_fetch_attempt.FetchError, match="corrupt"):
+        _fetch_attempt.ZstdStreamCheck().feed(b"this is not zstd at all")
+    with pytest.raises(_fetch_attempt.FetchError, match="empty"):
+        _fetch_attempt.ZstdStreamCheck().finish()
 
 
 def test_failed_validation_leaves_no_file(tmp_path: Path) -> None:
     data = zstandard.ZstdCompressor().compress(b"hello\n" * 1000)
     dest = tmp_path / "x.jsonl.zst"
-    with pytest.raises(download.FetchError, match="short body"):
-        download.save_stream([data[:10]], len(data), dest)
-    with pytest.raises(download.FetchError, match="truncated"):
-        download.save_stream([data[:-3]], len(data) - 3, dest)
+    with pytest.raises(_fetch_attempt.FetchError, match="short body"):
+        _fetch_attempt.save_stream([data[:10]], len(data), dest)
+    with pytest.raises(_fetch_attempt.FetchError, match="truncated"):
+        _fetch_attempt.save_stream([data[:-3]], len(data) - 3, dest)
     assert list(tmp_path.iterdir()) == []
-    assert download.save_stream([data[:5], data[5:]], len(data), dest) == len(data)
+    assert _fetch_attempt.save_stream([data[:5], data[5:]], len(data), dest) == len(data)
     assert dest.read_bytes() == data
 
 

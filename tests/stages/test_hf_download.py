@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import _slimpajama_files
 import download
 import hf_listing
 from stage_fixtures import iter_documents, jsonl_bytes, run_as_rank, temporaries
@@ -221,7 +222,7 @@ def test_slimpajama_through_the_listing_keeps_its_names_and_checks_zstd_and_sha2
     for name, entry in zip(names, manifest(out)["entries"]):
         assert (out / name).read_bytes() == files[entry["path"]] and entry["sha256"]
     # The built-in counts stay what verification expects: the pipeline's `files` is chunk 1's real count.
-    assert stage_vars(pipeline)["files"] == str(download.TRAIN_FILES_PER_CHUNK[0])
+    assert stage_vars(pipeline)["files"] == str(_slimpajama_files.TRAIN_FILES_PER_CHUNK[0])
 
 
 def stage_vars(pipeline) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Outputs another config made are redone, refused or reused, never taken as this config's (issue 27, mislead 3).
 
-First `_common.claim_outputs` on its own (rank 0 decides, the other ranks wait for its record), then the demo's
+First `_completion.claim_outputs` on its own (rank 0 decides, the other ranks wait for its record), then the demo's
 real `sample` stage through the orchestrator on the local backend: its mirror made with another `--seed` is
 redone (the old files kept aside), refused with the setting that reuses it, or reused; `status` says which.
 """
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import _common
+import _completion
+from _stage_error import StageError
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.output_digest import output_digest
@@ -23,7 +24,7 @@ from golden_files import REPO
 
 
 def env(digest: str, policy: str = "redo") -> dict[str, str]:
-    return {_common.OUTPUT_DIGEST_ENV: digest, _common.OTHER_OUTPUTS_ENV: policy, "BCP_PIPELINE_STAGE": "make"}
+    return {_completion.OUTPUT_DIGEST_ENV: digest, _completion.OTHER_OUTPUTS_ENV: policy, "BCP_PIPELINE_STAGE": "make"}
 
 
 def outputs(folder: Path) -> list[Path]:
@@ -32,37 +33,37 @@ def outputs(folder: Path) -> list[Path]:
 
 def made(folder: Path, digest: str, count: int = 2) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    assert _common.claim_outputs(folder, "make", outputs(folder), 0, env(digest))["outputs"] in ("new", "same")
+    assert _completion.claim_outputs(folder, "make", outputs(folder), 0, env(digest))["outputs"] in ("new", "same")
     for index in range(count):
         (folder / f"out-{index}.txt").write_text(f"{digest} {index}")
 
 
 def test_outputs_of_the_same_digest_are_kept_and_another_digests_are_set_aside_then_redone(tmp_path, capsys):
     made(tmp_path, "aaaa")
-    assert _common.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("aaaa")) == {"outputs": "same",
+    assert _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("aaaa")) == {"outputs": "same",
                                                                                           "digest": "aaaa"}
-    found = _common.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb"))
+    found = _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb"))
     assert found["outputs"] == "redone" and found["count"] == 2 and found["previous_digest"] == "aaaa"
     aside = Path(found["set_aside"])
     assert aside.parent == tmp_path and aside.name.startswith(".superseded-aaaa-")
     assert outputs(tmp_path) == [] and (aside / "out-1.txt").read_text() == "aaaa 1"  # moved, never deleted
     line = [json.loads(l.split(" ", 2)[2]) for l in capsys.readouterr().out.splitlines() if " outputs " in l][-1]
     assert line["outputs"] == "redone" and line["set_aside"] == str(aside)
-    assert _common.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb"))["outputs"] == "same"
+    assert _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb"))["outputs"] == "same"
 
 
 def test_refuse_names_the_setting_that_reuses_them_and_reuse_keeps_them(tmp_path):
     made(tmp_path, "aaaa")
-    with pytest.raises(_common.StageError, match=r"--set make\.other_outputs=reuse"):
-        _common.claim_outputs(tmp_path, "make", outputs(tmp_path), 1, env("bbbb", "refuse"))  # every rank refuses
+    with pytest.raises(StageError, match=r"--set make\.other_outputs=reuse"):
+        _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 1, env("bbbb", "refuse"))  # every rank refuses
     assert len(outputs(tmp_path)) == 2
-    found = _common.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb", "reuse"))
+    found = _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb", "reuse"))
     assert found["outputs"] == "reused" and [p.read_text() for p in outputs(tmp_path)] == ["aaaa 0", "aaaa 1"]
 
 
 def test_outputs_without_a_recorded_digest_count_as_another_configs(tmp_path):
     (tmp_path / "out-0.txt").write_text("made before digests")
-    found = _common.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb"))
+    found = _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb"))
     assert found["outputs"] == "redone" and found["previous_digest"] is None
     assert (Path(found["set_aside"]) / "out-0.txt").read_text() == "made before digests"
 
@@ -71,18 +72,18 @@ def test_other_ranks_wait_for_rank_0_before_they_skip_anything(tmp_path):
     made(tmp_path, "aaaa")
     waited: list[dict] = []
     other = threading.Thread(target=lambda: waited.append(
-        _common.claim_outputs(tmp_path, "make", outputs(tmp_path), 1, env("bbbb"))))
+        _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 1, env("bbbb"))))
     other.start()
     other.join(0.5)
     assert other.is_alive()  # rank 1 must not go on while the old outputs are still there
-    _common.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb"))
+    _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb"))
     other.join(10)
     assert waited == [{"outputs": "same", "digest": "bbbb"}]
 
 
 def test_without_a_digest_nothing_is_checked(tmp_path):
     made(tmp_path, "aaaa")
-    assert _common.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, {}) == {"outputs": "unchecked"}
+    assert _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, {}) == {"outputs": "unchecked"}
     assert len(outputs(tmp_path)) == 2
 
 

@@ -13,6 +13,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import concat
+import _preprocess_batches
 import extract
 import megatron_index
 import preprocess
@@ -171,13 +172,13 @@ def test_malformed_lines_are_skipped_and_reported_by_file_and_line(tmp_path, mon
 @pytest.mark.parametrize("batch_bytes", [1, 7, 100, 1 << 20])
 def test_batches_tile_each_source_in_whole_lines(tmp_path, monkeypatch, batch_bytes):
     from stage_fixtures import compress
-    monkeypatch.setattr(preprocess, "PROBE_BYTES", 5)  # lines longer than a probe window, too
+    monkeypatch.setattr(_preprocess_batches, "PROBE_BYTES", 5)  # lines longer than a probe window, too
     payload = b'{"text": "a"}\n\n' + b"x" * 300 + b"\n\n\nlast line without newline"
     (tmp_path / "a.jsonl").write_bytes(payload)
     (tmp_path / "b.jsonl.zst").write_bytes(compress(payload, frames=3))
     (tmp_path / "c.jsonl").write_bytes(b"")
-    batches = list(preprocess.read_batches([tmp_path / "a.jsonl", tmp_path / "b.jsonl.zst", tmp_path / "c.jsonl"],
-                                           batch_bytes))
+    sources = [tmp_path / "a.jsonl", tmp_path / "b.jsonl.zst", tmp_path / "c.jsonl"]
+    batches = list(_preprocess_batches.read_batches(sources, batch_bytes))
     for source in (0, 1):
         texts = [b.text() for b in batches if b.source == source]
         assert b"".join(texts) == payload

@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-import _common
-import pretrain_local
+import _pretrain_checkpoints
+import _ranks
+from _stage_error import StageError
 from test_pretrain_local import child_env, logged_steps, make_dataset, summary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,8 +115,8 @@ def test_two_ranks_hold_equal_weights_and_follow_the_one_process_curve(data_dir:
     assert result["world_size"] == 2 and result["tokens_seen"] == reference["tokens_seen"]
     assert result["losses"] == pytest.approx(reference["losses"], rel=LOSS_RTOL)
     assert result["last_loss"] < result["first_loss"] - 1.0  # it trains (the curve is not flat by accident)
-    checkpoint = pretrain_local.load_checkpoint(pretrain_local.latest_checkpoint(tmp_path / "two" / "checkpoints"),
-                                                pretrain_local.torch.device("cpu"))
+    latest = _pretrain_checkpoints.latest_checkpoint(tmp_path / "two" / "checkpoints")
+    checkpoint = _pretrain_checkpoints.load_checkpoint(latest, torch.device("cpu"))
     assert checkpoint["step"] == STEPS and checkpoint["config"]["world_size"] == 2
 
 
@@ -153,7 +155,7 @@ def test_resume_across_world_sizes(data_dir: Path, tmp_path: Path, reference: di
         (code0, out0, err0), (code1, _out1, err1) = finish(ranks)
     assert code0 == code1 == 1, err0 + err1
     assert "stopped by signal on another rank" in err0 and "stopped by signal 15" in err1
-    stopped_at = int(pretrain_local.latest_checkpoint(ckpt_dir).name[5:11])
+    stopped_at = int(_pretrain_checkpoints.latest_checkpoint(ckpt_dir).name[5:11])
     assert 2 <= stopped_at < STEPS and f"checkpoint saved: {ckpt_dir}" in out0
     resumed = run_one(command(data_dir, tmp_path, "two-then-one"))
     assert f"at step {stopped_at} of {STEPS}" in resumed.stdout and "checkpoint ran on 2 rank(s)" in resumed.stdout
@@ -171,7 +173,7 @@ def test_resume_across_world_sizes(data_dir: Path, tmp_path: Path, reference: di
     finally:
         one.kill()
     assert one.returncode == 1
-    stopped_at = int(pretrain_local.latest_checkpoint(tmp_path / "one-then-two" / "checkpoints").name[5:11])
+    stopped_at = int(_pretrain_checkpoints.latest_checkpoint(tmp_path / "one-then-two" / "checkpoints").name[5:11])
     # On 2 ranks with 1 sample per forward: 2 accumulation steps per rank, still the same samples per step.
     (code0, out0, err0), (code1, out1, err1) = finish(start_ranks(
         command(data_dir, tmp_path, "one-then-two", "--micro-batch-size", "1")))
@@ -197,16 +199,16 @@ def test_a_world_size_that_does_not_split_the_batch_is_refused(data_dir: Path, t
 def test_rendezvous_torchrun() -> None:
     env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "198.18.0.7", "MASTER_PORT": "29555",
            "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "other[1-2]", "NGC_MASTER_ADDR": "x"}
-    assert _common.rendezvous(env) == _common.Rendezvous(3, 8, 1, "198.18.0.7", 29555)  # torchrun's win
+    assert _ranks.rendezvous(env) == _ranks.Rendezvous(3, 8, 1, "198.18.0.7", 29555)  # torchrun's win
 
 
 def test_rendezvous_slurm_reads_the_job_nodelist() -> None:
     base = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456"}
     port = 20000 + 123456 % 20000  # the port the Slurm backend's batch script exports
-    assert _common.rendezvous({**base, "SLURM_JOB_NODELIST": "gpu-node[07-08]"}) == \
-        _common.Rendezvous(5, 8, 1, "gpu-node07", port)
-    assert _common.rendezvous({**base, "SLURM_NODELIST": "alpha,beta"}).master_addr == "alpha"
-    assert _common.rendezvous({**base, "SLURM_JOB_NODELIST": "n1", "MASTER_PORT": "4000"}).master_port == 4000
+    assert _ranks.rendezvous({**base, "SLURM_JOB_NODELIST": "gpu-node[07-08]"}) == \
+        _ranks.Rendezvous(5, 8, 1, "gpu-node07", port)
+    assert _ranks.rendezvous({**base, "SLURM_NODELIST": "alpha,beta"}).master_addr == "alpha"
+    assert _ranks.rendezvous({**base, "SLURM_JOB_NODELIST": "n1", "MASTER_PORT": "4000"}).master_port == 4000
 
 
 @pytest.mark.parametrize("hostlist, hosts", [
@@ -217,40 +219,40 @@ def test_rendezvous_slurm_reads_the_job_nodelist() -> None:
     ("a-b.c[9-10]", ["a-b.c9", "a-b.c10"]),
 ])
 def test_expand_slurm_hostlist(hostlist: str, hosts: list[str]) -> None:
-    assert _common.expand_hostlist(hostlist) == hosts
+    assert _ranks.expand_hostlist(hostlist) == hosts
 
 
 @pytest.mark.parametrize("hostlist", ["node[1-", "node[a-b]", "", "a,,b", "x]"])
 def test_unreadable_hostlist_is_refused(hostlist: str) -> None:
     with pytest.raises(ValueError, match="cannot read the Slurm host list"):
-        _common.expand_hostlist(hostlist)
+        _ranks.expand_hostlist(hostlist)
 
 
 def test_unreadable_nodelist_falls_back_to_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "node[a-b]"}
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(_common.StageError, match="no scontrol to expand it; set MASTER_ADDR"):
-        _common.rendezvous(env)
+    with pytest.raises(StageError, match="no scontrol to expand it; set MASTER_ADDR"):
+        _ranks.rendezvous(env)
     # A stand-in for scontrol: prints the expansion `scontrol show hostnames LIST` would, one host a line.
     fake = tmp_path / "scontrol"
     fake.write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames node[a-b]" ] && printf "nodea\\nnodeb\\n"\n')
     fake.chmod(0o755)
-    assert _common.rendezvous(env).master_addr == "nodea"
+    assert _ranks.rendezvous(env).master_addr == "nodea"
 
 
 def test_rendezvous_bcp_replica() -> None:
     """bcprun's torchrun-style ranks; a replica that has NGC_MASTER_ADDR but no MASTER_ADDR meets there."""
     env = {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "NGC_ARRAY_INDEX": "1", "NGC_ARRAY_SIZE": "2",
            "NGC_MASTER_ADDR": "launcher-svc-4242", "NGC_JOB_ID": "4242"}
-    assert _common.rendezvous(env) == _common.Rendezvous(9, 16, 1, "launcher-svc-4242", 29500)
-    assert _common.rendezvous({**env, "MASTER_ADDR": "198.18.0.9", "MASTER_PORT": "6000"}).master_addr == "198.18.0.9"
+    assert _ranks.rendezvous(env) == _ranks.Rendezvous(9, 16, 1, "launcher-svc-4242", 29500)
+    assert _ranks.rendezvous({**env, "MASTER_ADDR": "198.18.0.9", "MASTER_PORT": "6000"}).master_addr == "198.18.0.9"
 
 
 def test_rendezvous_alone_and_bad_values() -> None:
-    assert _common.rendezvous({}) == _common.Rendezvous(0, 1, 0, "127.0.0.1", 29500)
-    with pytest.raises(_common.StageError, match="rank 1 of 2: no rendezvous address"):
-        _common.rendezvous({"RANK": "1", "WORLD_SIZE": "2"})
-    with pytest.raises(_common.StageError, match="MASTER_PORT=70000 is not a TCP port"):
-        _common.rendezvous({"MASTER_PORT": "70000"})
-    with pytest.raises(_common.StageError, match="LOCAL_RANK='one' is not an integer"):
-        _common.rendezvous({"LOCAL_RANK": "one"})
+    assert _ranks.rendezvous({}) == _ranks.Rendezvous(0, 1, 0, "127.0.0.1", 29500)
+    with pytest.raises(StageError, match="rank 1 of 2: no rendezvous address"):
+        _ranks.rendezvous({"RANK": "1", "WORLD_SIZE": "2"})
+    with pytest.raises(StageError, match="MASTER_PORT=70000 is not a TCP port"):
+        _ranks.rendezvous({"MASTER_PORT": "70000"})
+    with pytest.raises(StageError, match="LOCAL_RANK='one' is not an integer"):
+        _ranks.rendezvous({"LOCAL_RANK": "one"})

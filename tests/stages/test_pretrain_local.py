@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pretrain_local
+import _pretrain_checkpoints
+import _pretrain_data
+import _smoke_gpt
 from stage_fixtures import gpt2_vocab_merges
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,12 +132,12 @@ def test_checkpoint_names_and_rotation(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     for step in (10, 20, 30, 40):
-        pretrain_local.save_checkpoint(folder, step, {"format": 1, "step": step}, keep=3)
+        _pretrain_checkpoints.save_checkpoint(folder, step, {"format": 1, "step": step}, keep=3)
     assert sorted(p.name for p in folder.iterdir()) == ["step=000020.pt", "step=000030.pt", "step=000040-last.pt"]
     # A crash between "new -last in place" and "old -last renamed" leaves two markers: the highest step wins.
     (folder / "step=000030.pt").rename(folder / "step=000030-last.pt")
-    assert pretrain_local.latest_checkpoint(folder) == folder / "step=000040-last.pt"
-    pretrain_local.save_checkpoint(folder, 50, {"format": 1, "step": 50}, keep=3)
+    assert _pretrain_checkpoints.latest_checkpoint(folder) == folder / "step=000040-last.pt"
+    _pretrain_checkpoints.save_checkpoint(folder, 50, {"format": 1, "step": 50}, keep=3)
     assert sorted(p.name for p in folder.iterdir()) == ["step=000030.pt", "step=000040.pt", "step=000050-last.pt"]
 
 
@@ -174,13 +176,13 @@ def test_stop_kill_and_resume_matches_uninterrupted_run(data_dir: Path, tmp_path
     finally:
         stopped.kill()
     assert stopped.returncode == 1 and "rerun with --run-name killed to continue" in stop_err
-    stopped_at = checkpoint_step(pretrain_local.latest_checkpoint(ckpt_dir))
+    stopped_at = checkpoint_step(_pretrain_checkpoints.latest_checkpoint(ckpt_dir))
     assert 2 <= stopped_at < STEPS and f"checkpoint saved: {ckpt_dir}" in stop_out
 
     killed = subprocess.Popen(command(data_dir, results, "killed"), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=child_env())
     try:
-        wait_for(lambda: checkpoint_step(pretrain_local.latest_checkpoint(ckpt_dir)) > stopped_at, killed)
+        wait_for(lambda: checkpoint_step(_pretrain_checkpoints.latest_checkpoint(ckpt_dir)) > stopped_at, killed)
         killed.send_signal(signal.SIGKILL)
         kill_out = killed.communicate(timeout=30)[0]
     finally:
@@ -188,7 +190,7 @@ def test_stop_kill_and_resume_matches_uninterrupted_run(data_dir: Path, tmp_path
     assert f"at step {stopped_at} of {STEPS}" in kill_out
     assert max(logged_steps(kill_out)) < STEPS, "the run finished before it could be killed; make it longer"
     assert not (results / "killed" / "train_summary.json").exists()
-    resume_step = checkpoint_step(pretrain_local.latest_checkpoint(ckpt_dir))
+    resume_step = checkpoint_step(_pretrain_checkpoints.latest_checkpoint(ckpt_dir))
     # What a kill during torch.save leaves behind: a hidden temporary, never a file under a checkpoint name.
     (ckpt_dir / f".step={resume_step + 4:06d}-last.pt.tmp-99999").write_bytes(b"half a checkpoint")
 
@@ -196,7 +198,7 @@ def test_stop_kill_and_resume_matches_uninterrupted_run(data_dir: Path, tmp_path
     assert f"resuming from {ckpt_dir / f'step={resume_step:06d}-last.pt'} at step {resume_step}" in resumed.stdout
     assert logged_steps(resumed.stdout) == list(range(resume_step + 1, STEPS + 1))  # continues, not from 1
     assert not list(ckpt_dir.glob(".*tmp*"))
-    assert pretrain_local.latest_checkpoint(ckpt_dir).name == f"step={STEPS:06d}-last.pt"
+    assert _pretrain_checkpoints.latest_checkpoint(ckpt_dir).name == f"step={STEPS:06d}-last.pt"
     final = summary(results, "killed")
     assert final["steps"] == reference["steps"] == STEPS and final["resumed_from_step"] == resume_step
     assert final["tokens_seen"] == reference["tokens_seen"]
@@ -240,7 +242,7 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float = 120.0) -> None:
 
 
 def test_lr_schedule_is_a_function_of_the_step() -> None:
-    lrs = [pretrain_local.lr_at(step, 100, 1e-3, 10) for step in range(100)]
+    lrs = [_smoke_gpt.lr_at(step, 100, 1e-3, 10) for step in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] >= 1e-4
 
@@ -249,11 +251,11 @@ def test_index_cache_without_marker_is_rebuilt(tmp_path: Path) -> None:
     cache = tmp_path / "index_cache"
     cache.mkdir()
     (cache / "abc-GPTDataset-train-shuffle_index.npy").write_bytes(b"half")  # killed while megatron wrote it
-    pretrain_local.prepare_cache(cache)
+    _pretrain_data.prepare_cache(cache)
     assert cache.is_dir() and not any(cache.iterdir())
     (cache / "kept.npy").write_bytes(b"x")
     (cache / ".complete").touch()
-    pretrain_local.prepare_cache(cache)
+    _pretrain_data.prepare_cache(cache)
     assert [p.name for p in cache.iterdir()] == ["kept.npy"]  # marker removed until this build returns
 
 
@@ -261,16 +263,16 @@ def test_bf16_mixed_runs_the_forward_in_bfloat16_and_keeps_fp32_weights_and_loss
     """`--precision bf16-mixed` (how NeMo trains on GPUs, and what the README's H200 figures used): the matrix
     products of the forward run in bfloat16, the weights stay fp32, and the loss is computed in fp32."""
     torch = pytest.importorskip("torch")
-    model = pretrain_local.SmokeGPT(vocab_size=97, hidden=16, layers=1, heads=2, seq_length=8)
+    model = _smoke_gpt.SmokeGPT(vocab_size=97, hidden=16, layers=1, heads=2, seq_length=8)
     tokens = torch.randint(0, 97, (2, 8))
     device = torch.device("cpu")
-    with pretrain_local.autocast(device, "bf16-mixed"):
+    with _smoke_gpt.autocast(device, "bf16-mixed"):
         logits = model(tokens)
-        loss = pretrain_local.masked_loss_sum(logits, tokens, torch.ones_like(tokens))
+        loss = _smoke_gpt.masked_loss_sum(logits, tokens, torch.ones_like(tokens))
     assert logits.dtype == torch.bfloat16
     assert loss.dtype == torch.float32
     assert {p.dtype for p in model.parameters()} == {torch.float32}
-    with pretrain_local.autocast(device, "fp32"):
+    with _smoke_gpt.autocast(device, "fp32"):
         assert model(tokens).dtype == torch.float32
 
 
