@@ -13,7 +13,8 @@ PROBE = ("import importlib.util, json, sys; "
 
 
 def module_names(stages_dir: Path) -> list[str]:
-    """Import names of stages/requirements.txt's packages (their distribution names, lower case, `-` -> `_`)."""
+    """Import names of stages/requirements.txt's packages (their distribution names, lower case, `-` -> `_`), each
+    once (a package may be pinned per Python version on two lines)."""
     try:
         lines = (stages_dir / "requirements.txt").read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -26,4 +27,4 @@ def module_names(stages_dir: Path) -> list[str]:
             for sep in "=<>!~[; ":
                 name = name.split(sep, 1)[0]
             names.append(name.lower().replace("-", "_"))
-    return names
+    return list(dict.fromkeys(names))
