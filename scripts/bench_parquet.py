@@ -10,7 +10,7 @@ columns; snappy; row groups of `--row-group-rows`) and once as a `.jsonl.gz`. Ea
 `preprocess.py --files-per-output 1` in a child process, measured by bench_stages.measure (wall, CPU of the
 whole process tree, peak RSS); the fastest of `--repeats` runs counts. Tokens/s per core = tokens / CPU seconds.
 
-Target (issue 14): parquet >= 90 % of .jsonl tokens/s per core. The ids are the same for all three (the tests
+Target: parquet >= 90 % of .jsonl tokens/s per core. The ids are the same for all three (the tests
 check that); only reading differs.
 """
 

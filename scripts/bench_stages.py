@@ -10,7 +10,7 @@ Every timed command runs as a child process; wall time, CPU time and peak RSS co
 largest single process of the tree, tokenizer workers included). Each measurement is repeated and the fastest run
 kept, tools and stages interleaved, with `sync` before each so one run's writeback does not land on the next.
 
-Targets (issue 3): extract >= 1.0x unzstd; concat >= 0.9x cat; preprocess >= 80 % of raw single-thread tiktoken
+Targets: extract >= 1.0x unzstd; concat >= 0.9x cat; preprocess >= 80 % of raw single-thread tiktoken
 `encode_ordinary` tokens/s per core; tokenizer peak RSS <= 300 MB per process and flat when the input grows 10x.
 The stages fsync each output before renaming it (a crash must not leave a partial file under a final name), which
 plain `unzstd` / `cat` do not. At the sample's size, the tools' output fits in the page cache and is not on disk

@@ -3,7 +3,7 @@
 Verbs and options come from the argparse parser itself; the values below come from the files the commands would
 read: pipeline names and their stages from the config file (`--config`, default ./pipelines.yaml), run ids and a
 run's stages from the state folder (`--state-dir`, default next to the config file). Enable it in a shell with
-`eval "$(register-python-argcomplete bcp-pipeline)"` (README, "Shell completion").
+`eval "$(register-python-argcomplete bcp-pipeline)"` (docs/commands.md, "Shell completion").
 
 Completing runs on every <TAB>, so it reads as little as it can (the YAML without validation, run folder names
 without their state) and never fails: an unreadable config or state offers nothing rather than a traceback.

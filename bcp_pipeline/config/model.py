@@ -135,8 +135,8 @@ class VerificationResources:
 class Estimates:
     """`estimates:` of a pipeline: the declared figures `plan` and `status` estimate from (estimates.py).
 
-    Data-set sizes are numbers or `${var}` (YAML reads `895e9` as text; it is taken as a number here). README
-    ("Where the estimate figures come from") says where each default comes from.
+    Data-set sizes are numbers or `${var}` (YAML reads `895e9` as text; it is taken as a number here).
+    docs/estimates-and-report.md ("Where the estimate figures come from") says where each default comes from.
     """
 
     compressed_bytes: float | str | None = None  # what download fetches (.jsonl.zst)
@@ -146,7 +146,7 @@ class Estimates:
     download_mb_per_s_per_node: float | None = None  # declared, never measured here; no figure: no download time
     storage_mb_per_s_per_node: float | None = None  # declared workspace read or write rate per node; caps the
     # data stages (no figure: their times are CPU-bound only)
-    mfu: float = 0.40  # model FLOPs utilisation of pretraining (declared; the README says why 0.40)
+    mfu: float = 0.40  # model FLOPs utilisation of pretraining (declared; docs/estimates-and-report.md says why 0.40)
     cpu_peak_tflops: float | None = None  # declared peak of one CPU process, the only peak MFU on CPU is held
     # against (report/mfu.py); none: a CPU run shows no MFU
     per_core: dict[str, float] = field(default_factory=dict)  # PROGRAM: per-core figure replacing the benchmark's

@@ -3,8 +3,9 @@
 The job is the guide's `python3 .../launcher_scripts/main.py cluster_type=bcp stages=[training] ...`, with
 `training.model.data.data_prefix` built inside the job from the preprocess manifests (stages/data_list.py: every
 .bin/.idx pair, weights proportional to tokens, summing to 1) instead of 74 hand-typed entries. How a BCP job runs
-the launcher is backends/bcp_training_script.py's; how a Slurm cluster does, backends/slurm_render.py's. Facts
-about the launcher and NeMo with their sources: shared/notes/nemo-launcher.md and tests/fakes/README.md.
+the launcher is backends/shared/nemo_script.py's; how a Slurm cluster does, backends/slurm/render.py's. Facts
+about the launcher and NeMo with their sources (NVIDIA's repositories at named tags): the comments below,
+docs/pretraining.md and tests/fakes/README.md.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ KNOWN_MODELS: dict[LauncherVersion, dict[str, ModelConfig]] = {
     },
     # 23.11: NeMo-Megatron-Launcher@0c6c960d, whose conf/config.yaml names nemofw-training:23.11: 7b_improved TP 4,
     # PP 1, MBS 1, GBS 512, 300000 steps; 126m TP 1, PP 1, MBS 4, GBS 256, 600000 steps. Later releases take these:
-    # the index holds no 7b_improved.yaml of a 24.x commit to check them against (shared/notes/nemo-launcher.md
-    # reads TP 4 through 24.12; not verified here).
+    # NVIDIA/NeMo-Framework-Launcher's conf/training/gpt3/7b_improved.yaml has tensor_model_parallel_size 2 at tags
+    # 23.04 through 23.08.03 and 4 from 23.11 through 24.12, its last release; no 24.x value is checked here.
     (23, 11): {
         "gpt3/126m": ModelConfig(tensor_parallel=1, pipeline_parallel=1, global_batch_size=256, micro_batch_size=4,
                                  max_steps=600000),
@@ -68,8 +69,8 @@ SIZE_OVERRIDES = {"tensor_parallel": "training.model.tensor_model_parallel_size"
 # Where the launcher is in the image, by release, keyed as KNOWN_MODELS is (the newest key not after the image's
 # release): its Dockerfile's LAUNCHER_SCRIPTS_PATH and the path its BCP launcher hard-codes, at NVIDIA's launcher
 # release tags. The repository was NeMo-Megatron-Launcher until 24.05 and the folder moved with its rename in 24.07
-# (shared/notes/nemo-launcher.md: read at 23.11 through 24.05 and from 24.07 on; 23.08 takes the older name, which
-# the repository had then, unread at that tag).
+# (read at the tags 23.11 through 24.05, /opt/NeMo-Megatron-Launcher, and from 24.07 on, /opt/NeMo-Framework-Launcher;
+# 23.08 takes the older name, which the repository had then, unread at that tag).
 KNOWN_LAUNCHER_DIRS: dict[LauncherVersion, str] = {
     (23, 8): "/opt/NeMo-Megatron-Launcher/launcher_scripts",
     (24, 7): "/opt/NeMo-Framework-Launcher/launcher_scripts",
@@ -270,7 +271,7 @@ def time_limits(stage: StageConfig, runtime: str | None) -> TimeLimits:
     the margin covers what the runtime holds besides training: the container's start and image pull, building the
     model across the nodes, the first job's data index build (Megatron's index mappings over the whole data list),
     and, after NeMo's clean stop, the last step, a validation and the final checkpoint save (about 90 GB for 8B).
-    The 45-minute default is the guide's 30-60 minutes; README "Pretraining" gives the figures it covers."""
+    The 45-minute default is the guide's 30-60 minutes; docs/pretraining.md gives the figures it covers."""
     if not runtime:
         raise ValueError("pretraining needs a runtime (total_runtime on BCP, time on Slurm): each job's training "
                          "time is derived from it")
@@ -332,8 +333,8 @@ def launcher_overrides(stage: StageConfig, *, cluster_type: str, nodes: str, run
     the launcher runs in (default: BCP's for cluster_type bcp, else Slurm's). `devices`: trainer.devices, the ranks
     a node (default: the BCP instance's GPUs for cluster_type bcp, else the launcher config's own)."""
     nemo = stage.nemo
-    # cluster_type bcp runs in the BCP image; bcm is a Slurm cluster (backends/slurm_render.py). Grid Engine
-    # composes with cluster_type bcp in its own image (backends/gridengine_nemo.py).
+    # cluster_type bcp runs in the BCP image; bcm is a Slurm cluster (backends/slurm/render.py). Grid Engine
+    # composes with cluster_type bcp in its own image (backends/gridengine/nemo.py).
     backend = backend or ("bcp" if cluster_type == "bcp" else "slurm")
     model = model_config(stage, backend)
     limits = time_limits(stage, runtime)

@@ -1,9 +1,9 @@
 """Estimates for `plan` and `status`: items, bytes, wall time, node-hours and GPU-hours of each stage. Pure (no I/O).
 
 Data stages: the declared data-set sizes (`estimates:` of the pipeline) over per-core throughputs (defaults from
-this project's benchmark, README "Performance") times the cores the stage uses on its BCP instance; download over a
+this project's benchmark, docs/performance.md) times the cores the stage uses on its BCP instance; download over a
 declared per-node rate. Pretraining: tokens = steps x global batch x sequence; FLOPs per token from the model
-shape; GPUs x peak dense BF16 x a declared MFU. README "Where the estimate figures come from" sources every figure.
+shape; GPUs x peak dense BF16 x a declared MFU. docs/estimates-and-report.md ("Where the estimate figures come from") sources every figure.
 Queueing, job start-up, verification jobs and restarts between training attempts are not counted.
 """
 
@@ -30,7 +30,7 @@ from bcp_pipeline.report.mfu import Peak, flops_per_token, gpu_peak, step_second
 class Throughput:
     """A data program's per-core rate and how many cores one of its processes uses."""
 
-    per_core: float  # default, from this project's benchmark (README "Performance")
+    per_core: float  # default, from this project's benchmark (docs/performance.md)
     unit: str  # "MB/s" (of output written) or "tokens/s"
     threads_option: str | None = None  # the program's option giving cores per process
     default_threads: int | None = 1  # without the option; None: every core of the node

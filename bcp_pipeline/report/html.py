@@ -68,7 +68,8 @@ def render_report(data: dict) -> str:
     if throughput:
         body += ["<h2>Step time, tokens/s and MFU</h2>",
                  "<p class=hint>From the training log's step times; tokens/s = tokens a step / step time; MFU = "
-                 "tokens/s x model FLOPs per token (6N + 12 L s h) / peak FLOP/s (README \"Profiling\").</p>"]
+                 "tokens/s x model FLOPs per token (6N + 12 L s h) / peak FLOP/s (docs/estimates-and-report.md, "
+                 "\"Profiling\").</p>"]
         for series in data["throughput"]:
             body.append(f"<p class=meta id=throughput-{_e(series['stage'])}>{_e(series['stage'])}: "
                         f"{_e(throughput_summary(series))}</p>")

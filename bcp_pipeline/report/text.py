@@ -188,7 +188,8 @@ def render_estimates(plan: PlanEstimate) -> list[str]:
                      format_hours(s.node_hours), format_hours(s.gpu_hours), s.basis or "-"])
     rows.append(["total", "", "", "", "", "", "", format_seconds(plan.seconds) + ("" if plan.complete else "+"),
                  format_hours(plan.node_hours), format_hours(plan.gpu_hours), "longest path; sum of hours"])
-    lines = ["# estimates (README: \"Where the estimate figures come from\"; no queueing, start-up or verification)",
+    lines = ["# estimates (docs/estimates-and-report.md: \"Where the estimate figures come from\"; no queueing, start-up "
+             "or verification)",
              format_table(rows)]
     for s in plan.stages:
         t = s.training
@@ -224,7 +225,7 @@ def mfu_assumption_line(stage: str, training: dict) -> str:
                 "used)")
     return (f"{stage}: MFU {training['mfu']:.0%} assumed (estimates.mfu, declared, not measured) = "
             f"{training['step_seconds']:.3g} s/step on {training['peak']}; measure it with `bcp-pipeline profile` "
-            "(README \"Profiling\")")
+            "(docs/estimates-and-report.md, \"Profiling\")")
 
 
 def _count(value: int | None) -> str:

@@ -1,4 +1,4 @@
-"""The ACE's limits against the bundled pipelines' rendered jobs (bcp_policy: pure; run and plan call it through bcp_ace)."""
+"""The ACE's limits against the bundled pipelines' rendered jobs (backends/bcp/policy.py: pure; run and plan call it through ace.py)."""
 
 from __future__ import annotations
 

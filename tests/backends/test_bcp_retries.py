@@ -1,4 +1,4 @@
-"""Retries of the BCP calls a busy API must not fail (issue 20, item 7), on both transports, in this process: NVIDIA's
+"""Retries of the BCP calls a busy API must not fail, on both transports, in this process: NVIDIA's
 client (the ngc CLI's code, or ngcsdk) against the NGC API EMULATOR on loopback (tests/fakes/ngc_api.py, a fake),
 whose `fail_requests` answers the next matching requests with a 429, a 5xx or a 401.
 

@@ -1,4 +1,4 @@
-"""A NeMo pretrain stage's Grid Engine job script (backends/gridengine_nemo.py), without a cell: the golden script,
+"""A NeMo pretrain stage's Grid Engine job script (backends/gridengine/nemo.py), without a cell: the golden script,
 and the script RUN by bash with recording stand-ins for `apptainer` and `qrsh` (so what is asserted is what each
 host executes: the launcher's debug mode and its overrides, then one torchrun a host), each `apptainer` call
 checked against Apptainer's documented grammar by the strict parser of tests/fakes/apptainer_bin. The real cell:

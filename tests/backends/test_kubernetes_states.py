@@ -1,4 +1,4 @@
-"""The kubernetes backend's one map from Job and pod conditions to JobState (backends/kubernetes_states.py), on
+"""The kubernetes backend's one map from Job and pod conditions to JobState (backends/kubernetes/states.py), on
 the client's own model objects as a list call returns them. The same states on the real control plane:
 tests/e2e/test_kubernetes_e2e.py."""
 

@@ -204,7 +204,7 @@ def test_bad_env_name_and_sizes_are_refused(tmp_path):
     backend, request = backend_and_request(tmp_path, "odd.slurm.env={'A-B': x}")
     with pytest.raises(SubmissionError, match="'A-B' is not a shell variable name"):
         backend.render(request)
-    # a count below 1 is refused with the config itself, naming the --set (issue 27), before any rendering
+    # a count below 1 is refused with the config itself, naming the --set, before any rendering
     with pytest.raises(ConfigError, match=r"^--set odd\.slurm\.nodes=0: .*slurm\.nodes: must be >= 1, got 0$"):
         backend_and_request(tmp_path, "odd.slurm.nodes=0")
 

@@ -63,7 +63,7 @@ def test_what_the_ace_lacks_is_different(tmp_path, fake, capsys):
         assert rows[topic]["verdict"] == "different", (topic, payload["rows"])
     assert "instances allows dgxa100" in rows["instances"]["showed"]
     assert "but sample: instance dgxa100.80g.16.norm" in rows["instances"]["showed"]
-    assert "--set sample.bcp.instance=" in rows["instances"]["meaning"]  # bcp_policy's fix
+    assert "--set sample.bcp.instance=" in rows["instances"]["meaning"]  # policy.py's fix
     assert "secret bcp-pipeline-ngc does not exist" in rows["secrets"]["showed"]
     assert "ngc workspace create" in rows["workspace"]["meaning"]
 

@@ -1,4 +1,4 @@
-"""The clock row of `check` on BCP (check/bcp_clock.py), pure: a job's createdDate against this machine's clock
+"""The clock row of `check` on BCP (backends/bcp/clock.py), pure: a job's createdDate against this machine's clock
 around its submission."""
 
 from __future__ import annotations

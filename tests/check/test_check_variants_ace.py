@@ -29,13 +29,13 @@ def test_a_kill_through_pending_termination_is_timed(tmp_path, fake):
 
 
 @pytest.mark.emulator(variants={"ace": {"maxRuntimeSeconds": 1800, "maxActiveJobsPerUser": 1}})
-def test_ace_limits_from_bcp_policy_and_run_refused_by_the_profile(tmp_path, fake):
+def test_ace_limits_from_the_policy_and_run_refused_by_the_profile(tmp_path, fake):
     fake.set_secret("bcp-pipeline-ngc", {"api_key": "x" * 12})
     config, rows, _ = checked(tmp_path, fake, jobs=False, detach=True)
     limits = rows["ace limits"]
     assert limits.verdict.value == "different"
     assert "maxRuntimeSeconds allows 30M (1800 s), but sample: total_runtime 1H (3600 s)" in limits.showed
-    assert "--set sample.bcp.total_runtime=30M" in limits.meaning  # bcp_policy's fix
+    assert "--set sample.bcp.total_runtime=30M" in limits.meaning  # policy.py's fix
     assert "maxActiveJobsPerUser" in limits.showed  # the --detach driver and one stage job at once
     run = RunRequest(pipeline="demo", config_file=config, backend="bcp", overrides=[], from_stage=None, only=None,
                      restart=False, detach=False)

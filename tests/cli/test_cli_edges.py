@@ -1,4 +1,4 @@
-"""The command line's edges (issue 27, part B): a reader that leaves a pipe early, `--from` with `--only`, the
+"""The command line's edges: a reader that leaves a pipe early, `--from` with `--only`, the
 help of every argument, numbers argparse must refuse, a driver's log for people, and `check` without Slurm.
 
 The commands run through the CLI's `main` in-process, or as real subprocesses where the pipe or PATH matters.

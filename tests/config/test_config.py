@@ -221,7 +221,7 @@ pipelines:
     assert big.slurm.ntasks_per_node is None and big.slurm.time is None and big.local.processes == 1
 
 
-# -- --set errors: one line, naming the --set, exit 2 (issue 27, rough edges) -----------------------------------------
+# -- --set errors: one line, naming the --set, exit 2 ----------------------------------------------------------
 @pytest.mark.parametrize("override, wanted", [
     ("first.local.replicas=-2", "--set first.local.replicas=-2: pipelines.chain.stages.first.local.replicas: "
                                 "must be >= 1, got -2"),

@@ -26,7 +26,7 @@ def test_profile_dry_run_on_bcp_prints_the_job_with_its_own_run_name_and_no_chec
     out = capsys.readouterr().out
     job = [line for line in out.splitlines() if line.startswith("ngc base-command job run")]
     assert len(job) == 1  # the pretrain stage only
-    # The launcher's overrides, in the job script it prints (bcp_training_script.py): its own NeMo run name.
+    # The launcher's overrides, in the job script it prints (backends/shared/nemo_script.py): its own NeMo run name.
     assert "training.run.name=gpt_8b-profile-slimpajama-8b-profile-RUN" in out
     assert "training.run.name=gpt_8b-slimpajama" not in out
     assert "training.trainer.max_steps=13" in out

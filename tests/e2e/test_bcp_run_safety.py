@@ -1,7 +1,7 @@
 """Runs that never block or lie, on the emulated BCP (NVIDIA's client against the NGC API EMULATOR on loopback,
 tests/fakes/ngc_api.py: a fake, named so): a corrupt state file blocks only its own run, a BCP workspace has one
 writer (an orchestrator here, in another project, or a detached driver job), outputs another config made are
-redone, and a missing workspace is named before a run is recorded (issue 27)."""
+redone, and a missing workspace is named before a run is recorded."""
 
 from __future__ import annotations
 

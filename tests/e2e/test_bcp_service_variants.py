@@ -33,7 +33,7 @@ def no_run_recorded(project: Path) -> bool:
     return not (project.parent / ".bcp-pipeline" / "runs").exists()
 
 
-# -- the ACE's limits (issue 20, item 2) -----------------------------------------------------------------------
+# -- the ACE's limits ------------------------------------------------------------------------------------------
 @pytest.mark.emulator(variants={"ace": {"maxRuntimeSeconds": 1800, "maxAllowedReplicas": 1}})
 def test_a_pipeline_the_ace_would_refuse_is_refused_before_a_run_is_recorded(fake, project, capsys):
     assert run(project, "run", "chain", "--backend", "bcp") == 2
@@ -93,7 +93,7 @@ def test_plan_without_any_credentials_says_it_did_not_check_the_ace(fake, projec
     assert not fake.requests("GET", "/v2/org/*/aces/*")
 
 
-# -- a job just created, not listed yet (issue 20, item 8) -------------------------------------------------------
+# -- a job just created, not listed yet -------------------------------------------------------------------------
 def submit_first(backend, project: Path, run_id: str) -> str:
     pipeline = load_config(project).pipeline("chain")
     stage = pipeline.stages["first"]

@@ -1,4 +1,4 @@
-"""Runs that never block or lie, on the local backend (issue 27): a corrupt state file blocks only its own run, one
+"""Runs that never block or lie, on the local backend: a corrupt state file blocks only its own run, one
 workspace has one writer, a cancelled job is not shown running, `verify` keeps a stage's elapsed time, a stage
 cancelled while being verified is not run again, and no name leaves its folder.
 

@@ -1,4 +1,4 @@
-"""Outputs another config made are redone, refused or reused, never taken as this config's (issue 27, mislead 3).
+"""Outputs another config made are redone, refused or reused, never taken as this config's.
 
 First `_completion.claim_outputs` on its own (rank 0 decides, the other ranks wait for its record), then the demo's
 real `sample` stage through the orchestrator on the local backend: its mirror made with another `--seed` is

@@ -1,5 +1,5 @@
 """The progress a failed rank leaves behind: its last `progress` line counts the outputs it completed, so `status`
-and the live view show 7/8 files after one of 8 failed, not the count of seconds before (issue 27)."""
+and the live view show 7/8 files after one of 8 failed, not the count of seconds before."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ACE's limits against the jobs a run will submit: read once from the service, checked by bcp_policy.
+"""The ACE's limits against the jobs a run will submit: read once from the service, checked by policy.py.
 
 `run` refuses a pipeline the ACE would refuse (or, with --detach, deadlock) before it records a run; `plan` shows
 the same check when the credentials are there, and says it did not check when they are not (plan needs nothing).

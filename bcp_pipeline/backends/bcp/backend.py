@@ -1,6 +1,6 @@
 """NGC Base Command Platform: every stage an `ngc base-command job run`, tracked through a transport.
 
-The transport (bcp_transport.py) is NVIDIA's `ngc` CLI or ngcsdk's Python API; the API key reaches either only
+The transport (transport_cli.py, transport_sdk.py) is NVIDIA's `ngc` CLI or ngcsdk's Python API; the API key reaches either only
 through NGC's own settings (NGC_CLI_API_KEY or ~/.ngc/config), never through argv, logs or state.
 One `job list --label <run label>` call per poll cycle covers all of a run's jobs.
 """
@@ -329,7 +329,7 @@ class BcpBackend(Backend):
 
     def refusals(self, submissions: list[Submission], *, detach: bool = False) -> list[str]:
         """What the profile rules out: jobs under a bcprun it found missing, and every limit of the ACE it saw
-        (bcp_policy) that a job breaks."""
+        (policy.py) that a job breaks."""
         if not self.profile:
             return []
         where = f"the check of {self.profile.get('key')} ({_when(self.profile)})"

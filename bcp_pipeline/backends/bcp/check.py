@@ -2,7 +2,7 @@
 ngc CLI or ngcsdk), all that `--no-jobs` does; then, by default, the probe jobs of bcp_probe.py.
 
 Credentials and the key's org; the team; the ACE, and every job of the pipeline against its instances and limits
-(bcp_policy.py, the driver too with --detach); each image; each workspace with the user's quota; the secrets the jobs
+(policy.py, the driver too with --detach); each image; each workspace with the user's quota; the secrets the jobs
 name (names and key names only); the client's version. A look-up that fails for a reason other than "not there" or
 "refused" is "could not check", with the reason.
 """
@@ -33,7 +33,7 @@ class Account:
 
 
 def account(ctx: CheckInput) -> Account:
-    """org/team/ACE as the backend resolves them (backends/bcp.py: pipelines.yaml, NGC_CLI_*, ngc's config)."""
+    """org/team/ACE as the backend resolves them (account.py: pipelines.yaml, NGC_CLI_*, ngc's config)."""
     org, team, ace = account_of(ctx.config.options["bcp"], ctx.environ)
     return Account(org=org or "(no org)", team=team, ace=ace or "(no ACE)")
 
@@ -184,7 +184,7 @@ def ace_row(transport: Transport, who: Account) -> tuple[Row, dict | None]:
 
 def ace_facts(ace: dict) -> dict:
     """The ACE as `ace info` answered (limits and instances; not its storage endpoints), for the backend to hold
-    jobs against (bcp_policy) and to wait out its termination grace without asking again."""
+    jobs against (policy.py) and to wait out its termination grace without asking again."""
     return {"ace": {key: value for key, value in ace.items() if key not in ("storageServiceConfig",)}}
 
 
@@ -192,7 +192,7 @@ INSTANCE_LIMITS = ("instances", "allowMultinode", "allowMultinodePreemptable", "
 
 
 def policy_rows(ace: dict, jobs: list[PlannedJob], detach: bool) -> list[Row]:
-    """bcp_policy's violations of this ACE, as two rows: the instances (multi-node, array types) and the limits
+    """policy.py's violations of this ACE, as two rows: the instances (multi-node, array types) and the limits
     (runtime, replicas, active jobs; the driver's needs with --detach)."""
     if not jobs:
         return []
@@ -230,7 +230,7 @@ def _grouped(found: list) -> str:
 
 
 def _fix_of(v) -> str:
-    """bcp_policy's fix, without its explanation in brackets (kept in `run`'s refusal)."""
+    """policy.py's fix, without its explanation in brackets (kept in `run`'s refusal)."""
     return re.sub(r"\s*\([^)]*\)$", "", v.fix)
 
 

@@ -2,7 +2,7 @@
 by the service) against this machine's clock just before and just after its `job run`.
 
 It matters for one thing: `job list` windows are set by this machine's clock and the service compares them with
-the dates it stamped. The transports' window ends a day past our clock (bcp_transport.list_window), so a service
+the dates it stamped. The transports' window ends a day past our clock (transport.py list_window), so a service
 running ahead by less than that still lists a job just created; one running behind stamps dates in our past, which
 the window covers.
 """

@@ -1,7 +1,7 @@
 """The shape of `run --detach`'s driver job (instance, image, runtime, priority), pure.
 
 The ACE's limits apply to the driver as to any job, so `run` and `plan` check this shape with the stage jobs
-(bcp_ace.py) before anything is submitted; detach/jobs.py adds what only a real driver has (its commandline, the
+(ace.py) before anything is submitted; detach/jobs.py adds what only a real driver has (its commandline, the
 run's labels, the secret holding the key) to the same shape, so the job checked is the job submitted.
 """
 

@@ -2,7 +2,7 @@
 
 For each stage that runs NVIDIA's NeMo launcher, one one-replica job in that stage's image on the ACE's smallest
 instance runs the launcher with Hydra's `--cfg job --package training --resolve` and exactly the overrides `run`
-renders for it (backends/bcp_render.nemo_launcher_overrides: the node count written out, and a data list of the
+renders for it (render.py nemo_launcher_overrides: the node count written out, and a data list of the
 form the job builds from the manifests, here two sample prefixes under the stage's data_dir). Hydra composes the
 config and prints it: an unknown key, a bad override or a missing config is refused as it would be at the start of
 the real job. The composed TP/PP, batch sizes, num_nodes, max_steps, per-run time limit and data list are then compared with

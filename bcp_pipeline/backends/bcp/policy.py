@@ -8,7 +8,7 @@ which array types (multiNodeSupportedArrayTypes), and how many jobs of a user ma
 (maxActiveJobsPerUser). A field the ACE leaves out is no limit.
 
 `violations(ace, jobs)` lists every job that breaks one, each with the `--set` that fixes it. `run` and `plan`
-read the ACE and call it through bcp_ace.py.
+read the ACE and call it through ace.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from bcp_pipeline.backends.bcp.driver import DRIVER_STAGE
 from bcp_pipeline.backends.contract import JobRequest, job_label
 
 PREEMPTABLE = frozenset({"RESUMABLE", "RESTARTABLE"})  # preempt classes the scheduler may preempt
-PREFERRED_ARRAY_TYPE = "PYTORCH"  # what the stage programs' rank variables need (bcp_render.check_stage)
+PREFERRED_ARRAY_TYPE = "PYTORCH"  # what the stage programs' rank variables need (render.py check_stage)
 
 
 @dataclass(frozen=True, kw_only=True)

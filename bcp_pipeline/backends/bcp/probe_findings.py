@@ -171,8 +171,8 @@ def slurm_variables(logs: dict[int, str | None]) -> str | None:
 
 
 def nsys_names_row(logs: dict[int, str | None]) -> Row:
-    """NeMo's launcher names each rank's Nsight file after SLURM_JOB_ID/NODEID/PROCID (`profile`, README
-    "Profiling"): what bcprun sets decides whether those names are unique as the launcher writes them."""
+    """NeMo's launcher names each rank's Nsight file after SLURM_JOB_ID/NODEID/PROCID (`profile`,
+    docs/estimates-and-report.md, "Nsight file names on BCP"): what bcprun sets decides whether those names are unique as the launcher writes them."""
     assumes = ("each rank of a `profile` job writes its own Nsight file: the launcher names it after SLURM_JOB_ID, "
                "SLURM_NODEID and SLURM_PROCID, from bcprun where it sets them, else from BCP's job id, replica "
                "and RANK (BASH_ENV=stages/nsys_names.sh)")

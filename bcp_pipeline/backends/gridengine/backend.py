@@ -1,7 +1,7 @@
 """Grid Engine: every stage a `qsub` job (an array job, or one over a parallel environment), tracked with
 `qstat -xml` while Grid Engine lists it and `qacct -j` once it has finished.
 
-Rendering is pure (gridengine_render.py): `plan` prints the exact job script. Jobs are named `RUN.STAGE` or
+Rendering is pure (render.py): `plan` prints the exact job script. Jobs are named `RUN.STAGE` or
 `RUN.STAGE.verify`, so `find_active` finds them again with one `qstat` call after the orchestrator died between
 `qsub` and recording the id. One `qstat -u USER -xml` call per poll cycle covers every listed job (parsed by tag
 names: Altair Grid Engine's XML may differ from Son of Grid Engine's); a job qstat no longer lists is read from

@@ -206,7 +206,7 @@ def image_row(ctx: CheckInput) -> Row | None:
 
 
 def over_hosts_nemo(stage) -> bool:
-    """A NeMo training on more than one host: one parallel job, `distributed` or not (gridengine_render.nemo_shape)."""
+    """A NeMo training on more than one host: one parallel job, `distributed` or not (render.py nemo_shape)."""
     return bool(stage.nemo) and not stage.gridengine.command and rank_layout(stage, "gridengine").nodes > 1
 
 

@@ -6,7 +6,7 @@ NVIDIA's TSUBAME4 guide runs NeMo without its launcher: `apptainer run --nv -B D
 still the one the launcher composes for the stage, so the job runs, in the stage's Apptainer image:
 
 1. the data list from the preprocess manifests (stages/data_list.py), as on BCP;
-2. the launcher in its debug mode (NEMO_LAUNCHER_DEBUG=1: the BCP job script's step, bcp_training_script.
+2. the launcher in its debug mode (NEMO_LAUNCHER_DEBUG=1: the BCP job script's step, shared/nemo_script.
    launcher_debug_step), which writes the composed config `<results>/<run>/<run>_hydra.yaml` and runs nothing;
 3. on every host of the job (`$PE_HOSTFILE`; one host: this one), through `qrsh -inherit` as the backend's other
    parallel jobs do, one `torchrun --nnodes N --nproc_per_node P --rdzv-backend c10d --rdzv-endpoint MASTER:PORT`
@@ -59,7 +59,7 @@ WORKER_LOG = ('log="$0/rank-$(printf %05d "$RANK").log"; "$@" >> "$log" 2>&1 || 
 def torchrun_call(runner: str, endpoint: str, program: str) -> str:
     """One host's `RUNNER --nnodes $nodes --nproc_per_node $per_node --rdzv-backend c10d --rdzv-endpoint ENDPOINT
     --rdzv-id $JOB_ID --no-python bash -c WORKER_LOG LOGDIR PROGRAM` (shell text; RUNNER runs torchrun, in the
-    container where there is one). Also the Grid Engine backend's `launcher: torchrun` (gridengine_render.py)."""
+    container where there is one). Also the Grid Engine backend's `launcher: torchrun` (render.py)."""
     return (f'{runner} --nnodes "$nodes" --nproc_per_node "$per_node" --rdzv-backend c10d --rdzv-endpoint '
             f'{endpoint} \\\n    --rdzv-id "$JOB_ID" --no-python bash -c {shell_word(WORKER_LOG)} \\\n'
             f'    "$logs/$JOB_ID" {program}')
@@ -88,7 +88,7 @@ def fan_out_to_hosts(port_expression: str) -> str:
     """The batch script's part of a job over several hosts (shell text): the hosts of $PE_HOSTFILE, one per node,
     then this script again on each through `qrsh -inherit` (tight integration) as `--node N ADDRESS PORT`, the
     first host's address and PORT_EXPRESSION's value the rendezvous; the job fails where any host's part does.
-    Also the Grid Engine backend's distributed stages (gridengine_render.py)."""
+    Also the Grid Engine backend's distributed stages (render.py)."""
     return HOSTS.replace("PORT_EXPRESSION", port_expression)
 
 
@@ -102,7 +102,7 @@ def render(job: NemoJob) -> str:
         "#!/bin/bash",
         f"# bcp-pipeline {job.title}: NeMo pretraining the TSUBAME way, {job.nodes} host(s) x {job.per_node} "
         f"GPU(s) = WORLD_SIZE {world}: NVIDIA's launcher only composes the training config, then torchrun runs "
-        "NeMo's training with it on every host, in the Apptainer image (bcp_pipeline/backends/gridengine_nemo.py).",
+        "NeMo's training with it on every host, in the Apptainer image (bcp_pipeline/backends/gridengine/nemo.py).",
         *job.directives,
         "set -euo pipefail",
         f"logs={shell_word(job.logs)} nodes={job.nodes} per_node={job.per_node}",

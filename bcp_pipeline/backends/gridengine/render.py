@@ -13,7 +13,7 @@ WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT
 
 A distributed stage with `launcher: torchrun` starts each host's ranks with one torchrun instead (c10d rendezvous at
 the first host; each rank logs to its own file), as a NeMo pretrain stage always does: its whole script is
-gridengine_nemo.py's (the launcher composes the config, torchrun runs NeMo's training script).
+nemo.py's (the launcher composes the config, torchrun runs NeMo's training script).
 
 With `backends.gridengine.container: apptainer` and an image, every rank runs as `apptainer exec --nv --bind
 WORKSPACE:/mount_workspace,... IMAGE PROGRAM...`: the workspace is at /mount_workspace inside (as on BCP), stages/
@@ -191,7 +191,7 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
 
 
 def is_nemo(request: JobRequest) -> bool:
-    """A NeMo pretrain job (the stage's nemo: section, no command of its own): gridengine_nemo.py's script."""
+    """A NeMo pretrain job (the stage's nemo: section, no command of its own): nemo.py's script."""
     return request.kind == "stage" and bool(request.stage.nemo) and not request.resources("gridengine").command
 
 
@@ -240,7 +240,7 @@ def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> g
 def node_launcher(request: JobRequest, options: GridEngineOptions, paths: Paths, size: Shape) -> list[str]:
     """`launch_node NODE`: the job script's ranks (LAUNCH_NODE), or, for a distributed stage with `launcher:
     torchrun`, one torchrun that starts the host's ranks and meets the other hosts' at MASTER_ADDR:MASTER_PORT (c10d;
-    each rank logs to its own file, as gridengine_nemo.py's NeMo training does)."""
+    each rank logs to its own file, as nemo.py's NeMo training does)."""
     torchrun = request.resources("gridengine").launcher == "torchrun"
     if torchrun and not size.distributed:
         raise config_error(request, "gridengine", "gridengine.launcher torchrun starts the ranks of a distributed "

@@ -1,12 +1,12 @@
 """Kubernetes: every stage a headless Service and one Indexed batch/v1 Job (or a Kubeflow PyTorchJob), through the
 official `kubernetes` Python client, configured from a kubeconfig (path, context) as kubectl reads it.
 
-Rendering is pure (kubernetes_render.py): `plan` prints the exact manifests. Every object carries the labels
+Rendering is pure (render.py): `plan` prints the exact manifests. Every object carries the labels
 `app.kubernetes.io/managed-by=bcp-pipeline` and `bcp-pipeline/run|stage|kind`, so one list call by label answers
 a poll for all of a run's jobs, and `find_active` finds a job a dead orchestrator left. A job's id is its name
 (in the configured namespace). Logs come from `pods/log`; `cancel` deletes with foreground propagation (the pods
 go first, so nothing of the stage is left running when the Job is gone). What a poll lists becomes a JobState
-through the one map of kubernetes_states.py (pure).
+through the one map of states.py (pure).
 """
 
 from __future__ import annotations

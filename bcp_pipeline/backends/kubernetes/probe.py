@@ -7,7 +7,7 @@ instead of the stage program. It shows:
 - kill timing: once both pods wait, the Job is deleted as `cancel` deletes (foreground propagation), and the time
   until no pod of it is left is measured; a pod that traps SIGTERM says so in its log.
 
-The Job and its headless Service are deleted however the check ends (check/cleanup.py).
+The Job and its headless Service are deleted however the check ends (backends/checks.py always_cleaned_up).
 """
 
 from __future__ import annotations

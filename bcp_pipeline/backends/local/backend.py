@@ -1,7 +1,7 @@
 """The embedded local backend: a stage of R replicas x P processes runs R*P local processes.
 
 A folder stands in for the workspace (`${workspace}` is that folder). Each job gets a detached supervisor
-(local_supervisor.py) that outlives the orchestrator, so resume re-attaches to jobs still running. Job ids are
+(supervisor.py) that outlives the orchestrator, so resume re-attaches to jobs still running. Job ids are
 `STAGE.N` and `STAGE.verify.N`; each job's rank logs go to `<run>/logs/<job id>/rank-NNNNN.log`.
 """
 
@@ -74,7 +74,7 @@ class LocalBackend(Backend):
         payload = {"argv": argv, "env": env, **sharding,
                    "labels": {"run": request.run_id, "stage": request.stage.name, "kind": request.kind}}
         # Every replica is a group of processes on this machine, so they all meet on loopback; the port is fixed
-        # at submit time (local_supervisor.rank_environment), when the job id it derives from exists.
+        # at submit time (supervisor.py rank_environment), when the job id it derives from exists.
         meet = rendezvous(request.rank_layout("local"), "127.0.0.1",
                           f"{MASTER_PORT_BASE} + crc32(RUN/JOB_ID) % {MASTER_PORT_SPAN}, fixed at submit")
         return Submission(request=request, printable=printable, payload=payload, rendezvous=meet)

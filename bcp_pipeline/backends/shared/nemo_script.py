@@ -1,7 +1,7 @@
 """The script a NeMo pretrain job runs on BCP (pure: text in, text out; `plan` prints it beside the `ngc` command).
 
-Why a script of our own around NVIDIA's launcher (shared/notes/nemo-launcher.md; the launcher's
-nemo_launcher/core/launchers.py, class BCPLauncher, at the 23.11 tag): run as the guide runs it,
+Why a script of our own around NVIDIA's launcher (NVIDIA/NeMo-Framework-Launcher's
+nemo_launcher/core/launchers.py, class BCPLauncher, at the 23.11 tag; measured by running it there): run as the guide runs it,
 `main.py cluster_type=bcp` writes `<results>/<run>/<run>_submission.sh` and runs it itself, with
 - its output captured and never printed: the training's lines reach only a `log-*.out` file in the workspace,
   never the job log (so `logs`, `status` and the report would see nothing), and
@@ -64,7 +64,7 @@ def render(job: TrainingJob) -> str:
     lines = [
         "#!/usr/bin/env bash",
         f"# bcp-pipeline: {job.title}: NVIDIA's NeMo launcher, then its training under pipefail.",
-        "# Rendered by bcp_pipeline/backends/bcp_training_script.py (`bcp-pipeline plan` prints it); arguments: the",
+        "# Rendered by bcp_pipeline/backends/shared/nemo_script.py (`bcp-pipeline plan` prints it); arguments: the",
         "# workspace's and the job result folder's mount points.",
         "set -euo pipefail",
         'workspace=${1:?usage: SCRIPT WORKSPACE_MOUNT RESULT_MOUNT} results=${2:?usage: SCRIPT WORKSPACE_MOUNT '
@@ -106,7 +106,7 @@ def launcher_debug_step(overrides: list[str], data_list_file: str, launcher: str
     its submission script, and runs nothing): the overrides as a bash array, the data list read from its file, and
     `written` (a file the launcher writes) removed first, so a launcher that fails leaves no stale one behind.
     `inside`: the shell word that runs a command where the launcher's paths are (Grid Engine: `in_image`, its
-    container); the data list file is read where the script runs. Shared with backends/gridengine_nemo.py."""
+    container); the data list file is read where the script runs. Shared with backends/gridengine/nemo.py."""
     prefix = f"{inside} " if inside else ""
     return [
         "overrides=(",

@@ -1,11 +1,11 @@
 """Slurm: every stage an `sbatch` job of nodes x ntasks_per_node tasks started by `srun`, tracked with `squeue`.
 
-Rendering is pure (slurm_render.py): `plan` prints the exact batch script. Jobs are named `RUN.STAGE` or
+Rendering is pure (render.py): `plan` prints the exact batch script. Jobs are named `RUN.STAGE` or
 `RUN.STAGE.verify` (and carry `--comment "bcp-pipeline run=... stage=... kind=..."`), so `find_active` finds
 them again with one `squeue` call after the orchestrator died between `sbatch` and recording the id. One
 `squeue --jobs=...` call per poll cycle covers every job; for ids Slurm no longer lists (finished longer than
 MinJobAge ago) `sacct` is asked when accounting is enabled, else the exit record the batch script writes last.
-Logs are the per-task files under `<run>/logs/JOBID/` (see slurm_render.py for the layout).
+Logs are the per-task files under `<run>/logs/JOBID/` (see render.py for the layout).
 """
 
 from __future__ import annotations

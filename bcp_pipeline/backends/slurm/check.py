@@ -28,7 +28,7 @@ from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, ProbeJob, pol
 from bcp_pipeline.backends.shared.python_probe import MIN_STAGE_PYTHON, PROBE, module_names
 from bcp_pipeline.backends.checks import Row, different, ok, unchecked
 
-INSTALL_COMMAND = "scripts/slurm-cluster install"  # the project's own single-node Slurm (README, "Slurm")
+INSTALL_COMMAND = "scripts/slurm-cluster install"  # the project's own single-node Slurm (docs/backends/slurm.md)
 PROBE_TASKS = 2
 PROBE_WAIT_SECONDS = 180.0  # a probe still queued after this is reported, and cancelled
 PROBE_LINE = re.compile(r"^BCPP-PROBE (.*)$", re.M)
