@@ -24,12 +24,10 @@ from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, Jo
 from bcp_pipeline.config.resources import BcpOptions
 from bcp_pipeline.backends.bcp.render import (NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_rendezvous,
     job_run_argv)
-from bcp_pipeline.backends.bcp.render import (job_files, job_spec, label, nemo_launcher_overrides,
-    nemo_overrides_digest, upload_argv)
+from bcp_pipeline.backends.bcp.render import (job_files, job_spec, label, upload_argv)
 from bcp_pipeline.backends.bcp.transport import Transport
 from bcp_pipeline.backends.bcp.connect import make_transport, read_ngc_config
 from bcp_pipeline.backends.bcp.driver import driver_job_shape
-from bcp_pipeline.backends.bcp.policy import planned_jobs, rendered_jobs, violations
 from bcp_pipeline.backends.shared.logs import last_lines, training_progress, indent
 from bcp_pipeline.backends.contract import outage_seconds
 from bcp_pipeline.backends.shared.command import shell_join
@@ -41,6 +39,7 @@ from bcp_pipeline.backends.profile import load_profile
 from bcp_pipeline.backends.bcp.account import profile_key_of
 from collections.abc import Sequence
 from bcp_pipeline.backends.bcp.transport import retry_policy
+from bcp_pipeline.backends.bcp.refusals import profile_refusals
 
 LIST_LAG_MARGIN_SECONDS = 30.0  # beyond twice the list lag `check` measured, before a stage is submitted again
 KILL_MARGIN_SECONDS = 60.0  # beyond the ACE's termination grace, before `cancel` says a killed job has not ended
@@ -328,47 +327,11 @@ class BcpBackend(Backend):
         return "\n".join(lines)
 
     def refusals(self, submissions: list[Submission], *, detach: bool = False) -> list[str]:
-        """What the profile rules out: jobs under a bcprun it found missing, and every limit of the ACE it saw
-        (policy.py) that a job breaks."""
+        """What the profile rules out (refusals.py)."""
         if not self.profile:
             return []
-        where = f"the check of {self.profile.get('key')} ({_when(self.profile)})"
-        found = []
-        if self.probe_fact("bcprun", "present") is False:
-            for submission in submissions:
-                spec = submission.payload.get("spec") or {}
-                if str(spec.get("commandline", "")).startswith("bcprun "):
-                    found.append(f"{submission.request.label} starts under bcprun, which {where} found missing in jobs here")
-        found += self._nemo_refusals(submissions, where)
-        ace = (self.profile.get("facts") or {}).get("ace")
-        if isinstance(ace, dict):
-            driver = driver_job_shape(self.options, self.pipeline) if detach and self.pipeline else None
-            found += [f"{violation} (as {where} saw the ACE)" for violation in
-                      violations(ace, planned_jobs(rendered_jobs(submissions), driver), detach=detach)]
-        return found
-
-    def _nemo_refusals(self, submissions: list[Submission], where: str) -> list[str]:
-        """NeMo stages whose exact composition (image and overrides) the profile's NeMo probe saw refused, or
-        left with a mandatory value unset: the job would fail as it starts. A changed stage is not judged."""
-        seen = {fact.get("digest"): fact for fact in (self.profile or {}).get("facts", {}).get("nemo") or []
-                if isinstance(fact, dict)}
-        found: list[str] = []
-        if not seen:
-            return found
-        for submission in submissions:
-            request = submission.request
-            if request.kind != "stage" or request.stage.nemo is None or request.resources("bcp").command:
-                continue
-            image = (submission.payload.get("spec") or {}).get("image", "")
-            fact = seen.get(nemo_overrides_digest(image, nemo_launcher_overrides(request, self.options,
-                                                                                  self.stages_dir)))
-            if fact and fact.get("composed") is False:
-                found.append(f"{submission.request.label}: the NeMo launcher in {image} refused its overrides when "
-                             f"{where} composed them: {fact.get('error') or '(no message)'}")
-            elif fact and fact.get("missing"):
-                found.append(f"{submission.request.label}: the NeMo launcher in {image} leaves {', '.join(fact['missing'])} "
-                             f"unset (???) with its overrides, as {where} composed them")
-        return found
+        driver = driver_job_shape(self.options, self.pipeline) if detach and self.pipeline else None
+        return profile_refusals(self.profile, submissions, self.options, self.stages_dir, driver, detach=detach)
 
     def job_url(self, job_id: str) -> str | None:
         if not self.options.ui_url:
@@ -390,11 +353,6 @@ def copy_code(source: Path, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         if not target.is_dir():
             raise
-
-
-def _when(profile: dict[str, Any]) -> str:
-    checked = profile.get("checked_at")
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(checked)) if isinstance(checked, (int, float)) else "?"
 
 
 BACKEND = BcpBackend
