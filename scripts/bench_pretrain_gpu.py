@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Steps/s, tokens/s and MFU of the smoke pretrain on one CUDA GPU (docs/performance.md, "The smoke pretrain on one GPU").
+"""Steps/s, tokens/s and MFU of the smoke pretrain on one CUDA GPU (docs/performance.md, "The smoke pretrain on one
+GPU").
 
     scripts/bench_pretrain_gpu.py --data-dir DIR [--logs OUT] [--peak-tflops 989]
     scripts/bench_pretrain_gpu.py --from-logs OUT       # the table again from the logs of an earlier run

@@ -201,8 +201,8 @@ def report(state: dict, spans: dict[str, float], sampler: Sampler, wall: float, 
         tool_ms = f"{1000 * tool[0] / tool[2]:.3f}" if tool else "-"
         sync_ms = f"{1000 * tool[1] / tool[2]:.3f}" if tool else "-"
         ratio = f"{tool[1] / seconds:.2f}" if tool and seconds else "-"
-        rows.append((name, f"{files:,}", f"{job_s:.1f}", f"{seconds:.2f}", f"{per_file:.3f}" if per_file else "-", f"{verify_s:.1f}",
-                     f"{rss:.0f}", tool_ms, sync_ms, ratio))
+        rows.append((name, f"{files:,}", f"{job_s:.1f}", f"{seconds:.2f}", f"{per_file:.3f}" if per_file else "-",
+                     f"{verify_s:.1f}", f"{rss:.0f}", tool_ms, sync_ms, ratio))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     print()
     for row in rows:

@@ -46,7 +46,7 @@ class Run:
     cpu: float
     rss_mb: float
 
-    def __add__(self, other: "Run") -> "Run":
+    def __add__(self, other: Run) -> Run:
         return Run(self.wall + other.wall, self.cpu + other.cpu, max(self.rss_mb, other.rss_mb))
 
 

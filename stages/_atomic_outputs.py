@@ -12,7 +12,8 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO
+from collections.abc import Iterable, Iterator
 
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # write errors that name no file
 
@@ -106,7 +107,7 @@ def remove_stale_temporaries_of(paths: Iterable[Path]) -> int:
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages in the range, do not wait
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sync_file_range():
     """libc's sync_file_range (Linux), or None where there is none."""
     try:

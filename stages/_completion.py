@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from _atomic_outputs import atomic_write_json, fsync_dir, remove_stale_temporaries_of
 from _progress_lines import emit
@@ -22,7 +22,8 @@ from _stage_error import StageError
 
 STARTED_AT = time.time()  # about when this stage program started (its imports before this one aside)
 COMPLETIONS_DIR = ".completions"
-OUTPUT_DIGEST_ENV = "BCP_PIPELINE_OUTPUT_DIGEST"  # what defines this stage's outputs (bcp_pipeline/engine/output_digest.py)
+# What defines this stage's outputs (bcp_pipeline/engine/output_digest.py).
+OUTPUT_DIGEST_ENV = "BCP_PIPELINE_OUTPUT_DIGEST"
 OTHER_OUTPUTS_ENV = "BCP_PIPELINE_OTHER_OUTPUTS"  # redo | refuse | reuse: outputs made under another digest
 DIGEST_WAIT_SECONDS = 1800.0  # how long ranks other than 0 wait for rank 0 to settle the output folder
 CLAIMED: list[dict] = []  # what claim_outputs did in this process: said again at the end (write_completion)

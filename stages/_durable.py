@@ -26,7 +26,7 @@ import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import _common
 
@@ -72,14 +72,14 @@ class Writers:
     """The process's buffers and writer threads, shared by all its open `DurableFile`s (created on first use)."""
 
     _lock = threading.Lock()
-    _shared: "Writers | None" = None
+    _shared: Writers | None = None
 
     def __init__(self, buffers: int = BUFFERS, block_bytes: int = BLOCK_BYTES, threads: int = WRITER_THREADS) -> None:
         self.pool = BufferPool(buffers, block_bytes)
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="durable-write")
 
     @classmethod
-    def shared(cls) -> "Writers":
+    def shared(cls) -> Writers:
         with cls._lock:
             if cls._shared is None:
                 cls._shared = cls()

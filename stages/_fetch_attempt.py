@@ -15,7 +15,7 @@ import re
 import time
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 

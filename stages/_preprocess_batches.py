@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from doc_sources import GZ_SUFFIX, PARQUET_SUFFIX, ZST_SUFFIX, gzip_blocks, parquet_texts
 from extract import decompress_blocks

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import torch
 

@@ -10,7 +10,8 @@ import contextlib
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import torch
 

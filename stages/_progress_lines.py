@@ -24,7 +24,7 @@ class Progress:
     end (fail_with_items): the orchestrator shows a rank's last reported count, which would otherwise be the one of
     up to `interval` seconds before (`1/8 files` after seven of eight were written)."""
 
-    latest: "Progress | None" = None  # this process's rank's, for fail_with_items
+    latest: Progress | None = None  # this process's rank's, for fail_with_items
 
     def __init__(self, total: int, rank: int, unit: str = "files", interval: float = 2.0) -> None:
         self.total, self.rank, self.unit, self.interval = total, rank, unit, interval

@@ -11,7 +11,8 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Mapping, Sequence, TypeVar
+from typing import TypeVar
+from collections.abc import Mapping, Sequence
 
 from _stage_error import StageError
 
@@ -32,7 +33,8 @@ def rank_and_world_size(environ: dict[str, str] | None = None) -> tuple[int, int
             try:
                 rank, world = int(env[rank_key]), int(env[world_key])
             except ValueError as exc:
-                raise StageError(f"{rank_key}={env[rank_key]!r} / {world_key}={env[world_key]!r}: not integers") from exc
+                raise StageError(f"{rank_key}={env[rank_key]!r} / {world_key}={env[world_key]!r}: not integers"
+                                 ) from exc
             if not 0 <= rank < world:
                 raise StageError(f"{rank_key}={rank} is outside 0..{world - 1} ({world_key}={world})")
             return rank, world

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from extract import CorruptInput
 

@@ -30,7 +30,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import _common
@@ -102,7 +102,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="cap on each chunk's file count (default: the real SlimPajama counts)")
     parser.add_argument("--max-files", type=_common.positive_int, default=None, help="cap on the total number of files")
     parser.add_argument("--workers", type=_common.positive_int, default=8, help="concurrent downloads in this process")
-    parser.add_argument("--attempts", type=_common.positive_int, default=8, help="attempts per file (default: %(default)s)")
+    parser.add_argument("--attempts", type=_common.positive_int, default=8,
+                        help="attempts per file (default: %(default)s)")
     parser.add_argument("--backoff", type=positive_float, default=1.0,
                         help="first retry wait in seconds, doubled each attempt, plus jitter (default: %(default)s)")
     parser.add_argument("--max-wait", type=positive_float, default=300.0,

@@ -26,13 +26,14 @@ its own rename.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import zstandard
 
@@ -293,7 +294,7 @@ def run(args: argparse.Namespace, rank: int, world: int) -> int:
 
     if args.threads == 1:
         for stem in mine:
-            record(stem, lambda: extract_one(stem, args))
+            record(stem, functools.partial(extract_one, stem, args))
     else:
         extract_concurrently(mine, args, record)
     if failures:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
+from collections.abc import Iterator
 
 import numpy as np
 

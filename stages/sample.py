@@ -20,7 +20,7 @@ import random
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import zstandard

@@ -75,8 +75,8 @@ class JobRequest:
     """A backend-neutral request: run this stage's program (or its verification) for this run."""
 
     run_id: str
-    pipeline: "PipelineConfig"
-    stage: "StageConfig"
+    pipeline: PipelineConfig
+    stage: StageConfig
     kind: Literal["stage", "verify"]
     program: str  # file in stages/
     args: tuple[str, ...]  # may hold ${placeholders}; the backend resolves them for where the job runs
@@ -164,24 +164,28 @@ class Backend(abc.ABC):
 
     # -- hooks: what differs between backends outside one run -----------------------------------------------
     @classmethod
-    def for_run(cls, config: "Config", pipeline: "PipelineConfig", run_dir: Path) -> "Backend":
+    def for_run(cls, config: Config, pipeline: PipelineConfig, run_dir: Path) -> Backend:
         """This backend bound to one run's folder (logs, local job records), from the config's options."""
         return cls(config.options[cls.name], config_dir=config.file.parent.resolve(),  # type: ignore[call-arg]
                    stages_dir=config.stages_dir, run_dir=run_dir, workspace_name=pipeline.workspace.name)
 
     @classmethod
-    def check_ready(cls, config: "Config", pipeline: "PipelineConfig | None") -> None:
+    def check_ready(cls, config: Config, pipeline: PipelineConfig | None) -> None:
         """What the backend needs before the first submission, checked before a run is recorded: raises a
-        PipelineError naming what is missing and how to get it. `plan` does not call this: it needs nothing."""
+        PipelineError naming what is missing and how to get it. `plan` does not call this: it needs nothing.
+        By default a backend needs nothing more than its config."""
+        return None
 
     @classmethod
-    def check_limits(cls, config: "Config", pipeline: "PipelineConfig", requests: "Sequence[JobRequest]", *,
+    def check_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
                      detach: bool = False) -> None:
         """The service's own limits against the jobs this invocation may submit, before a run is recorded; raises
-        a ConfigError naming each stage, the limit and the `--set` that fixes it. Called after check_ready."""
+        a ConfigError naming each stage, the limit and the `--set` that fixes it. Called after check_ready.
+        By default the service sets no limits a run could be checked against."""
+        return None
 
     @classmethod
-    def describe_limits(cls, config: "Config", pipeline: "PipelineConfig", requests: "Sequence[JobRequest]", *,
+    def describe_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
                         detach: bool = False) -> Any:
         """`plan`'s view of check_limits (something `str()` prints); None for a backend with no such limits."""
         return None
@@ -194,13 +198,13 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"backend {cls.name} has no `check`")
 
     @classmethod
-    def profile_key(cls, options: Any, environ: "Mapping[str, str]") -> str | None:
+    def profile_key(cls, options: Any, environ: Mapping[str, str]) -> str | None:
         """The name of the saved `check` profile of the service `options` configure; None where `check` keeps
         none this backend reads back (then `run` does not suggest `check`)."""
         return None
 
     # -- one run ---------------------------------------------------------------------------------------------------
-    def prepare(self, pipeline: "PipelineConfig", execute: bool) -> list[PreparedAction]:
+    def prepare(self, pipeline: PipelineConfig, execute: bool) -> list[PreparedAction]:
         """Once per run before the first submission; with execute=False only describe it (for `plan`)."""
         return []
 

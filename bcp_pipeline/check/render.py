@@ -5,8 +5,8 @@ from __future__ import annotations
 import textwrap
 from datetime import datetime, timezone
 
-from bcp_pipeline.check.run import CheckResult
 from bcp_pipeline.backends.checks import Verdict
+from bcp_pipeline.check.run import CheckResult
 
 COLUMNS = (("ASSUMES", 30), ("SHOWED", 38), ("RESULT", 15), ("WHAT IT MEANS / WHAT TO DO", 52))
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 
 from bcp_pipeline.backends.registry import make_backend
+from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.detach.laptop import DetachedRun
 from bcp_pipeline.engine.selection import ChosenRun
 from bcp_pipeline.engine.workspace_lock import hold_workspace
-from bcp_pipeline.config.instances import instances_table
 
 
 def detach(chosen: ChosenRun) -> int:
@@ -23,8 +23,9 @@ def detach(chosen: ChosenRun) -> int:
     url = run.backend.job_url(job_id)
     print(f"run {state.run_id} ({chosen.pipeline.name}) is detached: driver job {job_id} "
           f"{'resumed' if resumed else 'submitted'}" + (f" ({url})" if url else ""))
-    print(f"  follow it:  bcp-pipeline status {state.run_id}    (a stage's log: bcp-pipeline logs {state.run_id} STAGE)")
-    print(f"  stop it:    bcp-pipeline cancel {state.run_id}    (bring it back here: bcp-pipeline resume {state.run_id})")
+    run_id = state.run_id
+    print(f"  follow it:  bcp-pipeline status {run_id}    (a stage's log: bcp-pipeline logs {run_id} STAGE)")
+    print(f"  stop it:    bcp-pipeline cancel {run_id}    (bring it back here: bcp-pipeline resume {run_id})")
     return 0
 
 

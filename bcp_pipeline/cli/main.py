@@ -9,17 +9,18 @@ import sys
 from collections.abc import Callable
 
 from bcp_pipeline import __version__
+from bcp_pipeline.backends.checks import Verdict
 from bcp_pipeline.backends.registry import backend_names
 from bcp_pipeline.check.render import render_check
-from bcp_pipeline.backends.checks import Verdict
 from bcp_pipeline.check.run import CheckRequest, run_check
-from bcp_pipeline.config.profiling import DEFAULT_STEPS
-from bcp_pipeline.errors import PipelineError
-from bcp_pipeline.cli.completion import enable_completion
 from bcp_pipeline.cli.common import JSON_HELP, NAMED_RUN_HELP, RUN_HELP, config_file, run_store
+from bcp_pipeline.cli.completion import enable_completion
 from bcp_pipeline.cli.plan import cmd_plan
 from bcp_pipeline.cli.profile import cmd_profile
-from bcp_pipeline.cli.runs import cmd_cancel, cmd_list, cmd_logs, cmd_report, cmd_resume, cmd_run, cmd_status, cmd_verify
+from bcp_pipeline.cli.runs import (cmd_cancel, cmd_list, cmd_logs, cmd_report, cmd_resume, cmd_run, cmd_status,
+    cmd_verify)
+from bcp_pipeline.config.profiling import DEFAULT_STEPS
+from bcp_pipeline.errors import PipelineError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,9 +176,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if result.count(Verdict.DIFFERENT) else 0
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan, "status": cmd_status, "resume": cmd_resume, "logs": cmd_logs,
-            "cancel": cmd_cancel, "list": cmd_list, "verify": cmd_verify,
-            "report": cmd_report, "profile": cmd_profile}
+COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan, "status": cmd_status, "resume": cmd_resume,
+            "logs": cmd_logs, "cancel": cmd_cancel, "list": cmd_list, "verify": cmd_verify, "report": cmd_report,
+            "profile": cmd_profile}
 
 
 if __name__ == "__main__":

@@ -11,18 +11,18 @@ from pathlib import Path
 
 from bcp_pipeline.backends.contract import Backend
 from bcp_pipeline.backends.registry import describe_backend_limits, detachable_backends, make_backend
+from bcp_pipeline.cli.common import config_file, run_store
+from bcp_pipeline.cli.detach import driver_cost_line
+from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.config.model import PipelineConfig
 from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.preflight import load_and_check
+from bcp_pipeline.detach.jobs import planned_driver
 from bcp_pipeline.engine.submitter import planned_requests
 from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.report.estimates import estimate_pipeline, manifest_tokens
-from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.report.measured import load_measurement
 from bcp_pipeline.report.text import render_estimates
-from bcp_pipeline.cli.common import config_file, run_store
-from bcp_pipeline.detach.jobs import planned_driver
-from bcp_pipeline.cli.detach import driver_cost_line
 
 
 PLAN_RUN_ID = "{pipeline}-RUN"

@@ -7,19 +7,19 @@ import argparse
 import sys
 
 from bcp_pipeline.backends.registry import make_backend
+from bcp_pipeline.cli.common import config_file, drive, profile_store
+from bcp_pipeline.cli.plan import PLAN_RUN_ID, print_submissions
+from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.config.preflight import load_and_check
-from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.config.profiling import PROFILE_SUFFIX, parse_window, profile_overrides, profiled_stage
+from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.engine.selection import ChosenRun, RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.engine.submitter import planned_requests
 from bcp_pipeline.errors import ConfigError
-from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.report.gather import latest_throughput, write_report
 from bcp_pipeline.report.measured import Measurement, save_measurement
 from bcp_pipeline.report.throughput import summary_text
-from bcp_pipeline.cli.common import config_file, drive, profile_store
-from bcp_pipeline.cli.plan import PLAN_RUN_ID, print_submissions
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -42,7 +42,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         requests = [r for r in planned_requests(pipeline, run_id) if r.stage.name == stage.name]
         print(f"# profile: stage {stage.name} of {pipeline.name} on {backend_name}, steps {window.as_text()} "
               f"(max_steps {window.max_steps}), ranks {','.join(map(str, window.ranks))}; nothing is submitted.")
-        print(f"# its --set overrides (kept in the profile run's state):\n" +
+        print("# its --set overrides (kept in the profile run's state):\n" +
               "\n".join(f"#   {o}" for o in overrides))
         print_submissions([backend.render(request) for request in requests])
         return 0

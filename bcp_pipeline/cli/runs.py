@@ -10,9 +10,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bcp_pipeline.backends.profile import load_profile
 from bcp_pipeline.backends.contract import Backend
+from bcp_pipeline.backends.profile import load_profile
 from bcp_pipeline.backends.registry import backend_class, make_backend
+from bcp_pipeline.cli.common import config_file, drive, given_config, run_store, store_of_run, stored_run
+from bcp_pipeline.cli.detach import detach, detached_run, take_back
+from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.detach.laptop import DriverView, render_driver
@@ -22,11 +25,8 @@ from bcp_pipeline.engine.selection import ChosenRun, RunRequest, choose_resume, 
 from bcp_pipeline.engine.state import RunState, RunStore
 from bcp_pipeline.errors import ConfigError, PipelineError, StateError
 from bcp_pipeline.report.estimates import actual_rates, estimate_pipeline
-from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.report.gather import latest_throughput, write_report
 from bcp_pipeline.report.text import Reporter, format_table, render_status
-from bcp_pipeline.cli.common import config_file, drive, given_config, run_store, store_of_run, stored_run
-from bcp_pipeline.cli.detach import detach, detached_run, take_back
 
 
 # -- commands -------------------------------------------------------------------------------------------

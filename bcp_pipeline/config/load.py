@@ -4,7 +4,7 @@ Layout of the file:
 
     version: 1
     stages_dir: stages            # stage programs, relative to this file
-    backends: {local: {...}, bcp: {...}, slurm: {...}, gridengine: {...}, kubernetes: {...}}  # backend-wide options (resources.py *Options)
+    backends: {local: {...}, bcp: {...}, slurm: {...}, ...}  # backend-wide options (resources.py *Options)
     pipelines:
       NAME:
         workspace: {name: nemo-framework, mount: /mount_workspace}
@@ -96,7 +96,8 @@ def _check_top_keys(raw: dict, top: Where) -> None:
     valid = ("version", "stages_dir", "backends", "pipelines")
     for key in raw:
         if key not in valid and not str(key).startswith("x-"):
-            raise top.child(key, raw).error(f"unknown key {key!r}; valid keys: {', '.join(valid)} (and x-* for anchors)")
+            raise top.child(key, raw).error(f"unknown key {key!r}; valid keys: {', '.join(valid)} "
+                                            "(and x-* for anchors)")
     if raw.get("version", 1) != 1:
         raise top.child("version", raw).error(f"unsupported version {raw.get('version')!r}; this tool reads version 1")
 
@@ -154,7 +155,8 @@ def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> Pipel
         locations = {key: stage_where.child(key, body) for key in field_names(StageConfig)}
         stages[stage_name] = build(StageConfig, merged, stage_where, name=stage_name, line=stage_where.line,
                                    locations=locations)
-    verification_raw = _merge_backend_sections(raw.get("verification") or {}, defaults, where.child("verification", raw))
+    verification_raw = _merge_backend_sections(raw.get("verification") or {}, defaults,
+                                               where.child("verification", raw))
     body = {k: v for k, v in raw.items() if k not in ("stages", "verification")}
     pipeline = build(PipelineConfig, body, where, name=name, stages=stages,
                      verification=build(VerificationResources, verification_raw, where.child("verification", raw)))

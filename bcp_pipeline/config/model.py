@@ -107,7 +107,8 @@ class StageConfig:
     kubernetes: KubernetesResources = field(default_factory=KubernetesResources)
     name: str = field(default="", metadata={"internal": True})
     line: int | None = field(default=None, metadata={"internal": True})
-    program_sha256: str = field(default="", metadata={"internal": True})  # of stages/PROGRAM and what it imports (programs.py)
+    # of stages/PROGRAM and the modules of stages/ it imports (programs.py), read when loaded
+    program_sha256: str = field(default="", metadata={"internal": True})
     # Where each key was written (file:line, or the --set that gave it; a key left out points at the stage), so
     # the checks that run after loading (preflight.py) name the same place the loader's own errors do.
     locations: dict[str, Where] = field(default_factory=dict, repr=False, metadata={"internal": True})

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bcp_pipeline.config.durations import format_clock, parse_duration
 from bcp_pipeline.config.model import Continuation, PipelineConfig, StageConfig
 from bcp_pipeline.config.placeholders import substitute
-from bcp_pipeline.config.durations import format_clock, parse_duration
 from bcp_pipeline.config.resources import rank_layout
 
 

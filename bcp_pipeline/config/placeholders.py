@@ -20,4 +20,5 @@ def resolve_int(text: str, variables: dict[str, str]) -> int:
     try:
         return int(resolved)
     except ValueError:
-        raise ValueError(f"{text!r} is not a whole number" + (f" (it is {resolved!r})" if resolved != text else "")) from None
+        shown = f" (it is {resolved!r})" if resolved != text else ""
+        raise ValueError(f"{text!r} is not a whole number{shown}") from None

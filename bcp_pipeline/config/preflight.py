@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig
 from bcp_pipeline.config.load import load_config
-from bcp_pipeline.config.validate import validate_continuation
+from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig
 from bcp_pipeline.config.nemo import derived_continuation, static_preflight
+from bcp_pipeline.config.validate import validate_continuation
 
 
 def load_and_check(path: str | Path, overrides: list[str] | None = None, pipeline: str | None = None) -> Config:

@@ -14,8 +14,8 @@ from typing import Any, Literal, NewType, Union, get_args, get_origin, get_type_
 import yaml
 
 from bcp_pipeline.config.durations import parse_duration
-from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.config.yaml_lines import line_of
+from bcp_pipeline.errors import ConfigError
 
 Duration = NewType("Duration", str)
 """A duration string validated like ngc's (`10h`, `5D`, `1h30m`); kept as written, seconds via parse_duration."""
@@ -29,7 +29,7 @@ class Where:
     key: str = ""
     line: int | None = None
 
-    def child(self, key: str | int, container: Any) -> "Where":
+    def child(self, key: str | int, container: Any) -> Where:
         name = f"{self.key}[{key}]" if isinstance(key, int) else (f"{self.key}.{key}" if self.key else str(key))
         origin = getattr(container, "key_origins", {}).get(key)
         if origin is not None:  # the value came from a --set override, not from the file
@@ -157,7 +157,8 @@ def build(cls: type, raw: Any, where: Where, **extra: Any) -> Any:
     for field in dataclasses.fields(cls):
         if field.name in raw:
             values[field.name] = convert(hints[field.name], raw[field.name], where.child(field.name, raw))
-        elif field.name not in values and field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+        elif (field.name not in values and field.default is dataclasses.MISSING
+              and field.default_factory is dataclasses.MISSING):
             raise where.error(f"missing required key {field.name!r}")
     return cls(**values)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.config.model import ESTIMATE_SIZES, Check, Continuation, PipelineConfig, StageConfig
-from bcp_pipeline.config.programs import program_sha256
 from bcp_pipeline.config.placeholders import BUILTIN_PLACEHOLDERS, PLACEHOLDER, resolve_int
+from bcp_pipeline.config.programs import program_sha256
 from bcp_pipeline.config.resources import ENV_KEY, LABEL_PATTERN, RESOURCE_TYPES, SECRET_PART, BcpResources
 from bcp_pipeline.config.typed import Where
 
@@ -50,7 +50,8 @@ def _validate_placeholders(pipeline: PipelineConfig, stage: StageConfig, body: d
     texts = [("args", a) for a in stage.args] + [("outputs", o) for o in stage.outputs]
     texts += [("verify", c.glob) for c in stage.verify] + [("verify", str(c.expect)) for c in stage.verify]
     if stage.continuation:
-        texts += [("continuation", stage.continuation.checkpoints), ("continuation", str(stage.continuation.target_steps))]
+        continuation = stage.continuation
+        texts += [("continuation", continuation.checkpoints), ("continuation", str(continuation.target_steps))]
     if stage.nemo:
         texts += [("nemo", text) for text in (stage.nemo.data_dir, stage.nemo.bpe_dir, stage.nemo.results_dir,
                                                *stage.nemo.overrides)]

@@ -26,10 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from bcp_pipeline.engine.state import RunState, RunStore
-from bcp_pipeline.errors import BackendCallError, PipelineError, StateError, is_refused_credentials
 from bcp_pipeline.detach.protocol import (DRIVER_FOLDER, ERROR_PREFIX, MAX_LINE_BYTES, capped, snapshot_lines,
     workspace_state_root)
+from bcp_pipeline.engine.state import RunState, RunStore
+from bcp_pipeline.errors import BackendCallError, PipelineError, StateError, is_refused_credentials
 
 EXIT_MISSING_SOFTWARE = 3
 SDK_REQUIREMENT = "ngcsdk==4.19.1"
@@ -94,7 +94,8 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
 
     own_id = os.environ.get("NGC_JOB_ID", "")
     if not own_id:
-        raise StateError("NGC_JOB_ID is not set: bcp_pipeline.detach.driver runs only inside a BCP job (`run --detach`)")
+        raise StateError("NGC_JOB_ID is not set: bcp_pipeline.detach.driver runs only inside a BCP job "
+                         "(`run --detach`)")
     store = SnapshotStore(workspace_state_root(root))
     state = store.load(run_id)
     config_file = store.run_dir(run_id) / DRIVER_FOLDER / "pipelines.yaml"

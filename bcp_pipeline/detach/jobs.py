@@ -11,20 +11,21 @@ import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from bcp_pipeline.atomic import atomic_write_json
-from bcp_pipeline.backends.bcp.states import labels_of, status_of
+from bcp_pipeline.backends.bcp.connect import read_ngc_config
 from bcp_pipeline.backends.bcp.driver import driver_job_shape
 from bcp_pipeline.backends.bcp.render import JobSpec, job_run_argv, label, upload_argv
+from bcp_pipeline.backends.bcp.states import labels_of, status_of
 from bcp_pipeline.backends.bcp.transport import Transport
-from bcp_pipeline.backends.bcp.connect import read_ngc_config
-from bcp_pipeline.backends.shared.command import shell_join
 from bcp_pipeline.backends.retries import with_retries
+from bcp_pipeline.backends.shared.command import shell_join
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.model import Config, PipelineConfig
-from bcp_pipeline.errors import StateError
 from bcp_pipeline.detach.protocol import DRIVER_FOLDER, DRIVER_KIND, workspace_run_path
+from bcp_pipeline.errors import StateError
 
 LEASE_POLL_SECONDS = 2.0
 

@@ -20,19 +20,20 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from bcp_pipeline.backends.bcp.backend import BcpBackend
-from bcp_pipeline.backends.bcp.states import status_of
 from bcp_pipeline.backends.bcp.render import UPLOAD_EXCLUDES, label
+from bcp_pipeline.backends.bcp.states import status_of
 from bcp_pipeline.backends.bcp.transport import Transport
 from bcp_pipeline.backends.contract import JobState, JobStatus
 from bcp_pipeline.backends.retries import with_retries
 from bcp_pipeline.config.model import Config, PipelineConfig
-from bcp_pipeline.engine.state import RunState, RunStore
-from bcp_pipeline.errors import BackendCallError, StateError
 from bcp_pipeline.detach.jobs import active_drivers, driver_jobs, driver_spec
 from bcp_pipeline.detach.protocol import DRIVER_FOLDER, last_error, last_snapshot, workspace_run_path
+from bcp_pipeline.engine.state import RunState, RunStore
+from bcp_pipeline.errors import BackendCallError, StateError
 
 LOG_TAIL_LINES = 400
 STOP_WAIT_SECONDS = 120.0

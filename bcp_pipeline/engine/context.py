@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bcp_pipeline.config.model import PipelineConfig
 from bcp_pipeline.backends.contract import Backend
+from bcp_pipeline.config.model import PipelineConfig
 from bcp_pipeline.engine.progress import Progress
 from bcp_pipeline.engine.state import RunState, RunStore
 

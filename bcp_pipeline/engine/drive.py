@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from bcp_pipeline.backends.contract import Backend
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.errors import StateError
 from bcp_pipeline.config.model import PipelineConfig
 from bcp_pipeline.engine.orchestrator import Orchestrator
 from bcp_pipeline.engine.poller import is_training, progress_record
@@ -13,6 +12,7 @@ from bcp_pipeline.engine.progress import Progress
 from bcp_pipeline.engine.selection import ChosenRun
 from bcp_pipeline.engine.state import RunLock, RunState, StageStatus
 from bcp_pipeline.engine.workspace_lock import hold_workspace
+from bcp_pipeline.errors import StateError
 
 
 def drive_run(chosen: ChosenRun, progress: Progress) -> bool:
@@ -21,7 +21,8 @@ def drive_run(chosen: ChosenRun, progress: Progress) -> bool:
     run_dir = store.run_dir(state.run_id)
     with RunLock(run_dir):
         backend = make_backend(state.backend, chosen.config, chosen.pipeline, run_dir)
-        with hold_workspace(backend, chosen.pipeline.workspace.name, state, store):  # before the first save: a refused run leaves nothing
+        # Before the first save: a refused run leaves nothing.
+        with hold_workspace(backend, chosen.pipeline.workspace.name, state, store):
             store.save(state)
             progress.started(state, store.state_path(state.run_id))
             return Orchestrator(pipeline=chosen.pipeline, backend=backend, store=store, state=state,
@@ -37,7 +38,8 @@ def verify_stage(chosen: ChosenRun, stage: str, progress: Progress) -> bool:
     run_dir = chosen.store.run_dir(state.run_id)
     with RunLock(run_dir):
         backend = make_backend(state.backend, chosen.config, pipeline, run_dir)
-        with hold_workspace(backend, pipeline.workspace.name, state, chosen.store):  # counting files another run writes proves nothing
+        # Counting files another run is writing proves nothing.
+        with hold_workspace(backend, pipeline.workspace.name, state, chosen.store):
             # The stage keeps its finished_at: checking its outputs again does not change when its work ended.
             state.stages[stage].status = StageStatus.VERIFYING  # with no verification job yet: one is submitted
             Orchestrator(pipeline=pipeline, backend=backend, store=chosen.store, state=state, progress=progress,

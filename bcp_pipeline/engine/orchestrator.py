@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from typing import Callable
+from collections.abc import Callable
 
 from bcp_pipeline.engine.context import RunContext
-from bcp_pipeline.errors import StateError
 from bcp_pipeline.engine.outcomes import Outcomes
 from bcp_pipeline.engine.poller import Poller
 from bcp_pipeline.engine.submitter import Submitter
+from bcp_pipeline.errors import StateError
 
 
 @dataclass

@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from bcp_pipeline.engine.context import RunContext
-from bcp_pipeline.errors import PipelineError
 from bcp_pipeline.backends.contract import JobState, JobStatus
-from bcp_pipeline.engine.state import JobRecord, StageState, StageStatus
 from bcp_pipeline.backends.shared.logs import last_lines, parse_lines
+from bcp_pipeline.engine.context import RunContext
+from bcp_pipeline.engine.state import JobRecord, StageState, StageStatus
+from bcp_pipeline.errors import PipelineError
 
 
 @dataclass

@@ -13,15 +13,15 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-from bcp_pipeline.engine.context import RunContext
-from bcp_pipeline.config.durations import format_duration
-from bcp_pipeline.errors import BackendCallError, BackendUnreachable
 from bcp_pipeline.backends.contract import JobProgress, JobState, JobStatus
-from bcp_pipeline.config.nemo import tokens_per_step
+from bcp_pipeline.config.durations import format_duration
 from bcp_pipeline.config.model import StageConfig
+from bcp_pipeline.config.nemo import tokens_per_step
 from bcp_pipeline.config.placeholders import resolve_int
+from bcp_pipeline.engine.context import RunContext
 from bcp_pipeline.engine.outcomes import Outcomes
 from bcp_pipeline.engine.state import JobRecord, StageStatus
+from bcp_pipeline.errors import BackendCallError, BackendUnreachable
 
 TRANSIENT_ERRORS_BEFORE_NOTICE = 3
 

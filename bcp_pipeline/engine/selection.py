@@ -12,14 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bcp_pipeline.backends.registry import (check_backend_limits, check_backend_ready, detachable_backends,
-    make_backend)
+from bcp_pipeline.backends.registry import check_backend_limits, check_backend_ready, detachable_backends, make_backend
 from bcp_pipeline.config.dag import downstream_of
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.preflight import load_and_check
-from bcp_pipeline.errors import ConfigError, StateError
 from bcp_pipeline.engine.state import CANCELLED_WHILE, RunState, RunStore, StageState, StageStatus, new_run_id
 from bcp_pipeline.engine.submitter import planned_requests
+from bcp_pipeline.errors import ConfigError, StateError
 
 PROFILE_RUN_ID = "PROFILE-CHECK"  # the run id jobs are rendered under to hold them against a check profile
 
@@ -171,7 +170,8 @@ class Selection:
     def stages(self, pipeline: PipelineConfig) -> set[str]:
         for name in [self.from_stage, *(self.only or [])]:
             if name is not None and name not in pipeline.stages:
-                raise ConfigError(f"no stage {name!r} in pipeline {pipeline.name}; stages: {', '.join(pipeline.stages)}")
+                raise ConfigError(f"no stage {name!r} in pipeline {pipeline.name}; stages: "
+                                  f"{', '.join(pipeline.stages)}")
         needs = {name: stage.needs for name, stage in pipeline.stages.items()}
         if self.only:
             return set(self.only)
@@ -244,7 +244,8 @@ def pick_run(store: RunStore, pipeline: PipelineConfig, backend: str, *, restart
     if latest is None or latest.status == "succeeded":
         return None
     if latest.backend != backend and never_submitted(latest):
-        return None  # nothing of it runs anywhere: it blocks nothing (it stays listed, to be continued with its backend)
+        # Nothing of it runs anywhere: it blocks nothing (it stays listed, to be continued with its backend).
+        return None
     if latest.backend != backend:
         raise StateError(f"the last run of {pipeline.name} ({latest.run_id}) is unfinished on backend "
                          f"{latest.backend!r}; continue it with --backend {latest.backend}, or pass --restart "

@@ -139,7 +139,7 @@ class RunState:
         return payload
 
     @classmethod
-    def from_json(cls, payload: dict[str, Any]) -> "RunState":
+    def from_json(cls, payload: dict[str, Any]) -> RunState:
         payload = dict(payload)
         payload.pop("status", None)
         if payload.get("version") != STATE_VERSION:
@@ -171,7 +171,7 @@ def new_run_id(pipeline: str, now: float | None = None) -> str:
 
 
 def store_for(config_file: Path, state_dir: str | Path | None = None,
-              notice: Callable[[str], None] | None = None) -> "RunStore":
+              notice: Callable[[str], None] | None = None) -> RunStore:
     """Where runs are kept: `state_dir` (--state-dir), else `.bcp-pipeline` next to the config file."""
     return RunStore(Path(state_dir) if state_dir else config_file.resolve().parent / STATE_FOLDER, notice=notice)
 
@@ -246,7 +246,7 @@ class RunStore:
             raise StateError(state.describe())
         return state
 
-    def _read(self, run_id: str) -> "RunState | CorruptRun":
+    def _read(self, run_id: str) -> RunState | CorruptRun:
         """The run's state, or (when it cannot be read) the corrupt run it is now, its file set aside."""
         path = self.state_path(run_id)
         try:
@@ -342,7 +342,7 @@ class RunLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         self.acquire()
         return self
 

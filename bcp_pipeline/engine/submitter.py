@@ -13,15 +13,15 @@ import time
 from dataclasses import dataclass, field
 
 from bcp_pipeline.atomic import atomic_write_text
+from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.config.model import PipelineConfig, StageConfig, expected_count
 from bcp_pipeline.config.placeholders import resolve_int
 from bcp_pipeline.engine.context import RunContext
-from bcp_pipeline.errors import BackendCallError, SubmissionError
-from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.engine.outcomes import Outcomes
 from bcp_pipeline.engine.output_digest import output_digest
-from bcp_pipeline.redact import redact, secret_values
 from bcp_pipeline.engine.state import JobRecord, StageStatus
+from bcp_pipeline.errors import BackendCallError, SubmissionError
+from bcp_pipeline.redact import redact, secret_values
 
 SUBMIT_ATTEMPTS = 6  # consecutive failed submit calls before the stage fails (status calls retry forever)
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.backends.contract import Backend
-from bcp_pipeline.errors import StateError
 from bcp_pipeline.engine.state import RunState, RunStore
+from bcp_pipeline.errors import StateError
 
 
 class WorkspaceLock:
@@ -61,7 +61,7 @@ class WorkspaceLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "WorkspaceLock":
+    def __enter__(self) -> WorkspaceLock:
         self.acquire()
         return self
 

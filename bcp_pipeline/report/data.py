@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from bcp_pipeline.report.estimates import PlanEstimate
-from bcp_pipeline.redact import redact
 from bcp_pipeline.engine.state import JobRecord, RunState, StageState
-from bcp_pipeline.training_log import parse_training_log
+from bcp_pipeline.redact import redact
+from bcp_pipeline.report.estimates import PlanEstimate
 from bcp_pipeline.report.mfu import cpu_peak
 from bcp_pipeline.report.throughput import StageFacts, throughput_series
+from bcp_pipeline.training_log import parse_training_log
 
 
 @dataclass(frozen=True)

@@ -3,23 +3,23 @@
 Data stages: the declared data-set sizes (`estimates:` of the pipeline) over per-core throughputs (defaults from
 this project's benchmark, docs/performance.md) times the cores the stage uses on its BCP instance; download over a
 declared per-node rate. Pretraining: tokens = steps x global batch x sequence; FLOPs per token from the model
-shape; GPUs x peak dense BF16 x a declared MFU. docs/estimates-and-report.md ("Where the estimate figures come from") sources every figure.
+shape; GPUs x peak dense BF16 x a declared MFU. docs/estimates-and-report.md ("Where the estimate figures come
+from") sources every figure.
 Queueing, job start-up, verification jobs and restarts between training attempts are not counted.
 """
 
 from __future__ import annotations
 
 import json
-
 import math
 import re
-from pathlib import Path
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-from bcp_pipeline.config.model import PipelineConfig, StageConfig, expected_count
 from bcp_pipeline.config.durations import format_elapsed, parse_duration
-from bcp_pipeline.config.nemo import KNOWN_SHAPES, model_config
 from bcp_pipeline.config.instances import InstanceType
+from bcp_pipeline.config.model import PipelineConfig, StageConfig, expected_count
+from bcp_pipeline.config.nemo import KNOWN_SHAPES, model_config
 from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.engine.state import StageState
 from bcp_pipeline.report.measured import Measurement

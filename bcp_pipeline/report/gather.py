@@ -13,21 +13,21 @@ import time
 from pathlib import Path
 
 from bcp_pipeline.atomic import atomic_write_text
+from bcp_pipeline.backends.contract import Backend
+from bcp_pipeline.config.instances import InstanceType
 from bcp_pipeline.config.model import PipelineConfig, StageConfig
-from bcp_pipeline.errors import PipelineError, ReportError
 from bcp_pipeline.config.nemo import KNOWN_SHAPES, model_config
 from bcp_pipeline.config.profiling import SMOKE_PROGRAM
-from bcp_pipeline.config.instances import InstanceType
 from bcp_pipeline.config.resources import rank_layout
-from bcp_pipeline.report.estimates import PlanEstimate, instance_peak
-from bcp_pipeline.report.mfu import flops_per_token
-from bcp_pipeline.report.throughput import StageFacts, TrainingFacts
-from bcp_pipeline.backends.contract import Backend
-from bcp_pipeline.redact import secret_values
-from bcp_pipeline.report.data import SubmittedCommand, report_data
-from bcp_pipeline.report.html import render_report, require_plotly
 from bcp_pipeline.engine.state import RunState, RunStore
 from bcp_pipeline.engine.submitter import job_request
+from bcp_pipeline.errors import PipelineError, ReportError
+from bcp_pipeline.redact import secret_values
+from bcp_pipeline.report.data import SubmittedCommand, report_data
+from bcp_pipeline.report.estimates import PlanEstimate, instance_peak
+from bcp_pipeline.report.html import render_report, require_plotly
+from bcp_pipeline.report.mfu import flops_per_token
+from bcp_pipeline.report.throughput import StageFacts, TrainingFacts
 
 RECORDED = "recorded at submission"
 RERENDERED = "re-rendered from the config: not recorded at submission"

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import IO
 
 from bcp_pipeline.config.durations import format_elapsed
+from bcp_pipeline.engine.state import RunState, StageState, StageStatus
 from bcp_pipeline.report.estimates import PlanEstimate, short_number
 from bcp_pipeline.report.throughput import summary_text
-from bcp_pipeline.engine.state import RunState, StageState, StageStatus
 
 
 def stage_elapsed(stage: StageState, now: float | None = None) -> str:
@@ -46,7 +46,8 @@ def verification_text(stage: StageState) -> str:
 def status_rows(state: RunState, job_url=None) -> list[list[str]]:
     rows = [["STAGE", "STATUS", "JOBS", "SHARDING", "TRIES", "ELAPSED", "PROGRESS", "VERIFIED"]]
     for name, stage in state.stages.items():
-        jobs = ", ".join(f"{j.job_id}{'*' if j.kind == 'verify' else ''}({j.native or j.state})" for j in stage.jobs[-3:])
+        jobs = ", ".join(f"{j.job_id}{'*' if j.kind == 'verify' else ''}({j.native or j.state})"
+                         for j in stage.jobs[-3:])
         sharding = f"{stage.sharding['replicas']}x{stage.sharding['processes']}" if stage.sharding else "-"
         rows.append([name, stage.status.value, jobs or "-", sharding, str(stage.attempts), stage_elapsed(stage),
                      progress_text(stage), verification_text(stage)])
@@ -82,7 +83,8 @@ def other_outputs_text(found: dict | None) -> str:
     if not isinstance(found, dict) or found.get("outputs") not in ("redone", "reused"):
         return ""
     previous = found.get("previous_digest") or "not recorded"
-    made = f"{found.get('count')} output(s) made by another config (digest {previous}, this run's {found.get('digest')})"
+    made = (f"{found.get('count')} output(s) made by another config (digest {previous}, this run's "
+            f"{found.get('digest')})")
     if found["outputs"] == "reused":
         return f"{made} reused as they are (other_outputs: reuse)"
     return f"{made} redone; the old ones are kept in {found.get('set_aside')}"
@@ -108,11 +110,13 @@ def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None =
         if stage.error:
             lines += ["", f"{name}: {stage.error}"]
     if job_url:
-        urls = [(name, job.job_id, job_url(job.job_id)) for name, stage in state.stages.items() for job in stage.jobs[-1:]]
+        urls = [(name, job.job_id, job_url(job.job_id)) for name, stage in state.stages.items()
+                for job in stage.jobs[-1:]]
         urls = [u for u in urls if u[2]]
         if urls:
             lines += [""] + [f"{name}: {url}" for name, _, url in urls]
-    lines += ["", "(* = verification job)"] if any(j.kind == "verify" for s in state.stages.values() for j in s.jobs) else []
+    if any(j.kind == "verify" for s in state.stages.values() for j in s.jobs):
+        lines += ["", "(* = verification job)"]
     return "\n".join(lines)
 
 
@@ -188,8 +192,8 @@ def render_estimates(plan: PlanEstimate) -> list[str]:
                      format_hours(s.node_hours), format_hours(s.gpu_hours), s.basis or "-"])
     rows.append(["total", "", "", "", "", "", "", format_seconds(plan.seconds) + ("" if plan.complete else "+"),
                  format_hours(plan.node_hours), format_hours(plan.gpu_hours), "longest path; sum of hours"])
-    lines = ["# estimates (docs/estimates-and-report.md: \"Where the estimate figures come from\"; no queueing, start-up "
-             "or verification)",
+    lines = ['# estimates (docs/estimates-and-report.md: "Where the estimate figures come from"; no queueing, '
+             "start-up or verification)",
              format_table(rows)]
     for s in plan.stages:
         t = s.training

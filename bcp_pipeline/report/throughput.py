@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bcp_pipeline.config.nemo import ModelShape
-from bcp_pipeline.training_log import MEGATRON_STEP, MEGATRON_TIMING, NEMO_STEP, NEMO_TIMING, NUMBER
 from bcp_pipeline.report.mfu import Peak, flops_per_token, model_flops_utilization
 from bcp_pipeline.report.timers import parse_timer_blocks
+from bcp_pipeline.training_log import MEGATRON_STEP, MEGATRON_TIMING, NEMO_STEP, NEMO_TIMING, NUMBER
 
 _LOCAL_STEP = re.compile(rf"^step (\d+)/\d+ .* ({NUMBER}) s/step\b")
 _LOCAL_SHAPE = re.compile(r"^model shape: layers (\d+) hidden (\d+) heads \d+ seq_length (\d+) vocab (\d+) "

@@ -11,16 +11,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bcp_pipeline.config.resources import BcpOptions
-from bcp_pipeline.errors import BackendCallError, ConfigError
-from bcp_pipeline.backends.bcp.transport import retry_policy
-from bcp_pipeline.backends.bcp.policy import Violation, planned_jobs, violations
-from bcp_pipeline.backends.bcp.render import JobSpec, job_spec
 from bcp_pipeline.backends.bcp.connect import (NOTHING_DONE, check_credentials, choose_transport, make_transport,
     read_ngc_config)
-from bcp_pipeline.backends.bcp.transport import Transport
+from bcp_pipeline.backends.bcp.policy import Violation, planned_jobs, violations
+from bcp_pipeline.backends.bcp.render import JobSpec, job_spec
+from bcp_pipeline.backends.bcp.transport import Transport, retry_policy
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.retries import RetryPolicy, with_retries
+from bcp_pipeline.config.resources import BcpOptions
+from bcp_pipeline.errors import BackendCallError, ConfigError
 
 PLAN_RETRIES = RetryPolicy(attempts=2, backoff=1.0, max_wait=2.0)  # `plan`'s look-up of the ACE
 

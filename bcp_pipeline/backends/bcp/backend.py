@@ -1,7 +1,7 @@
 """NGC Base Command Platform: every stage an `ngc base-command job run`, tracked through a transport.
 
-The transport (transport_cli.py, transport_sdk.py) is NVIDIA's `ngc` CLI or ngcsdk's Python API; the API key reaches either only
-through NGC's own settings (NGC_CLI_API_KEY or ~/.ngc/config), never through argv, logs or state.
+The transport (transport_cli.py, transport_sdk.py) is NVIDIA's `ngc` CLI or ngcsdk's Python API; the API key reaches
+either only through NGC's own settings (NGC_CLI_API_KEY or ~/.ngc/config), never through argv, logs or state.
 One `job list --label <run label>` call per poll cycle covers all of a run's jobs.
 """
 
@@ -11,35 +11,30 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 from bcp_pipeline.atomic import atomic_write_json, atomic_write_text
-from bcp_pipeline.config.model import Config, PipelineConfig
-from bcp_pipeline.errors import BackendCallError
-from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobStatus, PreparedAction,
-    Submission)
-from bcp_pipeline.config.resources import BcpOptions
-from bcp_pipeline.backends.bcp.render import (NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_rendezvous,
-    job_run_argv)
-from bcp_pipeline.backends.bcp.render import (job_files, job_spec, label, upload_argv)
-from bcp_pipeline.backends.bcp.transport import Transport
+from bcp_pipeline.backends.bcp.account import account_of, profile_key_of
 from bcp_pipeline.backends.bcp.connect import make_transport, read_ngc_config
 from bcp_pipeline.backends.bcp.driver import driver_job_shape
-from bcp_pipeline.backends.shared.logs import last_lines, training_progress, indent
-from bcp_pipeline.backends.contract import outage_seconds
+from bcp_pipeline.backends.bcp.refusals import profile_refusals
+from bcp_pipeline.backends.bcp.render import (NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_files,
+    job_rendezvous, job_run_argv, job_spec, label, upload_argv)
+from bcp_pipeline.backends.bcp.states import labels_of, status_of
+from bcp_pipeline.backends.bcp.transport import Transport, retry_policy
+from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobStatus, PreparedAction, Submission,
+    outage_seconds)
+from bcp_pipeline.backends.profile import load_profile
+from bcp_pipeline.backends.retries import with_retries
 from bcp_pipeline.backends.shared.command import shell_join
 from bcp_pipeline.backends.shared.locks import user_writer_lock
-from bcp_pipeline.backends.retries import with_retries
-from bcp_pipeline.backends.bcp.account import account_of
-from bcp_pipeline.backends.bcp.states import labels_of, status_of
-from bcp_pipeline.backends.profile import load_profile
-from bcp_pipeline.backends.bcp.account import profile_key_of
-from collections.abc import Sequence
-from bcp_pipeline.backends.bcp.transport import retry_policy
-from bcp_pipeline.backends.bcp.refusals import profile_refusals
+from bcp_pipeline.backends.shared.logs import indent, last_lines, training_progress
+from bcp_pipeline.config.model import Config, PipelineConfig
+from bcp_pipeline.config.resources import BcpOptions
+from bcp_pipeline.errors import BackendCallError
 
 LIST_LAG_MARGIN_SECONDS = 30.0  # beyond twice the list lag `check` measured, before a stage is submitted again
 KILL_MARGIN_SECONDS = 60.0  # beyond the ACE's termination grace, before `cancel` says a killed job has not ended
@@ -189,7 +184,8 @@ class BcpBackend(Backend):
             staging = self.run_dir / "job-files" / Path(relative).parent.name
             atomic_write_text(staging / Path(relative).name, text)
             folder = str(Path(relative).parent)
-            with_retries(lambda: self.transport.upload(self.workspace_name, staging, folder, UPLOAD_EXCLUDES),
+            with_retries(lambda staging=staging, folder=folder: self.transport.upload(
+                self.workspace_name, staging, folder, UPLOAD_EXCLUDES),
                          f"uploading {relative} to workspace {self.workspace_name}", self.retry_policy)
             atomic_write_text(marker, "")
 

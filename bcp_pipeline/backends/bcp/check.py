@@ -12,13 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bcp_pipeline.backends.bcp.policy import PlannedJob, planned_jobs, rendered_jobs, violations
 from bcp_pipeline.backends.bcp.account import account_of
-from bcp_pipeline.backends.bcp.transport import CONFIG_HINT, SDK_VERSION, Transport
 from bcp_pipeline.backends.bcp.connect import SCOPED_KEY_PREFIX, configured_api_key, make_transport, scoped_key_org
-from bcp_pipeline.errors import BackendCallError, PipelineError, is_not_found, is_refused_credentials
+from bcp_pipeline.backends.bcp.policy import PlannedJob, planned_jobs, rendered_jobs, violations
+from bcp_pipeline.backends.bcp.transport import CONFIG_HINT, SDK_VERSION, Transport
 from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, Row, different, ok, unchecked
 from bcp_pipeline.backends.contract import job_label
+from bcp_pipeline.errors import BackendCallError, PipelineError, is_not_found, is_refused_credentials
 
 VERSION = re.compile(r"\b\d+\.\d+\.\d+\b")
 HTTP_ANSWER = re.compile(r"\b([45]\d\d) (?:Client|Server) Error: ([A-Za-z ]+?)(?= for url|$|:|\.)")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from bcp_pipeline.backends.bcp.transport import LIST_WINDOW_AHEAD, Transport
-from bcp_pipeline.errors import BackendCallError
 from bcp_pipeline.backends.checks import Row, different, ok, unchecked
+from bcp_pipeline.errors import BackendCallError
 
 TOLERANCE_SECONDS = 60.0  # clocks kept by NTP agree far better; a larger gap is worth a line in the table
 

@@ -7,11 +7,11 @@ run's labels, the secret holding the key) to the same shape, so the job checked 
 
 from __future__ import annotations
 
+from bcp_pipeline.backends.bcp.render import JobSpec
 from bcp_pipeline.config.durations import format_duration, parse_duration
 from bcp_pipeline.config.model import PipelineConfig
 from bcp_pipeline.config.resources import BcpOptions
 from bcp_pipeline.errors import ConfigError
-from bcp_pipeline.backends.bcp.render import JobSpec
 
 DRIVER_STAGE = "(driver)"  # how a driver job is named where a stage's name would stand (limits, check rows)
 DRIVER_FIX_PREFIX = "--set backends.bcp.driver."

@@ -5,8 +5,8 @@ instance runs the launcher with Hydra's `--cfg job --package training --resolve`
 renders for it (render.py nemo_launcher_overrides: the node count written out, and a data list of the
 form the job builds from the manifests, here two sample prefixes under the stage's data_dir). Hydra composes the
 config and prints it: an unknown key, a bad override or a missing config is refused as it would be at the start of
-the real job. The composed TP/PP, batch sizes, num_nodes, max_steps, per-run time limit and data list are then compared with
-what `plan` assumed (config/nemo.py's facts of the image's launcher release, or the stage's declared sizes).
+the real job. The composed TP/PP, batch sizes, num_nodes, max_steps, per-run time limit and data list are then
+compared with what `plan` assumed (config/nemo.py's facts of the image's launcher release, or the stage's declared sizes).
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ from typing import Any
 import yaml
 
 from bcp_pipeline.backends.bcp.render import job_values, nemo_launcher_overrides, nemo_overrides_digest
+from bcp_pipeline.backends.checks import CheckInput, Row, different, lines_of, ok, unchecked
 from bcp_pipeline.config.nemo import launcher_dir, model_config, time_limits
 from bcp_pipeline.config.placeholders import substitute
-from bcp_pipeline.backends.checks import CheckInput
-from bcp_pipeline.backends.checks import lines_of
-from bcp_pipeline.backends.checks import Row, different, ok, unchecked
 
 DATA_KEY = "training.model.data.data_prefix"
 SAMPLE_PREFIXES = ("bcpp-check-a_text_document", "bcpp-check-b_text_document")
@@ -180,8 +178,9 @@ def nemo_row(probe: NemoProbe, log: str | None, ended) -> tuple[Row, dict[str, A
     fact.update(composed=True, values={key: _select(tree, key) for key, _ in COMPARED}, data_list_as_given=data_ok,
                 missing=missing, differences=[key for key, _, _ in differences])
     if missing:
-        return different(topic, assumes, showed + f"; missing values (???): {', '.join(missing[:8])}",
-                         "the launcher stops on these when it reads them: give them in the stage's nemo.overrides"), fact
+        row = different(topic, assumes, showed + f"; missing values (???): {', '.join(missing[:8])}",
+                        "the launcher stops on these when it reads them: give them in the stage's nemo.overrides")
+        return row, fact
     if differences or not data_ok:
         fixes = [f"--set {probe.stage}.nemo.{FIX_KEY[key]}={got}" for key, _, got in differences if key in FIX_KEY]
         meaning = ("plan's node counts, estimates and continuation used the values it assumed: declare what this "

@@ -17,10 +17,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bcp_pipeline.config.durations import format_duration, parse_duration
-from bcp_pipeline.backends.bcp.render import JobSpec
 from bcp_pipeline.backends.bcp.driver import DRIVER_STAGE
+from bcp_pipeline.backends.bcp.render import JobSpec
 from bcp_pipeline.backends.contract import JobRequest, job_label
+from bcp_pipeline.config.durations import format_duration, parse_duration
 
 PREEMPTABLE = frozenset({"RESUMABLE", "RESTARTABLE"})  # preempt classes the scheduler may preempt
 PREFERRED_ARRAY_TYPE = "PYTORCH"  # what the stage programs' rank variables need (render.py check_stage)

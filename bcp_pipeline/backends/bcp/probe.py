@@ -18,20 +18,18 @@ from __future__ import annotations
 import shlex
 import time
 
-from bcp_pipeline.backends.bcp.states import status_of
-from bcp_pipeline.backends.bcp.render import JobSpec, label
-from bcp_pipeline.backends.bcp.transport import Transport
-from bcp_pipeline.backends.contract import JobState
-from bcp_pipeline.errors import BackendCallError
-from bcp_pipeline.config.instances import instances_table
-from bcp_pipeline.backends.bcp.nemo_probe import nemo_commandline, nemo_row, plan_nemo_probes
 from bcp_pipeline.backends.bcp.clock import submitted_clock
-from bcp_pipeline.backends.checks import always_cleaned_up
-from bcp_pipeline.backends.checks import CheckInput
-from bcp_pipeline.backends.checks import Row, unchecked
-from bcp_pipeline.backends.bcp.probe_findings import WAIT_SECONDS, Preemption, ProbePlan, bcprun_facts, bcprun_row, env_row, history_row, killed_running, kill_row, labels_row, logs_row, nsys_names_row, preemption_row, python_row, replicas_row, runs_on, started_again, workspace_row
-from bcp_pipeline.backends.checks import poll_until
-from bcp_pipeline.backends.contract import JobStatus
+from bcp_pipeline.backends.bcp.nemo_probe import nemo_commandline, nemo_row, plan_nemo_probes
+from bcp_pipeline.backends.bcp.probe_findings import (WAIT_SECONDS, Preemption, ProbePlan, bcprun_facts, bcprun_row,
+    env_row, history_row, kill_row, killed_running, labels_row, logs_row, nsys_names_row, preemption_row, python_row,
+    replicas_row, runs_on, started_again, workspace_row)
+from bcp_pipeline.backends.bcp.render import JobSpec, label
+from bcp_pipeline.backends.bcp.states import status_of
+from bcp_pipeline.backends.bcp.transport import Transport
+from bcp_pipeline.backends.checks import CheckInput, Row, always_cleaned_up, poll_until, unchecked
+from bcp_pipeline.backends.contract import JobState, JobStatus
+from bcp_pipeline.config.instances import instances_table
+from bcp_pipeline.errors import BackendCallError
 
 PROBE_RUNTIME = "10M"  # each probe job's --total-runtime: the most it can cost
 KILL_WAIT_SECONDS = 600.0
@@ -120,7 +118,8 @@ def kill_commandline(plan: ProbePlan) -> str:
 def spec_for(ctx: CheckInput, plan: ProbePlan, name: str, commandline: str, replicas: int,
              image: str | None = None) -> JobSpec:
     options = ctx.config.options["bcp"]
-    return JobSpec(name=name, image=image or plan.image, instance=plan.instance, result="/results", commandline=commandline,
+    return JobSpec(name=name, image=image or plan.image, instance=plan.instance, result="/results",
+                   commandline=commandline,
                    workspaces=(plan.workspace,) if plan.workspace else (), replicas=replicas,
                    array_type="PYTORCH" if replicas > 1 else None, total_runtime=PROBE_RUNTIME,
                    labels=(label("check", plan.token),), org=options.org, team=options.team, ace=options.ace)

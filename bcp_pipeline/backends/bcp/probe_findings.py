@@ -3,12 +3,12 @@ their logs, statuses and timings (probe.py runs them)."""
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass, field
 
-from bcp_pipeline.backends.checks import Row, different, fields, lines_of, ok, unchecked
-import re
 from bcp_pipeline.backends.bcp.states import STATE_MAP
+from bcp_pipeline.backends.checks import Row, different, fields, lines_of, ok, unchecked
 from bcp_pipeline.backends.contract import JobState
 
 
@@ -85,7 +85,8 @@ def replicas_row(plan: ProbePlan, logs: dict[int, str | None], ended) -> Row:
     ran = ", ".join(str(r) for r, t in logs.items() if lines_of(t, "BCPP-PROBE")) or "none"
     showed = f"ended {ended.native}; replicas whose log shows the commandline: {ran}"
     if ended.native != "FINISHED_SUCCESS":
-        return different("replicas", assumes, showed + f" ({ended.detail})", "the probe itself failed: its log says why")
+        return different("replicas", assumes, showed + f" ({ended.detail})",
+                         "the probe itself failed: its log says why")
     if model == "per_replica":
         return ok("replicas", assumes, showed + (" (on every replica)" if plan.replicas > 1 else ""))
     if model == "launcher" and plan.replicas > 1:
@@ -141,8 +142,9 @@ def bcprun_row(plan: ProbePlan, logs: dict[int, str | None], kill_log: str) -> R
     ranks = [fields(line) for t in logs.values() for line in lines_of(t, "BCPP-RANK")]
     rank_text = ", ".join(f"{f.get('rank')}/{f.get('world')}" for f in sorted(
         ranks, key=lambda f: int(f["rank"]) if str(f.get("rank")).isdigit() else -1)) or "none"
+    single = facts["in_single_replica_jobs"]
     showed = (f"bcprun {'present' if facts['present'] else 'absent'} in the {plan.replicas}-replica job, "
-              f"{'present' if facts['in_single_replica_jobs'] else 'absent' if facts['in_single_replica_jobs'] is False else 'unknown'} "
+              f"{'present' if single else 'absent' if single is False else 'unknown'} "
               f"in a one-replica job; RANK/WORLD_SIZE seen: {rank_text}; its usage spells "
               f"{facts['no_redirect_spelling'] or 'no no_redirect flag'}")
     expected = {(str(r), str(plan.world)) for r in range(plan.world)}
@@ -172,7 +174,8 @@ def slurm_variables(logs: dict[int, str | None]) -> str | None:
 
 def nsys_names_row(logs: dict[int, str | None]) -> Row:
     """NeMo's launcher names each rank's Nsight file after SLURM_JOB_ID/NODEID/PROCID (`profile`,
-    docs/estimates-and-report.md, "Nsight file names on BCP"): what bcprun sets decides whether those names are unique as the launcher writes them."""
+    docs/estimates-and-report.md, "Nsight file names on BCP"): what bcprun sets decides whether those names are
+    unique as the launcher writes them."""
     assumes = ("each rank of a `profile` job writes its own Nsight file: the launcher names it after SLURM_JOB_ID, "
                "SLURM_NODEID and SLURM_PROCID, from bcprun where it sets them, else from BCP's job id, replica "
                "and RANK (BASH_ENV=stages/nsys_names.sh)")

@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from bcp_pipeline.backends.bcp.ace import check_ace, plan_check, refuse_violations
+from bcp_pipeline.backends.bcp.connect import check_credentials, check_workspaces_exist, choose_transport
 from bcp_pipeline.backends.bcp.driver import driver_job_shape
-from bcp_pipeline.backends.bcp.connect import check_workspaces_exist
 from bcp_pipeline.backends.bcp.render import check_stage_resources
-from bcp_pipeline.backends.bcp.connect import check_credentials, choose_transport
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.config.model import Config, PipelineConfig
 

@@ -18,15 +18,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.shared import nemo_script as training_script
+from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
+from bcp_pipeline.backends.shared.nemo_script import TrainingJob
 from bcp_pipeline.config.durations import format_duration, parse_duration
 from bcp_pipeline.config.model import PipelineConfig, StageConfig
+from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.resources import BcpOptions, BcpResources, RankLayout
 from bcp_pipeline.errors import ConfigError, SubmissionError
-from bcp_pipeline.backends.contract import JobRequest
-from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
-from bcp_pipeline.backends.shared import nemo_script as training_script
-from bcp_pipeline.backends.shared.nemo_script import TrainingJob
-from bcp_pipeline.config.placeholders import substitute
 
 LABEL_PREFIX = "bcpp"
 UPLOAD_EXCLUDES = ("*__pycache__*",)  # what of stages/ is never uploaded (nor hashed: code_hash)

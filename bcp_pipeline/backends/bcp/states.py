@@ -7,7 +7,8 @@ from typing import Any
 from bcp_pipeline.backends.contract import JobState, JobStatus, map_native_state
 
 
-# All 25 BCP job statuses, as `ngc base-command job info` names them in `.job.jobStatus.status` (ngcsdk 4.19.1). PREEMPTED waits for `job resume`; unknown ones are "not finished".
+# All 25 BCP job statuses, as `ngc base-command job info` names them in `.job.jobStatus.status` (ngcsdk 4.19.1).
+# PREEMPTED waits for `job resume`; unknown ones are "not finished".
 STATE_MAP: dict[str, JobState] = {
     "CREATED": JobState.QUEUED,
     "QUEUED": JobState.QUEUED,

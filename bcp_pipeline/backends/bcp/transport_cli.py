@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.backends.bcp.render import JobSpec, global_flags, job_run_argv, upload_argv
 from bcp_pipeline.backends.bcp.transport import CONFIG_HINT, Transport, as_dict, first_json, job_object, list_window
 from bcp_pipeline.errors import BackendCallError, CommandError
 from bcp_pipeline.procs import run_command
-from pathlib import Path
 
 
 NO_USER = "User not found in specified org/team."  # NVIDIA's printer, when `user who` has no user to show
@@ -42,7 +42,8 @@ class CliTransport(Transport):
         try:
             return str(first_json(output)["job"]["id"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise BackendCallError(f"`ngc base-command job run` printed no job id ({exc}); output: {output[:500]}")
+            raise BackendCallError(f"`ngc base-command job run` printed no job id ({exc}); output: "
+                                   f"{output[:500]}") from None
 
     def list_jobs(self, labels: list[str]) -> list[dict[str, Any]]:
         end, duration = list_window(self.options.list_duration)
@@ -62,7 +63,8 @@ class CliTransport(Transport):
         args = ["base-command", "job", "log", f"{job_id}:{replica}" if replica is not None else job_id]
         if tail:
             args += ["--tail", "--lines", str(tail)]
-        return self.run_ngc(args + global_flags(self.options.org, self.options.team, self.options.ace, json_output=False))
+        return self.run_ngc(args + global_flags(self.options.org, self.options.team, self.options.ace,
+                                                json_output=False))
 
     def kill(self, job_id: str) -> None:
         # `job kill` exits 0 even when the kill fails: its error is the JSON on stderr.

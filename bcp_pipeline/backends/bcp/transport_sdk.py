@@ -15,8 +15,8 @@ from bcp_pipeline.backends.bcp.render import JobSpec
 from bcp_pipeline.backends.bcp.transport import CONFIG_HINT, Transport, as_dict, list_window
 from bcp_pipeline.backends.bcp.transport_cli import http_status_in, unreachable_in
 from bcp_pipeline.config.durations import parse_duration
-from bcp_pipeline.errors import BackendCallError
 from bcp_pipeline.config.resources import BcpOptions
+from bcp_pipeline.errors import BackendCallError
 
 
 # -- ngcsdk ----------------------------------------------------------------------------------------------------

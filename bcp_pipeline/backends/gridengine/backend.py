@@ -16,19 +16,17 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Any
 
+from bcp_pipeline.backends.contract import JobRequest, JobState, JobStatus, Submission, map_native_state
+from bcp_pipeline.backends.gridengine.client import HINT, qacct, qstat_jobs
+from bcp_pipeline.backends.gridengine.render import job_rendezvous, job_script, shape
+from bcp_pipeline.backends.gridengine.states import STATE_MAP, Listed, accounting_status
+from bcp_pipeline.backends.shared.batch import BatchBackend, job_name
+from bcp_pipeline.backends.shared.logs import indent, last_lines, read_tail
 from bcp_pipeline.config.resources import GridEngineOptions
 from bcp_pipeline.errors import CommandError, SubmissionError
 from bcp_pipeline.procs import run_command
-from bcp_pipeline.backends.shared.batch import job_name
-from bcp_pipeline.backends.shared.logs import last_lines, read_tail, indent
-from bcp_pipeline.backends.contract import (JobRequest, JobState, JobStatus, Submission,
-    map_native_state)
-from bcp_pipeline.backends.gridengine.render import job_rendezvous, job_script, shape
-from bcp_pipeline.backends.gridengine.states import STATE_MAP, Listed, accounting_status
-from typing import Any
-from bcp_pipeline.backends.gridengine.client import HINT, qacct, qstat_jobs
-from bcp_pipeline.backends.shared.batch import BatchBackend
 
 
 class GridEngineBackend(BatchBackend):

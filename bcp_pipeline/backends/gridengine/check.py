@@ -20,14 +20,13 @@ import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from bcp_pipeline.backends.shared.batch import paths_for
+from bcp_pipeline.backends.checks import (CheckInput, CheckOutcome, ProbeJob, Row, different, ok, poll_until,
+    removed_at_exit, unchecked)
 from bcp_pipeline.backends.gridengine.client import HINT
+from bcp_pipeline.backends.shared.batch import paths_for
 from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.errors import CommandError
 from bcp_pipeline.procs import run_command
-from bcp_pipeline.backends.checks import ProbeJob, poll_until, removed_at_exit
-from bcp_pipeline.backends.checks import CheckInput, CheckOutcome
-from bcp_pipeline.backends.checks import Row, different, ok, unchecked
 
 PROBE_HOSTS = 2
 PROBE_WAIT_SECONDS = 180.0

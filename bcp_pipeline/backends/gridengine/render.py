@@ -30,16 +30,15 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, replace
 
+from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.gridengine import nemo as gridengine_nemo
+from bcp_pipeline.backends.shared.batch import Paths, job_name
+from bcp_pipeline.backends.shared.command import (apptainer_argv, placeholder_values, rendezvous, shell_exports,
+    shell_join, stage_command)
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.resources import GridEngineOptions, GridEngineResources
 from bcp_pipeline.errors import ConfigError, SubmissionError
-from bcp_pipeline.backends.shared.batch import Paths, job_name
-from bcp_pipeline.backends.shared.command import (apptainer_argv, placeholder_values, rendezvous, shell_exports,
-    shell_join)
-from bcp_pipeline.backends.shared.command import stage_command
-from bcp_pipeline.backends.gridengine import nemo as gridengine_nemo
-from bcp_pipeline.backends.contract import JobRequest
 
 CONTAINER_WORKSPACE = "/mount_workspace"  # where a container sees the workspace, as BCP mounts it
 # The job's rendezvous port from its id (and array task), so two jobs sharing a host do not collide.

@@ -15,17 +15,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bcp_pipeline.config.resources import KubernetesOptions
-from bcp_pipeline.errors import BackendCallError, SubmissionError
-from bcp_pipeline.backends.shared.logs import last_lines, progress_from_logs
-from bcp_pipeline.backends.contract import outage_seconds
-from bcp_pipeline.backends.shared.locks import user_writer_lock
-from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission
-from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, job_rendezvous, label_value,
-    manifests, printable, selector_labels, shape)
+from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission, outage_seconds
+from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
+from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, job_rendezvous, label_value, manifests, printable,
+    selector_labels, shape)
 from bcp_pipeline.backends.kubernetes.states import (completion_index, job_condition, pytorchjob_status,
     ready_node_names, status_of)
-from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
+from bcp_pipeline.backends.shared.locks import user_writer_lock
+from bcp_pipeline.backends.shared.logs import last_lines, progress_from_logs
+from bcp_pipeline.config.resources import KubernetesOptions
+from bcp_pipeline.errors import BackendCallError, SubmissionError
 
 
 class KubernetesBackend(Backend):

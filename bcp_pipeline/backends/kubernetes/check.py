@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, Row, different, ok, unchecked
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
+from bcp_pipeline.backends.kubernetes.probe import probe_rows
 from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError, ConfigError
-from bcp_pipeline.backends.checks import CheckInput, CheckOutcome
-from bcp_pipeline.backends.kubernetes.probe import probe_rows
-from bcp_pipeline.backends.checks import Row, different, ok, unchecked
 
 # (verb, group, resource, subresource): what `run`, `logs` and `cancel` do.
 RIGHTS = [("create", "batch", "jobs", ""), ("list", "batch", "jobs", ""), ("delete", "batch", "jobs", ""),

@@ -3,13 +3,12 @@ created (or dry-run), and the API's errors as BackendCallError."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.config.resources import KubernetesOptions
-from bcp_pipeline.errors import BackendCallError, ConfigError
-import os
-from bcp_pipeline.errors import SubmissionError
+from bcp_pipeline.errors import BackendCallError, ConfigError, SubmissionError
 
 HINT = ("the Kubernetes API answers at the kubeconfig's server (backends.kubernetes.kubeconfig/context, else "
         "$KUBECONFIG or ~/.kube/config): `kubectl get nodes` shows whether this machine reaches it")

@@ -18,14 +18,11 @@ import secrets
 import time
 from typing import Any
 
+from bcp_pipeline.backends.checks import CheckInput, Row, always_cleaned_up, different, ok, poll_until, unchecked
 from bcp_pipeline.backends.kubernetes.client import api_error, create_object
 from bcp_pipeline.backends.kubernetes.render import CONTAINER, LABEL_JOB, LABEL_KIND, MANAGED_BY
 from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError
-from bcp_pipeline.backends.checks import always_cleaned_up
-from bcp_pipeline.backends.checks import CheckInput
-from bcp_pipeline.backends.checks import Row, different, ok, unchecked
-from bcp_pipeline.backends.checks import poll_until
 
 PODS = 2
 START_SECONDS = 120.0  # for both pods to print their lines (scheduled, started)

@@ -22,11 +22,11 @@ from typing import Any
 
 import yaml
 
+from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, stage_command
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.resources import KubernetesOptions, KubernetesResources, RankLayout
 from bcp_pipeline.errors import SubmissionError
-from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, stage_command
-from bcp_pipeline.backends.contract import JobRequest
 
 MANAGED_BY = "bcp-pipeline"
 LABEL_RUN, LABEL_STAGE, LABEL_KIND, LABEL_JOB = ("bcp-pipeline/run", "bcp-pipeline/stage", "bcp-pipeline/kind",

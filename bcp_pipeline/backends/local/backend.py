@@ -15,19 +15,17 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 from bcp_pipeline.atomic import atomic_write_json
-from bcp_pipeline.errors import SubmissionError
-from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobState, JobStatus, Submission
-from bcp_pipeline.procs import is_alive, process_start_ticks, signal_group
-from bcp_pipeline.config.resources import LocalOptions
-from bcp_pipeline.backends.shared.logs import last_lines, progress_from_logs, read_tail, indent
-from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env
-from bcp_pipeline.backends.shared.logs import joined_logs
-from bcp_pipeline.backends.contract import outage_seconds
-from bcp_pipeline.backends.shared.command import shell_join, stage_command
+from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobState, JobStatus, Submission,
+    outage_seconds)
 from bcp_pipeline.backends.local.states import STATE_MAP
-from typing import Any
+from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
+from bcp_pipeline.backends.shared.logs import indent, joined_logs, last_lines, progress_from_logs, read_tail
+from bcp_pipeline.config.resources import LocalOptions
+from bcp_pipeline.errors import SubmissionError
+from bcp_pipeline.procs import is_alive, process_start_ticks, signal_group
 
 CANCEL_MARKER = "cancel-requested"
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 20000  # a job's MASTER_PORT: BASE + crc32(run/job id) % SPAN
@@ -96,7 +94,8 @@ class LocalBackend(Backend):
                                        stderr=subprocess.STDOUT, cwd=str(self.workspace_dir),
                                        env={**os.environ, "PYTHONPATH": _package_root()})
         self._launched.append(process)
-        atomic_write_json(job_dir / "launch.json", {"pid": process.pid, "start_ticks": process_start_ticks(process.pid)})
+        atomic_write_json(job_dir / "launch.json",
+                          {"pid": process.pid, "start_ticks": process_start_ticks(process.pid)})
         return job_id
 
     def _claim_job_dir(self, request: JobRequest) -> tuple[str, Path]:

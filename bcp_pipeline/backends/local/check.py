@@ -10,11 +10,11 @@ import socket
 import sys
 from pathlib import Path
 
+from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, Row, different, ok, unchecked
+from bcp_pipeline.backends.shared.python_probe import MIN_STAGE_PYTHON, PROBE, module_names
 from bcp_pipeline.config.resources import LocalResources
 from bcp_pipeline.errors import CommandError
 from bcp_pipeline.procs import run_command
-from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, Row, different, ok, unchecked
-from bcp_pipeline.backends.shared.python_probe import MIN_STAGE_PYTHON, PROBE, module_names
 
 MIN_ORCHESTRATOR_PYTHON = (3, 11)  # pyproject.toml requires-python
 

@@ -1,7 +1,8 @@
 """The script a NeMo pretrain job runs on BCP (pure: text in, text out; `plan` prints it beside the `ngc` command).
 
 Why a script of our own around NVIDIA's launcher (NVIDIA/NeMo-Framework-Launcher's
-nemo_launcher/core/launchers.py, class BCPLauncher, at the 23.11 tag; measured by running it there): run as the guide runs it,
+nemo_launcher/core/launchers.py, class BCPLauncher, at the 23.11 tag; measured by running it there): run as the
+guide runs it,
 `main.py cluster_type=bcp` writes `<results>/<run>/<run>_submission.sh` and runs it itself, with
 - its output captured and never printed: the training's lines reach only a `log-*.out` file in the workspace,
   never the job log (so `logs`, `status` and the report would see nothing), and

@@ -13,20 +13,19 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
-from bcp_pipeline.errors import CommandError, SubmissionError
-from bcp_pipeline.backends.contract import (JobRequest, JobState, JobStatus, Submission)
-from bcp_pipeline.procs import run_command
+from bcp_pipeline.backends.contract import JobRequest, JobState, JobStatus, Submission
+from bcp_pipeline.backends.shared.batch import BatchBackend, job_name
+from bcp_pipeline.backends.shared.logs import indent, last_lines, read_tail
+from bcp_pipeline.backends.slurm.client import HINT, squeue
+from bcp_pipeline.backends.slurm.render import (NEMO_SUFFIX, batch_script, job_rendezvous, nemo_job_name_prefix,
+    nemo_launcher_script, nemo_rendezvous, shape)
+from bcp_pipeline.backends.slurm.states import Row, failed_tasks, status_of
 from bcp_pipeline.config.nemo import nemo_run_name
 from bcp_pipeline.config.resources import SlurmOptions
-from bcp_pipeline.backends.shared.logs import last_lines, read_tail, indent
-from bcp_pipeline.backends.slurm.render import NEMO_SUFFIX, batch_script, nemo_job_name_prefix, nemo_launcher_script
-from bcp_pipeline.backends.shared.batch import job_name
-from bcp_pipeline.backends.slurm.render import job_rendezvous, nemo_rendezvous, shape
-from bcp_pipeline.backends.slurm.states import Row, failed_tasks, status_of
-from typing import Any
-from bcp_pipeline.backends.slurm.client import HINT, squeue
-from bcp_pipeline.backends.shared.batch import BatchBackend
+from bcp_pipeline.errors import CommandError, SubmissionError
+from bcp_pipeline.procs import run_command
 
 LAUNCHER_JOB_ID = re.compile(r"(?:Submitted batch job|submitted with Job ID) (\d+)")
 
@@ -48,8 +47,9 @@ class SlurmBackend(BatchBackend):
     def render(self, request: JobRequest) -> Submission:
         if request.kind == "stage" and request.stage.nemo and not request.resources("slurm").command:
             script = nemo_launcher_script(request, self.options, self.paths)
+            training_job = f"{nemo_job_name_prefix(request)}{nemo_run_name(request.stage, request.run_id)}"
             printable = ("# runs on this machine: NeMo's launcher (cluster_type=bcm) writes and sbatch-es the "
-                         f"training job {nemo_job_name_prefix(request)}{nemo_run_name(request.stage, request.run_id)}\n{script}")
+                         f"training job {training_job}\n{script}")
             return Submission(request=request, printable=printable, payload={"submit_with": "nemo-launcher"},
                               rendezvous=nemo_rendezvous(request, self.options))
         return Submission(request=request, printable=batch_script(request, self.options, self.paths), payload={

@@ -18,15 +18,15 @@ import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from bcp_pipeline.backends.slurm.client import HINT
+from bcp_pipeline.backends.checks import (CheckInput, CheckOutcome, ProbeJob, Row, different, ok, poll_until,
+    removed_at_exit, unchecked)
 from bcp_pipeline.backends.shared.batch import paths_for
+from bcp_pipeline.backends.shared.python_probe import MIN_STAGE_PYTHON, PROBE, module_names
+from bcp_pipeline.backends.slurm.client import HINT
 from bcp_pipeline.backends.slurm.render import shape
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.errors import BackendCallError, CommandError
 from bcp_pipeline.procs import run_command
-from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, ProbeJob, poll_until, removed_at_exit
-from bcp_pipeline.backends.shared.python_probe import MIN_STAGE_PYTHON, PROBE, module_names
-from bcp_pipeline.backends.checks import Row, different, ok, unchecked
 
 INSTALL_COMMAND = "scripts/slurm-cluster install"  # the project's own single-node Slurm (docs/backends/slurm.md)
 PROBE_TASKS = 2
@@ -159,7 +159,8 @@ def pyxis_row(ctx: CheckInput) -> Row | None:
         has = "--container-image" in run_command(["srun", "--help"], timeout=60, hint=HINT).stdout
     except CommandError as exc:
         return different("pyxis", assumes, f"srun --help failed: {str(exc)[:200]}", "is srun on PATH?")
-    showed = f"srun {'has' if has else 'has no'} --container-image; stages with a container: {', '.join(users) or 'none'}"
+    showed = (f"srun {'has' if has else 'has no'} --container-image; stages with a container: "
+              f"{', '.join(users) or 'none'}")
     if users and not has:
         return different("pyxis", assumes, showed, "those stages fail at srun: install Pyxis/enroot on the "
                          "cluster, or drop slurm.container_image and use the nodes' Python")
@@ -184,7 +185,8 @@ def probe_script(name: str, output: Path, workspace: Path, marker: str, python: 
             f'mkdir -p {shlex.quote(str(workspace))} && echo {marker} > {shlex.quote(str(workspace / marker))}; fi')
     return "\n".join(["#!/bin/bash", f"#SBATCH --job-name={name}", "#SBATCH --nodes=1",
                       f"#SBATCH --ntasks={PROBE_TASKS}", "#SBATCH --time=5",
-                      f"#SBATCH --output={shlex.quote(str(output))}", f"#SBATCH --chdir={shlex.quote(str(output.parent))}",
+                      f"#SBATCH --output={shlex.quote(str(output))}",
+                      f"#SBATCH --chdir={shlex.quote(str(output.parent))}",
                       f"srun bash -c {shlex.quote(task)}", ""])
 
 
@@ -275,7 +277,7 @@ def shared_row(output: Path, marker_path: Path, marker: str) -> Row:
 
 def node_python_row(text: str, python: str) -> Row:
     assumes = f"the compute node's {python} is Python >= {'.'.join(map(str, MIN_STAGE_PYTHON))} with the stage packages"
-    line = next((l for l in text.splitlines() if l.startswith("BCPP-PYTHON ")), "")
+    line = next((each for each in text.splitlines() if each.startswith("BCPP-PYTHON ")), "")
     try:
         answer = json.loads(line.split(" ", 1)[1])
         version, missing = tuple(answer["version"]), answer["missing"]

@@ -19,13 +19,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from bcp_pipeline.config.durations import parse_duration
-from bcp_pipeline.errors import SubmissionError
 from bcp_pipeline.backends.contract import JobRequest
-from bcp_pipeline.config.resources import RankLayout, SlurmOptions, SlurmResources
 from bcp_pipeline.backends.shared.batch import Paths, job_name
-from bcp_pipeline.backends.shared.command import apptainer_argv, placeholder_values, rendezvous, shell_exports
-from bcp_pipeline.backends.shared.command import shell_join, stage_command
+from bcp_pipeline.backends.shared.command import (apptainer_argv, placeholder_values, rendezvous, shell_exports,
+    shell_join, stage_command)
+from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.config.resources import RankLayout, SlurmOptions, SlurmResources
+from bcp_pipeline.errors import SubmissionError
 
 # Each task records its own exit status (TASK_EXITS/rank-R.exit) when its program ends: srun may exit 0 for a job
 # whose node was lost (NODE_FAIL), and the batch script then holds every rank to its own record.
