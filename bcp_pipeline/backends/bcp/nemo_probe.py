@@ -6,7 +6,8 @@ renders for it (render.py nemo_launcher_overrides: the node count written out, a
 form the job builds from the manifests, here two sample prefixes under the stage's data_dir). Hydra composes the
 config and prints it: an unknown key, a bad override or a missing config is refused as it would be at the start of
 the real job. The composed TP/PP, batch sizes, num_nodes, max_steps, per-run time limit and data list are then
-compared with what `plan` assumed (config/nemo.py's facts of the image's launcher release, or the stage's declared sizes).
+compared with what `plan` assumed (config/nemo.py's facts of the image's launcher release, or the stage's declared
+sizes).
 """
 
 from __future__ import annotations
