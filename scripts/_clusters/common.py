@@ -132,6 +132,12 @@ def signal_pid(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+def signal_group(pgid: int, sig: int) -> None:
+    """Signal a process group (a job's shepherd and all it started); it may be gone already."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
 def wait_gone(pids: dict[str, tuple[PidFile, int]], timeout: float) -> dict[str, int]:
     """Wait until each daemon (label -> its pid file and the pid it had) is no longer that live pid; return the
     labels and pids still alive after `timeout`."""

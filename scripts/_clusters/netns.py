@@ -28,7 +28,8 @@ from pathlib import Path
 from .common import ClusterError, run, say
 
 NET = ipaddress.ip_network("198.18.0.0/15")  # reserved for benchmarking (RFC 2544): never a real destination
-NODE_HOST_OFFSET = 10  # nodeK gets .(10+K) of the cluster's /24; the bridge (host side) gets .1
+# nodeK gets .(10+K) of the cluster's /24; the bridge (host side: slurmctld, qmaster, the apiserver) gets .1
+NODE_HOST_OFFSET = 10
 MAX_NODES = 254 - NODE_HOST_OFFSET  # .(10+K) must stay inside the cluster's /24, so inside 198.18.0.0/15
 
 # Run inside a node's namespaces: set the hostname (new UTS namespace) to the node's name, put the cluster's hosts

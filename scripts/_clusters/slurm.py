@@ -49,8 +49,24 @@ from . import common
 from .common import ClusterError, run, say
 from .netns import kill_namespace_processes, namespaces_of, net_down, net_exists, net_up
 from .slurm_conf import choose_port, prepare
-from .slurm_daemons import missing_binaries, node_state, spawn, stop, terminate_all, wait_ready
-from .slurm_layout import DEFAULT_PORT, NODE, PACKAGES, Layout, default_base, export_line, munge_rejects, slurm_env
+from .slurm_daemons import (
+    missing_binaries,
+    node_state,
+    spawn,
+    stop,
+    terminate_all,
+    wait_ready,
+)
+from .slurm_layout import (
+    DEFAULT_PORT,
+    NODE,
+    PACKAGES,
+    Layout,
+    default_base,
+    export_line,
+    munge_rejects,
+    slurm_env,
+)
 
 
 def cmd_install(args: argparse.Namespace) -> None:

@@ -4,7 +4,6 @@ several nodes), waiting for the nodes to be ready, and stopping them with the jo
 from __future__ import annotations
 
 import shutil
-import time
 
 from . import common
 from .common import ClusterError, run, say
