@@ -136,30 +136,35 @@ def install_training_operator() -> None:
     """The training operator's own PyTorchJob CRD, read from its module source (fetched through the Go module
     proxy), and the operator built from that source (CGO off, stripped); both cached by release, so only the first
     install fetches or builds."""
-    cache = operator_cache()
-    crd = cache / "crds" / PYTORCHJOB_CRD
+    crd = operator_cache() / "crds" / PYTORCHJOB_CRD
     if not crd.is_file():
-        result = subprocess.run(["go", "mod", "download", "-json", f"{OPERATOR_MODULE}@{TRAINING_OPERATOR}"],
-                                capture_output=True, text=True, check=False, cwd=tempfile.gettempdir())
-        if result.returncode != 0:
-            raise ClusterError(f"go mod download {OPERATOR_MODULE}@{TRAINING_OPERATOR} failed:\n"
-                               f"{result.stderr[-2000:]}")
-        source = Path(json.loads(result.stdout)["Dir"]) / "manifests" / "base" / "crds" / PYTORCHJOB_CRD
-        crd.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, crd)
-        say(f"the PyTorchJob CRD of the training operator {TRAINING_OPERATOR}: {crd}")
-    binary = cache / "bin" / "training-operator.v1"
+        fetch_crd(crd)
+    binary = operator_cache() / "bin" / "training-operator.v1"
     if not binary.is_file():
-        say(f"building the Kubeflow training operator {TRAINING_OPERATOR} from source into {binary.parent}")
-        started = time.monotonic()
-        env = {**go_build_env(), "CGO_ENABLED": "0", "GOBIN": str(binary.parent), "GOFLAGS": "-trimpath"}
-        result = subprocess.run(["nice", "-n", "10", "go", "install", "-ldflags=-s -w",
-                                 f"{OPERATOR_MODULE}/cmd/training-operator.v1@{TRAINING_OPERATOR}"],
-                                env=env, capture_output=True, text=True, check=False,
-                                cwd=tempfile.gettempdir())
-        if result.returncode != 0:
-            raise ClusterError(f"building the training operator failed:\n{result.stderr[-2000:]}")
-        say(f"built in {time.monotonic() - started:.0f} s")
+        build_operator(binary)
+
+
+def fetch_crd(crd: Path) -> None:
+    result = subprocess.run(["go", "mod", "download", "-json", f"{OPERATOR_MODULE}@{TRAINING_OPERATOR}"],
+                            capture_output=True, text=True, check=False, cwd=tempfile.gettempdir())
+    if result.returncode != 0:
+        raise ClusterError(f"go mod download {OPERATOR_MODULE}@{TRAINING_OPERATOR} failed:\n{result.stderr[-2000:]}")
+    source = Path(json.loads(result.stdout)["Dir"]) / "manifests" / "base" / "crds" / PYTORCHJOB_CRD
+    crd.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, crd)
+    say(f"the PyTorchJob CRD of the training operator {TRAINING_OPERATOR}: {crd}")
+
+
+def build_operator(binary: Path) -> None:
+    say(f"building the Kubeflow training operator {TRAINING_OPERATOR} from source into {binary.parent}")
+    started = time.monotonic()
+    env = {**go_build_env(), "CGO_ENABLED": "0", "GOBIN": str(binary.parent), "GOFLAGS": "-trimpath"}
+    result = subprocess.run(["nice", "-n", "10", "go", "install", "-ldflags=-s -w",
+                             f"{OPERATOR_MODULE}/cmd/training-operator.v1@{TRAINING_OPERATOR}"],
+                            env=env, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir())
+    if result.returncode != 0:
+        raise ClusterError(f"building the training operator failed:\n{result.stderr[-2000:]}")
+    say(f"built in {time.monotonic() - started:.0f} s")
 
 
 def build_all() -> None:

@@ -44,49 +44,69 @@ def daemon(lay: Layout, argv: tuple[str, ...], *markers: str, name: str | None =
 
 def daemons(lay: Layout, port: int, bin_dir: Path) -> list[Daemon]:
     """The four daemons in start order (stopped in reverse), each bound to 127.0.0.1 only (the apiserver: to the
-    bridge where there are nodes), then the node agents."""
-    pki, etcd_data = lay.pki, lay.base / "etcd"
-    etcd_url, peer_url = f"http://127.0.0.1:{port + 3}", f"http://127.0.0.1:{port + 4}"
-    etcd = ("etcd", f"--name=bcp-k8s-{port}", f"--data-dir={etcd_data}", f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}", f"--listen-peer-urls={peer_url}",
+    bridge where there are nodes), then the node agents. Ports: the apiserver's, +1 controller-manager,
+    +2 scheduler, +3 etcd's clients, +4 etcd's peers."""
+    controller_kubeconfig, scheduler_kubeconfig = (lay.base / f"{user}.kubeconfig"
+                                                   for user in ("controller-manager", "scheduler"))
+    return [daemon(lay, etcd_argv(lay, port), f"--data-dir={lay.base / 'etcd'}"),
+            daemon(lay, apiserver_argv(lay, port, bin_dir), f"--secure-port={port}",
+                   f"--tls-cert-file={lay.pki / 'apiserver.crt'}"),
+            daemon(lay, controller_manager_argv(lay, port, bin_dir), f"--secure-port={port + 1}",
+                   f"--kubeconfig={controller_kubeconfig}"),
+            daemon(lay, scheduler_argv(lay, port, bin_dir), f"--secure-port={port + 2}",
+                   f"--kubeconfig={scheduler_kubeconfig}"),
+            *(node_agent(lay, k) for k in range(1, lay.nodes + 1))]
+
+
+def etcd_url(port: int) -> str:
+    return f"http://127.0.0.1:{port + 3}"
+
+
+def etcd_argv(lay: Layout, port: int) -> tuple[str, ...]:
+    client_url, peer_url = etcd_url(port), f"http://127.0.0.1:{port + 4}"
+    return ("etcd", f"--name=bcp-k8s-{port}", f"--data-dir={lay.base / 'etcd'}", f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}", f"--listen-peer-urls={peer_url}",
             f"--initial-advertise-peer-urls={peer_url}", f"--initial-cluster=bcp-k8s-{port}={peer_url}",
             "--listen-metrics-urls=", "--quota-backend-bytes=1073741824")
-    apiserver = (str(bin_dir / "kube-apiserver"), f"--etcd-servers={etcd_url}",
-                 f"--bind-address={lay.api_address}", f"--secure-port={port}",
-                 f"--advertise-address={lay.api_address}",
-                 f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-                 f"--client-ca-file={pki / 'ca.crt'}", "--authorization-mode=Node,RBAC",
-                 f"--service-account-key-file={pki / 'sa.pub'}",
-                 f"--service-account-signing-key-file={pki / 'sa.key'}",
-                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                 f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-                 f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-                 f"--kubelet-certificate-authority={pki / 'ca.crt'}",
-                 "--kubelet-preferred-address-types=InternalIP",
-                 # No pod talks to the API through the `kubernetes` Service (and with no nodes its endpoint would
-                 # be 127.0.0.1, which Endpoints refuse): its endpoint is not kept.
-                 "--endpoint-reconciler-type=none", "--profiling=false")
-    controller_manager = (str(bin_dir / "kube-controller-manager"),
-                          f"--kubeconfig={lay.base / 'controller-manager.kubeconfig'}",
-                          f"--authentication-kubeconfig={lay.base / 'controller-manager.kubeconfig'}",
-                          f"--authorization-kubeconfig={lay.base / 'controller-manager.kubeconfig'}",
-                          "--bind-address=127.0.0.1", f"--secure-port={port + 1}", "--leader-elect=false",
-                          f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-                          "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
-                          # A lost node (its agent killed) is noticed in seconds, not the default 50 s, so the
-                          # node-loss tests end soon; the node agents renew their Leases every 2 s.
-                          "--node-monitor-period=2s", "--node-monitor-grace-period=12s", "--profiling=false")
-    scheduler = (str(bin_dir / "kube-scheduler"), f"--kubeconfig={lay.base / 'scheduler.kubeconfig'}",
-                 f"--authentication-kubeconfig={lay.base / 'scheduler.kubeconfig'}",
-                 f"--authorization-kubeconfig={lay.base / 'scheduler.kubeconfig'}",
-                 "--bind-address=127.0.0.1", f"--secure-port={port + 2}", "--leader-elect=false", "--profiling=false")
-    return [daemon(lay, etcd, f"--data-dir={etcd_data}"),
-            daemon(lay, apiserver, f"--secure-port={port}", f"--tls-cert-file={pki / 'apiserver.crt'}"),
-            daemon(lay, controller_manager, f"--secure-port={port + 1}",
-                   f"--kubeconfig={lay.base / 'controller-manager.kubeconfig'}"),
-            daemon(lay, scheduler, f"--secure-port={port + 2}", f"--kubeconfig={lay.base / 'scheduler.kubeconfig'}"),
-            *(node_agent(lay, k) for k in range(1, lay.nodes + 1))]
+
+
+def apiserver_argv(lay: Layout, port: int, bin_dir: Path) -> tuple[str, ...]:
+    pki = lay.pki
+    return (str(bin_dir / "kube-apiserver"), f"--etcd-servers={etcd_url(port)}",
+            f"--bind-address={lay.api_address}", f"--secure-port={port}",
+            f"--advertise-address={lay.api_address}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}", "--authorization-mode=Node,RBAC",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
+            # No pod talks to the API through the `kubernetes` Service (and with no nodes its endpoint would
+            # be 127.0.0.1, which Endpoints refuse): its endpoint is not kept.
+            "--endpoint-reconciler-type=none", "--profiling=false")
+
+
+def controller_manager_argv(lay: Layout, port: int, bin_dir: Path) -> tuple[str, ...]:
+    kubeconfig, pki = lay.base / "controller-manager.kubeconfig", lay.pki
+    return (str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={port + 1}", "--leader-elect=false",
+            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+            "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # A lost node (its agent killed) is noticed in seconds, not the default 50 s, so the
+            # node-loss tests end soon; the node agents renew their Leases every 2 s.
+            "--node-monitor-period=2s", "--node-monitor-grace-period=12s", "--profiling=false")
+
+
+def scheduler_argv(lay: Layout, port: int, bin_dir: Path) -> tuple[str, ...]:
+    kubeconfig = lay.base / "scheduler.kubeconfig"
+    return (str(bin_dir / "kube-scheduler"), f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={port + 2}", "--leader-elect=false", "--profiling=false")
 
 
 def agent_python() -> str:

@@ -30,12 +30,14 @@ file. The machine's /etc/hosts is untouched, and `stop` removes the bridge and n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import common
@@ -73,30 +75,39 @@ def cmd_install(args: argparse.Namespace) -> None:
                            "(qmaster, execd, client commands) with this system's package manager")
     if os.geteuid() != 0:
         raise ClusterError("installing packages needs root; run as root or via sudo")
-    # Without these answers the packages' postinst asks on a terminal; the cell they configure is never used.
+    preseed_debconf()
+    with no_service_starts():
+        say(f"installing {' '.join(PACKAGES)}")
+        common.apt_install(PACKAGES, timeout=900, env={"RUNLEVEL": "1"})
+    if still := missing_binaries():
+        raise ClusterError(f"installed {' '.join(PACKAGES)} but still missing: {' '.join(still)}")
+    say("installed Son of Grid Engine")
+
+
+def preseed_debconf() -> None:
+    """Without these answers the packages' postinst asks on a terminal; the cell they configure is never used."""
     preseed = "".join(f"gridengine-common shared/{key} {kind} {value}\n" for key, kind, value in (
         ("gridengineconfig", "boolean", "true"), ("gridenginecell", "string", "default"),
         ("gridenginemaster", "string", socket.gethostname())))
-    res = subprocess.run(["debconf-set-selections"], input=preseed, text=True, capture_output=True,
-                         check=False)
+    res = subprocess.run(["debconf-set-selections"], input=preseed, text=True, capture_output=True, check=False)
     if res.returncode != 0:
         raise ClusterError(f"debconf-set-selections failed: {res.stderr.strip()}")
-    # An init that starts services would start the packaged cell: hold them off with a policy-rc.d that says
-    # "not now" (exit 101), only where none exists, removed afterwards.
+
+
+@contextlib.contextmanager
+def no_service_starts() -> Iterator[None]:
+    """An init that starts services would start the packaged cell: hold them off with a policy-rc.d that says
+    "not now" (exit 101), only where none exists, removed afterwards."""
     placed = not POLICY_RC.exists()
     if placed:
         POLICY_RC.write_text("#!/bin/sh\n# written by bcp-pipeline's scripts/sge-cluster during apt-get install\n"
                              "exit 101\n")
         POLICY_RC.chmod(0o755)
     try:
-        say(f"installing {' '.join(PACKAGES)}")
-        common.apt_install(PACKAGES, timeout=900, env={"RUNLEVEL": "1"})
+        yield
     finally:
         if placed:
             POLICY_RC.unlink(missing_ok=True)
-    if still := missing_binaries():
-        raise ClusterError(f"installed {' '.join(PACKAGES)} but still missing: {' '.join(still)}")
-    say("installed Son of Grid Engine")
 
 
 def spawn_qmaster(lay: Layout) -> None:
