@@ -149,16 +149,18 @@ def wait_gone(pids: dict[str, tuple[PidFile, int]], timeout: float) -> dict[str,
         time.sleep(0.1)
 
 
-def terminate(daemons: dict[str, PidFile], grace: float, announce: bool = True) -> None:
+def terminate(daemons: dict[str, PidFile], grace: float, announce: bool = True, report_kill: bool = True) -> None:
     """Stop the live ones of `daemons` (label -> pid file) together: SIGTERM, SIGKILL to those still up after
-    `grace` seconds (a daemon may ignore SIGTERM, e.g. slurmd while it retries a dead controller)."""
+    `grace` seconds (a daemon may ignore SIGTERM, e.g. slurmd while it retries a dead controller). `announce`:
+    say which are stopped; `report_kill`: say which needed SIGKILL."""
     pids = {label: (pid_file, pid) for label, pid_file in daemons.items() if (pid := pid_file.live_pid())}
     for label, (_, pid) in pids.items():
         if announce:
             say(f"stopping {label} (pid {pid})")
         signal_pid(pid, signal.SIGTERM)
     for label, pid in wait_gone(pids, grace).items():
-        say(f"{label} (pid {pid}) ignored SIGTERM for {grace:.0f} s; sending SIGKILL")
+        if report_kill:
+            say(f"{label} (pid {pid}) ignored SIGTERM for {grace:.0f} s; sending SIGKILL")
         signal_pid(pid, signal.SIGKILL)
         if wait_gone({label: pids[label]}, KILL_WAIT_S):
             raise ClusterError(f"{label} (pid {pid}) survived SIGKILL")

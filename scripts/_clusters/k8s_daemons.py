@@ -205,7 +205,8 @@ def stop(lay: Layout) -> None:
     """Every daemon in reverse start order (SIGTERM, SIGKILL after STOP_GRACE_S), then whatever else this base
     folder's start left: processes naming it, and the nodes' namespaces with the pods' processes in them."""
     for d in reversed(daemons(lay, lay.saved_port(), cache_bin())):
-        common.terminate({d.name: d.pid_file}, STOP_GRACE_S, announce=False)
+        # Silent, as ever: a node agent in a pod watch takes its SIGTERM only when the watch ends (up to 60 s).
+        common.terminate({d.name: d.pid_file}, STOP_GRACE_S, announce=False, report_kill=False)
         d.pid_file.path.unlink(missing_ok=True)
     # A daemon whose pid file was lost (a start that failed half-way, a killed script) still names this base
     # folder in its arguments: every such process was started by this script for this cluster.
