@@ -15,9 +15,10 @@ environment, which is what the export line sets). Nothing is written to /etc and
 Cell settings chosen for tests (measured: the defaults take 2-16 s to finish a trivial job and 14-29 s to reach
 `qacct`; tuned, 1-1.5 s and at once): a one-second scheduler interval and flushes, accounting written at once,
 `min_uid 0` (root's jobs), no load thresholds, `shell_start_mode unix_behavior` (the `#!` line of a job script is
-honoured). Parallel environments: `smp` (all slots on one host), `mpi` (fill up), `make`, and `pe_node` (one slot per host, `allocation_rule 1`: a
-job of N slots gets N hosts, one launcher each). Queue `all.q` on every exec host with `--slots` slots each and a
-tmpdir per host. A host name that resolves to loopback is aliased (`host_aliases`) so qmaster accepts clients.
+honoured). Parallel environments: `smp` (all slots on one host), `mpi` (fill up), `make`, and `pe_node` (one slot
+per host, `allocation_rule 1`: a job of N slots gets N hosts, one launcher each). Queue `all.q` on every exec host
+with `--slots` slots each and a tmpdir per host. A host name that resolves to loopback is aliased (`host_aliases`)
+so qmaster accepts clients.
 
 `--nodes 2` adds a second exec host, `node2`, in its own network, UTS and mount namespaces, joined to the first by
 a bridge with addresses from 198.18.0.0/15 (the same bridge, namespace and veth scheme as scripts/slurm-cluster:
