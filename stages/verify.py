@@ -6,9 +6,10 @@
 Runs as a small job after each stage (on BCP a dgxa100.80g.1.norm job, locally a process). Hidden temporaries
 (`.NAME.tmp-PID`) never match a glob, so only outputs that were renamed into place are counted. Prints
 `##bcp-pipeline verify {"ok": ..., "checks": [{"glob", "expected", "found", "bytes"}]}` and exits 0 only when every
-count matches. `--progress DIR=TARGET` reports the highest `step=N` among the names in DIR (NeMo's
-`megatron_gpt--...-step=50000-...-last` checkpoints, the smoke pretrain's `step=000040-last.pt`) as "steps",
-and counts as ok when it reaches TARGET.
+count matches. `--progress DIR=TARGET` reports the step the checkpoints in DIR have reached as "steps", and counts
+as ok when it reaches TARGET: Megatron-Bridge's `latest_checkpointed_iteration.txt` (written by rank 0 once a save
+has completed, so an `iter_NNNNNNN` folder of a save cut short does not count), else the highest `step=N` among the
+names (NeMo's `megatron_gpt--...-step=50000-...-last` checkpoints, the smoke pretrain's `step=000040-last.pt`).
 """
 
 from __future__ import annotations
@@ -34,12 +35,19 @@ def parse_check(text: str) -> tuple[str, int]:
 
 
 STEP = re.compile(r"step=(\d+)")
+BRIDGE_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-Bridge's (Megatron-LM's) record of the last save
 
 
 def latest_step(folder: str) -> int:
-    """Highest `step=N` among the entries of `folder` (0 when there is none yet); temporaries are ignored."""
+    """The step the checkpoints in `folder` reached (0 when there is none yet): Bridge's tracker file, else the
+    highest `step=N` among the entries; temporaries are ignored."""
     if not os.path.isdir(folder):
         return 0
+    tracker = os.path.join(folder, BRIDGE_TRACKER)
+    if os.path.isfile(tracker):
+        with open(tracker, encoding="utf-8") as handle:
+            text = handle.read().strip()
+        return int(text) if text.isdigit() else 0  # "release": a converted checkpoint, no training step
     steps = [int(m.group(1)) for name in os.listdir(folder)
              if not name.startswith(".") and (m := STEP.search(name))]
     return max(steps, default=0)

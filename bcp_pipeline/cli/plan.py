@@ -97,7 +97,7 @@ def print_submissions(submissions: list) -> None:
 
 
 def counted_data_tokens(backend: Backend, pipeline: PipelineConfig) -> dict[str, int]:
-    """Per NeMo stage, the tokens its data holds, counted from the preprocess manifests where the backend's
+    """Per training stage, the tokens its data holds, counted from the preprocess manifests where the backend's
     workspace is a folder here and they exist (plan's epochs then come from them, not from the declared size)."""
     if backend.local_workspace is None:
         return {}
@@ -105,7 +105,8 @@ def counted_data_tokens(backend: Backend, pipeline: PipelineConfig) -> dict[str,
     values |= {name: substitute(value, values) for name, value in pipeline.vars.items()}
     counted = {}
     for name, stage in pipeline.stages.items():
-        if stage.nemo and (tokens := manifest_tokens(Path(substitute(stage.nemo.data_dir, values)))):
+        section = getattr(stage, stage.engine) if stage.engine else None
+        if section and (tokens := manifest_tokens(Path(substitute(section.data_dir, values)))):
             counted[name] = tokens
     return counted
 

@@ -77,6 +77,48 @@ class NemoTraining:
 
 
 @dataclass(kw_only=True)
+class MegatronBridgeTraining:
+    """Pretraining with NVIDIA's Megatron-Bridge, the training stack of the NeMo images from 25.11 on, through this
+    project's entry program stages/bridge_pretrain.py: a recipe, the overrides bcp-pipeline renders (the model's
+    shape, parallelism, batch sizes, data list, tokenizer, checkpoints, per-job time limit), then `pretrain()`.
+
+    Where the section is silent, the values are those of the NeMo launcher config named by `model` (bridge.py), so
+    `gpt3/7b_improved` on Bridge is the same model as on the launcher. The data list is built inside the job from
+    the preprocess manifests under `data_dir`. Loading checks only the section's shape; preflight.py checks it
+    against the nodes and runtime and derives the stage's continuation from it.
+    """
+
+    run_name: str  # the training is RUN_NAME-<run id>: its checkpoints are RESULTS/RUN_NAME-<run id>/checkpoints
+    data_dir: str  # preprocess outputs (.bin/.idx + manifests), as the job sees them
+    bpe_dir: str  # vocab.json + merges.txt (GPT-2 BPE)
+    results_dir: str  # each run's folder (checkpoints, the data index cache, the training log) goes here
+    recipe: str = "vanilla_gpt_pretrain_config"  # a recipe of megatron.bridge.recipes; a Llama recipe reads its
+    # architecture from the Hugging Face Hub: it needs hf_token_secret or a cached hf_home (bridge.py)
+    model: str = "gpt3/7b_improved"  # the launcher config whose model and sizes fill in what is not given
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    ffn_hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    seq_length: int | None = None
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    context_parallel: int | None = None
+    global_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    train_iters: int | None = None  # steps to train in all (the continuation's target)
+    gpus_per_node: int | None = None  # default: from the instance name (dgxh100.80g.8.norm -> 8)
+    time_margin: Duration = Duration("20m")  # each job trains for its runtime minus this (bridge.py says why)
+    save_interval: int = 1000  # a checkpoint every this many steps (and one when the job's time is up)
+    most_recent_k: int = 2  # checkpoints kept; Bridge's default keeps every one (about 90 GB each for 8B)
+    hf_token_secret: str | None = None  # a secret NAME:KEY holding a Hugging Face token, given as HF_TOKEN
+    hf_home: str | None = None  # a Hugging Face cache filled beforehand (in the workspace): used offline
+    continue_run: str | None = None  # take over this training (its folder under results_dir) and its checkpoints
+    max_attempts: int = 10  # continuation: resubmissions until train_iters
+    checkpoints: bool = True  # false: one job that saves no checkpoint, done when it exits 0 (`profile` sets it)
+    overrides: list[str] = field(default_factory=list)  # more KEY=VALUE overrides of the ConfigContainer, verbatim
+
+
+@dataclass(kw_only=True)
 class Workspace:
     """The workspace every stage mounts; `${workspace}` in args is its path as the job sees it."""
 
@@ -100,6 +142,7 @@ class StageConfig:
     other_outputs: Literal["redo", "refuse", "reuse"] = "redo"
     continuation: Continuation | None = None  # with `nemo:` and none given, preflight.py derives it
     nemo: NemoTraining | None = None
+    megatron_bridge: MegatronBridgeTraining | None = None  # the other training engine: one or the other
     bcp: BcpResources = field(default_factory=BcpResources)
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)
@@ -115,6 +158,11 @@ class StageConfig:
 
     def resources(self, backend: str) -> Any:
         return getattr(self, backend)
+
+    @property
+    def engine(self) -> str | None:
+        """The training engine the stage declares (its section's key: `nemo` or `megatron_bridge`), or None."""
+        return "nemo" if self.nemo else "megatron_bridge" if self.megatron_bridge else None
 
     def where(self, key: str) -> Where:
         """Where `key` of this stage came from, for errors raised after loading."""
@@ -198,6 +246,7 @@ class Config:
     stages_dir: Path
     options: dict[str, Any]
     pipelines: dict[str, PipelineConfig]
+    notices: list[str] = field(default_factory=list)  # what the checks after loading want said (preflight.py)
 
     def pipeline(self, name: str) -> PipelineConfig:
         if name not in self.pipelines:

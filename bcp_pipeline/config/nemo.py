@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from bcp_pipeline.config.durations import format_clock, parse_duration
 from bcp_pipeline.config.model import Continuation, PipelineConfig, StageConfig
 from bcp_pipeline.config.placeholders import substitute
-from bcp_pipeline.config.resources import rank_layout
+from bcp_pipeline.config.resources import RESOURCE_TYPES, rank_layout
 
 
 @dataclass(frozen=True)
@@ -284,9 +284,36 @@ def time_limits(stage: StageConfig, runtime: str | None) -> TimeLimits:
                       hard_limit=f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}")
 
 
-def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
-    """Checks that need no data: parallel sizes vs nodes, time limits, where the launcher is. Raises ValueError
-    with the fix."""
+# From 25.11 the NeMo Framework images hold no launcher model: NeMo 1.0's MegatronGPTModel left nemo_toolkit in
+# 2.5.1 (October 2025; 25.09 ships 2.5.0, the last with it) and the images train with Megatron-Bridge. The launcher's
+# last release is 24.12, so 25.02 through 25.09 are not known to work either way.
+NO_LAUNCHER_FROM: LauncherVersion = (25, 11)
+UNVERIFIED_FROM: LauncherVersion = (25, 2)
+
+
+def release_notices(stage: StageConfig) -> list[str]:
+    """Refuses (ValueError) an image of 25.11 or later, where `training=gpt3/*` cannot run; returns a notice for
+    each image of 25.02-25.09, which no launcher release was made for."""
+    images = {launcher_image(stage, backend) for backend in RESOURCE_TYPES}
+    notices = []
+    for image, key in sorted((i, k) for i, k in images if i):
+        version = launcher_version(image)
+        if version is not None and version >= NO_LAUNCHER_FROM:
+            raise ValueError(f"{key} {image} is a NeMo Framework {version[0]:02d}.{version[1]:02d} image, which "
+                             "trains with Megatron-Bridge: the NeMo launcher's training=gpt3/* cannot run there (its "
+                             "model left NeMo in nemo_toolkit 2.5.1); give the stage a megatron_bridge: section "
+                             "instead of nemo: (docs/pretraining.md), or an image of 24.12 or earlier")
+        if version is not None and version >= UNVERIFIED_FROM:
+            notices.append(f"stage {stage.name}: {key} {image}: the NeMo launcher's last release is 24.12, and "
+                           f"whether a {version[0]:02d}.{version[1]:02d} image still runs it is not verified; "
+                           "megatron_bridge: is NVIDIA's way from 25.11 on")
+    return notices
+
+
+def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> list[str]:
+    """Checks that need no data: the image's release, parallel sizes vs nodes, time limits, where the launcher
+    is. Raises ValueError with the fix; returns notices to show (an unverified image)."""
+    notices = release_notices(stage)
     bcp = stage.bcp
     model_config(stage)
     if bcp.instance:
@@ -300,6 +327,7 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
     if stage.gridengine.nodes or stage.gridengine.processes_per_node:  # torchrun: nodes x processes_per_node GPUs
         layout = rank_layout(stage, "gridengine")
         check_parallelism(stage, layout.nodes, layout.per_node, "gridengine")
+    return notices
 
 
 RUN_ID = "${run_id}"  # the bcp-pipeline run's id, as a placeholder the renderers resolve

@@ -1,18 +1,18 @@
-"""A config ready to run: pipelines.yaml loaded and validated (config.py), then the checks that need to know what
-a stage runs (today NeMo pretraining's, nemo.py), with errors at the same file:line:key as the loader's own.
+"""A config ready to run: pipelines.yaml loaded and validated (load.py), then the checks that need to know what a
+stage runs (its training engine's: nemo.py for the NeMo launcher, bridge.py for Megatron-Bridge), with errors at the
+same file:line:key as the loader's own.
 
-Kept apart from config.py so that the loader knows nothing of NeMo: nemo.py builds on the typed config, and this
-module, which imports both, is where the two meet. Every command that runs or renders jobs loads through
-`load_and_check`.
+Kept apart from the loader so that it knows nothing of the engines: they build on the typed config, and this module,
+which imports both, is where they meet. Every command that runs or renders jobs loads through `load_and_check`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from bcp_pipeline.config import bridge, nemo
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig
-from bcp_pipeline.config.nemo import derived_continuation, static_preflight
 from bcp_pipeline.config.validate import validate_continuation
 
 
@@ -24,37 +24,46 @@ def load_and_check(path: str | Path, overrides: list[str] | None = None, pipelin
 
 
 def preflight(config: Config) -> None:
-    """Check every NeMo stage of every pipeline and fill in its default continuation; ConfigError at file:line."""
-    taken_over: dict[tuple[str, str, str], str] = {}  # (workspace, results_dir, NeMo run) -> the pipeline taking it
+    """Check every training stage of every pipeline and fill in its default continuation; ConfigError at
+    file:line. What is worth saying but not refusing goes to `config.notices`."""
+    taken_over: dict[tuple[str, str, str], str] = {}  # (workspace, results_dir, training) -> the pipeline taking it
     for pipeline in config.pipelines.values():
         for stage in pipeline.stages.values():
-            if stage.nemo:
-                _check_nemo_stage(pipeline, stage)
+            if stage.nemo and stage.megatron_bridge:
+                raise stage.where("megatron_bridge").error(
+                    "a stage trains with one engine: give it nemo: (the NeMo launcher, images up to 24.12) or "
+                    "megatron_bridge: (Megatron-Bridge, the NeMo images from 25.11 on), not both")
+            if stage.engine:
+                config.notices += _check_training_stage(pipeline, stage)
                 _check_one_trainer(pipeline, stage, taken_over)
 
 
 def _check_one_trainer(pipeline: PipelineConfig, stage: StageConfig,
                        taken_over: dict[tuple[str, str, str], str]) -> None:
-    """Two pipelines of one file never train one NeMo run: each run trains its own (nemo.nemo_run_name), so only
-    `continue_run` can name the same one twice, and that would have two trainings continue each other."""
-    if not stage.nemo.continue_run:
+    """Two pipelines of one file never train one run: each run trains its own, so only `continue_run` can name the
+    same one twice, and that would have two trainings continue each other."""
+    section = getattr(stage, stage.engine)
+    if not section.continue_run:
         return
-    key = (pipeline.workspace.name, stage.nemo.results_dir.rstrip("/"), stage.nemo.continue_run)
+    key = (pipeline.workspace.name, section.results_dir.rstrip("/"), section.continue_run)
     other = taken_over.setdefault(key, pipeline.name)
     if other != pipeline.name:
-        raise stage.where("nemo").error(
-            f"pipeline {pipeline.name} continues NeMo run {stage.nemo.continue_run!r} in {key[1]} of workspace "
+        raise stage.where(stage.engine).error(
+            f"pipeline {pipeline.name} continues {'NeMo' if stage.engine == 'nemo' else 'Megatron-Bridge'} run "
+            f"{section.continue_run!r} in {key[1]} of workspace "
             f"{key[0]}, and so does pipeline {other}: two trainings would continue each other's checkpoints; "
             "give one of them another continue_run, or none (each run then trains its own)")
 
 
-def _check_nemo_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:
+def _check_training_stage(pipeline: PipelineConfig, stage: StageConfig) -> list[str]:
+    engine = nemo if stage.engine == "nemo" else bridge
     try:
-        static_preflight(pipeline, stage)
+        notices = engine.static_preflight(pipeline, stage) or []
     except ValueError as exc:
-        raise stage.where("nemo").error(str(exc)) from None
-    if stage.continuation is None and stage.nemo.checkpoints:
-        # Training continues by default: from the run's checkpoints up to the model's max_steps. A continuation
-        # the file gives was validated by the loader; this one is new, so it is validated here.
-        stage.continuation = derived_continuation(stage)
+        raise stage.where(stage.engine).error(str(exc)) from None
+    if stage.continuation is None and getattr(stage, stage.engine).checkpoints:
+        # Training continues by default: from the run's checkpoints up to its last step. A continuation the file
+        # gives was validated by the loader; this one is new, so it is validated here.
+        stage.continuation = engine.derived_continuation(stage)
         validate_continuation(pipeline, stage.continuation, stage.where("continuation"))
+    return notices

@@ -65,6 +65,7 @@ class BcpResources:
 
     counts: ClassVar[tuple[str, ...]] = ()  # replicas and processes: checked with BCP's own rules (validate.py)
     image_field: ClassVar[str | None] = "image"  # the field naming the stage's container image (output digest)
+    gpus_field: ClassVar[str | None] = None  # the field giving a training's GPUs (ranks) a node: the instance's here
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
         return RankLayout(nodes=self.replicas, per_node=self.processes)
@@ -81,6 +82,7 @@ class LocalResources:
 
     counts: ClassVar[tuple[str, ...]] = ("replicas", "processes")  # each >= 1 where set (validate.py)
     image_field: ClassVar[str | None] = None  # local processes run in no container
+    gpus_field: ClassVar[str | None] = None
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
         return RankLayout(nodes=self.replicas, per_node=self.processes)
@@ -112,6 +114,7 @@ class SlurmResources:
 
     counts: ClassVar[tuple[str, ...]] = ("nodes", "ntasks_per_node", "cpus_per_task")
     image_field: ClassVar[str | None] = "container_image"
+    gpus_field: ClassVar[str | None] = "gpus_per_node"
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
         return RankLayout(nodes=bcp.replicas if self.nodes is None else self.nodes,
@@ -144,6 +147,7 @@ class GridEngineResources:
 
     counts: ClassVar[tuple[str, ...]] = ()
     image_field: ClassVar[str | None] = "container_image"
+    gpus_field: ClassVar[str | None] = "processes_per_node"  # torchrun's --nproc-per-node
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
         return RankLayout(nodes=bcp.replicas if self.nodes is None else self.nodes,
@@ -184,6 +188,7 @@ class KubernetesResources:
 
     counts: ClassVar[tuple[str, ...]] = ()
     image_field: ClassVar[str | None] = "image"
+    gpus_field: ClassVar[str | None] = "gpus"
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
         return RankLayout(nodes=bcp.replicas if self.replicas is None else self.replicas,

@@ -52,9 +52,10 @@ def _validate_placeholders(pipeline: PipelineConfig, stage: StageConfig, body: d
     if stage.continuation:
         continuation = stage.continuation
         texts += [("continuation", continuation.checkpoints), ("continuation", str(continuation.target_steps))]
-    if stage.nemo:
-        texts += [("nemo", text) for text in (stage.nemo.data_dir, stage.nemo.bpe_dir, stage.nemo.results_dir,
-                                               *stage.nemo.overrides)]
+    if stage.engine:
+        section = getattr(stage, stage.engine)
+        texts += [(stage.engine, text) for text in (section.data_dir, section.bpe_dir, section.results_dir,
+                                                    *section.overrides)]
     for backend in RESOURCE_TYPES:
         resources = stage.resources(backend)
         texts += [(backend, a) for a in (resources.command or [])] + [(backend, v) for v in resources.env.values()]

@@ -24,7 +24,8 @@ from typing import Any
 from collections.abc import Mapping
 
 from bcp_pipeline.backends.bcp.backend import BcpBackend
-from bcp_pipeline.backends.bcp.render import UPLOAD_EXCLUDES, label
+from bcp_pipeline.backends.bcp.paths import UPLOAD_EXCLUDES
+from bcp_pipeline.backends.bcp.render import label
 from bcp_pipeline.backends.bcp.states import status_of
 from bcp_pipeline.backends.bcp.transport import Transport
 from bcp_pipeline.backends.contract import JobState, JobStatus

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from bcp_pipeline.backends.contract import JobProgress, JobState, JobStatus
 from bcp_pipeline.config.durations import format_duration
 from bcp_pipeline.config.model import StageConfig
-from bcp_pipeline.config.nemo import tokens_per_step
+from bcp_pipeline.config.training import training_plan
 from bcp_pipeline.config.placeholders import resolve_int
 from bcp_pipeline.engine.context import RunContext
 from bcp_pipeline.engine.outcomes import Outcomes
@@ -163,13 +163,14 @@ def _spelled(seconds: float) -> str:
 
 
 def is_training(stage: StageConfig | None) -> bool:
-    """A stage whose job logs training steps (NeMo, or any stage that continues toward a step count)."""
-    return stage is not None and (stage.nemo is not None or stage.continuation is not None)
+    """A stage whose job logs training steps (a training engine's, or any stage that continues toward a step
+    count)."""
+    return stage is not None and (stage.engine is not None or stage.continuation is not None)
 
 
 def progress_record(stage: StageConfig | None, progress: JobProgress, variables: dict[str, str]) -> dict:
     """What the run state keeps of a job's progress (`status` and the live view show it). A training's total, where
-    its log does not say, is its continuation's target; tokens per step come from a NeMo stage's model."""
+    its log does not say, is its continuation's target; tokens per step come from a training stage's model."""
     record: dict = {"done": progress.done, "total": progress.total, "unit": progress.unit}
     if progress.loss is not None:
         record["loss"] = progress.loss
@@ -177,7 +178,8 @@ def progress_record(stage: StageConfig | None, progress: JobProgress, variables:
         record["step_seconds"] = progress.step_seconds
     if stage is not None and stage.continuation is not None and not progress.total:
         record["total"] = resolve_int(str(stage.continuation.target_steps), variables)
-    if stage is not None and stage.nemo is not None:
+    if stage is not None and stage.engine is not None:
         with contextlib.suppress(ValueError):
-            record["tokens_per_step"] = tokens_per_step(stage)
+            if (tokens := training_plan(stage).tokens_per_step) is not None:
+                record["tokens_per_step"] = tokens
     return record

@@ -166,8 +166,8 @@ def job_request(pipeline: PipelineConfig, stage: StageConfig, kind: str, run_id:
     if kind == "verify":
         return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="verify", program="verify.py",
                           args=tuple(verification_args(pipeline, stage)), attempt=attempt)
-    # Training (nemo:, or continued from checkpoints) follows its own rules for what it finds (config/nemo.py).
-    data_stage = stage.nemo is None and stage.continuation is None
+    # Training (an engine's, or continued from checkpoints) follows its own rules for what it finds.
+    data_stage = stage.engine is None and stage.continuation is None
     return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
                       args=tuple(stage.args), attempt=attempt,
                       output_digest=output_digest(pipeline, stage.name) if data_stage else None,

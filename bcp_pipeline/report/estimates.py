@@ -19,7 +19,7 @@ from pathlib import Path
 from bcp_pipeline.config.durations import format_elapsed, parse_duration
 from bcp_pipeline.config.instances import InstanceType
 from bcp_pipeline.config.model import PipelineConfig, StageConfig, expected_count
-from bcp_pipeline.config.nemo import KNOWN_SHAPES, model_config
+from bcp_pipeline.config.training import training_plan
 from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.engine.state import StageState
 from bcp_pipeline.report.measured import Measurement
@@ -135,7 +135,7 @@ def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict
         est.items_in = expected_count(pipeline, upstream[0].name, upstream[0].verify[0])
     size = {key: pipeline.estimates.number(key, pipeline.vars)
             for key in ("compressed_bytes", "text_bytes", "documents", "tokens")}
-    if stage.nemo:
+    if stage.engine:
         _estimate_training(pipeline, stage, instance, est, size, counted_tokens)
         if measured is not None and measured.stage == stage.name:
             _use_measurement(est, stage, measured)
@@ -213,22 +213,23 @@ def token_file_bytes(tokens: float | None, documents: float | None) -> float | N
 
 def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: InstanceType | None,
                        est: StageEstimate, size: dict[str, float | None], counted_tokens: int | None) -> None:
-    model = model_config(stage)
-    shape = KNOWN_SHAPES.get(stage.nemo.model)
+    model = training_plan(stage)
+    shape = model.shape
     est.unit_out = "steps"
-    est.items_out = model.max_steps
+    est.items_out = model.steps
     est.bytes_in = token_file_bytes(size["tokens"], size["documents"])
-    if stage.nemo.gpus_per_node:
-        est.gpus_per_node = stage.nemo.gpus_per_node
+    if model.gpus_per_node:
+        est.gpus_per_node = model.gpus_per_node
     if shape is None:
-        est.notes.append(f"no model shape for {stage.nemo.model!r}: no FLOPs, no training time")
+        est.notes.append(f"no model shape for {model.model!r}: no FLOPs, no training time")
         return
-    tokens = model.max_steps * model.global_batch_size * shape.seq_length
+    tokens = model.steps * model.global_batch_size * shape.seq_length
     per_token = flops_per_token(shape, model.tensor_parallel)
     mfu = pipeline.estimates.mfu
     est.training = {"tokens": tokens, "flops_per_token": per_token, "flops": tokens * per_token, "mfu": mfu,
-                    "steps": model.max_steps, "global_batch_size": model.global_batch_size,
-                    "seq_length": shape.seq_length}
+                    "steps": model.steps, "global_batch_size": model.global_batch_size,
+                    "seq_length": shape.seq_length, "steps_key": model.steps_key,
+                    "attempts_key": f"{model.engine}.max_attempts"}
     # Epochs: the tokens trained against the tokens the data holds (counted from the manifests once they exist).
     data_tokens, source = (counted_tokens, "counted in the preprocess manifests") if counted_tokens else \
         (size["tokens"], "declared: estimates.tokens")
@@ -246,8 +247,8 @@ def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: I
     est.training.update(peak=peak.source, step_seconds=step_seconds_at(
         mfu, model.global_batch_size * shape.seq_length, per_token, peak))
     if stage.bcp.total_runtime:
-        per_attempt = parse_duration(stage.bcp.total_runtime) - parse_duration(stage.nemo.time_margin)
-        max_attempts = stage.continuation.max_attempts if stage.continuation else stage.nemo.max_attempts
+        per_attempt = parse_duration(stage.bcp.total_runtime) - parse_duration(model.time_margin)
+        max_attempts = stage.continuation.max_attempts if stage.continuation else model.max_attempts
         est.training.update(attempt_seconds=per_attempt, attempts=math.ceil(est.seconds / per_attempt),
                             max_attempts=max_attempts, total_runtime=stage.bcp.total_runtime)
 
@@ -288,7 +289,7 @@ def _epoch_warnings(stage: StageConfig, training: dict) -> list[str]:
     return [f"{stage.name}: {training['steps']:,} steps train {short_number(training['tokens'])} tokens, "
             f"{training['epochs']:.1f} epochs of the data's {short_number(training['data_tokens'])} "
             f"({training['data_source']}): the model sees every token {training['epochs']:.0f} times. One epoch is "
-            f"{training['steps_per_epoch']:,} steps (--set {stage.name}.nemo.max_steps="
+            f"{training['steps_per_epoch']:,} steps (--set {stage.name}.{training['steps_key']}="
             f"{training['steps_per_epoch']}), or give it more data."]
 
 
@@ -297,8 +298,9 @@ def _runtime_warnings(stage: StageConfig, est: StageEstimate, training: dict) ->
         if training["attempts"] > training["max_attempts"]:
             return [f"{stage.name}: training needs {training['attempts']} attempts of {training['total_runtime']} "
                     f"but max_attempts is {training['max_attempts']}: the stage stops short of "
-                    f"{training['steps']:,} steps. Set {stage.name}.nemo.max_attempts to {training['attempts']} or "
-                    f"more (--set {stage.name}.nemo.max_attempts={training['attempts']}), or give it more nodes."]
+                    f"{training['steps']:,} steps. Set {stage.name}.{training['attempts_key']} to "
+                    f"{training['attempts']} or more (--set {stage.name}.{training['attempts_key']}="
+                    f"{training['attempts']}), or give it more nodes."]
         return []
     runtime = stage.bcp.total_runtime
     if est.seconds is not None and runtime and not stage.continuation and est.seconds > parse_duration(runtime):

@@ -16,7 +16,7 @@ from bcp_pipeline.atomic import atomic_write_text
 from bcp_pipeline.backends.contract import Backend
 from bcp_pipeline.config.instances import InstanceType
 from bcp_pipeline.config.model import PipelineConfig, StageConfig
-from bcp_pipeline.config.nemo import KNOWN_SHAPES, model_config
+from bcp_pipeline.config.training import training_plan
 from bcp_pipeline.config.profiling import SMOKE_PROGRAM
 from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.engine.state import RunState, RunStore
@@ -75,18 +75,18 @@ def latest_throughput(state: RunState, pipeline: PipelineConfig, backend: Backen
 
 
 def stage_facts(stage: StageConfig, backend: str, instances: dict[str, InstanceType]) -> StageFacts:
-    """A NeMo stage's FLOPs per token, tokens per step and GPU peak from its config; the smoke pretrain's facts
+    """A training stage's FLOPs per token, tokens per step and GPU peak from its config; the smoke pretrain's facts
     come from its log (facts None)."""
-    if stage.nemo is None:
+    if stage.engine is None:
         return StageFacts(None, None, "")
-    shape = KNOWN_SHAPES.get(stage.nemo.model)
+    model = training_plan(stage, "slurm" if backend == "slurm" else "bcp")
+    shape = model.shape
     if shape is None:
-        return StageFacts(None, None, f"no tokens/s or MFU: no model shape for {stage.nemo.model!r}")
-    model = model_config(stage, "slurm" if backend == "slurm" else "bcp")
+        return StageFacts(None, None, f"no tokens/s or MFU: no model shape for {model.model!r}")
     instance_name = stage.bcp.instance
     layout = rank_layout(stage, "bcp")
     instance = instances.get(instance_name or "")
-    gpus = layout.nodes * (stage.nemo.gpus_per_node or (instance.gpus if instance else 0))
+    gpus = layout.nodes * (model.gpus_per_node or (instance.gpus if instance else 0))
     facts = TrainingFacts(flops_per_token(shape, model.tensor_parallel), model.global_batch_size * shape.seq_length,
                           "gpu", gpus)
     if instance is None:
@@ -99,7 +99,7 @@ def stage_facts(stage: StageConfig, backend: str, instances: dict[str, InstanceT
 def is_training_stage(name: str, stage: StageConfig | None, state: RunState) -> bool:
     """A stage whose log holds loss lines: NeMo training, the smoke pretrain (its profile run has no continuation),
     a continued stage, or one that verified steps."""
-    if stage is not None and (stage.nemo is not None or stage.continuation is not None
+    if stage is not None and (stage.engine is not None or stage.continuation is not None
                               or stage.program == SMOKE_PROGRAM):
         return True
     return "steps" in (state.stages[name].verification or {})

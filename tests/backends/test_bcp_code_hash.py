@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bcp_pipeline.backends.bcp.render import code_hash, uploaded_files
+from bcp_pipeline.backends.bcp.paths import code_hash, uploaded_files
 
 
 def make_stages(root: Path) -> Path:

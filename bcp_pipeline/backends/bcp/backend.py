@@ -20,9 +20,10 @@ from bcp_pipeline.atomic import atomic_write_json, atomic_write_text
 from bcp_pipeline.backends.bcp.account import account_of, profile_key_of
 from bcp_pipeline.backends.bcp.connect import make_transport, read_ngc_config
 from bcp_pipeline.backends.bcp.driver import driver_job_shape
+from bcp_pipeline.backends.bcp.paths import UPLOAD_EXCLUDES, code_destination
 from bcp_pipeline.backends.bcp.refusals import profile_refusals
-from bcp_pipeline.backends.bcp.render import (NO_REDIRECT, UPLOAD_EXCLUDES, JobSpec, code_destination, job_files,
-    job_rendezvous, job_run_argv, job_spec, label, upload_argv)
+from bcp_pipeline.backends.bcp.render import (NO_REDIRECT, JobSpec, job_files, job_rendezvous, job_run_argv, job_spec,
+    label, upload_argv)
 from bcp_pipeline.backends.bcp.states import labels_of, status_of
 from bcp_pipeline.backends.bcp.transport import Transport, retry_policy
 from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobStatus, PreparedAction, Submission,

@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from bcp_pipeline.backends.bcp.render import job_values, nemo_launcher_overrides, nemo_overrides_digest
+from bcp_pipeline.backends.bcp.nemo_job import nemo_launcher_overrides, nemo_overrides_digest
+from bcp_pipeline.backends.bcp.paths import job_values
 from bcp_pipeline.backends.checks import CheckInput, Row, different, lines_of, ok, unchecked
 from bcp_pipeline.config.nemo import launcher_dir, model_config, time_limits
 from bcp_pipeline.config.placeholders import substitute

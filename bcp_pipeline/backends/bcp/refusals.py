@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bcp_pipeline.backends.bcp.nemo_job import nemo_launcher_overrides, nemo_overrides_digest
 from bcp_pipeline.backends.bcp.policy import planned_jobs, rendered_jobs, violations
-from bcp_pipeline.backends.bcp.render import JobSpec, nemo_launcher_overrides, nemo_overrides_digest
+from bcp_pipeline.backends.bcp.render import JobSpec
 from bcp_pipeline.backends.contract import Submission
 from bcp_pipeline.config.resources import BcpOptions
 

@@ -12,24 +12,24 @@ its share, or the launcher's starts all); what must run once (the NeMo launcher)
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from bcp_pipeline.backends.bcp import bridge_job
+from bcp_pipeline.backends.bcp.bridge_job import NO_REDIRECT
+from bcp_pipeline.backends.bcp.nemo_job import training_job
+from bcp_pipeline.backends.bcp.paths import UPLOAD_EXCLUDES, job_values
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.shared import nemo_script as training_script
-from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
-from bcp_pipeline.backends.shared.nemo_script import TrainingJob
+from bcp_pipeline.backends.shared.command import rendezvous, resolved_env, shell_join, stage_command
+from bcp_pipeline.config.bridge import training_layout
 from bcp_pipeline.config.durations import format_duration, parse_duration
 from bcp_pipeline.config.model import PipelineConfig, StageConfig
-from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.resources import BcpOptions, BcpResources, RankLayout
 from bcp_pipeline.errors import ConfigError, SubmissionError
 
 LABEL_PREFIX = "bcpp"
-UPLOAD_EXCLUDES = ("*__pycache__*",)  # what of stages/ is never uploaded (nor hashed: code_hash)
 # A one-replica job's own ranks meet on loopback at a port from the job id (29500 is torchrun's default), so
 # concurrent jobs sharing a machine (the emulator's, a shared node) do not collide.
 LOCAL_MASTER_PORT_EXPR = "29500 + ${NGC_JOB_ID:-0} % 1000"
@@ -44,100 +44,34 @@ def job_labels(request: JobRequest) -> list[str]:
     return [label("run", request.run_id), label("stage", request.stage.name), label("kind", request.kind)]
 
 
-def code_hash(stages_dir: Path) -> str:
-    """Content hash of what is uploaded of stages/: the upload's destination, so each version is uploaded once.
-    Every file the upload takes counts (in every folder, by its path), so a change to any of them, a private
-    helper in a subfolder included, makes a new destination."""
-    digest = hashlib.sha256()
-    for path in uploaded_files(stages_dir):
-        digest.update(path.relative_to(stages_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+def trains(request: JobRequest) -> str | None:
+    """The training engine this job runs (`nemo` or `megatron_bridge`): a stage job with one and no command."""
+    if request.kind == "stage" and not request.resources("bcp").command:
+        return request.stage.engine
+    return None
 
 
-def uploaded_files(stages_dir: Path) -> list[Path]:
-    """The files of stages/ the upload takes: every one, in every folder, but those UPLOAD_EXCLUDES matches."""
-    return sorted(path for path in stages_dir.rglob("*") if path.is_file() and not any(
-        fnmatch.fnmatch(path.relative_to(stages_dir).as_posix(), pattern) for pattern in UPLOAD_EXCLUDES))
-
-
-def code_destination(options: BcpOptions, stages_dir: Path) -> str:
-    """Folder inside the workspace that holds this version of stages/."""
-    return f"{options.code_dir.strip('/')}/{code_hash(stages_dir)}"
-
-
-def job_values(request: JobRequest, options: BcpOptions, stages_dir: Path) -> dict[str, str]:
-    mount = request.pipeline.workspace.mount.rstrip("/")
-    resources: BcpResources = request.resources("bcp")
-    return placeholder_values(request, workspace=mount, results=resources.result,
-                              code=f"{mount}/{code_destination(options, stages_dir)}", python=options.python)
-
-
-def nemo_launcher_overrides(request: JobRequest, options: BcpOptions, stages_dir: Path) -> list[str]:
-    """The NeMo launcher's Hydra overrides exactly as the stage's job passes them, with its node count written out
-    (the job passes `${NGC_ARRAY_SIZE}`), the run's id as RUN (its NeMo run name holds it; no composition depends
-    on it) and without the data list (the job builds that from the manifests). What `check`'s NeMo probe composes,
-    and what a profile's finding about it is matched against, whichever run it is rendered for."""
-    from bcp_pipeline.config.nemo import launcher_overrides
-
-    resources: BcpResources = request.resources("bcp")
-    values = {**job_values(request, options, stages_dir), "run_id": "RUN"}
-    try:
-        return launcher_overrides(request.stage, cluster_type="bcp", nodes=str(request.rank_layout("bcp").nodes),
-                                  runtime=resources.total_runtime, values=values)
-    except ValueError as exc:
-        raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
-
-
-def training_job(request: JobRequest, options: BcpOptions, stages_dir: Path) -> TrainingJob:
-    """The NeMo pretrain job's script inputs, every path written from the script's WORKSPACE / RESULTS arguments."""
-    from bcp_pipeline.config.nemo import DATA_LIST_FILE, launcher_dir, launcher_overrides, nemo_run_name
-
-    stage, resources = request.stage, request.resources("bcp")
-    values = placeholder_values(request, workspace=training_script.WORKSPACE, results=training_script.RESULTS,
-                                code=f"{training_script.WORKSPACE}/{code_destination(options, stages_dir)}",
-                                python=options.python)
-    try:
-        overrides = launcher_overrides(stage, cluster_type="bcp", nodes=training_script.NODES,
-                                       runtime=resources.total_runtime, values=values)
-        launcher = launcher_dir(stage, "bcp")
-    except ValueError as exc:
-        raise SubmissionError(f"stage {stage.name}: {exc}") from None
-    data_list_file = f"{training_script.RESULTS}/{DATA_LIST_FILE}"
-    run_name = nemo_run_name(stage, request.run_id)
-    return TrainingJob(
-        title=f"stage {stage.name} of pipeline {request.pipeline.name}, run {request.run_id}",
-        launcher_dir=launcher, overrides=overrides, data_list_file=data_list_file,
-        data_list_argv=["python3", f"{values['code']}/data_list.py", "--data-dir", substitute(stage.nemo.data_dir,
-                        values), "--format", "hydra", "--key", "training.model.data.data_prefix", "--out",
-                        data_list_file],
-        results_dir=substitute(stage.nemo.results_dir, values).rstrip("/"), run_name=run_name,
-        log_file=f"{training_script.RESULTS}/{run_name}.log", replicas=request.rank_layout("bcp").nodes)
-
-
-def job_files(request: JobRequest, options: BcpOptions, stages_dir: Path) -> dict[str, str]:
-    """Files the job needs in the workspace besides stages/ (path under the workspace -> text): a NeMo pretrain's
+def job_files(request: JobRequest, options: BcpOptions, stages_dir: Path, *,
+              no_redirect: str = NO_REDIRECT) -> dict[str, str]:
+    """Files the job needs in the workspace besides stages/ (path under the workspace -> text): a training's
     script, under a name made from its content; {} for any other job."""
-    if not (request.kind == "stage" and request.stage.nemo and not request.resources("bcp").command):
+    engine = trains(request)
+    if engine == "nemo":
+        text = training_script.render(training_job(request, options, stages_dir))
+    elif engine == "megatron_bridge":
+        text = bridge_job.render(bridge_job.bridge_job(request, options, stages_dir, no_redirect))
+    else:
         return {}
-    text = training_script.render(training_job(request, options, stages_dir))
     folder = f"{options.jobs_dir.strip('/')}/{request.run_id}"
     return {f"{folder}/{training_script.file_name(request.stage.name, text)}": text}
-
-
-def nemo_overrides_digest(image: str, overrides: list[str]) -> str:
-    """Names one launcher composition: the image and the overrides given to it."""
-    return hashlib.sha256("\n".join([image, *overrides]).encode()).hexdigest()[:16]
-
-
-NO_REDIRECT = "-no_redirect"  # NVIDIA's launcher's spelling; a `check` profile may show this ACE's bcprun wants another
 
 
 def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path, *, no_redirect: str = NO_REDIRECT) -> str:
     """The job's shell command: the bootstrap, then the program, under bcprun when it has several ranks."""
     values = job_values(request, options, stages_dir)
     resources: BcpResources = request.resources("bcp")
-    files = job_files(request, options, stages_dir)
-    if files:  # a NeMo pretrain: its script, given the workspace's and the result folder's mount points
+    files = job_files(request, options, stages_dir, no_redirect=no_redirect)
+    if files:  # a training: its script, given the workspace's and the result folder's mount points
         mount = request.pipeline.workspace.mount.rstrip("/")
         return shell_join(["bash", f"{mount}/{next(iter(files))}", mount, resources.result])
     program = stage_command(request, "bcp", values)
@@ -171,7 +105,8 @@ def job_rendezvous(request: JobRequest) -> dict | None:
     """Where the job's ranks meet, as `plan` shows it (None for one rank); it follows commandline()'s choice."""
     res: BcpResources = request.resources("bcp")
     layout = request.rank_layout("bcp")
-    if request.kind == "stage" and request.stage.nemo and not res.command:
+    engine = trains(request)
+    if engine == "nemo":
         from bcp_pipeline.config.nemo import gpus_per_node
 
         # The launcher starts one rank per GPU on each of the job's nodes, with its own torchrun rendezvous.
@@ -180,6 +115,13 @@ def job_rendezvous(request: JobRequest) -> dict | None:
         except ValueError as exc:
             raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
         return rendezvous(layout, "the NeMo launcher's own", "the NeMo launcher's own")
+    if engine == "megatron_bridge":  # one rank per GPU: bcprun's variables, or torchrun's on one replica
+        try:
+            layout = RankLayout(*training_layout(request.stage, "bcp"))
+        except ValueError as exc:
+            raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
+        return rendezvous(layout, "set by bcprun" if layout.nodes > 1 else "127.0.0.1 (torchrun --standalone)",
+                          "set by bcprun" if layout.nodes > 1 else "torchrun's own")
     if request.kind == "stage" and (res.command or res.launcher == "none"):
         return rendezvous(layout, "the command's own", "the command's own")
     if layout.nodes > 1:  # bcprun's variables; a replica without them has NGC_MASTER_ADDR (stages/_common.py)
@@ -217,7 +159,7 @@ def check_stage(stage: StageConfig) -> None:
         raise _stage_error(stage, f"stage {stage.name}: preempt RESTARTABLE is refused for a job with replicas > 1 "
                                   "(ngc allows only RUNONCE or RESUMABLE for multi-node jobs); set "
                                   f"`--set {stage.name}.bcp.preempt=RESUMABLE` (or RUNONCE)")
-    if res.launcher == "none" and res.replicas > 1 and not stage.nemo and not res.command:
+    if res.launcher == "none" and res.replicas > 1 and not stage.engine and not res.command:
         # Without bcprun no replica gets RANK/WORLD_SIZE, and deriving them from NGC_ARRAY_INDEX is wrong in one
         # of the two ways BCP may run the commandline: once on replica 0 only, rank 0 would wait for ranks that
         # never start. So a stage program on several replicas always starts under bcprun (right under both).

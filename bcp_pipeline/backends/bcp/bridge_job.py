@@ -1,0 +1,121 @@
+"""A Megatron-Bridge pretrain on BCP: the script its job runs (pure: text in, text out; `plan` prints it beside the
+`ngc` command, and it is uploaded under a name made from its content).
+
+The script runs on replica 0 (the others' commandline returns at once): it writes the data list (data_list.py, from
+the preprocess manifests) into the run's folder in the workspace, then starts every rank of every node under
+`bcprun --nnodes ${NGC_ARRAY_SIZE} --npernode G -no_redirect` (NVIDIA's own spelling of the flag that keeps each
+rank's output on the launching replica's stdout), or under torchrun on a one-replica job, which needs no bcprun.
+Their output goes, under pipefail, to this job's log (so `logs`, `status` and the report see Bridge's step line,
+which only the LAST rank prints, whichever node it is on) and to a log in the job's result folder; the job ends
+with the training's exit status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bcp_pipeline.backends.bcp.paths import code_destination
+from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.shared.command import placeholder_values
+from bcp_pipeline.backends.shared.nemo_script import RESULTS, WORKSPACE, shell_word
+from bcp_pipeline.config import bridge
+from bcp_pipeline.config.placeholders import substitute
+from bcp_pipeline.config.resources import BcpOptions
+from bcp_pipeline.errors import SubmissionError
+
+NO_REDIRECT = "-no_redirect"  # NVIDIA's launcher's spelling; a `check` profile may show this ACE's bcprun wants another
+
+
+@dataclass(frozen=True, kw_only=True)
+class BridgeJob:
+    """What the script needs, every path written with the WORKSPACE / RESULTS stand-ins."""
+
+    title: str
+    python: str
+    entry: str  # stages/bridge_pretrain.py as the job sees it
+    recipe: str
+    overrides: list[str]  # without the data list
+    data_list_argv: list[str]  # writes the data list override into data_list_file
+    data_list_file: str
+    run_dir: str  # the run's folder in the workspace
+    log_file: str  # the training's output, in the job's result folder
+    replicas: int
+    gpus_per_node: int
+    no_redirect: str = NO_REDIRECT
+
+
+def bridge_job(request: JobRequest, options: BcpOptions, stages_dir: Path, no_redirect: str = NO_REDIRECT) -> BridgeJob:
+    """The script's inputs for the stage's request; SubmissionError naming the stage when its section cannot be."""
+    stage, resources = request.stage, request.resources("bcp")
+    code = f"{WORKSPACE}/{code_destination(options, stages_dir)}"
+    values = placeholder_values(request, workspace=WORKSPACE, results=RESULTS, code=code, python=options.python)
+    try:
+        overrides = bridge.bridge_overrides(stage, values=values, runtime=resources.total_runtime,
+                                            run_id=request.run_id)
+        gpus = bridge.gpus_per_node(stage, resources.instance)
+    except ValueError as exc:
+        raise SubmissionError(f"stage {stage.name}: {exc}") from None
+    folder = bridge.run_dir(stage, values, request.run_id)
+    data_list_file = f"{folder}/{bridge.DATA_LIST_FILE}"
+    return BridgeJob(
+        title=f"stage {stage.name} of pipeline {request.pipeline.name}, run {request.run_id}",
+        python=options.python, entry=f"{code}/{bridge.ENTRY_PROGRAM}", recipe=stage.megatron_bridge.recipe,
+        overrides=overrides, data_list_file=data_list_file, run_dir=folder,
+        data_list_argv=[options.python, f"{code}/data_list.py", "--data-dir",
+                        substitute(stage.megatron_bridge.data_dir, values), "--format", "hydra", "--key",
+                        bridge.DATA_PATH_KEY, "--out", data_list_file],
+        log_file=f"{RESULTS}/{bridge.run_name(stage, request.run_id)}.log",
+        replicas=request.rank_layout("bcp").nodes, gpus_per_node=gpus, no_redirect=no_redirect)
+
+
+def render(job: BridgeJob) -> str:
+    """The script's text."""
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# bcp-pipeline: {job.title}: Megatron-Bridge, every rank started from replica 0, under pipefail.",
+        "# Rendered by bcp_pipeline/backends/bcp/bridge_job.py (`bcp-pipeline plan` prints it); arguments: the",
+        "# workspace's and the job result folder's mount points.",
+        "set -euo pipefail",
+        'workspace=${1:?usage: SCRIPT WORKSPACE_MOUNT RESULT_MOUNT} results=${2:?usage: SCRIPT WORKSPACE_MOUNT '
+        'RESULT_MOUNT}',
+    ]
+    if job.replicas > 1:
+        lines += [
+            "# Replica 0 starts the ranks of every node.",
+            'if [ "${NGC_ARRAY_INDEX:-0}" != 0 ]; then',
+            '  echo "replica ${NGC_ARRAY_INDEX}: the ranks start from replica 0"',
+            "  exit 0",
+            "fi",
+        ]
+    lines += [
+        f"mkdir -p {shell_word(job.run_dir)}",
+        "",
+        "# The data list: every .bin/.idx pair of the preprocess manifests, weighted by tokens, as the override",
+        f"# {bridge.DATA_PATH_KEY}=[weight,prefix,...] in the run's folder, where every rank reads it.",
+        " ".join(shell_word(word) for word in job.data_list_argv),
+        "",
+        "# Each rank's command: this project's entry program (stages/bridge_pretrain.py), the recipe, the overrides.",
+        "rank=(",
+        f"  {shell_word(job.python)} -u {shell_word(job.entry)} --recipe {shell_word(job.recipe)}",
+        f"  --overrides-file {shell_word(job.data_list_file)}",
+        *[f"  {shell_word(override)}" for override in job.overrides],
+        ")",
+        "",
+        "# Every rank, its output (Bridge's step line comes from the last rank, on any node) to this job's log and to",
+        "# the result folder as it comes; the job's exit status is the training's.",
+        "status=0",
+        f"{launch(job)} 2>&1 | tee -a {shell_word(job.log_file)} || status=$?",
+        'exit "$status"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def launch(job: BridgeJob) -> str:
+    """What starts the ranks: bcprun over the job's replicas (their count as BCP tells it), or torchrun on its one
+    node (`--standalone`: a rendezvous on this node; the rank's command past `python3 -u`)."""
+    if job.replicas > 1:
+        return (f'bcprun --nnodes "${{NGC_ARRAY_SIZE:-1}}" --npernode {job.gpus_per_node} {job.no_redirect} '
+                '--cmd "${rank[*]@Q}"')
+    return (f"{shell_word(job.python)} -m torch.distributed.run --standalone --nproc-per-node {job.gpus_per_node} "
+            '"${rank[@]:2}"')
