@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bcp_pipeline.backends.contract import Backend
 from bcp_pipeline.backends.registry import describe_backend_limits, detachable_backends, make_backend
-from bcp_pipeline.cli.common import config_file, run_store
+from bcp_pipeline.cli.common import config_file, run_store, warn
 from bcp_pipeline.cli.detach import driver_cost_line
 from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.config.model import PipelineConfig
@@ -31,6 +31,8 @@ PLAN_RUN_ID = "{pipeline}-RUN"
 def cmd_plan(args: argparse.Namespace) -> int:
     config = load_and_check(config_file(args), overrides=args.overrides, pipeline=args.pipeline)
     pipeline = config.pipeline(args.pipeline)
+    for notice in config.notices:
+        warn(notice)
     backend_name = args.backend or pipeline.backend
     run_id = PLAN_RUN_ID.format(pipeline=pipeline.name)
     backend = make_backend(backend_name, config, pipeline, run_store(args).run_dir(run_id))

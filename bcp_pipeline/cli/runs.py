@@ -13,7 +13,7 @@ from pathlib import Path
 from bcp_pipeline.backends.contract import Backend
 from bcp_pipeline.backends.profile import load_profile
 from bcp_pipeline.backends.registry import backend_class, make_backend
-from bcp_pipeline.cli.common import config_file, drive, given_config, run_store, store_of_run, stored_run
+from bcp_pipeline.cli.common import config_file, drive, given_config, run_store, store_of_run, stored_run, warn
 from bcp_pipeline.cli.detach import detach, detached_run, take_back
 from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.config.model import Config, PipelineConfig
@@ -39,6 +39,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                          overrides=args.overrides, from_stage=args.from_stage, only=args.only, restart=args.restart,
                          detach=args.detach)
     chosen = choose_run(request, run_store(args))
+    for notice in chosen.config.notices:
+        warn(notice)
     suggest_check(chosen)
     if chosen.continued:
         print(f"continuing run {chosen.state.run_id} (its last state: {_first_unfinished(chosen.state)}); "

@@ -17,12 +17,11 @@ from pathlib import Path
 
 from bcp_pipeline.backends.bcp.paths import code_destination
 from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.shared.bridge_command import data_list_argv, gpus_per_node, rank_argv
 from bcp_pipeline.backends.shared.command import placeholder_values
 from bcp_pipeline.backends.shared.nemo_script import RESULTS, WORKSPACE, shell_word
 from bcp_pipeline.config import bridge
-from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.resources import BcpOptions
-from bcp_pipeline.errors import SubmissionError
 
 NO_REDIRECT = "-no_redirect"  # NVIDIA's launcher's spelling; a `check` profile may show this ACE's bcprun wants another
 
@@ -33,11 +32,8 @@ class BridgeJob:
 
     title: str
     python: str
-    entry: str  # stages/bridge_pretrain.py as the job sees it
-    recipe: str
-    overrides: list[str]  # without the data list
-    data_list_argv: list[str]  # writes the data list override into data_list_file
-    data_list_file: str
+    rank_argv: list[str]  # one rank's command: python3 -u ENTRY --recipe R --overrides-file FILE OVERRIDES...
+    data_list_argv: list[str]  # writes the data list override into the run's folder
     run_dir: str  # the run's folder in the workspace
     log_file: str  # the training's output, in the job's result folder
     replicas: int
@@ -50,23 +46,13 @@ def bridge_job(request: JobRequest, options: BcpOptions, stages_dir: Path, no_re
     stage, resources = request.stage, request.resources("bcp")
     code = f"{WORKSPACE}/{code_destination(options, stages_dir)}"
     values = placeholder_values(request, workspace=WORKSPACE, results=RESULTS, code=code, python=options.python)
-    try:
-        overrides = bridge.bridge_overrides(stage, values=values, runtime=resources.total_runtime,
-                                            run_id=request.run_id)
-        gpus = bridge.gpus_per_node(stage, resources.instance)
-    except ValueError as exc:
-        raise SubmissionError(f"stage {stage.name}: {exc}") from None
-    folder = bridge.run_dir(stage, values, request.run_id)
-    data_list_file = f"{folder}/{bridge.DATA_LIST_FILE}"
     return BridgeJob(
         title=f"stage {stage.name} of pipeline {request.pipeline.name}, run {request.run_id}",
-        python=options.python, entry=f"{code}/{bridge.ENTRY_PROGRAM}", recipe=stage.megatron_bridge.recipe,
-        overrides=overrides, data_list_file=data_list_file, run_dir=folder,
-        data_list_argv=[options.python, f"{code}/data_list.py", "--data-dir",
-                        substitute(stage.megatron_bridge.data_dir, values), "--format", "hydra", "--key",
-                        bridge.DATA_PATH_KEY, "--out", data_list_file],
+        python=options.python, rank_argv=rank_argv(request, values, resources.total_runtime),
+        data_list_argv=data_list_argv(request, values), run_dir=bridge.run_dir(stage, values, request.run_id),
         log_file=f"{RESULTS}/{bridge.run_name(stage, request.run_id)}.log",
-        replicas=request.rank_layout("bcp").nodes, gpus_per_node=gpus, no_redirect=no_redirect)
+        replicas=request.rank_layout("bcp").nodes, gpus_per_node=gpus_per_node(request, "bcp"),
+        no_redirect=no_redirect)
 
 
 def render(job: BridgeJob) -> str:
@@ -97,9 +83,8 @@ def render(job: BridgeJob) -> str:
         "",
         "# Each rank's command: this project's entry program (stages/bridge_pretrain.py), the recipe, the overrides.",
         "rank=(",
-        f"  {shell_word(job.python)} -u {shell_word(job.entry)} --recipe {shell_word(job.recipe)}",
-        f"  --overrides-file {shell_word(job.data_list_file)}",
-        *[f"  {shell_word(override)}" for override in job.overrides],
+        "  " + " ".join(shell_word(word) for word in job.rank_argv[:7]),
+        *[f"  {shell_word(word)}" for word in job.rank_argv[7:]],
         ")",
         "",
         "# Every rank, its output (Bridge's step line comes from the last rank, on any node) to this job's log and to",

@@ -1,0 +1,50 @@
+"""A Megatron-Bridge pretrain's two commands, as every backend's job runs them: the data list written into the
+run's folder (data_list.py: `dataset.data_path=[weight,prefix,...]` from the preprocess manifests), then, on every
+rank, the entry program (stages/bridge_pretrain.py) with the recipe, that file and the rendered overrides.
+
+`values` are the backend's ${...} values as its job sees them; `runtime` the job's time limit on that backend
+(its `train.exit_duration_in_mins` is derived from it: config/bridge.py).
+"""
+
+from __future__ import annotations
+
+from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.config import bridge
+from bcp_pipeline.config.placeholders import substitute
+from bcp_pipeline.errors import SubmissionError
+
+
+def trains_with_bridge(request: JobRequest, backend: str) -> bool:
+    """A stage job of a megatron_bridge: stage whose backend section gives no command of its own."""
+    return (request.kind == "stage" and request.stage.megatron_bridge is not None
+            and not request.resources(backend).command)
+
+
+def data_list_file(request: JobRequest, values: dict[str, str]) -> str:
+    return f"{bridge.run_dir(request.stage, values, request.run_id)}/{bridge.DATA_LIST_FILE}"
+
+
+def data_list_argv(request: JobRequest, values: dict[str, str]) -> list[str]:
+    """Writes the data list override into the run's folder (atomically: every rank reads it whole)."""
+    return [values["python"], f"{values['code']}/data_list.py", "--data-dir",
+            substitute(request.stage.megatron_bridge.data_dir, values), "--format", "hydra", "--key",
+            bridge.DATA_PATH_KEY, "--out", data_list_file(request, values)]
+
+
+def rank_argv(request: JobRequest, values: dict[str, str], runtime: str | None) -> list[str]:
+    """One rank's command: the entry program, the recipe, the data list file and every override."""
+    try:
+        overrides = bridge.bridge_overrides(request.stage, values=values, runtime=runtime, run_id=request.run_id)
+    except ValueError as exc:
+        raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
+    return [values["python"], "-u", f"{values['code']}/{bridge.ENTRY_PROGRAM}",
+            "--recipe", request.stage.megatron_bridge.recipe, "--overrides-file", data_list_file(request, values),
+            *overrides]
+
+
+def gpus_per_node(request: JobRequest, backend: str) -> int:
+    """The training's ranks a node on `backend` (one a GPU); SubmissionError naming the stage where unknown."""
+    try:
+        return bridge.training_layout(request.stage, backend)[1]
+    except ValueError as exc:
+        raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
