@@ -7,7 +7,9 @@ Three forms are read, each a line (a progress bar's updates, separated by carria
   rate being the average since this attempt's first step, so its elapsed time is (step - first step) / rate;
 - NeMo (PyTorch Lightning's progress bar): `... reduced_train_loss=10.80, global_step=9.000, ...,
   train_step_timing in s=2.34]`, elapsed time summed from the step timings;
-- Megatron-LM: ` iteration   10/  500000 | ... | elapsed time per iteration (ms): 2345.6 | ... | lm loss: 1.08E+01 |`.
+- Megatron-LM, and Megatron-Bridge, which prints the same line after a ` [YYYY-MM-DD HH:MM:SS]` stamp:
+  ` iteration   10/  500000 | ... | elapsed time per iteration (ms): 2345.6 | throughput per GPU (TFLOP/s/GPU):
+  401.2 | ... | lm loss: 1.08E+01 |` (the throughput only with Bridge's `logger.log_throughput`).
 A step logged more than once (a progress bar redrawn) keeps its last value.
 """
 
@@ -24,6 +26,8 @@ NEMO_STEP = re.compile(rf"\bglobal_step=({NUMBER})")
 NEMO_TIMING = re.compile(rf"\btrain_step_timing in s=({NUMBER})")
 _NEMO_BAR = re.compile(r"\|\s*(\d+)/(\d+) \[")  # tqdm's `| 100/300000 [` (batches done of the run's total)
 MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)/\s*\d+")
+_MEGATRON_TOTAL = re.compile(r"\biteration\s+\d+/\s*(\d+)")
+MEGATRON_TFLOPS = re.compile(rf"\bthroughput per GPU \(TFLOP/s/GPU\): ({NUMBER})")
 _MEGATRON_LOSS = re.compile(rf"\blm loss: ({NUMBER})")
 MEGATRON_TIMING = re.compile(rf"\belapsed time per iteration \(ms\): ({NUMBER})")
 
@@ -99,5 +103,7 @@ def last_progress(text: str) -> TrainingProgress | None:
             continue
         if bar := _NEMO_BAR.search(line):  # NeMo: global_step counts the steps before this one; the bar, done
             return TrainingProgress(int(bar.group(1)), int(bar.group(2)), loss, timing)
+        if total := _MEGATRON_TOTAL.search(line):  # Megatron counts the iterations done: `iteration 10/300000`
+            return TrainingProgress(step, int(total.group(1)), loss, timing)
         return TrainingProgress(step + 1 if NEMO_STEP.search(line) else step, None, loss, timing)
     return None

@@ -7,7 +7,9 @@ Step times come from the log, one per logged step:
   the tokens a step (B x S);
 - NeMo (PyTorch Lightning's progress bar): `global_step=9.000, ..., train_step_timing in s=2.34`; the FLOPs per
   token and tokens per step are the stage's model config's (`TrainingFacts`, from the pipeline);
-- Megatron-LM: ` iteration   10/  500000 | ... | elapsed time per iteration (ms): 2345.6 | ...`.
+- Megatron-LM and Megatron-Bridge: ` iteration   10/  500000 | ... | elapsed time per iteration (ms): 2345.6 | ...`;
+  Bridge's line also gives `throughput per GPU (TFLOP/s/GPU): X`, its own count of the FLOPs a GPU did: where a
+  step has it, its MFU is X over one GPU's peak (Bridge's FLOPs, not this module's 6N + 12 L s h).
 MFU needs a peak (report/mfu.py): the GPUs of the stage's instance, or a CPU peak the pipeline declares; without
 one the points carry no MFU and `mfu_basis` says why.
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from bcp_pipeline.config.nemo import ModelShape
 from bcp_pipeline.report.mfu import Peak, flops_per_token, model_flops_utilization
 from bcp_pipeline.report.timers import parse_timer_blocks
-from bcp_pipeline.training_log import MEGATRON_STEP, MEGATRON_TIMING, NEMO_STEP, NEMO_TIMING, NUMBER
+from bcp_pipeline.training_log import MEGATRON_STEP, MEGATRON_TFLOPS, MEGATRON_TIMING, NEMO_STEP, NEMO_TIMING, NUMBER
 
 _LOCAL_STEP = re.compile(rf"^step (\d+)/\d+ .* ({NUMBER}) s/step\b")
 _LOCAL_SHAPE = re.compile(r"^model shape: layers (\d+) hidden (\d+) heads \d+ seq_length (\d+) vocab (\d+) "
@@ -65,8 +67,19 @@ def step_times(text: str) -> dict[int, float]:
     return dict(sorted(times.items()))
 
 
-def throughput_points(times: dict[int, float], facts: TrainingFacts | None, peak: Peak | None) -> list[dict]:
-    """Per step: seconds, tokens/s (with facts) and MFU (with facts and a peak)."""
+def step_tflops(text: str) -> dict[int, float]:
+    """Bridge's own TFLOP/s per GPU of each logged step that reports it."""
+    found: dict[int, float] = {}
+    for line in re.split(r"[\r\n]+", text):
+        if (step := MEGATRON_STEP.search(line)) and (tflops := MEGATRON_TFLOPS.search(line)):
+            found[int(step.group(1))] = float(tflops.group(1))
+    return found
+
+
+def throughput_points(times: dict[int, float], facts: TrainingFacts | None, peak: Peak | None,
+                      tflops: dict[int, float] | None = None) -> list[dict]:
+    """Per step: seconds, tokens/s (with facts) and MFU (with a peak: from the step's own TFLOP/s per GPU where the
+    log gives it, else from the facts)."""
     points = []
     for step, seconds in times.items():
         point: dict = {"step": step, "step_s": seconds, "tokens_per_s": None, "mfu": None}
@@ -74,6 +87,8 @@ def throughput_points(times: dict[int, float], facts: TrainingFacts | None, peak
             point["tokens_per_s"] = round(facts.tokens_per_step / seconds, 3)
             if peak is not None:
                 point["mfu"] = round(model_flops_utilization(point["tokens_per_s"], facts.flops_per_token, peak), 6)
+        if peak is not None and tflops and step in tflops:
+            point["mfu"] = round(tflops[step] / peak.tflops_per_device, 6)
         points.append(point)
     return points
 
@@ -126,7 +141,7 @@ def throughput_series(logs_by_stage: dict[str, dict[str, str]], stage_facts: dic
                 basis = (f"MFU against {peak.source} (estimates.cpu_peak_tflops)" if peak else
                          "no MFU: the smoke pretrain ran on CPU and the pipeline declares no CPU peak "
                          "(estimates.cpu_peak_tflops)")
-            points = throughput_points(step_times(text), facts, peak)
+            points = throughput_points(step_times(text), facts, peak, step_tflops(text))
             timers = [block.as_json() for block in parse_timer_blocks(text)]
             if points or timers:
                 attempts.append({"job_id": job_id, "points": points, "timers": timers, "summary": summary(points),

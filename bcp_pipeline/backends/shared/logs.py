@@ -30,10 +30,13 @@ def parse_lines(text: str, kind: str) -> list[dict[str, Any]]:
 
 
 def progress_from_logs(texts: list[str], *, training: bool = False) -> JobProgress | None:
-    """Sum the last progress line of each rank's log: items done of total across the job. For a training job,
-    rank 0's (the first text's) steps and loss, from its training lines, where they are found."""
-    if training and texts and (found := training_progress(texts[0])) is not None:
-        return found
+    """Sum the last progress line of each rank's log: items done of total across the job. For a training job, the
+    steps and loss of the rank that logs them (rank 0 for NeMo and the smoke pretrain; the LAST rank for
+    Megatron-Bridge, which prints from there only), looked for from the last text back."""
+    if training:
+        for text in reversed(texts):
+            if (found := training_progress(text)) is not None:
+                return found
     done = total = 0
     unit = "items"
     seen = False

@@ -54,7 +54,7 @@ class SlurmBackend(BatchBackend):
                               rendezvous=nemo_rendezvous(request, self.options))
         return Submission(request=request, printable=batch_script(request, self.options, self.paths), payload={
             "submit_with": "sbatch", "job_name": job_name(request.run_id, request.stage.name, request.kind),
-            **self.sharding(request)}, rendezvous=job_rendezvous(request))
+            **self.sharding(request)}, rendezvous=job_rendezvous(request, self.options))
 
     # -- side effects ------------------------------------------------------------------------------------
     def submit(self, submission: Submission) -> str:

@@ -12,6 +12,8 @@ node) and a per-job MASTER_PORT. Files of job ID in the run folder (on real clus
 
 A stage with a `nemo:` section runs NVIDIA's NeMo launcher on the submit host with `cluster_type=bcm`: the
 launcher writes and `sbatch`es its own job (named JOB_NAME.nemo.RUN_NAME), whose id is then tracked like any other.
+A stage with a `megatron_bridge:` section is a batch script like a stage program's, with one task a GPU (each runs
+stages/bridge_pretrain.py) after a one-task step that writes the data list (shared/bridge_command.py).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from dataclasses import dataclass
 
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.shared.batch import Paths, job_name
+from bcp_pipeline.backends.shared.bridge_command import data_list_argv, gpus_per_node, rank_argv, trains_with_bridge
 from bcp_pipeline.backends.shared.command import (apptainer_argv, placeholder_values, rendezvous, shell_exports,
     shell_join, stage_command)
+from bcp_pipeline.config import bridge
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.resources import RankLayout, SlurmOptions, SlurmResources
 from bcp_pipeline.errors import SubmissionError
@@ -62,6 +66,8 @@ def shape(request: JobRequest, options: SlurmOptions) -> Shape:
     res: SlurmResources = request.resources("slurm")
     bcp = request.resources("bcp")
     layout = request.rank_layout("slurm")
+    if trains_with_bridge(request, "slurm") and res.ntasks_per_node is None:  # one task a GPU
+        layout = RankLayout(nodes=layout.nodes, per_node=gpus_per_node(request, "slurm"))
     result = Shape(nodes=layout.nodes, ntasks_per_node=layout.per_node, cpus_per_task=res.cpus_per_task,
                    time=res.time or bcp.total_runtime,
                    partition=res.partition or options.partition, account=res.account or options.account)
@@ -83,7 +89,8 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
     res: SlurmResources = request.resources("slurm")
     size = shape(request, options)
     values = job_values(request, paths)
-    program = stage_command(request, "slurm", values)
+    trains = trains_with_bridge(request, "slurm")
+    program = rank_argv(request, values, size.time) if trains else stage_command(request, "slurm", values)
     if res.container_image and not (request.kind == "stage" and res.command):
         program = ["bash", f"{paths.code}/bootstrap.sh", *program]  # as on BCP: installs missing stage packages
     apptainer = bool(res.container_image) and options.container == "apptainer"
@@ -106,8 +113,10 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
     lines += [f'export MASTER_ADDR="$(hostname)" MASTER_PORT="$(({MASTER_PORT_EXPR}))"',
               'mkdir -p "$logs/$SLURM_JOB_ID"',
               'export BCP_PIPELINE_TASK_EXITS="$logs/$SLURM_JOB_ID"',
-              'rm -f "$BCP_PIPELINE_TASK_EXITS"/rank-*.exit  # a requeued job starts over',
-              "srun " + " \\\n  ".join([*srun_flags(res, paths, pyxis=not apptainer), task, shell_join(program)]),
+              'rm -f "$BCP_PIPELINE_TASK_EXITS"/rank-*.exit  # a requeued job starts over']
+    if trains:
+        lines += data_list_step(request, values, res, paths, apptainer)
+    lines += ["srun " + " \\\n  ".join([*srun_flags(res, paths, pyxis=not apptainer), task, shell_join(program)]),
               "code=$?",
               "# srun can exit 0 although a lost node's tasks never finished: every rank must have recorded 0.",
               f'if [ "$code" = 0 ]; then for rank in $(seq 0 {world - 1}); do '
@@ -121,21 +130,40 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
     return "\n".join(lines) + "\n"
 
 
-def job_rendezvous(request: JobRequest) -> dict | None:
+def data_list_step(request: JobRequest, values: dict[str, str], res: SlurmResources, paths: Paths,
+                   apptainer: bool) -> list[str]:
+    """The Bridge training's first step: one task, where the ranks will run, writes the data list."""
+    argv = data_list_argv(request, values)
+    if apptainer:
+        argv = apptainer_argv(str(res.container_image), [f"{paths.workspace}:{paths.workspace}",
+                                                         f"{paths.code}:{paths.code}", *res.container_mounts]) + argv
+    step_log = '"$logs/$SLURM_JOB_ID/data-list.log"'
+    flags = [f"--nodes=1 --ntasks=1 --output={step_log} --error={step_log}",
+             *srun_flags(res, paths, pyxis=not apptainer)[2:]]
+    return ["# The data list (dataset.data_path from the preprocess manifests), in the run's folder for every rank.",
+            f"mkdir -p {shlex.quote(bridge.run_dir(request.stage, values, request.run_id))}",
+            "srun " + " ".join([*flags, shell_join(argv)]) + ' || { code=$?; echo "bcp-pipeline: the data list '
+            'could not be written (its log: $logs/$SLURM_JOB_ID/data-list.log)" >&2; exit "$code"; }']
+
+
+def job_rendezvous(request: JobRequest, options: SlurmOptions) -> dict | None:
     """Where the job's tasks meet, as `plan` shows it (None for one task)."""
-    return rendezvous(request.rank_layout("slurm"), "$(hostname) of the job's first node (the batch script)",
-                      f"$(({MASTER_PORT_EXPR}))")
+    size = shape(request, options)
+    return rendezvous(RankLayout(nodes=size.nodes, per_node=size.ntasks_per_node),
+                      "$(hostname) of the job's first node (the batch script)", f"$(({MASTER_PORT_EXPR}))")
 
 
 def sbatch_flags(request: JobRequest, size: Shape, paths: Paths) -> list[tuple[str, str]]:
     res: SlurmResources = request.resources("slurm")
     batch_log = f"{paths.logs}/slurm-%j.log"
+    # A Bridge training asks for a GPU a task where the section names no GPU count of its own.
+    gpus = res.gpus_per_node or (size.ntasks_per_node if trains_with_bridge(request, "slurm") else None)
     flags = [("--job-name", job_name(request.run_id, request.stage.name, request.kind)),
              ("--comment", f"bcp-pipeline run={request.run_id} stage={request.stage.name} kind={request.kind}"),
              ("--nodes", str(size.nodes)), ("--ntasks-per-node", str(size.ntasks_per_node)),
              ("--cpus-per-task", str(size.cpus_per_task))]
     optional = [("--time", slurm_time(size.time) if size.time else None), ("--partition", size.partition),
-                ("--account", size.account), ("--gpus-per-node", res.gpus_per_node and str(res.gpus_per_node)),
+                ("--account", size.account), ("--gpus-per-node", gpus and str(gpus)),
                 ("--mem", res.mem)]
     flags += [(flag, value) for flag, value in optional if value]
     # Append, so a requeued job (preemption) keeps the output of its earlier start.
