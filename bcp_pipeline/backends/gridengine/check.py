@@ -152,7 +152,7 @@ def environments_row(ctx: CheckInput, environments: list[str]) -> Row | None:
     options = ctx.config.options["gridengine"]
     wanted = {}
     for name, stage in (ctx.pipeline.stages.items() if ctx.pipeline else []):
-        if stage.gridengine.distributed or over_hosts_nemo(stage):
+        if stage.gridengine.distributed or over_hosts_training(stage):
             wanted[name] = stage.gridengine.parallel_environment or options.parallel_environment
     if not wanted:
         return ok("parallel environments", assumes, f"the cell has {', '.join(environments) or 'none'}; no "
@@ -204,14 +204,14 @@ def image_row(ctx: CheckInput) -> Row | None:
     return ok("container images", assumes, showed)
 
 
-def over_hosts_nemo(stage) -> bool:
-    """A NeMo training on more than one host: one parallel job, `distributed` or not (render.py nemo_shape)."""
-    return bool(stage.nemo) and not stage.gridengine.command and rank_layout(stage, "gridengine").nodes > 1
+def over_hosts_training(stage) -> bool:
+    """A training on more than one host: one parallel job, `distributed` or not (render.py training_shape)."""
+    return bool(stage.engine) and not stage.gridengine.command and rank_layout(stage, "gridengine").nodes > 1
 
 
 def probe_environment(ctx: CheckInput) -> str | None:
     for stage in (ctx.pipeline.stages.values() if ctx.pipeline else []):
-        if (stage.gridengine.distributed or over_hosts_nemo(stage)) and stage.gridengine.parallel_environment:
+        if (stage.gridengine.distributed or over_hosts_training(stage)) and stage.gridengine.parallel_environment:
             return stage.gridengine.parallel_environment
     return None
 

@@ -12,8 +12,9 @@ WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT
   tasks, accounted and killed with it), as `SCRIPT --node K MASTER_ADDR MASTER_PORT`.
 
 A distributed stage with `launcher: torchrun` starts each host's ranks with one torchrun instead (c10d rendezvous at
-the first host; each rank logs to its own file), as a NeMo pretrain stage always does: its whole script is
-nemo.py's (the launcher composes the config, torchrun runs NeMo's training script).
+the first host; each rank logs to its own file), as a pretrain stage (`nemo:` or `megatron_bridge:`) always does:
+its whole script is training.py's (the data list, the engine's set-up, then torchrun of its training on every
+host), one rank a GPU.
 
 With `backends.gridengine.container: apptainer` and an image, every rank runs as `apptainer exec --nv --bind
 WORKSPACE:/mount_workspace,... IMAGE PROGRAM...`: the workspace is at /mount_workspace inside (as on BCP), stages/
@@ -31,14 +32,17 @@ import shlex
 from dataclasses import dataclass, replace
 
 from bcp_pipeline.backends.contract import JobRequest
-from bcp_pipeline.backends.gridengine import nemo as gridengine_nemo
+from bcp_pipeline.backends.gridengine import training as hosts_training
 from bcp_pipeline.backends.shared.batch import Paths, job_name
 from bcp_pipeline.backends.shared.command import (apptainer_argv, placeholder_values, rendezvous, shell_exports,
     shell_join, stage_command)
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.placeholders import substitute
-from bcp_pipeline.config.resources import GridEngineOptions, GridEngineResources
+from bcp_pipeline.config.resources import GridEngineOptions, GridEngineResources, RankLayout
 from bcp_pipeline.errors import ConfigError, SubmissionError
+from bcp_pipeline.backends.shared.bridge_command import data_list_argv as bridge_data_list_argv
+from bcp_pipeline.backends.shared.bridge_command import data_list_file, gpus_per_node, trains_with_bridge
+from bcp_pipeline.backends.shared.bridge_command import rank_argv as bridge_rank_argv
 
 CONTAINER_WORKSPACE = "/mount_workspace"  # where a container sees the workspace, as BCP mounts it
 # The job's rendezvous port from its id (and array task), so two jobs sharing a host do not collide.
@@ -164,7 +168,9 @@ LAUNCH_NODE = r'''launch_node() {
 def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) -> str:
     """The whole `qsub` script of a stage or verification job."""
     if is_nemo(request):
-        return gridengine_nemo.render(nemo_job(request, options, paths))
+        return hosts_training.render(nemo_job(request, options, paths))
+    if trains_with_bridge(request, "gridengine"):
+        return hosts_training.render(bridge_job(request, options, paths))
     size = shape(request, options)
     world = size.nodes * size.per_node
     what = "verification of stage" if request.kind == "verify" else "stage"
@@ -182,7 +188,7 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
     if size.distributed:
         lines += ['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
                   '  export MASTER_ADDR="$3" MASTER_PORT="$4"', '  launch_node "$2"', "  exit $?", "fi",
-                  gridengine_nemo.fan_out_to_hosts(MASTER_PORT_EXPR)]
+                  hosts_training.fan_out_to_hosts(MASTER_PORT_EXPR)]
     else:
         lines += [f'export MASTER_ADDR="$(hostname)" MASTER_PORT={port}',
                   'launch_node "$(( ${SGE_TASK_ID/undefined/1} - 1 ))"']
@@ -194,13 +200,49 @@ def is_nemo(request: JobRequest) -> bool:
     return request.kind == "stage" and bool(request.stage.nemo) and not request.resources("gridengine").command
 
 
-def nemo_shape(request: JobRequest, options: GridEngineOptions) -> Shape:
-    """A NeMo training is one job over all its hosts: a parallel one from two hosts on, never an array."""
+def training_shape(request: JobRequest, options: GridEngineOptions) -> Shape:
+    """A training is one job over all its hosts (a parallel one from two hosts on, never an array); Bridge's has one
+    rank a GPU (processes_per_node, else the BCP instance's GPUs)."""
     size = shape(request, options)
+    if trains_with_bridge(request, "gridengine"):
+        size = replace(size, per_node=gpus_per_node(request, "gridengine"))
     return replace(size, distributed=size.nodes > 1)
 
 
-def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> gridengine_nemo.NemoJob:
+def require_container(request: JobRequest, options: GridEngineOptions, engine: str) -> None:
+    if not in_container(request, options):
+        raise config_error(request, "gridengine", f"{engine} on Grid Engine runs in the NeMo container through "
+                           "Apptainer: set the stage's gridengine.container_image (a .sif of the NeMo image, or its "
+                           "docker:// reference) and backends.gridengine.container: apptainer")
+
+
+def hosts_training_job(request: JobRequest, options: GridEngineOptions, paths: Paths, size: Shape, what: str,
+                       data_list: tuple[list[str], str], setup: list[str],
+                       program: str) -> hosts_training.HostsTraining:
+    """The parts of a training's script every engine has; `data_list`: its argv and the file it writes."""
+    values = job_values(request, options, paths)
+    return hosts_training.HostsTraining(
+        title=f"run {request.run_id}, stage {request.stage.name}", what=what,
+        directives=directives(request, size, paths),
+        exports=[f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
+                 f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
+                 *shell_exports(request, "gridengine", values, request.label)],
+        logs=paths.logs, nodes=size.nodes, per_node=size.per_node, container=container_argv(request, paths),
+        data_list_argv=data_list[0], data_list_file=data_list[1], setup=setup, program=program,
+        master_port=MASTER_PORT_EXPR)
+
+
+def bridge_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> hosts_training.HostsTraining:
+    """A Megatron-Bridge pretrain: the data list, then stages/bridge_pretrain.py under torchrun on every host."""
+    require_container(request, options, "Megatron-Bridge pretraining")
+    size = training_shape(request, options)
+    values = job_values(request, options, paths)
+    program = shell_join(bridge_rank_argv(request, values, size.h_rt))
+    return hosts_training_job(request, options, paths, size, "Megatron-Bridge pretraining",
+                              (bridge_data_list_argv(request, values), data_list_file(request, values)), [], program)
+
+
+def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> hosts_training.HostsTraining:
     """The NeMo pretrain script's inputs: the launcher's overrides for this job, in the stage's Apptainer image."""
     from bcp_pipeline.config.nemo import (DATA_LIST_FILE, PRETRAINING_SCRIPT, composed_config, launcher_dir,
         launcher_overrides, nemo_run_name)
@@ -208,11 +250,8 @@ def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> g
     stage = request.stage
     nemo = stage.nemo
     assert nemo is not None
-    if not in_container(request, options):
-        raise config_error(request, "gridengine", "NeMo pretraining on Grid Engine runs NeMo's training in the NeMo "
-                           "container through Apptainer: set the stage's gridengine.container_image (a .sif of the "
-                           "NeMo image, or its docker:// reference) and backends.gridengine.container: apptainer")
-    size = nemo_shape(request, options)
+    require_container(request, options, "NeMo pretraining")
+    size = training_shape(request, options)
     values = job_values(request, options, paths)
     try:
         overrides = launcher_overrides(stage, cluster_type="bcp", nodes=str(size.nodes), runtime=size.h_rt,
@@ -223,17 +262,12 @@ def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> g
     run_name = nemo_run_name(stage, request.run_id)
     config_dir, config_name = composed_config(substitute(nemo.results_dir, values), run_name)
     data_list_file = f"{values['results']}/{DATA_LIST_FILE}"
-    return gridengine_nemo.NemoJob(
-        title=f"run {request.run_id}, stage {stage.name}", directives=directives(request, size, paths),
-        exports=[f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
-                 f"BCP_PIPELINE_STAGE={shlex.quote(stage.name)}",
-                 *shell_exports(request, "gridengine", values, request.label)],
-        logs=paths.logs, nodes=size.nodes, per_node=size.per_node, container=container_argv(request, paths),
-        data_list_argv=["python3", f"{values['code']}/data_list.py", "--data-dir", substitute(nemo.data_dir, values),
-                        "--format", "hydra", "--key", "training.model.data.data_prefix", "--out", data_list_file],
-        data_list_file=data_list_file, launcher_dir=launcher, overrides=overrides, config_dir=config_dir,
-        config_name=config_name, trainer=f"{nemo.nemo_dir.rstrip('/')}/{PRETRAINING_SCRIPT}",
-        master_port=MASTER_PORT_EXPR)
+    data_list_argv = ["python3", f"{values['code']}/data_list.py", "--data-dir", substitute(nemo.data_dir, values),
+                      "--format", "hydra", "--key", "training.model.data.data_prefix", "--out", data_list_file]
+    setup = hosts_training.nemo_setup(launcher, overrides, data_list_file, config_dir, config_name)
+    program = hosts_training.nemo_program(f"{nemo.nemo_dir.rstrip('/')}/{PRETRAINING_SCRIPT}", config_dir, config_name)
+    return hosts_training_job(request, options, paths, size, "NeMo pretraining",
+                              (data_list_argv, data_list_file), setup, program)
 
 
 def node_launcher(request: JobRequest, options: GridEngineOptions, paths: Paths, size: Shape) -> list[str]:
@@ -249,7 +283,7 @@ def node_launcher(request: JobRequest, options: GridEngineOptions, paths: Paths,
         return [f"run_rank() {{ exec {shell_join(rank_argv(request, options, paths))}; }}", LAUNCH_NODE]
     python = job_values(request, options, paths)["python"]
     runner = shell_join([*container_prefix(request, options, paths), python, "-m", "torch.distributed.run"])
-    call = gridengine_nemo.torchrun_call(runner, '"$MASTER_ADDR:$MASTER_PORT"',
+    call = hosts_training.torchrun_call(runner, '"$MASTER_ADDR:$MASTER_PORT"',
                                          shell_join(program_argv(request, options, paths)))
     return ['launch_node() {  # NODE: this host\'s torchrun (torch.distributed.run), its ranks\' logs their own',
             '  mkdir -p "$logs/$JOB_ID"', f"  {call}", "}"]
@@ -259,8 +293,10 @@ def job_rendezvous(request: JobRequest, options: GridEngineOptions) -> dict | No
     """Where the job's ranks meet, as `plan` shows it (None for one rank)."""
     size = shape(request, options)
     layout = request.rank_layout("gridengine")
-    if is_nemo(request):
-        return rendezvous(layout, "torchrun's c10d rendezvous at the first host of $PE_HOSTFILE (one host: its own)",
+    if is_nemo(request) or trains_with_bridge(request, "gridengine"):
+        trained = training_shape(request, options)
+        return rendezvous(RankLayout(nodes=trained.nodes, per_node=trained.per_node),
+                          "torchrun's c10d rendezvous at the first host of $PE_HOSTFILE (one host: its own)",
                           f"$(({MASTER_PORT_EXPR}))")
     if size.distributed:
         return rendezvous(layout, "the first host of $PE_HOSTFILE", f"$(({MASTER_PORT_EXPR}))")

@@ -9,6 +9,11 @@ policy ignores disrupted pods (preempted, evicted, drained: the DisruptionTarget
 `launcher: pytorchjob` renders a Kubeflow PyTorchJob (kubeflow.org/v1) instead: Master + Worker replicas, the
 training operator sets RANK/WORLD_SIZE/MASTER_ADDR itself.
 
+A `megatron_bridge:` stage runs NVIDIA's Megatron-Bridge in its pods: each pod writes the data list (the same file,
+atomically), then one torchrun starts a rank a GPU of stages/bridge_pretrain.py (static rendezvous at the index-0
+pod in an Indexed Job; the operator's in a PyTorchJob); each pod asks for its GPUs (kubernetes.gpus, else the BCP
+instance's).
+
 The workspace is the PVC `workspace_claim`, mounted at the pipeline's workspace mount (the path the stage programs
 use on BCP); secrets are Kubernetes Secrets referenced by name (`secretKeyRef`): no value is ever in a manifest.
 """
@@ -17,13 +22,18 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from bcp_pipeline.backends.contract import JobRequest
-from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, stage_command
+from bcp_pipeline.backends.shared.bridge_command import data_list_argv as bridge_data_list_argv
+from bcp_pipeline.backends.shared.bridge_command import data_list_file, gpus_per_node, trains_with_bridge
+from bcp_pipeline.backends.shared.bridge_command import rank_argv as bridge_rank_argv
+from bcp_pipeline.backends.shared.command import (placeholder_values, rendezvous, resolved_env, shell_join,
+    stage_command)
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.resources import KubernetesOptions, KubernetesResources, RankLayout
 from bcp_pipeline.errors import SubmissionError
@@ -87,6 +97,8 @@ def shape(request: JobRequest, options: KubernetesOptions) -> Shape:
     res: KubernetesResources = request.resources("kubernetes")
     bcp = request.resources("bcp")
     layout = request.rank_layout("kubernetes")
+    if trains_with_bridge(request, "kubernetes"):  # one rank a GPU
+        layout = RankLayout(nodes=layout.nodes, per_node=gpus_per_node(request, "kubernetes"))
     image = res.image or bcp.image or options.image
     if min(layout.nodes, layout.per_node) < 1:
         raise SubmissionError(f"{request.label}: kubernetes replicas and processes must be >= 1, got "
@@ -138,8 +150,9 @@ def container_env(request: JobRequest, options: KubernetesOptions, size: Shape, 
     return env
 
 
-def resources_of(res: KubernetesResources) -> dict[str, Any]:
-    amounts = {"cpu": res.cpu, "memory": res.memory, "nvidia.com/gpu": res.gpus or None,
+def resources_of(res: KubernetesResources, gpus: int | None = None) -> dict[str, Any]:
+    """Requests = limits of the pod: `gpus` where the training asks for them and the section names none."""
+    amounts = {"cpu": res.cpu, "memory": res.memory, "nvidia.com/gpu": res.gpus or gpus or None,
                "vpc.amazonaws.com/efa": res.efa or None}
     given = {key: str(value) for key, value in amounts.items() if value}
     return {"requests": given, "limits": given} if given else {}
@@ -148,14 +161,18 @@ def resources_of(res: KubernetesResources) -> dict[str, Any]:
 def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name: str) -> dict[str, Any]:
     res: KubernetesResources = request.resources("kubernetes")
     mount = request.pipeline.workspace.mount.rstrip("/")
-    program = stage_command(request, "kubernetes", job_values(request, options))
+    bridge = trains_with_bridge(request, "kubernetes")
+    if bridge:
+        command, program = bridge_pod_command(request, options, size, torchrun_rendezvous=True)
+    else:
+        command = ["bash", "-c", POD_LAUNCHER, "bcp-pipeline-pod"]
+        program = stage_command(request, "kubernetes", job_values(request, options))
     container: dict[str, Any] = {
-        "name": CONTAINER, "image": size.image,
-        "command": ["bash", "-c", POD_LAUNCHER, "bcp-pipeline-pod"], "args": program,
+        "name": CONTAINER, "image": size.image, "command": command, "args": program,
         "workingDir": mount, "env": container_env(request, options, size, name),
         "volumeMounts": [{"name": "workspace", "mountPath": mount, "readOnly": request.kind == "verify"}],
     }
-    if resources := resources_of(res):
+    if resources := resources_of(res, size.processes if bridge else None):
         container["resources"] = resources
     spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": name, "automountServiceAccountToken": False,
                             "containers": [container],
@@ -174,6 +191,22 @@ def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name:
             ("key", t.key), ("operator", t.operator), ("value", t.value), ("effect", t.effect),
             ("tolerationSeconds", t.toleration_seconds)) if value is not None} for t in res.tolerations]
     return spec
+
+
+def bridge_pod_command(request: JobRequest, options: KubernetesOptions, size: Shape, *,
+                       torchrun_rendezvous: bool) -> tuple[list[str], list[str]]:
+    """A Bridge pod's command and args: the data list, then one torchrun of the pod's ranks (the entry program and
+    its arguments are the args). `torchrun_rendezvous`: the Indexed Job's static rendezvous at the index-0 pod; else
+    the PyTorchJob operator's (torchrun reads its PET_* variables)."""
+    values = job_values(request, options)
+    entry = bridge_rank_argv(request, values, None if size.deadline_seconds is None else f"{size.deadline_seconds}s")
+    torchrun = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
+    if torchrun_rendezvous:
+        torchrun += [f"--nnodes={size.pods}", '--node_rank="$JOB_COMPLETION_INDEX"', '--master_addr="$MASTER_ADDR"',
+                     '--master_port="$MASTER_PORT"']
+    script = (f"mkdir -p {shlex.quote(data_list_file(request, values).rsplit('/', 1)[0])} && "
+              f"{shell_join(bridge_data_list_argv(request, values))} && exec {' '.join(torchrun)} \"$@\"")
+    return ["bash", "-c", script, "bcp-pipeline-pod"], entry[2:]  # past `python -u`: torchrun runs the script
 
 
 def headless_service(request: JobRequest, options: KubernetesOptions, name: str) -> dict[str, Any]:
@@ -214,8 +247,11 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     container["name"] = "pytorch"  # the training operator finds the container by this name
     # torchrun, by its module (the same program: no dependence on where the image puts the script); it reads the
     # operator's PET_NNODES/PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT for the rest of its arguments.
-    container["command"] = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
-    container["args"] = container["args"][1:] if container["args"][:1] == [options.python] else container["args"]
+    if trains_with_bridge(request, "kubernetes"):
+        container["command"], container["args"] = bridge_pod_command(request, options, size, torchrun_rendezvous=False)
+    else:
+        container["command"] = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
+        container["args"] = container["args"][1:] if container["args"][:1] == [options.python] else container["args"]
     container["env"] = [e for e in container["env"] if e["name"] not in
                         ("WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")]
     container["ports"] = [{"name": "pytorchjob-port", "containerPort": options.master_port}]
@@ -247,7 +283,8 @@ def printable(objects: list[dict[str, Any]]) -> str:
 
 
 def job_rendezvous(request: JobRequest, options: KubernetesOptions) -> dict | None:
-    layout: RankLayout = request.rank_layout("kubernetes")
+    size = shape(request, options)
+    layout = RankLayout(nodes=size.pods, per_node=size.processes)
     name = job_name(request)
     return rendezvous(layout, f"{name}-0.{name} (the index-0 pod, through the headless Service)",
                       str(options.master_port))

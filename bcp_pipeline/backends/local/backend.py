@@ -28,6 +28,8 @@ from bcp_pipeline.errors import SubmissionError
 from bcp_pipeline.procs import is_alive, process_start_ticks, signal_group
 
 CANCEL_MARKER = "cancel-requested"
+# What the stage program stands in for, on this machine, where a stage declares a training engine.
+STANDING_IN = {"nemo": "NeMo launcher training", "megatron_bridge": "Megatron-Bridge training"}
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 20000  # a job's MASTER_PORT: BASE + crc32(run/job id) % SPAN
 
 
@@ -66,7 +68,11 @@ class LocalBackend(Backend):
                **resolved_env(request, "local", values)}
         world = sharding["replicas"] * sharding["processes"]
         env_text = " ".join(f"{k}={shell_join([v])}" for k, v in env.items())
-        printable = (f"# {sharding['replicas']} replica(s) x {sharding['processes']} process(es): "
+        stands_in = (f"# the local stand-in for the stage's {STANDING_IN[request.stage.engine]}: "
+                     f"{request.program} here, not the real training\n"
+                     if request.kind == "stage" and request.stage.engine and not request.resources("local").command
+                     else "")
+        printable = (f"{stands_in}# {sharding['replicas']} replica(s) x {sharding['processes']} process(es): "
                      f"RANK 0..{world - 1} of WORLD_SIZE {world}; workspace {self.workspace_dir}\n"
                      f"{env_text} {shell_join(argv)}")
         payload = {"argv": argv, "env": env, **sharding,

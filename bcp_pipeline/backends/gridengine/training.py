@@ -1,24 +1,26 @@
-"""The `qsub` script of a NeMo pretrain stage on Grid Engine, the TSUBAME way (pure: values in, text out; `plan`
-prints it, golden-tested in tests/golden/gridengine/).
+"""The `qsub` script of a pretrain stage on Grid Engine, the TSUBAME way (pure: values in, text out; `plan` prints
+it, golden-tested in tests/golden/gridengine/): torchrun on every host, in the stage's Apptainer image.
 
 NVIDIA's TSUBAME4 guide runs NeMo without its launcher: `apptainer run --nv -B DIR $NEMO_IMAGE torchrun
---nproc_per_node=$NGPU /opt/NeMo/examples/nlp/language_modeling/<script>.py <hydra overrides>`. The training config is
-still the one the launcher composes for the stage, so the job runs, in the stage's Apptainer image:
+--nproc_per_node=$NGPU /opt/NeMo/examples/nlp/language_modeling/<script>.py <hydra overrides>`. So the job runs, in
+the stage's Apptainer image:
 
 1. the data list from the preprocess manifests (stages/data_list.py), as on BCP;
-2. the launcher in its debug mode (NEMO_LAUNCHER_DEBUG=1: the BCP job script's step, shared/nemo_script.
-   launcher_debug_step), which writes the composed config `<results>/<run>/<run>_hydra.yaml` and runs nothing;
+2. the engine's set-up: for the NeMo launcher, the launcher in its debug mode (NEMO_LAUNCHER_DEBUG=1: the BCP job
+   script's step, shared/nemo_script.launcher_debug_step), which writes the composed config
+   `<results>/<run>/<run>_hydra.yaml` and runs nothing; Megatron-Bridge needs none;
 3. on every host of the job (`$PE_HOSTFILE`; one host: this one), through `qrsh -inherit` as the backend's other
    parallel jobs do, one `torchrun --nnodes N --nproc_per_node P --rdzv-backend c10d --rdzv-endpoint MASTER:PORT`
-   of NeMo's `megatron_gpt_pretraining.py --config-path=<results>/<run> --config-name=<run>_hydra.yaml`.
+   of the training: NeMo's `megatron_gpt_pretraining.py --config-path=<results>/<run> --config-name=<run>_hydra.yaml`,
+   or this project's stages/bridge_pretrain.py with its recipe and overrides (config/bridge.py).
 
 The overrides are config/nemo.py's, as on BCP: this run's own NeMo run name (so a continuation resumes from its
 `-last` checkpoint), `+training.exp_manager.max_time_per_run` (the runtime minus nemo.time_margin: each job trains
 and saves before `h_rt`), `trainer.num_nodes` x `trainer.devices` = rank_layout's nodes x processes_per_node.
 Failure: the script runs under `set -euo pipefail`; a host's torchrun fails when one of its ranks does, and the job
 when one host does. Output: each rank's lines go to `logs/ID/rank-<RANK>.log` (rank 0's holds NeMo's training
-progress: where `logs`, `status` and the report read a training's steps and loss on this backend); torchrun's own
-lines, a failed rank's name, the launcher's and the data list's go to the job log.
+progress; Bridge's last rank's holds its step lines: where `logs`, `status` and the report read them on this backend);
+torchrun's own lines, a failed rank's name, the launcher's and the data list's go to the job log.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from bcp_pipeline.backends.shared.nemo_script import launcher_debug_step, shell_
 
 
 @dataclass(frozen=True, kw_only=True)
-class NemoJob:
+class HostsTraining:
     """What the script needs: every path as the container sees it, the `#$` lines and exports already rendered."""
 
     title: str  # e.g. "run RUN, stage pretrain"
+    what: str  # the engine, in words, for the script's first line
     directives: list[str]  # the `#$` lines
     exports: list[str]  # `export` lines (the run's and the stage's env)
     logs: str  # the run's log folder
@@ -41,12 +44,26 @@ class NemoJob:
     container: list[str]  # `apptainer exec --nv --bind ... IMAGE`
     data_list_argv: list[str]  # builds the data list into data_list_file
     data_list_file: str
-    launcher_dir: str
-    overrides: list[str]  # the launcher's Hydra overrides, without the data list
-    config_dir: str  # where the launcher writes the composed config ...
-    config_name: str  # ... and its file name
-    trainer: str  # NeMo's megatron_gpt_pretraining.py in the image
+    setup: list[str]  # shell lines after the data list, before the training (the engine's)
+    program: str  # shell text: what each torchrun worker runs (the training, with its arguments)
     master_port: str  # a shell arithmetic expression
+
+
+def nemo_setup(launcher_dir: str, overrides: list[str], data_list_file: str, config_dir: str,
+               config_name: str) -> list[str]:
+    """The NeMo launcher's set-up: the training config as it composes it for the stage (debug mode: written,
+    nothing run), checked to be there."""
+    config = f"{config_dir}/{config_name}"
+    return ["# The training config as NVIDIA's launcher composes it for the stage (debug mode: written, nothing run).",
+            *launcher_debug_step(overrides, data_list_file, launcher_dir, config, inside="in_image"),
+            f"in_image test -s {shell_word(config)} || "
+            f"{{ echo {shell_word(f'bcp-pipeline: the NeMo launcher wrote no {config}')} >&2; exit 1; }}", ""]
+
+
+def nemo_program(trainer: str, config_dir: str, config_name: str) -> str:
+    """NeMo's training script with the composed config."""
+    return "python3 -u " + " ".join(shell_word(word) for word in (trainer, f"--config-path={config_dir}",
+                                                                    f"--config-name={config_name}"))
 
 
 # What each torchrun worker runs before the program: c10d assigns the ranks (by host name, not by the order of
@@ -92,17 +109,14 @@ def fan_out_to_hosts(port_expression: str) -> str:
     return HOSTS.replace("PORT_EXPRESSION", port_expression)
 
 
-def render(job: NemoJob) -> str:
+def render(job: HostsTraining) -> str:
     """The whole `qsub` script."""
     world = job.nodes * job.per_node
-    trainer = " ".join(shell_word(word) for word in (job.trainer, f"--config-path={job.config_dir}",
-                                                      f"--config-name={job.config_name}"))
-    config = f"{job.config_dir}/{job.config_name}"
     lines = [
         "#!/bin/bash",
-        f"# bcp-pipeline {job.title}: NeMo pretraining the TSUBAME way, {job.nodes} host(s) x {job.per_node} "
-        f"GPU(s) = WORLD_SIZE {world}: NVIDIA's launcher only composes the training config, then torchrun runs "
-        "NeMo's training with it on every host, in the Apptainer image (bcp_pipeline/backends/gridengine/nemo.py).",
+        f"# bcp-pipeline {job.title}: {job.what} the TSUBAME way, {job.nodes} host(s) x {job.per_node} GPU(s) = "
+        f"WORLD_SIZE {world}: torchrun on every host, in the Apptainer image "
+        "(bcp_pipeline/backends/gridengine/training.py).",
         *job.directives,
         "set -euo pipefail",
         f"logs={shell_word(job.logs)} nodes={job.nodes} per_node={job.per_node}",
@@ -110,7 +124,7 @@ def render(job: NemoJob) -> str:
         f'in_image() {{ {" ".join(shell_word(word) for word in job.container)} "$@"; }}',
         'train_host() {  # MASTER_ADDR MASTER_PORT: this host\'s torchrun, its ranks\' logs their own',
         '  mkdir -p "$logs/$JOB_ID"',
-        f'  {torchrun_call("in_image torchrun", chr(34) + "$1:$2" + chr(34), "python3 -u " + trainer)}',
+        f'  {torchrun_call("in_image torchrun", chr(34) + "$1:$2" + chr(34), job.program)}',
         "}",
         *(['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
            '  train_host "$3" "$4"', "  exit $?", "fi"] if job.nodes > 1 else []),
@@ -120,11 +134,7 @@ def render(job: NemoJob) -> str:
         f"mkdir -p {shell_word(job.data_list_file.rsplit('/', 1)[0])}",
         "in_image " + " ".join(shell_word(word) for word in job.data_list_argv),
         "",
-        "# The training config as NVIDIA's launcher composes it for the stage (debug mode: written, nothing run).",
-        *launcher_debug_step(job.overrides, job.data_list_file, job.launcher_dir, config, inside="in_image"),
-        f"in_image test -s {shell_word(config)} || "
-        f"{{ echo {shell_word(f'bcp-pipeline: the NeMo launcher wrote no {config}')} >&2; exit 1; }}",
-        "",
+        *job.setup,
         "# The training: one torchrun a host; the job's status is the worst host's.",
     ]
     if job.nodes > 1:
