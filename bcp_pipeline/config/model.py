@@ -115,6 +115,7 @@ class MegatronBridgeTraining:
     continue_run: str | None = None  # take over this training (its folder under results_dir) and its checkpoints
     max_attempts: int = 10  # continuation: resubmissions until train_iters
     checkpoints: bool = True  # false: one job that saves no checkpoint, done when it exits 0 (`profile` sets it)
+    nsys_output: str | None = None  # every rank under Nsight Systems, a file each (profile_<pid>) here (`profile`)
     overrides: list[str] = field(default_factory=list)  # more KEY=VALUE overrides of the ConfigContainer, verbatim
 
 

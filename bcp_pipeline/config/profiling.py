@@ -13,7 +13,10 @@ in the profile run's state, so `status`, `report` and `resume` of it load the sa
   `nsys_profile` section, so a plain key is refused ("Key 'nsys_profile' is not in struct"), and 126m's has one,
   so a `+` key is refused there ("Could not append to config. An item is already at ...");
 - on BCP, `BASH_ENV` = stages/nsys_names.sh, which gives each rank's shell SLURM_JOB_ID, SLURM_NODEID and
-  SLURM_PROCID from BCP's own values where bcprun sets none, so the launcher's per-rank file names are unique.
+  SLURM_PROCID from BCP's own values where bcprun sets none, so the launcher's per-rank file names are unique;
+- Megatron-Bridge: `profiling.use_nsys_profiler` over the window on the given ranks (Bridge starts and stops the
+  capture through the CUDA profiler API), every rank under Nsight Systems (`megatron_bridge.nsys_output`: the entry
+  program re-runs itself under `nsys profile ... -o DIR/profile_%p`, one file a rank, %p its pid).
 """
 
 from __future__ import annotations
@@ -61,11 +64,12 @@ def parse_window(steps: str, ranks: str) -> ProfileWindow:
 
 def profiled_stage(pipeline: PipelineConfig) -> StageConfig:
     """The pipeline's one pretrain stage (NeMo, or the smoke pretrain); ValueError when it has none or several."""
-    found = [s for s in pipeline.stages.values() if s.nemo is not None or s.program == SMOKE_PROGRAM]
+    found = [s for s in pipeline.stages.values() if s.engine is not None or s.program == SMOKE_PROGRAM]
     if len(found) != 1:
         names = ", ".join(s.name for s in found) or "none"
         raise ValueError(f"pipeline {pipeline.name} has {len(found)} pretrain stage(s) ({names}); `profile` needs "
-                         f"exactly one: a stage with a `nemo:` section or program {SMOKE_PROGRAM}")
+                         f"exactly one: a stage with a `nemo:` or `megatron_bridge:` section or program "
+                         f"{SMOKE_PROGRAM}")
     return found[0]
 
 
@@ -73,6 +77,8 @@ def profile_overrides(pipeline: PipelineConfig, window: ProfileWindow) -> list[s
     """The `--set` overrides that make the pipeline's pretrain stage a profile job."""
     stage = profiled_stage(pipeline)
     smoke = smoke_overrides(stage, window) if stage.program == SMOKE_PROGRAM else []
+    if stage.megatron_bridge is not None:
+        return [*[o for o in smoke if o.startswith(f"{stage.name}.args=")], *bridge_overrides(stage, window)]
     if stage.nemo is None:
         return smoke
     nemo = stage.nemo
@@ -85,6 +91,20 @@ def profile_overrides(pipeline: PipelineConfig, window: ProfileWindow) -> list[s
             f"{stage.name}.nemo.checkpoints=false", f"{stage.name}.continuation=null", f"{stage.name}.verify=[]",
             f"{stage.name}.nemo.overrides={json.dumps([*nemo.overrides, *nemo_profile_overrides(window)])}",
             f"{stage.name}.bcp.env={json.dumps({**stage.bcp.env, 'BASH_ENV': NSYS_NAMES_SCRIPT})}"]
+
+
+def bridge_overrides(stage: StageConfig, window: ProfileWindow) -> list[str]:
+    """A Bridge stage as a profile job: its own run, train_iters one past the window, no checkpoint, Nsight over the
+    window on the given ranks, one file a rank in the profile run's folder."""
+    section, key = stage.megatron_bridge, f"{stage.name}.megatron_bridge"
+    run_name = f"{section.run_name}{PROFILE_SUFFIX}"
+    ranks = "[" + ",".join(map(str, window.ranks)) + "]"
+    profiling = ["profiling.use_nsys_profiler=true", f"profiling.profile_step_start={window.first}",
+                 f"profiling.profile_step_end={window.last}", f"profiling.profile_ranks={ranks}"]
+    return [f"{key}.run_name={run_name}", f"{key}.continue_run=null", f"{key}.train_iters={window.max_steps}",
+            f"{key}.checkpoints=false", f"{stage.name}.continuation=null", f"{stage.name}.verify=[]",
+            f"{key}.nsys_output={section.results_dir.rstrip('/')}/{run_name}-${{run_id}}/profile",
+            f"{key}.overrides={json.dumps([*section.overrides, *profiling])}"]
 
 
 def nemo_profile_overrides(window: ProfileWindow, prefix: str = "training.") -> list[str]:

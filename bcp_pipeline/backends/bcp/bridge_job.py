@@ -57,6 +57,7 @@ def bridge_job(request: JobRequest, options: BcpOptions, stages_dir: Path, no_re
 
 def render(job: BridgeJob) -> str:
     """The script's text."""
+    head = job.rank_argv.index("--overrides-file") + 2  # the program and its options on one line, an override a line
     lines = [
         "#!/usr/bin/env bash",
         f"# bcp-pipeline: {job.title}: Megatron-Bridge, every rank started from replica 0, under pipefail.",
@@ -83,8 +84,8 @@ def render(job: BridgeJob) -> str:
         "",
         "# Each rank's command: this project's entry program (stages/bridge_pretrain.py), the recipe, the overrides.",
         "rank=(",
-        "  " + " ".join(shell_word(word) for word in job.rank_argv[:7]),
-        *[f"  {shell_word(word)}" for word in job.rank_argv[7:]],
+        "  " + " ".join(shell_word(word) for word in job.rank_argv[:head]),
+        *[f"  {shell_word(word)}" for word in job.rank_argv[head:]],
         ")",
         "",
         "# Every rank, its output (Bridge's step line comes from the last rank, on any node) to this job's log and to",

@@ -37,9 +37,10 @@ def rank_argv(request: JobRequest, values: dict[str, str], runtime: str | None) 
         overrides = bridge.bridge_overrides(request.stage, values=values, runtime=runtime, run_id=request.run_id)
     except ValueError as exc:
         raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
-    return [values["python"], "-u", f"{values['code']}/{bridge.ENTRY_PROGRAM}",
-            "--recipe", request.stage.megatron_bridge.recipe, "--overrides-file", data_list_file(request, values),
-            *overrides]
+    section = request.stage.megatron_bridge
+    nsys = ["--nsys-output", substitute(section.nsys_output, values)] if section.nsys_output else []
+    return [values["python"], "-u", f"{values['code']}/{bridge.ENTRY_PROGRAM}", "--recipe", section.recipe, *nsys,
+            "--overrides-file", data_list_file(request, values), *overrides]
 
 
 def gpus_per_node(request: JobRequest, backend: str) -> int:
