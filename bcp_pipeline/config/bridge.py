@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.model import Continuation, MegatronBridgeTraining, PipelineConfig, StageConfig
+from bcp_pipeline.config.nemo import launcher_version
 from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.resources import RESOURCE_TYPES, rank_layout
 
@@ -248,11 +249,34 @@ def training_layout(stage: StageConfig, backend: str) -> tuple[int, int]:
     return rank_layout(stage, backend).nodes, given or gpus_per_node(stage, stage.bcp.instance)
 
 
+def check_images(stage: StageConfig) -> None:
+    """Every image the stage names on a backend carries Megatron-Bridge: a NeMo Framework image of 25.11 or later
+    (an image whose tag is no YY.MM release is taken at its word)."""
+    for backend, resources in RESOURCE_TYPES.items():
+        image = getattr(stage.resources(backend), resources.image_field) if resources.image_field else None
+        version = launcher_version(str(image).removeprefix("docker://")) if image else None
+        if version is not None and version < FIRST_BRIDGE_IMAGE:
+            raise ValueError(f"{backend}.{resources.image_field} {image} is a {version[0]:02d}.{version[1]:02d} "
+                             "image, which has no Megatron-Bridge (the NeMo Framework images have it from 25.11 on): "
+                             "use nvcr.io/nvidia/nemo:26.08 or later, or train this image with a nemo: section")
+
+
+def check_gpus(stage: StageConfig) -> None:
+    """megatron_bridge.gpus_per_node, where given, is what the BCP instance has: a rank a GPU."""
+    given, instance = stage.megatron_bridge.gpus_per_node, stage.bcp.instance
+    match = re.search(r"\.(\d+)\.[a-z]+$", instance or "")
+    if given and match and int(match.group(1)) != given:
+        raise ValueError(f"megatron_bridge.gpus_per_node is {given}, but instance {instance} has "
+                         f"{match.group(1)} GPUs: a rank runs on each GPU; set it to {match.group(1)} (or drop it)")
+
+
 def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
-    """Checks that need no data: the model known, Hub access, the time limit, and the sizes against the nodes of
-    BCP (with an instance) and of every backend whose section declares nodes or GPUs."""
+    """Checks that need no data: the model known, Hub access, the images, the GPUs, the time limit, and the sizes
+    against the nodes of BCP (with an instance) and of every backend whose section declares nodes or GPUs."""
     bridge_model(stage)
     check_hub_access(stage)
+    check_images(stage)
+    check_gpus(stage)
     if stage.bcp.instance:
         check_parallelism(stage, *training_layout(stage, "bcp"))
         if stage.bcp.total_runtime:
