@@ -21,8 +21,8 @@ import time
 from bcp_pipeline.backends.bcp.clock import submitted_clock
 from bcp_pipeline.backends.bcp.nemo_probe import nemo_commandline, nemo_row, plan_nemo_probes
 from bcp_pipeline.backends.bcp.probe_findings import (WAIT_SECONDS, Preemption, ProbePlan, bcprun_facts, bcprun_row,
-    env_row, history_row, kill_row, killed_running, labels_row, logs_row, nsys_names_row, preemption_row, python_row,
-    replicas_row, runs_on, started_again, workspace_row)
+    env_row, history_row, kill_row, killed_running, labels_row, last_rank_row, logs_row, nsys_names_row,
+    preemption_row, python_row, replicas_row, runs_on, started_again, workspace_row)
 from bcp_pipeline.backends.bcp.render import JobSpec, label
 from bcp_pipeline.backends.bcp.states import status_of
 from bcp_pipeline.backends.bcp.transport import Transport
@@ -191,7 +191,7 @@ def run_probes(ctx: CheckInput, transport: Transport, ace: dict, notes: list[str
         listed = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token)])}
         stranger = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token + "x")])}
     rows = [replicas_row(plan, logs, ended), env_row(plan, logs, probe_id), bcprun_row(plan, logs, kill_log),
-            nsys_names_row(logs),
+            last_rank_row(plan, logs), nsys_names_row(logs),
             python_row(logs), workspace_row(plan, logs, kill_log), labels_row(set(ids), listed, stranger, lag),
             history_row(history), logs_row(plan, logs, tail), kill_row(kill_seconds, kill_states, killed_from),
             preemption_row(preemption), *(row for row, _ in nemo_results)]

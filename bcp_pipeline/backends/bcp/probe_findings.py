@@ -159,6 +159,25 @@ def bcprun_row(plan: ProbePlan, logs: dict[int, str | None], kill_log: str) -> R
               "no bcprun in one-replica jobs: the renderer does not use it there")
 
 
+def last_rank_row(plan: ProbePlan, logs: dict[int, str | None]) -> Row:
+    """Megatron-Bridge prints its step lines from the last rank only; `logs`, `status` and the report read replica
+    0's log. Where the probe's last rank (started as the rendered jobs start theirs) printed says whether they will
+    find those lines on this ACE."""
+    assumes = (f"the last rank's output (rank {plan.world - 1}, where Megatron-Bridge prints its step lines) reaches "
+               "replica 0's log, the one `logs`, `status` and the report read")
+    last = str(plan.world - 1)
+    found = [replica for replica, text in logs.items()
+             if any(fields(line).get("rank") == last for line in lines_of(text, "BCPP-RANK"))]
+    if not found:
+        return unchecked("last rank's lines", assumes, f"no log shows rank {last}", "see the bcprun row")
+    showed = f"rank {last} printed in the log of replica {', '.join(map(str, found))}"
+    if 0 in found:
+        return ok("last rank's lines", assumes, showed)
+    return different("last rank's lines", assumes, showed,
+                     f"Bridge's step lines would be in replica {found[0]}'s log: read them with "
+                     f"`bcp-pipeline logs RUN pretrain --rank {found[0]}`; `status` and the report show no steps")
+
+
 def slurm_variables(logs: dict[int, str | None]) -> str | None:
     """Whether bcprun gives its ranks SLURM_JOB_ID/SLURM_NODEID/SLURM_PROCID: `set` (every rank all three, one
     node and rank pair each), `unset` (no rank any), `partial`; None where no rank printed."""
