@@ -8,7 +8,9 @@ scripts/training/run_recipe.py, is not in the wheel), so what the job runs is wh
 Each rank needs RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, as torchrun and bcprun set them; under
 srun (which sets SLURM_PROCID and the like) they are derived here (_ranks.rendezvous). An overrides file holds one
 KEY=VALUE a line: the data list (`dataset.data_path=[w,prefix,...]`, data_list.py's hydra format) is written into
-one by the job's first step, from the preprocess manifests.
+one by the job's first step, from the preprocess manifests. A recipe that reads its architecture from the Hugging
+Face Hub (the Llama ones) takes HF_TOKEN from the environment (a secret of the job), or `--hf-home DIR`, a cache
+filled beforehand, read offline.
 
 `--dry-run` builds the config as every rank would, applies `runtime_config_update` (mixed precision, the data-
 parallel size for `--world-size` ranks, Bridge's own validation; what `pretrain()` runs first) and prints the
@@ -42,6 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, default=None,
                         help="with --dry-run: the ranks to resolve the config for (default: WORLD_SIZE, else 1)")
     parser.add_argument("--nsys-output", type=Path, metavar="DIR", help="run under Nsight Systems, files in DIR")
+    parser.add_argument("--hf-home", type=Path, metavar="DIR",
+                        help="a Hugging Face cache filled beforehand: recipes read it offline (HF_HUB_OFFLINE=1)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     return parser.parse_args(argv)
 
@@ -120,6 +124,9 @@ def under_nsys(output: Path, argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.hf_home is not None:  # before Bridge (and huggingface_hub) is imported: both read these once
+        os.environ["HF_HOME"] = str(args.hf_home)
+        os.environ["HF_HUB_OFFLINE"] = "1"
     overrides = overrides_of(args)
     if args.dry_run:
         return dry_run(args.recipe, overrides, args.world_size or int(os.environ.get("WORLD_SIZE", "1")))

@@ -226,14 +226,37 @@ def check_parallelism(stage: StageConfig, nodes: int, gpus: int) -> None:
                          f"node: {', '.join(map(str, valid)) or 'none up to 256'}")
 
 
-def check_hub_access(stage: StageConfig) -> None:
-    """A recipe that reads its architecture from the Hugging Face Hub needs a token or a filled cache."""
+HUB_TOKEN_BACKENDS = ("bcp", "kubernetes")  # the backends whose jobs take secrets as environment variables
+
+
+def hub_token_secret(stage: StageConfig, backend: str) -> str | None:
+    """The backend section's secret that reaches the job as HF_TOKEN (NAME:KEY:HF_TOKEN), if any."""
+    if backend not in HUB_TOKEN_BACKENDS:
+        return None
+    return next((s for s in stage.resources(backend).secrets if s.split(":")[-1] == "HF_TOKEN"), None)
+
+
+def hub_access_error(stage: StageConfig, backends: tuple[str, ...]) -> str | None:
+    """Why the stage's recipe cannot be built on `backends` (None: it can): a recipe that reads its architecture
+    from the Hugging Face Hub needs a filled cache (hf_home) or, where the backend has secrets, a token."""
     section = stage.megatron_bridge
-    if HUB_RECIPE.match(section.recipe) and not (section.hf_token_secret or section.hf_home):
-        raise ValueError(f"recipe {section.recipe} reads its model's architecture from the Hugging Face Hub (a gated "
-                         "repository) when it is built: give megatron_bridge.hf_token_secret (a secret NAME:KEY "
-                         "holding an HF token) or megatron_bridge.hf_home (a Hugging Face cache in the workspace, "
-                         "used offline), or use recipe vanilla_gpt_pretrain_config, which needs neither")
+    if not HUB_RECIPE.match(section.recipe) or section.hf_home:
+        return None
+    lacking = [b for b in backends if hub_token_secret(stage, b) is None]
+    if not lacking:
+        return None
+    return (f"recipe {section.recipe} reads its model's architecture from the Hugging Face Hub (a gated repository) "
+            f"when it is built, and on {', '.join(lacking)} the job has no way in: give megatron_bridge.hf_home (a "
+            "Hugging Face cache in the workspace, filled beforehand, used offline), or a secret that reaches the "
+            "job as HF_TOKEN (bcp.secrets: [NAME:KEY:HF_TOKEN]; kubernetes.secrets: [SECRET:KEY:HF_TOKEN]), or "
+            "use recipe vanilla_gpt_pretrain_config, which needs neither")
+
+
+def check_hub_access(pipeline: PipelineConfig, stage: StageConfig) -> None:
+    """On the pipeline's own backend (the others are checked when a job is rendered for them)."""
+    problem = hub_access_error(stage, (pipeline.backend,)) if pipeline.backend != "local" else None
+    if problem:
+        raise ValueError(problem)
 
 
 def tokens_per_step(stage: StageConfig) -> int:
@@ -274,7 +297,7 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
     """Checks that need no data: the model known, Hub access, the images, the GPUs, the time limit, and the sizes
     against the nodes of BCP (with an instance) and of every backend whose section declares nodes or GPUs."""
     bridge_model(stage)
-    check_hub_access(stage)
+    check_hub_access(pipeline, stage)
     check_images(stage)
     check_gpus(stage)
     if stage.bcp.instance:

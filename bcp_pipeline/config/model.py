@@ -93,7 +93,7 @@ class MegatronBridgeTraining:
     bpe_dir: str  # vocab.json + merges.txt (GPT-2 BPE)
     results_dir: str  # each run's folder (checkpoints, the data index cache, the training log) goes here
     recipe: str = "vanilla_gpt_pretrain_config"  # a recipe of megatron.bridge.recipes; a Llama recipe reads its
-    # architecture from the Hugging Face Hub: it needs hf_token_secret or a cached hf_home (bridge.py)
+    # architecture from the Hugging Face Hub: it needs an HF_TOKEN secret or a cached hf_home (bridge.py)
     model: str = "gpt3/7b_improved"  # the launcher config whose model and sizes fill in what is not given
     num_layers: int | None = None
     hidden_size: int | None = None
@@ -110,7 +110,6 @@ class MegatronBridgeTraining:
     time_margin: Duration = Duration("20m")  # each job trains for its runtime minus this (bridge.py says why)
     save_interval: int = 1000  # a checkpoint every this many steps (and one when the job's time is up)
     most_recent_k: int = 2  # checkpoints kept; Bridge's default keeps every one (about 90 GB each for 8B)
-    hf_token_secret: str | None = None  # a secret NAME:KEY holding a Hugging Face token, given as HF_TOKEN
     hf_home: str | None = None  # a Hugging Face cache filled beforehand (in the workspace): used offline
     continue_run: str | None = None  # take over this training (its folder under results_dir) and its checkpoints
     max_attempts: int = 10  # continuation: resubmissions until train_iters

@@ -48,7 +48,7 @@ def bridge_job(request: JobRequest, options: BcpOptions, stages_dir: Path, no_re
     values = placeholder_values(request, workspace=WORKSPACE, results=RESULTS, code=code, python=options.python)
     return BridgeJob(
         title=f"stage {stage.name} of pipeline {request.pipeline.name}, run {request.run_id}",
-        python=options.python, rank_argv=rank_argv(request, values, resources.total_runtime),
+        python=options.python, rank_argv=rank_argv(request, "bcp", values, resources.total_runtime),
         data_list_argv=data_list_argv(request, values), run_dir=bridge.run_dir(stage, values, request.run_id),
         log_file=f"{RESULTS}/{bridge.run_name(stage, request.run_id)}.log",
         replicas=request.rank_layout("bcp").nodes, gpus_per_node=gpus_per_node(request, "bcp"),

@@ -237,7 +237,7 @@ def bridge_job(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
     require_container(request, options, "Megatron-Bridge pretraining")
     size = training_shape(request, options)
     values = job_values(request, options, paths)
-    program = shell_join(bridge_rank_argv(request, values, size.h_rt))
+    program = shell_join(bridge_rank_argv(request, "gridengine", values, size.h_rt))
     return hosts_training_job(request, options, paths, size, "Megatron-Bridge pretraining",
                               (bridge_data_list_argv(request, values), data_list_file(request, values)), [], program)
 

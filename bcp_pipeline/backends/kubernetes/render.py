@@ -199,7 +199,8 @@ def bridge_pod_command(request: JobRequest, options: KubernetesOptions, size: Sh
     its arguments are the args). `torchrun_rendezvous`: the Indexed Job's static rendezvous at the index-0 pod; else
     the PyTorchJob operator's (torchrun reads its PET_* variables)."""
     values = job_values(request, options)
-    entry = bridge_rank_argv(request, values, None if size.deadline_seconds is None else f"{size.deadline_seconds}s")
+    deadline = None if size.deadline_seconds is None else f"{size.deadline_seconds}s"
+    entry = bridge_rank_argv(request, "kubernetes", values, deadline)
     torchrun = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
     if torchrun_rendezvous:
         torchrun += [f"--nnodes={size.pods}", '--node_rank="$JOB_COMPLETION_INDEX"', '--master_addr="$MASTER_ADDR"',

@@ -31,16 +31,20 @@ def data_list_argv(request: JobRequest, values: dict[str, str]) -> list[str]:
             bridge.DATA_PATH_KEY, "--out", data_list_file(request, values)]
 
 
-def rank_argv(request: JobRequest, values: dict[str, str], runtime: str | None) -> list[str]:
+def rank_argv(request: JobRequest, backend: str, values: dict[str, str], runtime: str | None) -> list[str]:
     """One rank's command: the entry program, the recipe, the data list file and every override."""
     try:
         overrides = bridge.bridge_overrides(request.stage, values=values, runtime=runtime, run_id=request.run_id)
     except ValueError as exc:
         raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
     section = request.stage.megatron_bridge
+    problem = bridge.hub_access_error(request.stage, (backend,))
+    if problem:
+        raise SubmissionError(f"stage {request.stage.name}: {problem}")
     nsys = ["--nsys-output", substitute(section.nsys_output, values)] if section.nsys_output else []
+    hub = ["--hf-home", substitute(section.hf_home, values)] if section.hf_home else []
     return [values["python"], "-u", f"{values['code']}/{bridge.ENTRY_PROGRAM}", "--recipe", section.recipe, *nsys,
-            "--overrides-file", data_list_file(request, values), *overrides]
+            *hub, "--overrides-file", data_list_file(request, values), *overrides]
 
 
 def gpus_per_node(request: JobRequest, backend: str) -> int:

@@ -90,7 +90,7 @@ def batch_script(request: JobRequest, options: SlurmOptions, paths: Paths) -> st
     size = shape(request, options)
     values = job_values(request, paths)
     trains = trains_with_bridge(request, "slurm")
-    program = rank_argv(request, values, size.time) if trains else stage_command(request, "slurm", values)
+    program = rank_argv(request, "slurm", values, size.time) if trains else stage_command(request, "slurm", values)
     if res.container_image and not (request.kind == "stage" and res.command):
         program = ["bash", f"{paths.code}/bootstrap.sh", *program]  # as on BCP: installs missing stage packages
     apptainer = bool(res.container_image) and options.container == "apptainer"
