@@ -8,8 +8,8 @@ Runs as a small job after each stage (on BCP a dgxa100.80g.1.norm job, locally a
 `##bcp-pipeline verify {"ok": ..., "checks": [{"glob", "expected", "found", "bytes"}]}` and exits 0 only when every
 count matches. `--progress DIR=TARGET` reports the step the checkpoints in DIR have reached as "steps", and counts
 as ok when it reaches TARGET: Megatron-Bridge's `latest_checkpointed_iteration.txt` (written by rank 0 once a save
-has completed, so an `iter_NNNNNNN` folder of a save cut short does not count), else the highest `step=N` among the
-names (NeMo's `megatron_gpt--...-step=50000-...-last` checkpoints, the smoke pretrain's `step=000040-last.pt`).
+has completed), else the highest `iter_NNNNNNN` folder holding the run_config.yaml written with it (a save cut
+short does not count), else the highest `step=N` among the names (NeMo's `megatron_gpt--...-step=50000-...-last` checkpoints, the smoke pretrain's `step=000040-last.pt`).
 """
 
 from __future__ import annotations
@@ -36,11 +36,14 @@ def parse_check(text: str) -> tuple[str, int]:
 
 STEP = re.compile(r"step=(\d+)")
 BRIDGE_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-Bridge's (Megatron-LM's) record of the last save
+BRIDGE_ITERATION = re.compile(r"^iter_(\d{7})$")  # Bridge's checkpoint folders, iter_0001000
+BRIDGE_SAVED = "run_config.yaml"  # written into an iter_ folder by rank 0 once its save completed (with the tracker)
 
 
 def latest_step(folder: str) -> int:
     """The step the checkpoints in `folder` reached (0 when there is none yet): Bridge's tracker file, else the
-    highest `step=N` among the entries; temporaries are ignored."""
+    highest Bridge `iter_NNNNNNN` folder whose save completed (it holds run_config.yaml), else the highest `step=N`
+    among the entries; temporaries are ignored."""
     if not os.path.isdir(folder):
         return 0
     tracker = os.path.join(folder, BRIDGE_TRACKER)
@@ -48,9 +51,12 @@ def latest_step(folder: str) -> int:
         with open(tracker, encoding="utf-8") as handle:
             text = handle.read().strip()
         return int(text) if text.isdigit() else 0  # "release": a converted checkpoint, no training step
-    steps = [int(m.group(1)) for name in os.listdir(folder)
-             if not name.startswith(".") and (m := STEP.search(name))]
-    return max(steps, default=0)
+    names = [name for name in os.listdir(folder) if not name.startswith(".")]
+    saved = [int(m.group(1)) for name in names if (m := BRIDGE_ITERATION.match(name))
+             and os.path.isfile(os.path.join(folder, name, BRIDGE_SAVED))]
+    if saved:
+        return max(saved)
+    return max((int(m.group(1)) for name in names if (m := STEP.search(name))), default=0)
 
 
 def count_files(pattern: str) -> tuple[int, int]:
