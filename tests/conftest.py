@@ -15,17 +15,17 @@ for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p
         sys.path.insert(1, str(folder))
 
 # The emulated BCP's fixtures (`fake`, once per transport), for every test module.
-from bcp_emulation import fake, ngc_tls_dir, transports_for  # noqa: E402,F401
-from offline import offline  # noqa: E402,F401  (autouse: no test reaches the internet)
-from tmpfs_mount import tmpfs  # noqa: E402,F401  (a small real file system, root only)
-import parallel  # noqa: E402  (tests/parallel.py: which tests share a worker, in what order)
+from support.bcp_emulation import fake, ngc_tls_dir, transports_for  # noqa: E402,F401
+from support.offline import offline  # noqa: E402,F401  (autouse: no test reaches the internet)
+from support.tmpfs_mount import tmpfs  # noqa: E402,F401  (a small real file system, root only)
+from support import parallel  # noqa: E402  (tests/support/parallel.py: which tests share a worker, in what order)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "emulator(api_key=None, variants=None): start the `fake` NGC API emulator "
                                        "as another variant of the service (tests/fakes/README.md)")
     config.addinivalue_line("markers", "both_transports: run this `fake` test on the ngc CLI and on ngcsdk "
-                                       "(tests/bcp_emulation.py: else on one)")
+                                       "(tests/support/bcp_emulation.py: else on one)")
 
 
 def pytest_generate_tests(metafunc):

@@ -1,8 +1,8 @@
-"""The suite's parallel schedule (tests/parallel.py): the cluster modules share one worker, Kubernetes comes last."""
+"""The suite's parallel schedule (tests/support/parallel.py): the cluster modules share one worker, Kubernetes comes last."""
 
 from __future__ import annotations
 
-import parallel
+from support import parallel
 
 
 def test_modules_that_use_a_machine_wide_cluster_share_one_group_and_the_rest_are_their_own() -> None:

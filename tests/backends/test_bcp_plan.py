@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-import ngc_parser
+from support import ngc_parser
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.load import load_config
-from golden_files import REPO, assert_golden, normalize
-from pipeline_fixtures import make_stages_dir
+from support.golden_files import REPO, assert_golden, normalize
+from support.pipeline_fixtures import make_stages_dir
 
 needs_parser = pytest.mark.skipif(not ngc_parser.available(), reason="ngcsdk[telemetry]==4.19.1 is not installed "
                                   "(pip install -e '.[test]')")
@@ -168,7 +168,7 @@ def test_the_detached_driver_job_passes_nvidias_parser_with_the_key_only_as_a_se
     assert "--hand-over-after 430200" in request["command"]  # 5 days less the 30-minute hand-over margin
     assert driver["upload"].startswith("ngc workspace upload nemo-framework --source BUNDLE "
                                        "--destination .bcp-pipeline/runs/slimpajama-8b-RUN")
-    # The API cannot be reached here (tests/offline.py): plan tries the ACE twice, not run's whole back-off.
+    # The API cannot be reached here (tests/support/offline.py): plan tries the ACE twice, not run's whole back-off.
     assert payload["limits"]["checked"] is False and "failed 2 times" in payload["limits"]["reason"], payload["limits"]
 
 

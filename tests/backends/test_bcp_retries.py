@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk
+from support.bcp_emulation import needs_ngcsdk
 from bcp_pipeline.backends.bcp.render import label
 from bcp_pipeline.backends.bcp.transport_cli import http_status_in
 from bcp_pipeline.backends.bcp.transport import list_window

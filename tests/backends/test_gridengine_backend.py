@@ -21,7 +21,7 @@ from bcp_pipeline.backends.gridengine.render import h_rt
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import ConfigError, SubmissionError
-from golden_files import REPO, assert_golden, normalize
+from support.golden_files import REPO, assert_golden, normalize
 
 STAND_IN = REPO / "tests" / "fakes" / "apptainer_bin" / "apptainer"
 

@@ -19,7 +19,7 @@ from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.gridengine.backend import GridEngineBackend
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
-from golden_files import REPO, assert_golden, normalize
+from support.golden_files import REPO, assert_golden, normalize
 from test_gridengine_backend import load_stand_in
 
 IMAGE = "/images/nemo 24.05.sif"  # a .sif path: no release tag, so the launcher's folder is bcp.image's (23.11)

@@ -20,9 +20,9 @@ import extract
 import preprocess
 import sample
 from bcp_pipeline.cli.main import main as cli_main
-from http_faults import FaultServer
-from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
-from stage_fixtures import (gpt2_vocab_merges, iter_documents, jsonl_bytes, make_shards, run_as_rank,
+from support.http_faults import FaultServer
+from support.pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+from support.stage_fixtures import (gpt2_vocab_merges, iter_documents, jsonl_bytes, make_shards, run_as_rank,
                             snapshot, temporaries)
 
 VOCAB, MERGES = gpt2_vocab_merges()

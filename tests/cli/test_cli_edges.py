@@ -17,7 +17,7 @@ import pytest
 from bcp_pipeline.cli.main import build_parser, main as cli_main
 from bcp_pipeline.cli.runs import without_state_lines
 from bcp_pipeline.detach.protocol import SNAPSHOT_PREFIX, snapshot_lines
-from pipeline_fixtures import write_chain_project
+from support.pipeline_fixtures import write_chain_project
 
 
 def cli(config: Path, *args: str) -> int:

@@ -23,7 +23,7 @@ from bcp_pipeline.report.estimates import estimate_stage
 from bcp_pipeline.report.mfu import flops_per_token
 from bcp_pipeline.backends.bcp.render import commandline, job_files
 from bcp_pipeline.config.resources import BcpOptions
-from golden_files import REPO
+from support.golden_files import REPO
 
 CONFIG = REPO / "pipelines.yaml"
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk
-from golden_files import REPO
+from support.bcp_emulation import needs_ngcsdk
+from support.golden_files import REPO
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.backends.profile import profile_key, save_profile
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from ngc_control import FakeNgc
-from pipeline_fixtures import wait_for
+from support.pipeline_fixtures import wait_for
 from test_bcp_emulated import bcp_chain_config, write_chain_project
 
 pytestmark = needs_ngcsdk

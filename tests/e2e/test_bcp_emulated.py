@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk, status_calls
+from support.bcp_emulation import needs_ngcsdk, status_calls
 from bcp_pipeline.backends.profile import profile_key, save_profile
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.cli.main import main
@@ -21,7 +21,7 @@ from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from ngc_control import FakeNgc
-from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
 
 pytestmark = needs_ngcsdk
 

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk
+from support.bcp_emulation import needs_ngcsdk
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.engine.selection import open_run
 from bcp_pipeline.report.data import report_data
 from bcp_pipeline.report.gather import training_logs
-from golden_files import REPO
-from pipeline_fixtures import logs_and_status
+from support.golden_files import REPO
+from support.pipeline_fixtures import logs_and_status
 from test_data_list import chunk_name, fabricate
 
 pytestmark = needs_ngcsdk

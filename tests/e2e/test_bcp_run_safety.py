@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk
+from support.bcp_emulation import needs_ngcsdk
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore
-from golden_files import REPO
-from pipeline_fixtures import start_orchestrator, wait_for, write_chain_project
+from support.golden_files import REPO
+from support.pipeline_fixtures import start_orchestrator, wait_for, write_chain_project
 from test_bcp_emulated import bcp_chain_config
 
 pytestmark = needs_ngcsdk

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk
+from support.bcp_emulation import needs_ngcsdk
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import StageStatus
-from pipeline_fixtures import start_orchestrator, wait_for
+from support.pipeline_fixtures import start_orchestrator, wait_for
 from test_bcp_emulated import jobs_by_stage, latest, run, write_chain_project, bcp_chain_config
 
 pytestmark = needs_ngcsdk

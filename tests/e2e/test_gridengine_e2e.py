@@ -1,4 +1,4 @@
-"""The Grid Engine backend on a real two-host Son of Grid Engine cell (tests/sge_cluster.py: this machine, and
+"""The Grid Engine backend on a real two-host Son of Grid Engine cell (tests/support/sge_cluster.py: this machine, and
 `node2` in its own network, UTS and mount namespaces on a private bridge; the workspace on the shared file system).
 
 - the demo's data stages as array jobs whose tasks run on both hosts, byte-identical to a local run;
@@ -28,8 +28,8 @@ from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, REPO, logs_and_status, start_orchestrator, wait_for, write_chain_project
-from sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
+from support.pipeline_fixtures import CHAIN_CONFIG, REPO, logs_and_status, start_orchestrator, wait_for, write_chain_project
+from support.sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 from test_pretrain_backends import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
 from test_pretrain_backends import write_project as write_ddp_project
 from test_pretrain_distributed import data_dir, reference  # noqa: F401 (fixtures)

@@ -24,9 +24,9 @@ from bcp_pipeline.config.load import load_config
 from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
 from bcp_pipeline.engine.state import RunState, RunStore, StageStatus
 from bcp_pipeline.errors import BackendCallError
-from k8s_cluster import (K8sCluster, install_pytorchjob_crd, k8s_cluster, pytorchjob_crd_file,  # noqa: F401
+from support.k8s_cluster import (K8sCluster, install_pytorchjob_crd, k8s_cluster, pytorchjob_crd_file,  # noqa: F401
                          skip_unless_required)
-from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
@@ -252,7 +252,7 @@ def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass
 
 
 # -- Job and pod conditions on the real control plane, chaos, then resume -----------------------------------------
-# The chain pipeline (tests/pipeline_fixtures.py) with its first stage as 2 pods of one process, over both nodes.
+# The chain pipeline (tests/support/pipeline_fixtures.py) with its first stage as 2 pods of one process, over both nodes.
 K8S_CHAIN = (CHAIN_CONFIG
              .replace("        local: {replicas: 2, processes: 1}\n",
                       "        local: {replicas: 2, processes: 1}\n        kubernetes: {replicas: 2, processes: 1}\n")

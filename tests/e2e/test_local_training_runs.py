@@ -10,7 +10,7 @@ import shutil
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from golden_files import REPO
+from support.golden_files import REPO
 from test_pretrain_local import make_dataset
 
 SMALL = ["--set", "vars.steps=4", "--set", "pretrain.args=[--data-dir, '${data}/preprocessed', --results, "

@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bcp_emulation import needs_ngcsdk
+from support.bcp_emulation import needs_ngcsdk
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import REPO, start_orchestrator, wait_for
-from slurm_cluster import MultiNodeCluster, two_node_cluster  # noqa: F401 (the fixture)
+from support.pipeline_fixtures import REPO, start_orchestrator, wait_for
+from support.slurm_cluster import MultiNodeCluster, two_node_cluster  # noqa: F401 (the fixture)
 from test_pretrain_distributed import ARGS, LOSS_RTOL, STEPS, data_dir, reference  # noqa: F401 (fixtures)
 
 import _pretrain_checkpoints

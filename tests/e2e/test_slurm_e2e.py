@@ -1,6 +1,6 @@
 """The Slurm backend on a real single-node Slurm cluster (scripts/slurm-cluster via the `slurm_cluster` fixture).
 
-The `chain` pipeline of tests/pipeline_fixtures.py runs as real sbatch jobs (the orchestrator as a real
+The `chain` pipeline of tests/support/pipeline_fixtures.py runs as real sbatch jobs (the orchestrator as a real
 subprocess where a test kills it), in a workspace whose path holds spaces, quotes and ';'. The last test runs the
 bundled `demo` pipeline with `--backend slurm`. Where Slurm cannot be installed, the fixture skips every test here
 and prints why.
@@ -21,9 +21,9 @@ import yaml
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from chaos_backends import processes
-from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
-from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+from support.chaos_backends import processes
+from support.pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
+from support.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 WORKSPACE_DIR = "ws dir/it's;odd"

@@ -22,8 +22,8 @@ import yaml
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
-from slurm_cluster import MultiNodeCluster, node_addresses, script, two_node_cluster  # noqa: F401 (the fixture)
+from support.pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
+from support.slurm_cluster import MultiNodeCluster, node_addresses, script, two_node_cluster  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.usefixtures("two_node_cluster")
 SLURM_OPTIONS = {"poll_seconds": 0.2, "poll_max_seconds": 1.0}

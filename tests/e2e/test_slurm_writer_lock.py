@@ -14,8 +14,8 @@ import pytest
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore
-from pipeline_fixtures import start_orchestrator, wait_for
-from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+from support.pipeline_fixtures import start_orchestrator, wait_for
+from support.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 from test_slurm_e2e import WORKSPACE_DIR, project
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")

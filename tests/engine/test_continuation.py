@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import write_chain_project
+from support.pipeline_fixtures import write_chain_project
 
 TRAINER = '''
 import sys, os, re

@@ -1,6 +1,6 @@
 """The orchestrator on the local backend, end to end: DAG order, verification gates, failure and resume.
 
-Stages run as real local processes (tests/pipeline_fixtures.py `items.py`); the orchestrator runs as a real
+Stages run as real local processes (tests/support/pipeline_fixtures.py `items.py`); the orchestrator runs as a real
 subprocess where a test kills it.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
 
 
 def cli(config: Path, *args: str) -> int:

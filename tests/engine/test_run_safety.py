@@ -20,7 +20,7 @@ import pytest
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.selection import RunRequest, Selection, choose_run, continue_run
 from bcp_pipeline.engine.state import RUN_ID, RunStore, StageStatus, new_run_id, store_for
-from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
 
 TWO_PIPELINES = CHAIN_CONFIG + """\
   other:

@@ -18,7 +18,7 @@ from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError, ConfigError
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, write_chain_project
 
 
 def cli(config: Path, *args: str) -> int:

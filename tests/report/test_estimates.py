@@ -16,7 +16,7 @@ from bcp_pipeline.report.mfu import flops_per_token, params_for_flops
 from bcp_pipeline.config.nemo import KNOWN_SHAPES
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.state import StageState, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
 
 BUNDLED = REPO / "pipelines.yaml"
 

@@ -8,7 +8,7 @@ import pytest
 
 import _durable
 import concat
-from stage_fixtures import (completion_records, iter_documents, jsonl_bytes, kill_when, run_as_rank, run_stage,
+from support.stage_fixtures import (completion_records, iter_documents, jsonl_bytes, kill_when, run_as_rank, run_stage,
                             snapshot, stage_command, temporaries)
 
 

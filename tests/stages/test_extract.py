@@ -10,7 +10,7 @@ import zstandard
 
 import _durable
 import extract
-from stage_fixtures import (completion_records, compress, iter_documents, jsonl_bytes, kill_when, make_shards,
+from support.stage_fixtures import (completion_records, compress, iter_documents, jsonl_bytes, kill_when, make_shards,
                             run_as_rank, run_stage, snapshot, stage_command, temporaries)
 
 

@@ -16,7 +16,7 @@ import pytest
 import _slimpajama_files
 import download
 import hf_listing
-from stage_fixtures import iter_documents, jsonl_bytes, run_as_rank, temporaries
+from support.stage_fixtures import iter_documents, jsonl_bytes, run_as_rank, temporaries
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fakes"))
 from hf_hub import FakeHub  # noqa: E402
@@ -200,7 +200,7 @@ def test_names_selection_and_bad_listings():
 def test_slimpajama_through_the_listing_keeps_its_names_and_checks_zstd_and_sha256(hub, tmp_path, monkeypatch,
                                                                                     capsys):
     """The slimpajama-* pipelines' download args (pipelines.yaml) against a SlimPajama-shaped repo."""
-    from stage_fixtures import compress
+    from support.stage_fixtures import compress
 
     from bcp_pipeline.config.load import load_config
 

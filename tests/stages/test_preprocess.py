@@ -18,7 +18,7 @@ import extract
 import megatron_index
 import preprocess
 import tokenizers_gpt2
-from stage_fixtures import (completion_records, gpt2_vocab_merges, iter_documents, jsonl_bytes, kill_when,
+from support.stage_fixtures import (completion_records, gpt2_vocab_merges, iter_documents, jsonl_bytes, kill_when,
                             make_shards, run_as_rank, run_stage, snapshot, stage_command, temporaries)
 
 VOCAB, MERGES = gpt2_vocab_merges()
@@ -171,7 +171,7 @@ def test_malformed_lines_are_skipped_and_reported_by_file_and_line(tmp_path, mon
 
 @pytest.mark.parametrize("batch_bytes", [1, 7, 100, 1 << 20])
 def test_batches_tile_each_source_in_whole_lines(tmp_path, monkeypatch, batch_bytes):
-    from stage_fixtures import compress
+    from support.stage_fixtures import compress
     monkeypatch.setattr(_preprocess_batches, "PROBE_BYTES", 5)  # lines longer than a probe window, too
     payload = b'{"text": "a"}\n\n' + b"x" * 300 + b"\n\n\nlast line without newline"
     (tmp_path / "a.jsonl").write_bytes(payload)
@@ -198,7 +198,7 @@ def test_line_numbers_survive_small_batches(tmp_path, monkeypatch, capsys):
 
 
 def test_bad_lines_in_zst_groups_name_the_zst_file(tmp_path, monkeypatch, capsys):
-    from stage_fixtures import compress
+    from support.stage_fixtures import compress
     (tmp_path / "zst").mkdir()
     (tmp_path / "zst" / "a.jsonl.zst").write_bytes(compress(jsonl_bytes(iter_documents(1, 3))))
     (tmp_path / "zst" / "b.jsonl.zst").write_bytes(compress(b'{"text": "x"}\n{"text": "y"}\n{oops\n'))

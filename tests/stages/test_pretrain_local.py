@@ -23,7 +23,7 @@ import pytest
 import _pretrain_checkpoints
 import _pretrain_data
 import _smoke_gpt
-from stage_fixtures import gpt2_vocab_merges
+from support.stage_fixtures import gpt2_vocab_merges
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "stages" / "pretrain_local.py"

@@ -14,7 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 ITEMS_PROGRAM = '''
 """Test stage: write --count files item-NNNN.txt into --out, sharded by rank; copy upstream contents if --in."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from xdist.scheduler import LoadScopeScheduling
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_FIXTURES = re.compile(r"\b(slurm_cluster|two_node_cluster|sge_cell)\b")
 K8S_FIXTURE = re.compile(r"\bk8s_cluster\b")
 ORDER = {"clusters": 0, "kubernetes": 2}  # every other group: 1
