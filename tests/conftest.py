@@ -7,12 +7,11 @@ REPO = Path(__file__).resolve().parent.parent
 STAGES = REPO / "stages"
 if str(STAGES) not in sys.path:
     sys.path.insert(0, str(STAGES))
-# Tests are grouped in folders by the part they test (engine/, backends/, stages/, ...); the shared helpers here
-# and the test modules some tests borrow from (test_preprocess's reference tokenizer, ...) import by plain name.
+# The shared helpers are the package tests/support/ (`from support.x import ...`): tests/ itself is on sys.path (pytest
+# puts a rootdir conftest's folder there; said here too, for any import mode). No test module imports another.
 TESTS = Path(__file__).resolve().parent
-for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
-    if str(folder) not in sys.path:
-        sys.path.insert(1, str(folder))
+if str(TESTS) not in sys.path:
+    sys.path.insert(1, str(TESTS))
 
 # The emulated BCP's fixtures (`fake`, once per transport), for every test module.
 from support.bcp_emulation import fake, ngc_tls_dir, transports_for  # noqa: E402,F401

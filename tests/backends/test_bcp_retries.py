@@ -27,7 +27,7 @@ from bcp_pipeline.detach.laptop import DetachedRun
 from bcp_pipeline.engine.selection import Selection, new_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import BackendCallError, is_not_found, is_refused_credentials, is_transient
-from test_bcp_emulated import bcp_chain_config, write_chain_project
+from support.pipeline_fixtures import bcp_chain_config, write_chain_project
 
 pytestmark = needs_ngcsdk
 

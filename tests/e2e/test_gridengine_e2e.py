@@ -25,23 +25,19 @@ import yaml
 
 from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from support.pipeline_fixtures import CHAIN_CONFIG, REPO, logs_and_status, start_orchestrator, wait_for, write_chain_project
+from support.cli import cli
+from support.ddp_pretrain import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
+from support.ddp_pretrain import write_project as write_ddp_project
+from support.ddp_pretrain import data_dir, reference  # noqa: F401 (fixtures)
+from support.pipeline_fixtures import (GE_CHAIN, REPO, logs_and_status, start_orchestrator, wait_for,
+                                       write_chain_project)
+from support.pipeline_fixtures import DEMO_SPREAD as SPREAD  # (array tasks, ranks per task)
+from support.pipeline_fixtures import GE_OPTIONS as OPTIONS
 from support.sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
-from test_pretrain_backends import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
-from test_pretrain_backends import write_project as write_ddp_project
-from test_pretrain_distributed import data_dir, reference  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("sge_cell")
-OPTIONS = {"poll_seconds": 0.3, "poll_max_seconds": 1.0, "accounting_grace_seconds": 3}
-# Demo data stages spread over both hosts as array jobs: (array tasks, ranks per task).
-SPREAD = {"download": (2, 2), "extract": (2, 1), "concat": (2, 1), "tokenize-preprocess": (2, 1)}
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def demo_project(root: Path, backend: str, **stage_extra: dict) -> Path:
@@ -204,18 +200,6 @@ def test_requests_the_cell_refuses_fail_the_run_with_grid_engine_s_words(
     printed = capsys.readouterr()
     said = printed.out + printed.err
     assert words in said and "qsub" in said, said
-
-
-GE_CHAIN = (CHAIN_CONFIG
-            .replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
-                     "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
-                     "  gridengine: {workspace_dir: ws, poll_seconds: 0.3, poll_max_seconds: 1, "
-                     "accounting_grace_seconds: 3}\n")
-            .replace('--count, "${count}", --name, first]', '--count, "${count}", --name, first, --sleep, "2"]')
-            .replace("        local: {replicas: 2, processes: 1}\n",
-                     "        local: {replicas: 2, processes: 1}\n        gridengine: {nodes: 2}\n")
-            .replace("        local: {replicas: 1, processes: 3}\n",
-                     "        local: {replicas: 1, processes: 3}\n        gridengine: {processes_per_node: 3}\n"))
 
 
 def test_a_task_deleted_while_the_orchestrator_was_killed_then_resume_matches_a_local_run(tmp_path: Path) -> None:
@@ -392,7 +376,7 @@ pipelines:
 
 def nemo_project(root: Path, *, nodes: int = 1, steps: int = 30, runtime: str = "2m", margin: str = "1m",
                  extra: str = "") -> Path:
-    from test_data_list import chunk_name, fabricate
+    from support.manifests import chunk_name, fabricate
 
     image = root / "images" / "nemo-24.05.sif"
     image.parent.mkdir(parents=True)

@@ -19,27 +19,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
 from bcp_pipeline.engine.state import RunState, RunStore, StageStatus
 from bcp_pipeline.errors import BackendCallError
+from support.cli import cli
 from support.k8s_cluster import (K8sCluster, install_pytorchjob_crd, k8s_cluster, pytorchjob_crd_file,  # noqa: F401
-                         skip_unless_required)
-from support.pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
+                                 skip_unless_required)
+from support.pipeline_fixtures import K8S_CHAIN, REPO, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import DEMO_SPREAD as SPREAD  # (pods, processes per pod)
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
 
 NAMESPACE = "bcp-e2e"
 CLAIM = "bcp-pipeline-workspace"
-# Demo data stages: (pods, processes per pod). download puts two ranks in each pod.
-SPREAD = {"download": (2, 2), "extract": (2, 1), "concat": (2, 1), "tokenize-preprocess": (2, 1)}
 RECORDS = {"download": "download", "extract": "extract", "concat": "concat", "tokenize-preprocess": "preprocess"}
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -252,14 +247,6 @@ def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass
 
 
 # -- Job and pod conditions on the real control plane, chaos, then resume -----------------------------------------
-# The chain pipeline (tests/support/pipeline_fixtures.py) with its first stage as 2 pods of one process, over both nodes.
-K8S_CHAIN = (CHAIN_CONFIG
-             .replace("        local: {replicas: 2, processes: 1}\n",
-                      "        local: {replicas: 2, processes: 1}\n        kubernetes: {replicas: 2, processes: 1}\n")
-             .replace("        local: {replicas: 1, processes: 3}\n",
-                      "        local: {replicas: 1, processes: 3}\n        kubernetes: {replicas: 1, processes: 3}\n"))
-
-
 def report_data_of(html: str) -> dict:
     """The data a report page was drawn from (embedded as JSON, as tests/report/test_report_browser.py reads it)."""
     match = re.search(r'<script type="application/json" id=report-data>(.*?)</script>', html, re.S)

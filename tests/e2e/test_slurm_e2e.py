@@ -18,31 +18,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.chaos_backends import processes
-from support.pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
+from support.cli import cli
+from support.pipeline_fixtures import REPO, SLURM_CHAIN, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import SLURM_WORKSPACE_DIR as WORKSPACE_DIR
 from support.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
-WORKSPACE_DIR = "ws dir/it's;odd"
-SLURM_CHAIN = (CHAIN_CONFIG
-               .replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
-                        "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
-                        f"  slurm: {{workspace_dir: \"{WORKSPACE_DIR}\", poll_seconds: 0.2, poll_max_seconds: 1}}\n")
-               .replace("        local: {replicas: 2, processes: 1}\n",
-                        "        local: {replicas: 2, processes: 1}\n        slurm: {ntasks_per_node: 2}\n")
-               .replace("        local: {replicas: 1, processes: 3}\n",
-                        "        local: {replicas: 1, processes: 3}\n        slurm: {ntasks_per_node: 3}\n"))
-
-
 def project(root: Path) -> Path:
     return write_chain_project(root, SLURM_CHAIN)
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def run_chain(config: Path, *args: str) -> int:

@@ -157,7 +157,7 @@ def test_plan_speaks_of_epochs_and_warns_above_one(capsys):
 
 
 def test_epochs_come_from_the_manifests_once_the_data_exists(tmp_path, capsys):
-    from test_data_list import chunk_name, fabricate
+    from support.manifests import chunk_name, fabricate
 
     config = tmp_path / "pipelines.yaml"
     config.write_text(BUNDLED.read_text().replace("stages_dir: stages", f"stages_dir: {REPO / 'stages'}"))

@@ -11,7 +11,7 @@ import zstandard
 import _durable
 import extract
 from support.stage_fixtures import (completion_records, compress, iter_documents, jsonl_bytes, kill_when, make_shards,
-                            run_as_rank, run_stage, snapshot, stage_command, temporaries)
+                                    run_as_rank, run_stage, snapshot, stage_command, temporaries)
 
 
 def expected_text(path: Path) -> bytes:

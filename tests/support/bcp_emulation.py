@@ -78,3 +78,10 @@ def status_calls(fake: FakeNgc) -> int:
     if fake.transport == "cli":
         return len(fake.calls("job list"))
     return len([r for r in fake.requests("GET", "/v2/org/*/jobs") if "page-number=" not in r["query"]])
+
+
+def jobs_by_stage(fake: FakeNgc) -> dict[str, list[dict]]:
+    grouped: dict[str, list[dict]] = {}
+    for record in fake.jobs().values():
+        grouped.setdefault(record["job"]["jobDefinition"]["name"], []).append(record["job"])
+    return grouped
