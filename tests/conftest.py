@@ -17,14 +17,19 @@ if str(TESTS) not in sys.path:
 from support.bcp_emulation import fake, ngc_tls_dir, transports_for  # noqa: E402,F401
 from support.offline import offline  # noqa: E402,F401  (autouse: no test reaches the internet)
 from support.tmpfs_mount import tmpfs  # noqa: E402,F401  (a small real file system, root only)
-from support import parallel  # noqa: E402  (tests/support/parallel.py: which tests share a worker, in what order)
+from support import markers  # noqa: E402  (cluster, emulator, e2e: set from the fixtures a test uses, or its folder)
+from support import parallel  # noqa: E402  (which tests share a worker, in what order)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "emulator(api_key=None, variants=None): start the `fake` NGC API emulator "
-                                       "as another variant of the service (tests/fakes/README.md)")
+    markers.register(config)
     config.addinivalue_line("markers", "both_transports: run this `fake` test on the ngc CLI and on ngcsdk "
                                        "(tests/support/bcp_emulation.py: else on one)")
+    parallel.configure(config)
+
+
+def pytest_unconfigure(config):
+    parallel.unconfigure(config)
 
 
 def pytest_generate_tests(metafunc):
@@ -33,7 +38,9 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
+    markers.mark(items)  # first: the groups below come from the markers
     parallel.order_items(items)
+    parallel.write_groups(config, items)
 
 
 def pytest_xdist_make_scheduler(config, log):
