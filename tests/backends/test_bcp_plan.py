@@ -27,11 +27,11 @@ def plan(capsys, *args: str) -> str:
 
 
 def test_plan_slimpajama_8b_golden(capsys):
-    assert_golden("plan-slimpajama-8b-bcp.txt", normalize(plan(capsys, "slimpajama-8b")))
+    assert_golden("bcp/plan-slimpajama-8b.txt", normalize(plan(capsys, "slimpajama-8b")))
 
 
 def test_plan_slimpajama_126m_golden(capsys):
-    assert_golden("plan-slimpajama-126m-bcp.txt", normalize(plan(capsys, "slimpajama-126m", "--backend", "bcp")))
+    assert_golden("bcp/plan-slimpajama-126m.txt", normalize(plan(capsys, "slimpajama-126m", "--backend", "bcp")))
 
 
 def jobs_of(capsys, pipeline: str) -> list[dict]:
@@ -123,9 +123,9 @@ def test_plan_quotes_names_with_spaces_quotes_and_semicolons(tmp_path, capsys):
     capsys.readouterr()
     assert main(["--config", str(config), "plan", "odd", "--backend", "bcp"]) == 0
     text = capsys.readouterr().out
-    assert_golden("plan-odd-bcp.txt", normalize(text, tmp_path))
+    assert_golden("bcp/plan-odd.txt", normalize(text, tmp_path))
     assert main(["--config", str(config), "plan", "odd", "--backend", "local"]) == 0
-    assert_golden("plan-odd-local.txt", normalize(capsys.readouterr().out, tmp_path))
+    assert_golden("local/plan-odd.txt", normalize(capsys.readouterr().out, tmp_path))
     # The printed ngc line is copy-pasteable: a shell splits it back into exactly the argv we would run.
     assert main(["--config", str(config), "plan", "odd", "--backend", "bcp", "--json"]) == 0
     job = json.loads(capsys.readouterr().out)["jobs"][0]
