@@ -2,7 +2,9 @@
 talking to the NGC API EMULATOR on loopback (tests/fakes/ngc_api.py: a fake, named so).
 
 The emulator answers the REST calls and the gRPC upload NVIDIA's client makes, runs jobs as local processes with a
-local bcprun, and can fail, preempt, hold or lose jobs and fail or delay API requests, which these tests use.
+local bcprun, and can fail, preempt, hold or lose jobs and fail or delay API requests, which these tests use. A
+killed orchestrator's held job re-attached by `resume`, one `job list` a poll and the demo's data stages, as on every
+backend: tests/e2e/test_backend_conformance.py (`TestBcp`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from support.bcp_emulation import jobs_by_stage, needs_ngcsdk, status_calls
+from support.bcp_emulation import jobs_by_stage, needs_ngcsdk
 from bcp_pipeline.backends.profile import profile_key, save_profile
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
@@ -65,34 +67,6 @@ def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys
     assert leaks == []
 
 
-@pytest.mark.both_transports
-def test_a_poll_cycle_costs_one_list_call_whatever_the_number_of_jobs(fake, project):
-    from bcp_pipeline.backends.contract import JobRequest
-
-    config = load_config(project)
-    pipeline = config.pipeline("chain")
-    fake.hold_queued(times=None)  # keep every job queued: only status calls happen
-    fake.set_page_size(2)  # and the list comes in pages, which NVIDIA's client follows
-    counts = {}
-    for jobs in (1, 6):
-        backend = make_backend("bcp", config, pipeline, project.parent / f".bcp-pipeline/runs/chain-poll-{jobs}")
-        stage = pipeline.stages["first"]
-        ids = [backend.submit(backend.render(JobRequest(run_id=f"chain-poll-{jobs}", pipeline=pipeline, stage=stage,
-                                                        kind="stage", program=stage.program, args=tuple(stage.args))))
-               for _ in range(jobs)]
-        for job_id in ids:
-            fake.wait_for(int(job_id), {"QUEUED"})
-        fake.clear_calls()
-        statuses = backend.poll(ids)
-        assert set(statuses) == set(ids) and all(s.native == "QUEUED" for s in statuses.values())
-        counts[jobs] = status_calls(fake)
-        assert not fake.requests("GET", "/v2/org/*/jobs/*")  # no `job info`: the list had every job
-    assert counts == {1: 1, 6: 1}
-    # The last poll: 6 jobs in pages of 2, which NVIDIA's client fetches as pages 0-3 (its own page arithmetic).
-    assert len(fake.requests("GET", "/v2/org/*/jobs")) == 4
-    fake.release()
-
-
 def stage_state(project: Path, stage: str) -> dict | None:
     states = sorted((project.parent / ".bcp-pipeline/runs").glob("*/state.json"))
     if not states:
@@ -105,26 +79,6 @@ def stage_state(project: Path, stage: str) -> dict | None:
 
 
 
-
-
-@pytest.mark.both_transports
-def test_sigkill_after_submit_then_resume_submits_no_duplicate(fake, project):
-    fake.hold_queued(name="chain.second", times=1)
-    process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
-    wait_for(lambda: (stage_state(project, "second") or {}).get("status") == "running")
-    process.kill()
-    process.wait()
-    job_id = int(stage_state(project, "second")["jobs"][0]["job_id"])
-    assert fake.wait_for(job_id, {"QUEUED"}) == "QUEUED"
-    resumed = start_orchestrator(project, "resume")
-    time.sleep(1.0)
-    assert resumed.poll() is None
-    fake.release(job_id)
-    output, _ = resumed.communicate(timeout=120)
-    assert resumed.returncode == 0, output
-    assert {name: len(jobs) for name, jobs in jobs_by_stage(fake).items()} == {
-        "chain.first": 1, "chain.first-verify": 1, "chain.second": 1, "chain.second-verify": 1,
-        "chain.third": 1, "chain.third-verify": 1}
 
 
 @pytest.mark.both_transports

@@ -1,13 +1,15 @@
 """The Grid Engine backend on a real two-host Son of Grid Engine cell (tests/support/sge_cluster.py: this machine, and
 `node2` in its own network, UTS and mount namespaces on a private bridge; the workspace on the shared file system).
 
-- the demo's data stages as array jobs whose tasks run on both hosts, byte-identical to a local run;
 - the DDP smoke pretrain over a parallel environment, one `qrsh -inherit` launcher per host, equal to one process;
 - a running task deleted with `qdel`, then `resume`, byte-identical again;
 - what Grid Engine refuses or cannot start: an unknown resource, an unknown parallel environment, a job in `Eqw`,
   a job deleted while held (no accounting record);
-- `status`, `logs`, `report` and `cancel` of a run on the cell.
-Where Grid Engine cannot run here, the fixture skips these tests and prints why.
+- `cancel` of a run on the cell.
+What every backend must do the same way (the demo's data stages as array jobs on both hosts, byte-identical to a
+local run, with `status`, `logs` and `report`; a killed orchestrator's job re-attached by `resume`; one qstat a poll)
+is tests/e2e/test_backend_conformance.py's `TestGridEngine`. Where Grid Engine cannot run here, the fixture skips
+these tests and prints why.
 """
 
 from __future__ import annotations
@@ -60,51 +62,6 @@ def tree(root: Path) -> dict[str, bytes]:
     """Every file under `root` but the completion records (they hold times and hosts), by relative path."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and ".completions" not in p.parts}
-
-
-def records(folder: Path, stage: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((folder / ".completions").glob(f"{stage}-*.json"))]
-
-
-@pytest.fixture(scope="module")
-def local_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = demo_project(tmp_path_factory.mktemp("local") / "p", "local")
-    assert cli(config, "run", "demo") == 0
-    return config.parent / ".bcp-pipeline/workspaces/demo"
-
-
-def test_demo_array_tasks_on_both_hosts_match_a_local_run(sge_cell: SgeCell, local_demo: Path, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture) -> None:
-    config = demo_project(tmp_path / "ge", "gridengine")
-    assert cli(config, "run", "demo") == 0
-    state = RunStore(config.parent / ".bcp-pipeline").latest()
-    assert state.backend == "gridengine" and all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
-    workspace = config.parent / ".bcp-pipeline/workspaces/demo"
-    data = workspace / "data/slimpajama"
-    folders = {"download": (data / "zst", "download"), "extract": (data / "jsonl", "extract"),
-               "concat": (data / "train", "concat"), "tokenize-preprocess": (data / "preprocessed", "preprocess")}
-    for stage, (folder, program_stage) in folders.items():
-        nodes, per_node = SPREAD[stage]
-        assert state.stages[stage].sharding == {"replicas": nodes, "processes": per_node}
-        ranks = records(folder, program_stage)
-        assert [(r["rank"], r["world_size"]) for r in ranks] == [(rank, nodes * per_node)
-                                                                 for rank in range(nodes * per_node)]
-        # Each array task is one node: its ranks share a host, and the tasks ran on both hosts.
-        hosts = [r["ran_on"]["hostname"] for r in ranks]
-        assert set(hosts) == set(sge_cell.hosts), hosts
-        assert all(len(set(hosts[t * per_node:(t + 1) * per_node])) == 1 for t in range(nodes))
-    assert tree(workspace) == tree(local_demo)
-
-    capsys.readouterr()
-    assert cli(config, "status") == 0
-    assert "tokenize-preprocess  succeeded" in capsys.readouterr().out
-    download_job = stage_job(state.stages["download"])
-    assert cli(config, "logs", state.run_id, "download") == 0
-    logs = capsys.readouterr().out
-    assert "rank-00003.log" in logs, logs
-    report = tmp_path / "report.html"
-    assert cli(config, "report", "--out", str(report)) == 0 and report.stat().st_size > 0
-    assert (config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / download_job).is_dir()
 
 
 @pytest.mark.parametrize("launcher", ["ranks", "torchrun"])
