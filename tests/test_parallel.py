@@ -66,8 +66,9 @@ def test_each_worker_writes_its_groups_and_the_scheduler_reads_them(tmp_path, mo
     for worker in ("gw0", "gw1"):
         parallel.write_groups(Config(worker), items)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gw0.json", "gw1.json"]  # no temporary left
-    assert json.loads((tmp_path / "gw1.json").read_text()) == {
-        "tests/e2e/test_slurm_e2e.py::c": "clusters", "tests/cli/test_cli_edges.py::d[1]": "tests/cli/test_cli_edges.py"}
+    assert json.loads((tmp_path / "gw1.json").read_text()) == {"tests/e2e/test_slurm_e2e.py::c": "clusters",
+                                                               "tests/cli/test_cli_edges.py::d[1]":
+                                                                   "tests/cli/test_cli_edges.py"}
     scheduler = parallel.GroupScheduling.__new__(parallel.GroupScheduling)  # only what _split_scope reads
     scheduler._folder, scheduler._groups = str(tmp_path), {}
     assert scheduler._split_scope("tests/e2e/test_slurm_e2e.py::c") == "clusters"
@@ -144,9 +145,9 @@ def test_a_real_xdist_run_gives_each_group_to_one_worker_and_removes_the_folder(
     (suite / "test_k8s.py").write_text(K8S_TEST)
     record = tmp_path / "record.jsonl"
     env = {k: v for k, v in os.environ.items() if k != parallel.GROUPS_ENV}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--no-loadscope-reorder",
-                           "-q", "--rootdir", str(suite), "-c", os.devnull, str(suite)], cwd=suite,
-                          capture_output=True, text=True, timeout=300, env={**env, "RECORD": str(record)})
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
+                           "--no-loadscope-reorder", "-q", "--rootdir", str(suite), "-c", os.devnull, str(suite)],
+                          cwd=suite, capture_output=True, text=True, timeout=300, env={**env, "RECORD": str(record)})
     assert done.returncode == 0, done.stdout + done.stderr
     runs = [json.loads(line) for line in record.read_text().splitlines()]
     worker = {name: w for name, w, _ in runs}
