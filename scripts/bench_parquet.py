@@ -3,7 +3,7 @@
 
     python scripts/bench_parquet.py [--docs 20000] [--repeats 3] [--row-group-rows 10000] [--workers 1]
 
-The documents come from tests/stage_fixtures.py (English-like text with rare words, numbers, non-ASCII and code,
+The documents come from tests/support/stage_fixtures.py (English-like text with rare words, numbers, non-ASCII and code,
 ~700 words each, so the BPE really merges). They are written once as one `.jsonl` (`{"text", "id"}` per line, as
 concat writes), once as a `.parquet` written by pyarrow with FineWeb's shape (text, id, and a few metadata
 columns; snappy; row groups of `--row-group-rows`) and once as a `.jsonl.gz`. Each is tokenized by
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "stages"))
-import stage_fixtures  # noqa: E402
+from support import stage_fixtures  # noqa: E402
 from bench_stages import measure, stage, stage_env  # noqa: E402
 
 TARGET = 0.90

@@ -3,7 +3,7 @@
 
     python scripts/bench_pretrain_ddp.py [--steps 20] [--hidden 128] [--seq-length 128] [--cpus N]
 
-The data is tests/stages/test_pretrain_local.py's English-like documents tokenized by the real preprocess stage. Each
+The data is tests/support/smoke_pretrain.py's English-like documents tokenized by the real preprocess stage. Each
 configuration runs `stages/pretrain_local.py` in fresh processes with torchrun-style variables on 127.0.0.1; the
 rate is rank 0's `steps_per_s_this_run` (the training loop only: imports, rendezvous and the index build excluded).
 The ranks share the same `--cpus` cores (threads per rank = cpus / ranks), so 2 ranks show what data parallelism
@@ -22,10 +22,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "stages"))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "stages"))
-from test_pretrain_local import child_env, make_dataset  # noqa: E402
+from support.smoke_pretrain import child_env, make_dataset  # noqa: E402
 
 SCRIPT = REPO / "stages" / "pretrain_local.py"
 

@@ -119,11 +119,11 @@ def make_sample(work: Path, files: int, docs: int) -> tuple[list[Path], Path, Pa
         return sorted((mirror / "train" / "chunk1").glob("*.jsonl.zst")), bpe / "vocab.json", bpe / "merges.txt", \
             "stages/sample.py"
     sys.path.insert(0, str(REPO / "tests"))
-    import stage_fixtures  # noqa: E402  (only when sample.py is absent)
+    from support import stage_fixtures  # noqa: E402  (only when sample.py is absent)
 
     paths = stage_fixtures.make_shards(mirror, files, docs, mean_words=700)
     vocab, merges = stage_fixtures.gpt2_vocab_merges()
-    return paths, vocab, merges, "tests/stage_fixtures.py"
+    return paths, vocab, merges, "tests/support/stage_fixtures.py"
 
 
 def replicate(sources: list[Path], folder: Path, replicas: int) -> list[Path]:

@@ -7,25 +7,29 @@ REPO = Path(__file__).resolve().parent.parent
 STAGES = REPO / "stages"
 if str(STAGES) not in sys.path:
     sys.path.insert(0, str(STAGES))
-# Tests are grouped in folders by the part they test (engine/, backends/, stages/, ...); the shared helpers here
-# and the test modules some tests borrow from (test_preprocess's reference tokenizer, ...) import by plain name.
+# The shared helpers are the package tests/support/ (`from support.x import ...`): tests/ itself is on sys.path (pytest
+# puts a rootdir conftest's folder there; said here too, for any import mode). No test module imports another.
 TESTS = Path(__file__).resolve().parent
-for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
-    if str(folder) not in sys.path:
-        sys.path.insert(1, str(folder))
+if str(TESTS) not in sys.path:
+    sys.path.insert(1, str(TESTS))
 
 # The emulated BCP's fixtures (`fake`, once per transport), for every test module.
-from bcp_emulation import fake, ngc_tls_dir, transports_for  # noqa: E402,F401
-from offline import offline  # noqa: E402,F401  (autouse: no test reaches the internet)
-from tmpfs_mount import tmpfs  # noqa: E402,F401  (a small real file system, root only)
-import parallel  # noqa: E402  (tests/parallel.py: which tests share a worker, in what order)
+from support.bcp_emulation import fake, ngc_tls_dir, transports_for  # noqa: E402,F401
+from support.offline import offline  # noqa: E402,F401  (autouse: no test reaches the internet)
+from support.tmpfs_mount import tmpfs  # noqa: E402,F401  (a small real file system, root only)
+from support import markers  # noqa: E402  (cluster, emulator, e2e: set from the fixtures a test uses, or its folder)
+from support import parallel  # noqa: E402  (which tests share a worker, in what order)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "emulator(api_key=None, variants=None): start the `fake` NGC API emulator "
-                                       "as another variant of the service (tests/fakes/README.md)")
+    markers.register(config)
     config.addinivalue_line("markers", "both_transports: run this `fake` test on the ngc CLI and on ngcsdk "
-                                       "(tests/bcp_emulation.py: else on one)")
+                                       "(tests/support/bcp_emulation.py: else on one)")
+    parallel.configure(config)
+
+
+def pytest_unconfigure(config):
+    parallel.unconfigure(config)
 
 
 def pytest_generate_tests(metafunc):
@@ -34,7 +38,9 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
+    markers.mark(items)  # first: the groups below come from the markers
     parallel.order_items(items)
+    parallel.write_groups(config, items)
 
 
 def pytest_xdist_make_scheduler(config, log):

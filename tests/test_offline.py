@@ -1,4 +1,4 @@
-"""The guards of tests/offline.py hold (a guard that let a test through would hide one that reaches out)."""
+"""The guards of tests/support/offline.py hold (a guard that let a test through would hide one that reaches out)."""
 
 from __future__ import annotations
 

@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-import ngc_parser
+from support import ngc_parser
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.load import load_config
-from golden_files import REPO, assert_golden, normalize
-from pipeline_fixtures import make_stages_dir
+from support.golden_files import REPO, assert_golden, normalize
+from support.pipeline_fixtures import make_stages_dir
 
 needs_parser = pytest.mark.skipif(not ngc_parser.available(), reason="ngcsdk[telemetry]==4.19.1 is not installed "
                                   "(pip install -e '.[test]')")
@@ -27,11 +27,11 @@ def plan(capsys, *args: str) -> str:
 
 
 def test_plan_slimpajama_8b_golden(capsys):
-    assert_golden("plan-slimpajama-8b-bcp.txt", normalize(plan(capsys, "slimpajama-8b")))
+    assert_golden("bcp/plan-slimpajama-8b.txt", normalize(plan(capsys, "slimpajama-8b")))
 
 
 def test_plan_slimpajama_126m_golden(capsys):
-    assert_golden("plan-slimpajama-126m-bcp.txt", normalize(plan(capsys, "slimpajama-126m", "--backend", "bcp")))
+    assert_golden("bcp/plan-slimpajama-126m.txt", normalize(plan(capsys, "slimpajama-126m", "--backend", "bcp")))
 
 
 def jobs_of(capsys, pipeline: str) -> list[dict]:
@@ -123,9 +123,9 @@ def test_plan_quotes_names_with_spaces_quotes_and_semicolons(tmp_path, capsys):
     capsys.readouterr()
     assert main(["--config", str(config), "plan", "odd", "--backend", "bcp"]) == 0
     text = capsys.readouterr().out
-    assert_golden("plan-odd-bcp.txt", normalize(text, tmp_path))
+    assert_golden("bcp/plan-odd.txt", normalize(text, tmp_path))
     assert main(["--config", str(config), "plan", "odd", "--backend", "local"]) == 0
-    assert_golden("plan-odd-local.txt", normalize(capsys.readouterr().out, tmp_path))
+    assert_golden("local/plan-odd.txt", normalize(capsys.readouterr().out, tmp_path))
     # The printed ngc line is copy-pasteable: a shell splits it back into exactly the argv we would run.
     assert main(["--config", str(config), "plan", "odd", "--backend", "bcp", "--json"]) == 0
     job = json.loads(capsys.readouterr().out)["jobs"][0]
@@ -168,7 +168,7 @@ def test_the_detached_driver_job_passes_nvidias_parser_with_the_key_only_as_a_se
     assert "--hand-over-after 430200" in request["command"]  # 5 days less the 30-minute hand-over margin
     assert driver["upload"].startswith("ngc workspace upload nemo-framework --source BUNDLE "
                                        "--destination .bcp-pipeline/runs/slimpajama-8b-RUN")
-    # The API cannot be reached here (tests/offline.py): plan tries the ACE twice, not run's whole back-off.
+    # The API cannot be reached here (tests/support/offline.py): plan tries the ACE twice, not run's whole back-off.
     assert payload["limits"]["checked"] is False and "failed 2 times" in payload["limits"]["reason"], payload["limits"]
 
 

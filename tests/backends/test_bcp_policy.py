@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-import ngc_parser
+from support import ngc_parser
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.backends.bcp.policy import PlannedJob, planned_jobs, rendered_jobs, violations
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.submitter import planned_requests
-from golden_files import REPO
+from support.golden_files import REPO
 
 CONFIG = load_and_check(REPO / "pipelines.yaml")
 INSTANCES = ("dgxa100.80g.1.norm", "dgxa100.80g.8.norm", "dgxh100.80g.8.norm")

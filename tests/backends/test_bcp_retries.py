@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk
+from support.bcp_emulation import needs_ngcsdk
 from bcp_pipeline.backends.bcp.render import label
 from bcp_pipeline.backends.bcp.transport_cli import http_status_in
 from bcp_pipeline.backends.bcp.transport import list_window
@@ -27,7 +27,7 @@ from bcp_pipeline.detach.laptop import DetachedRun
 from bcp_pipeline.engine.selection import Selection, new_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import BackendCallError, is_not_found, is_refused_credentials, is_transient
-from test_bcp_emulated import bcp_chain_config, write_chain_project
+from support.pipeline_fixtures import bcp_chain_config, write_chain_project
 
 pytestmark = needs_ngcsdk
 

@@ -1,7 +1,7 @@
 """The BCP backend's two transports (the ngc CLI, ngcsdk in-process) and what is checked before a run is recorded.
 
 Both transports submit every bundled job to the NGC API EMULATOR (tests/fakes/ngc_api.py), which records each
-JobCreateRequest it got; NVIDIA's own request builder fed with our argv (tests/ngc_parser.py) is the reference.
+JobCreateRequest it got; NVIDIA's own request builder fed with our argv (tests/support/ngc_parser.py) is the reference.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import ngc_parser
-from bcp_emulation import needs_ngcsdk
+from support import ngc_parser
+from support.bcp_emulation import needs_ngcsdk
 from bcp_pipeline.backends.bcp import connect
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.backends.bcp.render import JobSpec, job_run_argv, job_spec
@@ -24,7 +24,7 @@ from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.submitter import planned_requests
 from bcp_pipeline.errors import BackendCallError, is_transient
-from golden_files import REPO
+from support.golden_files import REPO
 
 pytestmark = needs_ngcsdk
 BUNDLED = load_and_check(REPO / "pipelines.yaml")  # as `plan` and `run` load it

@@ -19,8 +19,8 @@ from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.gridengine.backend import GridEngineBackend
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
-from golden_files import REPO, assert_golden, normalize
-from test_gridengine_backend import load_stand_in
+from support.golden_files import REPO, assert_golden, normalize
+from support.apptainer import load_stand_in
 
 IMAGE = "/images/nemo 24.05.sif"  # a .sif path: no release tag, so the launcher's folder is bcp.image's (23.11)
 
@@ -220,7 +220,7 @@ def test_torchrun_for_ranks_that_never_meet_is_refused_not_ignored(tmp_path, cap
 
 
 def test_a_distributed_stage_with_launcher_torchrun_runs_one_torchrun_a_host_in_its_image(tmp_path):
-    from test_gridengine_backend import container_backend
+    from support.apptainer import container_backend
 
     backend, request = container_backend(tmp_path, "pretrain.gridengine.launcher=torchrun",
                                          "pretrain.gridengine.processes_per_node=4")

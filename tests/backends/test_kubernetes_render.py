@@ -15,7 +15,7 @@ from bcp_pipeline.backends.kubernetes.render import job_name, manifests
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.errors import SubmissionError
-from golden_files import REPO, assert_golden, normalize
+from support.golden_files import REPO, assert_golden, normalize
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-import ngc_parser
+from support import ngc_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
 import ngc_control  # noqa: E402

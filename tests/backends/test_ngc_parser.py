@@ -1,4 +1,4 @@
-"""NVIDIA's own ngc parser (ngcsdk 4.19.1, via tests/ngc_parser.py): what it accepts, rejects and builds."""
+"""NVIDIA's own ngc parser (ngcsdk 4.19.1, via tests/support/ngc_parser.py): what it accepts, rejects and builds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-import ngc_parser
+from support import ngc_parser
 
 pytestmark = pytest.mark.skipif(not ngc_parser.available(), reason="needs ngcsdk==4.19.1 and argcomplete")
 

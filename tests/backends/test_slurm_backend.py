@@ -21,8 +21,8 @@ from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import ConfigError, CommandError, SubmissionError
 from bcp_pipeline.backends.contract import JobRequest, JobState, JobStatus
 from bcp_pipeline.config.preflight import load_and_check
-from golden_files import REPO, assert_golden, normalize
-from pipeline_fixtures import make_stages_dir
+from support.golden_files import REPO, assert_golden, normalize
+from support.pipeline_fixtures import make_stages_dir
 
 LABEL = "it's a \"test\"; rm -rf / #"
 TRICKY = """\

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from bcp_pipeline.cli.main import main
-from bcp_emulation import needs_ngcsdk
-from check_fixtures import project
+from support.bcp_emulation import needs_ngcsdk
+from support.check_fixtures import project
 
 pytestmark = [needs_ngcsdk, pytest.mark.both_transports]  # what this checks differs by transport
 

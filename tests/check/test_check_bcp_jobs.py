@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from pipeline_fixtures import sigint_as_from_a_terminal
+from support.pipeline_fixtures import sigint_as_from_a_terminal
 from bcp_pipeline.backends.bcp import probe_findings
 from bcp_pipeline.check.run import CheckRequest, run_check
-from bcp_emulation import needs_ngcsdk
-from check_fixtures import project
+from support.bcp_emulation import needs_ngcsdk
+from support.check_fixtures import project
 
 FINISHED = {"FINISHED_SUCCESS", "KILLED_BY_USER", "FAILED", "KILLED_BY_SYSTEM", "FAILED_RUN_LIMIT_EXCEEDED"}
 

@@ -18,7 +18,7 @@ from bcp_pipeline.check.run import CheckResult
 from bcp_pipeline.backends.checks import different, ok, unchecked
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.errors import StateError
-from check_fixtures import check, project, rows
+from support.check_fixtures import check, project, rows
 
 
 def test_local_check_reports_each_row_and_saves_the_profile(tmp_path):

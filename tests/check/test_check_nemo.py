@@ -19,8 +19,8 @@ from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.selection import RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import ConfigError
-from bcp_emulation import needs_ngcsdk
-from check_fixtures import REPO, project
+from support.bcp_emulation import needs_ngcsdk
+from support.check_fixtures import REPO, project
 
 STAND_IN = REPO / "tests" / "fakes" / "nemo_launcher" / "launcher_scripts"
 PIPELINE = "slimpajama-126m"  # NeMo's gpt3/126m on 4 nodes

@@ -15,8 +15,8 @@ from bcp_pipeline.backends.bcp import probe_findings
 from bcp_pipeline.backends.bcp.probe_findings import Preemption, preemption_row
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError
-from bcp_emulation import needs_ngcsdk
-from check_fixtures import REPO, checked
+from support.bcp_emulation import needs_ngcsdk
+from support.check_fixtures import REPO, checked
 
 
 @needs_ngcsdk

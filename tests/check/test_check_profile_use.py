@@ -11,8 +11,8 @@ from bcp_pipeline.cli.runs import suggest_check
 from bcp_pipeline.engine.selection import RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import ConfigError
-from bcp_emulation import needs_ngcsdk
-from check_fixtures import project
+from support.bcp_emulation import needs_ngcsdk
+from support.check_fixtures import project
 
 pytestmark = [needs_ngcsdk, pytest.mark.parametrize("fake", ["sdk"], indirect=True)]
 KEY = profile_key("bcpp-test-org", "bcpp-test-ace")  # the emulator's

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from pipeline_fixtures import sigint_as_from_a_terminal
+from support.pipeline_fixtures import sigint_as_from_a_terminal
 from bcp_pipeline.backends.slurm.check import slurm_seconds
-from check_fixtures import check, project, rows
-from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+from support.check_fixtures import check, project, rows
+from support.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
 SLURM_BACKEND = "  slurm: {{workspace_dir: ws{python}}}\n"
 

@@ -11,8 +11,8 @@ import pytest
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.selection import RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
-from bcp_emulation import needs_ngcsdk
-from check_fixtures import checked
+from support.bcp_emulation import needs_ngcsdk
+from support.check_fixtures import checked
 
 pytestmark = needs_ngcsdk
 

@@ -9,8 +9,8 @@ import pytest
 from bcp_pipeline.engine.selection import RunRequest, choose_run
 from bcp_pipeline.engine.state import RunStore
 from bcp_pipeline.errors import ConfigError
-from bcp_emulation import needs_ngcsdk
-from check_fixtures import checked
+from support.bcp_emulation import needs_ngcsdk
+from support.check_fixtures import checked
 
 pytestmark = [needs_ngcsdk, pytest.mark.both_transports]  # what this checks differs by transport
 

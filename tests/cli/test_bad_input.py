@@ -19,11 +19,11 @@ import download
 import extract
 import preprocess
 import sample
-from bcp_pipeline.cli.main import main as cli_main
-from http_faults import FaultServer
-from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
-from stage_fixtures import (gpt2_vocab_merges, iter_documents, jsonl_bytes, make_shards, run_as_rank,
-                            snapshot, temporaries)
+from support.cli import cli
+from support.http_faults import FaultServer
+from support.pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+from support.stage_fixtures import (gpt2_vocab_merges, iter_documents, jsonl_bytes, make_shards, run_as_rank,
+                                    snapshot, temporaries)
 
 VOCAB, MERGES = gpt2_vocab_merges()
 GPT2 = ["--vocab", str(VOCAB), "--merges", str(MERGES), "--workers", "1"]
@@ -238,10 +238,6 @@ def test_a_404_for_an_expected_shard_fails_by_name_and_url_and_keeps_downloaded_
 # ---------------------------------------------------------------------------------------------------------------
 # The orchestrator: state.json, the run lock, pipelines.yaml
 # ---------------------------------------------------------------------------------------------------------------
-
-def cli(config: Path, *args: str) -> int:
-    return cli_main(["--config", str(config), *args])
-
 
 def project_with_a_run(root: Path) -> tuple[Path, dict[str, bytes]]:
     """A chain project whose stage `first` ran (the others skipped); returns the config and the workspace."""

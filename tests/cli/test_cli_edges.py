@@ -14,14 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from bcp_pipeline.cli.main import build_parser, main as cli_main
+from bcp_pipeline.cli.main import build_parser
 from bcp_pipeline.cli.runs import without_state_lines
 from bcp_pipeline.detach.protocol import SNAPSHOT_PREFIX, snapshot_lines
-from pipeline_fixtures import write_chain_project
-
-
-def cli(config: Path, *args: str) -> int:
-    return cli_main(["--config", str(config), *args])
+from support.cli import cli
+from support.pipeline_fixtures import write_chain_project
 
 
 @pytest.fixture

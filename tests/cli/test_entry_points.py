@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline_fixtures import write_chain_project
+from support.pipeline_fixtures import write_chain_project
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "bcp-pipeline"
 

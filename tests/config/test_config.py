@@ -11,7 +11,7 @@ from bcp_pipeline.config.load import load_config
 from bcp_pipeline.config.durations import format_duration, parse_duration
 from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.config.preflight import load_and_check
-from pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
 
 
 def load_text(tmp_path: Path, text: str, overrides: list[str] | None = None):

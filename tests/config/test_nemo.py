@@ -23,7 +23,7 @@ from bcp_pipeline.report.estimates import estimate_stage
 from bcp_pipeline.report.mfu import flops_per_token
 from bcp_pipeline.backends.bcp.render import commandline, job_files
 from bcp_pipeline.config.resources import BcpOptions
-from golden_files import REPO
+from support.golden_files import REPO
 
 CONFIG = REPO / "pipelines.yaml"
 
@@ -228,7 +228,7 @@ def test_the_job_script_runs_the_launcher_in_debug_mode_then_its_training_under_
     stand-ins and the bcprun stand-in on PATH: the data list from the manifests reaches the launcher's composed
     config, the training's output reaches the job's output and the result folder, a crash fails the job, and another
     replica starts nothing."""
-    from test_data_list import chunk_name, fabricate
+    from support.manifests import chunk_name, fabricate
 
     launcher = REPO / "tests/fakes/nemo_launcher/launcher_scripts"
     config = load_and_check(CONFIG, pipeline="slimpajama-126m", overrides=[

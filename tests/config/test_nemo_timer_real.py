@@ -1,6 +1,6 @@
 """The time limits the BCP pretrain job renders, run through NVIDIA's REAL NeMo `exp_manager` (nemo_toolkit 1.22.0)
 and PyTorch Lightning 2.0.7, the 23.11 image's versions (scripts/setup --test installs them, with their own numpy
-1.x, into .venv/nemo-1.22.0; tests/real_nemo_train.py is the training job).
+1.x, into .venv/nemo-1.22.0; tests/support/real_nemo_train.py is the training job).
 
 A tiny LightningModule trains twice in the same run folder, as two BCP jobs of one run do: the second job must
 train too. Lightning's Timer (`trainer.max_time`) keeps its elapsed time in the checkpoint and counts it on resume,
@@ -62,7 +62,7 @@ def train(log_dir: Path, trainer: dict, manager: dict) -> dict:
         pytest.fail(f"{NEMO} is missing: scripts/setup --test installs NeMo 1.22.0 and Lightning 2.0.7 there")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(NEMO), str(REPO / "tests/fakes/python")])}
     spec = {"log_dir": str(log_dir), "max_steps": 1_000_000, "trainer": trainer, "exp_manager": manager}
-    done = subprocess.run([sys.executable, str(REPO / "tests/real_nemo_train.py"), json.dumps(spec)], env=env,
+    done = subprocess.run([sys.executable, str(REPO / "tests/support/real_nemo_train.py"), json.dumps(spec)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

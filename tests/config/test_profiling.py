@@ -15,7 +15,7 @@ import yaml
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.config.profiling import ProfileWindow, nemo_profile_overrides, parse_window, profile_overrides
-from pipeline_fixtures import REPO
+from support.pipeline_fixtures import REPO
 
 LAUNCHER = REPO / "tests" / "fakes" / "nemo_launcher" / "launcher_scripts" / "main.py"
 

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk
-from golden_files import REPO
-from bcp_pipeline.cli.main import main
+from support.bcp_emulation import needs_ngcsdk
+from support.cli import cli
+from support.golden_files import REPO
 from bcp_pipeline.backends.profile import profile_key, save_profile
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from ngc_control import FakeNgc
-from pipeline_fixtures import wait_for
-from test_bcp_emulated import bcp_chain_config, write_chain_project
+from support.pipeline_fixtures import bcp_chain_config, wait_for, write_chain_project
 
 pytestmark = needs_ngcsdk
 
@@ -37,10 +36,6 @@ def project(tmp_path, fake):
     # Slow enough that a test can kill the driver while `second` runs.
     text = text.replace("--name, second]", "--name, second, --sleep, '0.3']")
     return write_chain_project(tmp_path / "project", text)
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def local_state(config: Path):

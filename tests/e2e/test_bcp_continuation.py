@@ -10,11 +10,9 @@ import pytest
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from golden_files import REPO
-from pipeline_fixtures import write_chain_project
-from bcp_emulation import needs_ngcsdk
-from test_bcp_emulated import jobs_by_stage
-from test_continuation import TRAINER
+from support.golden_files import REPO
+from support.bcp_emulation import jobs_by_stage, needs_ngcsdk
+from support.pipeline_fixtures import TRAINER, write_chain_project
 
 pytestmark = needs_ngcsdk
 

@@ -2,7 +2,9 @@
 talking to the NGC API EMULATOR on loopback (tests/fakes/ngc_api.py: a fake, named so).
 
 The emulator answers the REST calls and the gRPC upload NVIDIA's client makes, runs jobs as local processes with a
-local bcprun, and can fail, preempt, hold or lose jobs and fail or delay API requests, which these tests use.
+local bcprun, and can fail, preempt, hold or lose jobs and fail or delay API requests, which these tests use. A
+killed orchestrator's held job re-attached by `resume`, one `job list` a poll and the demo's data stages, as on every
+backend: tests/e2e/test_backend_conformance.py (`TestBcp`).
 """
 
 from __future__ import annotations
@@ -13,37 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk, status_calls
+from support.bcp_emulation import jobs_by_stage, needs_ngcsdk
 from bcp_pipeline.backends.profile import profile_key, save_profile
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError
-from bcp_pipeline.engine.state import RunStore, StageStatus
-from ngc_control import FakeNgc
-from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+from bcp_pipeline.engine.state import StageStatus
+from support.cli import cli, latest
+from support.pipeline_fixtures import bcp_chain_config, start_orchestrator, wait_for, write_chain_project
 
 pytestmark = needs_ngcsdk
-
-BCP_SECTIONS = """\
-    defaults:
-      bcp: {image: "nvcr.io/nvaie/nemo-framework-training:23.11", instance: dgxa100.80g.8.norm, total_runtime: 1h,
-            workspaces: [{name: main, mount: /mount_workspace, mode: RW}]}
-    verification:
-      bcp: {instance: dgxa100.80g.1.norm, workspaces: [{name: main, mount: /mount_workspace, mode: RO}]}
-"""
-
-
-def bcp_chain_config(transport: str) -> str:
-    text = CHAIN_CONFIG.replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
-                                "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
-                                f"  bcp: {{transport: {transport}, poll_min_seconds: 0.1, poll_max_seconds: 0.3}}\n")
-    text = text.replace("    vars: {count: \"6\"}\n", "    vars: {count: \"6\"}\n" + BCP_SECTIONS)
-    # The bcp sharding mirrors the local one: 2 replicas x 1 process, then 1 x 3 (under bcprun).
-    text = text.replace("local: {replicas: 2, processes: 1}", "local: {replicas: 2, processes: 1}\n"
-                        "        bcp: {replicas: 2, processes: 1}")
-    return text.replace("local: {replicas: 1, processes: 3}", "local: {replicas: 1, processes: 3}\n"
-                        "        bcp: {replicas: 1, processes: 3}")
 
 
 @pytest.fixture
@@ -51,24 +32,9 @@ def project(tmp_path, fake):
     return write_chain_project(tmp_path / "project", bcp_chain_config(fake.transport))
 
 
-def run(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
-
-
-def latest(config: Path):
-    return RunStore(config.parent / ".bcp-pipeline").latest()
-
-
-def jobs_by_stage(fake: FakeNgc) -> dict[str, list[dict]]:
-    grouped: dict[str, list[dict]] = {}
-    for record in fake.jobs().values():
-        grouped.setdefault(record["job"]["jobDefinition"]["name"], []).append(record["job"])
-    return grouped
-
-
 @pytest.mark.both_transports
 def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys):
-    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert cli(project, "run", "chain", "--backend", "bcp") == 0
     state = latest(project)
     assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
     ws = fake.workspace_path("main")
@@ -91,7 +57,7 @@ def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys
     assert verify_job["resources"]["name"] == "dgxa100.80g.1.norm"
     assert verify_job["workspaceMounts"][0]["mountMode"] == "RO"
     capsys.readouterr()
-    assert run(project, "status", "--json") == 0
+    assert cli(project, "status", "--json") == 0
     status = json.loads(capsys.readouterr().out)
     assert status["status"] == "succeeded"
     assert status["stages"]["first"]["jobs"][0]["native"] == "FINISHED_SUCCESS"
@@ -99,34 +65,6 @@ def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys
     leaks = [p for p in [*project.parent.rglob("*"), *fake.home.rglob("*")]
              if p.is_file() and fake.api_key.encode() in p.read_bytes()]
     assert leaks == []
-
-
-@pytest.mark.both_transports
-def test_a_poll_cycle_costs_one_list_call_whatever_the_number_of_jobs(fake, project):
-    from bcp_pipeline.backends.contract import JobRequest
-
-    config = load_config(project)
-    pipeline = config.pipeline("chain")
-    fake.hold_queued(times=None)  # keep every job queued: only status calls happen
-    fake.set_page_size(2)  # and the list comes in pages, which NVIDIA's client follows
-    counts = {}
-    for jobs in (1, 6):
-        backend = make_backend("bcp", config, pipeline, project.parent / f".bcp-pipeline/runs/chain-poll-{jobs}")
-        stage = pipeline.stages["first"]
-        ids = [backend.submit(backend.render(JobRequest(run_id=f"chain-poll-{jobs}", pipeline=pipeline, stage=stage,
-                                                        kind="stage", program=stage.program, args=tuple(stage.args))))
-               for _ in range(jobs)]
-        for job_id in ids:
-            fake.wait_for(int(job_id), {"QUEUED"})
-        fake.clear_calls()
-        statuses = backend.poll(ids)
-        assert set(statuses) == set(ids) and all(s.native == "QUEUED" for s in statuses.values())
-        counts[jobs] = status_calls(fake)
-        assert not fake.requests("GET", "/v2/org/*/jobs/*")  # no `job info`: the list had every job
-    assert counts == {1: 1, 6: 1}
-    # The last poll: 6 jobs in pages of 2, which NVIDIA's client fetches as pages 0-3 (its own page arithmetic).
-    assert len(fake.requests("GET", "/v2/org/*/jobs")) == 4
-    fake.release()
 
 
 def stage_state(project: Path, stage: str) -> dict | None:
@@ -141,26 +79,6 @@ def stage_state(project: Path, stage: str) -> dict | None:
 
 
 
-
-
-@pytest.mark.both_transports
-def test_sigkill_after_submit_then_resume_submits_no_duplicate(fake, project):
-    fake.hold_queued(name="chain.second", times=1)
-    process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
-    wait_for(lambda: (stage_state(project, "second") or {}).get("status") == "running")
-    process.kill()
-    process.wait()
-    job_id = int(stage_state(project, "second")["jobs"][0]["job_id"])
-    assert fake.wait_for(job_id, {"QUEUED"}) == "QUEUED"
-    resumed = start_orchestrator(project, "resume")
-    time.sleep(1.0)
-    assert resumed.poll() is None
-    fake.release(job_id)
-    output, _ = resumed.communicate(timeout=120)
-    assert resumed.returncode == 0, output
-    assert {name: len(jobs) for name, jobs in jobs_by_stage(fake).items()} == {
-        "chain.first": 1, "chain.first-verify": 1, "chain.second": 1, "chain.second-verify": 1,
-        "chain.third": 1, "chain.third-verify": 1}
 
 
 @pytest.mark.both_transports
@@ -185,13 +103,13 @@ def test_killed_while_the_submit_answer_is_on_its_way_then_resume_finds_the_job_
 
 def test_failed_job_then_rerun_continues_from_that_stage(fake, project, capsys):
     fake.inject("FAILED", name="chain.second", details="Replica 0 exited with code 7")
-    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    assert cli(project, "run", "chain", "--backend", "bcp") == 1
     state = latest(project)
     assert state.stages["second"].status is StageStatus.FAILED
     assert "ended FAILED: Replica 0 exited with code 7" in state.stages["second"].error
     assert state.stages["third"].status is StageStatus.PENDING
     capsys.readouterr()
-    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert cli(project, "run", "chain", "--backend", "bcp") == 0
     assert "continuing run" in capsys.readouterr().out
     counts = {name: len(jobs) for name, jobs in jobs_by_stage(fake).items()}
     assert counts["chain.first"] == 1 and counts["chain.second"] == 2 and counts["chain.third"] == 1
@@ -201,26 +119,26 @@ def test_a_failing_replica_fails_the_stage_with_its_log_and_a_rerun_continues(fa
     first = fake.workspace_path("main") / "first"
     first.mkdir(parents=True)
     (first / "FAIL-item-0001.txt").touch()  # item 1 belongs to rank 1 of 2: the second replica
-    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    assert cli(project, "run", "chain", "--backend", "bcp") == 1
     error = latest(project).stages["first"].error
     assert "ended FAILED: Replica 1 exited with code 1" in error
     assert "last lines of replica 1's log:" in error and "item-0001.txt: told to fail by a FAIL- marker" in error
     (first / "FAIL-item-0001.txt").unlink()
-    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert cli(project, "run", "chain", "--backend", "bcp") == 0
     assert latest(project).stages["first"].attempts == 2
 
 
 def test_a_lost_job_fails_its_stage_and_a_rerun_submits_it_again(fake, project):
     fake.inject("TASK_LOST", name="chain.first", after_seconds=0, details="node went away")
-    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    assert cli(project, "run", "chain", "--backend", "bcp") == 1
     assert "ended TASK_LOST: node went away" in latest(project).stages["first"].error
-    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert cli(project, "run", "chain", "--backend", "bcp") == 0
     assert [j["jobStatus"]["status"] for j in jobs_by_stage(fake)["chain.first"]] == ["TASK_LOST", "FINISHED_SUCCESS"]
 
 
 def test_preempted_job_is_resumed(fake, project, capsys):
     fake.inject("PREEMPTED", name="chain.second", after_seconds=0.2)
-    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert cli(project, "run", "chain", "--backend", "bcp") == 0
     job_id = latest(project).stages["second"].jobs[0].job_id
     assert len(fake.requests("PATCH", f"/v2/org/*/jobs/{job_id}/resume")) == 1
     assert f"second: job {job_id} was preempted; resumed it" in capsys.readouterr().out
@@ -230,7 +148,7 @@ def test_preempted_job_is_resumed(fake, project, capsys):
 def test_a_failing_resume_of_a_preempted_job_is_tried_again_next_cycle(fake, project, capsys):
     fake.inject("PREEMPTED", name="chain.second", after_seconds=0.2)
     fake.fail_requests(3, method="PATCH", path="/v2/org/*/jobs/*/resume", status=500, message="Resume Refused")
-    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert cli(project, "run", "chain", "--backend", "bcp") == 0
     job_id = latest(project).stages["second"].jobs[0].job_id
     assert [r["status"] for r in fake.requests("PATCH", f"/v2/org/*/jobs/{job_id}/resume")] == [500, 500, 500, 200]
     out = capsys.readouterr().out
@@ -249,7 +167,7 @@ def test_a_preempted_runonce_job_is_submitted_again_where_check_found_bcp_will_n
                   "facts": {"probe": {"runonce_preemption": "not_resumable"}}})
     fake.inject("PREEMPTED", name="chain.second", after_seconds=0.2)
     fake.inject("PREEMPTED", name="chain.third-verify", after_seconds=0.2)  # a verification job: the same
-    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert cli(project, "run", "chain", "--backend", "bcp") == 0
     third = latest(project).stages["third"]
     assert [j.kind for j in third.jobs] == ["stage", "verify", "verify"] and third.attempts == 1
     assert [fake.status(int(j.job_id)) for j in third.jobs[1:]] == ["KILLED_BY_USER", "FINISHED_SUCCESS"]
@@ -270,7 +188,7 @@ def test_a_preempted_runonce_job_is_submitted_again_where_check_found_bcp_will_n
 def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
     # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up (tests/backends/test_ngc_emulator.py has those).
     fake.fail_requests(4, method="GET", path="/v2/org/*/jobs", status=500, message="Internal Server Error")
-    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert cli(project, "run", "chain", "--backend", "bcp") == 0
     assert [r["status"] for r in fake.requests("GET", "/v2/org/*/jobs")][:4] == [500, 500, 500, 500]
     out = capsys.readouterr().out
     assert "submitting its stage job failed (" in out and "Server Error: 500 Response: Internal Server Error" in out
@@ -293,7 +211,7 @@ def test_cancel_kills_the_active_job(fake, project, capsys):
     process = start_orchestrator(project, "run", "chain", "--backend", "bcp")
     wait_for(lambda: (stage_state(project, "first") or {}).get("status") == "running")
     run_id = latest(project).run_id
-    assert run(project, "cancel", run_id) == 0
+    assert cli(project, "cancel", run_id) == 0
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 1, output
     job_id = int(latest(project).stages["first"].jobs[0].job_id)
@@ -308,10 +226,10 @@ def test_cancel_kills_the_active_job(fake, project, capsys):
 
 @pytest.mark.both_transports
 def test_logs_come_from_ngc_job_log(fake, project, capsys):
-    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert cli(project, "run", "chain", "--backend", "bcp") == 0
     run_id = latest(project).run_id
     capsys.readouterr()
-    assert run(project, "logs", run_id, "first", "--verify") == 0
+    assert cli(project, "logs", run_id, "first", "--verify") == 0
     assert "##bcp-pipeline verify" in capsys.readouterr().out
 
 
@@ -333,14 +251,14 @@ def with_org_team_ace_in_yaml(config: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def test_org_team_and_ace_only_in_pipelines_yaml_with_an_nvapi_key(fake, project, monkeypatch, capsys):
     with_org_team_ace_in_yaml(project, monkeypatch)
     fake.inject("FAILED", name="chain.third", details="Replica 0 exited with code 9")  # after its log is written
-    assert run(project, "run", "chain", "--backend", "bcp") == 1
+    assert cli(project, "run", "chain", "--backend", "bcp") == 1
     state = latest(project)
     assert [state.stages[s].status for s in ("first", "second")] == [StageStatus.SUCCEEDED] * 2
     # every job log read (verification counts, the failure's tail) went to the configured org
     assert state.stages["second"].verification["checks"][0]["found"] == 6
     assert "(job log unavailable" not in (state.stages["third"].error or "")
     capsys.readouterr()
-    assert run(project, "logs", state.run_id, "first", "--verify") == 0
+    assert cli(project, "logs", state.run_id, "first", "--verify") == 0
     assert "##bcp-pipeline verify" in capsys.readouterr().out
     if fake.transport == "cli":
         logs = fake.calls("job log")
@@ -352,7 +270,7 @@ def test_org_team_and_ace_only_in_pipelines_yaml_with_an_nvapi_key(fake, project
 @pytest.mark.emulator(api_key=NVAPI_KEY, variants={"key_org": "the-keys-own-org"})
 def test_an_nvapi_key_of_another_org_is_refused_naming_its_org(fake, project, monkeypatch, capsys):
     with_org_team_ace_in_yaml(project, monkeypatch)
-    assert run(project, "run", "chain", "--backend", "bcp") != 0
+    assert cli(project, "run", "chain", "--backend", "bcp") != 0
     err = capsys.readouterr().err
     nvidia = "doesn't match organization" if fake.transport == "sdk" else "403"
     assert nvidia in err, err
@@ -363,7 +281,7 @@ def test_an_nvapi_key_of_another_org_is_refused_naming_its_org(fake, project, mo
 
 @pytest.mark.emulator(variants={"commandline": "launcher", "bcprun_in_single_replica_jobs": False})
 def test_chain_when_the_commandline_runs_once_and_one_replica_jobs_have_no_bcprun(fake, project):
-    assert run(project, "run", "chain", "--backend", "bcp") == 0
+    assert cli(project, "run", "chain", "--backend", "bcp") == 0
     ws = fake.workspace_path("main")
     assert (ws / "second/item-0002.txt").read_text() == "item-0002.txt by rank 2 of 3\n"
     assert (ws / "first/item-0001.txt").read_text() == "item-0001.txt by rank 1 of 2\n"

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk
-from bcp_pipeline.cli.main import main
+from support.bcp_emulation import needs_ngcsdk
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.engine.selection import open_run
 from bcp_pipeline.report.data import report_data
 from bcp_pipeline.report.gather import training_logs
-from golden_files import REPO
-from pipeline_fixtures import logs_and_status
-from test_data_list import chunk_name, fabricate
+from support.cli import cli
+from support.golden_files import REPO
+from support.pipeline_fixtures import logs_and_status
+from support.manifests import chunk_name, fabricate
 
 pytestmark = needs_ngcsdk
 ONE_TRANSPORT = pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # what a job does: the same on both
@@ -72,10 +72,6 @@ def project(tmp_path: Path, fake, *, steps: int = 30, runtime: str = "1h", margi
     for i, tokens in enumerate((3000, 1000)):
         fabricate(workspace / "data" / "preprocessed", chunk_name(i), tokens)
     return config
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def latest(config: Path):

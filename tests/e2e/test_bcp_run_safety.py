@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk
-from bcp_pipeline.cli.main import main
+from support.bcp_emulation import needs_ngcsdk
 from bcp_pipeline.engine.state import RunStore
-from golden_files import REPO
-from pipeline_fixtures import start_orchestrator, wait_for, write_chain_project
-from test_bcp_emulated import bcp_chain_config
+from support.cli import cli
+from support.golden_files import REPO
+from support.pipeline_fixtures import bcp_chain_config, start_orchestrator, wait_for, write_chain_project
 
 pytestmark = needs_ngcsdk
 SECRET = "bcp-pipeline-ngc"
@@ -30,10 +29,6 @@ def project(tmp_path, fake):
     text = bcp_chain_config(fake.transport).replace(
         "poll_max_seconds: 0.3}", "poll_max_seconds: 0.3, driver: {total_runtime: 1h, handover_before: 10m}}")
     return write_chain_project(tmp_path / "project", text)
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def second_writer(config: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from bcp_emulation import needs_ngcsdk
+from support.bcp_emulation import jobs_by_stage, needs_ngcsdk
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import StageStatus
-from pipeline_fixtures import start_orchestrator, wait_for
-from test_bcp_emulated import jobs_by_stage, latest, run, write_chain_project, bcp_chain_config
+from support.cli import cli, latest
+from support.pipeline_fixtures import bcp_chain_config, start_orchestrator, wait_for, write_chain_project
 
 pytestmark = needs_ngcsdk
 
@@ -36,7 +36,7 @@ def no_run_recorded(project: Path) -> bool:
 # -- the ACE's limits ------------------------------------------------------------------------------------------
 @pytest.mark.emulator(variants={"ace": {"maxRuntimeSeconds": 1800, "maxAllowedReplicas": 1}})
 def test_a_pipeline_the_ace_would_refuse_is_refused_before_a_run_is_recorded(fake, project, capsys):
-    assert run(project, "run", "chain", "--backend", "bcp") == 2
+    assert cli(project, "run", "chain", "--backend", "bcp") == 2
     err = capsys.readouterr().err
     assert "pipeline chain: ACE bcpp-test-ace does not allow" in err, err
     assert ("\n  stage first: total_runtime 1H (3600 s), but the ACE's maxRuntimeSeconds allows 30M (1800 s); "
@@ -46,23 +46,23 @@ def test_a_pipeline_the_ace_would_refuse_is_refused_before_a_run_is_recorded(fak
     assert "Nothing was submitted or recorded" in err
     assert fake.jobs() == {} and no_run_recorded(project)
     # plan makes the same check when the credentials are there, and fails as run would
-    assert run(project, "plan", "chain", "--backend", "bcp") == 1
+    assert cli(project, "plan", "chain", "--backend", "bcp") == 1
     assert "--set first.bcp.total_runtime=30M" in capsys.readouterr().err
     # ... and the fixes it names are enough
     project.write_text(project.read_text().replace("total_runtime: 1h", "total_runtime: 30M")
                        .replace("bcp: {replicas: 2, processes: 1}", "bcp: {replicas: 1, processes: 2}"))
-    assert run(project, "plan", "chain", "--backend", "bcp") == 0
+    assert cli(project, "plan", "chain", "--backend", "bcp") == 0
     assert "ACE bcpp-test-ace: every job fits its limits" in capsys.readouterr().err
     assert fake.jobs() == {} and no_run_recorded(project)
 
 
 @pytest.mark.emulator(variants={"ace": {"maxActiveJobsPerUser": 1}})
 def test_detach_is_refused_when_the_ace_leaves_no_room_for_the_driver_and_a_stage_job(fake, project, capsys):
-    assert run(project, "run", "chain", "--backend", "bcp", "--detach") == 2
+    assert cli(project, "run", "chain", "--backend", "bcp", "--detach") == 2
     err = capsys.readouterr().err
     assert "maxActiveJobsPerUser allows 1 active job(s) per user" in err and "run without --detach" in err, err
     assert fake.jobs() == {} and no_run_recorded(project)
-    assert run(project, "plan", "chain", "--backend", "bcp") == 0  # without --detach one active job is enough
+    assert cli(project, "plan", "chain", "--backend", "bcp") == 0  # without --detach one active job is enough
 
 
 @pytest.mark.emulator(variants={"ace": {"maxRuntimeSeconds": 5400}})
@@ -71,21 +71,21 @@ def test_the_detach_driver_is_checked_against_the_ace_and_its_fix_is_a_set(fake,
     --set that fixes it; that --set is enough (the stage jobs, 1H, fit)."""
     refusal = ("the --detach driver job: total_runtime 5D (432000 s), but the ACE's maxRuntimeSeconds allows 1H30M "
                "(5400 s); --set backends.bcp.driver.total_runtime=1H30M")
-    assert run(project, "plan", "chain", "--backend", "bcp", "--detach") == 1
+    assert cli(project, "plan", "chain", "--backend", "bcp", "--detach") == 1
     assert refusal in capsys.readouterr().err
-    assert run(project, "run", "chain", "--backend", "bcp", "--detach") == 2
+    assert cli(project, "run", "chain", "--backend", "bcp", "--detach") == 2
     err = capsys.readouterr().err
     assert refusal in err and "credentials" not in err and "API key" not in err, err
     assert fake.jobs() == {} and no_run_recorded(project)
     fix = ("--set", "backends.bcp.driver.total_runtime=1H30M")
-    assert run(project, "plan", "chain", "--backend", "bcp", "--detach", *fix) == 0
+    assert cli(project, "plan", "chain", "--backend", "bcp", "--detach", *fix) == 0
     assert "ACE bcpp-test-ace: every job fits its limits" in capsys.readouterr().err
-    assert run(project, "plan", "chain", "--backend", "bcp") == 0  # without --detach there is no driver to fit
+    assert cli(project, "plan", "chain", "--backend", "bcp") == 0  # without --detach there is no driver to fit
 
 
 def test_plan_without_any_credentials_says_it_did_not_check_the_ace(fake, project, monkeypatch, capsys):
     monkeypatch.delenv("NGC_CLI_API_KEY")
-    assert run(project, "plan", "chain", "--backend", "bcp") == 0
+    assert cli(project, "plan", "chain", "--backend", "bcp") == 0
     captured = capsys.readouterr()
     assert "ngc base-command job run" in captured.out
     assert "ACE limits not checked: the BCP backend is missing an API key" in captured.err

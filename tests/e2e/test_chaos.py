@@ -1,4 +1,4 @@
-"""The chaos run (tests/chaos_run.py, scripts/chaos): a short seeded one on the local backend, and its checks failing
+"""The chaos run (tests/support/chaos_run.py, scripts/chaos): a short seeded one on the local backend, and its checks failing
 when what they look for is there.
 
 The short run takes the demo pipeline without its pretrain stage (about 10 s clean on 2 cores) and makes one kill
@@ -14,11 +14,11 @@ import subprocess
 import sys
 import time
 
-from chaos_backends import LocalChaos, children_of
-from chaos_checks import check_one_live_job, check_outputs
-from chaos_monkey import Monkey, Target
-from chaos_run import ChaosOptions, chaos_run, table
-from pipeline_fixtures import wait_for, write_chain_project
+from support.chaos_backends import LocalChaos, children_of
+from support.chaos_checks import check_one_live_job, check_outputs
+from support.chaos_monkey import Monkey, Target
+from support.chaos_run import ChaosOptions, chaos_run, table
+from support.pipeline_fixtures import wait_for, write_chain_project
 
 from bcp_pipeline.procs import process_start_ticks
 

@@ -1,13 +1,15 @@
-"""The Grid Engine backend on a real two-host Son of Grid Engine cell (tests/sge_cluster.py: this machine, and
+"""The Grid Engine backend on a real two-host Son of Grid Engine cell (tests/support/sge_cluster.py: this machine, and
 `node2` in its own network, UTS and mount namespaces on a private bridge; the workspace on the shared file system).
 
-- the demo's data stages as array jobs whose tasks run on both hosts, byte-identical to a local run;
 - the DDP smoke pretrain over a parallel environment, one `qrsh -inherit` launcher per host, equal to one process;
 - a running task deleted with `qdel`, then `resume`, byte-identical again;
 - what Grid Engine refuses or cannot start: an unknown resource, an unknown parallel environment, a job in `Eqw`,
   a job deleted while held (no accounting record);
-- `status`, `logs`, `report` and `cancel` of a run on the cell.
-Where Grid Engine cannot run here, the fixture skips these tests and prints why.
+- `cancel` of a run on the cell.
+What every backend must do the same way (the demo's data stages as array jobs on both hosts, byte-identical to a
+local run, with `status`, `logs` and `report`; a killed orchestrator's job re-attached by `resume`; one qstat a poll)
+is tests/e2e/test_backend_conformance.py's `TestGridEngine`. Where Grid Engine cannot run here, the fixture skips
+these tests and prints why.
 """
 
 from __future__ import annotations
@@ -25,23 +27,19 @@ import yaml
 
 from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, REPO, logs_and_status, start_orchestrator, wait_for, write_chain_project
-from sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
-from test_pretrain_backends import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
-from test_pretrain_backends import write_project as write_ddp_project
-from test_pretrain_distributed import data_dir, reference  # noqa: F401 (fixtures)
+from support.cli import cli
+from support.ddp_pretrain import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
+from support.ddp_pretrain import write_project as write_ddp_project
+from support.ddp_pretrain import data_dir, reference  # noqa: F401 (fixtures)
+from support.pipeline_fixtures import (GE_CHAIN, REPO, logs_and_status, start_orchestrator, wait_for,
+                                       write_chain_project)
+from support.pipeline_fixtures import DEMO_SPREAD as SPREAD  # (array tasks, ranks per task)
+from support.pipeline_fixtures import GE_OPTIONS as OPTIONS
+from support.sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.usefixtures("sge_cell")
-OPTIONS = {"poll_seconds": 0.3, "poll_max_seconds": 1.0, "accounting_grace_seconds": 3}
-# Demo data stages spread over both hosts as array jobs: (array tasks, ranks per task).
-SPREAD = {"download": (2, 2), "extract": (2, 1), "concat": (2, 1), "tokenize-preprocess": (2, 1)}
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def demo_project(root: Path, backend: str, **stage_extra: dict) -> Path:
@@ -64,51 +62,6 @@ def tree(root: Path) -> dict[str, bytes]:
     """Every file under `root` but the completion records (they hold times and hosts), by relative path."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and ".completions" not in p.parts}
-
-
-def records(folder: Path, stage: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((folder / ".completions").glob(f"{stage}-*.json"))]
-
-
-@pytest.fixture(scope="module")
-def local_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = demo_project(tmp_path_factory.mktemp("local") / "p", "local")
-    assert cli(config, "run", "demo") == 0
-    return config.parent / ".bcp-pipeline/workspaces/demo"
-
-
-def test_demo_array_tasks_on_both_hosts_match_a_local_run(sge_cell: SgeCell, local_demo: Path, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture) -> None:
-    config = demo_project(tmp_path / "ge", "gridengine")
-    assert cli(config, "run", "demo") == 0
-    state = RunStore(config.parent / ".bcp-pipeline").latest()
-    assert state.backend == "gridengine" and all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
-    workspace = config.parent / ".bcp-pipeline/workspaces/demo"
-    data = workspace / "data/slimpajama"
-    folders = {"download": (data / "zst", "download"), "extract": (data / "jsonl", "extract"),
-               "concat": (data / "train", "concat"), "tokenize-preprocess": (data / "preprocessed", "preprocess")}
-    for stage, (folder, program_stage) in folders.items():
-        nodes, per_node = SPREAD[stage]
-        assert state.stages[stage].sharding == {"replicas": nodes, "processes": per_node}
-        ranks = records(folder, program_stage)
-        assert [(r["rank"], r["world_size"]) for r in ranks] == [(rank, nodes * per_node)
-                                                                 for rank in range(nodes * per_node)]
-        # Each array task is one node: its ranks share a host, and the tasks ran on both hosts.
-        hosts = [r["ran_on"]["hostname"] for r in ranks]
-        assert set(hosts) == set(sge_cell.hosts), hosts
-        assert all(len(set(hosts[t * per_node:(t + 1) * per_node])) == 1 for t in range(nodes))
-    assert tree(workspace) == tree(local_demo)
-
-    capsys.readouterr()
-    assert cli(config, "status") == 0
-    assert "tokenize-preprocess  succeeded" in capsys.readouterr().out
-    download_job = stage_job(state.stages["download"])
-    assert cli(config, "logs", state.run_id, "download") == 0
-    logs = capsys.readouterr().out
-    assert "rank-00003.log" in logs, logs
-    report = tmp_path / "report.html"
-    assert cli(config, "report", "--out", str(report)) == 0 and report.stat().st_size > 0
-    assert (config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / download_job).is_dir()
 
 
 @pytest.mark.parametrize("launcher", ["ranks", "torchrun"])
@@ -204,18 +157,6 @@ def test_requests_the_cell_refuses_fail_the_run_with_grid_engine_s_words(
     printed = capsys.readouterr()
     said = printed.out + printed.err
     assert words in said and "qsub" in said, said
-
-
-GE_CHAIN = (CHAIN_CONFIG
-            .replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
-                     "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
-                     "  gridengine: {workspace_dir: ws, poll_seconds: 0.3, poll_max_seconds: 1, "
-                     "accounting_grace_seconds: 3}\n")
-            .replace('--count, "${count}", --name, first]', '--count, "${count}", --name, first, --sleep, "2"]')
-            .replace("        local: {replicas: 2, processes: 1}\n",
-                     "        local: {replicas: 2, processes: 1}\n        gridengine: {nodes: 2}\n")
-            .replace("        local: {replicas: 1, processes: 3}\n",
-                     "        local: {replicas: 1, processes: 3}\n        gridengine: {processes_per_node: 3}\n"))
 
 
 def test_a_task_deleted_while_the_orchestrator_was_killed_then_resume_matches_a_local_run(tmp_path: Path) -> None:
@@ -392,7 +333,7 @@ pipelines:
 
 def nemo_project(root: Path, *, nodes: int = 1, steps: int = 30, runtime: str = "2m", margin: str = "1m",
                  extra: str = "") -> Path:
-    from test_data_list import chunk_name, fabricate
+    from support.manifests import chunk_name, fabricate
 
     image = root / "images" / "nemo-24.05.sif"
     image.parent.mkdir(parents=True)

@@ -15,9 +15,9 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.selection import RunStore
 from bcp_pipeline.engine.state import StageStatus
-from test_hf_download import REPO as REPO_ID
-from test_hf_download import TOKEN, dataset_files
-from test_preprocess import EOD, reference_tokenizer
+from support.gpt2_reference import EOD, reference_tokenizer
+from support.hf_dataset import HF_REPO as REPO_ID
+from support.hf_dataset import TOKEN, dataset_files
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fakes"))
 from hf_hub import FakeHub  # noqa: E402

@@ -1,8 +1,10 @@
 """The kubernetes backend on a real control plane built from source (scripts/k8s-cluster via the `k8s_cluster`
 fixture), with two node agents (the kubelet STAND-IN of tests/fakes/k8s_node_agent.py) in their own network
-namespaces. The demo's data stages run as Indexed Jobs whose pods spread over both nodes, and their outputs are
-compared byte for byte with a local run; status, logs (pods/log through the apiserver), cancel, check and every
-bundled pipeline's manifests (server-side dry run) are tried against the same apiserver."""
+namespaces: cancel, check, every bundled pipeline's manifests (server-side dry run), and Job and pod conditions (a
+deadline, a failed program, a killed, deleted or evicted pod, a lost node) then resume. What every backend must do
+the same way (the demo's data stages as Indexed Jobs whose pods spread over both nodes, byte-identical to a local run,
+with status and logs through pods/log; a killed orchestrator's job re-attached by `resume`; one list of Jobs a poll)
+is tests/e2e/test_backend_conformance.py's `TestKubernetes`."""
 
 from __future__ import annotations
 
@@ -19,27 +21,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
 from bcp_pipeline.engine.state import RunState, RunStore, StageStatus
 from bcp_pipeline.errors import BackendCallError
-from k8s_cluster import (K8sCluster, install_pytorchjob_crd, k8s_cluster, pytorchjob_crd_file,  # noqa: F401
-                         skip_unless_required)
-from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
+from support.cli import cli
+from support.k8s_cluster import (K8sCluster, install_pytorchjob_crd, k8s_cluster, pytorchjob_crd_file,  # noqa: F401
+                                 skip_unless_required)
+from support.pipeline_fixtures import K8S_CHAIN, REPO, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import DEMO_SPREAD as SPREAD  # (pods, processes per pod)
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
 
 NAMESPACE = "bcp-e2e"
 CLAIM = "bcp-pipeline-workspace"
-# Demo data stages: (pods, processes per pod). download puts two ranks in each pod.
-SPREAD = {"download": (2, 2), "extract": (2, 1), "concat": (2, 1), "tokenize-preprocess": (2, 1)}
-RECORDS = {"download": "download", "extract": "extract", "concat": "concat", "tokenize-preprocess": "preprocess"}
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -92,41 +88,6 @@ def demo_project(root: Path, backend: str, kubeconfig: Path, pretrain: dict | No
     config = root / "pipelines.yaml"
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     return config
-
-
-def test_demo_data_stages_spread_over_two_nodes_match_a_local_run(k8s_cluster: K8sCluster, workspace: Path,  # noqa: F811
-                                                                  tmp_path: Path, capsys: pytest.CaptureFixture
-                                                                  ) -> None:
-    local = demo_project(tmp_path / "local", "local", k8s_cluster.kubeconfig)
-    assert cli(local, "run", "demo") == 0
-    config = demo_project(tmp_path / "k8s", "kubernetes", k8s_cluster.kubeconfig)
-    assert cli(config, "run", "demo") == 0, capsys.readouterr().out
-    state = RunStore(config.parent / ".bcp-pipeline").latest()
-    assert state.backend == "kubernetes" and all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
-    nodes = {n.metadata.name: next(a.address for a in n.status.addresses if a.type == "InternalIP")
-             for n in client.CoreV1Api(k8s_cluster.api()).list_node().items}
-    data = workspace / "data/slimpajama"
-    folders = {"download": data / "zst", "extract": data / "jsonl", "concat": data / "train",
-               "tokenize-preprocess": data / "preprocessed"}
-    for stage, (pods, processes) in SPREAD.items():
-        assert state.stages[stage].sharding == {"replicas": pods, "processes": processes}
-        ranks = [json.loads(p.read_text()) for p in sorted((folders[stage] / ".completions")
-                                                            .glob(f"{RECORDS[stage]}-*.json"))]
-        world = pods * processes
-        assert [(r["rank"], r["world_size"]) for r in ranks] == [(rank, world) for rank in range(world)]
-        used = {address for r in ranks for address in r["ran_on"]["addresses"]}
-        assert used == set(nodes.values()), f"{stage} ran on {used}, not on both nodes {nodes}"
-        assert state.stages[stage].verification["ok"]
-    assert tree(workspace) == tree(local.parent / ".bcp-pipeline/workspaces/demo")
-
-    capsys.readouterr()
-    assert cli(config, "status") == 0
-    assert state.stages["download"].jobs[-1].job_id in capsys.readouterr().out
-    assert cli(config, "logs", state.run_id, "concat", "--rank", "1") == 0
-    assert '"rank": 1' in capsys.readouterr().out  # rank 1's pod log, through pods/log
-    for path in (config.parent / ".bcp-pipeline").rglob("*"):  # state, plan records, logs: the secret is only
-        if path.is_file():                                        # ever named, never copied
-            assert b"hf_secret_VALUE" not in path.read_bytes(), path
 
 
 def test_every_bundled_pipeline_is_accepted_by_the_apiserver(k8s_cluster: K8sCluster, workspace: Path) -> None:  # noqa: F811
@@ -252,14 +213,6 @@ def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass
 
 
 # -- Job and pod conditions on the real control plane, chaos, then resume -----------------------------------------
-# The chain pipeline (tests/pipeline_fixtures.py) with its first stage as 2 pods of one process, over both nodes.
-K8S_CHAIN = (CHAIN_CONFIG
-             .replace("        local: {replicas: 2, processes: 1}\n",
-                      "        local: {replicas: 2, processes: 1}\n        kubernetes: {replicas: 2, processes: 1}\n")
-             .replace("        local: {replicas: 1, processes: 3}\n",
-                      "        local: {replicas: 1, processes: 3}\n        kubernetes: {replicas: 1, processes: 3}\n"))
-
-
 def report_data_of(html: str) -> dict:
     """The data a report page was drawn from (embedded as JSON, as tests/report/test_report_browser.py reads it)."""
     match = re.search(r'<script type="application/json" id=report-data>(.*?)</script>', html, re.S)

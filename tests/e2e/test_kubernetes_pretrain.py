@@ -15,11 +15,12 @@ import yaml
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore
-from k8s_cluster import (K8sCluster, cluster_port, k8s_cluster, training_operator,  # noqa: F401 (the fixture)
+from support.k8s_cluster import (K8sCluster, cluster_port, k8s_cluster, training_operator,  # noqa: F401 (the fixture)
                          skip_unless_required, training_operator_binary)
-from pipeline_fixtures import REPO
-from test_pretrain_backends import RUN_NAME, assert_trained_like_one_process, cli, stage_job, write_project
-from test_pretrain_distributed import data_dir, reference  # noqa: F401 (fixtures)
+from support.pipeline_fixtures import REPO
+from support.cli import cli
+from support.ddp_pretrain import RUN_NAME, assert_trained_like_one_process, stage_job, write_project
+from support.ddp_pretrain import data_dir, reference  # noqa: F401 (fixtures)
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402

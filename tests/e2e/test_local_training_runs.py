@@ -1,7 +1,7 @@
 """The bundled demo's pretrain stage on the local backend: each run trains its own model (its NeMo-like run folder
 `demo-gpt-<run id>`), so `run --restart` starts at step 0 instead of "resuming" the last run's finished training,
 and `resume` of an interrupted run continues its own. Real PyTorch and megatron-core on data the real preprocess
-stage tokenized (tests/stages/test_pretrain_local.py's make_dataset)."""
+stage tokenized (tests/support/smoke_pretrain.py's make_dataset)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import shutil
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from golden_files import REPO
-from test_pretrain_local import make_dataset
+from support.golden_files import REPO
+from support.smoke_pretrain import make_dataset
 
 SMALL = ["--set", "vars.steps=4", "--set", "pretrain.args=[--data-dir, '${data}/preprocessed', --results, "
          "'${workspace}/results', --run-name, '${train_run}', --steps, '${steps}', --checkpoint-every, '2', "

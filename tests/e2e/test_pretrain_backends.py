@@ -5,8 +5,8 @@ real two-node Slurm (2 nodes x 1 task, each node its own network namespace and a
 What each shows, with nothing but the backend's launch environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
 LOCAL_RANK) to find the other rank:
 - the ranks hold identical weights after training (each rank's `weights_sha256` line in its log);
-- the loss curve equals a one-process run with the same global batch, to LOSS_RTOL (tests/stages/
-  test_pretrain_distributed.py states why not bit for bit);
+- the loss curve equals a one-process run with the same global batch, to LOSS_RTOL (tests/support/
+  ddp_pretrain.py states why not bit for bit);
 - a rank SIGKILLed mid-run fails the job in about --collective-timeout, no hang (local, Slurm, BCP per-replica);
 - `bcp-pipeline resume` then continues from the last checkpoint, and ends on the same curve and equal weights.
 
@@ -16,7 +16,6 @@ run across the backends in the other e2e tests).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -24,85 +23,16 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from bcp_emulation import needs_ngcsdk
-from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import REPO, start_orchestrator, wait_for
-from slurm_cluster import MultiNodeCluster, two_node_cluster  # noqa: F401 (the fixture)
-from test_pretrain_distributed import ARGS, LOSS_RTOL, STEPS, data_dir, reference  # noqa: F401 (fixtures)
+from support.bcp_emulation import needs_ngcsdk
+from support.cli import cli
+from support.ddp_pretrain import (RUN_NAME, STEPS, TIMEOUT, assert_trained_like_one_process,  # noqa: F401
+                                  data_dir, rank_logs, reference, stage_job, write_project)  # (fixtures)
+from support.pipeline_fixtures import start_orchestrator, wait_for
+from support.slurm_cluster import MultiNodeCluster, two_node_cluster  # noqa: F401 (the fixture)
 
 import _pretrain_checkpoints
-
-TIMEOUT = 8  # --collective-timeout (s): how long a rank waits for a dead peer
-RUN_NAME = "ddp"
-DIGEST = re.compile(r"^rank (\d+) of (\d+): weights_sha256 ([0-9a-f]{64})$", re.M)
-BCP_DEFAULTS = {"image": "nvcr.io/nvaie/nemo-framework-training:23.11", "instance": "dgxa100.80g.8.norm",
-                "total_runtime": "1h", "workspaces": [{"name": "main", "mount": "/mount_workspace", "mode": "RW"}]}
-
-
-def write_project(root: Path, data: Path, transport: str = "sdk") -> Path:
-    """A one-stage pipeline `ddp`: pretrain_local.py on 2 ranks, shaped for each backend."""
-    stage = {
-        "program": "pretrain_local.py",
-        "args": ["--data-dir", str(data), "--results", "${workspace}/results", "--run-name", RUN_NAME, *ARGS,
-                 "--collective-timeout", str(TIMEOUT), "--threads", "1"],
-        "local": {"replicas": 1, "processes": 2},
-        "slurm": {"nodes": 2, "ntasks_per_node": 1},
-        "bcp": {"replicas": 2, "processes": 1},
-        "verify": [{"glob": f"${{workspace}}/results/{RUN_NAME}/train_summary.json", "expect": 1}],
-    }
-    raw = {"version": 1, "stages_dir": str(REPO / "stages"),
-           "backends": {"local": {"workspace_dir": "ws", "poll_seconds": 0.1},
-                        "slurm": {"workspace_dir": "ws", "poll_seconds": 0.2, "poll_max_seconds": 1},
-                        "bcp": {"transport": transport, "poll_min_seconds": 0.1, "poll_max_seconds": 0.3}},
-           "pipelines": {"ddp": {"workspace": {"name": "main", "mount": "/mount_workspace"},
-                                 "defaults": {"bcp": BCP_DEFAULTS},
-                                 "verification": {"bcp": {**BCP_DEFAULTS, "instance": "dgxa100.80g.1.norm"}},
-                                 "stages": {"pretrain": stage}}}}
-    root.mkdir(parents=True)
-    config = root / "pipelines.yaml"
-    config.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return config
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
-
-
-def digests(logs: list[str]) -> dict[int, str]:
-    """Rank -> its weights digest, from the `rank R of 2: weights_sha256 D` lines of the job's logs."""
-    found = {}
-    for text in logs:
-        for rank, world, digest in DIGEST.findall(text):
-            assert world == "2", text
-            found[int(rank)] = digest
-    return found
-
-
-def rank_logs(config: Path, job_id: str) -> list[str]:
-    """The rank logs of one local or Slurm job (both write RUN/logs/JOB/rank-NNNNN.log)."""
-    store = RunStore(config.parent / ".bcp-pipeline")
-    run_dir = store.run_dir(store.latest().run_id)
-    return [p.read_text(errors="replace") for p in sorted((run_dir / "logs" / job_id).glob("rank-*.log"))]
-
-
-def assert_trained_like_one_process(summary_file: Path, logs: list[str], reference: dict,
-                                    resumed_from: int = 0) -> None:
-    summary = json.loads(summary_file.read_text())
-    assert summary["world_size"] == 2 and summary["steps"] == STEPS
-    assert summary["resumed_from_step"] == resumed_from
-    # Both ranks printed their digest, and they are the weights rank 0 saved: bit-identical after DDP.
-    assert digests(logs) == {0: summary["weights_sha256"], 1: summary["weights_sha256"]}
-    assert summary["losses"] == pytest.approx(reference["losses"], rel=LOSS_RTOL)
-    assert summary["tokens_seen"] == reference["tokens_seen"]
-
-
-def stage_job(stage) -> str:
-    """The id of the stage's last stage job (not its verification)."""
-    return [job for job in stage.jobs if job.kind == "stage"][-1].job_id
-
 
 RENDEZVOUS_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 

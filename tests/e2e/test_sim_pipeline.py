@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from bcp_pipeline.cli.main import main
-from golden_files import REPO
+from support.golden_files import REPO
 import _slimpajama_files  # stages/ is on sys.path (conftest)
 import sample
 

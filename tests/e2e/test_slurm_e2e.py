@@ -1,9 +1,10 @@
 """The Slurm backend on a real single-node Slurm cluster (scripts/slurm-cluster via the `slurm_cluster` fixture).
 
-The `chain` pipeline of tests/pipeline_fixtures.py runs as real sbatch jobs (the orchestrator as a real
-subprocess where a test kills it), in a workspace whose path holds spaces, quotes and ';'. The last test runs the
-bundled `demo` pipeline with `--backend slurm`. Where Slurm cannot be installed, the fixture skips every test here
-and prints why.
+The `chain` pipeline of tests/support/pipeline_fixtures.py runs as real sbatch jobs (the orchestrator as a real
+subprocess where a test kills it), in a workspace whose path holds spaces, quotes and ';'. What every backend must do
+the same way (the demo, pretrain included here, byte-identical to a local run; a killed orchestrator's job re-attached
+by `resume`; one squeue a poll) is tests/e2e/test_backend_conformance.py's `TestSlurm`. Where Slurm cannot be
+installed, the fixture skips every test here and prints why.
 """
 
 from __future__ import annotations
@@ -16,33 +17,17 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from chaos_backends import processes
-from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
-from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+from support.chaos_backends import processes
+from support.cli import cli
+from support.pipeline_fixtures import SLURM_CHAIN, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import SLURM_WORKSPACE_DIR as WORKSPACE_DIR
+from support.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
-WORKSPACE_DIR = "ws dir/it's;odd"
-SLURM_CHAIN = (CHAIN_CONFIG
-               .replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
-                        "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
-                        f"  slurm: {{workspace_dir: \"{WORKSPACE_DIR}\", poll_seconds: 0.2, poll_max_seconds: 1}}\n")
-               .replace("        local: {replicas: 2, processes: 1}\n",
-                        "        local: {replicas: 2, processes: 1}\n        slurm: {ntasks_per_node: 2}\n")
-               .replace("        local: {replicas: 1, processes: 3}\n",
-                        "        local: {replicas: 1, processes: 3}\n        slurm: {ntasks_per_node: 3}\n"))
-
-
 def project(root: Path) -> Path:
     return write_chain_project(root, SLURM_CHAIN)
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def run_chain(config: Path, *args: str) -> int:
@@ -114,32 +99,6 @@ def test_chain_runs_as_slurm_jobs_and_status_shows_their_ids(tmp_path, capsys):
     assert "backend slurm" in out and f"{recorded[0]}(COMPLETED), {recorded[1]}*(COMPLETED)" in out
     assert cli(config, "logs", state.run_id, "first", "--rank", "1") == 0
     assert '"rank": 1' in capsys.readouterr().out
-
-
-def test_sigkilled_orchestrator_resumes_without_duplicate_jobs(tmp_path):
-    reference = project(tmp_path / "reference")
-    assert run_chain(reference) == 0
-
-    config = project(tmp_path / "killed")
-    marker = stall(config, "second")
-    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "slurm")
-    job_id = wait_for(lambda: stage_job(config, "second"), what="stage second's job to run")
-    orchestrator.kill()  # SIGKILL: no cleanup at all
-    orchestrator.wait()
-    run_id = state_of(config).run_id
-    time.sleep(0.5)
-    assert (job_id, f"{run_id}.second", "RUNNING") in jobs_named(run_id)  # the job outlived its orchestrator
-
-    resumed = start_orchestrator(config, "resume")
-    time.sleep(1.5)
-    assert resumed.poll() is None  # re-attached and waiting on the live job
-    assert [r[0] for r in jobs_named(run_id) if r[1] == f"{run_id}.second"] == [job_id]
-    marker.unlink()
-    output, _ = resumed.communicate(timeout=90)
-    assert resumed.returncode == 0, output
-    names = [name for _, name, _ in jobs_named(run_id)]
-    assert sorted(names) == sorted(f"{run_id}.{s}{k}" for s in ("first", "second", "third") for k in ("", ".verify"))
-    assert workspace_files(config) == workspace_files(reference)
 
 
 def items_processes(output_folder: str) -> list[int]:
@@ -271,35 +230,3 @@ def test_a_job_too_big_for_the_cluster_fails_at_once_instead_of_pending_forever(
     assert "can never start" in state.stages["first"].error
     wait_for(lambda: [r for r in jobs_named(state.run_id) if r[0] == job_id and r[2] == "CANCELLED"],
              timeout=20, what="the job to be cancelled")
-
-
-def demo_missing() -> str | None:
-    demo = load_config(REPO / "pipelines.yaml").pipeline("demo")
-    needed = {s.program for s in demo.stages.values()} | {"verify.py"}
-    missing = sorted(needed - {p.name for p in (REPO / "stages").glob("*.py")})
-    return f"demo stage programs not written yet: {', '.join(missing)}" if missing else None
-
-
-def test_demo_pipeline_runs_on_slurm(tmp_path, capsys):
-    if reason := demo_missing():
-        pytest.skip(reason)
-    pytest.importorskip("torch", reason="the demo's pretrain needs torch (scripts/setup installs it)")
-    raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
-    raw = {"version": raw.get("version", 1), "stages_dir": str(REPO / "stages"),
-           "backends": {**(raw.get("backends") or {}),
-                        "slurm": {**((raw.get("backends") or {}).get("slurm") or {}),
-                                  "poll_seconds": 0.2, "poll_max_seconds": 1.0}},
-           "pipelines": {"demo": raw["pipelines"]["demo"]}}
-    config = tmp_path / "pipelines.yaml"
-    config.write_text(yaml.safe_dump(raw, sort_keys=False))
-    quick = ["--set", "vars.steps=10"] if "steps" in raw["pipelines"]["demo"].get("vars", {}) else []
-    assert cli(config, "run", "demo", "--backend", "slurm", *quick) == 0, capsys.readouterr().out
-    state = state_of(config)
-    assert state.backend == "slurm" and all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
-    assert state.stages["download"].sharding == {"replicas": 1, "processes": 4}
-    listed = {job_id for job_id, _, slurm_state in jobs_named(state.run_id) if slurm_state == "COMPLETED"}
-    assert {j.job_id for s in state.stages.values() for j in s.jobs} <= listed
-    capsys.readouterr()
-    assert cli(config, "status") == 0
-    out = capsys.readouterr().out
-    assert f"{state.stages['pretrain'].jobs[0].job_id}(COMPLETED)" in out

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
-from slurm_cluster import MultiNodeCluster, node_addresses, script, two_node_cluster  # noqa: F401 (the fixture)
+from support.cli import cli
+from support.pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
+from support.slurm_cluster import MultiNodeCluster, node_addresses, script, two_node_cluster  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.usefixtures("two_node_cluster")
 SLURM_OPTIONS = {"poll_seconds": 0.2, "poll_max_seconds": 1.0}
@@ -33,10 +33,6 @@ SPREAD = {"download": (2, 2), "extract": (2, 1), "concat": (2, 1), "tokenize-pre
 # shard and of those it produced this time.
 RECORDS = {"download": ("download", "files", "downloaded"), "extract": ("extract", "files", "extracted"),
            "concat": ("concat", "outputs", "written"), "tokenize-preprocess": ("preprocess", "outputs", "written")}
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def state_of(config: Path):

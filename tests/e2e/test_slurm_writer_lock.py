@@ -14,9 +14,10 @@ import pytest
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore
-from pipeline_fixtures import start_orchestrator, wait_for
-from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
-from test_slurm_e2e import WORKSPACE_DIR, project
+from support.pipeline_fixtures import start_orchestrator, wait_for
+from support.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+from support.pipeline_fixtures import SLURM_CHAIN, write_chain_project
+from support.pipeline_fixtures import SLURM_WORKSPACE_DIR as WORKSPACE_DIR
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -33,7 +34,7 @@ def slurm_job_running(config: Path, stage: str) -> bool:
 
 
 def test_a_second_writer_of_a_slurm_workspace_is_refused_until_the_first_is_killed(tmp_path):
-    config = project(tmp_path)
+    config = write_chain_project(tmp_path, SLURM_CHAIN)
     stall = config.parent / WORKSPACE_DIR / "main/first/STALL"
     stall.parent.mkdir(parents=True)
     stall.touch()

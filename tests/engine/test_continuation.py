@@ -8,20 +8,7 @@ from __future__ import annotations
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import write_chain_project
-
-TRAINER = '''
-import sys, os, re
-from pathlib import Path
-folder, advance, target = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-folder.mkdir(parents=True, exist_ok=True)
-steps = max([int(m.group(1)) for p in folder.iterdir() if (m := re.search(r"step=(\\d+)", p.name))], default=0)
-new = min(steps + advance, target)
-(folder / f"step={new:06d}-last.pt").write_text("weights")
-if steps:
-    (folder / f"step={steps:06d}-last.pt").rename(folder / f"step={steps:06d}.pt")
-print(f"trained from step {steps} to {new}")
-'''
+from support.pipeline_fixtures import TRAINER, write_chain_project
 
 CONFIG = """\
 version: 1

@@ -1,7 +1,8 @@
 """The orchestrator on the local backend, end to end: DAG order, verification gates, failure and resume.
 
-Stages run as real local processes (tests/pipeline_fixtures.py `items.py`); the orchestrator runs as a real
-subprocess where a test kills it.
+Stages run as real local processes (tests/support/pipeline_fixtures.py `items.py`); the orchestrator runs as a real
+subprocess where a test kills it. An orchestrator SIGKILLed mid-stage and resumed, as on every backend:
+tests/e2e/test_backend_conformance.py (`TestLocal`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,10 @@ import os
 import time
 from pathlib import Path
 
-
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
+from support.cli import cli
+from support.pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
 
 
 def state_of(config: Path):
@@ -122,36 +119,6 @@ def test_verification_shortfall_fails_with_expected_vs_found_and_stops(tmp_path,
     assert second.error == (f"verification failed: {tmp_path}/ws/main/second/item-*.txt: expected 6, found 5")
     assert state.stages["third"].status is StageStatus.PENDING and not state.stages["third"].jobs
     assert "expected 6, found 5" in capsys.readouterr().out
-
-
-def test_sigkilled_orchestrator_resumes_without_duplicate_jobs(tmp_path):
-    reference = write_chain_project(tmp_path / "reference")
-    assert cli(reference, "run", "chain") == 0
-
-    config = write_chain_project(tmp_path / "killed")
-    stall = config.parent / "ws/main/second/STALL"
-    stall.parent.mkdir(parents=True)
-    stall.touch()
-    orchestrator = start_orchestrator(config, "run", "chain")
-    wait_for(lambda: stage_status(config, "second") == "running", what="stage second to run")
-    orchestrator.kill()  # SIGKILL: no cleanup at all
-    orchestrator.wait()
-    run_dir = next((config.parent / ".bcp-pipeline/runs").iterdir())
-    status_file = run_dir / "jobs/second.1/status.json"
-    wait_for(status_file.is_file, what="the job's supervisor to start")
-    time.sleep(0.3)
-    assert json.loads(status_file.read_text())["state"] == "running"  # the job outlived its orchestrator
-
-    resumed = start_orchestrator(config, "resume")
-    time.sleep(1.0)
-    assert resumed.poll() is None  # re-attached and waiting on the live job, not failing
-    assert sorted(p.name for p in (run_dir / "jobs").iterdir() if p.name.startswith("second")) == ["second.1"]
-    stall.unlink()
-    output, _ = resumed.communicate(timeout=60)
-    assert resumed.returncode == 0, output
-    jobs = sorted(p.name for p in (run_dir / "jobs").iterdir())
-    assert jobs == ["first.1", "first.verify.1", "second.1", "second.verify.1", "third.1", "third.verify.1"]
-    assert workspace_files(config) == workspace_files(reference)
 
 
 def test_crash_between_submit_and_record_adopts_the_live_job(tmp_path, monkeypatch):

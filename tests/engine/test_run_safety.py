@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.selection import RunRequest, Selection, choose_run, continue_run
 from bcp_pipeline.engine.state import RUN_ID, RunStore, StageStatus, new_run_id, store_for
-from pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+from support.cli import cli
+from support.pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
 
 TWO_PIPELINES = CHAIN_CONFIG + """\
   other:
@@ -32,10 +32,6 @@ TWO_PIPELINES = CHAIN_CONFIG + """\
         verify:
           - {glob: "${workspace}/only/item-*.txt", expect: 2}
 """
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
 
 
 def second_writer(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

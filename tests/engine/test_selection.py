@@ -10,7 +10,7 @@ import pytest
 from bcp_pipeline.engine.selection import ChosenRun, RunRequest, choose_resume, choose_run, open_run
 from bcp_pipeline.engine.state import StageStatus, store_for
 from bcp_pipeline.errors import ConfigError, StateError
-from pipeline_fixtures import write_chain_project
+from support.pipeline_fixtures import write_chain_project
 
 
 @pytest.fixture

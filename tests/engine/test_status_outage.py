@@ -8,21 +8,16 @@ the same on a real Slurm controller that stops answering: tests/e2e/test_slurm_e
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from bcp_pipeline.backends.local.backend import LocalBackend
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError, ConfigError
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, write_chain_project
-
-
-def cli(config: Path, *args: str) -> int:
-    return main(["--config", str(config), *args])
+from support.cli import cli
+from support.pipeline_fixtures import CHAIN_CONFIG, write_chain_project
 
 
 def failing_once_second_runs(real_poll, calls: list[float]):

@@ -16,7 +16,7 @@ from bcp_pipeline.report.mfu import flops_per_token, params_for_flops
 from bcp_pipeline.config.nemo import KNOWN_SHAPES
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.state import StageState, StageStatus
-from pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
 
 BUNDLED = REPO / "pipelines.yaml"
 
@@ -157,7 +157,7 @@ def test_plan_speaks_of_epochs_and_warns_above_one(capsys):
 
 
 def test_epochs_come_from_the_manifests_once_the_data_exists(tmp_path, capsys):
-    from test_data_list import chunk_name, fabricate
+    from support.manifests import chunk_name, fabricate
 
     config = tmp_path / "pipelines.yaml"
     config.write_text(BUNDLED.read_text().replace("stages_dir: stages", f"stages_dir: {REPO / 'stages'}"))

@@ -14,7 +14,7 @@ from bcp_pipeline.report.gather import stage_facts
 from bcp_pipeline.report.measured import Measurement, save_measurement
 from bcp_pipeline.report.mfu import (cpu_peak, flops_per_token, gpu_peak, model_flops_utilization, step_seconds_at,
     tokens_per_second)
-from pipeline_fixtures import REPO
+from support.pipeline_fixtures import REPO
 
 
 def test_7b_improved_on_eight_dgx_a100_nodes_by_hand():

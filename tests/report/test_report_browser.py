@@ -22,7 +22,7 @@ import pytest
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore
-from pipeline_fixtures import write_chain_project
+from support.pipeline_fixtures import write_chain_project
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"

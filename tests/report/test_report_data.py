@@ -20,7 +20,7 @@ from bcp_pipeline.redact import REDACTED, redact, secret_values
 from bcp_pipeline.report.data import SubmittedCommand, report_data
 from bcp_pipeline.engine.state import JobRecord, RunState, StageState, StageStatus
 from bcp_pipeline.training_log import TrainingPoint, parse_training_log
-from golden_files import assert_golden
+from support.golden_files import assert_golden
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0  # the run's creation; every time below is T0 + seconds

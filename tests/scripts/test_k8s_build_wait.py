@@ -1,5 +1,5 @@
 """A control-plane build in the background (as .ci/run starts one) holds its lock; `status` says so and the
-Kubernetes tests' fixture waits for it to end instead of skipping (tests/k8s_cluster.py)."""
+Kubernetes tests' fixture waits for it to end instead of skipping (tests/support/k8s_cluster.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-import k8s_cluster
+from support import k8s_cluster
 
 RELEASE = k8s_cluster.SCRIPT.parent / "k8s-control-plane" / "go.mod"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from k8s_cluster import K8sCluster, k8s_cluster  # noqa: F401  (the fixture)
+from support.k8s_cluster import K8sCluster, k8s_cluster  # noqa: F401  (the fixture)
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402

@@ -12,8 +12,8 @@ import sys
 import urllib.error
 import urllib.request
 
-from bcp_emulation import needs_ngcsdk
-from golden_files import REPO
+from support.bcp_emulation import needs_ngcsdk
+from support.golden_files import REPO
 
 pytestmark = needs_ngcsdk
 SCRIPT = REPO / "scripts" / "ngc-emulator"

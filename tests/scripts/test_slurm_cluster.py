@@ -1,6 +1,6 @@
 """scripts/slurm-cluster and a real single-node Slurm: sbatch + srun tasks, failure, cancel, stop.
 
-The cluster tests are skipped, with the reason printed, where Slurm cannot be installed (see slurm_cluster.py).
+The cluster tests are skipped, with the reason printed, where Slurm cannot be installed (see tests/support/slurm_cluster.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurm_cluster import SCRIPT, SlurmCluster, script, slurm_cluster, unavailable_reason  # noqa: F401
+from support.slurm_cluster import SCRIPT, SlurmCluster, script, slurm_cluster, unavailable_reason  # noqa: F401
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE"}

@@ -8,8 +8,8 @@ import pytest
 
 import _durable
 import concat
-from stage_fixtures import (completion_records, iter_documents, jsonl_bytes, kill_when, run_as_rank, run_stage,
-                            snapshot, stage_command, temporaries)
+from support.stage_fixtures import (completion_records, iter_documents, jsonl_bytes, kill_when, run_as_rank, run_stage,
+                                    snapshot, stage_command, temporaries)
 
 
 def write_inputs(folder: Path, count: int, docs: int = 4, repeat: int = 1) -> dict[str, bytes]:

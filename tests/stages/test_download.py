@@ -18,7 +18,7 @@ import _fetch_attempt
 import _slimpajama_files
 import download
 import sample
-from http_faults import Fault, FaultServer
+from support.http_faults import Fault, FaultServer
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "stages" / "download.py"

@@ -10,8 +10,8 @@ import zstandard
 
 import _durable
 import extract
-from stage_fixtures import (completion_records, compress, iter_documents, jsonl_bytes, kill_when, make_shards,
-                            run_as_rank, run_stage, snapshot, stage_command, temporaries)
+from support.stage_fixtures import (completion_records, compress, iter_documents, jsonl_bytes, kill_when, make_shards,
+                                    run_as_rank, run_stage, snapshot, stage_command, temporaries)
 
 
 def expected_text(path: Path) -> bytes:

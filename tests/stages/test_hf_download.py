@@ -4,43 +4,21 @@ the tree API's pages, the commit pinned in the manifest, sha256 / git blob check
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import _slimpajama_files
 import download
 import hf_listing
-from stage_fixtures import iter_documents, jsonl_bytes, run_as_rank, temporaries
+from support.hf_dataset import HF_REPO as REPO
+from support.hf_dataset import TOKEN, dataset_files
+from support.stage_fixtures import iter_documents, jsonl_bytes, run_as_rank, temporaries
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fakes"))
 from hf_hub import FakeHub  # noqa: E402
-
-TOKEN = "hf_secretTOKEN123"
-REPO = "org/web-edu"
-
-
-def parquet_bytes(seed: int, rows: int, row_group_size: int = 16) -> bytes:
-    """A small parquet file written by pyarrow: FineWeb's columns (text, id, score), several row groups."""
-    docs = list(iter_documents(seed, rows, mean_words=40))
-    table = pa.table({"text": [d["text"] for d in docs], "id": [f"doc-{seed}-{i}" for i in range(rows)],
-                      "score": [float(i % 5) for i in range(rows)]})
-    sink = io.BytesIO()
-    pq.write_table(table, sink, row_group_size=row_group_size)
-    return sink.getvalue()
-
-
-def dataset_files(version: int = 0) -> dict[str, bytes]:
-    files = {f"sample/10BT/{i:03d}_00000.parquet": parquet_bytes(10 * version + i, 40) for i in range(3)}
-    files["sample/100BT/000_00000.parquet"] = parquet_bytes(99, 8)
-    files["README.md"] = b"---\nlicense: odc-by\n---\n# web-edu (a test fixture)\n"
-    files[".gitattributes"] = b"*.parquet filter=lfs diff=lfs merge=lfs -text\n"
-    return files
 
 
 def args(out: Path, *extra: str) -> list[str]:
@@ -200,7 +178,7 @@ def test_names_selection_and_bad_listings():
 def test_slimpajama_through_the_listing_keeps_its_names_and_checks_zstd_and_sha256(hub, tmp_path, monkeypatch,
                                                                                     capsys):
     """The slimpajama-* pipelines' download args (pipelines.yaml) against a SlimPajama-shaped repo."""
-    from stage_fixtures import compress
+    from support.stage_fixtures import compress
 
     from bcp_pipeline.config.load import load_config
 

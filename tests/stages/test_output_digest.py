@@ -20,7 +20,7 @@ from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.output_digest import output_digest
 from bcp_pipeline.engine.state import RunStore
-from golden_files import REPO
+from support.golden_files import REPO
 
 
 def env(digest: str, policy: str = "redo") -> dict[str, str]:

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 import concat
 import _preprocess_batches
@@ -18,28 +17,9 @@ import extract
 import megatron_index
 import preprocess
 import tokenizers_gpt2
-from stage_fixtures import (completion_records, gpt2_vocab_merges, iter_documents, jsonl_bytes, kill_when,
-                            make_shards, run_as_rank, run_stage, snapshot, stage_command, temporaries)
-
-VOCAB, MERGES = gpt2_vocab_merges()
-GPT2 = ["--vocab", str(VOCAB), "--merges", str(MERGES)]
-EOD = 50256
-SPECIAL_TEXTS = [
-    "Hello world",
-    "a <|endoftext|> b, and <|endoftext|>",  # ordinary text inside a document, as in Megatron
-    "  leading spaces\n\n\ttabs   and trailing   ",
-    "Zürich 東京 😀 naïve façade — “quoted” ½ €200",
-    "it's they're we'll I'M you'VE 12345678 3.14159 x=y+1;",
-    "\n",
-    " ",
-]
-
-
-def reference_tokenizer() -> Tokenizer:
-    """GPT-2 BPE in HF `tokenizers` (byte-level BPE, no prefix space): independent of tiktoken."""
-    tokenizer = Tokenizer(models.BPE.from_file(str(VOCAB), str(MERGES)))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    return tokenizer
+from support.gpt2_reference import EOD, GPT2, MERGES, SPECIAL_TEXTS, VOCAB, read_dataset, reference_tokenizer
+from support.stage_fixtures import (completion_records, iter_documents, jsonl_bytes, kill_when,
+                                    make_shards, run_as_rank, run_stage, snapshot, stage_command, temporaries)
 
 
 def write_chunk(folder: Path, index: int, payload: bytes) -> Path:
@@ -47,16 +27,6 @@ def write_chunk(folder: Path, index: int, payload: bytes) -> Path:
     path = folder / f"train_chunk_{index}.jsonl"
     path.write_bytes(payload)
     return path
-
-
-def read_dataset(prefix: Path) -> list[list[int]]:
-    """Every sequence through megatron-core's own reader, after checking its index invariants."""
-    dataset = IndexedDataset(str(prefix))
-    assert dataset.index.dtype == np.uint16
-    assert list(dataset.document_indices) == list(range(len(dataset) + 1))
-    sequences = [dataset[i].tolist() for i in range(len(dataset))]
-    assert [len(s) for s in sequences] == dataset.sequence_lengths.tolist()
-    return sequences
 
 
 def test_megatron_core_reads_reference_gpt2_ids_with_eod(tmp_path, monkeypatch):
@@ -171,7 +141,7 @@ def test_malformed_lines_are_skipped_and_reported_by_file_and_line(tmp_path, mon
 
 @pytest.mark.parametrize("batch_bytes", [1, 7, 100, 1 << 20])
 def test_batches_tile_each_source_in_whole_lines(tmp_path, monkeypatch, batch_bytes):
-    from stage_fixtures import compress
+    from support.stage_fixtures import compress
     monkeypatch.setattr(_preprocess_batches, "PROBE_BYTES", 5)  # lines longer than a probe window, too
     payload = b'{"text": "a"}\n\n' + b"x" * 300 + b"\n\n\nlast line without newline"
     (tmp_path / "a.jsonl").write_bytes(payload)
@@ -198,7 +168,7 @@ def test_line_numbers_survive_small_batches(tmp_path, monkeypatch, capsys):
 
 
 def test_bad_lines_in_zst_groups_name_the_zst_file(tmp_path, monkeypatch, capsys):
-    from stage_fixtures import compress
+    from support.stage_fixtures import compress
     (tmp_path / "zst").mkdir()
     (tmp_path / "zst" / "a.jsonl.zst").write_bytes(compress(jsonl_bytes(iter_documents(1, 3))))
     (tmp_path / "zst" / "b.jsonl.zst").write_bytes(compress(b'{"text": "x"}\n{"text": "y"}\n{oops\n'))

@@ -12,8 +12,8 @@ import pytest
 
 import doc_sources
 import preprocess
-from stage_fixtures import compress, iter_documents, jsonl_bytes, run_as_rank, snapshot
-from test_preprocess import EOD, GPT2, SPECIAL_TEXTS, read_dataset, reference_tokenizer
+from support.stage_fixtures import compress, iter_documents, jsonl_bytes, run_as_rank, snapshot
+from support.gpt2_reference import EOD, GPT2, SPECIAL_TEXTS, read_dataset, reference_tokenizer
 
 TEXTS = SPECIAL_TEXTS + [r["text"] for r in iter_documents(21, 50)]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,32 +20,14 @@ import torch
 import _pretrain_checkpoints
 import _ranks
 from _stage_error import StageError
-from test_pretrain_local import child_env, logged_steps, make_dataset, summary
-
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "stages" / "pretrain_local.py"
-STEPS = 12
-LOSS_RTOL = 1e-4
-# As test_pretrain_local's (hidden 64, sequence 64) with a global batch of 4: 2 samples per rank on 2 ranks.
-ARGS = ["--steps", str(STEPS), "--checkpoint-every", "4", "--seq-length", "64", "--global-batch-size", "4",
-        "--hidden", "64", "--heads", "4", "--lr", "3e-3", "--seed", "7"]
-TIMEOUT = 8  # --collective-timeout of these runs (s)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("data"))
-
+from support.ddp_pretrain import (LOSS_RTOL, STEPS, TIMEOUT, command, data_dir,  # noqa: F401 (fixtures)
+                                  reference, run_one)
+from support.smoke_pretrain import child_env, logged_steps, summary
 
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def command(data: Path, results: Path, run_name: str, *extra: str) -> list[str]:
-    return [sys.executable, str(SCRIPT), "--data-dir", str(data), "--results", str(results), "--run-name", run_name,
-            *ARGS, "--collective-timeout", str(TIMEOUT), *extra]
 
 
 def start_ranks(cmd: list[str], world: int = 2) -> list[subprocess.Popen]:
@@ -70,12 +51,6 @@ def finish(ranks: list[subprocess.Popen], timeout: float = 180) -> list[tuple[in
     return results
 
 
-def run_one(cmd: list[str]) -> subprocess.CompletedProcess:
-    done = subprocess.run(cmd + ["--threads", "2"], capture_output=True, text=True, timeout=180, env=child_env())
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 def digest_lines(stdout: str) -> list[str]:
     return [line.split()[-1] for line in stdout.splitlines() if "weights_sha256" in line and line.startswith("rank ")]
 
@@ -90,14 +65,6 @@ def wait_for_step(proc: subprocess.Popen, step: int, timeout: float = 120) -> st
         if line.startswith(f"step {step}/"):
             return "".join(seen)
     raise AssertionError(f"no step {step} within {timeout} s")
-
-
-@pytest.fixture(scope="module")
-def reference(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One process, the same global batch: the curve the ranks must follow."""
-    results = tmp_path_factory.mktemp("one")
-    run_one(command(data_dir, results, "one"))
-    return summary(results, "one")
 
 
 # ---------------------------------------------------------------- training on 2 ranks

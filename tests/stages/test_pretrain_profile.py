@@ -12,7 +12,7 @@ import pytest
 
 from bcp_pipeline.report.throughput import smoke_facts, step_times
 from bcp_pipeline.report.timers import parse_timer_blocks
-from test_pretrain_local import command, data_dir, run_to_end  # noqa: F401 (data_dir is a fixture)
+from support.smoke_pretrain import command, data_dir, run_to_end  # noqa: F401 (data_dir is a fixture)
 
 pytest.importorskip("megatron.core", reason="the smoke pretrain reads its data with megatron-core")
 

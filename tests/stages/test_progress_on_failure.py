@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from bcp_pipeline.backends.shared.logs import progress_from_logs
-from stage_fixtures import make_shards
+from support.stage_fixtures import make_shards
 
 STAGES = Path(__file__).resolve().parents[2] / "stages"
 

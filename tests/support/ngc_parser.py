@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-STUBS = Path(__file__).resolve().parent / "fakes" / "ngc_stubs"
+STUBS = Path(__file__).resolve().parents[1] / "fakes" / "ngc_stubs"
 DEFAULT_ORG = "bcpp-test-org"
 DEFAULT_ACE = "bcpp-test-ace"
 # Not a real key. It must not start with "nvapi-" (that form triggers key-service checks) and it must be set:
@@ -350,7 +350,7 @@ def _error_text(error: BaseException) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python tests/ngc_parser.py ngc base-command job run ...``: print the request or the refusal."""
+    """``python tests/support/ngc_parser.py ngc base-command job run ...``: print the request or the refusal."""
     try:
         print(json.dumps(job_create_request(argv), indent=2, sort_keys=True))
     except NgcRejected as rejected:

@@ -124,7 +124,7 @@ def gpt2_vocab_merges() -> tuple[Path, Path]:
 # Running stages in tests
 # ---------------------------------------------------------------------------------------------------------------
 
-STAGES_DIR = Path(__file__).resolve().parent.parent / "stages"
+STAGES_DIR = Path(__file__).resolve().parents[2] / "stages"
 
 
 def run_as_rank(main: Callable[[list[str]], int], argv: list[str], rank: int, world: int, monkeypatch) -> int:

@@ -2,7 +2,7 @@
 PyTorch Lightning 2.0.7, the 23.11 image's versions: run by tests/config/test_nemo_timer_real.py in a subprocess
 whose PYTHONPATH puts those packages (scripts/setup --test installs them into .venv/nemo-1.22.0) first.
 
-    python tests/real_nemo_train.py '{"log_dir": ..., "max_steps": N, "trainer": {...}, "exp_manager": {...}}'
+    python tests/support/real_nemo_train.py '{"log_dir": ..., "max_steps": N, "trainer": {...}, "exp_manager": {...}}'
 
 `trainer` and `exp_manager` hold the overrides under `training.trainer.` and `training.exp_manager.` that the
 project renders, keys without their prefix. The job resumes from the run's `-last` checkpoint as the launcher's

@@ -7,10 +7,10 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from chaos_backends import ChaosBackend, processes, sigkill
-from chaos_monkey import Target
+from support.chaos_backends import ChaosBackend, processes, sigkill
+from support.chaos_monkey import Target
 
-FAKES = Path(__file__).resolve().parent / "fakes"
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
 
 
 class BcpChaos(ChaosBackend):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import ngc_parser
-from golden_files import REPO
+from support import ngc_parser
+from support.golden_files import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "fakes"))
 from ngc_control import FakeNgc, reread_ngcsdk_environment  # noqa: E402
@@ -27,7 +27,7 @@ needs_ngcsdk = pytest.mark.skipif(not ngc_parser.available(), reason="ngcsdk[tel
 
 def point_ngcsdk_at_environment() -> None:
     """Each test starts its own emulator, so an in-process ngcsdk must read its NGC_CLI_* settings again.
-    ngcsdk is imported here first the way the offline parser check imports it (tests/ngc_parser.py, with its own
+    ngcsdk is imported here first the way the offline parser check imports it (tests/support/ngc_parser.py, with its own
     placeholder settings), so that a later parser check cannot leave those settings behind."""
     ngc_parser.parse_args(["batch", "list"])
     reread_ngcsdk_environment()
@@ -78,3 +78,10 @@ def status_calls(fake: FakeNgc) -> int:
     if fake.transport == "cli":
         return len(fake.calls("job list"))
     return len([r for r in fake.requests("GET", "/v2/org/*/jobs") if "page-number=" not in r["query"]])
+
+
+def jobs_by_stage(fake: FakeNgc) -> dict[str, list[dict]]:
+    grouped: dict[str, list[dict]] = {}
+    for record in fake.jobs().values():
+        grouped.setdefault(record["job"]["jobDefinition"]["name"], []).append(record["job"])
+    return grouped

@@ -14,7 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 ITEMS_PROGRAM = '''
 """Test stage: write --count files item-NNNN.txt into --out, sharded by rank; copy upstream contents if --in."""
@@ -106,6 +106,79 @@ def write_chain_project(root: Path, config_text: str = CHAIN_CONFIG) -> Path:
     config = root / "pipelines.yaml"
     config.write_text(config_text)
     return config
+
+
+# The chain pipeline on the other backends, with the same sharding as on local (so its items are byte-identical).
+BCP_SECTIONS = """\
+    defaults:
+      bcp: {image: "nvcr.io/nvaie/nemo-framework-training:23.11", instance: dgxa100.80g.8.norm, total_runtime: 1h,
+            workspaces: [{name: main, mount: /mount_workspace, mode: RW}]}
+    verification:
+      bcp: {instance: dgxa100.80g.1.norm, workspaces: [{name: main, mount: /mount_workspace, mode: RO}]}
+"""
+
+
+def bcp_chain_config(transport: str) -> str:
+    text = CHAIN_CONFIG.replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
+                                "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
+                                f"  bcp: {{transport: {transport}, poll_min_seconds: 0.1, poll_max_seconds: 0.3}}\n")
+    text = text.replace("    vars: {count: \"6\"}\n", "    vars: {count: \"6\"}\n" + BCP_SECTIONS)
+    # The bcp sharding mirrors the local one: 2 replicas x 1 process, then 1 x 3 (under bcprun).
+    text = text.replace("local: {replicas: 2, processes: 1}", "local: {replicas: 2, processes: 1}\n"
+                        "        bcp: {replicas: 2, processes: 1}")
+    return text.replace("local: {replicas: 1, processes: 3}", "local: {replicas: 1, processes: 3}\n"
+                        "        bcp: {replicas: 1, processes: 3}")
+
+
+# On Slurm, in a workspace whose path holds spaces, quotes and ';'.
+SLURM_WORKSPACE_DIR = "ws dir/it's;odd"
+SLURM_CHAIN = (CHAIN_CONFIG
+               .replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
+                        "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
+                        f"  slurm: {{workspace_dir: \"{SLURM_WORKSPACE_DIR}\", poll_seconds: 0.2, "
+                        "poll_max_seconds: 1}\n")
+               .replace("        local: {replicas: 2, processes: 1}\n",
+                        "        local: {replicas: 2, processes: 1}\n        slurm: {ntasks_per_node: 2}\n")
+               .replace("        local: {replicas: 1, processes: 3}\n",
+                        "        local: {replicas: 1, processes: 3}\n        slurm: {ntasks_per_node: 3}\n"))
+
+# On Grid Engine, the first stage as an array job of 2 tasks (one a host), each item taking 2 s.
+GE_CHAIN = (CHAIN_CONFIG
+            .replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
+                     "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
+                     "  gridengine: {workspace_dir: ws, poll_seconds: 0.3, poll_max_seconds: 1, "
+                     "accounting_grace_seconds: 3}\n")
+            .replace('--count, "${count}", --name, first]', '--count, "${count}", --name, first, --sleep, "2"]')
+            .replace("        local: {replicas: 2, processes: 1}\n",
+                     "        local: {replicas: 2, processes: 1}\n        gridengine: {nodes: 2}\n")
+            .replace("        local: {replicas: 1, processes: 3}\n",
+                     "        local: {replicas: 1, processes: 3}\n        gridengine: {processes_per_node: 3}\n"))
+
+# On Kubernetes, the first stage as 2 pods of one process (over both nodes of the test cluster).
+K8S_CHAIN = (CHAIN_CONFIG
+             .replace("        local: {replicas: 2, processes: 1}\n",
+                      "        local: {replicas: 2, processes: 1}\n        kubernetes: {replicas: 2, processes: 1}\n")
+             .replace("        local: {replicas: 1, processes: 3}\n",
+                      "        local: {replicas: 1, processes: 3}\n        kubernetes: {replicas: 1, processes: 3}\n"))
+
+# The demo's data stages spread over two hosts (Grid Engine array tasks) or nodes (Kubernetes pods): (array tasks or
+# pods, ranks in each). download puts two ranks in each.
+DEMO_SPREAD = {"download": (2, 2), "extract": (2, 1), "concat": (2, 1), "tokenize-preprocess": (2, 1)}
+GE_OPTIONS = {"poll_seconds": 0.3, "poll_max_seconds": 1.0, "accounting_grace_seconds": 3}
+
+# A stand-in trainer for the continuation tests: each job advances the checkpoint folder by ADVANCE steps.
+TRAINER = '''
+import sys, os, re
+from pathlib import Path
+folder, advance, target = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+folder.mkdir(parents=True, exist_ok=True)
+steps = max([int(m.group(1)) for p in folder.iterdir() if (m := re.search(r"step=(\\d+)", p.name))], default=0)
+new = min(steps + advance, target)
+(folder / f"step={new:06d}-last.pt").write_text("weights")
+if steps:
+    (folder / f"step={steps:06d}-last.pt").rename(folder / f"step={steps:06d}.pt")
+print(f"trained from step {steps} to {new}")
+'''
 
 
 def sigint_as_from_a_terminal() -> None:

@@ -7,8 +7,8 @@ import re
 import sys
 from pathlib import Path
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
-REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def normalize(text: str, *roots: Path) -> str:

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from chaos_backends import ChaosBackend, processes, sigkill
-from chaos_monkey import Target
+from support.chaos_backends import ChaosBackend, processes, sigkill
+from support.chaos_monkey import Target
 
 from bcp_pipeline.engine.state import RunStore
 
@@ -32,7 +32,7 @@ class SlurmChaos(ChaosBackend):
         self.slurm_conf = os.environ.get("SLURM_CONF")
 
     def start(self) -> None:
-        script = [sys.executable, str(Path(__file__).resolve().parent.parent / "scripts" / "slurm-cluster")]
+        script = [sys.executable, str(Path(__file__).resolve().parents[2] / "scripts" / "slurm-cluster")]
         self.started_here = subprocess.run([*script, "status"], capture_output=True).returncode != 0
         started = subprocess.run([*script, "start"], capture_output=True, text=True, timeout=180)
         if started.returncode != 0:

@@ -4,12 +4,12 @@
 1. a clean run of the pipeline in its own project folder (kept under --workdir and reused while the config, the
    stage programs and the options are the same), for the reference bytes and counts;
 2. the chaos run in a fresh project folder: the orchestrator runs as a subprocess, and while it runs the monkey
-   (tests/chaos_monkey.py) SIGKILLs, at random moments, what the backend offers (tests/chaos_backends.py): stage
-   ranks, verification jobs, job supervisors, the orchestrator itself, and on the emulated BCP and Slurm, jobs
-   through the service. When the orchestrator ends short of success (killed, or a stage failed), `resume`
+   (tests/support/chaos_monkey.py) SIGKILLs, at random moments, what the backend offers
+   (tests/support/chaos_backends.py): stage ranks, verification jobs, job supervisors, the orchestrator itself,
+   and on the emulated BCP and Slurm, jobs through the service. When the orchestrator ends short of success (killed, or a stage failed), `resume`
    continues the run. A stage that downloads from a `file://` mirror is pointed at a loopback HTTP server over
    the same folder that answers 429 / 500, drops connections mid-body and sends short bodies at random;
-3. the checks of tests/chaos_checks.py, and a table of what happened.
+3. the checks of tests/support/chaos_checks.py, and a table of what happened.
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos_backends import ChaosBackend, LocalChaos
-from chaos_bcp import BcpChaos
-from chaos_checks import Check, check_one_live_job, check_outputs, check_verification
-from chaos_monkey import HTTP_FAULTS, ChaosHttpSource, Monkey
-from chaos_slurm import SlurmChaos
+from support.chaos_backends import ChaosBackend, LocalChaos
+from support.chaos_bcp import BcpChaos
+from support.chaos_checks import Check, check_one_live_job, check_outputs, check_verification
+from support.chaos_monkey import HTTP_FAULTS, ChaosHttpSource, Monkey
+from support.chaos_slurm import SlurmChaos
 
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.engine.state import RunState, RunStore
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BACKENDS: dict[str, type[ChaosBackend]] = {"local": LocalChaos, "bcp": BcpChaos, "slurm": SlurmChaos}
 
 

@@ -1,6 +1,6 @@
 """A real two-host Son of Grid Engine cell for tests, started through scripts/sge-cluster.
 
-    from sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
+    from support.sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 
     def test_something(sge_cell: SgeCell) -> None:
         subprocess.run(["qsub", ...])  # SGE_ROOT, SGE_CELL and the cell's ports are exported while it runs
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import _skip
+from support.slurm_cluster import _skip
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "sge-cluster"
 ENV_KEYS = ("SGE_ROOT", "SGE_CELL", "SGE_QMASTER_PORT", "SGE_EXECD_PORT")
 

@@ -1,7 +1,7 @@
 """What the chaos monkey can hit on each backend, and each backend's own record of which jobs are alive.
 
 A chaos backend knows, for one project folder (a copy of pipelines.yaml and its state folder):
-* `targets(kind)`: the live things of a kind that can be hit now (tests/chaos_monkey.py `Target`);
+* `targets(kind)`: the live things of a kind that can be hit now (tests/support/chaos_monkey.py `Target`);
 * `live_jobs()`: stage -> ids of that stage's jobs alive now, from the backend's own records (the local backend's
   job records and pids, the emulator's job records, Slurm's queue), sampled all through the run;
 * `job_intervals()`: (stage, job id, start, end) from the same records after the run, for a second look at overlaps;
@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from chaos_monkey import Target
+from support.chaos_monkey import Target
 
 from bcp_pipeline.procs import is_alive
 from bcp_pipeline.engine.state import RunStore

@@ -2,7 +2,7 @@
 
 Everything random comes from one `random.Random(seed)`, so a seed fixes the sequence of choices (which kind of
 target next, how long to wait, which request gets which fault); what a kill hits still depends on timing.
-What can be killed is the backend's business (tests/chaos_backends.py): each backend lists its live targets of a
+What can be killed is the backend's business (tests/support/chaos_backends.py): each backend lists its live targets of a
 kind (`rank`, `verify`, `supervisor`, `orchestrator`, `job-kill`, `preempt`, `lost`, `scancel`, ...).
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from http_faults import Fault, FaultServer
+from support.http_faults import Fault, FaultServer
 
 # What the HTTP source does instead of a good answer, with Retry-After 0 so a 429 costs no wall time.
 HTTP_FAULTS: dict[str, Fault] = {
