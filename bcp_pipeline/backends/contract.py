@@ -240,6 +240,12 @@ class Backend(abc.ABC):
     def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
         """The job's log (one rank/replica when given); `tail` keeps the last lines."""
 
+    def training_log(self, job_id: str, tail: int | None = None) -> str:
+        """The log that holds a training job's step lines, for `logs`, `status` and the report: rank 0's for the
+        NeMo launcher and the smoke pretrain, the last rank's for Megatron-Bridge (it prints from there only).
+        Here every rank's log, as `logs` gives it; a backend whose logs cost a call each reads fewer."""
+        return self.logs(job_id, None, tail)
+
     @abc.abstractmethod
     def cancel(self, job_ids: list[str]) -> None:
         """Stop these jobs."""

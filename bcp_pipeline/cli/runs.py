@@ -172,6 +172,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
             print(text if args.state_lines else without_state_lines(text, args.tail))
             return 0
     job = stage_job(state, args.stage, args.verify)
+    stage = chosen.pipeline.stages.get(args.stage)
+    if args.rank is None and job.kind == "stage" and stage is not None and stage.engine is not None:
+        print(backend.training_log(job.job_id, tail=args.tail))  # where the step lines are (the last rank's)
+        return 0
     print(backend.logs(job.job_id, rank=args.rank, tail=args.tail))
     return 0
 

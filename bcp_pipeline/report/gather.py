@@ -107,7 +107,8 @@ def is_training_stage(name: str, stage: StageConfig | None, state: RunState) -> 
 
 def training_logs(state: RunState, pipeline: PipelineConfig | None, backend: Backend | None,
                   notes: list[str]) -> dict[str, str]:
-    """Rank 0's log of every attempt of every training stage, by job id."""
+    """The training log (the one with the step lines: Backend.training_log) of every attempt of every training
+    stage, by job id."""
     logs = {}
     for name, stage_state in state.stages.items():
         stage = pipeline.stages.get(name) if pipeline is not None else None
@@ -119,7 +120,7 @@ def training_logs(state: RunState, pipeline: PipelineConfig | None, backend: Bac
             continue
         for job in jobs:
             try:
-                logs[job.job_id] = backend.logs(job.job_id, rank=0)
+                logs[job.job_id] = backend.training_log(job.job_id)
             except (PipelineError, OSError) as exc:
                 notes.append(f"{name}: could not read the log of job {job.job_id}: {exc}")
     return logs

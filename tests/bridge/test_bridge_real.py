@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from bridge_venv import (REPO, bridge_python, dry_run, dumped, entry_arguments, pretrain_job, site_packages,
-                         step_line)
+from support.bridge_venv import (REPO, bridge_python, dry_run, dumped, entry_arguments, pretrain_job,
+                                 site_packages, step_line)
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.training_log import last_progress, parse_training_log

@@ -32,13 +32,15 @@ from bcp_pipeline.backends.profile import load_profile
 from bcp_pipeline.backends.retries import with_retries
 from bcp_pipeline.backends.shared.command import shell_join
 from bcp_pipeline.backends.shared.locks import user_writer_lock
-from bcp_pipeline.backends.shared.logs import indent, last_lines, training_progress
+from bcp_pipeline.backends.shared.logs import indent, last_lines, last_traceback, training_progress
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.resources import BcpOptions
 from bcp_pipeline.errors import BackendCallError
+from bcp_pipeline.training_log import last_progress
 
 LIST_LAG_MARGIN_SECONDS = 30.0  # beyond twice the list lag `check` measured, before a stage is submitted again
 KILL_MARGIN_SECONDS = 60.0  # beyond the ACE's termination grace, before `cancel` says a killed job has not ended
+FAILURE_LOG_LINES = 300  # read for a failed job's traceback, above its launcher's summary
 TRAINING_LOG_LINES = 50  # the end of a training job's log read for its progress (a progress bar redraws in one line)
 FAILED_REPLICA = re.compile(r"\bReplica (\d+)\b")  # statusDetails like "Replica 1 exited with code 3"
 
@@ -67,6 +69,7 @@ class BcpBackend(Backend):
         self.profile = profile  # what `check` found about this org/ACE (backends/profile.py); None: never checked
         self.has_profile = profile is not None
         self._progress_read: dict[str, tuple[float, JobProgress | None]] = {}  # job id -> (when read, what)
+        self._replica_counts: dict[str, int] = {}  # job id -> its replicas (a job's definition never changes)
         lag = self.probe_fact("list_lag_seconds")
         if isinstance(lag, (int, float)) and lag >= 1:  # the list index lags here: look a job up that long, twice over
             self.lookup_grace_seconds = 2 * float(lag) + LIST_LAG_MARGIN_SECONDS
@@ -217,10 +220,30 @@ class BcpBackend(Backend):
     def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
         return self.transport.log(job_id, rank, tail)
 
+    def training_log(self, job_id: str, tail: int | None = None) -> str:
+        """Replica 0's log, where every rank's output lands when replica 0's bcprun starts them all; where it shows
+        no step line and the job has more replicas, the last replica's after it: Megatron-Bridge prints from the
+        last rank only, and where each replica's bcprun starts its own node's ranks that rank's lines are in the
+        last replica's log (`check`'s row "last rank's lines" shows which on an ACE)."""
+        first = self.transport.log(job_id, 0, tail)
+        replicas = self._replicas(job_id)
+        if replicas < 2 or last_progress(first) is not None:
+            return first
+        last = self.transport.log(job_id, replicas - 1, tail)
+        if last_progress(last) is None:
+            return first
+        return f"{first.rstrip(chr(10))}\n==> replica {replicas - 1} (the last rank's output) <==\n{last}"
+
+    def _replicas(self, job_id: str) -> int:
+        """The job's replica count (one `job info` call a job, then kept)."""
+        if job_id not in self._replica_counts:
+            definition = self.transport.job(job_id).get("jobDefinition") or {}
+            self._replica_counts[job_id] = int(definition.get("replicaCount") or 1)
+        return self._replica_counts[job_id]
+
     def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
-        """A training job's steps and loss from the end of its log (replica 0's, where a NeMo job's launcher tees the
-        training's output): one `job log` call at most every `training_log_seconds` a job. Other jobs: None (their
-        progress would cost a call per replica per cycle)."""
+        """A training job's steps and loss from the end of its training log (training_log): at most every
+        `training_log_seconds` a job. Other jobs: None (their progress would cost a call per replica per cycle)."""
         if not training:
             return None
         now = time.monotonic()
@@ -228,7 +251,7 @@ class BcpBackend(Backend):
         if last is not None and now - last[0] < self.options.training_log_seconds:
             return last[1]
         try:
-            found = training_progress(self.transport.log(job_id, 0, TRAINING_LOG_LINES))
+            found = training_progress(self.training_log(job_id, TRAINING_LOG_LINES))
         except BackendCallError:
             found = last[1] if last else None  # a progress column is a nicety: never fail a poll over it
         self._progress_read[job_id] = (now, found)
@@ -318,7 +341,11 @@ class BcpBackend(Backend):
         replica = int(blamed.group(1)) if blamed else None
         which = f"replica {replica}'s" if replica is not None else "the job"
         try:
-            lines.append(f"last lines of {which} log:\n" + indent(last_lines(self.logs(job_id, replica, tail=15), 15)))
+            log = self.logs(job_id, replica, tail=FAILURE_LOG_LINES)
+            traceback = last_traceback(log)
+            if traceback and traceback not in last_lines(log, 15):
+                lines.append(f"the last traceback in {which} log:\n" + indent(traceback))
+            lines.append(f"last lines of {which} log:\n" + indent(last_lines(log, 15)))
         except BackendCallError as exc:
             lines.append(f"(job log unavailable: {exc})")
         return "\n".join(lines)

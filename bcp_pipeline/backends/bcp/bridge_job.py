@@ -1,13 +1,14 @@
 """A Megatron-Bridge pretrain on BCP: the script its job runs (pure: text in, text out; `plan` prints it beside the
 `ngc` command, and it is uploaded under a name made from its content).
 
-The script runs on replica 0 (the others' commandline returns at once): it writes the data list (data_list.py, from
-the preprocess manifests) into the run's folder in the workspace, then starts every rank of every node under
-`bcprun --nnodes ${NGC_ARRAY_SIZE} --npernode G -no_redirect` (NVIDIA's own spelling of the flag that keeps each
-rank's output on the launching replica's stdout), or under torchrun on a one-replica job, which needs no bcprun.
-Their output goes, under pipefail, to this job's log (so `logs`, `status` and the report see Bridge's step line,
-which only the LAST rank prints, whichever node it is on) and to a log in the job's result folder; the job ends
-with the training's exit status.
+The script writes the data list (data_list.py, from the preprocess manifests) into the run's folder in the workspace,
+then starts the ranks under `bcprun --nnodes ${NGC_ARRAY_SIZE} --npernode G -no_redirect` (NVIDIA's own spelling of
+the flag that keeps rank output on the launching replica's stdout), or under torchrun on a one-replica job, which
+needs no bcprun. Like the stage jobs it is right under both ways BCP may run a multi-replica commandline: once, on
+replica 0, whose bcprun starts every node's ranks, or on every replica, each bcprun starting its own node's.
+Output goes, under pipefail, to the job's log and to a log in the job's result folder; the job ends with the
+training's exit status. Bridge's step line comes from the LAST rank only: in replica 0's log in the first model, in
+the last replica's in the second; the backend's `training_log` reads whichever has it, and `check` shows which.
 """
 
 from __future__ import annotations
@@ -69,11 +70,9 @@ def render(job: BridgeJob) -> str:
     ]
     if job.replicas > 1:
         lines += [
-            "# Replica 0 starts the ranks of every node.",
-            'if [ "${NGC_ARRAY_INDEX:-0}" != 0 ]; then',
-            '  echo "replica ${NGC_ARRAY_INDEX}: the ranks start from replica 0"',
-            "  exit 0",
-            "fi",
+            "# Wherever BCP runs this commandline (once, on replica 0, or on every replica), bcprun starts the ranks",
+            "# it has to: every node's from replica 0, or each replica its own node's. Each replica that runs this",
+            "# writes the same data list (atomically), so no rank reads it before its own replica wrote it.",
         ]
     lines += [
         f"mkdir -p {shell_word(job.run_dir)}",
@@ -88,8 +87,8 @@ def render(job: BridgeJob) -> str:
         *[f"  {shell_word(word)}" for word in job.rank_argv[head:]],
         ")",
         "",
-        "# Every rank, its output (Bridge's step line comes from the last rank, on any node) to this job's log and to",
-        "# the result folder as it comes; the job's exit status is the training's.",
+        "# The ranks, their output to this job's log and to the result folder as it comes; the job's exit status is",
+        "# the training's.",
         "status=0",
         f"{launch(job)} 2>&1 | tee -a {shell_word(job.log_file)} || status=$?",
         'exit "$status"',

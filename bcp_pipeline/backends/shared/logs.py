@@ -90,3 +90,28 @@ def last_lines(text: str, count: int) -> str:
 def indent(text: str, prefix: str = "    ") -> str:
     """`text` with every line indented: a log excerpt inside a failure's explanation."""
     return "\n".join(f"{prefix}{line}" for line in text.splitlines())
+
+
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+# torchrun's own traceback follows its failed worker's: it says only that a child failed, never why.
+LAUNCHER_TRACEBACK_ENDS = ("ChildFailedError:",)
+
+
+def last_traceback(text: str, max_lines: int = 40) -> str | None:
+    """The last Python traceback in a log that says why it failed, through its exception line (its last
+    `max_lines` lines where longer): what a crashed training says about itself, where the log's tail holds only
+    its launcher's summary (torchrun's "Root Cause" table) and the launcher's own traceback."""
+    lines = text.splitlines()
+    blocks = []
+    for start in (i for i, line in enumerate(lines) if line.strip() == TRACEBACK_HEAD):
+        block = [lines[start].strip()]
+        for line in lines[start + 1:]:
+            block.append(line)
+            if line and not line[0].isspace():  # the exception line ends the frames
+                break
+        blocks.append(block)
+    if not blocks:
+        return None
+    causes = [b for b in blocks if not any(end in b[-1] for end in LAUNCHER_TRACEBACK_ENDS)]
+    block = (causes or blocks)[-1]
+    return "\n".join(block[-max_lines:] if len(block) > max_lines else block)

@@ -1,4 +1,5 @@
-"""pretrain(config, forward_step) as a run sees it from outside, without a model: Bridge's checks on its inputs,
+"""pretrain(config, forward_step) as a run sees it from outside, without a model: the ranks' rendezvous (PyTorch's
+own, gloo: a rank whose peers never start waits, then fails, as NCCL's would), Bridge's checks on its inputs,
 its step line from the last rank, its checkpoints (rank 0: `iter_NNNNNNN/` with `run_config.yaml`, then
 `latest_checkpointed_iteration.txt`), resumption from `checkpoint.load`, `train.exit_duration_in_mins` counted
 from the call (a save, `exiting program after N minutes`, exit 0), SIGTERM with `exit_signal_handler`.
@@ -15,7 +16,7 @@ import os
 import shutil
 import signal
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -23,6 +24,7 @@ import yaml
 from megatron.bridge.training.config import ConfigContainer, runtime_config_update
 
 TRACKER = "latest_checkpointed_iteration.txt"
+RENDEZVOUS_SECONDS = 120  # Bridge's is 10 minutes: shorter is stricter, and a test's hang ends sooner
 
 
 def _env_float(name: str, default: float) -> float:
@@ -85,11 +87,20 @@ def _step_line(config: ConfigContainer, step: int, ms: float) -> str:
     return line
 
 
+def _rendezvous(world: int) -> None:
+    """Every rank of the world meets, or this one fails after the timeout."""
+    import torch.distributed as dist
+
+    if world > 1:
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=RENDEZVOUS_SECONDS))
+
+
 def pretrain(config: ConfigContainer, forward_step_func) -> None:
     started = time.monotonic()
     runtime_config_update(config)
     _check_inputs(config)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    _rendezvous(world)
     step_seconds = _env_float("BCPP_BRIDGE_STANDIN_STEP_SECONDS", 0.05)
     crash_at = int(os.environ.get("BCPP_BRIDGE_STANDIN_CRASH_AT_STEP", "0"))
     minute = _env_float("BCPP_BRIDGE_STANDIN_SECONDS_PER_MINUTE", 60.0)
