@@ -9,7 +9,8 @@ Runs as a small job after each stage (on BCP a dgxa100.80g.1.norm job, locally a
 count matches. `--progress DIR=TARGET` reports the step the checkpoints in DIR have reached as "steps", and counts
 as ok when it reaches TARGET: Megatron-Bridge's `latest_checkpointed_iteration.txt` (written by rank 0 once a save
 has completed), else the highest `iter_NNNNNNN` folder holding the run_config.yaml written with it (a save cut
-short does not count), else the highest `step=N` among the names (NeMo's `megatron_gpt--...-step=50000-...-last` checkpoints, the smoke pretrain's `step=000040-last.pt`).
+short does not count), else the highest `step=N` among the names (NeMo's `megatron_gpt--...-step=50000-...-last`
+checkpoints, the smoke pretrain's `step=000040-last.pt`).
 """
 
 from __future__ import annotations

@@ -192,7 +192,8 @@ def test_one_node_ranks_start_without_bcprun(tmp_path):
     from bcp_pipeline.backends.shared.command import shell_join
 
     odd = "it's; $HOME \"x\""
-    program = shell_join(["sh", "-c", 'echo "$RANK/$WORLD_SIZE/$LOCAL_RANK $1" > "$2/rank-$RANK"; exit $((RANK == 1 ? 5 : 0))',
+    program = shell_join(["sh", "-c",
+                          'echo "$RANK/$WORLD_SIZE/$LOCAL_RANK $1" > "$2/rank-$RANK"; exit $((RANK == 1 ? 5 : 0))',
                           "sh", odd, str(tmp_path)])
     done = subprocess.run(shlex.split(local_ranks(program, 3)), env={"PATH": os.environ["PATH"]},
                           capture_output=True, text=True, timeout=30)

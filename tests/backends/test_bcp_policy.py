@@ -1,4 +1,5 @@
-"""The ACE's limits against the bundled pipelines' rendered jobs (backends/bcp/policy.py: pure; run and plan call it through ace.py)."""
+"""The ACE's limits against the bundled pipelines' rendered jobs (backends/bcp/policy.py: pure; run and plan call it
+through ace.py)."""
 
 from __future__ import annotations
 

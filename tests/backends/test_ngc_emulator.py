@@ -9,7 +9,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -48,7 +49,8 @@ def ngc_json(fake: FakeNgc, *args: str) -> Any:
     return json.loads(result.stdout)
 
 
-def run_argv(command: str, *extra: str, name: str = "stage", replicas: int = 1, array_type: str = "PYTORCH") -> list[str]:
+def run_argv(command: str, *extra: str, name: str = "stage", replicas: int = 1,
+             array_type: str = "PYTORCH") -> list[str]:
     """``base-command job run`` arguments as the orchestrator would render them."""
     multi = ["--replicas", str(replicas), "--array-type", array_type, "--total-runtime", "1h"] if replicas > 1 else []
     return ["base-command", "job", "run", "--name", name, "--image", IMAGE, "--instance", "dgxa100.80g.8.norm",
@@ -327,8 +329,10 @@ def test_concurrent_submissions_get_distinct_increasing_ids(fake: FakeNgc) -> No
 
 # -- variants of the service (tests/fakes/README.md "Variants") ----------------------------------------------------
 
-RANKS = "bcprun --nnodes 2 --npernode 2 -no_redirect --cmd 'echo $RANK/$WORLD_SIZE/$NGC_ARRAY_INDEX >> /mount_ws/ranks_$NGC_JOB_ID'"
-SHOW_ENV = 'echo "node $NGC_ARRAY_INDEX $NGC_ARRAY_TYPE $NGC_MASTER_ADDR $NGC_GPUS_PER_NODE" >> /mount_ws/cmd_$NGC_JOB_ID'
+RANKS = ("bcprun --nnodes 2 --npernode 2 -no_redirect "
+         "--cmd 'echo $RANK/$WORLD_SIZE/$NGC_ARRAY_INDEX >> /mount_ws/ranks_$NGC_JOB_ID'")
+SHOW_ENV = ('echo "node $NGC_ARRAY_INDEX $NGC_ARRAY_TYPE $NGC_MASTER_ADDR $NGC_GPUS_PER_NODE" '
+            '>> /mount_ws/cmd_$NGC_JOB_ID')
 
 
 def test_commandline_per_replica_or_once_on_the_launcher_node(fake: FakeNgc) -> None:

@@ -125,7 +125,8 @@ def test_what_bcprun_sets_for_nsys_file_names():
     assert probe_findings.nsys_names_row(unique).verdict.value == "ok"
     assert probe_findings.slurm_variables(unique) == "set"
     unset = {0: rank(0, 0, "unset/unset/unset"), 1: rank(1, 1, "unset/unset/unset")}
-    assert probe_findings.nsys_names_row(unset).verdict.value == "ok" and probe_findings.slurm_variables(unset) == "unset"
+    assert probe_findings.nsys_names_row(unset).verdict.value == "ok"
+    assert probe_findings.slurm_variables(unset) == "unset"
     same = {0: rank(0, 0, "7/0/0"), 1: rank(1, 1, "7/0/0")}
     row = probe_findings.nsys_names_row(same)
     assert row.verdict.value == "different" and "7/0/0, 7/0/0" in row.showed

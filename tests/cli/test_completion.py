@@ -125,7 +125,8 @@ def test_verbs_options_and_choices(project: Path) -> None:
     assert set(candidates(project, "bcp-pipeline run alpha --")) == {"--help", "--backend", "--set", "--restart",
                                                                      "--from", "--only", "--detach", "--config",
                                                                      "--state-dir"}
-    assert candidates(project, "bcp-pipeline plan alpha --backend ") == ["local", "bcp", "slurm", "gridengine", "kubernetes"]
+    backends = ["local", "bcp", "slurm", "gridengine", "kubernetes"]
+    assert candidates(project, "bcp-pipeline plan alpha --backend ") == backends
     assert candidates(project, "bcp-pipeline logs x y --tail ") == []
 
 

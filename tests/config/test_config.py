@@ -40,12 +40,14 @@ def test_bundled_pipelines_load_with_the_guides_numbers():
     assert (download.instance, download.replicas, download.processes) == ("dgxa100.80g.8.norm", 2, 48)
     assert download.image == "nvcr.io/nvaie/nemo-framework-training:23.11"
     assert [(m.name, m.mount, m.mode) for m in download.workspaces] == [("nemo-framework", "/mount_workspace", "RW")]
-    assert (download.priority, download.order, download.preempt, download.result) == ("NORMAL", 50, "RUNONCE", "/results")
+    assert (download.priority, download.order, download.preempt, download.result) == \
+        ("NORMAL", 50, "RUNONCE", "/results")
     assert parse_duration(download.total_runtime) == 10 * 3600
     assert big.stages["extract"].bcp.replicas == 2 and big.stages["tokenize-preprocess"].bcp.replicas == 2
     assert big.stages["concat"].bcp.replicas == 1
     assert "--files-per-output" in big.stages["concat"].args
-    assert big.stages["pretrain"].bcp.replicas == 8 and parse_duration(big.stages["pretrain"].bcp.total_runtime) == 5 * 86400
+    assert big.stages["pretrain"].bcp.replicas == 8
+    assert parse_duration(big.stages["pretrain"].bcp.total_runtime) == 5 * 86400
     assert big.verification.bcp.instance == "dgxa100.80g.1.norm"
     counts = {name: [expected_count(big, name, c) for c in stage.verify] for name, stage in big.stages.items()}
     assert counts["download"] == [59166] and counts["extract"] == [59166]
@@ -54,13 +56,15 @@ def test_bundled_pipelines_load_with_the_guides_numbers():
     assert small.stages["pretrain"].bcp.replicas == 4 and small.stages["pretrain"].nemo.model == "gpt3/126m"
     assert big.stages["pretrain"].nemo.model == "gpt3/7b_improved"
     # Continuation is derived from the NeMo section: checkpoints of the run, up to the model's max_steps.
-    assert big.stages["pretrain"].continuation.checkpoints == "${workspace}/results/gpt_8b-${run_id}/results/checkpoints"
+    assert big.stages["pretrain"].continuation.checkpoints == \
+        "${workspace}/results/gpt_8b-${run_id}/results/checkpoints"
     assert big.stages["pretrain"].continuation.target_steps == 300000
     assert [expected_count(small, "concat", c) for c in small.stages["concat"].verify] == [8]
     fast = config.pipeline("slimpajama-8b-fast")
     assert fast.order() == ["bpe", "download", "tokenize-preprocess", "pretrain"]
     assert "--files-per-output" in fast.stages["tokenize-preprocess"].args
-    assert [expected_count(fast, "tokenize-preprocess", c) for c in fast.stages["tokenize-preprocess"].verify] == [74, 74]
+    checks = fast.stages["tokenize-preprocess"].verify
+    assert [expected_count(fast, "tokenize-preprocess", c) for c in checks] == [74, 74]
 
 
 def test_valid_chain_config_and_derived_counts(tmp_path):
@@ -82,13 +86,15 @@ def test_unknown_key_lists_valid_keys_with_line(tmp_path):
 def test_unknown_backend_resource_key(tmp_path):
     text = CHAIN_CONFIG.replace("local: {replicas: 2, processes: 1}", "local: {replicas: 2, gpus: 1}")
     message = error_of(tmp_path, text)
-    assert f"pipelines.yaml:{line_no(text, 'gpus')}:" in message and "stages.first.local.gpus" in message and "valid keys: replicas, processes" in message
+    assert f"pipelines.yaml:{line_no(text, 'gpus')}:" in message and "stages.first.local.gpus" in message
+    assert "valid keys: replicas, processes" in message
 
 
 def test_wrong_type(tmp_path):
     text = CHAIN_CONFIG.replace("local: {replicas: 1, processes: 3}", "local: {replicas: two}")
     message = error_of(tmp_path, text)
-    assert f"pipelines.yaml:{line_no(text, 'replicas: two')}:" in message and "stages.second.local.replicas" in message and "expected an integer, got text two" in message
+    assert f"pipelines.yaml:{line_no(text, 'replicas: two')}:" in message and "stages.second.local.replicas" in message
+    assert "expected an integer, got text two" in message
 
 
 def test_unknown_needs(tmp_path):
@@ -99,7 +105,8 @@ def test_unknown_needs(tmp_path):
 
 
 def test_cycle(tmp_path):
-    text = CHAIN_CONFIG.replace("      first:\n        program", "      first:\n        needs: [third]\n        program")
+    text = CHAIN_CONFIG.replace("      first:\n        program",
+                                "      first:\n        needs: [third]\n        program")
     message = error_of(tmp_path, text)
     assert "the stages form a cycle: first -> third -> second -> first" in message
     assert f"pipelines.yaml:{line_no(text, 'first:')}:" in message
@@ -109,7 +116,8 @@ def test_missing_program(tmp_path):
     text = CHAIN_CONFIG.replace("program: items.py\n        args: [--out, \"${workspace}/third\"",
                                 "program: itemz.py\n        args: [--out, \"${workspace}/third\"")
     message = error_of(tmp_path, text)
-    assert f"pipelines.yaml:{line_no(text, 'itemz.py')}:" in message and "stages.third.program" in message and "'itemz.py' not found" in message
+    assert f"pipelines.yaml:{line_no(text, 'itemz.py')}:" in message and "stages.third.program" in message
+    assert "'itemz.py' not found" in message
 
 
 @pytest.mark.parametrize("bad", ["10x", "10", "h10", "0h"])
@@ -117,7 +125,8 @@ def test_bad_duration(tmp_path, bad):
     text = CHAIN_CONFIG.replace("local: {replicas: 2, processes: 1}",
                                 f"local: {{replicas: 2, processes: 1}}\n        bcp: {{total_runtime: {bad}}}")
     message = error_of(tmp_path, text)
-    assert f"pipelines.yaml:{line_no(text, 'total_runtime')}:" in message and "stages.first.bcp.total_runtime" in message
+    assert f"pipelines.yaml:{line_no(text, 'total_runtime')}:" in message
+    assert "stages.first.bcp.total_runtime" in message
     assert "e.g. 10h, 5D, 1h30m" in message or "zero" in message
 
 
@@ -133,7 +142,8 @@ def test_bad_mount_mode(tmp_path):
                                 "local: {replicas: 2, processes: 1}\n"
                                 "        bcp: {workspaces: [{name: ws, mount: /mnt, mode: rw}]}")
     message = error_of(tmp_path, text)
-    assert f"pipelines.yaml:{line_no(text, 'mode: rw')}:" in message and "stages.first.bcp.workspaces[0].mode" in message
+    assert f"pipelines.yaml:{line_no(text, 'mode: rw')}:" in message
+    assert "stages.first.bcp.workspaces[0].mode" in message
     assert "'rw' is not one of 'RW', 'RO'" in message
 
 

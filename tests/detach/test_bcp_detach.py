@@ -70,7 +70,8 @@ def wait_for_driver(fake: FakeNgc, statuses: set[str], index: int = -1, timeout:
 
 
 def _driver_logs(fake: FakeNgc) -> str:
-    return "\n".join((fake.home / "jobs" / str(j["id"]) / "results" / "0" / "joblog.log").read_text(errors="replace")[-3000:]
+    return "\n".join((fake.home / "jobs" / str(j["id"]) / "results" / "0" / "joblog.log")
+                     .read_text(errors="replace")[-3000:]
                      for j in driver_jobs(fake))
 
 
@@ -84,8 +85,8 @@ def submissions_per_stage(fake: FakeNgc) -> dict[tuple[str, str], int]:
     counts: dict[tuple[str, str], int] = {}
     for job in stage_jobs(fake):
         labels = _labels(job)
-        stage = next(l for l in labels if l.startswith("bcpp_stage_"))[len("bcpp_stage_"):]
-        kind = next(l for l in labels if l.startswith("bcpp_kind_"))[len("bcpp_kind_"):]
+        stage = next(label for label in labels if label.startswith("bcpp_stage_"))[len("bcpp_stage_"):]
+        kind = next(label for label in labels if label.startswith("bcpp_kind_"))[len("bcpp_kind_"):]
         counts[(stage, kind)] = counts.get((stage, kind), 0) + 1
     return counts
 

@@ -623,8 +623,12 @@ class Conformance:
             for count in (1, 6):
                 backend, ids = driver.submit_stalled(config, f"chain-poll-{count}", stages[:count])
                 backends.append((backend, ids))
-                wait_for(lambda: len(backend.poll(ids)) == count, timeout=60, what=f"the {count} job(s) listed")
-                statuses[count], calls[count] = driver.count_status_calls(lambda: backend.poll(ids), monkeypatch)
+                def poll(backend=backend, ids=ids):
+                    return backend.poll(ids)
+
+                wait_for(lambda poll=poll, count=count: len(poll()) == count, timeout=60,
+                         what=f"the {count} job(s) listed")
+                statuses[count], calls[count] = driver.count_status_calls(poll, monkeypatch)
                 assert set(statuses[count]) == set(ids), statuses[count]
                 assert not any(s.state.finished for s in statuses[count].values()), statuses[count]
             assert {count: c["status"] for count, c in calls.items()} == {

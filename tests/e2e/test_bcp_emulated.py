@@ -51,7 +51,7 @@ def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys
     assert names == ["chain.first", "chain.first-verify", "chain.second", "chain.second-verify", "chain.third",
                      "chain.third-verify"]
     labels = fake.jobs()[int(state.stages["second"].jobs[0].job_id)]["job"]["labels"]["userLabels"]["values"]
-    assert "bcpp_stage_second" in labels and any(l.startswith("bcpp_run_chain_") for l in labels)
+    assert "bcpp_stage_second" in labels and any(label.startswith("bcpp_run_chain_") for label in labels)
     # Verification jobs mount the workspace read-only on the small instance.
     verify_job = fake.jobs()[int(state.stages["first"].jobs[1].job_id)]["job"]["jobDefinition"]
     assert verify_job["resources"]["name"] == "dgxa100.80g.1.norm"
@@ -186,7 +186,8 @@ def test_a_preempted_runonce_job_is_submitted_again_where_check_found_bcp_will_n
 
 @pytest.mark.both_transports
 def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
-    # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up (tests/backends/test_ngc_emulator.py has those).
+    # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up
+    # (tests/backends/test_ngc_emulator.py has those).
     fake.fail_requests(4, method="GET", path="/v2/org/*/jobs", status=500, message="Internal Server Error")
     assert cli(project, "run", "chain", "--backend", "bcp") == 0
     assert [r["status"] for r in fake.requests("GET", "/v2/org/*/jobs")][:4] == [500, 500, 500, 500]

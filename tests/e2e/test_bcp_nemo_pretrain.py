@@ -100,7 +100,8 @@ def test_a_good_pretrain_shows_its_loss_in_logs_status_and_the_report(fake, tmp_
     chosen = open_run(store, state.run_id)
     backend = make_backend("bcp", chosen.config, chosen.pipeline, store.run_dir(state.run_id))
     notes: list[str] = []
-    data = report_data(chosen.state, now=0.0, training_logs=training_logs(chosen.state, chosen.pipeline, backend, notes))
+    logs = training_logs(chosen.state, chosen.pipeline, backend, notes)
+    data = report_data(chosen.state, now=0.0, training_logs=logs)
     [series] = data["training"]
     points = series["attempts"][0]["points"]
     assert not notes and [p["step"] for p in points] == list(range(30))

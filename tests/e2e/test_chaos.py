@@ -1,5 +1,5 @@
-"""The chaos run (tests/support/chaos_run.py, scripts/chaos): a short seeded one on the local backend, and its checks failing
-when what they look for is there.
+"""The chaos run (tests/support/chaos_run.py, scripts/chaos): a short seeded one on the local backend, and its checks
+failing when what they look for is there.
 
 The short run takes the demo pipeline without its pretrain stage (about 10 s clean on 2 cores) and makes one kill
 of every kind: a stage rank, a verification job's rank, a job's supervisor and the orchestrator, with the HTTP

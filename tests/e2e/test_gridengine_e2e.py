@@ -205,7 +205,8 @@ def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCe
     assert rows["requested resources"]["verdict"] == "different", rows["requested resources"]
     assert "node_h (extract): no such complex" in rows["requested resources"]["showed"]
     assert "requestable: h_rt" in rows["requested resources"]["showed"]
-    assert rows["parallel environments"]["verdict"] == "ok" and "allocation_rule 1" in rows["parallel environments"]["showed"]
+    environments = rows["parallel environments"]
+    assert environments["verdict"] == "ok" and "allocation_rule 1" in environments["showed"]
     assert rows["hosts"]["verdict"] == "ok" and set(result["facts"]["hosts"]) == set(sge_cell.hosts)
     assert rows["shared folder"]["verdict"] == "ok"
     assert "pulled on every host" in rows["container images"]["meaning"]

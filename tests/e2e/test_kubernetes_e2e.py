@@ -331,8 +331,11 @@ def test_a_deadline_and_a_failed_program_map_to_timed_out_and_failed(
         request = next(r for r in planned_requests(config.pipeline("demo"), f"demo-{label}")
                        if r.stage.name == "sample")
         job_id = backend.submit(backend.render(request))
-        ended[label] = backend, job_id, wait_for(lambda: (lambda s: s if s.state.finished else None)(
-            backend.poll([job_id])[job_id]), timeout=90, what=f"the {label} job's end")
+        def finished(backend=backend, job_id=job_id):
+            status = backend.poll([job_id])[job_id]
+            return status if status.state.finished else None
+
+        ended[label] = backend, job_id, wait_for(finished, timeout=90, what=f"the {label} job's end")
     backend, job_id, status = ended["deadline"]
     assert (status.state, status.native) == (JobState.TIMED_OUT, "FAILED/DEADLINEEXCEEDED"), status
     backend, job_id, status = ended["exit3"]

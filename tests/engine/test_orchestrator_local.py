@@ -73,7 +73,8 @@ def test_rank_environment_matches_bcprun(tmp_path):
         "import json, os, sys\nfrom pathlib import Path\n"
         "out = Path(sys.argv[sys.argv.index('--out') + 1]); out.mkdir(parents=True, exist_ok=True)\n"
         "keys = ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'NGC_ARRAY_INDEX', 'NGC_ARRAY_SIZE']\n"
-        "(out / f\"item-{int(os.environ['RANK']):04d}.txt\").write_text(json.dumps({k: os.environ[k] for k in keys}))\n")
+        "rank = int(os.environ['RANK'])\n"
+        "(out / f\"item-{rank:04d}.txt\").write_text(json.dumps({k: os.environ[k] for k in keys}))\n")
     main(["--config", str(config), "run", "chain", "--only", "first", "--set", "first.local.processes=3",
           "--set", "vars.count=6"])
     seen = [json.loads(p.read_text()) for p in sorted((config.parent / "ws/main/first").glob("item-*.txt"))]
@@ -237,7 +238,8 @@ def test_from_and_only_select_stages(tmp_path):
     assert cli(config, "run", "chain", "--restart", "--from", "second") == 0
     state = state_of(config)
     assert state.stages["first"].status is StageStatus.SKIPPED and not state.stages["first"].jobs
-    assert state.stages["second"].status is StageStatus.SUCCEEDED and state.stages["third"].status is StageStatus.SUCCEEDED
+    assert state.stages["second"].status is StageStatus.SUCCEEDED
+    assert state.stages["third"].status is StageStatus.SUCCEEDED
 
 
 def test_cancel_stops_running_jobs(tmp_path, capsys):
@@ -288,7 +290,7 @@ def test_corrupt_state_file_is_an_error_not_a_guess(tmp_path, capsys):
     capsys.readouterr()
     assert cli(config, "status") == 1  # the only run is corrupt: there is no run to show
     err = capsys.readouterr().err
-    assert f"is corrupt: its state file could not be read" in err and "--restart" in err
+    assert "is corrupt: its state file could not be read" in err and "--restart" in err
     assert next(state_path.parent.glob("state.corrupt-*.json")).read_text() == "{ not json"
 
 

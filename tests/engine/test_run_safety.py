@@ -203,8 +203,8 @@ def test_a_workspace_name_bcp_would_not_accept_is_refused_by_its_line(tmp_path, 
                                                                 f"workspace: {{name: {json.dumps(name)},"))
     assert cli(config, "plan", "chain") == 2
     err = capsys.readouterr().err
-    assert f"pipelines.yaml:{CHAIN_CONFIG.splitlines().index('    workspace: {name: main, mount: /mount_workspace}') + 1}" \
-           in err and f"workspace name {name!r}" in err
+    line = CHAIN_CONFIG.splitlines().index('    workspace: {name: main, mount: /mount_workspace}') + 1
+    assert f"pipelines.yaml:{line}" in err and f"workspace name {name!r}" in err
     assert cli(config, "run", "chain", "--set", "first.args=[--out, x, --count, '1']") == 2
     assert not (tmp_path / "etc").exists() and not (tmp_path / ".bcp-pipeline").exists()
 

@@ -483,7 +483,8 @@ def serve_logs(agent: Agent, cert: str, key: str, client_ca: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="kubelet stand-in: one Node of the test cluster")
-    for name in ("--kubeconfig", "--dns-kubeconfig", "--node", "--address", "--tls-cert", "--tls-key", "--client-ca", "--root"):
+    for name in ("--kubeconfig", "--dns-kubeconfig", "--node", "--address", "--tls-cert", "--tls-key", "--client-ca",
+                 "--root"):
         parser.add_argument(name, required=True)
     parser.add_argument("--port", type=int, default=10250)
     parser.add_argument("--cpu", default="8")

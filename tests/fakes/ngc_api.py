@@ -36,7 +36,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 FAKES_DIR = Path(__file__).resolve().parent
@@ -67,7 +68,7 @@ def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
 class Request:
     """One API request as a handler sees it."""
 
-    def __init__(self, server: "ApiServer", method: str, path: str, query: dict[str, list[str]], body: bytes,
+    def __init__(self, server: ApiServer, method: str, path: str, query: dict[str, list[str]], body: bytes,
                  params: dict[str, str]) -> None:
         self.server = server
         self.home = server.home
@@ -393,7 +394,7 @@ def _error_body(status: int, message: str) -> bytes:
 
 
 class _HttpHandler(http.server.BaseHTTPRequestHandler):
-    server: "_HttpServer"
+    server: _HttpServer
     protocol_version = "HTTP/1.1"
 
     def _serve(self) -> None:
@@ -452,7 +453,7 @@ def _match(method: str, path: str) -> tuple[Handler, dict[str, str]]:
 
 class _HttpServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
-    api: "ApiServer"
+    api: ApiServer
 
 
 class ApiServer:

@@ -33,7 +33,8 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 FAKES_DIR = Path(__file__).resolve().parent
 NGC_EMULATOR = FAKES_DIR / "ngc"
@@ -317,14 +318,14 @@ class FakeNgc:
     def __repr__(self) -> str:
         return f"FakeNgc({str(self.home)!r})"
 
-    def __enter__(self) -> "FakeNgc":
+    def __enter__(self) -> FakeNgc:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
     # -- the API server ----------------------------------------------------------------------------------------
-    def start(self, timeout: float = 30) -> "FakeNgc":
+    def start(self, timeout: float = 30) -> FakeNgc:
         """Start the API emulator (tests/fakes/ngc_api.py) as a process; returns once it listens."""
         announce = self.home / "api.json"
         announce.unlink(missing_ok=True)

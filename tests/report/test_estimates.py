@@ -106,7 +106,8 @@ def test_declared_instances_extend_the_known_ones(tmp_path):
     ("{per_core: {extract.py: 100}}", "estimates.per_core.extract.py", "no stage of this pipeline runs"),
 ])
 def test_bad_declaration_names_file_line_and_key(tmp_path, estimates, key, message):
-    text = CHAIN_CONFIG.replace("    vars: {count: \"6\"}\n", f"    vars: {{count: \"6\"}}\n    estimates: {estimates}\n")
+    text = CHAIN_CONFIG.replace("    vars: {count: \"6\"}\n",
+                                f"    vars: {{count: \"6\"}}\n    estimates: {estimates}\n")
     config = write_chain_project(tmp_path, text)
     with pytest.raises(ConfigError) as info:
         load_config(config)

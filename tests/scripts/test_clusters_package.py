@@ -20,7 +20,7 @@ SCRIPTS = REPO / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
-from _clusters import common, k8s_build, netns  # after scripts/ is on the path
+from _clusters import common, k8s_build, netns  # noqa: E402 (after scripts/ is on the path)
 
 SHIMS = ["slurm-cluster", "sge-cluster", "k8s-cluster"]
 

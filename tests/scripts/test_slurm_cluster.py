@@ -1,6 +1,7 @@
 """scripts/slurm-cluster and a real single-node Slurm: sbatch + srun tasks, failure, cancel, stop.
 
-The cluster tests are skipped, with the reason printed, where Slurm cannot be installed (see tests/support/slurm_cluster.py).
+The cluster tests are skipped, with the reason printed, where Slurm cannot be installed (see
+tests/support/slurm_cluster.py).
 """
 
 from __future__ import annotations

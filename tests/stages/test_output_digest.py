@@ -47,7 +47,8 @@ def test_outputs_of_the_same_digest_are_kept_and_another_digests_are_set_aside_t
     aside = Path(found["set_aside"])
     assert aside.parent == tmp_path and aside.name.startswith(".superseded-aaaa-")
     assert outputs(tmp_path) == [] and (aside / "out-1.txt").read_text() == "aaaa 1"  # moved, never deleted
-    line = [json.loads(l.split(" ", 2)[2]) for l in capsys.readouterr().out.splitlines() if " outputs " in l][-1]
+    printed = capsys.readouterr().out.splitlines()
+    line = [json.loads(text.split(" ", 2)[2]) for text in printed if " outputs " in text][-1]
     assert line["outputs"] == "redone" and line["set_aside"] == str(aside)
     assert _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb"))["outputs"] == "same"
 
@@ -101,7 +102,8 @@ def test_the_digest_follows_args_program_image_and_upstream_stages(tmp_path):
     assert seeded["bpe"] == base["bpe"]  # not below sample
     assert digests("extract.bcp.image=nvcr.io/nvidia/other:1")["extract"] != base["extract"]
     assert digests("vars.per_chunk=2")["concat"] != base["concat"]
-    (project.parent / "stages/concat.py").write_text((project.parent / "stages/concat.py").read_text() + "\n# changed\n")
+    concat = project.parent / "stages/concat.py"
+    concat.write_text(concat.read_text() + "\n# changed\n")
     assert digests()["concat"] != base["concat"] and digests()["extract"] == base["extract"]
 
 

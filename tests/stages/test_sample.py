@@ -132,7 +132,8 @@ def test_bpe_files_are_gpt2s(tmp_path: Path) -> None:
 
     ranks = tiktoken_load.data_gym_to_mergeable_bpe_ranks(str(tmp_path / "bpe" / "merges.txt"),
                                                           str(tmp_path / "bpe" / "vocab.json"))
-    encoding = tiktoken.Encoding("gpt2-local", pat_str=r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+    gpt2_pattern = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    encoding = tiktoken.Encoding("gpt2-local", pat_str=gpt2_pattern,
                                  mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256})
     assert encoding.encode_ordinary("Hello world") == [15496, 995]
     assert encoding.n_vocab == 50257

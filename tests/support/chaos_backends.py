@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from support.chaos_monkey import Target
 

@@ -69,7 +69,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 STUBS = Path(__file__).resolve().parents[1] / "fakes" / "ngc_stubs"
 DEFAULT_ORG = "bcpp-test-org"

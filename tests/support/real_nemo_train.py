@@ -68,12 +68,11 @@ def main() -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec["max_steps"], logger=False, callbacks=[first],
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          **spec["trainer"])
+    checkpoints = {"save_last": True, "every_n_train_steps": 100, "monitor": "step", "mode": "max", "save_top_k": 1,
+                   "always_save_nemo": False, "save_nemo_on_train_end": False, "every_n_epochs": None}
     config = OmegaConf.create({"explicit_log_dir": spec["log_dir"], "resume_if_exists": True,
                                "resume_ignore_no_checkpoint": True, "create_tensorboard_logger": False,
-                               "checkpoint_callback_params": {"save_last": True, "every_n_train_steps": 100,
-                                                              "monitor": "step", "mode": "max", "save_top_k": 1,
-                                                              "always_save_nemo": False, "save_nemo_on_train_end": False,
-                                                              "every_n_epochs": None},
+                               "checkpoint_callback_params": checkpoints,
                                **spec["exp_manager"]})
     exp_manager(trainer, config)
     model = Tiny()
