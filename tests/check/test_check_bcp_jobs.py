@@ -28,6 +28,21 @@ def bcp_project(tmp_path, fake):
 
 @pytest.mark.both_transports
 @needs_ngcsdk
+def test_where_the_last_ranks_lines_land():
+    def rank(number: int, world: int = 2) -> str:
+        return f"BCPP-RANK rank={number} world={world} replica={number} slurm=unset/unset/unset\n"
+
+    row = probe_findings.last_rank_row(plan(), {0: rank(0) + rank(1), 1: ""})  # replica 0's bcprun starts all
+    assert row.verdict.value == "ok" and "rank 1 printed in the log of replica 0" in row.showed
+    row = probe_findings.last_rank_row(plan(), {0: rank(0), 1: rank(1)})  # each replica's bcprun its own ranks
+    assert row.verdict.value == "ok" and "rank 1 printed in the log of replica 1" in row.showed
+    three = {0: rank(0, 3), 1: rank(2, 3), 2: rank(1, 3)}  # a log neither `status` nor the report reads
+    row = probe_findings.last_rank_row(plan(3), three)
+    assert row.verdict.value == "different" and "rank 2 printed in the log of replica 1" in row.showed
+    assert "`bcp-pipeline logs RUN pretrain --rank 1`" in row.meaning
+    assert probe_findings.last_rank_row(plan(), {0: rank(0), 1: None}).verdict.value == "could not check"
+
+
 def test_probe_jobs_on_the_emulator(tmp_path, fake):
     config = bcp_project(tmp_path, fake)
     announced = []
@@ -38,7 +53,8 @@ def test_probe_jobs_on_the_emulator(tmp_path, fake):
     result, path = run_check(CheckRequest(config_file=config, state_root=tmp_path / "state", pipeline="demo",
                                           backend="bcp"), dict(os.environ), announce)
     verdicts = {row.topic: row.verdict.value for row in result.rows}
-    probe_topics = ["replicas", "job environment", "bcprun", "nsys file names", "python", "workspace mount",
+    probe_topics = ["replicas", "job environment", "bcprun", "last rank's lines", "nsys file names", "python",
+                    "workspace mount",
                     "labels", "status history", "job logs", "kill", "preemption"]
     assert {t: verdicts[t] for t in probe_topics} == dict.fromkeys(probe_topics, "ok"), \
         [r.as_json() for r in result.rows if r.verdict.value != "ok"]

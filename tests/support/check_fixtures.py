@@ -15,12 +15,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def project(root: Path, extra_backends: str = "") -> Path:
-    """pipelines.yaml (with `backends:` lines added) and stages/ copied into `root`; the config path."""
+    """pipelines.yaml (with `backends:` lines added to its own) and stages/ copied into `root`; the config path."""
     shutil.copytree(REPO / "stages", root / "stages", ignore=shutil.ignore_patterns("__pycache__"))
     text = (REPO / "pipelines.yaml").read_text()
     if extra_backends:
-        assert "\nbackends:" not in text and "\npipelines:\n" in text
-        text = text.replace("\npipelines:\n", "\nbackends:\n" + extra_backends + "\npipelines:\n", 1)
+        assert text.count("\nbackends:\n") == 1 and extra_backends.startswith("  ")
+        text = text.replace("\nbackends:\n", "\nbackends:\n" + extra_backends.rstrip("\n") + "\n", 1)
     config = root / "pipelines.yaml"
     config.write_text(text)
     return config

@@ -161,17 +161,18 @@ def bcprun_row(plan: ProbePlan, logs: dict[int, str | None], kill_log: str) -> R
 
 def last_rank_row(plan: ProbePlan, logs: dict[int, str | None]) -> Row:
     """Megatron-Bridge prints its step lines from the last rank only; `logs`, `status` and the report read replica
-    0's log. Where the probe's last rank (started as the rendered jobs start theirs) printed says whether they will
-    find those lines on this ACE."""
-    assumes = (f"the last rank's output (rank {plan.world - 1}, where Megatron-Bridge prints its step lines) reaches "
-               "replica 0's log, the one `logs`, `status` and the report read")
+    0's log, then the last replica's (BcpBackend.training_log). Where the probe's last rank (started as the rendered
+    jobs start theirs) printed says whether they will find those lines on this ACE."""
+    last_replica = plan.replicas - 1
+    assumes = (f"the last rank's output (rank {plan.world - 1}, where Megatron-Bridge prints its step lines) lands in "
+               f"replica 0's log or replica {last_replica}'s, the ones `logs`, `status` and the report read")
     last = str(plan.world - 1)
     found = [replica for replica, text in logs.items()
              if any(fields(line).get("rank") == last for line in lines_of(text, "BCPP-RANK"))]
     if not found:
         return unchecked("last rank's lines", assumes, f"no log shows rank {last}", "see the bcprun row")
     showed = f"rank {last} printed in the log of replica {', '.join(map(str, found))}"
-    if 0 in found:
+    if 0 in found or last_replica in found:
         return ok("last rank's lines", assumes, showed)
     return different("last rank's lines", assumes, showed,
                      f"Bridge's step lines would be in replica {found[0]}'s log: read them with "
