@@ -226,14 +226,11 @@ def check_parallelism(stage: StageConfig, nodes: int, gpus: int) -> None:
                          f"node: {', '.join(map(str, valid)) or 'none up to 256'}")
 
 
-HUB_TOKEN_BACKENDS = ("bcp", "kubernetes")  # the backends whose jobs take secrets as environment variables
-
-
 def hub_token_secret(stage: StageConfig, backend: str) -> str | None:
-    """The backend section's secret that reaches the job as HF_TOKEN (NAME:KEY:HF_TOKEN), if any."""
-    if backend not in HUB_TOKEN_BACKENDS:
-        return None
-    return next((s for s in stage.resources(backend).secrets if s.split(":")[-1] == "HF_TOKEN"), None)
+    """The backend section's secret that reaches the job as HF_TOKEN (NAME:KEY:HF_TOKEN), if any; None also where
+    the backend's jobs take no secrets (a section without `secrets`)."""
+    secrets = getattr(stage.resources(backend), "secrets", None) or []
+    return next((s for s in secrets if s.split(":")[-1] == "HF_TOKEN"), None)
 
 
 def hub_access_error(stage: StageConfig, backends: tuple[str, ...]) -> str | None:
