@@ -78,8 +78,8 @@ def without_any_transport(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def demo_project(tmp_path: Path, transport: str = "auto") -> Path:
     config = tmp_path / "pipelines.yaml"
-    text = (REPO / "pipelines.yaml").read_text().replace("stages_dir: stages\n", f"stages_dir: {REPO / 'stages'}\n"
-                                                          f"backends:\n  bcp: {{transport: {transport}}}\n", 1)
+    text = (REPO / "pipelines.yaml").read_text().replace("stages_dir: stages\n", f"stages_dir: {REPO / 'stages'}\n", 1)
+    text = text.replace("\nbackends:\n", f"\nbackends:\n  bcp: {{transport: {transport}}}\n", 1)
     config.write_text(text)
     return config
 

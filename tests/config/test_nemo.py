@@ -297,7 +297,9 @@ def test_no_two_bundled_pipelines_share_a_nemo_run_and_a_config_that_would_is_re
     # Taking over a run is explicit, and two pipelines taking over the same one are refused at load time.
     one = load_and_check(CONFIG, pipeline="slimpajama-8b", overrides=["pretrain.nemo.continue_run=gpt_8b"])
     assert nemo_run_name(one.pipeline("slimpajama-8b").stages["pretrain"], "any") == "gpt_8b"
-    text = CONFIG.read_text().replace("    run_name: gpt_8b\n", "    run_name: gpt_8b\n    continue_run: gpt_8b\n")
+    nemo_8b = "  nemo:\n    model: gpt3/7b_improved\n    run_name: gpt_8b\n"  # not the megatron_bridge: section's
+    assert CONFIG.read_text().count(nemo_8b) == 1
+    text = CONFIG.read_text().replace(nemo_8b, nemo_8b + "    continue_run: gpt_8b\n")
     shared = tmp_path / "pipelines.yaml"
     shared.write_text(text.replace("stages_dir: stages", f"stages_dir: {REPO / 'stages'}"))
     with pytest.raises(ConfigError, match="pipeline slimpajama-8b-fast continues NeMo run 'gpt_8b' in "

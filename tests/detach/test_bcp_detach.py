@@ -402,8 +402,7 @@ def test_the_demo_pipeline_runs_detached(fake, tmp_path, capsys):
     shutil.copytree(REPO / "stages", project_dir / "stages", ignore=shutil.ignore_patterns("__pycache__"))
     config = project_dir / "pipelines.yaml"
     config.write_text((REPO / "pipelines.yaml").read_text().replace(
-        "stages_dir: stages\n", "stages_dir: stages\nbackends:\n  bcp: {transport: sdk, poll_min_seconds: 0.2, "
-        "poll_max_seconds: 0.5}\n", 1))
+        "\nbackends:\n", "\nbackends:\n  bcp: {transport: sdk, poll_min_seconds: 0.2, poll_max_seconds: 0.5}\n", 1))
     started = time.monotonic()
     assert cli(config, "run", "demo", "--backend", "bcp", "--detach", "--set", "vars.steps=6",
                "--set", "pretrain.args=[--data-dir, '${data}/preprocessed', --results, '${workspace}/results', "

@@ -51,6 +51,7 @@ pipelines:
           train_iters: @STEPS@
           time_margin: @MARGIN@
           save_interval: 10
+          max_attempts: 40                 # a loaded machine trains fewer steps in a job's minute
           overrides: [logger.log_interval=1]
         bcp:
           replicas: @REPLICAS@
@@ -94,8 +95,9 @@ def report_points(config, run_id: str) -> list[dict]:
 @pytest.mark.parametrize("replicas", [1, 2], ids=["torchrun-1-node", "bcprun-2-nodes"])
 @ONE_TRANSPORT
 def test_the_last_rank_s_step_lines_are_in_logs_status_and_the_report(fake, tmp_path, capsys, replicas):
-    """On 2 replicas the last rank runs on the second node: under `bcprun -no_redirect` its lines still reach the
-    job's log (replica 0's), which `logs`, `status` and the report read."""
+    """On 2 replicas the last rank runs on the second node, and the emulator keeps each replica's output in its own
+    log (the stricter of the two ways an ACE may): `logs`, `status` and the report still find its lines, in the
+    last replica's log after replica 0's."""
     config = project(tmp_path, fake, replicas=replicas)
     assert cli(config, "run", "bridge", "--backend", "bcp") == 0
     state = latest(config)
@@ -129,13 +131,14 @@ def test_a_crashed_training_fails_its_stage_with_its_traceback_in_status(fake, t
 
 @ONE_TRANSPORT
 def test_a_job_stopped_by_its_time_limit_is_continued_until_train_iters(fake, tmp_path):
-    """Each job's limit is 1 minute (3m less the 2m margin), a stand-in minute lasting 3 s: about 150 steps of
-    0.02 s a job, so 400 steps take several jobs, each exiting 0 after its save, and each one trains."""
-    config = project(tmp_path, fake, steps=400, runtime="3m", margin="2m", minute=3)
+    """Each job's limit is 1 minute (3m less the 2m margin), a stand-in minute lasting 3 s: at most 150 steps of
+    0.02 s a job (fewer on a loaded machine), so 200 steps take several jobs, each exiting 0 after its save, and
+    each one trains."""
+    config = project(tmp_path, fake, steps=200, runtime="3m", margin="2m", minute=3)
     assert cli(config, "run", "bridge", "--backend", "bcp") == 0
     stage = latest(config).stages["pretrain"]
     history = stage.extra["steps_after_attempt"]
     assert stage.status is StageStatus.SUCCEEDED and len(history) >= 2, history
     assert all(after > before for before, after in zip([0, *history], history)), history
-    assert stage.verification["steps"] == 400 and stage.attempts == len(history) + 1
+    assert stage.verification["steps"] == 200 and stage.attempts == len(history) + 1
     assert all(job.native == "FINISHED_SUCCESS" for job in stage.jobs if job.kind == "stage")

@@ -87,7 +87,7 @@ def test_demo_runs_end_to_end_on_emulated_bcp(fake, tmp_path):
     shutil.copytree(REPO / "stages", project_dir / "stages", ignore=shutil.ignore_patterns("__pycache__"))
     text = (REPO / "pipelines.yaml").read_text()
     config = project_dir / "pipelines.yaml"
-    config.write_text(text.replace("stages_dir: stages\n", "stages_dir: stages\nbackends:\n"
+    config.write_text(text.replace("\nbackends:\n", "\nbackends:\n"
                                    f"  bcp: {{transport: {fake.transport}, poll_min_seconds: 0.2, "
                                    "poll_max_seconds: 0.5}\n", 1))
     fake.create_workspace("demo")

@@ -99,8 +99,7 @@ def test_a_sample_made_with_another_seed_is_redone_on_bcp(fake, tmp_path, capsys
     shutil.copytree(REPO / "stages", tmp_path / "demo/stages", ignore=shutil.ignore_patterns("__pycache__"))
     config = tmp_path / "demo/pipelines.yaml"
     config.write_text((REPO / "pipelines.yaml").read_text().replace(
-        "stages_dir: stages\n", "stages_dir: stages\nbackends:\n  bcp: {transport: sdk, poll_min_seconds: 0.2, "
-                                "poll_max_seconds: 0.5}\n", 1))
+        "\nbackends:\n", "\nbackends:\n  bcp: {transport: sdk, poll_min_seconds: 0.2, poll_max_seconds: 0.5}\n", 1))
     fake.create_workspace("demo")
     seed = ("sample.args=[--out, '${{mirror}}', --chunks, '2', --files-per-chunk, '4', --docs-per-file, '40', "
             "--seed, '{}']")

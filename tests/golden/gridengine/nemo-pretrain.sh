@@ -1,5 +1,5 @@
 #!/bin/bash
-# bcp-pipeline run RUN, stage pretrain: NeMo pretraining the TSUBAME way, 2 host(s) x 4 GPU(s) = WORLD_SIZE 8: NVIDIA's launcher only composes the training config, then torchrun runs NeMo's training with it on every host, in the Apptainer image (bcp_pipeline/backends/gridengine/nemo.py).
+# bcp-pipeline run RUN, stage pretrain: NeMo pretraining the TSUBAME way, 2 host(s) x 4 GPU(s) = WORLD_SIZE 8: torchrun on every host, in the Apptainer image (bcp_pipeline/backends/gridengine/training.py).
 #$ -N RUN.pretrain
 #$ -S /bin/bash
 #$ -wd <ROOT>/.bcp-pipeline/workspaces/nemo-framework
