@@ -9,7 +9,9 @@ source faulting a third of its answers. Long runs are in README.md (Chaos).
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -18,7 +20,7 @@ from support.chaos_backends import LocalChaos, children_of
 from support.chaos_checks import check_one_live_job, check_outputs
 from support.chaos_monkey import Monkey, Target
 from support.chaos_run import ChaosOptions, chaos_run, table
-from support.pipeline_fixtures import wait_for, write_chain_project
+from support.pipeline_fixtures import REPO, wait_for, write_chain_project
 
 from bcp_pipeline.procs import process_start_ticks
 
@@ -185,3 +187,64 @@ def test_the_ranks_of_a_local_job_die_with_its_supervisor(tmp_path):
     supervisor.kill()
     supervisor.wait()
     wait_for(lambda: all(process_start_ticks(pid) is None for pid in ranks), timeout=5, what="the ranks to die")
+
+
+# Rank 0 stands in for a download rank SIGKILLed before it recorded the output digest: it never records it. Rank 1
+# runs the stages' real wait for that record (stages/_completion.py); rank 2, whose folder is settled, ends at once.
+DIGEST_WAITER = """
+import os, pathlib, sys, time
+sys.path.insert(0, {stages!r})
+import _completion
+rank = int(os.environ["RANK"])
+if rank == 0:
+    time.sleep(600)
+out = pathlib.Path({out!r} if rank == 1 else {settled!r})
+out.mkdir(exist_ok=True)
+(out / f"waiting-{{rank}}").touch()
+_completion.claim_outputs(out, "download", [], rank)
+"""
+
+
+def read_record(path):
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def test_ranks_left_waiting_for_a_killed_rank_are_stopped_and_the_job_fails(tmp_path):
+    """Found by scripts/chaos (CI, under load): a download rank 0 SIGKILLed before it recorded the output digest
+    left ranks 1-3 waiting for that record for 30 minutes, so download.2 stayed running and the run timed out.
+    A rank killed by a signal now gets the others stopped after a grace, and the job fails, to be run again."""
+    from bcp_pipeline.backends.contract import JobState
+    from bcp_pipeline.backends.local.backend import LocalBackend
+    from bcp_pipeline.config.resources import LocalOptions
+
+    settled = tmp_path / "settled"
+    (settled / ".completions").mkdir(parents=True)
+    (settled / ".completions" / "download.digest").write_text('{"digest": "d1"}')
+    job_dir = tmp_path / "run" / "jobs" / "download.1"
+    job_dir.mkdir(parents=True)
+    program = DIGEST_WAITER.format(stages=str(REPO / "stages"), out=str(tmp_path / "out"), settled=str(settled))
+    spec = {"argv": [sys.executable, "-c", program], "env": {"BCP_PIPELINE_OUTPUT_DIGEST": "d1"}, "replicas": 1,
+            "processes": 3, "cwd": str(tmp_path), "log_dir": str(tmp_path / "run" / "logs" / "download.1"),
+            "master_port": 29999, "lost_rank_grace_seconds": 0.5,
+            "labels": {"run": "r", "stage": "download", "kind": "stage"}}
+    (job_dir / "spec.json").write_text(json.dumps(spec))
+    supervisor = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local.supervisor", str(job_dir)],
+                                  start_new_session=True)
+    try:
+        record = wait_for(lambda: (r := read_record(job_dir / "status.json")).get("ranks") and r, what="the ranks")
+        wait_for(lambda: (tmp_path / "out" / "waiting-1").exists(), what="rank 1 to wait for rank 0's digest")
+        os.kill(record["ranks"][0]["pid"], signal.SIGKILL)
+        assert supervisor.wait(timeout=15) == 0, "the supervisor did not end after its rank 0 was killed"
+    finally:
+        supervisor.kill()
+    backend = LocalBackend(LocalOptions(), config_dir=tmp_path, stages_dir=tmp_path, run_dir=tmp_path / "run",
+                           workspace_name="main")
+    status = backend.poll(["download.1"])["download.1"]
+    assert status.state is JobState.FAILED
+    assert status.detail == ("rank 0 was killed by SIGKILL; the supervisor stopped rank(s) 1 after 0.5 s, as they "
+                             "may wait for it for ever; rank 0 exited -9; rank 1 exited -15"), status.detail
+    assert all(process_start_ticks(rank["pid"]) is None for rank in record["ranks"])
+    assert "rank 0 exited -9; last lines of" in backend.failure_detail("download.1", status)

@@ -6,8 +6,9 @@
 2. the chaos run in a fresh project folder: the orchestrator runs as a subprocess, and while it runs the monkey
    (tests/support/chaos_monkey.py) SIGKILLs, at random moments, what the backend offers
    (tests/support/chaos_backends.py): stage ranks, verification jobs, job supervisors, the orchestrator itself,
-   and on the emulated BCP and Slurm, jobs through the service. When the orchestrator ends short of success (killed, or a stage failed), `resume`
-   continues the run. A stage that downloads from a `file://` mirror is pointed at a loopback HTTP server over
+   and on the emulated BCP and Slurm, jobs through the service. When the orchestrator ends short of success (killed,
+   or a stage failed), `resume` continues the run (or `run` again, when it was killed before it recorded the run).
+   A stage that downloads from a `file://` mirror is pointed at a loopback HTTP server over
    the same folder that answers 429 / 500, drops connections mid-body and sends short bodies at random;
 3. the checks of tests/support/chaos_checks.py, and a table of what happened.
 """
@@ -187,9 +188,10 @@ def drive(backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, f
         server = ChaosHttpSource(mirror[0], random.Random(f"{options.seed}-http"), fault_rate, options.faults).start()
         overrides += url_overrides(mirror[1], server.url)
     cli = [sys.executable, "-m", "bcp_pipeline", "--config", str(backend.config)]
-    argv = [*cli, "run", options.pipeline, "--backend", backend.name]
-    argv += [a for stage in options.only for a in ("--only", stage)]
-    argv += [a for value in overrides for a in ("--set", value)]
+    run_argv = [*cli, "run", options.pipeline, "--backend", backend.name]
+    run_argv += [a for stage in options.only for a in ("--only", stage)]
+    run_argv += [a for value in overrides for a in ("--set", value)]
+    argv = run_argv
     max_rounds = options.max_rounds or 3 * options.kills + 10
     sampler = Sampler(backend, backend.sample_seconds)
     sampler.start()
@@ -220,6 +222,9 @@ def drive(backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, f
                     break
                 if record.timed_out or record.rounds >= max_rounds:
                     break
+                if state is None:  # killed before it recorded its run (a slow start under load): nothing to resume
+                    argv = run_argv
+                    continue
                 record.resumes += 1
                 argv = [*cli, "resume"]
         record.wall = time.monotonic() - started

@@ -21,6 +21,7 @@ from bcp_pipeline.atomic import atomic_write_json
 from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobState, JobStatus, Submission,
     outage_seconds)
 from bcp_pipeline.backends.local.states import STATE_MAP
+from bcp_pipeline.backends.local.supervisor import LOST_RANK_GRACE_SECONDS
 from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
 from bcp_pipeline.backends.shared.logs import indent, joined_logs, last_lines, progress_from_logs, read_tail
 from bcp_pipeline.config.resources import LocalOptions
@@ -92,7 +93,8 @@ class LocalBackend(Backend):
                 "log_dir": str(self.run_dir / "logs" / job_id),
                 # A per-job port keeps concurrent local jobs from colliding if a program opens one.
                 "master_port": MASTER_PORT_BASE
-                + zlib.crc32(f"{request.run_id}/{job_id}".encode()) % MASTER_PORT_SPAN}
+                + zlib.crc32(f"{request.run_id}/{job_id}".encode()) % MASTER_PORT_SPAN,
+                "lost_rank_grace_seconds": LOST_RANK_GRACE_SECONDS}
         atomic_write_json(job_dir / "spec.json", spec)
         with open(job_dir / "supervisor.log", "ab") as log:
             process = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local.supervisor", str(job_dir)],
@@ -151,7 +153,8 @@ class LocalBackend(Backend):
         failed = [f"rank {rank} exited {code}" for rank, code in enumerate(status.get("exit_codes") or [])
                   if code not in (0, None)]
         return JobStatus(job_id=job_id, state=STATE_MAP.get(native, JobState.UNKNOWN), native=native,
-                         detail="; ".join(failed), exit_code=max(codes, key=abs) if codes else None)
+                         detail="; ".join([*_lost_rank_note(status), *failed]),
+                         exit_code=max(codes, key=abs) if codes else None)
 
     def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
         return [job_id for job_id, status in self._labelled(run_id, stage, kind) if not status.state.finished]
@@ -191,7 +194,8 @@ class LocalBackend(Backend):
         spec = _read_json(self.run_dir / "jobs" / job_id / "status.json") or {}
         codes = spec.get("exit_codes") or []
         lines = [status.detail] if status.detail else []
-        for rank, code in enumerate(codes):
+        lost = (spec.get("lost_rank") or {}).get("rank")
+        for rank, code in sorted(enumerate(codes), key=lambda pair: pair[0] != lost):  # the killed rank's first
             if code != 0:
                 log = self.run_dir / "logs" / job_id / f"rank-{rank:05d}.log"
                 lines.append(f"rank {rank} exited {code}; last lines of {log}:\n"
@@ -228,6 +232,20 @@ def _claim_order(job_dir: Path) -> tuple[str, int]:
     """`STAGE[.verify].N` by prefix, then N as a number (so .10 follows .9)."""
     prefix, _, number = job_dir.name.rpartition(".")
     return (prefix, int(number)) if number.isdigit() else (job_dir.name, 0)
+
+
+def _lost_rank_note(record: dict) -> list[str]:
+    """What the supervisor did after a rank was killed by a signal (supervisor.py wait_for_ranks), as a line."""
+    lost = record.get("lost_rank")
+    if not lost:
+        return []
+    try:
+        name = signal.Signals(lost["signal"]).name
+    except ValueError:
+        name = f"signal {lost['signal']}"
+    stopped = ", ".join(str(rank) for rank in lost["stopped"])
+    return [f"rank {lost['rank']} was killed by {name}; the supervisor stopped rank(s) {stopped} after "
+            f"{lost['grace_seconds']:g} s, as they may wait for it for ever"]
 
 
 def _stop_orphaned_ranks(record: dict) -> bool:

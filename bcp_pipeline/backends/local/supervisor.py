@@ -3,7 +3,8 @@
 Started by the local backend as `python -m bcp_pipeline.backends.local.supervisor JOB_DIR` in a new session, so
 it outlives the orchestrator (SIGKILL, Ctrl-C) like a BCP job outlives the user's laptop. It reads `spec.json`,
 writes `status.json` atomically (running -> succeeded | failed | cancelled) and each rank's stdout and stderr to
-its own log file. Every rank runs to its end even if another fails, so a rerun has the least left to redo.
+its own log file. Every rank runs to its end even if another fails, so a rerun has the least left to redo; but a
+rank killed by a signal gets the others stopped after a grace (wait_for_ranks), since they may wait for it forever.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from pathlib import Path
 
 from bcp_pipeline.atomic import atomic_write_json
 from bcp_pipeline.procs import die_with_parent, process_start_ticks
+
+# After a rank is killed by a signal, how long the others may go on before they are stopped: long enough for a
+# training rank to see its collective fail and say so (tests/e2e/test_pretrain_backends.py waits 8 s for a dead peer).
+LOST_RANK_GRACE_SECONDS = 20.0
+STOP_GRACE_SECONDS = 10.0  # between SIGTERM and SIGKILL when ranks are stopped
+POLL_SECONDS = 0.2  # how often the supervisor looks at its ranks
 
 
 def rank_environment(base: dict[str, str], replica: int, local_rank: int, replicas: int, processes: int,
@@ -50,17 +57,7 @@ def supervise(job_dir: Path) -> int:
     children: list[subprocess.Popen] = []
 
     def on_cancel(signum: int, _frame: object) -> None:
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        deadline = time.monotonic() + 10
-        for child in children:
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    child.wait(timeout=5)  # reaped, so its exit code is recorded (else it stays None)
+        stop_ranks(children)
         atomic_write_json(status_path, {**me, "state": "cancelled", "signal": signum, "ended_at": time.time(),
                                         "exit_codes": [c.returncode for c in children]})
         os._exit(128 + signum)
@@ -85,11 +82,52 @@ def supervise(job_dir: Path) -> int:
     # `status`, `cancel` and the chaos checks (tests/chaos_backends.py) must be able to see it.
     ranks = [{"pid": child.pid, "start_ticks": process_start_ticks(child.pid)} for child in children]
     atomic_write_json(status_path, {**me, "state": "running", "started_at": started_at, "ranks": ranks})
-    exit_codes = [child.wait() for child in children]
+    lost = wait_for_ranks(children, spec.get("lost_rank_grace_seconds", LOST_RANK_GRACE_SECONDS))
+    exit_codes = [child.returncode for child in children]
     state = "succeeded" if all(code == 0 for code in exit_codes) else "failed"
     atomic_write_json(status_path, {**me, "state": state, "started_at": started_at, "ranks": ranks,
-                                    "exit_codes": exit_codes, "ended_at": time.time()})
+                                    "exit_codes": exit_codes, "ended_at": time.time(),
+                                    **({"lost_rank": lost} if lost else {})})
     return 0
+
+
+def wait_for_ranks(children: list[subprocess.Popen], grace: float) -> dict | None:
+    """Wait until every rank has ended; returns what was done when one was killed by a signal, else None.
+
+    A rank that exits, even failing, has said what it could not do, and the others run to their end so a rerun
+    has the least left to redo. A rank killed by a signal (the OOM killer, a stray kill, scripts/chaos) said
+    nothing, and the others may wait for it for ever: ranks but 0 wait for rank 0's output digest
+    (stages/_completion.py) and training ranks for their collectives. They get `grace` seconds to end on their
+    own (and say why), then are stopped, so the job fails and the stage's next job redoes what is missing (found
+    by scripts/chaos: a download job whose rank 0 was killed at its start stayed running for 30 minutes).
+    """
+    deadline = None
+    while any(child.poll() is None for child in children):
+        killed = [rank for rank, child in enumerate(children) if (child.returncode or 0) < 0]
+        if killed and deadline is None:
+            deadline = time.monotonic() + grace
+        if deadline is not None and time.monotonic() >= deadline:
+            stopped = [rank for rank, child in enumerate(children) if child.poll() is None]
+            stop_ranks(children)
+            return {"rank": killed[0], "signal": -children[killed[0]].returncode, "stopped": stopped,
+                    "grace_seconds": grace}
+        time.sleep(POLL_SECONDS)
+    return None
+
+
+def stop_ranks(children: list[subprocess.Popen]) -> None:
+    """SIGTERM the ranks still running, SIGKILL those still there after STOP_GRACE_SECONDS; all are reaped."""
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=5)  # reaped, so its exit code is recorded (else it stays None)
 
 
 if __name__ == "__main__":
