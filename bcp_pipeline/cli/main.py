@@ -14,7 +14,7 @@ from bcp_pipeline.backends.checks import Verdict
 from bcp_pipeline.backends.registry import backend_names
 from bcp_pipeline.check.render import render_check
 from bcp_pipeline.check.run import CheckRequest, run_check
-from bcp_pipeline.cli.common import JSON_HELP, NAMED_RUN_HELP, RUN_HELP, config_file, run_store
+from bcp_pipeline.cli.common import JSON_HELP, NAMED_RUN_HELP, RUN_HELP, config_file, interrupted_message, run_store
 from bcp_pipeline.cli.completion import enable_completion
 from bcp_pipeline.cli.plan import cmd_plan
 from bcp_pipeline.cli.profile import cmd_profile
@@ -168,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bcp-pipeline: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("\nbcp-pipeline: interrupted. Jobs already submitted keep running; "
-              "`bcp-pipeline resume` re-attaches to them, `bcp-pipeline cancel RUN` stops them.", file=sys.stderr)
+        print(interrupted_message(), file=sys.stderr)
         return 130
 
 

@@ -43,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         warn(notice)
     suggest_check(chosen)
     if chosen.continued:
-        print(f"continuing run {chosen.state.run_id} (its last state: {_first_unfinished(chosen.state)}); "
+        print(f"continuing run {chosen.state.run_id} (its last state: {chosen.stopped_at}); "
               "pass --restart to start over")
     return detach(chosen) if args.detach else drive(chosen)
 
@@ -57,13 +57,6 @@ def suggest_check(chosen: ChosenRun) -> None:
         print(f"note: no `check` profile for {key} yet: `bcp-pipeline check {chosen.pipeline.name}` settles, on the "
               "smallest instance in a few minutes, what this run assumes about your ACE (bcprun, ranks, limits); "
               "running with the safe defaults", file=sys.stderr)
-
-
-def _first_unfinished(state: RunState) -> str:
-    for name, stage in state.stages.items():
-        if not stage.status.done:
-            return f"{name} {stage.status.value}"
-    return "all stages done"
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -201,6 +194,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         stopped = detached_run(chosen).cancel()
         print(f"cancelled run {state.run_id}: its driver and {len(stopped)} job(s) in all stopped "
               f"({', '.join(stopped) or 'none active'})")
+        return 0
+    if state.status not in ("running", "pending") and not any(s.active_job() for s in state.stages.values()):
+        print(f"run {state.run_id} had already finished ({state.status}): nothing to stop")
         return 0
     cancelled, recorded = cancel_run(chosen)
     if not recorded:
