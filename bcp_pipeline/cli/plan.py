@@ -122,11 +122,14 @@ def plan_exit_code(refused: bool, unplanned: list[Unplanned]) -> int:
 
 
 def report_unplanned(unplanned: list[Unplanned], backend_name: str) -> None:
-    """At the end, on stderr, so a script (and a reader scrolling past the jobs) sees that the plan is not whole."""
+    """At the end, on stderr, each refusal as `run` would print it, then how many: so a script (and a reader
+    scrolling past the jobs) sees that the plan is not whole, and why."""
     if unplanned:
+        for item in unplanned:
+            print(f"bcp-pipeline: error: {item.error}", file=sys.stderr)
         stages = ", ".join(dict.fromkeys(u.request.stage.name for u in unplanned))
         print(f"bcp-pipeline: error: {len(unplanned)} job(s) of stage(s) {stages} cannot be planned on "
-              f"{backend_name} (each reason is in the plan, where the job would be); `run` would refuse them",
+              f"{backend_name} (each is shown in the plan where it would be); `run` would refuse them",
               file=sys.stderr)
 
 

@@ -25,8 +25,11 @@ def test_plan_shows_the_data_stages_and_why_the_pretrain_cannot_be_planned_then_
     assert "NeMo pretraining on Grid Engine runs in the NeMo container through Apptainer" in refusal
     assert f"--set {IMAGE_SET}" in refusal
     assert "# estimates" in out  # the rest of the plan follows
-    assert err.strip().endswith("bcp-pipeline: error: 1 job(s) of stage(s) pretrain cannot be planned on gridengine "
-                                "(each reason is in the plan, where the job would be); `run` would refuse them"), err
+    # On stderr, the refusal as `run` would print it, then the count, last.
+    first, last = err.strip().splitlines()[-2:]
+    assert first.startswith("bcp-pipeline: error: ") and f"--set {IMAGE_SET}" in first, err
+    assert last == ("bcp-pipeline: error: 1 job(s) of stage(s) pretrain cannot be planned on gridengine (each is "
+                    "shown in the plan where it would be); `run` would refuse them"), err
 
 
 def test_the_set_the_refusal_names_makes_the_plan_whole(capsys):
