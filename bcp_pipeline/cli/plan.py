@@ -42,6 +42,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     rendered = render_each(backend, requests)
     submissions = [item for item in rendered if not isinstance(item, Unplanned)]
     unplanned = [item for item in rendered if isinstance(item, Unplanned)]
+    if unplanned and not submissions:  # nothing to show: the first refusal alone, as `run` says it
+        raise unplanned[0].error
     estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances),
                                  load_measurement(run_store(args).root, pipeline.name),
                                  counted_data_tokens(backend, pipeline))
