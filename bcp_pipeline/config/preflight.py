@@ -66,5 +66,5 @@ def _check_training_stage(pipeline: PipelineConfig, stage: StageConfig) -> list[
         # Training continues by default: from the run's checkpoints up to its last step. A continuation the file
         # gives was validated by the loader; this one is new, so it is validated here.
         stage.continuation = engine.derived_continuation(stage)
-        validate_continuation(pipeline, stage.continuation, stage.where("continuation"))
+        validate_continuation(pipeline, stage.continuation, stage.where("continuation"), stage)
     return notices

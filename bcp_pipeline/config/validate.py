@@ -126,9 +126,11 @@ def validate_estimates(pipeline: PipelineConfig, raw: dict, where: Where) -> Non
             raise key_where.error(f"must be > 0, got {value:g}")
 
 
-def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, where: Where) -> None:
-    """Refuse a target or attempt count below 1 (public: preflight.py checks the continuation it derives)."""
-    blamed_where = blamed(where, str(continuation.target_steps), pipeline)
+def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, where: Where,
+                          stage: StageConfig | None = None) -> None:
+    """Refuse a target or attempt count below 1 (public: preflight.py checks the continuation it derives from the
+    `stage`'s training section, whose --set values are then blamed)."""
+    blamed_where = blamed(where, str(continuation.target_steps), pipeline, stage)
     try:
         target = resolve_int(str(continuation.target_steps), pipeline.vars)
     except ValueError as exc:
@@ -145,6 +147,11 @@ def blamed(where: Where, text: str, pipeline: PipelineConfig, stage: StageConfig
     if stage is not None:
         given += [origin for path, origin in stage.set_values.items()
                   if re.search(rf"(?<![\w.]){re.escape(path)}(?![\w])", text)]
+        if not given and stage.set_values and where.line is not None:
+            # A check of many keys at once (a training's parallel sizes, its derived step count) that names none:
+            # the file's line, and the --set values that changed the stage, which are the likely cause.
+            return Where(f"{where.file}:{where.line} (with {', '.join(dict.fromkeys(stage.set_values.values()))})",
+                         where.key, None)
     return Where(given[0], where.key, None) if given else where
 
 

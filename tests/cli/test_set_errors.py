@@ -4,6 +4,8 @@ interval that is not > 0. Each through `plan` on the bundled pipelines.yaml: exi
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from support.cli import cli
@@ -51,3 +53,18 @@ def test_a_negative_poll_interval_in_the_file_is_refused_at_its_line(tmp_path, c
 
 def test_a_known_var_and_a_stage_key_set_together_still_plan(capsys):
     assert cli(BUNDLED, "plan", "demo", "--set", "vars.steps=4", "--set", "download.local.replicas=2") == 0
+
+
+@pytest.mark.parametrize("override, wanted", [
+    ("pretrain.nemo.tensor_parallel=3", "pipelines.slimpajama-126m.stages.pretrain.nemo: gpt3/126m on 4 node(s): "
+                                        "4 node(s) x 8 GPUs = 32 is not divisible by TP 3 x PP 1"),
+    ("pretrain.nemo.max_steps=0", "pipelines.slimpajama-126m.stages.pretrain.continuation: target_steps (0) and "
+                                  "max_attempts (10) must be >= 1"),
+])
+def test_a_training_check_that_names_no_key_names_the_sets_that_changed_the_stage(capsys, override, wanted):
+    """The training preflight checks many keys at once (parallel sizes; the step count it derives): the file's
+    line of the section, and the --set that changed it."""
+    assert cli(BUNDLED, "plan", "slimpajama-126m", "--set", override) == 2
+    err = capsys.readouterr().err
+    assert re.match(rf"bcp-pipeline: error: {re.escape(str(BUNDLED))}:\d+ \(with --set {re.escape(override)}\): "
+                    rf"{re.escape(wanted)}", err), err
