@@ -53,10 +53,22 @@ def profile_store(args: argparse.Namespace) -> RunStore:
 
 
 def drive(chosen: ChosenRun) -> int:
-    ok = drive_run(chosen, Reporter())
+    try:
+        ok = drive_run(chosen, Reporter())
+    except KeyboardInterrupt:
+        print(interrupted_message(chosen.state.run_id), file=sys.stderr)
+        return 130
     if not ok:
         state = chosen.state
         print(f"\nrun {state.run_id} did not finish: fix the cause above, then `bcp-pipeline run "
               f"{chosen.pipeline.name}` (or `bcp-pipeline resume {state.run_id}`) continues from the failed stage.",
               file=sys.stderr)
     return 0 if ok else 1
+
+
+def interrupted_message(run_id: str | None = None) -> str:
+    """What Ctrl-C leaves, said with the run it interrupted where one was being driven."""
+    which = f" run {run_id}" if run_id else ""
+    return (f"\nbcp-pipeline: interrupted{which}. Jobs already submitted keep running; "
+            f"`bcp-pipeline resume{f' {run_id}' if run_id else ''}` re-attaches to them, "
+            f"`bcp-pipeline cancel {run_id or 'RUN'}` stops them.")

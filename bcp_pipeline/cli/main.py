@@ -7,13 +7,14 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from bcp_pipeline import __version__
 from bcp_pipeline.backends.checks import Verdict
 from bcp_pipeline.backends.registry import backend_names
 from bcp_pipeline.check.render import render_check
 from bcp_pipeline.check.run import CheckRequest, run_check
-from bcp_pipeline.cli.common import JSON_HELP, NAMED_RUN_HELP, RUN_HELP, config_file, run_store
+from bcp_pipeline.cli.common import JSON_HELP, NAMED_RUN_HELP, RUN_HELP, config_file, interrupted_message, run_store
 from bcp_pipeline.cli.completion import enable_completion
 from bcp_pipeline.cli.plan import cmd_plan
 from bcp_pipeline.cli.profile import cmd_profile
@@ -136,10 +137,24 @@ def add_global_options(parser: argparse.ArgumentParser, default: object) -> None
                         help="where runs are kept (default: .bcp-pipeline next to the config file)")
 
 
+# Path options taken as absolute paths at once: the run's jobs work in other folders (a local job's supervisor runs
+# in the workspace), so a path relative to where the command was typed would name nothing there. --config is read
+# here and recorded resolved (engine/selection.py), and messages name it as it was typed.
+PATH_OPTIONS = ("state_dir", "out")
+
+
+def absolute_paths(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with every given path option made absolute (`~` expanded), relative to the current folder."""
+    for name in PATH_OPTIONS:
+        if getattr(args, name, None):
+            setattr(args, name, str(Path(getattr(args, name)).expanduser().absolute()))
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     enable_completion(parser)  # answers a shell's <TAB> and exits; returns at once otherwise
-    args = parser.parse_args(argv)
+    args = absolute_paths(parser.parse_args(argv))
     try:
         code = COMMANDS[args.command](args)
         sys.stdout.flush()  # here, where a reader that left is caught, not at exit
@@ -153,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bcp-pipeline: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("\nbcp-pipeline: interrupted. Jobs already submitted keep running; "
-              "`bcp-pipeline resume` re-attaches to them, `bcp-pipeline cancel RUN` stops them.", file=sys.stderr)
+        print(interrupted_message(), file=sys.stderr)
         return 130
 
 

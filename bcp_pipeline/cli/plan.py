@@ -7,9 +7,10 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from bcp_pipeline.backends.contract import Backend
+from bcp_pipeline.backends.contract import Backend, JobRequest, Submission
 from bcp_pipeline.backends.registry import describe_backend_limits, detachable_backends, make_backend
 from bcp_pipeline.cli.common import config_file, run_store, warn
 from bcp_pipeline.cli.detach import driver_cost_line
@@ -38,7 +39,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     backend = make_backend(backend_name, config, pipeline, run_store(args).run_dir(run_id))
     actions = backend.prepare(pipeline, execute=False)
     requests = planned_requests(pipeline, run_id)
-    submissions = [backend.render(request) for request in requests]
+    rendered = render_each(backend, requests)
+    submissions = [item for item in rendered if not isinstance(item, Unplanned)]
+    unplanned = [item for item in rendered if isinstance(item, Unplanned)]
+    if unplanned and not submissions:  # nothing to show: the first refusal alone, as `run` says it
+        raise unplanned[0].error
     estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances),
                                  load_measurement(run_store(args).root, pipeline.name),
                                  counted_data_tokens(backend, pipeline))
@@ -56,15 +61,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if ruled_out:
         print("plan: `run` would refuse, from the saved check profile:\n  " + "\n  ".join(ruled_out),
               file=sys.stderr)
+    code = plan_exit_code(refused, unplanned)
     if args.json:
         print(json.dumps({"pipeline": pipeline.name, "backend": backend_name, "run_id": run_id,
                           "prepare": [{"description": a.description, "printable": a.printable} for a in actions],
                           "jobs": [s.as_json() for s in submissions], "estimates": estimate.as_json(),
                           **({"driver": driver} if driver else {}),
                           **({"limits": limits.as_json()} if limits is not None else {}),
-                          **({"ruled_out": ruled_out} if ruled_out else {})}, indent=2))
-        return 1 if refused else 0
-    print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s); nothing is submitted.")
+                          **({"ruled_out": ruled_out} if ruled_out else {}),
+                          **({"unplanned": [u.as_json() for u in unplanned]} if unplanned else {})}, indent=2))
+        report_unplanned(unplanned, backend_name)
+        return code
+    not_planned = f", {len(unplanned)} that cannot be planned" if unplanned else ""
+    print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s){not_planned}; "
+          "nothing is submitted.")
     print(f"# {run_id} stands for the run id a real run gets.")
     profile = getattr(backend, "profile", None)
     if profile:
@@ -75,18 +85,66 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"\n# --detach: the driver job, which submits everything below from inside BCP\n{driver['printable']}")
     for action in actions:
         print(f"\n# before the first stage: {action.description}\n{action.printable}")
-    print_submissions(submissions)
+    print_submissions(rendered)
     print()
     print("\n".join(render_estimates(estimate)))
     if driver:
         print(driver_cost_line(config, pipeline, estimate))
-    return 1 if refused else 0
+    report_unplanned(unplanned, backend_name)
+    return code
 
 
-def print_submissions(submissions: list) -> None:
-    """Each rendered job as `plan` prints it: what it is, then exactly what would be submitted."""
-    for submission in submissions:
+@dataclass(frozen=True)
+class Unplanned:
+    """A job the backend refused to render: the rest of the plan is still worth seeing (the data stages of a
+    pipeline whose training stage lacks an image), so the refusal is shown in its place and the plan fails."""
+
+    request: JobRequest
+    error: ConfigError
+
+    def as_json(self) -> dict:
+        return {"stage": self.request.stage.name, "kind": self.request.kind, "error": str(self.error)}
+
+
+def render_each(backend: Backend, requests: list[JobRequest]) -> list[Submission | Unplanned]:
+    """Every request rendered as `run` submits it; one the backend refuses is kept as the refusal."""
+    rendered: list[Submission | Unplanned] = []
+    for request in requests:
+        try:
+            rendered.append(backend.render(request))
+        except ConfigError as exc:
+            rendered.append(Unplanned(request, exc))
+    return rendered
+
+
+def plan_exit_code(refused: bool, unplanned: list[Unplanned]) -> int:
+    """2 when a job could not be rendered at all (a config error, as `run` would exit), 1 when the service's
+    limits or a check profile refuse one, else 0."""
+    return ConfigError.exit_code if unplanned else 1 if refused else 0
+
+
+def report_unplanned(unplanned: list[Unplanned], backend_name: str) -> None:
+    """At the end, on stderr, each refusal as `run` would print it, then how many: so a script (and a reader
+    scrolling past the jobs) sees that the plan is not whole, and why."""
+    if unplanned:
+        for item in unplanned:
+            print(f"bcp-pipeline: error: {item.error}", file=sys.stderr)
+        stages = ", ".join(dict.fromkeys(u.request.stage.name for u in unplanned))
+        print(f"bcp-pipeline: error: {len(unplanned)} job(s) of stage(s) {stages} cannot be planned on "
+              f"{backend_name} (each is shown in the plan where it would be); `run` would refuse them",
+              file=sys.stderr)
+
+
+def print_submissions(rendered: list[Submission | Unplanned]) -> None:
+    """Each rendered job as `plan` prints it: what it is, then exactly what would be submitted; a job that cannot
+    be rendered, why (commented, so the rest stays copy-pasteable)."""
+    for submission in rendered:
         request = submission.request
+        if isinstance(submission, Unplanned):
+            what = "verification of " if request.kind == "verify" else "stage "
+            print(f"\n# {what}{request.stage.name}: CANNOT BE PLANNED\n"
+                  + "\n".join(f"# {line}" for line in str(submission.error).splitlines()))
+            continue
         what = "verification of " if request.kind == "verify" else "stage "
         needs = f" (after {', '.join(request.stage.needs)})" if request.kind == "stage" and request.stage.needs else ""
         description = substitute(request.stage.description, request.pipeline.vars)

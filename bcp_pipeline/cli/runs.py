@@ -26,7 +26,7 @@ from bcp_pipeline.engine.state import RunState, RunStore
 from bcp_pipeline.errors import ConfigError, PipelineError, StateError
 from bcp_pipeline.report.estimates import actual_rates, estimate_pipeline
 from bcp_pipeline.report.gather import latest_throughput, write_report
-from bcp_pipeline.report.text import Reporter, format_table, render_status
+from bcp_pipeline.report.text import Reporter, format_table, render_status, run_status_text
 
 
 # -- commands -------------------------------------------------------------------------------------------
@@ -43,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         warn(notice)
     suggest_check(chosen)
     if chosen.continued:
-        print(f"continuing run {chosen.state.run_id} (its last state: {_first_unfinished(chosen.state)}); "
+        print(f"continuing run {chosen.state.run_id} (its last state: {chosen.stopped_at}); "
               "pass --restart to start over")
     return detach(chosen) if args.detach else drive(chosen)
 
@@ -57,13 +57,6 @@ def suggest_check(chosen: ChosenRun) -> None:
         print(f"note: no `check` profile for {key} yet: `bcp-pipeline check {chosen.pipeline.name}` settles, on the "
               "smallest instance in a few minutes, what this run assumes about your ACE (bcprun, ranks, limits); "
               "running with the safe defaults", file=sys.stderr)
-
-
-def _first_unfinished(state: RunState) -> str:
-    for name, stage in state.stages.items():
-        if not stage.status.done:
-            return f"{name} {stage.status.value}"
-    return "all stages done"
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -102,13 +95,15 @@ def live_run(args: argparse.Namespace) -> tuple[RunStore, LiveRun]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    _, live = live_run(args)
+    store, live = live_run(args)
     state, backend, view = live.state, live.backend, live.view
+    undriven = store.undriven(state)
     if live.problem:
         print(f"(could not refresh job states: {live.problem})", file=sys.stderr)
     estimate, actual = estimate_against_actual(live.config, live.pipeline, state)
     if args.json:
         payload = state.to_json()
+        payload["driven"] = not undriven if state.status in ("running", "pending") else None
         if backend is not None:
             payload["job_urls"] = {j.job_id: backend.job_url(j.job_id) for s in state.stages.values() for j in s.jobs
                                    if backend.job_url(j.job_id)}
@@ -122,7 +117,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         throughput = latest_throughput(state, live.pipeline, backend,
                                        instances_table(live.config.options["bcp"].instances)) \
             if backend is not None and live.pipeline is not None else None
-        print(render_status(state, backend.job_url if backend else None, estimate, actual, throughput))
+        print(render_status(state, backend.job_url if backend else None, estimate, actual, throughput,
+                            undriven=undriven))
         if view is not None:
             print("\n".join(render_driver(view, state.run_id, state.status == "succeeded", backend.job_url)))
     return 0
@@ -199,6 +195,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"cancelled run {state.run_id}: its driver and {len(stopped)} job(s) in all stopped "
               f"({', '.join(stopped) or 'none active'})")
         return 0
+    if state.status not in ("running", "pending") and not any(s.active_job() for s in state.stages.values()):
+        print(f"run {state.run_id} had already finished ({state.status}): nothing to stop")
+        return 0
     cancelled, recorded = cancel_run(chosen)
     if not recorded:
         print(f"cancelled {len(cancelled)} job(s): {', '.join(cancelled) or '-'}; the orchestrator driving the run "
@@ -210,12 +209,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     config = load_and_check(config_file(args))
-    runs, corrupt = run_store(args).scan()
+    store = run_store(args)
+    runs, corrupt = store.scan()
+    undriven = {r.run_id for r in runs if store.undriven(r)}
     if args.json:
         print(json.dumps({
             "pipelines": [{"name": p.name, "backend": p.backend, "description": p.description, "stages": p.order()}
                           for p in config.pipelines.values()],
             "runs": [{"run_id": r.run_id, "pipeline": r.pipeline, "backend": r.backend, "status": r.status,
+                      "driven": r.run_id not in undriven if r.status in ("running", "pending") else None,
                       "created_at": r.created_at} for r in runs],
             "corrupt_runs": [{"run_id": c.run_id, "pipeline": c.pipeline, "status": "corrupt",
                               "state_set_aside_as": str(c.path), "reason": c.reason} for c in corrupt]}, indent=2))
@@ -225,7 +227,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(format_table(rows))
     print()
     if runs or corrupt:
-        rows = [["RUN", "PIPELINE", "BACKEND", "STATUS"]] + [[r.run_id, r.pipeline, r.backend, r.status] for r in runs]
+        rows = [["RUN", "PIPELINE", "BACKEND", "STATUS"]] + [[r.run_id, r.pipeline, r.backend,
+                                                     run_status_text(r, r.run_id in undriven)] for r in runs]
         rows += [[c.run_id, c.pipeline or "?", "?", f"corrupt (state set aside as {c.path})"] for c in corrupt]
         print(format_table(rows))
     else:

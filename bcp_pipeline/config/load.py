@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig, VerificationResources
-from bcp_pipeline.config.overrides import OPTIONS_PREFIX, apply_option_overrides, apply_overrides
+from bcp_pipeline.config.overrides import OPTIONS_PREFIX, apply_option_overrides, apply_overrides, set_origins
 from bcp_pipeline.config.resources import OPTION_TYPES, RESOURCE_TYPES, SECRET_PART
 from bcp_pipeline.config.typed import Where, build, field_names, shown
 from bcp_pipeline.config.validate import validate_estimates, validate_pipeline
@@ -109,6 +109,8 @@ def _load_options(raw: Any, where: Where) -> dict[str, Any]:
         if key not in OPTION_TYPES:
             raise where.child(key, raw).error(f"unknown backend {key!r}; valid: {', '.join(OPTION_TYPES)}")
     options = {name: build(cls, raw.get(name), where.child(name, raw)) for name, cls in OPTION_TYPES.items()}
+    for name, section in options.items():
+        _check_poll_intervals(section, where.child(name, raw), raw.get(name))
     driver, where_bcp = options["bcp"].driver, where.child("bcp", raw)
     bcp = options["bcp"]
     for key, least in (("lookup_grace_seconds", 0), ("retry_backoff_seconds", 0), ("retry_attempts", 1)):
@@ -119,6 +121,16 @@ def _load_options(raw: Any, where: Where) -> dict[str, Any]:
             raise where_bcp.error(f"driver.{key} {getattr(driver, key)!r}: a secret name or key is 1-63 of "
                                   "A-Z a-z 0-9 . _ -")
     return options
+
+
+def _check_poll_intervals(section: Any, where: Where, raw: Any) -> None:
+    """Every `poll_*seconds` is > 0: none would poll the service in a busy loop, and a negative one stops the
+    loop's sleep with an error mid-run."""
+    for key in field_names(type(section)):
+        value = getattr(section, key)
+        if key.startswith("poll_") and key.endswith("seconds") and value <= 0:
+            at = where.child(key, raw) if isinstance(raw, dict) and key in raw else where
+            raise at.error(f"{key} must be > 0 seconds, got {value:g}")
 
 
 def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> PipelineConfig:
@@ -154,16 +166,17 @@ def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> Pipel
         merged = _merge_backend_sections(body, defaults, stage_where)
         locations = {key: stage_where.child(key, body) for key in field_names(StageConfig)}
         stages[stage_name] = build(StageConfig, merged, stage_where, name=stage_name, line=stage_where.line,
-                                   locations=locations)
+                                   locations=locations, set_values=set_origins(body))
     verification_raw = _merge_backend_sections(raw.get("verification") or {}, defaults,
                                                where.child("verification", raw))
     body = {k: v for k, v in raw.items() if k not in ("stages", "verification")}
     pipeline = build(PipelineConfig, body, where, name=name, stages=stages,
-                     verification=build(VerificationResources, verification_raw, where.child("verification", raw)))
+                     verification=build(VerificationResources, verification_raw, where.child("verification", raw)),
+                     var_origins=dict(getattr(raw.get("vars"), "key_origins", {})))
     if pipeline.backend not in RESOURCE_TYPES:
         raise where.child("backend", raw).error(
             f"{pipeline.backend!r} is not one of {', '.join(repr(name) for name in RESOURCE_TYPES)}")
-    validate_pipeline(pipeline, stages_raw, where_stages, stages_dir, getattr(raw.get("vars"), "key_origins", {}))
+    validate_pipeline(pipeline, stages_raw, where_stages, stages_dir)
     validate_estimates(pipeline, raw.get("estimates") or {}, where.child("estimates", raw))
     return pipeline
 

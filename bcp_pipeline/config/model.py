@@ -155,6 +155,9 @@ class StageConfig:
     # Where each key was written (file:line, or the --set that gave it; a key left out points at the stage), so
     # the checks that run after loading (preflight.py) name the same place the loader's own errors do.
     locations: dict[str, Where] = field(default_factory=dict, repr=False, metadata={"internal": True})
+    # The values --set gave, by key path in the stage ({"bcp.image": "--set pretrain.bcp.image=X"}): a check after
+    # loading that refuses one of them names the --set, not the file's line for the section.
+    set_values: dict[str, str] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def resources(self, backend: str) -> Any:
         return getattr(self, backend)
@@ -230,6 +233,8 @@ class PipelineConfig:
     verification: VerificationResources = field(default_factory=VerificationResources)
     estimates: Estimates = field(default_factory=Estimates)
     name: str = field(default="", metadata={"internal": True})
+    # The vars --set gave (name -> `--set vars.NAME=VALUE`): a bad value made of them is blamed on the --set.
+    var_origins: dict[str, str] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def order(self) -> list[str]:
         """Stage names in a topological order (file order among independent stages)."""

@@ -23,6 +23,7 @@ def apply_overrides(pipeline_raw: Any, overrides: list[str], file: str) -> Any:
         stages = pipeline_raw.get("stages") or {}
         if parts[0] == "vars":
             container = pipeline_raw.setdefault("vars", LineDict())
+            _refuse_unknown_var(container, parts, item)
         elif parts[0] in stages:
             container = stages[parts[0]]
         else:
@@ -51,6 +52,25 @@ def apply_option_overrides(backends_raw: Any, overrides: list[str], file: str) -
     return backends_raw
 
 
+def _refuse_unknown_var(variables: Any, parts: list[str], item: str) -> None:
+    """A var the pipeline does not have would be set and never used: a misspelt name changes nothing, silently."""
+    known = list(variables) if isinstance(variables, dict) else []
+    if len(parts) != 2 or parts[1] not in known:
+        raise ConfigError(f"the pipeline has no var {'.'.join(parts[1:])!r}; its vars: "
+                          f"{', '.join(known) or 'none'}", file=f"--set {item}")
+
+
+def set_origins(raw: Any, prefix: str = "") -> dict[str, str]:
+    """The values under `raw` that came from --set, by key path below it: {"bcp.image": "--set STAGE.bcp.image=X"}
+    (for checks after loading, which know the path of what they refuse but not the mapping it was read from)."""
+    if not isinstance(raw, dict):
+        return {}
+    found = {f"{prefix}{key}": origin for key, origin in getattr(raw, "key_origins", {}).items()}
+    for key, value in raw.items():
+        found |= set_origins(value, f"{prefix}{key}.")
+    return found
+
+
 def _parse_override(item: str) -> tuple[list[str], Any]:
     """`A.B.C=VALUE` as its key path and its YAML value; a ConfigError naming the --set when either is bad."""
     path_text, sep, value_text = item.partition("=")
@@ -71,12 +91,17 @@ def _set_at(container: Any, keys: list[str], value: Any, item: str) -> None:
     came from `--set item`, so an error about it names the --set, not a line of the file."""
     for part in keys[:-1]:
         nxt = container.get(part)
-        if nxt is None:
+        if nxt is None:  # a mapping the --set made (`download.locl.replicas`): a bad key there is the --set's
             nxt = container[part] = LineDict()
+            _remember_origin(container, part, item)
         if not isinstance(nxt, dict):
             raise ConfigError(f"{part!r} is not a mapping", file=f"--set {item}")
         container = nxt
-    if not hasattr(container, "key_origins"):
-        container.key_origins = {}  # type: ignore[attr-defined]
     container[keys[-1]] = value
-    container.key_origins[keys[-1]] = f"--set {item}"  # type: ignore[attr-defined]
+    _remember_origin(container, keys[-1], item)
+
+
+def _remember_origin(container: Any, key: str, item: str) -> None:
+    if not hasattr(container, "key_origins"):
+        container.key_origins = {}
+    container.key_origins[key] = f"--set {item}"

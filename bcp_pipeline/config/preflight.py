@@ -13,7 +13,7 @@ from pathlib import Path
 from bcp_pipeline.config import bridge, nemo
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig
-from bcp_pipeline.config.validate import validate_continuation
+from bcp_pipeline.config.validate import blamed, validate_continuation
 
 
 def load_and_check(path: str | Path, overrides: list[str] | None = None, pipeline: str | None = None) -> Config:
@@ -60,10 +60,11 @@ def _check_training_stage(pipeline: PipelineConfig, stage: StageConfig) -> list[
     try:
         notices = engine.static_preflight(pipeline, stage) or []
     except ValueError as exc:
-        raise stage.where(stage.engine).error(str(exc)) from None
+        # The engine checks values of many keys at once and names the one it refuses: the --set that gave it, if any
+        raise blamed(stage.where(stage.engine), str(exc), pipeline, stage).error(str(exc)) from None
     if stage.continuation is None and getattr(stage, stage.engine).checkpoints:
         # Training continues by default: from the run's checkpoints up to its last step. A continuation the file
         # gives was validated by the loader; this one is new, so it is validated here.
         stage.continuation = engine.derived_continuation(stage)
-        validate_continuation(pipeline, stage.continuation, stage.where("continuation"))
+        validate_continuation(pipeline, stage.continuation, stage.where("continuation"), stage)
     return notices

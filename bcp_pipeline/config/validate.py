@@ -3,6 +3,7 @@ own rules, verification counts, continuation and estimates, each refused at the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,8 @@ from bcp_pipeline.config.resources import ENV_KEY, LABEL_PATTERN, RESOURCE_TYPES
 from bcp_pipeline.config.typed import Where
 
 
-def validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, stages_dir: Path,
-                       var_origins: dict[str, str]) -> None:
-    """`var_origins`: the vars given by --set (name -> `--set vars.NAME=VALUE`), which a bad value made of them
-    is blamed on."""
+def validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, stages_dir: Path) -> None:
+    """A bad value made of vars given by --set (`pipeline.var_origins`) is blamed on the --set."""
     from bcp_pipeline.config.dag import find_cycle
 
     names = set(pipeline.stages)
@@ -37,8 +36,7 @@ def validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, 
         if stage.continuation:
             validate_continuation(pipeline, stage.continuation, stage_where.child("continuation", body))
         for index, check in enumerate(stage.verify):
-            _validate_check(pipeline, stage, check, stage_where.child("verify", body).child(index, body["verify"]),
-                            var_origins)
+            _validate_check(pipeline, stage, check, stage_where.child("verify", body).child(index, body["verify"]))
     cycle = find_cycle({name: stage.needs for name, stage in pipeline.stages.items()})
     if cycle:
         first = cycle[0]
@@ -128,24 +126,36 @@ def validate_estimates(pipeline: PipelineConfig, raw: dict, where: Where) -> Non
             raise key_where.error(f"must be > 0, got {value:g}")
 
 
-def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, where: Where) -> None:
-    """Refuse a target or attempt count below 1 (public: preflight.py checks the continuation it derives)."""
+def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, where: Where,
+                          stage: StageConfig | None = None) -> None:
+    """Refuse a target or attempt count below 1 (public: preflight.py checks the continuation it derives from the
+    `stage`'s training section, whose --set values are then blamed)."""
+    blamed_where = blamed(where, str(continuation.target_steps), pipeline, stage)
     try:
         target = resolve_int(str(continuation.target_steps), pipeline.vars)
     except ValueError as exc:
-        raise where.error(f"target_steps: {exc}") from None
+        raise blamed_where.error(f"target_steps: {exc}") from None
     if target < 1 or continuation.max_attempts < 1:
-        raise where.error(f"target_steps ({target}) and max_attempts ({continuation.max_attempts}) must be >= 1")
+        raise blamed_where.error(f"target_steps ({target}) and max_attempts ({continuation.max_attempts}) must "
+                                 "be >= 1")
 
 
-def _blamed(where: Where, text: str, var_origins: dict[str, str]) -> Where:
-    """Where to blame a bad value written as `text`: the --set of a var it is made of, if any, else `where`."""
-    given = [var_origins[name] for name in PLACEHOLDER.findall(text) if name in var_origins]
+def blamed(where: Where, text: str, pipeline: PipelineConfig, stage: StageConfig | None = None) -> Where:
+    """Where to blame a bad value written as (or explained by) `text`: the --set of a var it is made of
+    (`${steps}`), or of a key of the stage it names (`bcp.image`), if any; else `where`, a line of the file."""
+    given = [pipeline.var_origins[name] for name in PLACEHOLDER.findall(text) if name in pipeline.var_origins]
+    if stage is not None:
+        given += [origin for path, origin in stage.set_values.items()
+                  if re.search(rf"(?<![\w.]){re.escape(path)}(?![\w])", text)]
+        if not given and stage.set_values and where.line is not None:
+            # A check of many keys at once (a training's parallel sizes, its derived step count) that names none:
+            # the file's line, and the --set values that changed the stage, which are the likely cause.
+            return Where(f"{where.file}:{where.line} (with {', '.join(dict.fromkeys(stage.set_values.values()))})",
+                         where.key, None)
     return Where(given[0], where.key, None) if given else where
 
 
-def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, where: Where,
-                    var_origins: dict[str, str]) -> None:
+def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, where: Where) -> None:
     if (check.expect is None) == (check.expect_from is None):
         raise where.error("give exactly one of expect (a number) or expect_from (an upstream stage)")
     if check.expect_from is not None:
@@ -158,10 +168,10 @@ def _validate_check(pipeline: PipelineConfig, stage: StageConfig, check: Check, 
     for key in ("expect", "group"):
         value = getattr(check, key)
         if value is not None:
-            blamed = _blamed(where, str(value), var_origins)
+            at = blamed(where, str(value), pipeline)
             try:
                 number = resolve_int(str(value), pipeline.vars)
             except ValueError as exc:
-                raise blamed.error(f"{key}: {exc}") from None
+                raise at.error(f"{key}: {exc}") from None
             if number < (0 if key == "expect" else 1):
-                raise blamed.error(f"{key} {value} must be >= {0 if key == 'expect' else 1}, got {number}")
+                raise at.error(f"{key} {value} must be >= {0 if key == 'expect' else 1}, got {number}")

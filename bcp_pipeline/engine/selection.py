@@ -47,6 +47,7 @@ class ChosenRun:
     state: RunState
     selected: set[str]
     continued: bool = False  # an unfinished run is continued, rather than a new one started
+    stopped_at: str = ""  # a continued run: where it stopped, before this invocation reset its stages ("concat failed")
 
 
 def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
@@ -81,10 +82,22 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     elif previous.overrides:
         config = load_and_check(request.config_file, overrides=previous.overrides, pipeline=request.pipeline)
         pipeline = config.pipeline(request.pipeline)
+    stopped_at = where_it_stopped(previous)  # continue_run sets a failed stage pending again
     selected = continue_run(previous, pipeline, selection)
     check_limits(backend, config, pipeline, previous, selected, detach=request.detach)
     return ChosenRun(config=config, pipeline=pipeline, store=store, state=previous, selected=selected,
-                     continued=True)
+                     continued=True, stopped_at=stopped_at)
+
+
+def where_it_stopped(state: RunState) -> str:
+    """The stage a run stopped at, and how: the first failed or cancelled one, else the first active one, else the
+    first pending one (`concat failed`)."""
+    for wanted in ((StageStatus.FAILED, StageStatus.CANCELLED),
+                   tuple(status for status in StageStatus if status.active), (StageStatus.PENDING,)):
+        for name, stage in state.stages.items():
+            if stage.status in wanted:
+                return f"{name} {stage.status.value}"
+    return "all stages done"
 
 
 def refuse_what_the_profile_rules_out(backend: str, config: Config, pipeline: PipelineConfig, store: RunStore,

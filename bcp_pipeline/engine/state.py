@@ -306,6 +306,12 @@ class RunStore:
         runs = self.runs(pipeline)
         return runs[-1] if runs else None
 
+    def undriven(self, state: RunState) -> bool:
+        """A run its state calls unfinished (running or pending) that no process drives: `resume` continues it.
+        A run a BCP driver job owns is driven there, not under this machine's lock."""
+        return (state.status in ("running", "pending") and not state.driver_owned
+                and not RunLock.held(self.run_dir(state.run_id)))
+
     def resolve(self, run_id: str | None) -> RunState:
         """A run by id, or the most recent readable run when `run_id` is None."""
         if run_id:
@@ -336,6 +342,23 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
+
+    @staticmethod
+    def held(run_dir: Path) -> bool:
+        """Whether a live process drives the run now (holds its lock), asked without taking the lock for more
+        than an instant and without writing to it: the kernel drops a SIGKILLed driver's lock, so a run whose
+        state says running with no lock held is driven by nobody."""
+        try:
+            fd = os.open(run_dir / "orchestrator.lock", os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # drops the shared lock, if it was had
+        return False
 
     def release(self) -> None:
         if self._fd is not None:

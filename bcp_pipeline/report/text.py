@@ -90,10 +90,18 @@ def other_outputs_text(found: dict | None) -> str:
     return f"{made} redone; the old ones are kept in {found.get('set_aside')}"
 
 
+def run_status_text(state: RunState, undriven: bool = False) -> str:
+    """A run's status for people; one no process drives (`RunStore.undriven`) says so and how to go on, as its
+    state still says running after its orchestrator was killed or its output closed."""
+    return f"{state.status} (no driver: `bcp-pipeline resume {state.run_id}`)" if undriven else state.status
+
+
 def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None = None,
-                  actual: dict[str, dict] | None = None, throughput: list[dict] | None = None) -> str:
+                  actual: dict[str, dict] | None = None, throughput: list[dict] | None = None,
+                  undriven: bool = False) -> str:
     """The `status` view: a table of stages, estimate against actual (when given), then errors with log tails."""
-    lines = [f"run {state.run_id}  pipeline {state.pipeline}  backend {state.backend}  status {state.status}", "",
+    lines = [f"run {state.run_id}  pipeline {state.pipeline}  backend {state.backend}  "
+             f"status {run_status_text(state, undriven)}", "",
              format_table(status_rows(state))]
     if estimate is not None and actual and any(actual.values()):
         lines += ["", "estimate against actual (elapsed includes queueing and verification):",

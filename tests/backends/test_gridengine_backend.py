@@ -172,8 +172,10 @@ def test_slurm_offers_apptainer_beside_pyxis_in_apptainer_s_grammar(tmp_path):
 def test_an_image_without_a_container_runtime_is_refused_not_ignored(tmp_path, capsys):
     capsys.readouterr()
     code = main(["--config", str(REPO / "pipelines.yaml"), "plan", "demo", "--backend", "gridengine",
-                 "--set", "download.gridengine.container_image=/images/x.sif"])
+                 "--set", "download.gridengine.container_image=/images/x.sif",
+                 "--set", "backends.gridengine.container=none"])  # the bundled file runs images with apptainer
     err = capsys.readouterr().err
     assert code == 2 and "stage download: gridengine.container_image is '/images/x.sif'" in err, err
-    assert "pipelines.yaml:" in err  # the stage's place in the file
+    # The value came from the --set (which made the stage's gridengine section): the error names it (issue 38).
+    assert "--set download.gridengine.container_image=/images/x.sif: " in err
     assert "backends.gridengine.container is none; set it to apptainer" in err

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bcp_pipeline.backends.slurm.states import STATE_MAP, decode_exit, failed_tasks
-from bcp_pipeline.backends.slurm.backend import SlurmBackend
+from bcp_pipeline.backends.slurm.backend import SlurmBackend, launcher_failure
 from bcp_pipeline.backends.shared.batch import job_name
 from bcp_pipeline.backends.slurm.render import nemo_launcher_script, slurm_time
 from bcp_pipeline.cli.main import main
@@ -387,3 +387,31 @@ def test_preempted_jobs_are_requeued_and_sacct_outages_are_not_fatal(tmp_path, f
     assert backend._sacct_enabled  # sacct answered nothing (no canned reply) but did not say accounting is off
     fake_slurm.answer("sacct", stderr="sacct: error: slurmdbd: Connection refused\n", rc=1)
     assert backend.poll(["42"]) == {} and backend._sacct_enabled  # asked again next cycle, not declared lost
+
+
+# -- the NeMo launcher's step: a failure of its own is permanent, sbatch not reaching the controller is not --------
+LAUNCHER_ARGV = ["bash", "-c", "python3 /opt/NeMo-Megatron-Launcher/launcher_scripts/main.py ..."]
+
+
+@pytest.mark.parametrize("code, output", [
+    (1, "Traceback (most recent call last):\n  File \"main.py\", line 1\nModuleNotFoundError: No module named 'hydra'"),
+    (2, "python3: can't open file '/opt/NeMo-Megatron-Launcher/launcher_scripts/main.py': [Errno 2] No such file"),
+    (1, "Could not override 'training.trainer.max_steps'.\nKey 'max_stepz' is not in struct"),
+    (127, "bash: python3: command not found"),
+])
+def test_a_launcher_failure_of_its_own_is_permanent_and_fails_the_stage_at_once(code, output):
+    failure = launcher_failure(CommandError(LAUNCHER_ARGV, code, output))
+    assert isinstance(failure, SubmissionError)  # the submitter fails the stage on it, with no retry
+    assert str(failure).startswith("the NeMo launcher failed on this machine, as it would again: `bash` exited")
+    assert output.splitlines()[-1].split(":")[0] in str(failure)
+
+
+@pytest.mark.parametrize("code, output", [
+    (1, "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)"),
+    (1, "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation"),
+    (1, "sbatch: error: Batch job submission failed: Resource temporarily unavailable"),
+    (124, "timed out after 1800 s: "),
+])
+def test_a_launcher_whose_sbatch_did_not_reach_the_controller_is_tried_again(code, output):
+    error = CommandError(LAUNCHER_ARGV, code, output)
+    assert launcher_failure(error) is error  # a BackendCallError: the submitter retries it

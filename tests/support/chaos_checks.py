@@ -109,7 +109,7 @@ def check_one_live_job(samples: int, overlaps: list[str], intervals: list[tuple[
         by_stage.setdefault(stage, []).append((start, end, job_id))
     for stage, spans in by_stage.items():
         spans.sort()
-        for (start_a, end_a, job_a), (start_b, _end_b, job_b) in zip(spans, spans[1:]):
+        for (_start_a, end_a, job_a), (start_b, _end_b, job_b) in zip(spans, spans[1:]):
             if start_b < end_a:
                 problems.append(f"{stage}: {job_b} started {end_a - start_b:.3f} s before {job_a} ended")
     return Check("at most one live job per stage", not problems,

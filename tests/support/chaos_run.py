@@ -6,10 +6,10 @@
 2. the chaos run in a fresh project folder: the orchestrator runs as a subprocess, and while it runs the monkey
    (tests/support/chaos_monkey.py) SIGKILLs, at random moments, what the backend offers
    (tests/support/chaos_backends.py): stage ranks, verification jobs, job supervisors, the orchestrator itself,
-   and on the emulated BCP and Slurm, jobs through the service. When the orchestrator ends short of success (killed,
-   or a stage failed), `resume` continues the run (or `run` again, when it was killed before it recorded the run).
-   A stage that downloads from a `file://` mirror is pointed at a loopback HTTP server over
-   the same folder that answers 429 / 500, drops connections mid-body and sends short bodies at random;
+   and on the emulated BCP and Slurm, jobs through the service. When the orchestrator ends short of success
+   (killed, or a stage failed), `resume` continues the run (or `run` again, when it was killed before it recorded
+   the run). A stage that downloads from a `file://` mirror is pointed at a loopback HTTP server over the same
+   folder that answers 429 / 500, drops connections mid-body and sends short bodies at random;
 3. the checks of tests/support/chaos_checks.py, and a table of what happened.
 """
 

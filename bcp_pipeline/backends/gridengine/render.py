@@ -211,9 +211,15 @@ def training_shape(request: JobRequest, options: GridEngineOptions) -> Shape:
 
 def require_container(request: JobRequest, options: GridEngineOptions, engine: str) -> None:
     if not in_container(request, options):
+        # The spelling that supplies it on the command line, with the pipeline's own NeMo image where it has one.
+        image = f"docker://{request.stage.bcp.image}" if request.stage.bcp.image else "docker://nvcr.io/nvidia/nemo:TAG"
+        sets = [f"--set {request.stage.name}.gridengine.container_image={image}"]
+        if options.container != "apptainer":
+            sets.append("--set backends.gridengine.container=apptainer")
         raise config_error(request, "gridengine", f"{engine} on Grid Engine runs in the NeMo container through "
                            "Apptainer: set the stage's gridengine.container_image (a .sif of the NeMo image, or its "
-                           "docker:// reference) and backends.gridengine.container: apptainer")
+                           "docker:// reference) and backends.gridengine.container: apptainer; on the command line: "
+                           + " ".join(sets))
 
 
 def hosts_training_job(request: JobRequest, options: GridEngineOptions, paths: Paths, size: Shape, what: str,

@@ -41,7 +41,7 @@ class LocalBackend(Backend):
                  workspace_name: str) -> None:
         self.options = options
         self.stages_dir = stages_dir
-        self.run_dir = run_dir
+        self.run_dir = run_dir.absolute()  # the supervisor runs in the workspace: a relative path names nothing there
         self.workspace_dir = (config_dir / options.workspace_dir / workspace_name).resolve()
         self.local_workspace = self.workspace_dir
         self.poll_min_seconds = options.poll_seconds
@@ -194,6 +194,8 @@ class LocalBackend(Backend):
         spec = _read_json(self.run_dir / "jobs" / job_id / "status.json") or {}
         codes = spec.get("exit_codes") or []
         lines = [status.detail] if status.detail else []
+        if status.state is JobState.LOST and not codes:  # no rank started: why is in the supervisor's own log
+            lines += supervisor_log_excerpt(self.run_dir / "jobs" / job_id / "supervisor.log")
         lost = (spec.get("lost_rank") or {}).get("rank")
         for rank, code in sorted(enumerate(codes), key=lambda pair: pair[0] != lost):  # the killed rank's first
             if code != 0:
@@ -268,6 +270,20 @@ def _read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
+
+
+SUPERVISOR_LOG_LINES = 12  # a supervisor that died at once wrote a short traceback: its head and its last lines
+
+
+def supervisor_log_excerpt(path: Path) -> list[str]:
+    """The supervisor's log, as lines for a failure's explanation (none when it wrote nothing): its first lines
+    and, where it is longer, its last ones (a traceback's error is its last line)."""
+    lines = read_tail(path).rstrip("\n").splitlines()
+    if not lines:
+        return []
+    if len(lines) > 2 * SUPERVISOR_LOG_LINES:
+        lines = lines[:SUPERVISOR_LOG_LINES] + ["..."] + lines[-SUPERVISOR_LOG_LINES:]
+    return [f"{path}:", indent("\n".join(lines))]
 
 
 def _package_root() -> str:

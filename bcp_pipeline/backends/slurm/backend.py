@@ -24,10 +24,25 @@ from bcp_pipeline.backends.slurm.render import (NEMO_SUFFIX, batch_script, job_r
 from bcp_pipeline.backends.slurm.states import Row, failed_tasks, status_of
 from bcp_pipeline.config.nemo import nemo_run_name
 from bcp_pipeline.config.resources import SlurmOptions
-from bcp_pipeline.errors import CommandError, SubmissionError
+from bcp_pipeline.errors import CommandError, PipelineError, SubmissionError
 from bcp_pipeline.procs import run_command
 
 LAUNCHER_JOB_ID = re.compile(r"(?:Submitted batch job|submitted with Job ID) (\d+)")
+# How sbatch (inside the launcher) says the controller did not answer: the one failure of the launcher's step that
+# may pass if made again. Slurm's own wording (slurm_strerror and sbatch's messages).
+CONTROLLER_UNANSWERED = re.compile(r"unable to contact slurm controller|socket timed out|connection refused|"
+                                   r"resource temporarily unavailable|slurmctld.*(?:not responding|down)|"
+                                   r"try again", re.IGNORECASE)
+
+
+def launcher_failure(exc: CommandError) -> PipelineError:
+    """The NeMo launcher's step failed on this machine. A failure of its own (no launcher at launcher_dir, hydra not
+    installed, a bad override, a data list that cannot be built) is the same every time: a SubmissionError, which
+    fails the stage at once instead of being tried again for half a minute (as a bad request is on the other
+    backends: errors.is_transient). Only a timeout or sbatch not reaching the controller stays retryable."""
+    if exc.returncode == 124 or CONTROLLER_UNANSWERED.search(exc.stderr):
+        return exc
+    return SubmissionError(f"the NeMo launcher failed on this machine, as it would again: {exc}")
 
 
 class SlurmBackend(BatchBackend):
@@ -61,9 +76,12 @@ class SlurmBackend(BatchBackend):
         self.logs_dir.mkdir(parents=True, exist_ok=True)  # sbatch opens the batch log here before the script runs
         Path(self.paths.workspace).mkdir(parents=True, exist_ok=True)  # the job's --chdir
         if submission.payload["submit_with"] == "nemo-launcher":
-            output = run_command(["bash", "-c", submission.printable], timeout=1800,
-                                 hint="the NeMo launcher runs on this machine: it needs launcher_dir and "
-                                      "hydra-core/omegaconf here").stdout
+            try:
+                output = run_command(["bash", "-c", submission.printable], timeout=1800,
+                                     hint="the NeMo launcher runs on this machine: it needs launcher_dir and "
+                                          "hydra-core/omegaconf here").stdout
+            except CommandError as exc:
+                raise launcher_failure(exc) from exc
             found = LAUNCHER_JOB_ID.findall(output)
             if not found:
                 raise SubmissionError(f"the NeMo launcher printed no Slurm job id; its output ends:\n"
