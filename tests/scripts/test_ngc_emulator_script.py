@@ -4,11 +4,13 @@ bcp-pipeline then use, and it stops (its jobs killed) on SIGTERM as on Ctrl-C.""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -65,6 +67,41 @@ def test_the_emulator_starts_alone_prints_its_environment_and_stops_on_sigterm(t
         raise AssertionError("the emulator still answers after SIGTERM")
     except urllib.error.URLError as exc:
         assert "refused" in str(exc.reason).lower() or "connect" in str(exc.reason).lower(), exc
+
+
+def test_run_detach_works_on_the_emulator_as_the_readme_says(tmp_path):
+    """The README's steps (start the emulator, source its env.sh, `run --detach`): the driver's secret is there
+    without `ngc user secret create`, which the emulator does not answer, and the detached run finishes."""
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "stages", project / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pipelines.yaml", project / "pipelines.yaml")
+    home = tmp_path / "emulator"
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "--home", str(home)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        env = exported([process.stdout.readline().rstrip("\n") for _ in range(10)])
+        base = {key: value for key, value in os.environ.items() if not key.startswith("NGC_CLI_")}
+
+        def run(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(list(args), cwd=project, env={**base, **env}, capture_output=True, text=True,
+                                  timeout=180)
+
+        listed = run("ngc", "user", "secret", "list", "--format_type", "json")
+        assert listed.returncode == 0 and "bcp-pipeline-ngc" in listed.stdout, listed.stderr
+        assert env["NGC_CLI_API_KEY"] not in listed.stdout  # names and key names only, never a value
+        detached = run(sys.executable, "-m", "bcp_pipeline", "run", "demo", "--backend", "bcp", "--detach",
+                       "--only", "sample")
+        assert detached.returncode == 0, detached.stderr
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            status = run(sys.executable, "-m", "bcp_pipeline", "status", "--json")
+            if json.loads(status.stdout)["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(2)
+        assert json.loads(status.stdout)["status"] == "succeeded", (status.stdout, status.stderr)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
 
 
 def test_an_unknown_ace_limit_is_refused_by_name(tmp_path):
