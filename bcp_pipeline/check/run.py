@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.backends.checks import CheckInput, Row, Verdict
-from bcp_pipeline.backends.profile import profile_key, save_profile
+from bcp_pipeline.backends.profile import load_profile, profile_key, save_profile
 from bcp_pipeline.backends.registry import backend_class, backend_names, make_backend
 from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.config.model import Config, PipelineConfig
@@ -90,8 +90,32 @@ def run_check(request: CheckRequest, environ: Mapping[str, str],
     key = profile_key(*outcome.profile_parts)
     result = CheckResult(backend=name, key=key, target=outcome.target, pipeline=request.pipeline,
                          checked_at=started, rows=outcome.rows, facts=outcome.facts, notes=outcome.notes)
+    if not request.jobs:
+        result = with_earlier_findings(result, load_profile(request.state_root, key))
     path = save_profile(request.state_root, key, result.as_json())
     return result, path
+
+
+def with_earlier_findings(result: CheckResult, earlier: dict[str, Any] | None) -> CheckResult:
+    """A check without jobs, keeping what an earlier check found that this one could not (its probe jobs' rows and
+    the facts `run` adapts to: bcprun, list lag, kill timing, preemption): a free check never unlearns them."""
+    if not earlier:
+        return result
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(earlier.get("checked_at") or 0))
+    checked = {row.topic for row in result.rows if row.verdict is not Verdict.UNCHECKED}
+    found_then = [row for row in earlier.get("rows", [])
+                  if row["topic"] not in checked and row["verdict"] != Verdict.UNCHECKED.value]
+    kept_rows = [Row(topic=row["topic"], assumes=row["assumes"], showed=f"{row['showed']} (as of the check of {when})",
+                     verdict=Verdict(row["verdict"]), meaning=row.get("meaning", "")) for row in found_then]
+    kept_topics = {row.topic for row in kept_rows}
+    rows = [row for row in result.rows if row.topic not in kept_topics] + kept_rows
+    kept_facts = {key: value for key, value in earlier["facts"].items()
+                  if value is not None and result.facts.get(key) is None}
+    notes = list(result.notes)
+    if kept_rows or kept_facts:
+        notes.append(f"kept {len(kept_rows)} finding(s) of the check of {when} that --no-jobs cannot make "
+                     f"({', '.join(sorted(kept_topics | set(kept_facts)))}); `check` without --no-jobs renews them")
+    return replace(result, rows=rows, facts={**result.facts, **kept_facts}, notes=notes)
 
 
 def check_input(config: Config, pipeline: PipelineConfig | None, name: str, request: CheckRequest,

@@ -4,6 +4,7 @@ also under Ctrl-C. The row readers are also given values the tool does not know:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -27,7 +28,6 @@ def bcp_project(tmp_path, fake):
 
 
 @pytest.mark.both_transports
-@needs_ngcsdk
 def test_where_the_last_ranks_lines_land():
     def rank(number: int, world: int = 2) -> str:
         return f"BCPP-RANK rank={number} world={world} replica={number} slurm=unset/unset/unset\n"
@@ -43,6 +43,7 @@ def test_where_the_last_ranks_lines_land():
     assert probe_findings.last_rank_row(plan(), {0: rank(0), 1: None}).verdict.value == "could not check"
 
 
+@needs_ngcsdk
 def test_probe_jobs_on_the_emulator(tmp_path, fake):
     config = bcp_project(tmp_path, fake)
     announced = []
@@ -69,6 +70,27 @@ def test_probe_jobs_on_the_emulator(tmp_path, fake):
     assert len(jobs) == 2 and {fake.status(j) for j in jobs} == {"FINISHED_SUCCESS", "KILLED_BY_USER"}
     assert not any(fake.workspace_path("demo").glob(".bcpp-check-*"))  # the marker is removed by the second job
     assert path.is_file()
+
+
+@needs_ngcsdk
+def test_a_check_without_jobs_keeps_what_the_probe_jobs_found(tmp_path, fake):
+    config = bcp_project(tmp_path, fake)
+
+    def check(jobs: bool):
+        return run_check(CheckRequest(config_file=config, state_root=tmp_path / "state", pipeline="demo",
+                                      backend="bcp", jobs=jobs), dict(os.environ))
+
+    full, path = check(True)
+    probed = {row.topic: row.verdict.value for row in full.rows}
+    assert probed["bcprun"] == "ok" and full.facts["probe"]["bcprun"]["present"]
+    free, again = check(False)
+    assert again == path and len(fake.jobs()) == 2  # no new job
+    saved = json.loads(path.read_text())
+    rows = {row["topic"]: row for row in saved["rows"]}
+    assert set(rows) >= set(probed)  # nothing unlearnt
+    assert rows["bcprun"]["verdict"] == "ok" and "(as of the check of " in rows["bcprun"]["showed"]
+    assert saved["facts"]["probe"] == full.facts["probe"]
+    assert any("that --no-jobs cannot make" in note and "bcprun" in note for note in free.notes), free.notes
 
 
 @needs_ngcsdk
