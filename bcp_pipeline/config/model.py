@@ -137,6 +137,8 @@ class StageConfig:
     outputs: list[str] = field(default_factory=list)
     verify: list[Check] = field(default_factory=list)
     reshardable: bool = False  # may resume with a different replicas x processes than it started with
+    # waits on the network or the disk more than it computes (a download): more processes than cores still help
+    io_bound: bool = False
     # Outputs found in the stage's output folders that another config made (engine/output_digest.py): redone
     # (set aside first, never deleted), refused (the stage fails and names this setting), or reused as they are.
     other_outputs: Literal["redo", "refuse", "reuse"] = "redo"

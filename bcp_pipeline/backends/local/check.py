@@ -92,11 +92,15 @@ def usable_cores() -> int:
 def cpu_row(ctx: CheckInput) -> Row:
     assert ctx.pipeline is not None
     cores = usable_cores()
-    widest = max(((res.replicas * res.processes, name) for name, stage in ctx.pipeline.stages.items()
-                  for res in [stage.local]), default=(1, ""))
-    processes, stage = widest
-    assumes = "each stage's processes (replicas x processes) get a core each"
+    width = {name: stage.local.replicas * stage.local.processes for name, stage in ctx.pipeline.stages.items()}
+    io_bound = sorted(name for name, stage in ctx.pipeline.stages.items() if stage.io_bound and width[name] > cores)
+    processes, stage = max(((n, name) for name, n in width.items()
+                            if not ctx.pipeline.stages[name].io_bound), default=(1, ""))
+    assumes = ("each stage's processes (replicas x processes) get a core each, but for an I/O-bound stage "
+               "(`io_bound: true`), whose processes mostly wait")
     showed = f"{cores} usable core(s); the widest stage, {stage}, starts {processes} process(es)"
+    if io_bound:
+        showed += "; wider, and I/O-bound: " + ", ".join(f"{name} ({width[name]})" for name in io_bound)
     if processes <= cores:
         return ok("cpu", assumes, showed)
     return different("cpu", assumes, showed, f"it still runs, {processes / cores:.1f} processes per core: slower "
