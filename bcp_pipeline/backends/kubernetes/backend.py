@@ -23,8 +23,11 @@ from bcp_pipeline.backends.kubernetes.states import (completion_index, job_condi
     ready_node_names, status_of)
 from bcp_pipeline.backends.shared.locks import user_writer_lock
 from bcp_pipeline.backends.shared.logs import last_lines, progress_from_logs
+from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError, SubmissionError
+
+READY_TIMEOUT_SECONDS = 15  # the one API call before a run is recorded: a cluster that answers does so at once
 
 
 class KubernetesBackend(Backend):
@@ -39,6 +42,19 @@ class KubernetesBackend(Backend):
         self.status_outage_seconds = outage_seconds(options.status_outage_limit)
         self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
         self._api: Any = None
+
+    @classmethod
+    def check_ready(cls, config: Config, pipeline: PipelineConfig | None) -> None:
+        """A kubeconfig that names a cluster which answers, before a run is recorded: a run whose jobs could never
+        be created would otherwise be recorded, its submissions retried, and then block the next run."""
+        options = config.options[cls.name]
+        api = api_client(options, config.file.parent.resolve())
+        try:
+            from kubernetes import client
+
+            client.VersionApi(api).get_code(_request_timeout=READY_TIMEOUT_SECONDS)
+        except Exception as exc:  # noqa: BLE001 - refused connections, TLS, 401 and timeouts alike
+            raise api_error("the version look-up before the run", exc) from None
 
     # -- rendering (pure) ------------------------------------------------------------------------------
     def writer_lock_path(self) -> Path:
