@@ -48,14 +48,23 @@ def parse_training_log(text: str) -> list[TrainingPoint]:
     first_step = 0
     summed = 0.0  # NeMo / Megatron: elapsed time, summed from per-step timings
     last_timed_step: int | None = None
+    last_local_step, last_local_seconds = -1, None  # the smoke pretrain's last timed point
     for line in re.split(r"[\r\n]+", text):
         line = line.strip()
         if match := _LOCAL_FIRST.search(line):
             first_step = int(match.group(1) or match.group(2))
+            last_local_step, last_local_seconds = -1, None  # a new attempt's clock
             continue
         if match := _LOCAL.match(line):
             step, loss, rate = int(match.group(1)), float(match.group(2)), float(match.group(3))
-            points[step] = TrainingPoint(step, loss, (step - first_step) / rate if rate > 0 else None)
+            seconds = (step - first_step) / rate if rate > 0 else None
+            if seconds is not None and last_local_seconds is not None and step > last_local_step:
+                # The rate is printed to 2 decimals: rebuilt from it, a later step could land before an earlier one
+                # (step 33 at 131.0 s after step 32 at 131.5 s). Time never runs backwards.
+                seconds = max(seconds, last_local_seconds)
+            if seconds is not None:
+                last_local_step, last_local_seconds = step, seconds
+            points[step] = TrainingPoint(step, loss, seconds)
             continue
         step, loss, timing = _step_loss_timing(line)
         if step is None or loss is None:

@@ -56,6 +56,18 @@ MEGATRON_LOG = (" iteration       10/  500000 | consumed samples:         5120 |
                 "2000.0 | learning rate: 3.000E-05 | global batch size:   512 | lm loss: 9.912000E+00 |\n")
 
 
+def test_the_smoke_pretrains_elapsed_time_never_runs_backwards():
+    """Times rebuilt from a rounded average rate can step back (step 32 at 131.5 s, then step 33 at 131.0 s, as the
+    newcomer trial saw): the later step keeps the earlier time instead."""
+    log = ("starting at step 0 of 60\n"
+           "step 32/60 loss 6.1000 lr 1.000e-03 0.2433 steps/s\n"
+           "step 33/60 loss 6.0000 lr 1.000e-03 0.2519 steps/s\n"
+           "step 34/60 loss 5.9000 lr 1.000e-03 0.2520 steps/s\n")
+    seconds = [p.seconds for p in parse_training_log(log)]
+    assert seconds[0] == pytest.approx(131.52, abs=0.01) and seconds == sorted(seconds), seconds
+    assert seconds[2] == pytest.approx(134.92, abs=0.01)  # later points keep the rate's own reading
+
+
 def test_parses_the_local_smoke_pretrain_log_with_elapsed_from_its_rate():
     assert parse_training_log(LOCAL_LOG_ATTEMPT_1) == [TrainingPoint(1, 10.82, 2.0), TrainingPoint(2, 10.1, 4.0),
                                                         TrainingPoint(3, 9.4, 5.0)]
