@@ -19,7 +19,9 @@ BINARIES = ["sge_qmaster", "sge_execd", "qsub", "qstat", "qacct", "qconf", "qdel
 SGE_LIB = Path("/usr/lib/gridengine")
 SGE_SHARE = Path("/usr/share/gridengine")
 ARCH = "lx-amd64"
-DEFAULT_PORT = 16444  # qmaster; execd gets port+1. Not Grid Engine's 6444/6445, so a system cell does not clash.
+# qmaster; execd gets port+1. Not Grid Engine's 6444/6445, so a system cell does not clash, and not within the test
+# Kubernetes' 16443-16447 (k8s_layout.py), so both test clusters run at once on their defaults.
+DEFAULT_PORT = 16454
 SECOND_HOST = "node2"
 PE_TEMPLATE = """pe_name            {name}
 slots              9999

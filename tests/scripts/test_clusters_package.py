@@ -112,3 +112,17 @@ def test_no_script_is_loaded_from_a_file_and_no_module_is_long() -> None:
                REPO / "tests" / "fakes" / "k8s_node_agent.py"]
     assert not [p for p in sources if "SourceFileLoader" in p.read_text()]
     assert not [p.name for p in (SCRIPTS / "_clusters").glob("*.py") if len(p.read_text().splitlines()) > 400]
+
+
+def test_the_test_clusters_default_ports_do_not_overlap():
+    """Slurm, Grid Engine and Kubernetes on one machine at once, each on its default ports (issue: GE's qmaster
+    and execd took the Kubernetes controller-manager's and scheduler's)."""
+    from _clusters import k8s_layout, sge_cell, slurm_layout
+
+    ranges = {"kubernetes": range(k8s_layout.DEFAULT_PORT, k8s_layout.DEFAULT_PORT + 5),  # apiserver .. etcd peers
+              "gridengine": range(sge_cell.DEFAULT_PORT, sge_cell.DEFAULT_PORT + 2),  # qmaster, execd
+              "slurm": range(slurm_layout.DEFAULT_PORT, slurm_layout.DEFAULT_PORT + 2)}  # slurmctld, slurmd
+    names = sorted(ranges)
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            assert not set(ranges[first]) & set(ranges[second]), (first, second)
