@@ -18,8 +18,8 @@ from bcp_pipeline.cli.common import JSON_HELP, NAMED_RUN_HELP, RUN_HELP, config_
 from bcp_pipeline.cli.completion import enable_completion
 from bcp_pipeline.cli.plan import cmd_plan
 from bcp_pipeline.cli.profile import cmd_profile
-from bcp_pipeline.cli.runs import (cmd_cancel, cmd_list, cmd_logs, cmd_report, cmd_resume, cmd_run, cmd_status,
-    cmd_verify)
+from bcp_pipeline.cli.runs import (cmd_cancel, cmd_list, cmd_logs, cmd_remove, cmd_report, cmd_resume, cmd_run,
+    cmd_status, cmd_verify)
 from bcp_pipeline.config.profiling import DEFAULT_STEPS
 from bcp_pipeline.errors import PipelineError
 
@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = sub.add_parser("cancel", parents=[after_verb], help="stop a run's active jobs")
     cancel.add_argument("run", help=NAMED_RUN_HELP)
+    remove = sub.add_parser("remove", parents=[after_verb],
+                            help="delete a finished run's state and the outputs named after it (its checkpoints)")
+    remove.add_argument("run", help=NAMED_RUN_HELP)
+    remove.add_argument("--dry-run", action="store_true", help="list what would go, with sizes; delete nothing")
 
     lst = sub.add_parser("list", parents=[after_verb], help="pipelines in the config file and runs so far")
     lst.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -191,8 +195,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "check": cmd_check, "plan": cmd_plan, "status": cmd_status, "resume": cmd_resume,
-            "logs": cmd_logs, "cancel": cmd_cancel, "list": cmd_list, "verify": cmd_verify, "report": cmd_report,
-            "profile": cmd_profile}
+            "logs": cmd_logs, "cancel": cmd_cancel, "remove": cmd_remove, "list": cmd_list, "verify": cmd_verify,
+            "report": cmd_report, "profile": cmd_profile}
 
 
 if __name__ == "__main__":

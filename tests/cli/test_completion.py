@@ -17,7 +17,7 @@ from bcp_pipeline.cli.completion import override_keys, pipeline_names, run_ids, 
 
 BIN = Path(sys.executable).parent
 COMMAND = BIN / "bcp-pipeline"
-VERBS = ["run", "plan", "status", "resume", "logs", "cancel", "list", "report", "profile", "verify", "check"]
+VERBS = ["run", "plan", "status", "resume", "logs", "cancel", "remove", "list", "report", "profile", "verify", "check"]
 CONFIG = """\
 version: 1
 x-stages: &stages
@@ -145,7 +145,7 @@ def test_stage_names_of_the_chosen_pipeline(project: Path) -> None:
 
 
 def test_run_ids_and_the_stages_of_a_run(project: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    for verb in ("status", "resume", "logs", "cancel", "report", "verify"):
+    for verb in ("status", "resume", "logs", "cancel", "remove", "report", "verify"):
         assert candidates(project, f"bcp-pipeline {verb} ") == [RUN_ID]
     assert candidates(project, f"bcp-pipeline logs {RUN_ID} ") == ["fetch", "train"]
     assert candidates(project, f"bcp-pipeline verify {RUN_ID} t") == ["train"]
