@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"profile steps A through B; training stops after B+1 (default {DEFAULT_STEPS})")
     profile.add_argument("--ranks", default="0", metavar="0,1,...", help="ranks that profile (default: 0)")
     profile.add_argument("--dry-run", action="store_true", help="print the profile job as `plan` does; submit nothing")
+    profile.add_argument("--data-ready", action="store_true",
+                         help="the training's data exists though no run in this state folder made it: profile anyway")
 
     verify = sub.add_parser("verify", parents=[after_verb],
                             help="run a stage's verification again and record the result")

@@ -7,14 +7,15 @@ import argparse
 import sys
 
 from bcp_pipeline.backends.registry import make_backend
-from bcp_pipeline.cli.common import config_file, drive, profile_store
+from bcp_pipeline.cli.common import config_file, drive, profile_store, run_store
 from bcp_pipeline.cli.plan import PLAN_RUN_ID, print_submissions
 from bcp_pipeline.config.instances import instances_table
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.config.profiling import PROFILE_SUFFIX, parse_window, profile_overrides, profiled_stage
 from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.engine.selection import ChosenRun, RunRequest, choose_run
-from bcp_pipeline.engine.state import RunStore
+from bcp_pipeline.config.model import PipelineConfig, StageConfig
+from bcp_pipeline.engine.state import RunStore, StageStatus
 from bcp_pipeline.engine.submitter import planned_requests
 from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.report.gather import latest_throughput, write_report
@@ -46,6 +47,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
               "\n".join(f"#   {o}" for o in overrides))
         print_submissions([backend.render(request) for request in requests])
         return 0
+    if not args.data_ready:
+        check_data_made(run_store(args), base.pipeline(args.pipeline), stage)
     request = RunRequest(pipeline=args.pipeline, config_file=config_file(args), backend=args.backend,
                          overrides=overrides, only=[stage.name], restart=True)
     chosen = choose_run(request, store)
@@ -55,6 +58,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if status == 0:
         report_profile(chosen, store, stage.name)
     return status
+
+
+def check_data_made(store: RunStore, pipeline: PipelineConfig, stage: StageConfig) -> None:
+    """Refuse, before a job is submitted, a profile whose data no run has made: the training reads what the stages it
+    needs wrote, and a profile job without it fails minutes later on a folder that is not there."""
+    needed = stage.needs
+    runs, _ = store.scan()
+    for state in runs:
+        if state.pipeline == pipeline.name and all(
+                name in state.stages and state.stages[name].status is StageStatus.SUCCEEDED for name in needed):
+            return
+    raise ConfigError(f"profile {pipeline.name} trains stage {stage.name} on what {', '.join(needed)} wrote, and no "
+                      f"run of {pipeline.name} in {store.runs_dir} has finished {' and '.join(needed)}: make the "
+                      f"data first (`bcp-pipeline run {pipeline.name}`; its pretrain may be cancelled once "
+                      f"{needed[-1]} is verified), or pass --data-ready where it exists already")
 
 
 def report_profile(chosen: ChosenRun, store: RunStore, stage: str) -> None:
