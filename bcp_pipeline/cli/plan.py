@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +151,9 @@ def print_submissions(rendered: list[Submission | Unplanned]) -> None:
         description = substitute(request.stage.description, request.pipeline.vars)
         about = f": {description}" if request.kind == "stage" and description else ""
         meet = f"\n{rendezvous_line(submission.rendezvous)}" if submission.rendezvous else ""
-        print(f"\n# {what}{request.stage.name}{needs}{about}{meet}\n{submission.printable}")
+        submit = submission.payload.get("submit_argv") if isinstance(submission.payload, dict) else None
+        given = f"\n# submitted with: {shlex.join(submit)} < the script below" if submit else ""
+        print(f"\n# {what}{request.stage.name}{needs}{about}{meet}{given}\n{submission.printable}")
         for path, text in submission.files.items():
             print(f"# ... running {path} (in the workspace; written there before the job is submitted):\n"
                   + "\n".join(f"#   {line}" if line else "#" for line in text.splitlines()))

@@ -283,6 +283,9 @@ class GridEngineOptions:
     parallel_environment: str | None = None  # default -pe of distributed jobs
     project: str | None = None  # default -P of every job
     queue: str | None = None  # default -q of every job
+    # On qsub's command line, not as `#$` lines: what a site takes only there (TSUBAME4's `-g GROUP`, which stock
+    # Grid Engine has no directive for); `run`, `check` and the probe job submit with them.
+    submit_args: list[str] = field(default_factory=list)
     accounting_grace_seconds: float = 60.0  # a job gone from qstat with no `qacct` record this long was deleted
     # before it started (the cell writes accounting every reporting_params flush_time, 15 s by default)
     poll_seconds: float = 1.0  # first qstat interval after a change ...

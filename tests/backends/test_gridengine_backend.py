@@ -179,3 +179,18 @@ def test_an_image_without_a_container_runtime_is_refused_not_ignored(tmp_path, c
     # The value came from the --set (which made the stage's gridengine section): the error names it (issue 38).
     assert "--set download.gridengine.container_image=/images/x.sif: " in err
     assert "backends.gridengine.container is none; set it to apptainer" in err
+
+
+def test_submit_args_go_on_qsubs_command_line_and_plan_shows_them(tmp_path, capsys):
+    """TSUBAME4 takes the group only as `qsub -g GROUP`: backends.gridengine.submit_args, never a `#$` line."""
+    from bcp_pipeline.cli.main import main
+
+    config = REPO / "pipelines.yaml"
+    assert main(["--config", str(config), "--state-dir", str(tmp_path), "plan", "demo", "--backend", "gridengine",
+                 "--set", "backends.gridengine.submit_args=[-g, tga-mygroup]"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("# submitted with: qsub -terse -g tga-mygroup < the script below") == out.count("#!/bin/bash")
+    assert "#$ -g" not in out
+    assert main(["--config", str(config), "--state-dir", str(tmp_path), "plan", "demo", "--backend",
+                 "gridengine"]) == 0
+    assert "# submitted with:" not in capsys.readouterr().out  # plain `qsub -terse`: nothing to say

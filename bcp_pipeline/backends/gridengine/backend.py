@@ -20,7 +20,7 @@ from typing import Any
 
 from bcp_pipeline.backends.contract import JobRequest, JobState, JobStatus, Submission, map_native_state
 from bcp_pipeline.backends.gridengine.client import HINT, qacct, qstat_jobs
-from bcp_pipeline.backends.gridengine.render import job_rendezvous, job_script, shape
+from bcp_pipeline.backends.gridengine.render import job_rendezvous, job_script, qsub_argv, shape
 from bcp_pipeline.backends.gridengine.states import STATE_MAP, Listed, accounting_status
 from bcp_pipeline.backends.shared.batch import BatchBackend, job_name
 from bcp_pipeline.backends.shared.logs import indent, last_lines, read_tail
@@ -48,13 +48,15 @@ class GridEngineBackend(BatchBackend):
     def render(self, request: JobRequest) -> Submission:
         return Submission(request=request, printable=job_script(request, self.options, self.paths), payload={
             "submit_with": "qsub", "job_name": job_name(request.run_id, request.stage.name, request.kind),
+            # shown by `plan` where the site's arguments make it more than `qsub -terse`
+            **({"submit_argv": qsub_argv(self.options, "-terse")} if self.options.submit_args else {}),
             **self.sharding(request)}, rendezvous=job_rendezvous(request, self.options))
 
     # -- side effects ------------------------------------------------------------------------------------
     def submit(self, submission: Submission) -> str:
         self.logs_dir.mkdir(parents=True, exist_ok=True)  # Grid Engine opens the job's log here
         Path(self.paths.workspace).mkdir(parents=True, exist_ok=True)  # the job's -wd
-        output = run_command(["qsub", "-terse"], input_text=submission.printable, hint=HINT).stdout
+        output = run_command(qsub_argv(self.options, "-terse"), input_text=submission.printable, hint=HINT).stdout
         # -terse: `ID` or, for an array job, `ID.1-N:1`
         job_id = output.strip().splitlines()[-1].split(".")[0] if output.strip() else ""
         if not job_id.isdigit():

@@ -23,6 +23,7 @@ from pathlib import Path
 from bcp_pipeline.backends.checks import (CheckInput, CheckOutcome, ProbeJob, Row, different, ok, poll_until,
     removed_at_exit, unchecked)
 from bcp_pipeline.backends.gridengine.client import HINT
+from bcp_pipeline.backends.gridengine.render import qsub_argv
 from bcp_pipeline.backends.shared.batch import paths_for
 from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.errors import CommandError
@@ -78,10 +79,11 @@ def verify_row(ctx: CheckInput) -> Row | None:
     assumes = "qsub accepts every rendered job script (`qsub -w v`: verified, nothing submitted)"
     if ctx.pipeline is None:
         return None
+    options = ctx.config.options["gridengine"]
     refused, accepted = [], 0
     for submission in ctx.submissions():
         try:
-            run_command(["qsub", "-w", "v"], input_text=submission.printable, timeout=60, hint=HINT)
+            run_command(qsub_argv(options, "-w", "v"), input_text=submission.printable, timeout=60, hint=HINT)
             accepted += 1
         except CommandError as exc:
             words = " ".join(line for line in exc.stderr.splitlines() if line.strip() and line != "Exiting.")
@@ -259,7 +261,7 @@ def probe(ctx: CheckInput, pe: str) -> tuple[list[Row], dict]:
     script = probe_script(token, output, part, workspace / marker, marker, pe)
     with deleted_at_exit(token) as job:
         started = time.monotonic()
-        job.id = run_command(["qsub", "-terse"], input_text=script, timeout=60, hint=HINT).stdout.strip()
+        job.id = run_command(qsub_argv(options, "-terse"), input_text=script, timeout=60, hint=HINT).stdout.strip()
         finished = wait_gone(job.id, PROBE_WAIT_SECONDS)
         seconds = time.monotonic() - started
     if not finished:

@@ -165,6 +165,11 @@ LAUNCH_NODE = r'''launch_node() {
   return "$code"
 }'''
 
+def qsub_argv(options: GridEngineOptions, *flags: str) -> list[str]:
+    """`qsub FLAGS SUBMIT_ARGS` (the script on stdin): every submission and verification goes through it."""
+    return ["qsub", *flags, *options.submit_args]
+
+
 def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) -> str:
     """The whole `qsub` script of a stage or verification job."""
     if is_nemo(request):
