@@ -286,8 +286,10 @@ class GridEngineOptions:
     # On qsub's command line, not as `#$` lines: what a site takes only there (TSUBAME4's `-g GROUP`, which stock
     # Grid Engine has no directive for); `run`, `check` and the probe job submit with them.
     submit_args: list[str] = field(default_factory=list)
-    accounting_grace_seconds: float = 60.0  # a job gone from qstat with no `qacct` record this long was deleted
-    # before it started (the cell writes accounting every reporting_params flush_time, 15 s by default)
+    # A job gone from qstat with no `qacct` record this long was deleted before it started. The cell writes
+    # accounting every reporting_params flush_time (15 s by default), but a busy site's qacct lags by minutes: too
+    # short a grace cancels a stage whose job finished. Longer only delays noticing a job deleted while pending.
+    accounting_grace_seconds: float = 600.0
     poll_seconds: float = 1.0  # first qstat interval after a change ...
     poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
     status_outage_limit: Duration | None = Duration("1h")  # a run stops waiting (exit 75, its jobs left running;
