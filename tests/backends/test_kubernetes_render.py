@@ -11,7 +11,7 @@ import yaml
 from bcp_pipeline.backends.contract import JobRequest, JobState
 from bcp_pipeline.backends.kubernetes.backend import KubernetesBackend
 from bcp_pipeline.backends.kubernetes.states import pytorchjob_status, status_of
-from bcp_pipeline.backends.kubernetes.render import job_name, manifests
+from bcp_pipeline.backends.kubernetes.render import job_name, manifests, printable
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.errors import SubmissionError
@@ -122,3 +122,11 @@ def test_pytorchjob_conditions_map_to_states() -> None:
     assert pytorchjob_status(obj("Created", "Running")).state is JobState.RUNNING
     assert pytorchjob_status(obj("Created", "Running", "Succeeded")).state is JobState.SUCCEEDED
     assert pytorchjob_status(obj("Created", "Failed")).state is JobState.FAILED
+
+
+def test_plan_prints_manifests_without_yaml_anchors():
+    """One dict shared by the Master and Worker templates (or by requests and limits) is written out in full: no
+    `&id001` / `*id001`, which kubectl users never write and `plan` readers cannot follow."""
+    shared = {"nvidia.com/gpu": "8"}
+    text = printable([{"kind": "PyTorchJob", "spec": {"requests": shared, "limits": shared}}])
+    assert "&id" not in text and "*id" not in text and text.count("nvidia.com/gpu: '8'") == 2

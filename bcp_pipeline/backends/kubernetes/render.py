@@ -278,9 +278,17 @@ def manifests(request: JobRequest, options: KubernetesOptions) -> list[dict[str,
     return [headless_service(request, options, job_name(request)), indexed_job(request, options)]
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes a value shared by two places (one labels dict in metadata and selector) out twice: `&id001`/`*id001`
+    anchors are valid YAML but unreadable in `plan`, and kubectl users never write them."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def printable(objects: list[dict[str, Any]]) -> str:
-    """The manifests as YAML documents, exactly as submitted (key order kept)."""
-    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, width=120)
+    """The manifests as YAML documents, exactly as submitted (key order kept, no anchors)."""
+    return yaml.dump_all(objects, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=120)
 
 
 def job_rendezvous(request: JobRequest, options: KubernetesOptions) -> dict | None:
