@@ -122,6 +122,10 @@ def test_pytorchjob_conditions_map_to_states() -> None:
     assert pytorchjob_status(obj("Created", "Running")).state is JobState.RUNNING
     assert pytorchjob_status(obj("Created", "Running", "Succeeded")).state is JobState.SUCCEEDED
     assert pytorchjob_status(obj("Created", "Failed")).state is JobState.FAILED
+    deadline = obj("Created", "Running", "Failed")  # as the training operator words it past activeDeadlineSeconds
+    deadline["status"]["conditions"][-1].update(reason="PyTorchJobFailed", message="PyTorchJob p has failed because "
+                                                "it was active longer than specified deadline")
+    assert pytorchjob_status(deadline).state is JobState.TIMED_OUT
 
 
 def test_plan_prints_manifests_without_yaml_anchors():

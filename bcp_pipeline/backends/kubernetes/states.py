@@ -47,7 +47,11 @@ STATE_MAP: dict[str, JobState] = {
 PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
     "CREATED": JobState.QUEUED, "RUNNING": JobState.RUNNING, "RESTARTING": JobState.RUNNING,
     "SUCCEEDED": JobState.SUCCEEDED, "FAILED": JobState.FAILED, "SUSPENDED": JobState.QUEUED,
+    "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # runPolicy.activeDeadlineSeconds (the stage's runtime) ran out
 }
+# The training operator's one word for that (common/pkg/controller.v1/common/job.go, pastActiveDeadline): its Failed
+# condition's reason names only the kind, the message says why.
+PYTORCHJOB_DEADLINE_MESSAGE = "active longer than specified deadline"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 REPLICA_TYPE_LABEL, REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index"
 
@@ -128,6 +132,8 @@ def pytorchjob_status(obj: dict[str, Any]) -> JobStatus:
     """A PyTorchJob (a dict from the custom-objects API): its last true condition decides."""
     conditions = [c for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"]
     native = conditions[-1]["type"].upper() if conditions else "CREATED"
+    if native == "FAILED" and PYTORCHJOB_DEADLINE_MESSAGE in conditions[-1].get("message", ""):
+        native = "FAILED/DEADLINEEXCEEDED"  # a per-job stop, continued like BCP's and Slurm's time limits
     state = map_native_state(native, PYTORCHJOB_STATE_MAP)
     return JobStatus(job_id=obj["metadata"]["name"], state=state, native=native,
                      detail=conditions[-1].get("message", "") if conditions else "",
