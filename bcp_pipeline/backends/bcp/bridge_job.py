@@ -61,7 +61,7 @@ def render(job: BridgeJob) -> str:
     head = job.rank_argv.index("--overrides-file") + 2  # the program and its options on one line, an override a line
     lines = [
         "#!/usr/bin/env bash",
-        f"# bcp-pipeline: {job.title}: Megatron-Bridge, every rank started from replica 0, under pipefail.",
+        f"# bcp-pipeline: {job.title}: Megatron-Bridge, its ranks started by bcprun, under pipefail.",
         "# Rendered by bcp_pipeline/backends/bcp/bridge_job.py (`bcp-pipeline plan` prints it); arguments: the",
         "# workspace's and the job result folder's mount points.",
         "set -euo pipefail",
