@@ -21,7 +21,7 @@ import preprocess
 import sample
 from support.cli import cli
 from support.http_faults import FaultServer
-from support.pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, stage_status, start_orchestrator, wait_for, write_chain_project
 from support.stage_fixtures import (gpt2_vocab_merges, iter_documents, jsonl_bytes, make_shards, run_as_rank,
                                     snapshot, temporaries)
 
@@ -284,14 +284,6 @@ def test_a_corrupt_or_hand_edited_state_json_is_refused_by_name_and_set_aside_by
         assert aside.read_text() == text and not state_path.exists()
         assert snapshot(tmp_path / "ws") == workspace
         aside.unlink()  # the next variant
-
-
-def stage_status(run_dir: Path, stage: str) -> str | None:
-    """A stage's status in the run's state.json, or None while that file is not written yet."""
-    try:
-        return json.loads((run_dir / "state.json").read_text())["stages"][stage]["status"]
-    except FileNotFoundError:
-        return None
 
 
 def test_a_stale_lock_of_a_dead_orchestrator_is_taken_over_and_a_live_one_is_refused(tmp_path, capsys):

@@ -4,17 +4,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from support.cli import cli
-from support.pipeline_fixtures import start_orchestrator, wait_for, write_chain_project
-
-
-def stage_status(run_dir: Path, stage: str) -> str | None:
-    try:
-        return json.loads((run_dir / "state.json").read_text())["stages"][stage]["status"]
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
-        return None
+from support.pipeline_fixtures import stage_status, start_orchestrator, wait_for, write_chain_project
 
 
 def test_status_and_list_say_a_killed_orchestrators_run_has_no_driver_and_a_driven_one_none(tmp_path, capsys):

@@ -6,6 +6,7 @@ can be told to fail or to stall through marker files in its output folder, so te
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -194,6 +195,14 @@ def start_orchestrator(config: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=sigint_as_from_a_terminal)
+
+
+def stage_status(run_dir: Path, stage: str) -> str | None:
+    """A stage's status in the run's state.json, or None while that file is not (wholly) written yet."""
+    try:
+        return json.loads((run_dir / "state.json").read_text())["stages"][stage]["status"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return None
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
