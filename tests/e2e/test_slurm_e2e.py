@@ -169,8 +169,17 @@ def test_crash_between_sbatch_and_record_adopts_the_live_job(tmp_path, monkeypat
     state = state_of(config)
     assert state.stages["first"].status is StageStatus.SUBMITTING and not state.stages["first"].jobs
     monkeypatch.setattr(SlurmBackend, "submit", real_submit)
-    marker.unlink()
-    assert cli(config, "resume") == 0
+    # The job stays stalled until resume has looked for it: released earlier, on a loaded machine it could end
+    # before resume looks, and a finished job is not a live one to adopt.
+    resume = start_orchestrator(config, "resume")
+    try:
+        wait_for(lambda: state_of(config).stages["first"].jobs, timeout=120, what="resume to record the first job")
+        marker.unlink()
+        output, _ = resume.communicate(timeout=300)
+    finally:
+        if resume.poll() is None:
+            resume.kill()
+    assert resume.returncode == 0, output
     state = state_of(config)
     adopted = [r[0] for r in jobs_named(state.run_id) if r[1] == f"{state.run_id}.first"]
     assert len(adopted) == 1 and state.stages["first"].jobs[0].job_id == adopted[0]

@@ -201,7 +201,7 @@ def test_status_shows_the_training_stages_step_time_and_tokens_per_second(demo_r
 def test_profile_demo_gives_a_trace_and_its_report_draws_step_time_mfu_and_the_timer_breakdown(
         demo_report, browser, capsys):
     """`profile demo` on the demo run's data: a Chrome trace, a top-operators table, and a report whose step
-    time, tokens/s and MFU charts and timer bars Chromium draws; MFU against the CPU peak declared here (0.1
+    time, tokens/s and MFU charts and timer bars Chromium draws; MFU against the CPU peak declared here (10
     TFLOP/s, a figure of this test, not a measurement), and the report says it is declared."""
     path, _ = demo_report
     project = path.parent
@@ -209,7 +209,9 @@ def test_profile_demo_gives_a_trace_and_its_report_draws_step_time_mfu_and_the_t
     text = config.read_text()
     anchor = "    workspace: {name: demo, mount: /mount_workspace}\n"
     assert anchor in text
-    config.write_text(text.replace(anchor, anchor + "    estimates: {cpu_peak_tflops: 0.1}\n"))
+    # Far above what 2 cores reach (about 0.15 TFLOP/s on this model, idle), so MFU is a fraction however fast the
+    # machine runs: 0.1 gave MFU over 1 on an idle machine.
+    config.write_text(text.replace(anchor, anchor + "    estimates: {cpu_peak_tflops: 10}\n"))
     capsys.readouterr()
     assert main(["--config", str(config), "profile", "demo", "--steps", "2:4"]) == 0
     out = capsys.readouterr().out
@@ -237,13 +239,13 @@ def test_profile_demo_gives_a_trace_and_its_report_draws_step_time_mfu_and_the_t
     steps = page.evaluate("() => document.getElementById('chart-step-s-pretrain').data[0].x")
     assert list(steps) == [1, 2, 3, 4, 5]  # max_steps one past the window's last step
     mfu = page.evaluate("() => document.getElementById('chart-mfu-pretrain').data[0].y")
-    assert all(0 < value < 1 for value in mfu)
+    assert all(0 < value < 1 for value in mfu), mfu
     timers = page.evaluate("() => document.getElementById('chart-timers-pretrain').data.map(t => t.name)")
     assert timers == ["forward-compute", "backward-compute", "optimizer"]
     bars = page.evaluate("() => document.querySelectorAll('#chart-timers-pretrain .bars .point path').length")
     assert bars == 3 * 5
     summary = page.inner_text("#throughput-pretrain")
     assert "s/step" in summary and "tokens/s" in summary and "MFU" in summary
-    assert "declared 0.1 TFLOP/s" in summary
+    assert "declared 10 TFLOP/s" in summary
     assert problems == []
     page.close()
