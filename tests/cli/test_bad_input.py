@@ -21,7 +21,8 @@ import preprocess
 import sample
 from support.cli import cli
 from support.http_faults import FaultServer
-from support.pipeline_fixtures import CHAIN_CONFIG, stage_status, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import (CHAIN_CONFIG, stage_status, stall_stage, start_orchestrator, wait_for,
+                                       write_chain_project)
 from support.stage_fixtures import (gpt2_vocab_merges, iter_documents, jsonl_bytes, make_shards, run_as_rank,
                                     snapshot, temporaries)
 
@@ -288,9 +289,7 @@ def test_a_corrupt_or_hand_edited_state_json_is_refused_by_name_and_set_aside_by
 
 def test_a_stale_lock_of_a_dead_orchestrator_is_taken_over_and_a_live_one_is_refused(tmp_path, capsys):
     config = write_chain_project(tmp_path)
-    stall = tmp_path / "ws/main/second/STALL"  # items.py waits while this file exists
-    stall.parent.mkdir(parents=True)
-    stall.touch()
+    stall = stall_stage(tmp_path / "ws/main", "second")
     orchestrator = start_orchestrator(config, "run", "chain")
     try:
         lock = wait_for(lambda: next((tmp_path / ".bcp-pipeline/runs").glob("*/orchestrator.lock"), None),

@@ -7,7 +7,7 @@ import signal
 
 from bcp_pipeline.engine.state import RunStore
 from support.cli import cli, latest
-from support.pipeline_fixtures import start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import stall_stage, start_orchestrator, wait_for, write_chain_project
 
 
 def test_continuing_a_run_whose_stage_failed_says_failed(tmp_path, capsys):
@@ -38,9 +38,7 @@ def test_cancel_of_a_finished_run_says_it_had_finished_and_changes_nothing(tmp_p
 
 def test_ctrl_c_names_the_run_it_interrupted(tmp_path):
     config = write_chain_project(tmp_path)
-    stall = tmp_path / "ws/main/first/STALL"
-    stall.parent.mkdir(parents=True)
-    stall.touch()
+    stall = stall_stage(tmp_path / "ws/main", "first")
     orchestrator = start_orchestrator(config, "run", "chain")
     try:
         wait_for(lambda: (state := latest(config)) and state.stages["first"].status.value == "running",

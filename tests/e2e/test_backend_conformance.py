@@ -45,8 +45,8 @@ from support.bcp_emulation import jobs_by_stage, needs_ngcsdk, status_calls
 from support.cli import cli, latest
 from support.k8s_cluster import k8s_cluster  # noqa: F401 (the fixtures of the clusters)
 from support.pipeline_fixtures import (CHAIN_CONFIG, DEMO_SPREAD, GE_CHAIN, GE_OPTIONS, K8S_CHAIN, REPO, SLURM_CHAIN,
-                                       SLURM_WORKSPACE_DIR, bcp_chain_config, start_orchestrator, wait_for,
-                                       write_chain_project)
+                                       SLURM_WORKSPACE_DIR, bcp_chain_config, stall_stage, start_orchestrator,
+                                       wait_for, write_chain_project)
 from support.sge_cluster import sge_cell  # noqa: F401
 from support.slurm_cluster import slurm_cluster  # noqa: F401
 
@@ -152,10 +152,7 @@ class Driver:
 
     def stall(self, config: Path, stage: str) -> Callable[[], None]:
         """Keep the stage's job alive and unfinished until the returned function is called."""
-        marker = self.chain_workspace(config) / stage / "STALL"
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-        return marker.unlink
+        return stall_stage(self.chain_workspace(config), stage).unlink
 
     def native_state(self, config: Path, job_id: str) -> str | None:
         raise NotImplementedError

@@ -21,7 +21,7 @@ import pytest
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.chaos_backends import processes
 from support.cli import cli
-from support.pipeline_fixtures import SLURM_CHAIN, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import SLURM_CHAIN, stall_stage, start_orchestrator, wait_for, write_chain_project
 from support.pipeline_fixtures import SLURM_WORKSPACE_DIR as WORKSPACE_DIR
 from support.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
@@ -71,10 +71,7 @@ def stage_job(config: Path, stage: str, state: str = "RUNNING") -> str | None:
 
 
 def stall(config: Path, stage: str) -> Path:
-    marker = config.parent / WORKSPACE_DIR / "main" / stage / "STALL"
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
-    return marker
+    return stall_stage(config.parent / WORKSPACE_DIR / "main", stage)
 
 
 def test_chain_runs_as_slurm_jobs_and_status_shows_their_ids(tmp_path, capsys):

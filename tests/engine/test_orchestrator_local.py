@@ -15,7 +15,7 @@ from pathlib import Path
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli
-from support.pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, stall_stage, start_orchestrator, wait_for, write_chain_project
 
 
 def state_of(config: Path):
@@ -126,9 +126,7 @@ def test_crash_between_submit_and_record_adopts_the_live_job(tmp_path, monkeypat
     from bcp_pipeline.backends.local.backend import LocalBackend
 
     config = write_chain_project(tmp_path)
-    stall = config.parent / "ws/main/first/STALL"
-    stall.parent.mkdir(parents=True)
-    stall.touch()
+    stall = stall_stage(config.parent / "ws/main", "first")
     real_submit = LocalBackend.submit
 
     def submit_then_die(self, submission):
@@ -244,9 +242,7 @@ def test_from_and_only_select_stages(tmp_path):
 
 def test_cancel_stops_running_jobs(tmp_path, capsys):
     config = write_chain_project(tmp_path)
-    stall = config.parent / "ws/main/first/STALL"
-    stall.parent.mkdir(parents=True)
-    stall.touch()
+    stall_stage(config.parent / "ws/main", "first")  # never released: the stage is cancelled while it waits
     orchestrator = start_orchestrator(config, "run", "chain")
     wait_for(lambda: stage_status(config, "first") == "running", what="stage first to run")
     run_id = state_of(config).run_id

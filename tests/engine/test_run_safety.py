@@ -20,7 +20,7 @@ import pytest
 from bcp_pipeline.engine.selection import RunRequest, Selection, choose_run, continue_run
 from bcp_pipeline.engine.state import RUN_ID, RunStore, StageStatus, new_run_id, store_for
 from support.cli import cli
-from support.pipeline_fixtures import CHAIN_CONFIG, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, stall_stage, start_orchestrator, wait_for, write_chain_project
 
 TWO_PIPELINES = CHAIN_CONFIG + """\
   other:
@@ -115,9 +115,7 @@ def test_run_ids_sort_in_creation_order_within_one_second():
 # -- Break 2: two writers of one workspace --------------------------------------------------------------------
 def test_a_second_writer_of_a_workspace_is_refused_whatever_the_flag_until_the_first_is_killed(tmp_path):
     config = write_chain_project(tmp_path)
-    stall = tmp_path / "ws/main/first/STALL"
-    stall.parent.mkdir(parents=True)
-    stall.touch()
+    stall = stall_stage(tmp_path / "ws/main", "first")
     first = start_orchestrator(config, "run", "chain")
     try:
         wait_for(lambda: recorded_job(config, "first", "running"), what="the first run's job running")
@@ -141,9 +139,7 @@ def test_a_second_writer_of_a_workspace_is_refused_whatever_the_flag_until_the_f
 # -- Mislead 8: a cancelled job shown running ----------------------------------------------------------------------
 def test_status_shows_a_job_cancelled_after_ctrl_c_as_cancelled_then_and_after_resume(tmp_path, capsys):
     config = write_chain_project(tmp_path)
-    stall = tmp_path / "ws/main/first/STALL"
-    stall.parent.mkdir(parents=True)
-    stall.touch()
+    stall = stall_stage(tmp_path / "ws/main", "first")
     first = start_orchestrator(config, "run", "chain")
     wait_for(lambda: recorded_job(config, "first", "running"), what="the first stage's job running")
     first.send_signal(signal.SIGINT)

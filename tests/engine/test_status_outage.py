@@ -17,7 +17,7 @@ from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import BackendCallError, ConfigError
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli
-from support.pipeline_fixtures import CHAIN_CONFIG, write_chain_project
+from support.pipeline_fixtures import CHAIN_CONFIG, stall_stage, write_chain_project
 
 
 def failing_once_second_runs(real_poll, calls: list[float]):
@@ -31,9 +31,7 @@ def failing_once_second_runs(real_poll, calls: list[float]):
 
 def test_failing_status_queries_stop_the_run_after_the_limit_and_leave_the_job(tmp_path, monkeypatch, capsys):
     config = write_chain_project(tmp_path, with_limit("local", "2s"))
-    stall = tmp_path / "ws" / "main" / "second" / "STALL"
-    stall.parent.mkdir(parents=True)
-    stall.touch()
+    stall = stall_stage(tmp_path / "ws/main", "second")
     calls: list[float] = []
     monkeypatch.setattr(LocalBackend, "poll", failing_once_second_runs(LocalBackend.poll, calls))
 

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 
 from support.cli import cli
-from support.pipeline_fixtures import stage_status, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import stage_status, stall_stage, start_orchestrator, wait_for, write_chain_project
 
 
 def test_status_and_list_say_a_killed_orchestrators_run_has_no_driver_and_a_driven_one_none(tmp_path, capsys):
     config = write_chain_project(tmp_path)
-    stall = tmp_path / "ws/main/second/STALL"  # items.py waits while this file exists
-    stall.parent.mkdir(parents=True)
-    stall.touch()
+    stall = stall_stage(tmp_path / "ws/main", "second")
     orchestrator = start_orchestrator(config, "run", "chain")
     try:
         run_dir = wait_for(lambda: next((tmp_path / ".bcp-pipeline/runs").glob("*/state.json"), None),

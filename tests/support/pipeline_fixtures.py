@@ -101,6 +101,15 @@ pipelines:
 """
 
 
+def stall_stage(workspace: Path, stage: str) -> Path:
+    """Hold the chain's `stage`: items.py waits before each item while WORKSPACE/STAGE/STALL exists. Returns the
+    marker; unlink it to let the stage go on. `workspace` is the pipeline's workspace folder (ws/main locally)."""
+    marker = workspace / stage / "STALL"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return marker
+
+
 def write_chain_project(root: Path, config_text: str = CHAIN_CONFIG) -> Path:
     """A project folder (stages/ + pipelines.yaml) for the `chain` pipeline; returns the config path."""
     make_stages_dir(root)
