@@ -21,7 +21,7 @@ from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.detach.laptop import DriverView, render_driver
 from bcp_pipeline.detach.protocol import SNAPSHOT_PREFIX
 from bcp_pipeline.engine.drive import cancel_run, refresh_jobs, verify_stage
-from bcp_pipeline.engine.removal import Removal, remove_paths, run_outputs, size_of
+from bcp_pipeline.engine.removal import remove_paths, run_outputs, size_of
 from bcp_pipeline.engine.selection import ChosenRun, RunRequest, choose_resume, choose_run, run_config
 from bcp_pipeline.engine.state import RunState, RunStore
 from bcp_pipeline.errors import ConfigError, PipelineError, StateError
@@ -196,7 +196,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"cancelled run {state.run_id}: its driver and {len(stopped)} job(s) in all stopped "
               f"({', '.join(stopped) or 'none active'})")
         return 0
-    if state.status not in ("running", "pending") and not any(s.active_job() for s in state.stages.values()):
+    if not state.still_going():
         print(f"run {state.run_id} had already finished ({state.status}): nothing to stop")
         return 0
     cancelled, recorded = cancel_run(chosen)
@@ -212,21 +212,22 @@ def cmd_remove(args: argparse.Namespace) -> int:
     """A finished (or cancelled) run's state and the outputs named after it; `--dry-run` lists them only."""
     chosen = stored_run(args)
     state, store = chosen.state, store_of_run(args)
-    if state.status in ("running", "pending") or any(s.active_job() for s in state.stages.values()):
+    if state.still_going():
         raise StateError(f"run {state.run_id} is {state.status}: `bcp-pipeline cancel {state.run_id}` first, then "
                          "remove it (a run's outputs are removed only once nothing writes them)")
     backend = make_backend(state.backend, chosen.config, chosen.pipeline, store.run_dir(state.run_id))
     workspace = getattr(backend, "local_workspace", None)
-    removal = Removal(run_id=state.run_id, state_dir=store.run_dir(state.run_id),
-                      outputs=run_outputs(workspace, state.run_id) if workspace else [], workspace=workspace)
+    # None: the workspace is no folder here (BCP, a cluster's volume), so its outputs stay, and that is said
+    outputs = run_outputs(workspace, state.run_id) if workspace else []
+    paths = [*outputs, store.run_dir(state.run_id)]
     verb = "would remove" if args.dry_run else "removing"
-    for path in removal.paths():
+    for path in paths:
         print(f"{verb} {path} ({size_of(path) / 1e6:.1f} MB)")
     if workspace is None:
         print(f"note: run {state.run_id}'s workspace is on {state.backend}, not a folder here: its outputs there "
               f"stay (those named after the run hold {state.run_id})")
     if not args.dry_run:
-        remove_paths(removal.paths())
+        remove_paths(paths)
         print(f"removed run {state.run_id}")
     return 0
 

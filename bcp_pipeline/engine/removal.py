@@ -1,25 +1,13 @@
 """What removing a run takes away: its state folder and, where the workspace is a folder on this machine, the
 outputs named after it (its checkpoints and results, its job scripts). Outputs shared between runs (the prepared
-data) carry no run id and are never touched. Pure listing here; the CLI deletes, after a dry run if asked."""
+data) carry no run id and are never touched. Listing reads only; the CLI deletes, after a dry run if asked."""
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 SEARCH_DEPTH = 4  # results/<run-name>, .bcp-pipeline/jobs/<pipeline>-<run>: a run's names sit this shallow
-
-
-@dataclass(frozen=True)
-class Removal:
-    run_id: str
-    state_dir: Path
-    outputs: list[Path]  # in the workspace, each named after the run
-    workspace: Path | None  # None: not a folder here (BCP, a cluster's volume): its outputs stay, say so
-
-    def paths(self) -> list[Path]:
-        return [*self.outputs, self.state_dir]
 
 
 def run_outputs(workspace: Path, run_id: str, depth: int = SEARCH_DEPTH) -> list[Path]:

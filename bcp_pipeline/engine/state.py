@@ -131,6 +131,11 @@ class RunState:
             return "succeeded"
         return "running" if any(s.active for s in statuses) else "pending"
 
+    def still_going(self) -> bool:
+        """Unfinished, or a job of it still recorded active (a failed stage's sibling may still run): what
+        `cancel` has to stop, and what `remove` refuses to delete under."""
+        return self.status in ("running", "pending") or any(s.active_job() for s in self.stages.values())
+
     def to_json(self) -> dict[str, Any]:
         payload = asdict(self)
         for stage in payload["stages"].values():
