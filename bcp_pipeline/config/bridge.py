@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.model import Continuation, MegatronBridgeTraining, PipelineConfig, StageConfig
-from bcp_pipeline.config.nemo import launcher_version
+from bcp_pipeline.config.nemo import MAX_NODES_LISTED, launcher_version, parallel_sizes_error
 from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.resources import RESOURCE_TYPES, rank_layout
 
@@ -204,26 +204,18 @@ def parallel_error(model: BridgeModel, nodes: int, gpus: int) -> str | None:
     """Why `nodes` x `gpus` cannot train `model` (None: it can): TP x PP x CP divides the world, and the data-parallel
     size x micro batch divides the global batch (Bridge's own dry run does not check the latter for library
     recipes)."""
-    world = nodes * gpus
-    model_parallel = model.tensor_parallel * model.pipeline_parallel * model.context_parallel
-    if world % model_parallel:
-        return (f"{nodes} node(s) x {gpus} GPUs = {world} is not divisible by TP {model.tensor_parallel} x PP "
-                f"{model.pipeline_parallel} x CP {model.context_parallel}")
-    data_parallel = world // model_parallel
-    if model.global_batch_size % (model.micro_batch_size * data_parallel):
-        return (f"global batch {model.global_batch_size} is not divisible by micro batch {model.micro_batch_size} x "
-                f"data-parallel size {data_parallel} ({world} GPUs / TP {model.tensor_parallel} / PP "
-                f"{model.pipeline_parallel} / CP {model.context_parallel})")
-    return None
+    return parallel_sizes_error(nodes, gpus, tp=model.tensor_parallel, pp=model.pipeline_parallel,
+                                cp=model.context_parallel, global_batch=model.global_batch_size,
+                                micro_batch=model.micro_batch_size)
 
 
 def check_parallelism(stage: StageConfig, nodes: int, gpus: int) -> None:
     model = bridge_model(stage)
     problem = parallel_error(model, nodes, gpus)
     if problem:
-        valid = [n for n in range(1, 257) if parallel_error(model, n, gpus) is None]
+        valid = [n for n in range(1, MAX_NODES_LISTED + 1) if parallel_error(model, n, gpus) is None]
         raise ValueError(f"megatron_bridge on {nodes} node(s): {problem}; valid node counts with {gpus} GPUs per "
-                         f"node: {', '.join(map(str, valid)) or 'none up to 256'}")
+                         f"node: {', '.join(map(str, valid)) or f'none up to {MAX_NODES_LISTED}'}")
 
 
 def hub_token_secret(stage: StageConfig, backend: str) -> str | None:

@@ -236,16 +236,24 @@ def valid_node_counts(model: ModelConfig, gpus: int, limit: int = MAX_NODES_LIST
 
 
 def _parallel_error(model: ModelConfig, nodes: int, gpus: int) -> str | None:
+    return parallel_sizes_error(nodes, gpus, tp=model.tensor_parallel, pp=model.pipeline_parallel,
+                                global_batch=model.global_batch_size, micro_batch=model.micro_batch_size)
+
+
+def parallel_sizes_error(nodes: int, gpus: int, *, tp: int, pp: int, global_batch: int, micro_batch: int,
+                         cp: int | None = None) -> str | None:
+    """Why a training of these sizes cannot run on `nodes` x `gpus` (None: it can): the GPUs must split into
+    model-parallel groups (TP x PP, x CP where the engine has it), and the data-parallel size x micro batch must
+    divide the global batch. Both engines' preflight (this module's, bridge.py's) ask it."""
     world = nodes * gpus
-    model_parallel = model.tensor_parallel * model.pipeline_parallel
+    split = f"TP {tp} x PP {pp}" + (f" x CP {cp}" if cp is not None else "")
+    model_parallel = tp * pp * (cp or 1)
     if world % model_parallel:
-        return f"{nodes} node(s) x {gpus} GPUs = {world} is not divisible by TP {model.tensor_parallel} x PP " \
-               f"{model.pipeline_parallel}"
+        return f"{nodes} node(s) x {gpus} GPUs = {world} is not divisible by {split}"
     data_parallel = world // model_parallel
-    if model.global_batch_size % (model.micro_batch_size * data_parallel):
-        return (f"global batch {model.global_batch_size} is not divisible by micro batch {model.micro_batch_size} x "
-                f"data-parallel size {data_parallel} ({nodes} node(s) x {gpus} GPUs / TP {model.tensor_parallel} / "
-                f"PP {model.pipeline_parallel})")
+    if global_batch % (micro_batch * data_parallel):
+        return (f"global batch {global_batch} is not divisible by micro batch {micro_batch} x data-parallel size "
+                f"{data_parallel} ({nodes} node(s) x {gpus} GPUs / {split.replace(' x ', ' / ')})")
     return None
 
 
