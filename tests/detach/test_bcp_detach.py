@@ -20,7 +20,7 @@ from support.golden_files import REPO
 from bcp_pipeline.backends.profile import profile_key, save_profile
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from ngc_control import FakeNgc
-from support.pipeline_fixtures import bcp_chain_config, wait_for, write_chain_project
+from support.pipeline_fixtures import bcp_chain_config, stall_stage, wait_for, write_chain_project
 
 pytestmark = needs_ngcsdk
 
@@ -102,6 +102,9 @@ def assert_once_per_attempt(fake: FakeNgc, state) -> None:
 
 @pytest.mark.both_transports
 def test_detached_run_completes_under_the_driver_job(fake, project, capsys):
+    # `second` waits until this test has seen it running through `status` (a loaded machine could otherwise run
+    # the whole chain between two status calls).
+    stall = stall_stage(fake.workspace_path("main"), "second")
     started = time.monotonic()
     assert cli(project, "run", "chain", "--backend", "bcp", "--detach") == 0
     assert time.monotonic() - started < 30
@@ -113,14 +116,15 @@ def test_detached_run_completes_under_the_driver_job(fake, project, capsys):
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         payload = status_json(project, capsys, run_id)
-        statuses = {name: stage["status"] for name, stage in payload["stages"].items()}
-        seen_running |= any(s in ("running", "verifying") for s in statuses.values())
+        if payload["stages"]["second"]["status"] == "running":
+            seen_running = True
+            stall.unlink(missing_ok=True)
         if payload["status"] == "succeeded":
             break
         assert payload["driver"]["jobs"], payload
         time.sleep(0.5)
+    assert seen_running, ("status never showed `second` running", payload, _driver_logs(fake))
     assert payload["status"] == "succeeded", (payload, _driver_logs(fake))
-    assert seen_running, "status showed the stages progressing"
     driver = wait_for_driver(fake, {"FINISHED_SUCCESS"})
     assert len(driver_jobs(fake)) == 1
     state = local_state(project)

@@ -141,8 +141,6 @@ class Driver:
     status_calls_per_poll = 1
     # `run demo` options of this backend's demo run.
     demo_run_args: tuple[str, ...] = ()
-    # A product bug that makes a poll's other calls grow with the number of jobs, where one is known.
-    known_poll_growth: str | None = None
 
     def chain_project(self, root: Path) -> Path:
         raise NotImplementedError
@@ -421,9 +419,6 @@ K8S_CLAIMS = itertools.count(1)  # a workspace claim (and its volume) per projec
 class KubernetesDriver(Driver):
     name = "kubernetes"
     live = frozenset({"running"})
-    known_poll_growth = ("product bug: KubernetesBackend.poll calls _pods_and_nodes(jobs) inside its loop over the "
-                         "Jobs, so it lists the run's pods and the nodes once per open Job, not once a poll as its "
-                         "docstring says")
     SPREAD = DEMO_SPREAD  # the demo's data stages over both nodes: (pods, processes per pod)
 
     def __init__(self, cluster) -> None:
@@ -631,11 +626,7 @@ class Conformance:
             assert {count: c["status"] for count, c in calls.items()} == {
                 1: driver.status_calls_per_poll, 6: driver.status_calls_per_poll}, calls
             driver.check_poll(calls, statuses)
-            # Nothing else a poll asks grows with the jobs either (checked last: a backend known to break it is
-            # reported as an expected failure, naming why, once everything above has passed).
-            if calls[1]["all"] != calls[6]["all"] and driver.known_poll_growth:
-                pytest.xfail(f"{driver.known_poll_growth} (calls for 1 job: {calls[1]['all']}, for 6: "
-                             f"{calls[6]['all']})")
+            # Nothing else a poll asks grows with the jobs either.
             assert calls[1]["all"] == calls[6]["all"], calls
         finally:
             for backend, ids in backends:

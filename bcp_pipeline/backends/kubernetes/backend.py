@@ -132,7 +132,8 @@ class KubernetesBackend(Backend):
             return {}
         wanted = set(job_ids)
         jobs = [job for job in self._list_jobs() if job.metadata.name in wanted]
-        found = {job.metadata.name: status_of(job, *self._pods_and_nodes(jobs)[job.metadata.name]) for job in jobs}
+        pods_and_nodes = self._pods_and_nodes(jobs)  # once a poll, not once a Job
+        found = {job.metadata.name: status_of(job, *pods_and_nodes[job.metadata.name]) for job in jobs}
         if wanted - set(found):  # a PyTorchJob (`launcher: pytorchjob`) is not a batch/v1 Job
             found.update({obj["metadata"]["name"]: pytorchjob_status(obj) for obj in self._list_pytorchjobs()
                           if obj["metadata"]["name"] in wanted})
