@@ -15,7 +15,7 @@ from bcp_pipeline.backends.contract import Backend, JobRequest, Submission
 from bcp_pipeline.backends.registry import describe_backend_limits, detachable_backends, make_backend
 from bcp_pipeline.cli.common import config_file, run_store, warn
 from bcp_pipeline.cli.detach import driver_cost_line
-from bcp_pipeline.config.instances import instances_table
+from bcp_pipeline.config.instances import instances_table, this_machine
 from bcp_pipeline.config.model import PipelineConfig
 from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.preflight import load_and_check
@@ -47,7 +47,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise unplanned[0].error
     estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances),
                                  load_measurement(run_store(args).root, pipeline.name),
-                                 counted_data_tokens(backend, pipeline))
+                                 counted_data_tokens(backend, pipeline), backend=backend_name, here=this_machine())
     if args.detach and backend_name not in detachable_backends():
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend_name!r}")
     driver = planned_driver(config, pipeline, run_id, os.environ) if args.detach else None

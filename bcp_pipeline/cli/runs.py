@@ -15,7 +15,7 @@ from bcp_pipeline.backends.profile import load_profile
 from bcp_pipeline.backends.registry import backend_class, make_backend
 from bcp_pipeline.cli.common import config_file, drive, given_config, run_store, store_of_run, stored_run, warn
 from bcp_pipeline.cli.detach import detach, detached_run, take_back
-from bcp_pipeline.config.instances import instances_table
+from bcp_pipeline.config.instances import instances_table, this_machine
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.detach.laptop import DriverView, render_driver
@@ -141,7 +141,8 @@ def estimate_against_actual(config: Config | None, pipeline: PipelineConfig | No
     """The pipeline's estimate and each stage's effective rates so far (None, {} without a loaded config)."""
     if config is None or pipeline is None:
         return None, {}
-    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances))
+    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances), backend=state.backend,
+                                 here=this_machine())
     now = time.time()
     return estimate, {name: actual_rates(pipeline.stages[name], stage, now) for name, stage in state.stages.items()
                       if name in pipeline.stages}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -32,3 +33,8 @@ KNOWN_INSTANCES = {
 def instances_table(declared: dict[str, InstanceType]) -> dict[str, InstanceType]:
     """The known DGX instances, with `backends.bcp.instances` added or replacing them."""
     return {**KNOWN_INSTANCES, **declared}
+
+
+def this_machine() -> InstanceType:
+    """The local backend's one node: this machine's CPUs (os.cpu_count counts hardware threads), no GPU."""
+    return InstanceType(gpus=0, cpu_cores=os.cpu_count() or 1, gpu_peak_tflops=0.0)

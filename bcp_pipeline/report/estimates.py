@@ -1,9 +1,11 @@
 """Estimates for `plan` and `status`: items, bytes, wall time, node-hours and GPU-hours of each stage. Pure (no I/O).
 
-Data stages: the declared data-set sizes (`estimates:` of the pipeline) over per-core throughputs (defaults from
-this project's benchmark, docs/performance.md) times the cores the stage uses on its BCP instance; download over a
-declared per-node rate. Pretraining: tokens = steps x global batch x sequence; FLOPs per token from the model
-shape; GPUs x peak dense BF16 x a declared MFU. docs/estimates-and-report.md ("Where the estimate figures come
+Every figure is for the backend planned: its rank layout (nodes x processes), and its node as node_type() reads it
+(BCP: the instance; local: this machine; Slurm, Grid Engine, Kubernetes: the GPUs and CPUs their sections declare,
+on nodes like the BCP instance). Data stages: the declared data-set sizes (`estimates:` of the pipeline) over per-core
+throughputs (defaults from this project's benchmark, docs/performance.md) times the cores the stage uses on its node;
+download over a declared per-node rate. Pretraining: tokens = steps x global batch x sequence; FLOPs per token from
+the model shape; GPUs x peak dense BF16 x a declared MFU. docs/estimates-and-report.md ("Where the estimate figures come
 from") sources every figure.
 Queueing, job start-up, verification jobs and restarts between training attempts are not counted.
 """
@@ -20,9 +22,10 @@ from bcp_pipeline.config.durations import format_elapsed, parse_duration
 from bcp_pipeline.config.instances import InstanceType
 from bcp_pipeline.config.model import PipelineConfig, StageConfig, expected_count
 from bcp_pipeline.config.training import training_plan
-from bcp_pipeline.config.resources import rank_layout
+from bcp_pipeline.config.resources import RankLayout, rank_layout
 from bcp_pipeline.engine.state import StageState
 from bcp_pipeline.report.measured import Measurement
+from bcp_pipeline.report.nodes import NodeType, node_type
 from bcp_pipeline.report.mfu import Peak, flops_per_token, gpu_peak, step_seconds_at
 
 
@@ -102,14 +105,14 @@ class PlanEstimate:
 
 
 def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceType],
-                      measured: Measurement | None = None,
-                      counted_tokens: dict[str, int] | None = None) -> PlanEstimate:
-    """Every stage's estimate, the total along the DAG's longest path, and warnings. `measured`: a profile run's
-    step time, which replaces the declared MFU for its stage when it ran on the same instance and nodes.
-    `counted_tokens`: per training stage, the tokens its data holds as counted from the preprocess manifests
-    (manifest_tokens), where they exist."""
+                      measured: Measurement | None = None, counted_tokens: dict[str, int] | None = None,
+                      backend: str = "bcp", here: InstanceType | None = None) -> PlanEstimate:
+    """Every stage's estimate on `backend`, the total along the DAG's longest path, and warnings. `measured`: a
+    profile run's step time, which replaces the declared MFU for its stage when it ran on the same backend,
+    instance and nodes. `counted_tokens`: per training stage, the tokens its data holds as counted from the
+    preprocess manifests (manifest_tokens), where they exist. `here`: this machine, the local backend's node."""
     stages = {name: estimate_stage(pipeline, pipeline.stages[name], instances, measured,
-                                   (counted_tokens or {}).get(name)) for name in pipeline.order()}
+                                   (counted_tokens or {}).get(name), backend, here) for name in pipeline.order()}
     finish: dict[str, float] = {}
     for name in pipeline.order():
         start = max((finish[n] for n in pipeline.stages[name].needs), default=0.0)
@@ -120,14 +123,13 @@ def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceTyp
 
 
 def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict[str, InstanceType],
-                   measured: Measurement | None = None, counted_tokens: int | None = None) -> StageEstimate:
-    bcp = stage.bcp
-    layout = rank_layout(stage, "bcp")  # the job's shape as the BCP renderer makes it (one place for both)
-    instance = instances.get(bcp.instance or "")
-    est = StageEstimate(stage=stage.name, instance=bcp.instance, nodes=layout.nodes,
-                        gpus_per_node=instance.gpus if instance else 0)
-    if instance is None:
-        est.notes.append(f"instance {bcp.instance!r} is not known: declare it under backends.bcp.instances")
+                   measured: Measurement | None = None, counted_tokens: int | None = None, backend: str = "bcp",
+                   here: InstanceType | None = None) -> StageEstimate:
+    layout = rank_layout(stage, backend)  # the job's shape as the backend's renderer makes it (one place for both)
+    node = node_type(stage, backend, instances, here)
+    instance = node.facts
+    est = StageEstimate(stage=stage.name, instance=node.label, nodes=layout.nodes,
+                        gpus_per_node=instance.gpus if instance else 0, notes=list(node.notes))
     if stage.verify:
         est.items_out = expected_count(pipeline, stage.name, stage.verify[0])
     upstream = [pipeline.stages[n] for n in stage.needs if pipeline.stages[n].verify]
@@ -136,9 +138,9 @@ def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict
     size = {key: pipeline.estimates.number(key, pipeline.vars)
             for key in ("compressed_bytes", "text_bytes", "documents", "tokens")}
     if stage.engine:
-        _estimate_training(pipeline, stage, instance, est, size, counted_tokens)
+        _estimate_training(pipeline, stage, node, est, size, counted_tokens)
         if measured is not None and measured.stage == stage.name:
-            _use_measurement(est, stage, measured)
+            _use_measurement(est, stage, measured, backend)
     elif stage.program == DOWNLOAD_PROGRAM:
         est.items_in = est.items_out
         est.bytes_in = est.bytes_out = size["compressed_bytes"]
@@ -149,7 +151,7 @@ def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict
             est.seconds = est.bytes_in / (rate * 1e6 * layout.nodes)
             est.basis = f"{layout.nodes} node(s) x {rate:g} MB/s (declared)"
     elif stage.program in DATA_PROGRAMS:
-        _estimate_data(pipeline, stage, instance, est, size)
+        _estimate_data(pipeline, stage, instance, est, size, layout)
     else:
         est.modelled = False
         est.basis = "not modelled (counted as 0)"
@@ -157,7 +159,7 @@ def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict
 
 
 def _estimate_data(pipeline: PipelineConfig, stage: StageConfig, instance: InstanceType | None,
-                   est: StageEstimate, size: dict[str, float | None]) -> None:
+                   est: StageEstimate, size: dict[str, float | None], layout: RankLayout) -> None:
     program = DATA_PROGRAMS[stage.program]
     reads_zst = any(pipeline.stages[n].program == DOWNLOAD_PROGRAM for n in stage.needs)
     if stage.program == "extract.py":
@@ -173,9 +175,9 @@ def _estimate_data(pipeline: PipelineConfig, stage: StageConfig, instance: Insta
             est.notes.append("data-set size not declared (estimates: text_bytes, tokens)")
         return
     per_core = pipeline.estimates.per_core.get(stage.program, program.per_core)
-    cores = cores_per_node(stage, program, instance)
+    cores = cores_per_node(stage, program, instance, layout)
     scale = 1e6 if program.unit == "MB/s" else 1.0
-    replicas = rank_layout(stage, "bcp").nodes
+    replicas = layout.nodes
     est.seconds = work / (per_core * scale * cores * replicas)
     source = "declared" if stage.program in pipeline.estimates.per_core else "benchmark"
     est.basis = f"{replicas} x {cores} cores x {short_number(per_core)} {program.unit} ({source})"
@@ -188,12 +190,12 @@ def _estimate_data(pipeline: PipelineConfig, stage: StageConfig, instance: Insta
         est.basis = f"{replicas} node(s) x {storage:g} MB/s storage (declared)"
 
 
-def cores_per_node(stage: StageConfig, program: Throughput, instance: InstanceType) -> int:
-    """Processes x the program's threads (or workers) per process, at most the instance's cores."""
+def cores_per_node(stage: StageConfig, program: Throughput, instance: InstanceType, layout: RankLayout) -> int:
+    """Processes x the program's threads (or workers) per process, at most the node's cores."""
     threads = _threads(stage, program)
     if threads is None:
         return instance.cpu_cores
-    return max(1, min(rank_layout(stage, "bcp").per_node * threads, instance.cpu_cores))
+    return max(1, min(layout.per_node * threads, instance.cpu_cores))
 
 
 def _threads(stage: StageConfig, program: Throughput) -> int | None:
@@ -211,14 +213,17 @@ def token_file_bytes(tokens: float | None, documents: float | None) -> float | N
     return tokens * TOKEN_BYTES + (documents or 0) * IDX_BYTES_PER_DOCUMENT
 
 
-def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: InstanceType | None,
+def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, node: NodeType,
                        est: StageEstimate, size: dict[str, float | None], counted_tokens: int | None) -> None:
+    instance = node.facts
     model = training_plan(stage)
     shape = model.shape
     est.unit_out = "steps"
     est.items_out = model.steps
     est.bytes_in = token_file_bytes(size["tokens"], size["documents"])
-    if model.gpus_per_node:
+    if node.training_gpus is not None:
+        est.gpus_per_node = node.training_gpus
+    elif model.gpus_per_node:
         est.gpus_per_node = model.gpus_per_node
     if shape is None:
         est.notes.append(f"no model shape for {model.model!r}: no FLOPs, no training time")
@@ -240,6 +245,9 @@ def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: I
         est.notes.append("the data's size is not declared (estimates.tokens): epochs unknown until it is counted")
     if instance is None:
         return
+    if est.gpus_per_node == 0:
+        est.notes.append("no GPUs: the training's time is not estimated (on CPU it is a smoke test)")
+        return
     gpus = est.nodes * est.gpus_per_node
     peak = instance_peak(stage.bcp.instance, gpus, instance)
     est.seconds = tokens * per_token / (peak.flops_per_s * mfu)
@@ -253,14 +261,14 @@ def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, instance: I
                             max_attempts=max_attempts, total_runtime=stage.bcp.total_runtime)
 
 
-def _use_measurement(est: StageEstimate, stage: StageConfig, measured: Measurement) -> None:
-    """The measured step time instead of the declared MFU, when it ran on this instance and node count."""
-    if est.training is None:
+def _use_measurement(est: StageEstimate, stage: StageConfig, measured: Measurement, backend: str) -> None:
+    """The measured step time instead of the declared MFU, when it ran on this backend, instance and node count."""
+    if est.training is None or est.seconds is None:
         return
-    if (measured.instance, measured.nodes) != (stage.bcp.instance, est.nodes):
+    if (measured.backend, measured.instance, measured.nodes) != (backend, stage.bcp.instance, est.nodes):
         est.notes.append(f"{measured.source} ran on {measured.backend} ({measured.nodes} x "
-                         f"{measured.instance or 'no BCP instance'}), not {est.nodes} x {stage.bcp.instance} on BCP: "
-                         "its step time is not used")
+                         f"{measured.instance or 'no BCP instance'}), not {est.nodes} x {stage.bcp.instance} on "
+                         f"{backend}: its step time is not used")
         return
     est.seconds = est.training["steps"] * measured.step_s
     mfu = f", MFU {measured.mfu:.0%}" if measured.mfu is not None else ""

@@ -18,7 +18,7 @@ from bcp_pipeline.config.instances import InstanceType
 from bcp_pipeline.config.model import PipelineConfig, StageConfig
 from bcp_pipeline.config.training import training_plan
 from bcp_pipeline.config.profiling import SMOKE_PROGRAM
-from bcp_pipeline.config.resources import rank_layout
+from bcp_pipeline.config.resources import BACKENDS, rank_layout
 from bcp_pipeline.engine.state import RunState, RunStore
 from bcp_pipeline.engine.submitter import job_request
 from bcp_pipeline.errors import PipelineError, ReportError
@@ -27,6 +27,7 @@ from bcp_pipeline.report.data import SubmittedCommand, report_data
 from bcp_pipeline.report.estimates import PlanEstimate, instance_peak
 from bcp_pipeline.report.html import render_report, require_plotly
 from bcp_pipeline.report.mfu import flops_per_token
+from bcp_pipeline.report.nodes import node_type
 from bcp_pipeline.report.throughput import StageFacts, TrainingFacts
 
 RECORDED = "recorded at submission"
@@ -84,9 +85,11 @@ def stage_facts(stage: StageConfig, backend: str, instances: dict[str, InstanceT
     if shape is None:
         return StageFacts(None, None, f"no tokens/s or MFU: no model shape for {model.model!r}")
     instance_name = stage.bcp.instance
-    layout = rank_layout(stage, "bcp")
+    on = backend if backend in BACKENDS else "bcp"  # the job's shape on the backend it ran on
+    layout = rank_layout(stage, on)
     instance = instances.get(instance_name or "")
-    gpus = layout.nodes * (model.gpus_per_node or (instance.gpus if instance else 0))
+    declared = node_type(stage, on, instances, None).training_gpus
+    gpus = layout.nodes * (declared or model.gpus_per_node or (instance.gpus if instance else 0))
     facts = TrainingFacts(flops_per_token(shape, model.tensor_parallel), model.global_batch_size * shape.seq_length,
                           "gpu", gpus)
     if instance is None:

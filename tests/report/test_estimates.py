@@ -170,3 +170,42 @@ def test_epochs_come_from_the_manifests_once_the_data_exists(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1.92 epoch(s) of the data's 5.2 G tokens (counted in the preprocess manifests)" in out
     assert "One epoch is 9,918 steps" in out  # 5.2e9 // 524,288
+
+
+def plan_estimates(capsys, *args: str) -> dict[str, dict]:
+    capsys.readouterr()
+    assert main(["--config", str(BUNDLED), "plan", *args, "--json"]) == 0
+    return {s["stage"]: s for s in json.loads(capsys.readouterr().out)["estimates"]["stages"]}
+
+
+def test_estimates_use_the_rank_layout_of_the_backend_planned(capsys):
+    tokens, per_token = 300_000 * 512 * 2048, 6 * 6_633_291_776 + 12 * 32 * 2048 * 4096
+    # The EKS example (docs/backends/kubernetes.md): 4 p4de pods of 8 GPUs train, not the 8 DGX of the BCP section.
+    p4de = "{node.kubernetes.io/instance-type: p4de.24xlarge}"
+    eks = plan_estimates(capsys, "slimpajama-8b", "--backend", "kubernetes",
+                         "--set", "pretrain.kubernetes.replicas=4", "--set", "pretrain.kubernetes.gpus=8",
+                         "--set", f"pretrain.kubernetes.node_selector={p4de}")
+    pretrain = eks["pretrain"]
+    assert (pretrain["nodes"], pretrain["gpus_per_node"], pretrain["instance"]) == (4, 8, "p4de.24xlarge")
+    assert pretrain["seconds"] == pytest.approx(tokens * per_token / (32 * 312e12 * 0.40))
+    assert pretrain["gpu_hours"] == pytest.approx(pretrain["seconds"] / 3600 * 32)
+    assert eks["download"]["gpus_per_node"] == 0  # a data pod asks for no GPU
+    # Grid Engine, TSUBAME-like: 4 hosts x 1 rank (one GPU each) of a distributed job.
+    sge = plan_estimates(capsys, "slimpajama-8b", "--backend", "gridengine",
+                         "--set", "pretrain.gridengine.nodes=4",
+                         "--set", "pretrain.gridengine.processes_per_node=1",
+                         "--set", "pretrain.gridengine.distributed=true",
+                         "--set", "pretrain.gridengine.container_image=/images/nemo.sif")
+    assert (sge["pretrain"]["nodes"], sge["pretrain"]["gpus_per_node"]) == (4, 1)
+    assert sge["pretrain"]["seconds"] == pytest.approx(tokens * per_token / (4 * 312e12 * 0.40))
+    # Local: each stage's replicas on this machine, with no GPU and so no training time.
+    local = plan_estimates(capsys, "demo", "--backend", "local")
+    demo = load_and_check(BUNDLED).pipeline("demo")
+    assert {s["instance"] for s in local.values()} == {"this machine"}
+    assert {name: s["nodes"] for name, s in local.items()} == {
+        name: stage.local.replicas for name, stage in demo.stages.items()}
+    assert plan_estimates(capsys, "slimpajama-8b", "--backend", "local")["pretrain"]["nodes"] == 1  # BCP: 8
+    assert local["pretrain"]["gpu_hours"] in (0, None) and local["pretrain"]["seconds"] is None
+    # The same pipeline planned for BCP keeps its DGX shape.
+    bcp = plan_estimates(capsys, "slimpajama-8b", "--backend", "bcp")
+    assert (bcp["pretrain"]["nodes"], bcp["pretrain"]["gpus_per_node"]) == (8, 8)

@@ -1,0 +1,76 @@
+"""The node a stage's job runs on, per backend, as the estimates see it: the INSTANCE column's label and the facts
+(GPUs, CPU cores, GPU peak) that `plan`'s figures rest on. Pure."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from bcp_pipeline.config.instances import InstanceType
+from bcp_pipeline.config.model import StageConfig
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """One node of a stage's job on the backend planned: what the INSTANCE column says, the facts the estimate uses
+    (GPUs, CPU cores, GPU peak; None: not known), a training's GPUs a node where the backend declares them, and
+    notes on where the facts come from."""
+
+    label: str | None
+    facts: InstanceType | None
+    training_gpus: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+def node_type(stage: StageConfig, backend: str, instances: dict[str, InstanceType],
+              here: InstanceType | None) -> NodeType:
+    """BCP: the stage's instance. Local: this machine (`here`), no GPUs. Slurm, Grid Engine, Kubernetes: the GPUs
+    and CPUs the stage's section declares, on nodes like its BCP instance (the GPU's peak, and the cores where none
+    are declared): a batch or pod spec names no node type the estimates could read."""
+    bcp = stage.bcp
+    known = instances.get(bcp.instance or "")
+    if backend == "bcp":
+        notes = () if known else (f"instance {bcp.instance!r} is not known: declare it under backends.bcp.instances",)
+        return NodeType(bcp.instance, known, notes=notes)
+    if backend == "local":
+        if here is None:
+            return NodeType("this machine", None, 0, ("this machine's cores are not known here",))
+        return NodeType("this machine", InstanceType(gpus=0, cpu_cores=here.cpu_cores, gpu_peak_tflops=0.0), 0)
+    section = stage.resources(backend)
+    declared_gpus = _declared_gpus(section, backend)
+    training_gpus = declared_gpus if stage.engine and declared_gpus else None
+    label = section.node_selector.get(EKS_INSTANCE_LABEL) if backend == "kubernetes" else None
+    if known is None:
+        return NodeType(label or "-", None, training_gpus,
+                        (f"no node type: the estimates take the GPU and its peak from bcp.instance, and "
+                         f"{bcp.instance!r} is not known (declare it under backends.bcp.instances)",))
+    cores = _declared_cores(section, backend) or known.cpu_cores
+    # A data stage gets the GPUs it asks for (none unless declared); a training one, one a rank (bridge/nemo).
+    gpus = declared_gpus or (known.gpus if stage.engine else 0)
+    facts = InstanceType(gpus=gpus, cpu_cores=cores, gpu_peak_tflops=known.gpu_peak_tflops)
+    note = (f"nodes taken to be like bcp.instance {bcp.instance} (its GPU's peak"
+            + ("" if _declared_cores(section, backend) else ", its CPU cores") + f"): {backend} names no node type")
+    return NodeType(label or f"like {bcp.instance}", facts, training_gpus, (note,))
+
+
+EKS_INSTANCE_LABEL = "node.kubernetes.io/instance-type"
+
+
+def _declared_gpus(section, backend: str) -> int | None:
+    """GPUs a node as the backend's section asks for them (Grid Engine: a distributed job's ranks a host)."""
+    if backend == "slurm":
+        return section.gpus_per_node
+    if backend == "kubernetes":
+        return section.gpus or None
+    if backend == "gridengine" and section.distributed:
+        return section.processes_per_node
+    return None
+
+
+def _declared_cores(section, backend: str) -> int | None:
+    """CPU cores a node as the section asks for them: Slurm's tasks x cpus_per_task, a pod's whole-core request."""
+    if backend == "slurm" and section.ntasks_per_node:
+        return section.ntasks_per_node * section.cpus_per_task
+    if backend == "kubernetes" and section.cpu and re.fullmatch(r"\d+", section.cpu):
+        return int(section.cpu)
+    return None
