@@ -46,12 +46,35 @@ def verification_text(stage: StageState) -> str:
 def status_rows(state: RunState, job_url=None) -> list[list[str]]:
     rows = [["STAGE", "STATUS", "JOBS", "SHARDING", "TRIES", "ELAPSED", "PROGRESS", "VERIFIED"]]
     for name, stage in state.stages.items():
-        jobs = ", ".join(f"{j.job_id}{'*' if j.kind == 'verify' else ''}({j.native or j.state})"
-                         for j in stage.jobs[-3:])
+        jobs = ", ".join(f"{shown_job_id(state.run_id, name, j.job_id)}{'*' if j.kind == 'verify' else ''}"
+                         f"({j.native or j.state})" for j in stage.jobs[-3:])
         sharding = f"{stage.sharding['replicas']}x{stage.sharding['processes']}" if stage.sharding else "-"
         rows.append([name, stage.status.value, jobs or "-", sharding, str(stage.attempts), stage_elapsed(stage),
                      progress_text(stage), verification_text(stage)])
     return rows
+
+
+def shown_job_id(run_id: str, stage: str, job_id: str) -> str:
+    """A job's id in the status table: less the `RUN-STAGE` its name starts with (Kubernetes names its Jobs so, up
+    to 63 characters each; the row names the stage and the header the run), or less `RUN` where the name had to
+    be shortened (its stage part cut and hashed); else whole (BCP's numbers, Slurm's)."""
+    for prefix in (f"{run_id}-{stage}-".lower(), f"{run_id}-".lower()):
+        if job_id.lower().startswith(prefix):
+            return job_id[len(prefix) - 1:]
+    return job_id
+
+
+def job_id_legend(state: RunState) -> list[str]:
+    """What a shortened job id in the status table stands for (none where all are whole)."""
+    shown = [(name, j.job_id, shown_job_id(state.run_id, name, j.job_id)) for name, s in state.stages.items()
+             for j in s.jobs]
+    if all(job_id == short for _, job_id, short in shown):
+        return []
+    legend = f"-X = job {state.run_id}-STAGE-X"
+    if any(short != job_id and not job_id.lower().startswith(f"{state.run_id}-{name}-".lower())
+           for name, job_id, short in shown):
+        legend += f" (or {state.run_id}-X, a name shortened to fit)"
+    return [legend]
 
 
 def format_table(rows: list[list[str]]) -> str:
@@ -123,8 +146,11 @@ def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None =
         urls = [u for u in urls if u[2]]
         if urls:
             lines += [""] + [f"{name}: {url}" for name, _, url in urls]
-    if any(j.kind == "verify" for s in state.stages.values() for j in s.jobs):
-        lines += ["", "(* = verification job)"]
+    legend = ["* = verification job"] if any(j.kind == "verify" for s in state.stages.values() for j in s.jobs) \
+        else []
+    legend += job_id_legend(state)
+    if legend:
+        lines += ["", f"({'; '.join(legend)})"]
     return "\n".join(lines)
 
 

@@ -1,6 +1,15 @@
-"""The log readers every backend shares: a crashed job's own traceback found above its launcher's summary."""
+"""The log readers every backend shares: a crashed job's own traceback found above its launcher's summary, and
+progress counted once per rank."""
 
-from bcp_pipeline.backends.shared.logs import last_traceback
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bcp_pipeline.backends.shared.logs import LINE_PREFIX, last_traceback, progress_from_logs
+
+STAGES = Path(__file__).resolve().parents[2] / "stages"
 
 WORKER_TRACEBACK = """\
 [rank0]: iteration 11/30 | lm loss: 1.1E+01
@@ -47,3 +56,31 @@ def test_the_last_of_several_tracebacks_wins_and_long_ones_keep_their_end():
 
 def test_a_log_without_a_traceback_gives_none():
     assert last_traceback("step 1\nstep 2\n") is None
+
+
+def progress_line(rank: int, done: int, total: int) -> str:
+    return f"{LINE_PREFIX}progress " + json.dumps({"done": done, "total": total, "rank": rank, "unit": "files"})
+
+
+def test_progress_counts_each_rank_once_whatever_the_logs_hold(tmp_path):
+    # gpt2_files.py on two ranks: each writes (and reports) the same two files, as rank 0.
+    logs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2"}
+        done = subprocess.run([sys.executable, str(STAGES / "gpt2_files.py"), "--out", str(tmp_path / "bpe")],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        logs.append(done.stdout)
+    found = progress_from_logs(logs)
+    assert (found.done, found.total) == (2, 2) == (len(list((tmp_path / "bpe").iterdir())), 2)
+    # One pod's log holds its two processes' lines, interleaved: both ranks count.
+    pod = "\n".join([progress_line(0, 1, 4), progress_line(1, 1, 4), progress_line(0, 3, 4), progress_line(1, 2, 4)])
+    assert (progress_from_logs([pod]).done, progress_from_logs([pod]).total) == (5, 8)
+    # An index's replaced pod, then its successor (oldest first): the successor's count only.
+    replaced, successor = progress_line(0, 3, 4), progress_line(0, 4, 4)
+    both = progress_from_logs([replaced, successor, progress_line(1, 4, 4)])
+    assert (both.done, both.total) == (8, 8)
+    # Logs without a rank in their lines (an older program) are summed per log, as before.
+    bare = f"{LINE_PREFIX}progress " + json.dumps({"done": 2, "total": 2})
+    assert progress_from_logs([bare, bare]).done == 4
+    assert progress_from_logs(["no progress here"]) is None

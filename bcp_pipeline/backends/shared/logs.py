@@ -30,25 +30,25 @@ def parse_lines(text: str, kind: str) -> list[dict[str, Any]]:
 
 
 def progress_from_logs(texts: list[str], *, training: bool = False) -> JobProgress | None:
-    """Sum the last progress line of each rank's log: items done of total across the job. For a training job, the
+    """Sum the last progress line of each rank: items done of total across the job. For a training job, the
     steps and loss of the rank that logs them (rank 0 for NeMo and the smoke pretrain; the LAST rank for
     Megatron-Bridge, which prints from there only), looked for from the last text back."""
     if training:
         for text in reversed(texts):
             if (found := training_progress(text)) is not None:
                 return found
-    done = total = 0
-    unit = "items"
-    seen = False
-    for text in texts:
-        lines = parse_lines(text, "progress")
-        if lines:
-            last = lines[-1]
-            done += int(last.get("done", 0))
-            total += int(last.get("total", 0))
-            unit = str(last.get("unit", unit))
-            seen = True
-    return JobProgress(done=done, total=total, unit=unit) if seen else None
+    # Each rank counted once, at its last line: a log may carry several ranks (a pod's processes), and one rank
+    # may appear in several logs (an index's replaced pod before its successor's; the texts come oldest first).
+    latest: dict[object, dict[str, Any]] = {}
+    for index, text in enumerate(texts):
+        for line in parse_lines(text, "progress"):
+            latest[line.get("rank", ("log", index))] = line
+    if not latest:
+        return None
+    lines = list(latest.values())
+    return JobProgress(done=sum(int(line.get("done", 0)) for line in lines),
+                       total=sum(int(line.get("total", 0)) for line in lines),
+                       unit=str(lines[-1].get("unit", "items")))
 
 
 def training_progress(text: str) -> JobProgress | None:
