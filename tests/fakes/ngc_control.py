@@ -359,6 +359,10 @@ class FakeNgc:
                 raise FakeStateError("the ngc fork server did not start; see ngc-forkserver.log")
             time.sleep(0.05)
 
+    def server_pids(self) -> list[int]:
+        """The API server's and the fork server's process ids (while they run)."""
+        return [p.pid for p in (self._server, self._forkserver) if p is not None and p.poll() is None]
+
     def stop_server(self) -> None:
         for process in (self._forkserver, self._server):
             if process is not None and process.poll() is None:
@@ -581,6 +585,15 @@ class FakeNgc:
                 while _alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
         self.stop_server()
+
+
+def shutdown_abandoned(home: Path | str, pids: list[int]) -> None:
+    """FakeNgc.shutdown for an emulator whose FakeNgc object is gone with its test process: kill its unfinished
+    jobs, then its server processes `pids` (tests/support/reaper.py runs this)."""
+    FakeNgc(home).shutdown()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
 
 
 def ensure_workspace(

@@ -17,6 +17,8 @@ import pytest
 from support import ngc_parser
 from support.golden_files import REPO
 
+from support.reaper import shutdown_emulator_when_gone
+
 sys.path.insert(0, str(REPO / "tests" / "fakes"))
 from ngc_control import FakeNgc, reread_ngcsdk_environment  # noqa: E402
 
@@ -69,8 +71,10 @@ def fake(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
     # The BCP workspace writer locks live in the user's state folder (engine/workspace_lock.py): one per test.
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
     point_ngcsdk_at_environment()
+    disarm = shutdown_emulator_when_gone(ngc)  # Ctrl-C or kill -9 of this test process: stopped all the same
     yield ngc
     ngc.shutdown()
+    disarm()
 
 
 def status_calls(fake: FakeNgc) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from support.chaos_backends import ChaosBackend, processes, sigkill
 from support.chaos_monkey import Target
+from support.reaper import shutdown_emulator_when_gone
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 
@@ -32,6 +33,7 @@ class BcpChaos(ChaosBackend):
     def __init__(self, project: Path, pipeline: str) -> None:
         super().__init__(project, pipeline)
         self.fake = None
+        self._disarm = lambda: None
 
     def start(self) -> None:
         if str(FAKES) not in sys.path:
@@ -39,11 +41,13 @@ class BcpChaos(ChaosBackend):
         from ngc_control import FakeNgc
 
         self.fake = FakeNgc(self.project / "ngc", tls_dir=self.project / "ngc-tls").start()
+        self._disarm = shutdown_emulator_when_gone(self.fake)
         self.fake.create_workspace(self._workspace_name())
 
     def close(self) -> None:
         if self.fake is not None:
             self.fake.shutdown()
+            self._disarm()
             self.fake = None
 
     def env(self) -> dict[str, str]:

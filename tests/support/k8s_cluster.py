@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from support.reaper import run_when_gone
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "k8s-cluster"
 NODES = 2
@@ -155,6 +157,7 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
     base = cluster_base()
     stale = script("--base", str(base), "stop")
     assert stale.returncode == 0, f"stopping a stale cluster under {base} failed:\n{stale.stderr}"
+    disarm = run_when_gone([sys.executable, str(SCRIPT), "--base", str(base), "stop"])  # Ctrl-C, kill -9: stopped
     try:
         res = script("--base", str(base), "start", "--fresh", "--nodes", str(NODES),
                      "--port", str(cluster_port()))
@@ -165,6 +168,7 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
         yield K8sCluster(base=base, kubeconfig=kubeconfig, nodes=tuple(f"node{k}" for k in range(1, NODES + 1)))
     finally:
         res = script("--base", str(base), "stop")
+        disarm()
         assert res.returncode == 0, f"scripts/k8s-cluster stop failed:\n{res.stderr}"
 
 

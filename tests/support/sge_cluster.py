@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from support.reaper import run_when_gone
 from support.slurm_cluster import _skip
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +83,7 @@ def sge_cell(request: pytest.FixtureRequest) -> Iterator[SgeCell]:
     saved = {key: os.environ.get(key) for key in ENV_KEYS}
     stale = script("stop", "--base", str(base), timeout=120)
     assert stale.returncode == 0, f"stopping a stale cell under {base} failed:\n{stale.stderr}"
+    disarm = run_when_gone([sys.executable, str(SCRIPT), "stop", "--base", str(base)])  # Ctrl-C, kill -9: stopped
     try:
         res = script("start", "--base", str(base), "--nodes", "2", "--slots", "4", "--port", str(port),
                      timeout=180)
@@ -96,6 +98,7 @@ def sge_cell(request: pytest.FixtureRequest) -> Iterator[SgeCell]:
         yield SgeCell(base=base, hosts=[socket.gethostname(), "node2"])
     finally:
         res = script("stop", "--base", str(base), timeout=120)
+        disarm()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

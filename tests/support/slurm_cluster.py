@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from support.reaper import run_when_gone
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-cluster"
 
@@ -112,10 +114,13 @@ def stop_cluster(cluster: SlurmCluster) -> None:
 def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
     saved = os.environ.get("SLURM_CONF")
     cluster = start_cluster(request.config)
+    # Ctrl-C or kill -9 of this test process: the daemons it started are stopped all the same.
+    disarm = run_when_gone([sys.executable, str(SCRIPT), "stop"]) if cluster.started_here else (lambda: None)
     try:
         yield cluster
     finally:
         stop_cluster(cluster)
+        disarm()
         if saved is None:
             os.environ.pop("SLURM_CONF", None)
         else:
