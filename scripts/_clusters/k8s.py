@@ -10,6 +10,8 @@
     scripts/k8s-cluster status      # each daemon and the apiserver's /readyz; exit 0 running, 3 stopped
     scripts/k8s-cluster stop        # stops exactly the daemons it started
     scripts/k8s-cluster env         # prints `export KUBECONFIG=...`
+    scripts/k8s-cluster workspace FOLDER  # a ReadWriteMany claim on FOLDER (hostPath volume); prints the
+                                    # `--set backends.kubernetes...` options that run a pipeline here
 
 The control plane is Kubernetes' own code: `install` builds kube-apiserver, kube-controller-manager and
 kube-scheduler from the k8s.io/kubernetes module at the release pinned in scripts/k8s-control-plane/go.mod,
@@ -58,6 +60,7 @@ from .k8s_daemons import (
 )
 from .k8s_layout import DEFAULT_PORT, Layout, default_base, export_line
 from .k8s_pki import make_node_pki, make_pki, write_kubeconfigs
+from .k8s_workspace import cmd_workspace
 from .netns import net_up
 
 # Another apt-get (a Slurm or Grid Engine install) may hold dpkg's lock: wait for it rather than fail.
@@ -199,6 +202,13 @@ def parser() -> argparse.ArgumentParser:
     verbs.add_parser("status", help="daemons and /readyz; exit 0 running, 3 stopped")
     verbs.add_parser("stop", help="stop the daemons this base folder's start started")
     verbs.add_parser("env", help="print `export KUBECONFIG=...`")
+    workspace = verbs.add_parser("workspace", help="a ReadWriteMany claim on FOLDER for a pipeline's workspace; "
+                                 "prints the `--set` options that run a pipeline on this cluster")
+    workspace.add_argument("folder", type=Path, help="where the workspace's files live (made if missing)")
+    workspace.add_argument("--name", default="bcp-pipeline-workspace", help="the claim and its volume (default: "
+                           "bcp-pipeline-workspace, backends.kubernetes.workspace_claim's default)")
+    workspace.add_argument("--namespace", default="default", help="the claim's namespace, made if missing")
+    workspace.add_argument("--size", default="10Gi", help="the capacity declared (hostPath does not enforce it)")
     return top
 
 
@@ -208,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args.base = (args.base or default_base()).resolve()
     try:
         handler = {"install": cmd_install, "start": cmd_start, "status": cmd_status, "stop": cmd_stop,
-                   "env": cmd_env, "kill-node": cmd_kill_node}[args.verb]
+                   "env": cmd_env, "kill-node": cmd_kill_node, "workspace": cmd_workspace}[args.verb]
         return handler(args) or 0
     except ClusterError as exc:
         say(f"error: {exc}")

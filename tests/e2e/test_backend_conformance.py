@@ -25,6 +25,7 @@ import base64
 import itertools
 import json
 import os
+import shlex
 import re
 import subprocess
 import sys
@@ -427,24 +428,20 @@ class KubernetesDriver(Driver):
         self.cluster, self.client = cluster, client
         self.api = cluster.api()
 
-    def claim(self, folder: Path) -> str:
-        """A workspace claim of its own (a hostPath PV both nodes see, as FSx would be); returns its name."""
+    def claim(self, folder: Path) -> tuple[str, list[str]]:
+        """A workspace claim of its own on `folder`, made as the docs' recipe makes it (`scripts/k8s-cluster
+        workspace`: a hostPath PV both nodes see, as FSx would be); its name and the `--set` options printed."""
         name = f"{K8S_NAMESPACE}-{os.getpid()}-{next(K8S_CLAIMS)}"
-        core = self.client.CoreV1Api(self.api)
-        folder.mkdir(parents=True, exist_ok=True)
-        core.create_persistent_volume({"metadata": {"name": name}, "spec": {
-            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
-            "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
-        core.create_namespaced_persistent_volume_claim(K8S_NAMESPACE, {"metadata": {"name": name}, "spec": {
-            "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "",
-            "volumeName": name}})
-        wait_for(lambda: core.read_namespaced_persistent_volume_claim(name, K8S_NAMESPACE).status.phase == "Bound",
-                 timeout=60, what=f"claim {name} bound")
-        return name
+        made = self.cluster.script("workspace", str(folder), "--name", name, "--namespace", K8S_NAMESPACE)
+        assert made.returncode == 0, made.stderr
+        assert f"claim {K8S_NAMESPACE}/{name} is Bound to {folder.resolve()}" in made.stderr, made.stderr
+        claim = self.client.CoreV1Api(self.api).read_namespaced_persistent_volume_claim(name, K8S_NAMESPACE)
+        assert claim.status.phase == "Bound" and claim.spec.access_modes == ["ReadWriteMany"]
+        return name, shlex.split(made.stdout)
 
     def options(self, config: Path, folder: Path, **extra: Any) -> dict:
         return {"kubeconfig": str(self.cluster.kubeconfig), "namespace": K8S_NAMESPACE, "python": sys.executable,
-                "workspace_claim": self.claim(folder), "poll_seconds": 0.3, "poll_max_seconds": 1.0, **extra}
+                "workspace_claim": self.claim(folder)[0], "poll_seconds": 0.3, "poll_max_seconds": 1.0, **extra}
 
     def chain_project(self, root):
         config = write_chain_project(root, K8S_CHAIN)
@@ -481,7 +478,9 @@ class KubernetesDriver(Driver):
         return found
 
     def demo_project(self, root):
-        options = self.options(root, root / "workspace", code_dir=str(REPO / "stages"))
+        # The demo runs as docs/backends/kubernetes.md's recipe runs it: with the options `workspace` printed.
+        _, self.demo_run_args = self.claim(root / "workspace")
+        options = {"poll_seconds": 0.3, "poll_max_seconds": 1.0}
         sections = {stage: {"kubernetes": {"replicas": pods, "processes": processes}}
                     for stage, (pods, processes) in self.SPREAD.items()}
         sections["download"]["kubernetes"]["secrets"] = ["hf-token:token:HF_TOKEN"]

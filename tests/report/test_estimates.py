@@ -180,14 +180,18 @@ def plan_estimates(capsys, *args: str) -> dict[str, dict]:
 
 def test_estimates_use_the_rank_layout_of_the_backend_planned(capsys):
     tokens, per_token = 300_000 * 512 * 2048, 6 * 6_633_291_776 + 12 * 32 * 2048 * 4096
-    # The EKS example (docs/backends/kubernetes.md): 4 p4de pods of 8 GPUs train, not the 8 DGX of the BCP section.
+    # The EKS example (docs/backends/kubernetes.md): 4 p4de pods of 8 GPUs train, not the 8 DGX of the BCP section
+    # (Megatron-Bridge: the NeMo launcher does not run on Kubernetes).
     p4de = "{node.kubernetes.io/instance-type: p4de.24xlarge}"
-    eks = plan_estimates(capsys, "slimpajama-8b", "--backend", "kubernetes",
+    eks = plan_estimates(capsys, "slimpajama-8b-bridge", "--backend", "kubernetes",
                          "--set", "pretrain.kubernetes.replicas=4", "--set", "pretrain.kubernetes.gpus=8",
                          "--set", f"pretrain.kubernetes.node_selector={p4de}")
+    on_bcp = plan_estimates(capsys, "slimpajama-8b-bridge", "--backend", "bcp")["pretrain"]
     pretrain = eks["pretrain"]
     assert (pretrain["nodes"], pretrain["gpus_per_node"], pretrain["instance"]) == (4, 8, "p4de.24xlarge")
-    assert pretrain["seconds"] == pytest.approx(tokens * per_token / (32 * 312e12 * 0.40))
+    assert (on_bcp["nodes"], on_bcp["gpus_per_node"]) == (8, 8)
+    assert pretrain["seconds"] == pytest.approx(pretrain["training"]["flops"] / (32 * 312e12 * 0.40))
+    assert pretrain["seconds"] == pytest.approx(on_bcp["seconds"] * 64 / 32)
     assert pretrain["gpu_hours"] == pytest.approx(pretrain["seconds"] / 3600 * 32)
     assert eks["download"]["gpus_per_node"] == 0  # a data pod asks for no GPU
     # Grid Engine, TSUBAME-like: 4 hosts x 1 rank (one GPU each) of a distributed job.

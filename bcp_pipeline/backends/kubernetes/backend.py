@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission, outage_seconds
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
 from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, job_rendezvous, label_value, manifests, printable,
-    selector_labels, shape)
+    refuse_nemo, selector_labels, shape)
 from bcp_pipeline.backends.kubernetes.states import (completion_index, job_condition, pytorchjob_status,
     ready_node_names, status_of)
 from bcp_pipeline.backends.shared.locks import user_writer_lock
@@ -55,6 +56,14 @@ class KubernetesBackend(Backend):
             client.VersionApi(api).get_code(_request_timeout=READY_TIMEOUT_SECONDS)
         except Exception as exc:  # noqa: BLE001 - refused connections, TLS, 401 and timeouts alike
             raise api_error("the version look-up before the run", exc) from None
+
+    @classmethod
+    def check_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
+                     detach: bool = False) -> None:
+        """What this backend never renders, refused before a run is recorded rather than when its stage is due:
+        a `nemo:` stage (render.refuse_nemo)."""
+        for request in requests:
+            refuse_nemo(request)
 
     # -- rendering (pure) ------------------------------------------------------------------------------
     def writer_lock_path(self) -> Path:

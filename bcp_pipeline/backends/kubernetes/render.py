@@ -273,9 +273,20 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
 
 def manifests(request: JobRequest, options: KubernetesOptions) -> list[dict[str, Any]]:
     """Everything `run` creates for one job, in creation order."""
+    refuse_nemo(request)
     if request.resources("kubernetes").launcher == "pytorchjob" and request.kind == "stage":
         return [pytorch_job(request, options)]
     return [headless_service(request, options, job_name(request)), indexed_job(request, options)]
+
+
+def refuse_nemo(request: JobRequest) -> None:
+    """A `nemo:` stage is refused here rather than run as its `program`, the CPU smoke trainer the local backend
+    runs in its place: NVIDIA's launcher has no Kubernetes mode this backend renders (issue 36)."""
+    if request.kind == "stage" and request.stage.nemo is not None and not request.resources("kubernetes").command:
+        raise request.stage.where("nemo").error(
+            f"{request.label}: NeMo launcher pretraining (nemo:) does not run on the Kubernetes backend: its pods "
+            f"would run {request.stage.program}, the CPU smoke trainer. Train with megatron_bridge: (NVIDIA's stack "
+            "from 25.11 on; the bundled slimpajama-8b-bridge), or give the stage a kubernetes.command of its own")
 
 
 class _NoAliasDumper(yaml.SafeDumper):
