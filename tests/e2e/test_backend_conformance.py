@@ -503,7 +503,11 @@ class KubernetesDriver(Driver):
             assert state.stages[stage].verification["ok"]
         capsys.readouterr()
         assert cli(config, "status") == 0
-        assert state.stages["download"].jobs[-1].job_id in capsys.readouterr().out
+        shown = capsys.readouterr().out  # each Job by its name less RUN-STAGE (the table fits a terminal), and the key
+        job = state.stages["download"].jobs[-1].job_id
+        assert job == f"{state.run_id}-download-verify-a1" and "download-verify-a1" not in shown, shown
+        assert "-verify-a1*(" in next(line for line in shown.splitlines() if line.startswith("download "))
+        assert f"-X = job {state.run_id}-STAGE-X" in shown
         assert cli(config, "logs", state.run_id, "concat", "--rank", "1") == 0
         assert '"rank": 1' in capsys.readouterr().out  # rank 1's pod log, through pods/log
         for path in (config.parent / ".bcp-pipeline").rglob("*"):  # state, plan records, logs: the secret is only
