@@ -87,3 +87,47 @@ def test_the_checker_finds_a_broken_link_and_a_missing_heading(tmp_path):
     page.write_text("[ok](b.md#the-plan-verb) [gone](c.md) [no heading](b.md#nope) [web](https://x.org/y)\n"
                     "```\n[in code](d.md)\n```\n")
     assert broken_links(page) == ["a.md: c.md (no such file)", "a.md: b.md#nope (no such heading)"]
+
+
+def merged(base: dict, extra: dict) -> dict:
+    """`extra` over `base`, mapping by mapping (as a user merges a docs example into the bundled pipelines.yaml)."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def test_the_eks_example_plans_and_every_pod_fits_its_node(tmp_path, capsys):
+    """docs/backends/kubernetes.md's EKS example, merged over the bundled pipelines: it plans on Kubernetes, its data
+    pods fit an m6i.4xlarge (16 vCPUs, ~57 GiB allocatable) with a process a vCPU, its training 4 x 8 GPUs."""
+    import json
+
+    import yaml
+
+    from bcp_pipeline.cli.main import main
+
+    page = (REPO / "docs" / "backends" / "kubernetes.md").read_text()
+    example = yaml.safe_load(page.split("### An EKS example", 1)[1].split("```yaml", 1)[1].split("```", 1)[0])
+    raw = merged(yaml.safe_load((REPO / "pipelines.yaml").read_text()), example)
+    raw["stages_dir"] = str(REPO / "stages")
+    config = tmp_path / "pipelines.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    capsys.readouterr()
+    assert main(["--config", str(config), "plan", "slimpajama-8b-bridge", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["backend"] == "kubernetes"
+    pods = {job["stage"]: job for job in plan["jobs"] if job["kind"] == "stage"}
+    for stage, job in pods.items():
+        manifest = next(m for m in job["manifests"] if m["kind"] in ("Job", "PyTorchJob"))
+        spec = (manifest["spec"]["template"]["spec"] if manifest["kind"] == "Job"
+                else manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"])
+        limits = spec["containers"][0].get("resources", {}).get("limits", {})
+        if stage == "pretrain":
+            assert limits["nvidia.com/gpu"] == "8" and spec["nodeSelector"] == {
+                "node.kubernetes.io/instance-type": "p4de.24xlarge"}
+            continue
+        assert int(limits["cpu"]) <= 16 and int(limits["memory"].removesuffix("Gi")) <= 57, (stage, limits)
+        processes = job["processes"]
+        assert processes <= int(limits["cpu"]), (stage, processes, limits)  # no 48 processes under 8 CPUs
+    estimates = {s["stage"]: s for s in plan["estimates"]["stages"]}
+    assert (estimates["pretrain"]["nodes"], estimates["pretrain"]["gpus_per_node"]) == (4, 8)

@@ -176,7 +176,13 @@ class KubernetesResources:
     cpu: str | None = None  # requests = limits of each pod, e.g. "8"
     memory: str | None = None  # e.g. 64Gi
     gpus: int = 0  # nvidia.com/gpu per pod
-    efa: int = 0  # vpc.amazonaws.com/efa per pod (EKS p4de: 4, p5: 32)
+    efa: int = 0  # vpc.amazonaws.com/efa per pod (EKS p4de: 4, p5: 32); > 0 also sets FI_PROVIDER=efa and
+    # FI_EFA_USE_DEVICE_RDMA=1 (NCCL's aws-ofi-nccl plugin then uses EFA, not TCP), unless `env` sets them
+    shm_size: str | None = None  # /dev/shm as a memory emptyDir of this size, e.g. 16Gi (a pod gets 64 MiB otherwise,
+    # too little for NCCL and DataLoader workers); mounted on every GPU or multi-process pod (unset there: no limit
+    # but the pod's memory), and on any pod where set
+    image_pull_secrets: list[str] = field(default_factory=list)  # Secrets for a private registry (NGC: nvcr.io)
+    priority_class: str | None = None  # the pods' priorityClassName
     node_selector: dict[str, str] = field(default_factory=dict)  # e.g. {node.kubernetes.io/instance-type: p5.48xlarge}
     tolerations: list[Toleration] = field(default_factory=list)
     active_deadline: Duration | None = None  # the Job's activeDeadlineSeconds (default: bcp.total_runtime)

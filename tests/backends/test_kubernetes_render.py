@@ -65,7 +65,10 @@ def test_indexed_job_shape_rendezvous_and_secrets_by_reference() -> None:
     assert env["MASTER_ADDR"]["value"] == f"{name}-0.{name}"
     assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "4"}
-    assert container["volumeMounts"] == [{"name": "workspace", "mountPath": "/mount_workspace", "readOnly": False}]
+    assert container["volumeMounts"] == [{"name": "workspace", "mountPath": "/mount_workspace", "readOnly": False},
+                                         {"name": "dshm", "mountPath": "/dev/shm"}]  # GPUs: more than 64 MiB
+    assert pod["volumes"][1] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert (env["FI_PROVIDER"]["value"], env["FI_EFA_USE_DEVICE_RDMA"]["value"]) == ("efa", "1")  # efa: 4
     assert submission.rendezvous["WORLD_SIZE"] == 4
     assert backend.sharding(request) == {"replicas": 2, "processes": 2}
 
@@ -164,3 +167,22 @@ def test_a_nemo_stage_is_refused_not_run_as_the_smoke_trainer(capsys: pytest.Cap
     bridge = load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b-bridge")
     KubernetesBackend.check_limits(bridge, bridge.pipeline("slimpajama-8b-bridge"),
                                    planned_requests(bridge.pipeline("slimpajama-8b-bridge"), "b-RUN"))
+
+
+def test_pod_settings_a_real_site_needs_shared_memory_pull_secrets_priority_efa() -> None:
+    backend, request = request_for(
+        "sample", "sample.kubernetes.shm_size=16Gi", "sample.kubernetes.image_pull_secrets=[ngc-registry]",
+        "sample.kubernetes.priority_class=training-high", "sample.kubernetes.efa=1",
+        "sample.kubernetes.env={FI_EFA_USE_DEVICE_RDMA: '0'}")
+    _, job = manifests(request, backend.options)
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
+    assert pod["imagePullSecrets"] == [{"name": "ngc-registry"}] and pod["priorityClassName"] == "training-high"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "0"  # the stage's own env wins
+    # A one-process CPU pod that asks for nothing keeps the runtime's /dev/shm, and no EFA settings.
+    backend, request = request_for("sample")
+    _, job = manifests(request, backend.options)
+    pod = job["spec"]["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["workspace"] and "imagePullSecrets" not in pod
+    assert not any(e["name"].startswith("FI_") for e in pod["containers"][0]["env"])

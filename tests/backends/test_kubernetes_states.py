@@ -116,8 +116,49 @@ def test_ready_nodes_are_those_whose_ready_condition_is_true() -> None:
 
 
 def test_every_mapped_native_state_is_one_the_map_can_produce() -> None:
-    """No dead entries: each key is a condition the code reads, a pod trouble or a pod count."""
-    produced = {"COMPLETE", "SUCCESSCRITERIAMET", "SUSPENDED", "NODE-LOST", "DISRUPTED", "RUNNING", "PENDING"}
+    """No dead entries: each key is a condition the code reads, a pod trouble, a pod's wait or a pod count."""
+    produced = {"COMPLETE", "SUCCESSCRITERIAMET", "SUSPENDED", "NODE-LOST", "DISRUPTED", "RUNNING", "PENDING",
+                "PENDING/UNSCHEDULABLE", "PENDING/IMAGEPULL"}
     for key in STATE_MAP:
         kind, _, reason = key.partition("/")
         assert key in produced or (kind in ("FAILED", "FAILURETARGET") and reason), key
+
+
+def waiting_pod(name: str, *, unschedulable: str | None = None, waiting: str | None = None) -> client.V1Pod:
+    """A Pending pod the scheduler could not place (its message), or whose container waits (its reason)."""
+    conditions = [client.V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable",
+                                        message=unschedulable)] if unschedulable else None
+    containers = [client.V1ContainerStatus(
+        name="stage", image="nvcr.io/nvidia/nemo:25.11", image_id="", ready=False, restart_count=0,
+        state=client.V1ContainerState(waiting=client.V1ContainerStateWaiting(
+            reason=waiting, message='Back-off pulling image "nvcr.io/nvidia/nemo:25.11"')))] if waiting else None
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, annotations={INDEX_ANNOTATION: "0"}, creation_timestamp=T0),
+        spec=client.V1PodSpec(node_name="node1" if waiting else None, containers=[client.V1Container(name="stage")]),
+        status=client.V1PodStatus(phase="Pending", conditions=conditions, container_statuses=containers,
+                                  start_time=T0 if waiting else None))
+
+
+def test_a_pod_that_cannot_start_says_why_and_an_unpullable_image_fails_the_job():
+    now = T0.timestamp()
+    message = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    status = status_of(job(), [waiting_pod("p0", unschedulable=message)], {"node1"}, now=now + 600)
+    assert (status.state, status.native) == (JobState.QUEUED, "PENDING/UNSCHEDULABLE")  # room may come
+    assert status.detail == f"pod p0 cannot be scheduled: {message}"
+    # An image pull failing: queued within the grace period, saying so; failed after it, naming the fix.
+    pulling = [waiting_pod("p0", waiting="ImagePullBackOff")]
+    early = status_of(job(), pulling, {"node1"}, now=now + 60)
+    assert (early.state, early.native) == (JobState.QUEUED, "PENDING/IMAGEPULL")
+    assert "ImagePullBackOff" in early.detail and "for 60 s; the stage fails after 300 s" in early.detail
+    late = status_of(job(), pulling, {"node1"}, now=now + 301)
+    assert (late.state, late.native, late.exit_code) == (JobState.FAILED, "FAILED/IMAGEPULL", 1)
+    assert "image_pull_secrets" in late.detail
+    # A name that can never be pulled fails at once.
+    never = status_of(job(), [waiting_pod("p0", waiting="InvalidImageName")], {"node1"}, now=now)
+    assert (never.state, never.native) == (JobState.FAILED, "FAILED/IMAGE")
+    # Any other wait (a container being created) is plain PENDING; a lost node outranks a wait.
+    creating = status_of(job(), [waiting_pod("p0", waiting="ContainerCreating")], {"node1"}, now=now)
+    assert (creating.state, creating.native) == (JobState.QUEUED, "PENDING")
+    assert status_of(job(), pulling, {"node2"}, now=now + 301).native == "NODE-LOST"
+    # A decided Job is decided whatever its pods say.
+    assert status_of(job(("Complete", "True", "")), pulling, {"node1"}, now=now + 301).state is JobState.SUCCEEDED

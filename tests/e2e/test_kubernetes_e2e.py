@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
 from bcp_pipeline.engine.state import RunState, RunStore, StageStatus
@@ -114,6 +115,30 @@ def test_every_bundled_pipeline_is_accepted_by_the_apiserver(k8s_cluster: K8sClu
                     create_object(api, obj, dry_run=True)  # raises with the apiserver's reason if refused
                     checked += 1
     assert checked > 20
+
+
+def test_a_pod_the_scheduler_cannot_place_is_shown_with_its_reason(k8s_cluster: K8sCluster,  # noqa: F811
+                                                                    workspace: Path, tmp_path: Path) -> None:
+    """The real kube-scheduler's own message for a GPU request no node can meet (the nodes have no GPUs)."""
+    from bcp_pipeline.backends.registry import make_backend
+    from bcp_pipeline.engine.submitter import planned_requests
+
+    config_file = demo_project(tmp_path / "gpu", "kubernetes", k8s_cluster.kubeconfig)
+    config = load_config(config_file, overrides=["sample.kubernetes.gpus=1"], pipeline="demo")
+    pipeline = config.pipeline("demo")
+    backend = make_backend("kubernetes", config, pipeline, tmp_path / "runs" / "demo-GPU")
+    request = next(r for r in planned_requests(pipeline, "demo-GPU") if r.stage.name == "sample")
+    job_id = backend.submit(backend.render(request))
+    try:
+        deadline = time.monotonic() + 60
+        while (status := backend.poll([job_id])[job_id]).native != "PENDING/UNSCHEDULABLE":
+            assert time.monotonic() < deadline, f"the pod was not reported unschedulable: {status}"
+            time.sleep(0.5)
+        assert status.state is JobState.QUEUED and not status.state.finished
+        assert "cannot be scheduled: 0/2 nodes are available" in status.detail, status.detail
+        assert "Insufficient nvidia.com/gpu" in status.detail, status.detail
+    finally:
+        backend.cancel([job_id])
 
 
 def test_cancel_deletes_the_job_and_kills_its_pods(k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path  # noqa: F811

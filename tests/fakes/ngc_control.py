@@ -37,6 +37,7 @@ from typing import Any
 from collections.abc import Iterator
 
 FAKES_DIR = Path(__file__).resolve().parent
+SERVER_PID_FILES = ("api-server.pid", "ngc-forkserver.pid")  # in HOME: the servers FakeNgc.start last started
 NGC_EMULATOR = FAKES_DIR / "ngc"
 FIRST_JOB_ID = 3000001
 
@@ -343,6 +344,7 @@ class FakeNgc:
                 raise FakeStateError(f"the NGC API emulator did not start; its log:\n{log_text}")
             time.sleep(0.05)
         self.api = read_json(announce, {})
+        (self.home / SERVER_PID_FILES[0]).write_text(f"{self._server.pid}\n")
         self._start_forkserver(deadline)
         return self
 
@@ -354,14 +356,11 @@ class FakeNgc:
             self._forkserver = subprocess.Popen(  # pylint: disable=consider-using-with
                 [sys.executable, str(NGC_EMULATOR), "__forkserver__", str(socket_path)], env=self.env(),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        (self.home / SERVER_PID_FILES[1]).write_text(f"{self._forkserver.pid}\n")
         while not socket_path.exists():
             if self._forkserver.poll() is not None or time.monotonic() > deadline:
                 raise FakeStateError("the ngc fork server did not start; see ngc-forkserver.log")
             time.sleep(0.05)
-
-    def server_pids(self) -> list[int]:
-        """The API server's and the fork server's process ids (while they run)."""
-        return [p.pid for p in (self._server, self._forkserver) if p is not None and p.poll() is None]
 
     def stop_server(self) -> None:
         for process in (self._forkserver, self._server):
@@ -587,13 +586,14 @@ class FakeNgc:
         self.stop_server()
 
 
-def shutdown_abandoned(home: Path | str, pids: list[int]) -> None:
+def shutdown_abandoned(home: Path | str) -> None:
     """FakeNgc.shutdown for an emulator whose FakeNgc object is gone with its test process: kill its unfinished
-    jobs, then its server processes `pids` (tests/support/reaper.py runs this)."""
+    jobs, then the servers it last started (their pid files: a test may have restarted them since the fixture
+    began). tests/support/reaper.py runs this."""
     FakeNgc(home).shutdown()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
+    for name in SERVER_PID_FILES:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((Path(home) / name).read_text()), signal.SIGTERM)
 
 
 def ensure_workspace(

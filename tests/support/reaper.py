@@ -44,9 +44,9 @@ def run_when_gone(argv: list[str]) -> Callable[[], None]:
 
 
 def shutdown_emulator_when_gone(fake) -> Callable[[], None]:
-    """run_when_gone for a started FakeNgc: its jobs killed and its servers stopped."""
+    """run_when_gone for a started FakeNgc: its jobs killed and its servers stopped (whichever it runs then)."""
     from ngc_control import FAKES_DIR
 
     code = (f"import sys; sys.path.insert(0, {str(FAKES_DIR)!r}); from ngc_control import shutdown_abandoned; "
-            f"shutdown_abandoned({str(fake.home)!r}, {fake.server_pids()!r})")
+            f"shutdown_abandoned({str(fake.home)!r})")
     return run_when_gone([sys.executable, "-c", code])

@@ -136,7 +136,10 @@ def container_env(request: JobRequest, options: KubernetesOptions, size: Shape, 
         {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
         {"name": "MASTER_PORT", "value": str(options.master_port)},
     ]
-    for key, value in resolved_env(request, "kubernetes", job_values(request, options)).items():
+    given = resolved_env(request, "kubernetes", job_values(request, options))
+    if res.efa:  # EFA requested: NCCL's libfabric plugin must be told to use it, or it falls back to TCP silently
+        given = {**EFA_ENV, **given}
+    for key, value in given.items():
         if not ENV_NAME.match(key):
             raise SubmissionError(f"{request.label}: kubernetes env name {key!r} is not a valid variable name")
         env.append({"name": key, "value": value})
@@ -148,6 +151,17 @@ def container_env(request: JobRequest, options: KubernetesOptions, size: Shape, 
         secret, key, variable = parts
         env.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
     return env
+
+
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}  # aws-ofi-nccl's settings (AWS's EKS docs)
+
+
+def shared_memory(res: KubernetesResources, size: Shape, gpus: int | None) -> dict[str, Any] | None:
+    """/dev/shm as a memory emptyDir where the pod needs more than the runtime's 64 MiB: GPUs (NCCL), several
+    processes (their shared tensors), or a `shm_size` asked for; None elsewhere."""
+    if not (res.shm_size or res.gpus or gpus or size.processes > 1):
+        return None
+    return {"name": "dshm", "emptyDir": {"medium": "Memory", **({"sizeLimit": res.shm_size} if res.shm_size else {})}}
 
 
 def resources_of(res: KubernetesResources, gpus: int | None = None) -> dict[str, Any]:
@@ -178,6 +192,13 @@ def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name:
                             "containers": [container],
                             "volumes": [{"name": "workspace",
                                          "persistentVolumeClaim": {"claimName": options.workspace_claim}}]}
+    if shm := shared_memory(res, size, size.processes if bridge else None):
+        spec["volumes"].append(shm)
+        container["volumeMounts"].append({"name": shm["name"], "mountPath": "/dev/shm"})
+    if res.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": secret} for secret in res.image_pull_secrets]
+    if res.priority_class:
+        spec["priorityClassName"] = res.priority_class
     if size.pods > 1:  # a pod per node where the nodes allow it, as a multi-node stage on BCP or Slurm has
         spec["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                                               "whenUnsatisfiable": "ScheduleAnyway",

@@ -5,6 +5,7 @@ plane in tests/e2e/test_kubernetes_e2e.py."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from bcp_pipeline.backends.contract import JobState, JobStatus, map_native_state
@@ -17,7 +18,11 @@ from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
 #    the cluster disrupted (the DisruptionTarget condition: preempted, evicted through the Eviction API or by the
 #    kubelet, removed by taint eviction or the pod garbage collector), which the pod failure policy's Ignore rule
 #    makes the Job replace (DISRUPTED);
-# 3. else its ready pod count (RUNNING, or PENDING before any pod is ready).
+# 3. else a pod that cannot start (pod_waiting): one the scheduler finds no room for (PENDING/UNSCHEDULABLE, with
+#    its message: "0/2 nodes are available: 2 Insufficient nvidia.com/gpu"), or whose image does not come
+#    (PENDING/IMAGEPULL while ErrImagePull or ImagePullBackOff lasts IMAGE_PULL_GRACE_SECONDS or less, then
+#    FAILED/IMAGEPULL; FAILED/IMAGE at once for an image name that can never be pulled);
+# 4. else its ready pod count (RUNNING, or PENDING before any pod is ready).
 # Anything else is "not finished yet" (map_native_state: UNKNOWN).
 STATE_MAP: dict[str, JobState] = {
     "COMPLETE": JobState.SUCCEEDED,
@@ -40,9 +45,18 @@ STATE_MAP: dict[str, JobState] = {
     "NODE-LOST": JobState.LOST,
     # A disrupted pod (DisruptionTarget): the Job replaces it itself (podFailurePolicy: Ignore); the stage waits.
     "DISRUPTED": JobState.PREEMPTED,
+    # Waiting, and said why: the cluster may yet find room (an autoscaler adds a node) or the registry recover.
+    "PENDING/UNSCHEDULABLE": JobState.QUEUED,
+    "PENDING/IMAGEPULL": JobState.QUEUED,
+    # The image did not come within the grace period, or its name can never be pulled: no wait until the deadline.
+    "FAILED/IMAGEPULL": JobState.FAILED,
+    "FAILED/IMAGE": JobState.FAILED,
     "RUNNING": JobState.RUNNING,  # pods ready
     "PENDING": JobState.QUEUED,  # pods created, none ready (unscheduled, starting)
 }
+IMAGE_PULL_GRACE_SECONDS = 300  # a registry's passing failure (throttling, a restart) is retried by the kubelet
+IMAGE_PULL_WAITING = ("ErrImagePull", "ImagePullBackOff")
+IMAGE_NEVER = ("InvalidImageName", "ErrImageNeverPull")  # nothing the kubelet retries can fix
 # A PyTorchJob's conditions (kubeflow.org/v1 JobConditionType), the last true one deciding.
 PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
     "CREATED": JobState.QUEUED, "RUNNING": JobState.RUNNING, "RESTARTING": JobState.RUNNING,
@@ -92,6 +106,33 @@ def pod_trouble(pods: list[Any], ready_nodes: set[str] | None) -> tuple[str, str
     return None
 
 
+def pod_waiting(pods: list[Any], now: float) -> tuple[str, str] | None:
+    """Why the newest pod of an index cannot start, where one cannot (see STATE_MAP, 3); None when none waits so."""
+    for pod in newest_per_index(pods):
+        status = pod.status
+        if status is None or status.phase in TERMINAL_PHASES:
+            continue
+        for condition in status.conditions or []:
+            if condition.type == "PodScheduled" and condition.status == "False" and condition.reason == "Unschedulable":
+                return "PENDING/UNSCHEDULABLE", f"pod {pod.metadata.name} cannot be scheduled: {condition.message}"
+        for container in status.container_statuses or []:
+            waiting = container.state.waiting if container.state else None
+            if waiting is None:
+                continue
+            said = f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message or 'no message'}"
+            if waiting.reason in IMAGE_NEVER:
+                return "FAILED/IMAGE", said
+            if waiting.reason in IMAGE_PULL_WAITING:
+                since = status.start_time or pod.metadata.creation_timestamp
+                waited = max(0.0, now - since.timestamp()) if since else 0.0
+                if waited > IMAGE_PULL_GRACE_SECONDS:
+                    return "FAILED/IMAGEPULL", f"{said} (for {waited:.0f} s: the image cannot be pulled; check its " \
+                                               "name and the registry's credentials, kubernetes image_pull_secrets)"
+                return "PENDING/IMAGEPULL", f"{said} (for {waited:.0f} s; the stage fails after " \
+                                            f"{IMAGE_PULL_GRACE_SECONDS} s)"
+    return None
+
+
 def completion_index(pod: Any) -> int:
     """A pod's place in its job: an Indexed Job's completion index; a PyTorchJob's Master 0, Worker i i + 1 (the
     training operator's replica labels), as the operator numbers node ranks."""
@@ -110,14 +151,19 @@ def newest_per_index(pods: list[Any]) -> list[Any]:
     return list(newest.values())
 
 
-def native_state(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None) -> tuple[str, str]:
-    """(STATE_MAP key, detail) of a batch/v1 Job object and its pods (see STATE_MAP for the order)."""
+def native_state(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None,
+                 now: float | None = None) -> tuple[str, str]:
+    """(STATE_MAP key, detail) of a batch/v1 Job object and its pods (see STATE_MAP for the order); `now`: the
+    time an image pull's wait is measured to (default: the clock's)."""
     decided = job_condition(job)
     if decided is not None:
         return decided
     trouble = pod_trouble(list(pods), ready_nodes)
     if trouble is not None:
         return trouble
+    waiting = pod_waiting(list(pods), time.time() if now is None else now)
+    if waiting is not None:
+        return waiting
     return ("RUNNING" if (job.status.ready or 0) > 0 else "PENDING"), ""
 
 
@@ -140,8 +186,9 @@ def pytorchjob_status(obj: dict[str, Any]) -> JobStatus:
                      exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
 
 
-def status_of(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None) -> JobStatus:
-    native, detail = native_state(job, pods, ready_nodes)
+def status_of(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None,
+              now: float | None = None) -> JobStatus:
+    native, detail = native_state(job, pods, ready_nodes, now)
     state = map_native_state(native, STATE_MAP)
     return JobStatus(job_id=job.metadata.name, state=state, native=native, detail=detail,
                      exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
