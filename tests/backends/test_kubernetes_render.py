@@ -186,3 +186,15 @@ def test_pod_settings_a_real_site_needs_shared_memory_pull_secrets_priority_efa(
     pod = job["spec"]["template"]["spec"]
     assert [v["name"] for v in pod["volumes"]] == ["workspace"] and "imagePullSecrets" not in pod
     assert not any(e["name"].startswith("FI_") for e in pod["containers"][0]["env"])
+
+
+def test_a_disrupted_pod_fails_a_training_gang_but_is_replaced_in_a_data_stage() -> None:
+    def disruption_rule(stage: str, *overrides: str) -> str:
+        backend, request = request_for(stage, *overrides)
+        _, job = manifests(request, backend.options)
+        rules = job["spec"]["podFailurePolicy"]["rules"]
+        return next(r["action"] for r in rules if r.get("onPodConditions") == [{"type": "DisruptionTarget"}])
+
+    assert disruption_rule("download") == "Ignore"  # 2 pods of independent shards: the Job replaces one
+    assert disruption_rule("pretrain", "pretrain.kubernetes.replicas=2") == "FailJob"  # 2 pods that meet
+    assert disruption_rule("pretrain") == "Ignore"  # one pod: nothing to rejoin

@@ -118,7 +118,7 @@ def test_ready_nodes_are_those_whose_ready_condition_is_true() -> None:
 def test_every_mapped_native_state_is_one_the_map_can_produce() -> None:
     """No dead entries: each key is a condition the code reads, a pod trouble, a pod's wait or a pod count."""
     produced = {"COMPLETE", "SUCCESSCRITERIAMET", "SUSPENDED", "NODE-LOST", "DISRUPTED", "RUNNING", "PENDING",
-                "PENDING/UNSCHEDULABLE", "PENDING/IMAGEPULL"}
+                "PENDING/UNSCHEDULABLE", "PENDING/IMAGEPULL", "FAILED/DISRUPTED"}
     for key in STATE_MAP:
         kind, _, reason = key.partition("/")
         assert key in produced or (kind in ("FAILED", "FAILURETARGET") and reason), key
@@ -162,3 +162,15 @@ def test_a_pod_that_cannot_start_says_why_and_an_unpullable_image_fails_the_job(
     assert status_of(job(), pulling, {"node2"}, now=now + 301).native == "NODE-LOST"
     # A decided Job is decided whatever its pods say.
     assert status_of(job(("Complete", "True", "")), pulling, {"node1"}, now=now + 301).state is JobState.SUCCEEDED
+
+
+def test_a_disrupted_pod_of_a_gang_ends_the_attempt_as_lost():
+    """The gang rule's FailJob (render.is_gang) reads as lost, which a continuation resubmits whole; a program's
+    own failure under another FailJob rule stays failed."""
+    gang = client.V1Job(metadata=client.V1ObjectMeta(name="run-pretrain-a1"), status=client.V1JobStatus(conditions=[
+        client.V1JobCondition(type="Failed", status="True", reason="PodFailurePolicy",
+                              message="Pod ns/run-pretrain-a1-1-x7k2p has condition DisruptionTarget matching "
+                                      "FailJob rule at index 0")]))
+    status = status_of(gang, [], {"node1"})
+    assert (status.state, status.native) == (JobState.LOST, "FAILED/DISRUPTED") and "index 0" in status.detail
+    assert state(job(("Failed", "True", "PodFailurePolicy"))) == (JobState.FAILED, "FAILED/PODFAILUREPOLICY")

@@ -90,6 +90,7 @@ def test_a_pytorchjob_through_the_real_training_operator_trains_as_one(  # noqa:
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     with training_operator(k8s_cluster, cluster_port() + 10):
         assert cli(config, "run", "ddp", "--backend", "kubernetes") == 0
+        next_attempt_and_cancel_stop_a_running_pytorchjob(k8s_cluster, config)
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
     job = stage_job(stage)
     assert stage.jobs[0].native == "SUCCEEDED"  # the PyTorchJob's own condition
@@ -105,3 +106,44 @@ def test_a_pytorchjob_through_the_real_training_operator_trains_as_one(  # noqa:
     logs = [backend.logs(job, rank=rank) for rank in (0, 1)]  # the Master's and the Worker's pod, by pods/log
     assert "rank 1 of 2: met at" in logs[1] and f"{job}-master-0" in logs[1], logs[1]
     assert_trained_like_one_process(workspace / "results" / "pytorchjob" / "train_summary.json", logs, reference)
+
+
+def next_attempt_and_cancel_stop_a_running_pytorchjob(cluster: K8sCluster, config: Path) -> None:
+    """A stage's next attempt deletes its earlier PyTorchJob that still runs (a killed orchestrator's), and `cancel`
+    deletes a PyTorchJob with its pods: through the custom-objects API, not as a batch Job (a 404 there)."""
+    from dataclasses import replace
+
+    from bcp_pipeline.engine.submitter import planned_requests
+
+    loaded = load_config(config, pipeline="ddp", overrides=["pretrain.kubernetes.command=[sleep, '600']"])
+    pipeline = loaded.pipeline("ddp")
+    backend = make_backend("kubernetes", loaded, pipeline, config.parent / ".bcp-pipeline/runs/ddp-CANCEL")
+    first = next(r for r in planned_requests(pipeline, "ddp-CANCEL") if r.stage.name == "pretrain")
+    objects, core = client.CustomObjectsApi(cluster.api()), client.CoreV1Api(cluster.api())
+
+    def pods(job: str) -> list:
+        return core.list_namespaced_pod(NAMESPACE, label_selector=f"training.kubeflow.org/job-name={job}").items
+
+    def gone(job: str) -> bool:
+        try:
+            objects.get_namespaced_custom_object("kubeflow.org", "v1", NAMESPACE, "pytorchjobs", job)
+        except client.exceptions.ApiException as exc:
+            return exc.status == 404 and not pods(job)
+        return False
+
+    def wait(predicate, what: str, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.5)
+
+    earlier = backend.submit(backend.render(first))
+    wait(lambda: backend.poll([earlier])[earlier].native == "RUNNING", "the first attempt's PyTorchJob running")
+    assert len(pods(earlier)) == 2
+    later = backend.submit(backend.render(replace(first, attempt=2)))
+    assert later != earlier
+    wait(lambda: gone(earlier), f"attempt 1's PyTorchJob {earlier} and its pods deleted by attempt 2's submit")
+    wait(lambda: backend.poll([later])[later].native == "RUNNING", "the second attempt running")
+    backend.cancel([later])
+    wait(lambda: gone(later), f"PyTorchJob {later} and its pods deleted by cancel")
+    assert backend.poll([earlier, later]) == {}

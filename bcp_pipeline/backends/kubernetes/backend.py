@@ -117,14 +117,18 @@ class KubernetesBackend(Backend):
         return objects[-1]["metadata"]["name"]
 
     def _delete_earlier_attempts(self, request: JobRequest, name: str) -> None:
-        """An earlier attempt's Job of this stage that has not ended (no Complete or Failed condition: lost with
-        its node, say) is deleted (foreground) before the next attempt's is created: it would otherwise replace its
-        pod once the node is removed, beside the new attempt. Ended Jobs stay, with their pods' logs."""
+        """An earlier attempt's Job (or PyTorchJob) of this stage that has not ended (no Complete or Failed
+        condition: lost with its node, say, or left running by a killed orchestrator) is deleted (foreground) before
+        the next attempt's is created: it would otherwise run, or replace its pod once the node is removed, beside
+        the new attempt. Ended ones stay, with their pods' logs."""
         if request.resources("kubernetes").launcher == "pytorchjob" and request.kind == "stage":
-            return
-        earlier = [job.metadata.name for job in self._list_jobs(request.stage.name, request.kind)
-                   if job.metadata.name != name and job.metadata.deletion_timestamp is None
-                   and not (job_condition(job) or ("",))[0].startswith(("COMPLETE", "SUCCESS", "FAILED/"))]
+            earlier = [obj["metadata"]["name"] for obj in self._list_pytorchjobs(request.stage.name, request.kind)
+                       if obj["metadata"]["name"] != name and not obj["metadata"].get("deletionTimestamp")
+                       and not pytorchjob_status(obj).state.finished]
+        else:
+            earlier = [job.metadata.name for job in self._list_jobs(request.stage.name, request.kind)
+                       if job.metadata.name != name and job.metadata.deletion_timestamp is None
+                       and not (job_condition(job) or ("",))[0].startswith(("COMPLETE", "SUCCESS", "FAILED/"))]
         if earlier:
             self.cancel(earlier)
 
@@ -176,14 +180,14 @@ class KubernetesBackend(Backend):
             by_job.setdefault((pod.metadata.labels or {}).get(LABEL_JOB, ""), []).append(pod)
         return {job.metadata.name: (by_job.get(job.metadata.name, []), ready) for job in jobs}
 
-    def _list_pytorchjobs(self) -> list[dict[str, Any]]:
+    def _list_pytorchjobs(self, stage: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
         try:
             return client.CustomObjectsApi(self.api()).list_namespaced_custom_object(
                 "kubeflow.org", "v1", self.options.namespace, "pytorchjobs",
-                label_selector=selector_labels(self.run_id))["items"]
+                label_selector=selector_labels(self.run_id, stage, kind))["items"]
         except ApiException as exc:
             if exc.status == 404:  # no training operator (its CRD) on this cluster
                 return []
@@ -256,14 +260,22 @@ class KubernetesBackend(Backend):
         return "\n".join(lines)
 
     def cancel(self, job_ids: list[str]) -> None:
+        """Delete each job, foreground (its pods first): an Indexed Job and its Service, or a PyTorchJob (whose
+        pods and Service the training operator owns); whichever of them is not there is a 404, ignored."""
+        from kubernetes import client
         from kubernetes.client.rest import ApiException
 
+        def delete_pytorchjob(name: str, namespace: str, **options: Any) -> Any:
+            return client.CustomObjectsApi(self.api()).delete_namespaced_custom_object(
+                "kubeflow.org", "v1", namespace, "pytorchjobs", name, **options)
+
         for name in job_ids:
-            for delete in (self._batch().delete_namespaced_job, self._core().delete_namespaced_service):
+            for delete in (self._batch().delete_namespaced_job, self._core().delete_namespaced_service,
+                           delete_pytorchjob):
                 try:
                     delete(name, self.options.namespace, propagation_policy="Foreground")
                 except ApiException as exc:
-                    if exc.status != 404:
+                    if exc.status != 404:  # also a cluster without the training operator's CRD
                         raise api_error(f"delete {name}", exc) from None
 
     @classmethod

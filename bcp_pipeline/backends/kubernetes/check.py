@@ -17,7 +17,9 @@ from bcp_pipeline.errors import BackendCallError, ConfigError
 # (verb, group, resource, subresource): what `run`, `logs` and `cancel` do.
 RIGHTS = [("create", "batch", "jobs", ""), ("list", "batch", "jobs", ""), ("delete", "batch", "jobs", ""),
           ("list", "", "pods", ""), ("get", "", "pods", "log"), ("create", "", "services", ""),
-          ("get", "", "secrets", "")]
+          ("delete", "", "services", ""), ("get", "", "secrets", "")]
+# A stage with launcher: pytorchjob also creates, lists and deletes (cancel, a next attempt) PyTorchJobs.
+PYTORCHJOB_RIGHTS = [(verb, "kubeflow.org", "pytorchjobs", "") for verb in ("create", "list", "delete")]
 OPERATOR_CRD = "pytorchjobs.kubeflow.org"
 
 
@@ -37,7 +39,8 @@ def check_kubernetes(ctx: CheckInput) -> CheckOutcome:
                                                  "fix the kubeconfig or the network; nothing else was checked")])
     server = api.configuration.host
     rows = [ok("api", "the API server answers", f"{server}, Kubernetes {version.git_version}"),
-            whoami_row(api), rights_row(api, options.namespace), namespace_row(api, options.namespace),
+            whoami_row(api), rights_row(api, options.namespace, uses_pytorchjobs(ctx)),
+            namespace_row(api, options.namespace),
             claim_row(ctx, api, options), gpu_row(ctx, api), operator_row(ctx, api)]
     rows += dry_run_rows(ctx, api)
     facts = {"server": server, "version": version.git_version}
@@ -65,13 +68,18 @@ def whoami_row(api: Any) -> Row:
         return unchecked("who am i", assumes, str(api_error("who am i", exc)))
 
 
-def rights_row(api: Any, namespace: str) -> Row:
+def uses_pytorchjobs(ctx: CheckInput) -> bool:
+    return any(s.request.resources("kubernetes").launcher == "pytorchjob" for s in ctx.submissions())
+
+
+def rights_row(api: Any, namespace: str, pytorchjobs: bool = False) -> Row:
     from kubernetes import client
 
-    assumes = f"may create/list/delete jobs, list pods, read pods/log, create services, read secrets in {namespace}"
+    assumes = (f"may create/list/delete jobs, list pods, read pods/log, create/delete services, read secrets"
+               f"{', create/list/delete pytorchjobs' if pytorchjobs else ''} in {namespace}")
     missing = []
     try:
-        for verb, group, resource, sub in RIGHTS:
+        for verb, group, resource, sub in RIGHTS + (PYTORCHJOB_RIGHTS if pytorchjobs else []):
             review = client.AuthorizationV1Api(api).create_self_subject_access_review({
                 "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                 "spec": {"resourceAttributes": {"namespace": namespace, "verb": verb, "group": group,
@@ -147,7 +155,7 @@ def operator_row(ctx: CheckInput, api: Any) -> Row:
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    uses = any(s.request.resources("kubernetes").launcher == "pytorchjob" for s in ctx.submissions())
+    uses = uses_pytorchjobs(ctx)
     assumes = f"the training operator's CRD {OPERATOR_CRD}" + (" (a stage sets launcher: pytorchjob)" if uses else "")
     try:
         client.ApiextensionsV1Api(api).read_custom_resource_definition(OPERATOR_CRD)

@@ -231,6 +231,13 @@ def bridge_pod_command(request: JobRequest, options: KubernetesOptions, size: Sh
     return ["bash", "-c", script, "bcp-pipeline-pod"], entry[2:]  # past `python -u`: torchrun runs the script
 
 
+def is_gang(request: JobRequest, size: Shape) -> bool:
+    """A stage job whose pods meet at a rendezvous (a training: an engine's, or one continued to a step count) and
+    so stand or fall together, rather than independent shards of data work."""
+    return (size.pods > 1 and request.kind == "stage"
+            and (request.stage.engine is not None or request.stage.continuation is not None))
+
+
 def headless_service(request: JobRequest, options: KubernetesOptions, name: str) -> dict[str, Any]:
     """The pods' DNS names (`JOB-INDEX.JOB`): published before the pods are ready, as a rendezvous needs."""
     return {"apiVersion": "v1", "kind": "Service",
@@ -246,9 +253,12 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
         "completionMode": "Indexed", "completions": size.pods, "parallelism": size.pods,
         "backoffLimit": res.backoff_limit,
         # A disrupted pod (preempted, evicted, its node drained or tainted away) is replaced without counting
-        # against backoffLimit; a failed program (any non-zero exit of the stage container) counts.
+        # against backoffLimit, where the pods are independent shards; where they meet (a gang: a training's
+        # rendezvous), a replacement could never rejoin its peers, so the whole attempt fails (states.py reads it
+        # as lost, which a continuation resubmits whole). A failed program (any non-zero exit) counts.
         "podFailurePolicy": {"rules": [
-            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            {"action": "FailJob" if is_gang(request, size) else "Ignore",
+             "onPodConditions": [{"type": "DisruptionTarget"}]},
             {"action": "Count", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}}]},
         "template": {"metadata": {"labels": labels(request, name)}, "spec": pod_spec(request, options, size, name)},
     }
@@ -283,8 +293,10 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     specs: dict[str, Any] = {"Master": {"replicas": 1, **replica}}
     if size.pods > 1:
         specs["Worker"] = {"replicas": size.pods - 1, **replica}
+    # Running: the pods still running when the job ends (a failed job's other ranks) are deleted, freeing their GPUs;
+    # ended pods stay, with their logs.
     run_policy: dict[str, Any] = {"backoffLimit": request.resources("kubernetes").backoff_limit,
-                                  "cleanPodPolicy": "None"}
+                                  "cleanPodPolicy": "Running"}
     if size.deadline_seconds:
         run_policy["activeDeadlineSeconds"] = size.deadline_seconds
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",

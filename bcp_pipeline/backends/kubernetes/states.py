@@ -29,6 +29,9 @@ STATE_MAP: dict[str, JobState] = {
     "SUCCESSCRITERIAMET": JobState.SUCCEEDED,  # an Indexed Job's success policy met (other indexes stopping)
     "FAILED/BACKOFFLIMITEXCEEDED": JobState.FAILED,  # its programs failed more than backoffLimit times
     "FAILED/PODFAILUREPOLICY": JobState.FAILED,  # a FailJob rule of the pod failure policy failed the Job
+    # ... the gang rule (render.is_gang): a pod of a training was disrupted, so the attempt ended whole; lost, as a
+    # lost node is: a continuation resubmits it (its default resubmit_on), else resume runs it again.
+    "FAILED/DISRUPTED": JobState.LOST,
     "FAILED/MAXFAILEDINDEXESEXCEEDED": JobState.FAILED,
     "FAILED/FAILEDINDEXES": JobState.FAILED,
     "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # activeDeadlineSeconds (the stage's runtime) ran out
@@ -54,6 +57,9 @@ STATE_MAP: dict[str, JobState] = {
     "RUNNING": JobState.RUNNING,  # pods ready
     "PENDING": JobState.QUEUED,  # pods created, none ready (unscheduled, starting)
 }
+# The Job controller's message when a pod's condition matched a FailJob rule (pkg/controller/job/pod_failure_policy.go:
+# "Pod NS/NAME has condition DisruptionTarget matching FailJob rule at index 0"); only the gang rule matches it.
+GANG_RULE_MESSAGE = "has condition DisruptionTarget matching FailJob rule"
 IMAGE_PULL_GRACE_SECONDS = 300  # a registry's passing failure (throttling, a restart) is retried by the kubelet
 IMAGE_PULL_WAITING = ("ErrImagePull", "ImagePullBackOff")
 IMAGE_NEVER = ("InvalidImageName", "ErrImageNeverPull")  # nothing the kubelet retries can fix
@@ -77,7 +83,10 @@ def job_condition(job: Any) -> tuple[str, str] | None:
     for condition in true:
         kind = condition.type.upper()
         if kind == "FAILED":
-            return f"FAILED/{(condition.reason or '').upper()}", condition.message or ""
+            reason = (condition.reason or "").upper()
+            if reason == "PODFAILUREPOLICY" and GANG_RULE_MESSAGE in (condition.message or ""):
+                reason = "DISRUPTED"
+            return f"FAILED/{reason}", condition.message or ""
         if kind in ("COMPLETE", "SUCCESSCRITERIAMET"):
             return kind, condition.message or ""
     for condition in true:
