@@ -141,6 +141,38 @@ def test_a_pod_the_scheduler_cannot_place_is_shown_with_its_reason(k8s_cluster: 
         backend.cancel([job_id])
 
 
+def test_an_evicted_pod_of_a_training_gang_ends_the_attempt_as_lost(k8s_cluster: K8sCluster,  # noqa: F811
+                                                                     workspace: Path, tmp_path: Path) -> None:
+    """The real Job controller applies the gang's FailJob rule to an evicted pod of a 2-pod training, and the
+    condition it writes reads as lost (FAILED/DISRUPTED), which a continuation resubmits whole."""
+    from bcp_pipeline.backends.registry import make_backend
+    from bcp_pipeline.engine.submitter import planned_requests
+
+    config_file = demo_project(tmp_path / "gang", "kubernetes", k8s_cluster.kubeconfig, pretrain={
+        "replicas": 2, "processes": 1, "command": ["sleep", "600"]})
+    config = load_config(config_file, pipeline="demo")
+    pipeline = config.pipeline("demo")
+    backend = make_backend("kubernetes", config, pipeline, tmp_path / "runs" / "demo-GANG")
+    request = next(r for r in planned_requests(pipeline, "demo-GANG") if r.stage.name == "pretrain")
+    job_id = backend.submit(backend.render(request))
+    core = client.CoreV1Api(k8s_cluster.api())
+    try:
+        def running_pods() -> list:
+            pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job_id}").items
+            return pods if len(pods) == 2 and all(p.status.phase == "Running" for p in pods) else []
+
+        pods = wait_for(running_pods, timeout=60, what="both pods of the gang running")
+        evicted = pods[1].metadata.name
+        core.create_namespaced_pod_eviction(evicted, NAMESPACE, {
+            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": evicted, "namespace": NAMESPACE}})
+        status = wait_for(lambda: (lambda s: s if s.state.finished else None)(backend.poll([job_id])[job_id]),
+                          timeout=90, what="the gang's Job ended by its pod failure policy")
+        assert (status.state, status.native) == (JobState.LOST, "FAILED/DISRUPTED"), status
+        assert evicted in status.detail, status.detail
+    finally:
+        backend.cancel([job_id])
+
+
 def test_cancel_deletes_the_job_and_kills_its_pods(k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path  # noqa: F811
                                                    ) -> None:
     from bcp_pipeline.backends.registry import make_backend
