@@ -171,7 +171,7 @@ class KubernetesResources:
     processes; unset fields are derived from the stage's BCP section (replicas, processes, image, runtime)."""
 
     replicas: int | None = None  # pods: the Job's completions = parallelism (default: bcp.replicas)
-    processes: int | None = None  # processes per pod (default: bcp.processes)
+    processes: int | None = None  # processes per pod (default: bcp.processes, at most `cpu`'s whole cores)
     image: str | None = None  # the container image (default: bcp.image; neither: backends.kubernetes.image)
     cpu: str | None = None  # requests = limits of each pod, e.g. "8"
     memory: str | None = None  # e.g. 64Gi
@@ -197,8 +197,13 @@ class KubernetesResources:
     gpus_field: ClassVar[str | None] = "gpus"
 
     def rank_layout(self, bcp: BcpResources) -> RankLayout:
-        return RankLayout(nodes=bcp.replicas if self.replicas is None else self.replicas,
-                          per_node=bcp.processes if self.processes is None else self.processes)
+        """Unset processes: the BCP section's, but no more than the pod's whole CPUs where `cpu` gives them (a
+        DGX's 48 download processes would crowd an 8-CPU pod)."""
+        processes = self.processes
+        if processes is None:
+            cores = int(self.cpu) if self.cpu and re.fullmatch(r"[1-9]\d*", self.cpu.strip()) else None
+            processes = min(bcp.processes, cores) if cores else bcp.processes
+        return RankLayout(nodes=bcp.replicas if self.replicas is None else self.replicas, per_node=processes)
 
 
 

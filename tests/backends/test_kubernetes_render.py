@@ -198,3 +198,13 @@ def test_a_disrupted_pod_fails_a_training_gang_but_is_replaced_in_a_data_stage()
     assert disruption_rule("download") == "Ignore"  # 2 pods of independent shards: the Job replaces one
     assert disruption_rule("pretrain", "pretrain.kubernetes.replicas=2") == "FailJob"  # 2 pods that meet
     assert disruption_rule("pretrain") == "Ignore"  # one pod: nothing to rejoin
+
+
+def test_processes_default_to_the_pods_whole_cpus() -> None:
+    # download: bcp.processes 2 in the demo; a 1-CPU pod runs 1, a pod of 8 CPUs keeps 2, `processes` decides.
+    for overrides, processes in ((("download.kubernetes.processes=null", "download.kubernetes.cpu='1'"), 1),
+                                 (("download.kubernetes.processes=null", "download.kubernetes.cpu='8'"), 2),
+                                 (("download.kubernetes.processes=null", "download.kubernetes.cpu=500m"), 2),
+                                 (("download.kubernetes.processes=3", "download.kubernetes.cpu='1'"), 3)):
+        backend, request = request_for("download", *overrides)
+        assert backend.sharding(request)["processes"] == processes, overrides
