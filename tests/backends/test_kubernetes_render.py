@@ -208,3 +208,13 @@ def test_processes_default_to_the_pods_whole_cpus() -> None:
                                  (("download.kubernetes.processes=3", "download.kubernetes.cpu='1'"), 3)):
         backend, request = request_for("download", *overrides)
         assert backend.sharding(request)["processes"] == processes, overrides
+
+
+def test_plan_names_the_pytorchjobs_master_as_its_rendezvous() -> None:
+    backend, request = request_for("pretrain", "pretrain.kubernetes.launcher=pytorchjob",
+                                   "pretrain.kubernetes.replicas=2")
+    meet = backend.render(request).rendezvous
+    name = job_name(request)
+    assert meet["MASTER_ADDR"].startswith(f"{name}-master-0 ") and meet["WORLD_SIZE"] == 2
+    backend, request = request_for("pretrain", "pretrain.kubernetes.replicas=2")
+    assert backend.render(request).rendezvous["MASTER_ADDR"].startswith(f"{job_name(request)}-0.{job_name(request)} ")

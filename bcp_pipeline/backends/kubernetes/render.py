@@ -339,5 +339,9 @@ def job_rendezvous(request: JobRequest, options: KubernetesOptions) -> dict | No
     size = shape(request, options)
     layout = RankLayout(nodes=size.pods, per_node=size.processes)
     name = job_name(request)
+    if request.resources("kubernetes").launcher == "pytorchjob" and request.kind == "stage":
+        # The training operator's: its Master pod's Service, named after the job's Master replica.
+        return rendezvous(layout, f"{name}-master-0 (the Master pod, through the training operator's Service)",
+                          str(options.master_port))
     return rendezvous(layout, f"{name}-0.{name} (the index-0 pod, through the headless Service)",
                       str(options.master_port))
