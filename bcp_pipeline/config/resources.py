@@ -144,8 +144,14 @@ class GridEngineResources:
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
     launcher: Literal["ranks", "torchrun"] = "ranks"  # a distributed stage's ranks on each host: started by the job
     # script with RANK etc. set, or by one torchrun a host (c10d rendezvous at the first host; in the container)
+    setup: list[str] = field(default_factory=list)  # shell lines run on every host before its ranks start, e.g.
+    # ["source /etc/profile.d/modules.sh", "module load cuda/12.8.0"] (TSUBAME4), a virtual environment's activate
+    reserve: bool = False  # -R y: resources reserved for this job as others finish (large node_f jobs)
+    priority: int | None = None  # -p, -1023..1024 (users may only lower theirs: <= 0)
+    advance_reservation: str | None = None  # -ar ID: run inside an advance reservation (`qrsub`)
+    array_concurrency: int | None = None  # -tc N: at most N tasks of an array job at once
 
-    counts: ClassVar[tuple[str, ...]] = ()
+    counts: ClassVar[tuple[str, ...]] = ("array_concurrency",)
     image_field: ClassVar[str | None] = "container_image"
     gpus_field: ClassVar[str | None] = "processes_per_node"  # torchrun's --nproc-per-node
 

@@ -194,3 +194,25 @@ def test_submit_args_go_on_qsubs_command_line_and_plan_shows_them(tmp_path, caps
     assert main(["--config", str(config), "--state-dir", str(tmp_path), "plan", "demo", "--backend",
                  "gridengine"]) == 0
     assert "# submitted with:" not in capsys.readouterr().out  # plain `qsub -terse`: nothing to say
+
+
+def test_scheduling_options_and_site_set_up_render_as_tsubame_users_write_them(tmp_path, capsys):
+    config = REPO / "pipelines.yaml"
+    out = plan(capsys, config, "demo", "download.gridengine.reserve=true", "download.gridengine.priority=-10",
+               "download.gridengine.advance_reservation='42'", "download.gridengine.array_concurrency=1",
+               "download.gridengine.nodes=2", "sample.gridengine.array_concurrency=4",
+               "download.gridengine.setup=[source /etc/profile.d/modules.sh, module load cuda/12.8.0]")
+    scripts = {block.split(", stage ", 1)[1].split(":", 1)[0]: block for block in out.split("#!/bin/bash")[1:]
+               if ", stage " in block}
+    download = scripts["download"]
+    for directive in ("#$ -p -10", "#$ -R y", "#$ -ar 42", "#$ -t 1-2", "#$ -tc 1"):
+        assert f"\n{directive}\n" in download, directive
+    setup = download.index("# The site's set-up (gridengine.setup), on every host:")
+    assert download.index("module load cuda/12.8.0") > setup > download.index("export BCP_PIPELINE_RUN_ID")
+    assert setup < download.index("launch_node() {") or setup < download.index("run_rank()")
+    assert "-tc" not in scripts["sample"] and "module load" not in scripts["sample"]  # one task: no array to limit
+    capsys.readouterr()
+    assert main(["--config", str(config), "plan", "demo", "--backend", "gridengine",
+                 "--set", "sample.gridengine.priority=2000"]) != 0
+    assert ("--set sample.gridengine.priority=2000: pipelines.demo.stages.sample.gridengine: stage sample: "
+            "gridengine.priority 2000 is outside Grid Engine's -1023..1024") in capsys.readouterr().err

@@ -185,6 +185,25 @@ def test_a_task_deleted_while_the_orchestrator_was_killed_then_resume_matches_a_
     assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
 
 
+def test_site_set_up_lines_and_scheduling_options_reach_the_cell(tmp_path: Path) -> None:
+    """gridengine.setup runs on every host before its ranks (each array task here), and -R y, -p and -tc are
+    directives the real cell accepts: the chain runs to the local result with them."""
+    reference = write_chain_project(tmp_path / "local", GE_CHAIN)
+    assert cli(reference, "run", "chain", "--backend", "local") == 0
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    marker = tmp_path / "setup-ran"
+    setup = f"first.gridengine.setup=['echo \"task $SGE_TASK_ID on $(hostname)\" >> {marker}', 'export SITE=ready']"
+    assert cli(config, "run", "chain", "--backend", "gridengine", "--set", setup,
+               "--set", "first.gridengine.reserve=true", "--set", "first.gridengine.priority=-5",
+               "--set", "first.gridengine.array_concurrency=1") == 0
+    assert sorted(line.split(" on ")[0] for line in marker.read_text().splitlines()) == ["task 1", "task 2"]
+    assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    accounting = subprocess.run(["qacct", "-j", state.stages["first"].jobs[0].job_id], capture_output=True,
+                                text=True, check=True).stdout
+    assert re.search(r"^priority\s+-5\s*$", accounting, re.MULTILINE), accounting  # the cell took -p -5
+
+
 def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCell, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture) -> None:
     config = demo_project(tmp_path / "p", "gridengine")

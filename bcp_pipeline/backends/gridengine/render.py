@@ -144,8 +144,22 @@ def directives(request: JobRequest, size: Shape, paths: Paths) -> list[str]:
     if size.distributed and size.parallel_environment:
         lines.append(f"-pe {size.parallel_environment} {size.nodes}")
     lines += [f"-P {size.project}"] * bool(size.project) + [f"-q {size.queue}"] * bool(size.queue)
+    if res.priority is not None:
+        if not -1023 <= res.priority <= 1024:
+            raise config_error(request, "gridengine", f"gridengine.priority {res.priority} is outside Grid "
+                               "Engine's -1023..1024 (users may only lower theirs: 0 or less)")
+        lines.append(f"-p {res.priority}")
+    lines += ["-R y"] * res.reserve + [f"-ar {res.advance_reservation}"] * bool(res.advance_reservation)
+    if res.array_concurrency and size.array:
+        lines.append(f"-tc {res.array_concurrency}")
     lines += [f"-l {request_}" for request_ in res.resources] + list(res.extra_args)
     return [f"#$ {line}" for line in lines]
+
+
+def site_setup(request: JobRequest) -> list[str]:
+    """The stage's `gridengine.setup` lines, verbatim, where it has them: run on every host before its ranks."""
+    lines = request.resources("gridengine").setup
+    return ["# The site's set-up (gridengine.setup), on every host:", *lines] if lines else []
 
 
 # One node's ranks: started together, each with its own log, all waited for (every rank runs to its end even if
@@ -188,6 +202,7 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
              f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
              f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
              *shell_exports(request, "gridengine", job_values(request, options, paths), request.label),
+             *site_setup(request),
              *node_launcher(request, options, paths, size)]
     port = f'"$(({MASTER_PORT_EXPR}))"'
     if size.distributed:
@@ -237,7 +252,7 @@ def hosts_training_job(request: JobRequest, options: GridEngineOptions, paths: P
         directives=directives(request, size, paths),
         exports=[f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
                  f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
-                 *shell_exports(request, "gridengine", values, request.label)],
+                 *shell_exports(request, "gridengine", values, request.label), *site_setup(request)],
         logs=paths.logs, nodes=size.nodes, per_node=size.per_node, container=container_argv(request, paths),
         data_list_argv=data_list[0], data_list_file=data_list[1], setup=setup, program=program,
         master_port=MASTER_PORT_EXPR)
