@@ -88,13 +88,20 @@ if command[1].endswith("data_list.py"):
     pathlib.Path(command[command.index("--out") + 1]).write_text(
         "training.model.data.data_prefix=[1.0,/mount_workspace/x_text_document]")
 """)
-    executable(bin_dir / "qrsh", '#!/bin/bash\n[ "$1 $2" = "-inherit -nostdin" ] || exit 9\nhost=$3; shift 3\n'
-                                 'FAKE_HOST=$host exec "$@"\n')
+    # qrsh where a cell keeps it, $SGE_ROOT/bin/ARCH (util/arch says ARCH), and not on PATH: the script finds it so.
+    sge_root = tmp_path / "sge-root"
+    (sge_root / "bin" / "lx-amd64").mkdir(parents=True)
+    (sge_root / "util").mkdir()
+    executable(sge_root / "util" / "arch", "#!/bin/sh\necho lx-amd64\n")
+    executable(sge_root / "bin" / "lx-amd64" / "qrsh", '#!/bin/bash\n[ "$1 $2" = "-inherit -nostdin" ] || exit 9\n'
+                                                       'host=$3; shift 3\nFAKE_HOST=$host exec "$@"\n')
     executable(bin_dir / "hostname", '#!/bin/bash\necho "${FAKE_HOST:-host1}"\n')
     (tmp_path / "pe_hostfile").write_text("".join(f"{h} 1 all.q@{h} UNDEFINED\n" for h in hosts))
     job = tmp_path / "job.sh"
     job.write_text(script)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "JOB_ID": "4242", "SGE_TASK_ID": "undefined",
+    executable(bin_dir / "qrsh", "#!/bin/sh\necho 'the qrsh on PATH was used' >&2; exit 97\n")  # must not be
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SGE_ROOT": str(sge_root), "JOB_ID": "4242",
+           "SGE_TASK_ID": "undefined",
            "PE_HOSTFILE": str(tmp_path / "pe_hostfile"), **({"FAKE_CRASH": "1"} if crash else {})}
     done = subprocess.run(["bash", str(job)], env=env, capture_output=True, text=True, timeout=60)
     if crash:  # the training's status fails the job; each failed rank named where failure_detail reads it

@@ -24,6 +24,7 @@ from bcp_pipeline.backends.checks import (CheckInput, CheckOutcome, ProbeJob, Ro
     removed_at_exit, unchecked)
 from bcp_pipeline.backends.gridengine.client import HINT
 from bcp_pipeline.backends.gridengine.render import qsub_argv
+from bcp_pipeline.backends.gridengine.training import FIND_QRSH
 from bcp_pipeline.backends.shared.batch import paths_for
 from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.errors import CommandError
@@ -240,8 +241,9 @@ def probe_script(name: str, output: Path, part: Path, marker_path: Path, marker:
         'echo "BCPP-PE nhosts=$NHOSTS hostfile=$(awk \'{print $1}\' "$PE_HOSTFILE" | paste -sd,)"',
         f"mkdir -p {shlex.quote(str(marker_path.parent))} && echo {marker} > {shlex.quote(str(marker_path))}",
         f"printf '%s\\n' {shlex.quote(HOST_PART)} > {shlex.quote(str(part))}",
+        FIND_QRSH,
         "for host in $(awk '{print $1}' \"$PE_HOSTFILE\"); do",
-        f"  qrsh -inherit -nostdin \"$host\" /bin/bash {shlex.quote(str(part))} {shlex.quote(str(marker_path))} &",
+        f"  \"$qrsh\" -inherit -nostdin \"$host\" /bin/bash {shlex.quote(str(part))} {shlex.quote(str(marker_path))} &",
         "done", "wait", ""])
 
 

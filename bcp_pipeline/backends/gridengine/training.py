@@ -82,6 +82,13 @@ def torchrun_call(runner: str, endpoint: str, program: str) -> str:
             f'    "$logs/$JOB_ID" {program}')
 
 
+# qrsh by its path in the cell ($SGE_ROOT/bin/ARCH): a site's job environment need not have it on PATH (shell text,
+# setting $qrsh). Also the `check` probe's (check.py).
+FIND_QRSH = r'''qrsh=qrsh
+if [ -n "${SGE_ROOT:-}" ]; then
+  arch=$("$SGE_ROOT/util/arch" 2>/dev/null || true)
+  if [ -x "$SGE_ROOT/bin/$arch/qrsh" ]; then qrsh="$SGE_ROOT/bin/$arch/qrsh"; fi
+fi'''
 # More than one host: this script again on each host of the job through `qrsh -inherit` (tight integration).
 HOSTS = r'''mapfile -t hosts < <(awk '{print $1}' "$PE_HOSTFILE")
 if [ "${#hosts[@]}" -ne "$nodes" ]; then
@@ -90,9 +97,10 @@ if [ "${#hosts[@]}" -ne "$nodes" ]; then
 fi
 master_addr="${hosts[0]}" master_port="$((PORT_EXPRESSION))"
 mkdir -p "$logs/$JOB_ID" && cp "$0" "$logs/$JOB_ID/job.sh"
+FIND_QRSH
 code=0 pids=()
 for node in "${!hosts[@]}"; do
-  qrsh -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$master_addr" "$master_port" &
+  "$qrsh" -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$master_addr" "$master_port" &
   pids+=($!)
 done
 for node in "${!pids[@]}"; do
@@ -106,7 +114,7 @@ def fan_out_to_hosts(port_expression: str) -> str:
     then this script again on each through `qrsh -inherit` (tight integration) as `--node N ADDRESS PORT`, the
     first host's address and PORT_EXPRESSION's value the rendezvous; the job fails where any host's part does.
     Also the Grid Engine backend's distributed stages (render.py)."""
-    return HOSTS.replace("PORT_EXPRESSION", port_expression)
+    return HOSTS.replace("PORT_EXPRESSION", port_expression).replace("FIND_QRSH", FIND_QRSH)
 
 
 def render(job: HostsTraining) -> str:

@@ -38,9 +38,14 @@ if [ "${#hosts[@]}" -ne "$nodes" ]; then
 fi
 master_addr="${hosts[0]}" master_port="$((20000 + (JOB_ID * 7 + ${SGE_TASK_ID/undefined/0}) % 20000))"
 mkdir -p "$logs/$JOB_ID" && cp "$0" "$logs/$JOB_ID/job.sh"
+qrsh=qrsh
+if [ -n "${SGE_ROOT:-}" ]; then
+  arch=$("$SGE_ROOT/util/arch" 2>/dev/null || true)
+  if [ -x "$SGE_ROOT/bin/$arch/qrsh" ]; then qrsh="$SGE_ROOT/bin/$arch/qrsh"; fi
+fi
 code=0 pids=()
 for node in "${!hosts[@]}"; do
-  qrsh -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$master_addr" "$master_port" &
+  "$qrsh" -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$master_addr" "$master_port" &
   pids+=($!)
 done
 for node in "${!pids[@]}"; do
