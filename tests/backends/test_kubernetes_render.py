@@ -218,3 +218,21 @@ def test_plan_names_the_pytorchjobs_master_as_its_rendezvous() -> None:
     assert meet["MASTER_ADDR"].startswith(f"{name}-master-0 ") and meet["WORLD_SIZE"] == 2
     backend, request = request_for("pretrain", "pretrain.kubernetes.replicas=2")
     assert backend.render(request).rendezvous["MASTER_ADDR"].startswith(f"{job_name(request)}-0.{job_name(request)} ")
+
+
+def test_labels_annotations_and_a_ttl_pass_through_but_never_replace_the_backends_labels() -> None:
+    backend, request = request_for(
+        "sample", "sample.kubernetes.labels={team: llm, kueue.x-k8s.io/queue-name: gpu-queue, bcp-pipeline/run: x}",
+        "sample.kubernetes.annotations={owner: me@example.org}", "sample.kubernetes.ttl_after_finished=1D")
+    _, job = manifests(request, backend.options)
+    for meta in (job["metadata"], job["spec"]["template"]["metadata"]):
+        assert meta["labels"]["team"] == "llm" and meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+        assert meta["labels"]["bcp-pipeline/run"] == "demo-RUN"  # the backend's own: what it lists and selects by
+        assert meta["annotations"] == {"owner": "me@example.org"}
+    assert job["spec"]["ttlSecondsAfterFinished"] == 86400
+    backend, request = request_for("sample", "sample.kubernetes.launcher=pytorchjob",
+                                   "sample.kubernetes.ttl_after_finished=2H", "sample.kubernetes.labels={team: llm}")
+    (pytorchjob,) = manifests(request, backend.options)
+    assert pytorchjob["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 7200
+    assert pytorchjob["metadata"]["labels"]["team"] == "llm"
+    assert pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"]["team"] == "llm"

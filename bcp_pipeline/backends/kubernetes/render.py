@@ -118,8 +118,19 @@ def job_values(request: JobRequest, options: KubernetesOptions) -> dict[str, str
 
 
 def labels(request: JobRequest, name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_RUN: label_value(request.run_id),
-            LABEL_STAGE: label_value(request.stage.name), LABEL_KIND: request.kind, LABEL_JOB: name}
+    """The backend's labels (what it lists and selects by), after the stage's own `labels`, which cannot replace
+    them."""
+    return {**request.resources("kubernetes").labels, "app.kubernetes.io/managed-by": MANAGED_BY,
+            LABEL_RUN: label_value(request.run_id), LABEL_STAGE: label_value(request.stage.name),
+            LABEL_KIND: request.kind, LABEL_JOB: name}
+
+
+def metadata(request: JobRequest, job: str, namespace: str | None = None) -> dict[str, Any]:
+    """The metadata of the job `job` (with its `namespace`) or of its pod template (without): the labels, and the
+    stage's annotations where it has some."""
+    annotations = dict(request.resources("kubernetes").annotations)
+    named = {"name": job, "namespace": namespace} if namespace else {}
+    return {**named, "labels": labels(request, job), **({"annotations": annotations} if annotations else {})}
 
 
 def container_env(request: JobRequest, options: KubernetesOptions, size: Shape, name: str) -> list[dict[str, Any]]:
@@ -260,13 +271,14 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
             {"action": "FailJob" if is_gang(request, size) else "Ignore",
              "onPodConditions": [{"type": "DisruptionTarget"}]},
             {"action": "Count", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}}]},
-        "template": {"metadata": {"labels": labels(request, name)}, "spec": pod_spec(request, options, size, name)},
+        "template": {"metadata": metadata(request, name), "spec": pod_spec(request, options, size, name)},
     }
     if size.deadline_seconds:
         spec["activeDeadlineSeconds"] = size.deadline_seconds
+    if res.ttl_after_finished:
+        spec["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
     return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "namespace": options.namespace, "labels": labels(request, name)},
-            "spec": spec}
+            "metadata": metadata(request, name, options.namespace), "spec": spec}
 
 
 def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, Any]:
@@ -288,8 +300,7 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
                         ("WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")]
     container["ports"] = [{"name": "pytorchjob-port", "containerPort": options.master_port}]
     template.pop("subdomain")
-    replica = {"restartPolicy": "Never", "template": {"metadata": {"labels": labels(request, name)},
-                                                      "spec": template}}
+    replica = {"restartPolicy": "Never", "template": {"metadata": metadata(request, name), "spec": template}}
     specs: dict[str, Any] = {"Master": {"replicas": 1, **replica}}
     if size.pods > 1:
         specs["Worker"] = {"replicas": size.pods - 1, **replica}
@@ -299,8 +310,10 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
                                   "cleanPodPolicy": "Running"}
     if size.deadline_seconds:
         run_policy["activeDeadlineSeconds"] = size.deadline_seconds
+    if request.resources("kubernetes").ttl_after_finished:
+        run_policy["ttlSecondsAfterFinished"] = parse_duration(request.resources("kubernetes").ttl_after_finished)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "metadata": {"name": name, "namespace": options.namespace, "labels": labels(request, name)},
+            "metadata": metadata(request, name, options.namespace),
             "spec": {"nprocPerNode": str(size.processes), "runPolicy": run_policy, "pytorchReplicaSpecs": specs}}
 
 
