@@ -117,18 +117,24 @@ def test_every_bundled_pipeline_is_accepted_by_the_apiserver(k8s_cluster: K8sClu
     assert checked > 20
 
 
-def test_a_pod_the_scheduler_cannot_place_is_shown_with_its_reason(k8s_cluster: K8sCluster,  # noqa: F811
-                                                                    workspace: Path, tmp_path: Path) -> None:
-    """The real kube-scheduler's own message for a GPU request no node can meet (the nodes have no GPUs)."""
+def submit_demo_stage(cluster: K8sCluster, root: Path, stage: str, overrides: list[str] = (),
+                      pretrain: dict | None = None):
+    """One job of the demo's `stage`, submitted straight through the backend (no run): (backend, job id)."""
     from bcp_pipeline.backends.registry import make_backend
     from bcp_pipeline.engine.submitter import planned_requests
 
-    config_file = demo_project(tmp_path / "gpu", "kubernetes", k8s_cluster.kubeconfig)
-    config = load_config(config_file, overrides=["sample.kubernetes.gpus=1"], pipeline="demo")
+    config = load_config(demo_project(root, "kubernetes", cluster.kubeconfig, pretrain=pretrain),
+                         overrides=list(overrides), pipeline="demo")
     pipeline = config.pipeline("demo")
-    backend = make_backend("kubernetes", config, pipeline, tmp_path / "runs" / "demo-GPU")
-    request = next(r for r in planned_requests(pipeline, "demo-GPU") if r.stage.name == "sample")
-    job_id = backend.submit(backend.render(request))
+    backend = make_backend("kubernetes", config, pipeline, root / "runs" / "demo-RUN")
+    request = next(r for r in planned_requests(pipeline, "demo-RUN") if r.stage.name == stage)
+    return backend, backend.submit(backend.render(request))
+
+
+def test_a_pod_the_scheduler_cannot_place_is_shown_with_its_reason(k8s_cluster: K8sCluster,  # noqa: F811
+                                                                    workspace: Path, tmp_path: Path) -> None:
+    """The real kube-scheduler's own message for a GPU request no node can meet (the nodes have no GPUs)."""
+    backend, job_id = submit_demo_stage(k8s_cluster, tmp_path / "gpu", "sample", ["sample.kubernetes.gpus=1"])
     try:
         deadline = time.monotonic() + 60
         while (status := backend.poll([job_id])[job_id]).native != "PENDING/UNSCHEDULABLE":
@@ -145,16 +151,8 @@ def test_an_evicted_pod_of_a_training_gang_ends_the_attempt_as_lost(k8s_cluster:
                                                                      workspace: Path, tmp_path: Path) -> None:
     """The real Job controller applies the gang's FailJob rule to an evicted pod of a 2-pod training, and the
     condition it writes reads as lost (FAILED/DISRUPTED), which a continuation resubmits whole."""
-    from bcp_pipeline.backends.registry import make_backend
-    from bcp_pipeline.engine.submitter import planned_requests
-
-    config_file = demo_project(tmp_path / "gang", "kubernetes", k8s_cluster.kubeconfig, pretrain={
+    backend, job_id = submit_demo_stage(k8s_cluster, tmp_path / "gang", "pretrain", pretrain={
         "replicas": 2, "processes": 1, "command": ["sleep", "600"]})
-    config = load_config(config_file, pipeline="demo")
-    pipeline = config.pipeline("demo")
-    backend = make_backend("kubernetes", config, pipeline, tmp_path / "runs" / "demo-GANG")
-    request = next(r for r in planned_requests(pipeline, "demo-GANG") if r.stage.name == "pretrain")
-    job_id = backend.submit(backend.render(request))
     core = client.CoreV1Api(k8s_cluster.api())
     try:
         def running_pods() -> list:
@@ -175,20 +173,13 @@ def test_an_evicted_pod_of_a_training_gang_ends_the_attempt_as_lost(k8s_cluster:
 
 def test_cancel_deletes_the_job_and_kills_its_pods(k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path  # noqa: F811
                                                    ) -> None:
-    from bcp_pipeline.backends.registry import make_backend
-    from bcp_pipeline.engine.submitter import planned_requests
-
-    config_file = demo_project(tmp_path / "cancel", "kubernetes", k8s_cluster.kubeconfig)
-    config = load_config(config_file, overrides=["sample.kubernetes.command=[sleep, '600']"], pipeline="demo")
-    pipeline = config.pipeline("demo")
-    backend = make_backend("kubernetes", config, pipeline, tmp_path / "runs" / "demo-CANCEL")
-    request = next(r for r in planned_requests(pipeline, "demo-CANCEL") if r.stage.name == "sample")
-    job_id = backend.submit(backend.render(request))
+    backend, job_id = submit_demo_stage(k8s_cluster, tmp_path / "cancel", "sample",
+                                        ["sample.kubernetes.command=[sleep, '600']"])
     deadline = time.monotonic() + 60
     while backend.poll([job_id])[job_id].native != "RUNNING":
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.5)
-    assert backend.find_active("demo-CANCEL", "sample", "stage") == [job_id]
+    assert backend.find_active("demo-RUN", "sample", "stage") == [job_id]
     backend.cancel([job_id])
     core = client.CoreV1Api(k8s_cluster.api())
     while backend.poll([job_id]) or core.list_namespaced_pod(
