@@ -119,15 +119,17 @@ def test_every_bundled_pipeline_is_accepted_by_the_apiserver(k8s_cluster: K8sClu
 
 def submit_demo_stage(cluster: K8sCluster, root: Path, stage: str, overrides: list[str] = (),
                       pretrain: dict | None = None):
-    """One job of the demo's `stage`, submitted straight through the backend (no run): (backend, job id)."""
+    """One job of the demo's `stage`, submitted straight through the backend (no run), under the run id
+    demo-ROOT (each caller its own, so no two tests' Jobs share a name): (backend, job id)."""
     from bcp_pipeline.backends.registry import make_backend
     from bcp_pipeline.engine.submitter import planned_requests
 
     config = load_config(demo_project(root, "kubernetes", cluster.kubeconfig, pretrain=pretrain),
                          overrides=list(overrides), pipeline="demo")
     pipeline = config.pipeline("demo")
-    backend = make_backend("kubernetes", config, pipeline, root / "runs" / "demo-RUN")
-    request = next(r for r in planned_requests(pipeline, "demo-RUN") if r.stage.name == stage)
+    run_id = f"demo-{root.name.upper()}"
+    backend = make_backend("kubernetes", config, pipeline, root / "runs" / run_id)
+    request = next(r for r in planned_requests(pipeline, run_id) if r.stage.name == stage)
     return backend, backend.submit(backend.render(request))
 
 
@@ -179,7 +181,7 @@ def test_cancel_deletes_the_job_and_kills_its_pods(k8s_cluster: K8sCluster, work
     while backend.poll([job_id])[job_id].native != "RUNNING":
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.5)
-    assert backend.find_active("demo-RUN", "sample", "stage") == [job_id]
+    assert backend.find_active("demo-CANCEL", "sample", "stage") == [job_id]
     backend.cancel([job_id])
     core = client.CoreV1Api(k8s_cluster.api())
     while backend.poll([job_id]) or core.list_namespaced_pod(
