@@ -187,7 +187,7 @@ def test_a_task_deleted_while_the_orchestrator_was_killed_then_resume_matches_a_
 
 def test_site_set_up_lines_and_scheduling_options_reach_the_cell(tmp_path: Path) -> None:
     """gridengine.setup runs on every host before its ranks (each array task here), and -R y, -p and -tc are
-    directives the real cell accepts: the chain runs to the local result with them."""
+    directives the real cell accepts: the chain runs to the local result with them, its two tasks one at a time."""
     reference = write_chain_project(tmp_path / "local", GE_CHAIN)
     assert cli(reference, "run", "chain", "--backend", "local") == 0
     config = write_chain_project(tmp_path / "ge", GE_CHAIN)
@@ -201,7 +201,12 @@ def test_site_set_up_lines_and_scheduling_options_reach_the_cell(tmp_path: Path)
     state = RunStore(config.parent / ".bcp-pipeline").latest()
     accounting = subprocess.run(["qacct", "-j", state.stages["first"].jobs[0].job_id], capture_output=True,
                                 text=True, check=True).stdout
-    assert re.search(r"^priority\s+-5\s*$", accounting, re.MULTILINE), accounting  # the cell took -p -5
+    tasks = {}
+    for record in accounting.split("=" * 62)[1:]:
+        fields = dict(line.split(None, 1) for line in record.strip().splitlines() if len(line.split(None, 1)) == 2)
+        tasks[int(fields["taskid"])] = [time.mktime(time.strptime(fields[key].strip(), "%a %b %d %H:%M:%S %Y"))
+                                        for key in ("start_time", "end_time")]
+    assert tasks[2][0] >= tasks[1][1] or tasks[1][0] >= tasks[2][1], (tasks, accounting)  # -tc 1: one at a time
 
 
 def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCell, tmp_path: Path,

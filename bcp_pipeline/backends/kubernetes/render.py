@@ -304,10 +304,11 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     specs: dict[str, Any] = {"Master": {"replicas": 1, **replica}}
     if size.pods > 1:
         specs["Worker"] = {"replicas": size.pods - 1, **replica}
-    # Running: the pods still running when the job ends (a failed job's other ranks) are deleted, freeing their GPUs;
-    # ended pods stay, with their logs.
+    # None, not Running: the job succeeds when its Master does, and Running would then delete the Workers still
+    # finishing, with their logs (Megatron-Bridge prints its training log from the last rank, a Worker). A stage's
+    # next attempt and `cancel` delete the whole PyTorchJob, its pods with it.
     run_policy: dict[str, Any] = {"backoffLimit": request.resources("kubernetes").backoff_limit,
-                                  "cleanPodPolicy": "Running"}
+                                  "cleanPodPolicy": "None"}
     if size.deadline_seconds:
         run_policy["activeDeadlineSeconds"] = size.deadline_seconds
     if request.resources("kubernetes").ttl_after_finished:
