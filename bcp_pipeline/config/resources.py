@@ -212,9 +212,13 @@ class KubernetesResources:
         DGX's 48 download processes would crowd an 8-CPU pod)."""
         processes = self.processes
         if processes is None:
-            cores = int(self.cpu) if self.cpu and re.fullmatch(r"[1-9]\d*", self.cpu.strip()) else None
+            cores = self.whole_cpus()
             processes = min(bcp.processes, cores) if cores else bcp.processes
         return RankLayout(nodes=bcp.replicas if self.replicas is None else self.replicas, per_node=processes)
+
+    def whole_cpus(self) -> int | None:
+        """The pod's CPUs where `cpu` asks for whole ones ("8"); None for none or a fraction ("500m", "7.5")."""
+        return int(self.cpu) if self.cpu and re.fullmatch(r"[1-9]\d*", self.cpu.strip()) else None
 
 
 

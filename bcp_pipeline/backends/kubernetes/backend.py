@@ -18,8 +18,8 @@ from typing import Any
 
 from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission, outage_seconds
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
-from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, job_rendezvous, label_value, manifests, printable,
-    refuse_nemo, selector_labels, shape)
+from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, is_pytorchjob, job_rendezvous, label_value,
+    manifests, printable, refuse_nemo, selector_labels, shape)
 from bcp_pipeline.backends.kubernetes.states import (completion_index, job_condition, pytorchjob_status,
     ready_node_names, status_of)
 from bcp_pipeline.backends.shared.locks import user_writer_lock
@@ -121,7 +121,7 @@ class KubernetesBackend(Backend):
         condition: lost with its node, say, or left running by a killed orchestrator) is deleted (foreground) before
         the next attempt's is created: it would otherwise run, or replace its pod once the node is removed, beside
         the new attempt. Ended ones stay, with their pods' logs."""
-        if request.resources("kubernetes").launcher == "pytorchjob" and request.kind == "stage":
+        if is_pytorchjob(request):
             earlier = [obj["metadata"]["name"] for obj in self._list_pytorchjobs(request.stage.name, request.kind)
                        if obj["metadata"]["name"] != name and not obj["metadata"].get("deletionTimestamp")
                        and not pytorchjob_status(obj).state.finished]

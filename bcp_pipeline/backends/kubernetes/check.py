@@ -11,6 +11,7 @@ from typing import Any
 from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, Row, different, ok, unchecked
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
 from bcp_pipeline.backends.kubernetes.probe import probe_rows
+from bcp_pipeline.backends.kubernetes.render import is_pytorchjob
 from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError, ConfigError
 
@@ -69,7 +70,7 @@ def whoami_row(api: Any) -> Row:
 
 
 def uses_pytorchjobs(ctx: CheckInput) -> bool:
-    return any(s.request.resources("kubernetes").launcher == "pytorchjob" for s in ctx.submissions())
+    return any(is_pytorchjob(s.request) for s in ctx.submissions())
 
 
 def rights_row(api: Any, namespace: str, pytorchjobs: bool = False) -> Row:

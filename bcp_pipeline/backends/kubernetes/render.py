@@ -307,21 +307,26 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     # None, not Running: the job succeeds when its Master does, and Running would then delete the Workers still
     # finishing, with their logs (Megatron-Bridge prints its training log from the last rank, a Worker). A stage's
     # next attempt and `cancel` delete the whole PyTorchJob, its pods with it.
-    run_policy: dict[str, Any] = {"backoffLimit": request.resources("kubernetes").backoff_limit,
-                                  "cleanPodPolicy": "None"}
+    res: KubernetesResources = request.resources("kubernetes")
+    run_policy: dict[str, Any] = {"backoffLimit": res.backoff_limit, "cleanPodPolicy": "None"}
     if size.deadline_seconds:
         run_policy["activeDeadlineSeconds"] = size.deadline_seconds
-    if request.resources("kubernetes").ttl_after_finished:
-        run_policy["ttlSecondsAfterFinished"] = parse_duration(request.resources("kubernetes").ttl_after_finished)
+    if res.ttl_after_finished:
+        run_policy["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "metadata": metadata(request, name, options.namespace),
             "spec": {"nprocPerNode": str(size.processes), "runPolicy": run_policy, "pytorchReplicaSpecs": specs}}
 
 
+def is_pytorchjob(request: JobRequest) -> bool:
+    """A stage job rendered as a Kubeflow PyTorchJob (`launcher: pytorchjob`; verification jobs never are)."""
+    return request.kind == "stage" and request.resources("kubernetes").launcher == "pytorchjob"
+
+
 def manifests(request: JobRequest, options: KubernetesOptions) -> list[dict[str, Any]]:
     """Everything `run` creates for one job, in creation order."""
     refuse_nemo(request)
-    if request.resources("kubernetes").launcher == "pytorchjob" and request.kind == "stage":
+    if is_pytorchjob(request):
         return [pytorch_job(request, options)]
     return [headless_service(request, options, job_name(request)), indexed_job(request, options)]
 
@@ -353,7 +358,7 @@ def job_rendezvous(request: JobRequest, options: KubernetesOptions) -> dict | No
     size = shape(request, options)
     layout = RankLayout(nodes=size.pods, per_node=size.processes)
     name = job_name(request)
-    if request.resources("kubernetes").launcher == "pytorchjob" and request.kind == "stage":
+    if is_pytorchjob(request):
         # The training operator's: its Master pod's Service, named after the job's Master replica.
         return rendezvous(layout, f"{name}-master-0 (the Master pod, through the training operator's Service)",
                           str(options.master_port))
