@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from bcp_pipeline.config.instances import InstanceType
@@ -37,40 +36,33 @@ def node_type(stage: StageConfig, backend: str, instances: dict[str, InstanceTyp
             return NodeType("this machine", None, 0, ("this machine's cores are not known here",))
         return NodeType("this machine", InstanceType(gpus=0, cpu_cores=here.cpu_cores, gpu_peak_tflops=0.0), 0)
     section = stage.resources(backend)
-    declared_gpus = _declared_gpus(section, backend)
-    training_gpus = declared_gpus if stage.engine and declared_gpus else None
+    # A training's GPUs a node are its ranks a node, in the section's `gpus_field` as the renderers read it; a data
+    # stage's, the GPUs it requests (Slurm's --gpus-per-node, a pod's nvidia.com/gpu: the same fields; Grid
+    # Engine's field is a rank count, and its data jobs request no GPU).
+    given = (getattr(section, section.gpus_field) or None) if section.gpus_field else None
+    training_gpus = given if stage.engine else None
     label = section.node_selector.get(EKS_INSTANCE_LABEL) if backend == "kubernetes" else None
     if known is None:
         return NodeType(label or "-", None, training_gpus,
                         (f"no node type: the estimates take the GPU and its peak from bcp.instance, and "
                          f"{bcp.instance!r} is not known (declare it under backends.bcp.instances)",))
-    cores = _declared_cores(section, backend) or known.cpu_cores
-    # A data stage gets the GPUs it asks for (none unless declared); a training one, one a rank (bridge/nemo).
-    gpus = declared_gpus or (known.gpus if stage.engine else 0)
-    facts = InstanceType(gpus=gpus, cpu_cores=cores, gpu_peak_tflops=known.gpu_peak_tflops)
+    declared_cores = _declared_cores(section, backend)
+    data_gpus = given if backend != "gridengine" else None
+    gpus = (training_gpus or known.gpus) if stage.engine else (data_gpus or 0)
+    facts = InstanceType(gpus=gpus, cpu_cores=declared_cores or known.cpu_cores,
+                         gpu_peak_tflops=known.gpu_peak_tflops)
     note = (f"nodes taken to be like bcp.instance {bcp.instance} (its GPU's peak"
-            + ("" if _declared_cores(section, backend) else ", its CPU cores") + f"): {backend} names no node type")
+            + ("" if declared_cores else ", its CPU cores") + f"): {backend} names no node type")
     return NodeType(label or f"like {bcp.instance}", facts, training_gpus, (note,))
 
 
 EKS_INSTANCE_LABEL = "node.kubernetes.io/instance-type"
 
 
-def _declared_gpus(section, backend: str) -> int | None:
-    """GPUs a node as the backend's section asks for them (Grid Engine: a distributed job's ranks a host)."""
-    if backend == "slurm":
-        return section.gpus_per_node
-    if backend == "kubernetes":
-        return section.gpus or None
-    if backend == "gridengine" and section.distributed:
-        return section.processes_per_node
-    return None
-
-
 def _declared_cores(section, backend: str) -> int | None:
-    """CPU cores a node as the section asks for them: Slurm's tasks x cpus_per_task, a pod's whole-core request."""
+    """CPU cores a node as the section asks for them: Slurm's tasks x cpus_per_task, a pod's whole CPUs."""
     if backend == "slurm" and section.ntasks_per_node:
         return section.ntasks_per_node * section.cpus_per_task
-    if backend == "kubernetes" and section.cpu and re.fullmatch(r"\d+", section.cpu):
-        return int(section.cpu)
+    if backend == "kubernetes":
+        return section.whole_cpus()
     return None

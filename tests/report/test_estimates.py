@@ -202,6 +202,15 @@ def test_estimates_use_the_rank_layout_of_the_backend_planned(capsys):
                          "--set", "pretrain.gridengine.container_image=/images/nemo.sif")
     assert (sge["pretrain"]["nodes"], sge["pretrain"]["gpus_per_node"]) == (4, 1)
     assert sge["pretrain"]["seconds"] == pytest.approx(tokens * per_token / (4 * 312e12 * 0.40))
+    # One host of 4 ranks (no `distributed`: a one-host training needs none): 4 GPUs, as the job starts 4 ranks;
+    # a data stage's ranks there are no GPUs.
+    one_host = plan_estimates(capsys, "slimpajama-8b", "--backend", "gridengine",
+                              "--set", "pretrain.gridengine.nodes=1",
+                              "--set", "pretrain.gridengine.processes_per_node=4",
+                              "--set", "pretrain.gridengine.container_image=/images/nemo.sif",
+                              "--set", "download.gridengine.distributed=true")
+    assert (one_host["pretrain"]["nodes"], one_host["pretrain"]["gpus_per_node"]) == (1, 4)
+    assert one_host["download"]["gpus_per_node"] == 0
     # Local: each stage's replicas on this machine, with no GPU and so no training time.
     local = plan_estimates(capsys, "demo", "--backend", "local")
     demo = load_and_check(BUNDLED).pipeline("demo")
