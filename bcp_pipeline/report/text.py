@@ -58,21 +58,25 @@ def shown_job_id(run_id: str, stage: str, job_id: str) -> str:
     """A job's id in the status table: less the `RUN-STAGE` its name starts with (Kubernetes names its Jobs so, up
     to 63 characters each; the row names the stage and the header the run), or less `RUN` where the name had to
     be shortened (its stage part cut and hashed); else whole (BCP's numbers, Slurm's)."""
+    prefix = _shown_without(run_id, stage, job_id)
+    return job_id[len(prefix) - 1:] if prefix else job_id
+
+
+def _shown_without(run_id: str, stage: str, job_id: str) -> str | None:
+    """The prefix shown_job_id leaves out of `job_id` (None: it is shown whole)."""
     for prefix in (f"{run_id}-{stage}-".lower(), f"{run_id}-".lower()):
         if job_id.lower().startswith(prefix):
-            return job_id[len(prefix) - 1:]
-    return job_id
+            return prefix
+    return None
 
 
 def job_id_legend(state: RunState) -> list[str]:
     """What a shortened job id in the status table stands for (none where all are whole)."""
-    shown = [(name, j.job_id, shown_job_id(state.run_id, name, j.job_id)) for name, s in state.stages.items()
-             for j in s.jobs]
-    if all(job_id == short for _, job_id, short in shown):
+    left_out = {_shown_without(state.run_id, name, j.job_id) for name, s in state.stages.items() for j in s.jobs}
+    if not left_out - {None}:
         return []
     legend = f"-X = job {state.run_id}-STAGE-X"
-    if any(short != job_id and not job_id.lower().startswith(f"{state.run_id}-{name}-".lower())
-           for name, job_id, short in shown):
+    if f"{state.run_id}-".lower() in left_out:
         legend += f" (or {state.run_id}-X, a name shortened to fit)"
     return [legend]
 
