@@ -8,8 +8,10 @@ Content-Length and every zstd frame is complete. 429, 5xx, dropped connections, 
 retried with exponential backoff and jitter, waiting what `Retry-After` / `RateLimit` headers ask (capped); a 404
 or 401/403 fails the file at once. `HF_TOKEN` is sent as a bearer token and never printed.
 
-Every rank writes the same `OUT/.manifest/download.json` (the full list of expected names) before downloading, so
-later stages can list their inputs without racing the downloads. Exit 0 only when every file of the shard is in place.
+Every rank writes the same `OUT/.manifest/download.json` (the full list of expected names, and the output digest it
+was written under) before downloading, so later stages can list their inputs without racing the downloads, and a
+streamed downstream (preprocess.py) can take each group of files as it lands. Exit 0 only when every file of the
+shard is in place.
 
 `--hf-dataset REPO [--revision REV] [--include GLOB] [--exclude GLOB]` fetches any dataset repo instead: the file
 list comes from the Hub's tree API at the commit REV resolves to (hf_listing.py), and the manifest records that
@@ -47,6 +49,8 @@ MANIFEST = Path(".manifest") / "download.json"
 def write_manifest(out_dir: Path, items: list[Item], rank: int) -> None:
     """Write the list of every expected name; each rank writes identical bytes, so the last rename wins harmlessly."""
     payload = {"stage": STAGE, "count": len(items), "files": [item.name for item in items]}
+    if os.environ.get(_common.OUTPUT_DIGEST_ENV):  # a streamed downstream trusts only this config's manifest
+        payload["output_digest"] = os.environ[_common.OUTPUT_DIGEST_ENV]
     data = (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
     path = out_dir / MANIFEST
     with contextlib.suppress(FileNotFoundError):
@@ -209,7 +213,8 @@ def fetch_shard(fetcher: Fetcher, items: list[Item] | list[HubItem], rank: int, 
     out, log = fetcher.out_dir, fetcher.log
     mine = _common.shard(items, rank, world)
     _common.remove_stale_temporaries_of(out / item.name for item in mine)
-    todo = [item for item in mine if not (out / item.name).exists()]
+    # In name order, the order a streamed downstream groups them (preprocess.py): its first groups land first.
+    todo = sorted((item for item in mine if not (out / item.name).exists()), key=lambda item: item.name)
     log(f"rank {rank}/{world}: {len(mine)} of {len(items)} files, {len(mine) - len(todo)} already present")
     progress = _common.Progress(len(mine), rank)
     progress.advance(len(mine) - len(todo))

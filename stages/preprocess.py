@@ -22,6 +22,10 @@ Outputs are sharded across ranks; within a rank, `--workers` processes tokenize 
 (reading plain inputs themselves; compressed and parquet inputs are read by the main process) while it writes
 the results in input order. A bounded window of batches is in flight and document lengths are spilled to a scratch
 file, so memory does not grow with the input.
+
+On a streamed edge from the download (`needs: [{stage: download, stream: true}]`), the stage starts while the
+download runs: each rank takes, of its outputs, the first whose inputs have all landed (_streamed_inputs.py), so
+the outputs are the same bytes as when the download had finished first.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ import _common
 from _preprocess_batches import read_batches
 from _tokenize_workers import BatchResult, init_worker, make_executor, ordered_results
 from doc_sources import INPUT_SUFFIXES, input_suffix
-from extract import download_manifest_names, visible_names
+from _streamed_inputs import Arrivals, stall_seconds, streamed_digests, wait_for_upstream
+from extract import DOWNLOAD_MANIFEST, download_manifest_names, visible_names
 from megatron_index import HashingWriter, IndexedDatasetWriter
 from tokenizers_gpt2 import Tokenizer, TokenizerError, TokenizerSpec, describe, token_dtype
 
@@ -170,6 +175,8 @@ def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, ran
     outputs = [p for suffix in (".bin", ".idx", ".manifest.json", ".lengths") for p in args.out_dir.glob(f"*{suffix}")]
     if _common.claim_or_refuse(args.out_dir, STAGE, outputs, rank):
         return 1
+    if digests := streamed_digests():  # a streamed edge: the upstream still runs (_streamed_inputs.py)
+        wait_for_upstream(args.in_dir, args.in_dir / DOWNLOAD_MANIFEST, digests, STAGE, stall_seconds())
     items = list_items(args.in_dir, args.files_per_output)
     if not items:
         wanted = "/".join(f"*{s}" for s in INPUT_SUFFIXES) if args.files_per_output else "train_chunk_{i}.jsonl"
@@ -184,19 +191,22 @@ def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, ran
                   window=2 * args.workers, json_key=args.json_key)
     failures: dict[str, str] = {}
     manifests: list[dict] = []
-    skipped_complete = 0
+    pending = [item for item in mine if not is_complete(args.out_dir, item)]
+    skipped_complete = len(mine) - len(pending)
+    progress.advance(skipped_complete)
+    # On a streamed edge the inputs are still landing: take whichever output has all of its inputs first.
+    arrivals = Arrivals(args.in_dir, STAGE, stall_seconds()) if streamed_digests() else None
     try:
-        for item in mine:
-            if is_complete(args.out_dir, item):
-                skipped_complete += 1
-            else:
-                try:
-                    manifests.append(timed_build(item, ctx))
-                except BrokenProcessPool as exc:
-                    failures[item.prefix] = f"a tokenizer worker died ({exc}); out of memory?"
-                    ctx.executor = make_executor(args.workers, spec, args.json_key)
-                except (_common.StageError, TokenizerError, OSError) as exc:
-                    failures[item.prefix] = str(exc)
+        while pending:
+            ready = arrivals.next_ready([(item.prefix, item.sources) for item in pending]) if arrivals else 0
+            item = pending.pop(ready)
+            try:
+                manifests.append(timed_build(item, ctx))
+            except BrokenProcessPool as exc:
+                failures[item.prefix] = f"a tokenizer worker died ({exc}); out of memory?"
+                ctx.executor = make_executor(args.workers, spec, args.json_key)
+            except (_common.StageError, TokenizerError, OSError) as exc:
+                failures[item.prefix] = str(exc)
             if item.prefix not in failures:  # progress counts complete outputs only
                 progress.advance()
     finally:
@@ -243,7 +253,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, TokenizerSpe
     parser.add_argument("--workers", type=_common.positive_int, default=default_workers(),
                         help="tokenizer processes in this rank (default: the CPUs it may use)")
     args = parser.parse_args(argv)
-    if not args.in_dir.is_dir():
+    if not args.in_dir.is_dir() and not streamed_digests():  # a streamed upstream may not have made it yet
         parser.error(f"--in {args.in_dir}: not a folder")
     if args.tokenizer_json is None and (args.vocab is None or args.merges is None):
         parser.error("give --vocab and --merges (GPT-2 BPE), or --tokenizer-json")

@@ -85,6 +85,8 @@ class JobRequest:
     # (engine/output_digest.py); passed to the program in its environment. None for verification and training.
     output_digest: str | None = None
     other_outputs: str = "redo"
+    # The output digests of the stages it streams from (config/needs.py): its program waits for their records.
+    stream_digests: tuple[str, ...] = ()
 
     @property
     def job_name(self) -> str:

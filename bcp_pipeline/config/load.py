@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from bcp_pipeline.config.needs import split_needs
 from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig, VerificationResources
 from bcp_pipeline.config.overrides import OPTIONS_PREFIX, apply_option_overrides, apply_overrides, set_origins
 from bcp_pipeline.config.resources import OPTION_TYPES, RESOURCE_TYPES, SECRET_PART
@@ -164,9 +165,12 @@ def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> Pipel
         if not STAGE_NAME.match(str(stage_name)):
             raise stage_where.error("stage names are lower-case letters, digits, '-' and '_' (<= 41 chars)")
         merged = _merge_backend_sections(body, defaults, stage_where)
+        streamed: list[str] = []
+        if isinstance(merged, dict) and "needs" in merged:
+            merged["needs"], streamed = split_needs(merged["needs"], stage_where.child("needs", body))
         locations = {key: stage_where.child(key, body) for key in field_names(StageConfig)}
         stages[stage_name] = build(StageConfig, merged, stage_where, name=stage_name, line=stage_where.line,
-                                   locations=locations, set_values=set_origins(body))
+                                   locations=locations, set_values=set_origins(body), streamed=streamed)
     verification_raw = _merge_backend_sections(raw.get("verification") or {}, defaults,
                                                where.child("verification", raw))
     body = {k: v for k, v in raw.items() if k not in ("stages", "verification")}

@@ -132,7 +132,7 @@ class StageConfig:
 
     program: str
     args: list[str] = field(default_factory=list)
-    needs: list[str] = field(default_factory=list)
+    needs: list[str] = field(default_factory=list)  # stage names; `{stage: X, stream: true}` entries too (needs.py)
     description: str = ""
     outputs: list[str] = field(default_factory=list)
     verify: list[Check] = field(default_factory=list)
@@ -152,6 +152,8 @@ class StageConfig:
     kubernetes: KubernetesResources = field(default_factory=KubernetesResources)
     name: str = field(default="", metadata={"internal": True})
     line: int | None = field(default=None, metadata={"internal": True})
+    # needs written `{stage: X, stream: true}`: this stage starts while X runs, on X's finished outputs (needs.py)
+    streamed: list[str] = field(default_factory=list, metadata={"internal": True})
     # of stages/PROGRAM and the modules of stages/ it imports (programs.py), read when loaded
     program_sha256: str = field(default="", metadata={"internal": True})
     # Where each key was written (file:line, or the --set that gave it; a key left out points at the stage), so

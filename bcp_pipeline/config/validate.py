@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.config.model import ESTIMATE_SIZES, Check, Continuation, PipelineConfig, StageConfig
+from bcp_pipeline.config.needs import validate_streamed
 from bcp_pipeline.config.placeholders import BUILTIN_PLACEHOLDERS, PLACEHOLDER, resolve_int
 from bcp_pipeline.config.programs import program_sha256
 from bcp_pipeline.config.resources import ENV_KEY, LABEL_PATTERN, RESOURCE_TYPES, SECRET_PART, BcpResources
@@ -26,6 +27,8 @@ def validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, 
             if need not in names:
                 raise stage_where.child("needs", body).child(index, body["needs"]).error(
                     f"unknown stage {need!r} in needs; stages of this pipeline: {', '.join(pipeline.stages)}")
+        if stage.streamed:
+            validate_streamed(stage, pipeline.stages, stage_where.child("needs", body))
         if not (stages_dir / stage.program).is_file():
             raise stage_where.child("program", body).error(
                 f"stage program {stage.program!r} not found in {stages_dir}")

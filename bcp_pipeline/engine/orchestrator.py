@@ -6,7 +6,7 @@ looked up by its labels instead of being submitted twice.
 
 `Orchestrator.drive` is the loop; the work is done by three collaborators sharing the run state:
 submitter.py (what is due, and submitting it), poller.py (job statuses into the state) and outcomes.py (what a
-finished job means for its stage).
+finished job means for its stage); streams.py stops a streamed downstream whose upstream failed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from bcp_pipeline.engine.context import RunContext
 from bcp_pipeline.engine.outcomes import Outcomes
 from bcp_pipeline.engine.poller import Poller
+from bcp_pipeline.engine.streams import Streams
 from bcp_pipeline.engine.submitter import Submitter
 from bcp_pipeline.errors import StateError
 
@@ -32,12 +33,14 @@ class Orchestrator(RunContext):
     stopped: bool = field(default=False, init=False)  # drive() returned because should_stop said so
     submitter: Submitter = field(init=False)
     poller: Poller = field(init=False)
+    streams: Streams = field(init=False)
 
     def __post_init__(self) -> None:
         run = {f.name: getattr(self, f.name) for f in fields(RunContext)}  # the same objects, shared by all parts
         outcomes = Outcomes(**run)
         self.submitter = Submitter(**run, outcomes=outcomes, selected=self.selected)
         self.poller = Poller(**run, outcomes=outcomes)
+        self.streams = Streams(**run)
 
     def drive(self) -> bool:
         """Run until every selected stage is done or one fails; True if all succeeded."""
@@ -51,6 +54,7 @@ class Orchestrator(RunContext):
                 break
             if waiting:
                 changed |= self.poller.poll_once(waiting)
+                changed |= self.streams.stop_orphans()  # a streamed downstream of a stage that just failed
             self.progress.update(self.state)
             if self.should_stop():  # at a cycle's end: never between a submit call and recording its job id
                 self.stopped = True

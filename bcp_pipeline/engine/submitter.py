@@ -20,6 +20,7 @@ from bcp_pipeline.engine.context import RunContext
 from bcp_pipeline.engine.outcomes import Outcomes
 from bcp_pipeline.engine.output_digest import output_digest
 from bcp_pipeline.engine.state import JobRecord, StageStatus
+from bcp_pipeline.engine.streams import need_met, unverified_upstreams
 from bcp_pipeline.errors import BackendCallError, SubmissionError
 from bcp_pipeline.redact import redact, secret_values
 
@@ -52,7 +53,8 @@ class Submitter(RunContext):
         """The kind of job stage `name` needs submitted now ("stage" / "verify"), or None.
 
         In-flight work (a stage marked SUBMITTING, a finished stage awaiting its verification job) is always
-        completed; new stages start only while no stage has failed, so a failure stops the DAG.
+        completed; new stages start only while no stage has failed, so a failure stops the DAG. A streamed need
+        is met once its job is submitted; the verification then waits for the upstream's (streams.py).
         """
         if name not in self.selected:
             return None
@@ -60,10 +62,11 @@ class Submitter(RunContext):
         if stage_state.status is StageStatus.SUBMITTING:
             return "stage"  # also after a crash between marking and recording: submit() looks for the job first
         if stage_state.status is StageStatus.VERIFYING and stage_state.active_job() is None:
-            return "verify"
+            # A streamed edge: the upstream's outputs are counted complete before this stage's are (streams.py).
+            return None if unverified_upstreams(self.pipeline, self.state, name) else "verify"
         stopped = any(s.status in (StageStatus.FAILED, StageStatus.CANCELLED) for s in self.state.stages.values())
         if (not stopped and stage_state.status is StageStatus.PENDING
-                and all(self.state.stages[need].status.done for need in self.pipeline.stages[name].needs)):
+                and all(need_met(self.pipeline, self.state, name, need) for need in self.pipeline.stages[name].needs)):
             return "stage"
         return None
 
@@ -171,7 +174,8 @@ def job_request(pipeline: PipelineConfig, stage: StageConfig, kind: str, run_id:
     return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
                       args=tuple(stage.args), attempt=attempt,
                       output_digest=output_digest(pipeline, stage.name) if data_stage else None,
-                      other_outputs=stage.other_outputs)
+                      other_outputs=stage.other_outputs,
+                      stream_digests=tuple(output_digest(pipeline, need) for need in stage.streamed))
 
 
 def planned_requests(pipeline: PipelineConfig, run_id: str) -> list[JobRequest]:

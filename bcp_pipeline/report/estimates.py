@@ -26,6 +26,7 @@ from bcp_pipeline.config.resources import RankLayout, rank_layout
 from bcp_pipeline.engine.state import StageState
 from bcp_pipeline.report.measured import Measurement
 from bcp_pipeline.report.nodes import NodeType, node_type
+from bcp_pipeline.report.schedule import schedule
 from bcp_pipeline.report.mfu import Peak, flops_per_token, gpu_peak, step_seconds_at
 
 
@@ -86,6 +87,8 @@ class PlanEstimate:
     seconds: float  # along the longest path of the DAG; stages without a time count as 0
     complete: bool  # every modelled stage had a time
     warnings: list[str]
+    data_seconds: float = 0.0  # until the last data stage ends, streamed edges overlapping (schedule.py)
+    serial_data_seconds: float = 0.0  # the same with every stage waiting for its needs to end
 
     @property
     def node_hours(self) -> float:
@@ -99,6 +102,7 @@ class PlanEstimate:
         return {"stages": [s.as_json() for s in self.stages],
                 "total": {"seconds": self.seconds, "node_hours": self.node_hours, "gpu_hours": self.gpu_hours,
                           "complete": self.complete},
+                "data_preparation": {"seconds": self.data_seconds, "serial_seconds": self.serial_data_seconds},
                 "warnings": self.warnings}
 
 
@@ -107,19 +111,21 @@ class PlanEstimate:
 def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceType],
                       measured: Measurement | None = None, counted_tokens: dict[str, int] | None = None,
                       backend: str = "bcp", here: InstanceType | None = None) -> PlanEstimate:
-    """Every stage's estimate on `backend`, the total along the DAG's longest path, and warnings. `measured`: a
+    """Every stage's estimate on `backend`, the total along the DAG's longest path (streamed edges overlapping,
+    schedule.py), and warnings. `measured`: a
     profile run's step time, which replaces the declared MFU for its stage when it ran on the same backend,
     instance and nodes. `counted_tokens`: per training stage, the tokens its data holds as counted from the
     preprocess manifests (manifest_tokens), where they exist. `here`: this machine, the local backend's node."""
     stages = {name: estimate_stage(pipeline, pipeline.stages[name], instances, measured,
                                    (counted_tokens or {}).get(name), backend, here) for name in pipeline.order()}
-    finish: dict[str, float] = {}
-    for name in pipeline.order():
-        start = max((finish[n] for n in pipeline.stages[name].needs), default=0.0)
-        finish[name] = start + (stages[name].seconds or 0.0)
+    timing = schedule(pipeline, {name: est.seconds for name, est in stages.items()},
+                      {name: est.items_out for name, est in stages.items()}, backend)
+    for name, note in timing.notes.items():
+        stages[name].notes.append(note)
     warnings = [w for s in stages.values() for w in _warnings(pipeline.stages[s.stage], s)]
-    return PlanEstimate(stages=list(stages.values()), seconds=max(finish.values(), default=0.0),
-                        complete=all(s.seconds is not None for s in stages.values() if s.modelled), warnings=warnings)
+    return PlanEstimate(stages=list(stages.values()), seconds=max(timing.finish.values(), default=0.0),
+                        complete=all(s.seconds is not None for s in stages.values() if s.modelled), warnings=warnings,
+                        data_seconds=timing.data_seconds, serial_data_seconds=timing.serial_data_seconds)
 
 
 def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict[str, InstanceType],

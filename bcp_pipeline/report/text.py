@@ -233,6 +233,10 @@ def render_estimates(plan: PlanEstimate) -> list[str]:
     lines = ['# estimates (docs/estimates-and-report.md: "Where the estimate figures come from"; no queueing, '
              "start-up or verification)",
              format_table(rows)]
+    if plan.data_seconds:
+        overlap = (f"; {format_seconds(plan.serial_data_seconds)} one stage after another: streamed edges overlap"
+                   if plan.serial_data_seconds > plan.data_seconds + 1 else "")
+        lines.append(f"data preparation: {format_seconds(plan.data_seconds)}{overlap}")
     for s in plan.stages:
         t = s.training
         if t:

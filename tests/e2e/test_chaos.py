@@ -40,6 +40,19 @@ def test_a_short_seeded_chaos_run_of_the_demo_ends_with_the_clean_run_s_bytes(tm
     assert "result                                                         PASS" in text
 
 
+def test_a_seeded_chaos_run_of_the_streamed_demo_ends_with_the_clean_run_s_bytes(tmp_path):
+    """demo-fast: the tokenize stage takes the download's shards as they land (a streamed edge); kills of every
+    kind while both run, the HTTP source faulting, end with the bytes of a clean run."""
+    options = ChaosOptions(pipeline="demo-fast", backend="local", seed=11, kills=4, fault_rate=0.35,
+                           gap=(0.3, 1.0), workdir=tmp_path, timeout=240, echo=False)
+    report = chaos_run(options)
+    text = table(report)
+    print(text)
+    assert report.ok, text
+    assert report.chaos.kills == {"rank": 1, "verify": 1, "supervisor": 1, "orchestrator": 1}, text
+    assert report.chaos.resumes >= 1, text
+
+
 def test_the_monkey_hits_every_kind_once_per_round_in_a_seeded_order():
     hit = []
 

@@ -105,6 +105,12 @@ class FaultServer:
         """Answer every request to `path` with `fault`."""
         self._always[path] = fault
 
+    def heal(self, path: str) -> None:
+        """Serve `path` normally from now on (undo `always` and `script`): a source that was broken is repaired."""
+        with self._lock:
+            self._always.pop(path, None)
+            self._scripts.pop(path, None)
+
     def every(self, nth: int, fault: Fault) -> None:
         """Apply `fault` to every `nth` request the server receives (any path)."""
         self._every.append((nth, fault))

@@ -16,6 +16,7 @@ from bcp_pipeline.errors import SubmissionError
 SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 OUTPUT_DIGEST_ENV = "BCP_PIPELINE_OUTPUT_DIGEST"  # stages/_common.py reads these two under the same names
 OTHER_OUTPUTS_ENV = "BCP_PIPELINE_OTHER_OUTPUTS"
+STREAM_DIGESTS_ENV = "BCP_PIPELINE_STREAM_DIGESTS"  # stages/_streamed_inputs.py: the upstreams' output digests
 
 
 def stage_command(request: JobRequest, backend: str, values: dict[str, str]) -> list[str]:
@@ -40,6 +41,8 @@ def resolved_env(request: JobRequest, backend: str, values: dict[str, str]) -> d
     env = {key: substitute(value, values) for key, value in request.resources(backend).env.items()}
     if request.output_digest is not None:  # read by stages/_common.py claim_outputs, under these names
         env |= {OUTPUT_DIGEST_ENV: request.output_digest, OTHER_OUTPUTS_ENV: request.other_outputs}
+    if request.stream_digests:  # a streamed edge: the program takes its inputs as the upstream completes them
+        env[STREAM_DIGESTS_ENV] = ",".join(request.stream_digests)
     return env
 
 
