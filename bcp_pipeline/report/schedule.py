@@ -60,7 +60,8 @@ def _walk(pipeline: PipelineConfig, seconds: dict[str, float | None], groups: di
             ranks = rank_layout(stage, backend).world_size
             tail = own / math.ceil(count / ranks)
             end = max(end, *(finish[need] + tail for need in streams))
-            notes[name] = (f"streams from {', '.join(streams)}: starts as its first of {count} groups lands, ends "
-                           f"{format_elapsed(tail)} after it (one group on one of {ranks} ranks)")
+            if own:
+                notes[name] = (f"streams from {', '.join(streams)}: starts as its first of {count} groups lands, ends "
+                               f"{format_elapsed(tail)} after it (one group on one of {ranks} ranks)")
         start[name], finish[name] = begin, end
     return start, finish, notes

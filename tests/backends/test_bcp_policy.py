@@ -83,6 +83,19 @@ def test_detach_needs_two_active_jobs():
     assert violations(ace(maxActiveJobsPerUser=1), jobs("slimpajama-126m")) == []
 
 
+def test_a_streamed_edge_needs_its_two_jobs_active_at_once():
+    planned = jobs("slimpajama-8b-fast")
+    assert [j.streams_from for j in planned if j.stage == "tokenize-preprocess"] == [("download",), ()]  # + verify
+    assert violations(ace(maxActiveJobsPerUser=2), planned) == []
+    (found,) = violations(ace(maxActiveJobsPerUser=1), planned)
+    assert (found.stage, found.limit) == ("tokenize-preprocess", "maxActiveJobsPerUser")
+    assert "it streams from download (needs with stream: true), so 2 jobs are active at once" in found.value
+    assert "drop `stream: true` from tokenize-preprocess's needs" in found.fix
+    (with_driver,) = [v for v in violations(ace(maxActiveJobsPerUser=2), planned, detach=True)
+                      if v.stage == "tokenize-preprocess"]
+    assert "3 jobs are active at once with the --detach driver" in with_driver.value
+
+
 @pytest.mark.skipif(not ngc_parser.available(), reason="ngcsdk==4.19.1 not installed")
 def test_the_ace_as_nvidias_data_class_gives_it():
     ngc_parser.parse_args(["batch", "list"])  # ngcsdk loaded the offline way before its data classes are imported

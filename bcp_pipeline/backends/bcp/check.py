@@ -196,7 +196,8 @@ def policy_rows(ace: dict, jobs: list[PlannedJob], detach: bool) -> list[Row]:
     (runtime, replicas, active jobs; the driver's needs with --detach)."""
     if not jobs:
         return []
-    found = violations(ace, [PlannedJob(stage=j.stage, kind=j.kind, spec=j.spec) for j in jobs], detach=detach)
+    found = violations(ace, [PlannedJob(stage=j.stage, kind=j.kind, spec=j.spec, streams_from=j.streams_from)
+                             for j in jobs], detach=detach)
     offered = [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]
     used = sorted({job.spec.instance for job in jobs})
     limits = {key: ace.get(key) for key in ("maxRuntimeSeconds", "maxAllowedReplicas", "maxActiveJobsPerUser")
@@ -207,7 +208,8 @@ def policy_rows(ace: dict, jobs: list[PlannedJob], detach: bool) -> list[Row]:
              "every job's instance is in the ACE, multi-node (and its array type) allowed where replicas > 1",
              f"{', '.join(used)}: in the ACE, as each job uses it", "the jobs are refused at submission"),
             ("ace limits", False, "every job fits the ACE's maxRuntimeSeconds, maxAllowedReplicas and "
-             "maxActiveJobsPerUser" + (" (with the --detach driver)" if detach else ""),
+             "maxActiveJobsPerUser" + (" (with the --detach driver)" if detach else "")
+             + (" (a streamed edge's jobs at once)" if any(j.streams_from for j in jobs) else ""),
              "; ".join(f"{k} {v}" for k, v in limits.items()) or "the ACE states no limits",
              "NVIDIA's client or the scheduler refuses (or never starts) them")):
         mine = [v for v in found if (v.limit in INSTANCE_LIMITS) == instance_kind]

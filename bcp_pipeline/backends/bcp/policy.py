@@ -5,7 +5,8 @@ ngcsdk 4.19.1's `Ace` and `AceInstance` data classes) limits what a job may ask:
 `--total-runtime` (maxRuntimeSeconds; NVIDIA's client refuses more before it sends anything), the most replicas
 (maxAllowedReplicas), whether an instance allows multi-node jobs (allowMultinode, allowMultinodePreemptable) and
 which array types (multiNodeSupportedArrayTypes), and how many jobs of a user may be active at once
-(maxActiveJobsPerUser). A field the ACE leaves out is no limit.
+(maxActiveJobsPerUser: a streamed edge's two jobs, and the --detach driver, are active at once). A field the ACE
+leaves out is no limit.
 
 `violations(ace, jobs)` lists every job that breaks one, each with the `--set` that fixes it. `run` and `plan`
 read the ACE and call it through ace.py.
@@ -34,6 +35,7 @@ class PlannedJob:
     kind: str
     spec: JobSpec
     continues: bool = False  # a stage that continues from its checkpoint in a further job (NeMo pretraining)
+    streams_from: tuple[str, ...] = ()  # streamed needs (config/needs.py): this job runs beside theirs
 
     @property
     def label(self) -> str:
@@ -59,7 +61,8 @@ class Violation:
 def planned_jobs(jobs: Iterable[tuple[JobRequest, JobSpec]], driver: JobSpec | None = None) -> list[PlannedJob]:
     """The jobs (each request with its rendered JobSpec) and the `--detach` driver's, where one is given."""
     planned = [PlannedJob(stage=request.stage.name, kind=request.kind, spec=spec,
-                          continues=request.kind == "stage" and request.stage.continuation is not None)
+                          continues=request.kind == "stage" and request.stage.continuation is not None,
+                          streams_from=tuple(request.stage.streamed) if request.kind == "stage" else ())
                for request, spec in jobs]
     return planned + ([PlannedJob(stage=DRIVER_STAGE, kind="driver", spec=driver)] if driver is not None else [])
 
@@ -83,6 +86,17 @@ def violations(ace: Mapping[str, Any], jobs: Sequence[PlannedJob], *, detach: bo
                                allowed=f"{limit} active job(s) per user",
                                fix="run without --detach (the orchestrator then runs here), or use an ACE that "
                                    "allows at least 2 active jobs per user"))
+    for job in jobs:  # a streamed edge's two jobs run at once; past the limit the second waits, and nothing overlaps
+        together = 1 + len(job.streams_from) + (1 if detach else 0)
+        if job.streams_from and isinstance(limit, int) and limit < together:
+            upstream = ", ".join(job.streams_from)
+            found.append(Violation(
+                stage=job.stage, kind=job.kind, limit="maxActiveJobsPerUser",
+                value=f"it streams from {upstream} (needs with stream: true), so {together} jobs are active at once"
+                      + (" with the --detach driver" if detach else ""),
+                allowed=f"{limit} active job(s) per user",
+                fix=f"drop `stream: true` from {job.stage}'s needs (it then starts after {upstream}), or use an ACE "
+                    f"that allows at least {together} active jobs per user"))
     return found
 
 
