@@ -3,6 +3,7 @@
 
     python scripts/bench_stages.py [--files 4] [--docs 8000] [--replicas 4] [--repeats 3] [--workers N]
                                    [--scale-gb 10]
+    python scripts/bench_stages.py --only tokenize [--runs 5] [--token-scale 4]
 
 Sample data comes from `stages/sample.py` when it is there (else from the test fixture generator): F files of
 D documents, copied R times under new names so the byte-rate measurements run long enough to mean something.
@@ -313,6 +314,58 @@ def bench_preprocess(chunks: Path, work: Path, vocab: Path, merges: Path, worker
             {name: min(r, key=lambda x: x[0].wall) for name, r in raw.items()})
 
 
+def tokenize_runs(chunks: Path, work: Path, vocab: Path, merges: Path, workers: int, runs: int) -> list[dict]:
+    """`runs` rounds of: raw tiktoken alone, raw tiktoken in `workers` processes at once, the stage with `workers`
+    workers, on the same documents. Each round's figures compare like with like: the stage's wall against the
+    raw processes' (the same tokens on the same cores, at the same moment's load), and its tokens per CPU-second
+    (every process of it: the reader and writer, the workers, its start-up) against raw tiktoken alone's."""
+    inputs = sorted(chunks.glob("train_chunk_*.jsonl"))
+    rounds = []
+    for _ in range(runs):
+        alone, raw_tokens, documents = raw_tiktoken(inputs, vocab, merges, 1)
+        together, _, _ = raw_tiktoken(inputs, vocab, merges, workers)
+        out = work / "tokens"
+        shutil.rmtree(out, ignore_errors=True)
+        run = measure(stage("preprocess", "--in", str(chunks), "--out", str(out), "--vocab", str(vocab),
+                            "--merges", str(merges), "--workers", str(workers)), env=stage_env())
+        tokens = sum(json.loads(p.read_text())["tokens"] for p in out.glob("*.manifest.json"))
+        if tokens != raw_tokens + documents:  # the same work: each document's ids plus its EOD
+            raise RuntimeError(f"preprocess wrote {tokens} tokens, raw tiktoken gave {raw_tokens} + {documents}")
+        rounds.append({"wall": 100 * together.wall / run.wall, "cpu": 100 * alone.cpu / run.cpu,
+                       "stage": run, "raw": together, "alone": alone, "tokens": raw_tokens})
+    return rounds
+
+
+def tokenize_only(args: argparse.Namespace, work: Path) -> int:
+    """`--only tokenize`: the sample's text `--token-scale` times in one chunk, then `--runs` rounds, with medians."""
+    import statistics
+
+    import zstandard
+
+    sources, vocab, merges, generator = make_sample(work, args.files, args.docs)
+    chunks = fresh(work / "chunks")
+    with open(chunks / "train_chunk_0.jsonl", "wb") as out:
+        for _ in range(args.token_scale):
+            for source in sources:
+                with open(source, "rb") as handle:
+                    zstandard.ZstdDecompressor().copy_stream(handle, out)
+    size = folder_bytes(chunks, "*.jsonl")
+    print(f"data: {len(sources)} x {args.docs} documents from {generator}, x{args.token_scale}: {size / MB:.0f} MB "
+          f"of JSONL; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at start")
+    rounds = tokenize_runs(chunks, work, vocab, merges, args.workers, args.runs)
+    print(f"\n  round  stage wall  raw x{args.workers} wall  stage cpu  raw alone cpu  wall %  per CPU-second %")
+    for number, r in enumerate(rounds, 1):
+        print(f"  {number:5d}  {r['stage'].wall:10.2f}  {r['raw'].wall:11.2f}  {r['stage'].cpu:9.2f}  "
+              f"{r['alone'].cpu:13.2f}  {r['wall']:6.1f}  {r['cpu']:16.1f}")
+    wall, cpu = statistics.median(r["wall"] for r in rounds), statistics.median(r["cpu"] for r in rounds)
+    print(f"\nmedians of {len(rounds)} rounds ({rounds[0]['tokens']:,} tokens each; load average "
+          f"{os.getloadavg()[0]:.2f} at the end):")
+    ok = [verdict(f"preprocess ({args.workers} workers) vs raw tiktoken in {args.workers} processes at once, wall",
+                  wall, 95.0, " %"),
+          verdict("preprocess tokens per CPU-second vs raw tiktoken alone's", cpu, 95.0, " %")]
+    return 1 if args.strict and not all(ok) else 0
+
+
 def bench_rss(sample_jsonl: Path, work: Path, vocab: Path, merges: Path, workers: int,
               megabytes: float) -> tuple[Run, Run, int, int]:
     """Preprocess on the first `megabytes` of whole lines, then on that input repeated 10 times:
@@ -366,13 +419,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="preprocess workers")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a temporary one, removed after)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--only", choices=["all", "tokenize"], default="all",
+                        help="tokenize: only the tokenizer against raw tiktoken, --runs rounds, medians")
+    parser.add_argument("--runs", type=int, default=5, help="rounds of the tokenize comparison (--only tokenize)")
+    parser.add_argument("--token-scale", type=int, default=4,
+                        help="the sample's text this many times in the chunk tokenized (--only tokenize)")
     args = parser.parse_args(argv)
     if shutil.which("unzstd") is None:
         print("unzstd is not installed (Debian: apt-get install -y zstd): the extract comparison needs it")
         return 2
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-stages-"))
     try:
-        return run_all(args, fresh(work))
+        return tokenize_only(args, fresh(work)) if args.only == "tokenize" else run_all(args, fresh(work))
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

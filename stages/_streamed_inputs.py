@@ -29,7 +29,7 @@ from _stage_error import StageError
 STREAM_DIGESTS_ENV = "BCP_PIPELINE_STREAM_DIGESTS"  # comma-separated output digests of the streamed upstreams
 STALL_SECONDS_ENV = "BCP_PIPELINE_STREAM_STALL_SECONDS"
 STALL_SECONDS = 6 * 3600.0  # no new input for this long: the upstream is gone (a download retries for minutes)
-POLL_SECONDS = 1.0
+POLL_SECONDS = 0.25  # a stat per waiting output a poll: cheap, and a landed group waits at most this
 NOTICE_SECONDS = 60.0  # how often a waiting rank says what it waits for
 
 

@@ -9,6 +9,7 @@ A `TokenizerSpec` is small and picklable: worker processes load their own tokeni
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,12 +64,17 @@ def gpt2_mergeable_ranks(vocab: Path, merges: Path) -> tuple[dict[bytes, int], d
     """
     order, chars = gpt2_byte_order()
     table = str.maketrans({char: chr(b) for char, b in chars.items()})  # then .encode("latin-1") gives the bytes
+    vocab_bytes = vocab.read_bytes()
+    encoder = read_vocab(vocab, vocab_bytes)
+    from_vocab = {token.translate(table).encode("latin-1"): rank for token, rank in encoder.items()
+                  if token not in SPECIAL_TOKENS}
+    if known_gpt2_files(vocab_bytes, merges):
+        # GPT-2's own two files (their sha256): the check below passed for them once and for all, so every rank
+        # and worker start skips parsing the 50,000 merges (a third of a tokenizer's start-up).
+        return from_vocab, encoder
     ranks = {bytes([b]): rank for rank, b in enumerate(order)}
     for rank, (first, second) in enumerate(read_merges(merges), start=len(ranks)):
         ranks[(first + second).translate(table).encode("latin-1")] = rank
-    encoder = read_vocab(vocab)
-    from_vocab = {token.translate(table).encode("latin-1"): rank for token, rank in encoder.items()
-                  if token not in SPECIAL_TOKENS}
     if from_vocab != ranks:
         raise TokenizerError(f"{vocab} and {merges} do not match (the merge order must give the vocabulary's ids)")
     return ranks, encoder
@@ -93,10 +99,19 @@ def read_merges(merges: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def read_vocab(vocab: Path) -> dict[str, int]:
-    """A GPT-2 vocab.json (`{token: id}`); TokenizerError naming the file otherwise."""
+def known_gpt2_files(vocab_bytes: bytes, merges: Path) -> bool:
+    """Whether vocab.json and merges.txt are GPT-2's own (gpt2_files.py's sha256 of each)."""
+    from gpt2_files import GPT2_FILES
+
+    (_, _, vocab_sha256), (_, _, merges_sha256) = GPT2_FILES
+    return (hashlib.sha256(vocab_bytes).hexdigest() == vocab_sha256
+            and hashlib.sha256(merges.read_bytes()).hexdigest() == merges_sha256)
+
+
+def read_vocab(vocab: Path, data: bytes | None = None) -> dict[str, int]:
+    """A GPT-2 vocab.json (`{token: id}`, its bytes where already read); TokenizerError naming the file otherwise."""
     try:
-        encoder = json.loads(vocab.read_text(encoding="utf-8"))
+        encoder = json.loads(vocab.read_bytes() if data is None else data)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise TokenizerError(f"{vocab}: not a GPT-2 vocab.json ({exc}); is --vocab the right file?") from exc
     if not isinstance(encoder, dict) or not all(isinstance(i, int) for i in encoder.values()):
