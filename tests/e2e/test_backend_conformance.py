@@ -86,6 +86,21 @@ def demo_config(root: Path, backends: dict, stage_sections: dict[str, dict] | No
     return config
 
 
+def streamed(config: Path) -> Path:
+    """The demo project's data stages as demo-fast has them: no extract or concat; tokenize-preprocess reads the
+    shards in groups of 4 (concat's groups, so its .bin/.idx are the demo's), streamed from the download."""
+    raw = yaml.safe_load(config.read_text())
+    stages = raw["pipelines"]["demo"]["stages"]
+    del stages["extract"], stages["concat"]
+    tokenize = stages["tokenize-preprocess"]
+    tokenize["args"] = ["--in", "${data}/zst", "--files-per-output", "4",
+                        *[a for a in tokenize["args"] if a != "${data}/train" and a != "--in"]]
+    tokenize["needs"] = [{"stage": "download", "stream": True}, "bpe"]
+    tokenize["verify"] = [{"glob": check["glob"], "expect_from": "download", "group": 4} for check in tokenize["verify"]]
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return config
+
+
 def ranks_of(folder: Path, program_stage: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((folder / ".completions").glob(f"{program_stage}-*.json"))]
 
@@ -564,6 +579,22 @@ class Conformance:
         assert f"backend {driver.name}" in shown and all(f"{stage}  " in shown for stage in DATA_STAGES), shown
         assert cli(config, "logs", state.run_id, "concat") == 0
         driver.check_demo(config, state, capsys, tmp_path)
+
+    def test_a_streamed_edge_tokenizes_beside_the_download_and_gives_the_local_bytes(
+            self, driver: Driver, local_demo: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        """The demo's data as demo-fast prepares it: tokenize-preprocess straight from the shards, on a streamed
+        edge from the download (two jobs at once on the backend); the same .bin/.idx as the local demo."""
+        config = streamed(driver.demo_project(tmp_path / "p"))
+        assert cli(config, "run", "demo", "--backend", driver.name, *driver.demo_run_args) == 0, \
+            capsys.readouterr().out
+        state = latest(config)
+        assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
+        download, tokenize = state.stages["download"], state.stages["tokenize-preprocess"]
+        assert tokenize.jobs[0].submitted_at < download.finished_at, "submitted while the download was not done"
+        assert tokenize.jobs[-1].kind == "verify" and tokenize.jobs[-1].submitted_at >= download.finished_at
+        made = {name: data for name, data in tree(driver.demo_workspace(config)).items()
+                if name.startswith("data/slimpajama/preprocessed/") and name.endswith((".bin", ".idx"))}
+        assert made and made == {name: data for name, data in local_demo.items() if name in made}
 
     @pytest.mark.both_transports
     def test_sigkilled_orchestrator_resumes_without_duplicate_jobs(
