@@ -13,6 +13,7 @@ from bcp_pipeline.backends.contract import JobState, JobStatus
 from bcp_pipeline.backends.shared.logs import last_lines, parse_lines
 from bcp_pipeline.engine.context import RunContext
 from bcp_pipeline.engine.state import JobRecord, StageState, StageStatus
+from bcp_pipeline.engine.streams import unverified_upstreams
 from bcp_pipeline.errors import PipelineError
 
 
@@ -42,6 +43,9 @@ class Outcomes(RunContext):
             return
         if self.pipeline.stages[name].verify or continuation:
             stage_state.status = StageStatus.VERIFYING  # the submitter submits the verification job
+            if waiting := unverified_upstreams(self.pipeline, self.state, name):
+                self.progress.event(f"{name}: its job finished; its verification waits for "
+                                    f"{', '.join(waiting)}'s (a streamed edge)")
         else:
             self.succeed(name, stage_state)
 

@@ -96,7 +96,8 @@ def streamed(config: Path) -> Path:
     tokenize["args"] = ["--in", "${data}/zst", "--files-per-output", "4",
                         *[a for a in tokenize["args"] if a != "${data}/train" and a != "--in"]]
     tokenize["needs"] = [{"stage": "download", "stream": True}, "bpe"]
-    tokenize["verify"] = [{"glob": check["glob"], "expect_from": "download", "group": 4} for check in tokenize["verify"]]
+    tokenize["verify"] = [{"glob": check["glob"], "expect_from": "download", "group": 4}
+                          for check in tokenize["verify"]]
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     return config
 
