@@ -32,6 +32,7 @@ import shlex
 from dataclasses import dataclass, replace
 
 from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.gridengine import records
 from bcp_pipeline.backends.gridengine import training as hosts_training
 from bcp_pipeline.backends.shared.batch import Paths, job_name
 from bcp_pipeline.backends.shared.command import (apptainer_argv, placeholder_values, rendezvous, shell_exports,
@@ -199,6 +200,7 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
              f"{size.per_node} rank(s) = RANK 0..{world - 1} of WORLD_SIZE {world}",
              *directives(request, size, paths),
              f"logs={shlex.quote(paths.logs)} nodes={size.nodes} per_node={size.per_node} world={world}",
+             *records.script(size.nodes if size.array else 1),
              f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
              f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
              *shell_exports(request, "gridengine", job_values(request, options, paths), request.label),
@@ -250,7 +252,8 @@ def hosts_training_job(request: JobRequest, options: GridEngineOptions, paths: P
     return hosts_training.HostsTraining(
         title=f"run {request.run_id}, stage {request.stage.name}", what=what,
         directives=directives(request, size, paths),
-        exports=[f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
+        exports=[*records.script(1),  # a training is one job (over its hosts), never an array
+                 f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
                  f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
                  *shell_exports(request, "gridengine", values, request.label), *site_setup(request)],
         logs=paths.logs, nodes=size.nodes, per_node=size.per_node, container=container_argv(request, paths),

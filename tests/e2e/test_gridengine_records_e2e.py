@@ -1,0 +1,121 @@
+"""On the real two-host Grid Engine cell (tests/support/sge_cluster.py), with accounting that lags as a busy site's
+does: a job's own start and exit records decide what accounting has not told yet (records.py).
+
+The cell flushes accounting at once, so `qacct` here is tests/fakes/slow_qacct/qacct: a FAKE, a wrapper around the
+cell's real qacct that hides each record until BCP_FAKE_QACCT_LAG seconds after the job's end (the real records,
+byte for byte, once shown). Grid Engine, its jobs, h_rt and qdel are real.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bcp_pipeline.backends.contract import JobRequest, JobState
+from bcp_pipeline.backends.gridengine.records import PENDING, PENDING_SLOW
+from bcp_pipeline.backends.registry import make_backend
+from bcp_pipeline.config.load import load_config
+from bcp_pipeline.engine.state import RunStore, StageStatus
+from support.cli import cli
+from support.pipeline_fixtures import GE_CHAIN, REPO, wait_for, write_chain_project
+from support.sge_cluster import sge_cell  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.usefixtures("sge_cell")
+SLOW_QACCT = REPO / "tests" / "fakes" / "slow_qacct"
+
+
+@pytest.fixture
+def slow_accounting(monkeypatch: pytest.MonkeyPatch):
+    """`qacct` on PATH is the lagging wrapper; returns a setter for its lag in seconds."""
+    monkeypatch.setenv("PATH", f"{SLOW_QACCT}:{os.environ['PATH']}")
+
+    def lag(seconds: float) -> None:
+        monkeypatch.setenv("BCP_FAKE_QACCT_LAG", str(seconds))
+    return lag
+
+
+def test_the_wrapper_hides_a_record_then_shows_the_real_one(slow_accounting, tmp_path: Path) -> None:
+    slow_accounting(6)
+    job = subprocess.run(["qsub", "-terse", "-sync", "y", "-j", "y", "-o", str(tmp_path / "x.log"), "-b", "y",
+                          "/bin/true"], capture_output=True, text=True, check=True).stdout.split()[0]
+    hidden = subprocess.run(["qacct", "-j", job], capture_output=True, text=True)
+    assert hidden.returncode == 1 and f"job id {job} not found" in hidden.stderr, hidden
+    shown = wait_for(lambda: (r := subprocess.run(["qacct", "-j", job], capture_output=True, text=True)).returncode
+                     == 0 and r, timeout=20, what="the record once the lag is over")
+    assert f"jobnumber {job} " in " ".join(shown.stdout.split()) + " ", shown.stdout
+
+
+def test_a_run_finishes_from_its_jobs_own_records_while_accounting_lags(slow_accounting, tmp_path: Path) -> None:
+    """Accounting hidden for 10 minutes, the grace 3 s: before the jobs' own records, every stage was cancelled as
+    "deleted before it started" 3 s after its job left qstat."""
+    slow_accounting(600)
+    reference = write_chain_project(tmp_path / "local", GE_CHAIN)
+    assert cli(reference, "run", "chain", "--backend", "local") == 0
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    assert cli(config, "run", "chain", "--backend", "gridengine") == 0
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    assert all(stage.status is StageStatus.SUCCEEDED for stage in state.stages.values())
+    jobs = [job for stage in state.stages.values() for job in stage.jobs]
+    assert jobs and all("own exit record" in job.detail for job in jobs), [job.detail for job in jobs]
+    # The records sit in the run's log folder, none in the workspace beside the stage's outputs.
+    first = state.stages["first"].jobs[0].job_id
+    logs = config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / first
+    assert sorted(p.name for p in logs.glob("task-*")) == ["task-1.exit", "task-1.started", "task-2.exit",
+                                                          "task-2.started"]
+    assert not [p for p in (config.parent / "ws").rglob("task-*")]
+
+
+def test_a_failing_stage_fails_with_its_exit_status_while_accounting_lags(slow_accounting, tmp_path: Path) -> None:
+    slow_accounting(600)
+    config = write_chain_project(tmp_path / "ge", GE_CHAIN)
+    (config.parent / "ws/main/first").mkdir(parents=True)
+    (config.parent / "ws/main/first/FAIL-item-0003.txt").touch()  # rank 1 (array task 2) fails item 3
+    assert cli(config, "run", "chain", "--backend", "gridengine") == 1
+    stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["first"]
+    assert stage.status is StageStatus.FAILED and "task 2: exit status 1" in stage.error, stage.error
+
+
+def sleeper_backend(tmp_path: Path, h_rt: str | None = None):
+    """The chain's first stage as one plain job running `sleep 60` (its rendered script: the record lines too)."""
+    text = GE_CHAIN.replace("        gridengine: {nodes: 2}\n",
+                            "        gridengine: {nodes: 1, command: [sleep, '60']" +
+                            (f", h_rt: {h_rt}" if h_rt else "") + "}\n")
+    assert text != GE_CHAIN
+    loaded = load_config(write_chain_project(tmp_path / "p", text))
+    pipeline = loaded.pipelines["chain"]
+    backend = make_backend("gridengine", loaded, pipeline, tmp_path / "p/.bcp-pipeline/runs/manual")
+    request = JobRequest(run_id="manual", pipeline=pipeline, stage=pipeline.stages["first"], kind="stage",
+                         program="items.py", args=())
+    return backend, backend.render(request)
+
+
+def natives_until_finished(backend, job: str, timeout: float) -> tuple[list[str], object]:
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = backend.poll([job]).get(job)
+        if status is not None:
+            if not seen or seen[-1] != status.native:
+                seen.append(status.native)
+            if status.state.finished:
+                return seen, status
+        time.sleep(0.3)
+    raise AssertionError(f"job {job} did not finish in {timeout} s; natives seen: {seen}")
+
+
+def test_a_running_job_deleted_is_pending_then_slow_until_accounting_answers(slow_accounting,
+                                                                             tmp_path: Path) -> None:
+    """qdel of a running job kills it (SIGKILL: no exit record), so only accounting can tell its end."""
+    slow_accounting(12)
+    backend, submission = sleeper_backend(tmp_path)
+    job = backend.submit(submission)
+    started = backend.logs_dir / job / "task-1.started"
+    wait_for(started.exists, timeout=60, what="the job's start record")
+    backend.cancel([job])
+    seen, status = natives_until_finished(backend, job, timeout=60)
+    assert PENDING in seen and PENDING_SLOW in seen and seen.index(PENDING) < seen.index(PENDING_SLOW), seen
+    assert status.state is JobState.CANCELLED and "failed 100" in status.detail, status
