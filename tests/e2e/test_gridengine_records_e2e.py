@@ -1,5 +1,5 @@
 """On the real two-host Grid Engine cell (tests/support/sge_cluster.py), with accounting that lags as a busy site's
-does: a job's own start and exit records decide what accounting has not told yet (records.py).
+does: a job's own start and exit records decide what accounting has not told yet (records.py), and h_rt expiry.
 
 The cell flushes accounting at once, so `qacct` here is tests/fakes/slow_qacct/qacct: a FAKE, a wrapper around the
 cell's real qacct that hides each record until BCP_FAKE_QACCT_LAG seconds after the job's end (the real records,
@@ -21,7 +21,7 @@ from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli
-from support.pipeline_fixtures import GE_CHAIN, REPO, wait_for, write_chain_project
+from support.pipeline_fixtures import GE_CHAIN, REPO, TRAINER, wait_for, write_chain_project
 from support.sge_cluster import sge_cell  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.usefixtures("sge_cell")
@@ -119,3 +119,39 @@ def test_a_running_job_deleted_is_pending_then_slow_until_accounting_answers(slo
     seen, status = natives_until_finished(backend, job, timeout=60)
     assert PENDING in seen and PENDING_SLOW in seen and seen.index(PENDING) < seen.index(PENDING_SLOW), seen
     assert status.state is JobState.CANCELLED and "failed 100" in status.detail, status
+
+
+CONTINUED = """\
+version: 1
+stages_dir: stages
+backends:
+  gridengine: {workspace_dir: ws, poll_seconds: 0.3, poll_max_seconds: 1, accounting_grace_seconds: 3}
+pipelines:
+  train:
+    workspace: {name: main}
+    vars: {target: "10"}
+    stages:
+      pretrain:
+        program: trainer.py
+        args: ["${workspace}/ckpt", "4", "${target}"]
+        continuation: {checkpoints: "${workspace}/ckpt", target_steps: "${target}", max_attempts: 5}
+        gridengine: {h_rt: 5s}
+"""
+# Each job trains 4 steps, then (short of the target) waits until Grid Engine kills it at h_rt.
+OUTLASTS_H_RT = TRAINER + "if new < target:\n    import time\n    time.sleep(600)\n"
+
+
+def test_h_rt_expiry_on_the_cell_is_timed_out_and_a_training_is_continued(slow_accounting, tmp_path: Path) -> None:
+    """h_rt 5 s kills each job short of the target (SIGKILL, no exit record; accounting: failed 37, shown 5 s
+    late): each is timed out, not cancelled, and the training is submitted again until it reaches its steps."""
+    slow_accounting(5)
+    config = write_chain_project(tmp_path / "p", CONTINUED)
+    (config.parent / "stages/trainer.py").write_text(OUTLASTS_H_RT)
+    assert cli(config, "run", "train", "--backend", "gridengine") == 0
+    stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
+    jobs = [job for job in stage.jobs if job.kind == "stage"]
+    assert [job.state for job in jobs] == ["timed_out", "timed_out", "succeeded"], [
+        (job.state, job.native, job.detail) for job in jobs]
+    assert all(job.native == "failed 37" and "h_rt" in job.detail for job in jobs[:2]), [j.detail for j in jobs]
+    assert stage.status is StageStatus.SUCCEEDED and stage.attempts == 3
+    assert sorted(p.name for p in (config.parent / "ws/main/ckpt").iterdir())[-1] == "step=000010-last.pt"
