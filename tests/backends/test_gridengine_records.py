@@ -1,6 +1,6 @@
 """A Grid Engine job's own start and exit records (bcp_pipeline/backends/gridengine/records.py): the rendered lines
 run by real bash as a job's script runs them, read back; and the order in which a poll trusts them and accounting.
-The real cell, with accounting that lags: tests/e2e/test_gridengine_records_e2e.py."""
+The real cell, with accounting that lags: tests/e2e/test_gridengine_site_e2e.py."""
 
 from __future__ import annotations
 

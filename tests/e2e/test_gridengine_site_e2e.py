@@ -1,5 +1,6 @@
-"""On the real two-host Grid Engine cell (tests/support/sge_cluster.py), with accounting that lags as a busy site's
-does: a job's own start and exit records decide what accounting has not told yet (records.py), and h_rt expiry.
+"""Grid Engine as a busy site's users run it, on the real two-host cell (tests/support/sge_cluster.py): with
+accounting that lags, a job's own start and exit records decide what accounting has not told yet (records.py);
+h_rt expiry; a data stage's node-local scratch ($TMPDIR).
 
 The cell flushes accounting at once, so `qacct` here is tests/fakes/slow_qacct/qacct: a FAKE, a wrapper around the
 cell's real qacct that hides each record until BCP_FAKE_QACCT_LAG seconds after the job's end (the real records,
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bcp_pipeline.backends.contract import JobRequest, JobState
 from bcp_pipeline.backends.gridengine.records import PENDING, PENDING_SLOW
@@ -21,8 +23,9 @@ from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli
-from support.pipeline_fixtures import GE_CHAIN, REPO, TRAINER, wait_for, write_chain_project
-from support.sge_cluster import sge_cell  # noqa: F401 (the fixture)
+from support.pipeline_fixtures import (DEMO_SPREAD, GE_CHAIN, GE_OPTIONS, REPO, TRAINER, wait_for,
+                                       write_chain_project)
+from support.sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.usefixtures("sge_cell")
 SLOW_QACCT = REPO / "tests" / "fakes" / "slow_qacct"
@@ -155,3 +158,44 @@ def test_h_rt_expiry_on_the_cell_is_timed_out_and_a_training_is_continued(slow_a
     assert all(job.native == "failed 37" and "h_rt" in job.detail for job in jobs[:2]), [j.detail for j in jobs]
     assert stage.status is StageStatus.SUCCEEDED and stage.attempts == 3
     assert sorted(p.name for p in (config.parent / "ws/main/ckpt").iterdir())[-1] == "step=000010-last.pt"
+
+
+def demo_data_project(root: Path, backend: str, preprocess: dict) -> Path:
+    """The bundled demo's data stages (no pretrain) on `backend`, spread as the conformance test spreads them."""
+    raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
+    demo = raw["pipelines"]["demo"]
+    del demo["stages"]["pretrain"]
+    for stage, (nodes, per_node) in DEMO_SPREAD.items():
+        demo["stages"][stage]["gridengine"] = {"nodes": nodes, "processes_per_node": per_node}
+    demo["stages"]["tokenize-preprocess"]["gridengine"].update(preprocess)
+    raw = {"version": 1, "stages_dir": str(REPO / "stages"), "backends": {"gridengine": GE_OPTIONS},
+           "pipelines": {"demo": {**demo, "backend": backend}}}
+    root.mkdir(parents=True)
+    (root / "pipelines.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return root / "pipelines.yaml"
+
+
+def workspace_files(config: Path) -> dict[str, bytes]:
+    root = config.parent / ".bcp-pipeline/workspaces/demo"
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".completions" not in p.parts}
+
+
+def test_a_data_stage_with_node_scratch_uses_each_host_s_tmpdir_and_lands_its_outputs_in_the_workspace(
+        sge_cell: SgeCell, tmp_path: Path) -> None:
+    """tokenize-preprocess over both hosts with node_scratch: each task's BCP_PIPELINE_SCRATCH is Grid Engine's
+    $TMPDIR for the job on its own host (the cell's queue tmpdir per host), gone with the job; the outputs are a
+    local run's, byte for byte."""
+    marker = tmp_path / "scratch-seen"
+    reference = demo_data_project(tmp_path / "local", "local", {})
+    assert cli(reference, "run", "demo") == 0
+    config = demo_data_project(tmp_path / "ge", "gridengine", {
+        "node_scratch": True, "setup": [f'echo "$(hostname) $BCP_PIPELINE_SCRATCH" >> {marker}']})
+    assert cli(config, "run", "demo") == 0
+    seen = [line.split(" ", 1) for line in marker.read_text().splitlines()]
+    assert sorted(host for host, _ in seen) == sorted(sge_cell.hosts), seen
+    for host, folder in seen:
+        assert Path(folder).parent == sge_cell.base / "tmp" / host, (host, folder)
+        assert not Path(folder).exists()  # Grid Engine removed it when the job ended
+    assert workspace_files(config) == workspace_files(reference)
+
