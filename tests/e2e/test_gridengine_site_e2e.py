@@ -23,8 +23,8 @@ from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli
-from support.pipeline_fixtures import (DEMO_SPREAD, GE_CHAIN, GE_OPTIONS, REPO, TRAINER, wait_for,
-                                       write_chain_project)
+from support.pipeline_fixtures import (DEMO_SPREAD, GE_CHAIN, GE_OPTIONS, REPO, TRAINER, start_orchestrator,
+                                       wait_for, write_chain_project)
 from support.sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.usefixtures("sge_cell")
@@ -199,3 +199,29 @@ def test_a_data_stage_with_node_scratch_uses_each_host_s_tmpdir_and_lands_its_ou
         assert not Path(folder).exists()  # Grid Engine removed it when the job ended
     assert workspace_files(config) == workspace_files(reference)
 
+
+def test_a_held_job_shows_held_in_status_and_runs_once_released(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """Submitted held (`-h`, as `qhold` leaves a pending job): queued, `status` says held and names `qrls`; a user's
+    `qalter` of the pending job and `qrls` are Grid Engine's own, and the run goes on to its end."""
+    text = GE_CHAIN.replace("        gridengine: {nodes: 2}\n", "        gridengine: {nodes: 2, extra_args: [-h]}\n")
+    config = write_chain_project(tmp_path / "ge", text)
+    orchestrator = start_orchestrator(config, "run", "chain", "--backend", "gridengine")
+    try:
+        store = RunStore(config.parent / ".bcp-pipeline")
+        job = wait_for(lambda: (state := store.latest()) and state.stages["first"].jobs and
+                       "held" in state.stages["first"].jobs[-1].native and state.stages["first"].jobs[-1],
+                       timeout=60, what="the first stage's job seen held")
+        assert job.state == "queued" and job.native == f"hqw, held: qrls {job.job_id}", job
+        capsys.readouterr()
+        assert cli(config, "status") == 0
+        assert f"(hqw, held: qrls {job.job_id})" in capsys.readouterr().out
+        subprocess.run(["qalter", "-l", "h_rt=0:10:00", job.job_id], check=True, capture_output=True)
+        subprocess.run(["qrls", job.job_id], check=True, capture_output=True)
+        output, _ = orchestrator.communicate(timeout=180)
+        assert orchestrator.returncode == 0, output
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    assert all(stage.status is StageStatus.SUCCEEDED for stage in state.stages.values())

@@ -97,6 +97,11 @@ class GridEngineBackend(BatchBackend):
                     f"Grid Engine cannot start it ({native}): {self._error_reason(job_id)}; it was deleted"))
         for wanted in (JobState.RUNNING, JobState.UNKNOWN, JobState.QUEUED):
             for state, native in states:
+                if state is wanted and state is JobState.QUEUED and "h" in native.lower():
+                    # qhold, `qsub -h` or a hold of the site's: it waits for `qrls`, which status names
+                    return JobStatus(job_id=job_id, state=state, native=f"{native}, held: qrls {job_id}", detail=(
+                        f"job {job_id} is held ({native}): Grid Engine starts it only once `qrls {job_id}` "
+                        "releases it"))
                 if state is wanted:
                     return JobStatus(job_id=job_id, state=state, native=native)
         return JobStatus(job_id=job_id, state=JobState.UNKNOWN, native="")
