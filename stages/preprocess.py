@@ -47,6 +47,7 @@ from doc_sources import INPUT_SUFFIXES, input_suffix
 from _streamed_inputs import Arrivals, stall_seconds, streamed_digests, wait_for_upstream
 from extract import DOWNLOAD_MANIFEST, download_manifest_names, visible_names
 from megatron_index import HashingWriter, IndexedDatasetWriter
+from _scratch import scratch_path_for
 from tokenizers_gpt2 import Tokenizer, TokenizerError, TokenizerSpec, describe, token_dtype
 
 STAGE = "preprocess"
@@ -138,7 +139,8 @@ def build_output(item: OutputItem, ctx: Context) -> dict:
     """Tokenize `item` into .bin/.idx, then write its manifest last; returns the manifest."""
     bin_path, idx_path, manifest_path = output_paths(ctx.out_dir, item.prefix)
     manifest_path.unlink(missing_ok=True)  # a stale manifest must not vouch for the files being rewritten
-    spill_path = _common.temp_path_for(ctx.out_dir / f"{item.prefix}.lengths")
+    # Never an output (read back by this process): on node-local scratch where the job has some.
+    spill_path = scratch_path_for(ctx.out_dir / f"{item.prefix}.lengths")
     tally = Tally(item)
     batches = read_batches([ctx.in_dir / name for name in item.sources], BATCH_BYTES, ctx.json_key)
     try:

@@ -150,6 +150,8 @@ class GridEngineResources:
     priority: int | None = None  # -p, -1023..1024 (users may only lower theirs: <= 0)
     advance_reservation: str | None = None  # -ar ID: run inside an advance reservation (`qrsub`)
     array_concurrency: int | None = None  # -tc N: at most N tasks of an array job at once
+    node_scratch: bool = False  # the job's node-local $TMPDIR given to the stage as BCP_PIPELINE_SCRATCH (its
+    # temporary files there, not on the shared workspace; outputs still land atomically in the workspace)
 
     counts: ClassVar[tuple[str, ...]] = ("array_concurrency",)
     image_field: ClassVar[str | None] = "container_image"

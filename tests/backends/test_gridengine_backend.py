@@ -216,3 +216,31 @@ def test_scheduling_options_and_site_set_up_render_as_tsubame_users_write_them(t
                  "--set", "sample.gridengine.priority=2000"]) != 0
     assert ("--set sample.gridengine.priority=2000: pipelines.demo.stages.sample.gridengine: stage sample: "
             "gridengine.priority 2000 is outside Grid Engine's -1023..1024") in capsys.readouterr().err
+
+
+def test_node_scratch_exports_the_job_s_tmpdir_and_a_job_without_one_stops_with_the_reason(tmp_path, capsys):
+    out = plan(capsys, REPO / "pipelines.yaml", "demo", "tokenize-preprocess.gridengine.node_scratch=true")
+    scripts = {block.split(", stage ", 1)[1].split(":", 1)[0]: block for block in out.split("#!/bin/bash")[1:]
+               if ", stage " in block}
+    preprocess = scripts["tokenize-preprocess"]
+    assert 'export BCP_PIPELINE_SCRATCH="$scratch" TMPDIR="$scratch"' in preprocess
+    assert "APPTAINER_BIND" not in preprocess
+    assert "BCP_PIPELINE_SCRATCH" not in scripts["download"]  # only where a stage asks for it
+    # The rendered lines under bash: a job whose $TMPDIR is missing stops with the key named, before any rank.
+    start = preprocess.index("# Node-local scratch")
+    lines = preprocess[start:preprocess.index("\n", preprocess.index("export BCP_PIPELINE_SCRATCH"))] + \
+        '\necho "scratch $BCP_PIPELINE_SCRATCH"\n'
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}
+    ran = subprocess.run(["bash", "-c", lines], env=env, capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout == f"scratch {tmp_path}\n", ran
+    # TMP where TMPDIR was dropped (a loader in secure-execution mode drops it, as on the test cell)
+    ran = subprocess.run(["bash", "-c", lines], env={"PATH": "/usr/bin:/bin", "TMP": str(tmp_path)},
+                         capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout == f"scratch {tmp_path}\n", ran
+    ran = subprocess.run(["bash", "-c", lines], env={**env, "TMPDIR": str(tmp_path / "gone")}, capture_output=True,
+                         text=True)
+    assert ran.returncode == 1 and "gridengine.node_scratch: this job has no writable $TMPDIR" in ran.stderr, ran
+    contained = plan(capsys, REPO / "pipelines.yaml", "demo", "tokenize-preprocess.gridengine.node_scratch=true",
+                     "backends.gridengine.container=apptainer",
+                     "tokenize-preprocess.gridengine.container_image=/images/stages.sif")
+    assert 'export APPTAINER_BIND="$scratch${APPTAINER_BIND:+,$APPTAINER_BIND}"' in contained

@@ -5,8 +5,10 @@ Rendering is pure (render.py): `plan` prints the exact job script. Jobs are name
 `RUN.STAGE.verify`, so `find_active` finds them again with one `qstat` call after the orchestrator died between
 `qsub` and recording the id. One `qstat -u USER -xml` call per poll cycle covers every listed job (parsed by tag
 names: Altair Grid Engine's XML may differ from Son of Grid Engine's); a job qstat no longer lists is read from
-`qacct -j` once, and its result kept. A job that left qstat with no accounting record after
-`accounting_grace_seconds` (the cell's accounting flush) was deleted while it was pending or held: CANCELLED.
+`qacct -j` once, and its result kept. Accounting lags on a busy site, so each job script also records its own
+start and exit status in the run's log folder (records.py): a job that left qstat is finished by its accounting
+record, else by its own exit records; with only a start record it is "finished, accounting pending" (not yet
+finished); with neither after `accounting_grace_seconds` it was deleted while pending or held: CANCELLED.
 A job in `Eqw` (Grid Engine could not start it, e.g. its log path cannot be opened) stays so for ever: it is
 FAILED with the reason `qstat -j` gives, and deleted.
 """
@@ -20,6 +22,8 @@ from typing import Any
 
 from bcp_pipeline.backends.contract import JobRequest, JobState, JobStatus, Submission, map_native_state
 from bcp_pipeline.backends.gridengine.client import HINT, qacct, qstat_jobs
+from bcp_pipeline.backends.gridengine.records import (PENDING, PENDING_SLOW, Evidence, confirmed, covers,
+    read_evidence)
 from bcp_pipeline.backends.gridengine.render import job_rendezvous, job_script, qsub_argv, shape
 from bcp_pipeline.backends.gridengine.states import STATE_MAP, Listed, accounting_status
 from bcp_pipeline.backends.shared.batch import BatchBackend, job_name
@@ -93,6 +97,11 @@ class GridEngineBackend(BatchBackend):
                     f"Grid Engine cannot start it ({native}): {self._error_reason(job_id)}; it was deleted"))
         for wanted in (JobState.RUNNING, JobState.UNKNOWN, JobState.QUEUED):
             for state, native in states:
+                if state is wanted and state is JobState.QUEUED and "h" in native.lower():
+                    # qhold, `qsub -h` or a hold of the site's: it waits for `qrls`, which status names
+                    return JobStatus(job_id=job_id, state=state, native=f"{native}, held: qrls {job_id}", detail=(
+                        f"job {job_id} is held ({native}): Grid Engine starts it only once `qrls {job_id}` "
+                        "releases it"))
                 if state is wanted:
                     return JobStatus(job_id=job_id, state=state, native=native)
         return JobStatus(job_id=job_id, state=JobState.UNKNOWN, native="")
@@ -106,23 +115,39 @@ class GridEngineBackend(BatchBackend):
         return "; ".join(dict.fromkeys(reason.strip() for reason in reasons)) or "qstat -j gives no reason"
 
     def _unlisted_status(self, job_id: str) -> JobStatus | None:
-        """A job qstat no longer lists: its accounting; none yet means "not finished" until the grace is over."""
+        """A job qstat no longer lists. Accounting decides once it has a record of every task that started (it
+        also sees what the job cannot: a SIGKILL over h_rt or from `qdel`); until then the job's own records
+        (records.py) do: its exit records finish it, a start record alone makes it "finished, accounting
+        pending" (not finished: it ran, its end is Grid Engine's to tell), and no start record after
+        `accounting_grace_seconds` means it was deleted before it started."""
         if job_id in self._finished:
             return self._finished[job_id]
+        evidence = read_evidence(self.logs_dir / job_id)
         records = qacct(job_id)
-        if records is None:
-            return None  # qacct failed this time: ask again next cycle
-        if records:
-            status = accounting_status(job_id, records)
-            self._finished[job_id] = status
-            self._unlisted_since.pop(job_id, None)
-            return status
-        first_missed = self._unlisted_since.setdefault(job_id, time.monotonic())
-        if time.monotonic() - first_missed < self.accounting_grace_seconds:
-            return None
+        if records and covers(records, evidence):
+            status = confirmed(accounting_status(job_id, records), evidence)
+        elif (status := evidence.status(job_id)) is None:
+            return self._without_an_end(job_id, evidence, asked=records is not None)
+        self._finished[job_id] = status
+        self._unlisted_since.pop(job_id, None)
+        return status
+
+    def _without_an_end(self, job_id: str, evidence: Evidence, *, asked: bool) -> JobStatus | None:
+        """Neither accounting nor the job's own exit records say how it ended (`asked`: qacct answered "none")."""
+        waited = time.monotonic() - self._unlisted_since.setdefault(job_id, time.monotonic())
+        grace = self.accounting_grace_seconds
+        if evidence.started:
+            slow = waited >= grace  # status shows it: on a busy site accounting can lag by minutes
+            return JobStatus(job_id=job_id, state=JobState.RUNNING, native=PENDING_SLOW if slow else PENDING,
+                             detail=f"job {job_id} started (its start record) and left qstat {waited:.0f} s ago; "
+                                    "Grid Engine's accounting has no record of it yet" + (
+                                        f", over accounting_grace_seconds ({grace:.0f} s): accounting is slow "
+                                        "here" if slow else ""))
+        if not asked or waited < grace:
+            return None  # qacct failed this time, or its record may still come: ask again next cycle
         status = JobStatus(job_id=job_id, state=JobState.CANCELLED, native="DELETED", detail=(
-            f"Grid Engine no longer lists job {job_id} and has no accounting record of it after "
-            f"{self.accounting_grace_seconds:.0f} s: it was deleted before it started (`qdel` while pending or held)"))
+            f"Grid Engine no longer lists job {job_id}, it left no start record and accounting has no record of it "
+            f"after {grace:.0f} s: it was deleted before it started (`qdel` while pending or held)"))
         self._finished[job_id] = status
         return status
 

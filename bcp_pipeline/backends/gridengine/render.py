@@ -32,6 +32,7 @@ import shlex
 from dataclasses import dataclass, replace
 
 from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.gridengine import records
 from bcp_pipeline.backends.gridengine import training as hosts_training
 from bcp_pipeline.backends.shared.batch import Paths, job_name
 from bcp_pipeline.backends.shared.command import (apptainer_argv, placeholder_values, rendezvous, shell_exports,
@@ -156,6 +157,27 @@ def directives(request: JobRequest, size: Shape, paths: Paths) -> list[str]:
     return [f"#$ {line}" for line in lines]
 
 
+# gridengine.node_scratch: Grid Engine's per-job folder on the host's own disk (the queue's tmpdir, e.g. a node's SSD,
+# made for the job and removed when it ends), named to the stage programs (stages/_scratch.py). Grid Engine sets it
+# as TMPDIR and TMP; a loader in secure-execution mode drops TMPDIR (glibc's unsecure variables), as on the test cell.
+NODE_SCRATCH = r'''# Node-local scratch (gridengine.node_scratch): the job's $TMPDIR on this host, removed when the job ends.
+scratch="${TMPDIR:-${TMP:-}}"
+if [ ! -d "$scratch" ] || [ ! -w "$scratch" ]; then
+  echo "bcp-pipeline: gridengine.node_scratch: this job has no writable \$TMPDIR or \$TMP (${scratch:-unset}) on $(hostname); set the queue's tmpdir, or drop node_scratch" >&2
+  exit 1
+fi
+export BCP_PIPELINE_SCRATCH="$scratch" TMPDIR="$scratch"'''
+# In Apptainer the folder is bound at its own path (APPTAINER_BIND: the host's folder is known only in the job).
+SCRATCH_BIND = 'export APPTAINER_BIND="$scratch${APPTAINER_BIND:+,$APPTAINER_BIND}"'
+
+
+def node_scratch(request: JobRequest, options: GridEngineOptions) -> list[str]:
+    """The lines giving the stage node-local scratch, where it asks for it (every host runs them)."""
+    if not request.resources("gridengine").node_scratch:
+        return []
+    return [*NODE_SCRATCH.splitlines(), *[SCRATCH_BIND] * in_container(request, options)]
+
+
 def site_setup(request: JobRequest) -> list[str]:
     """The stage's `gridengine.setup` lines, verbatim, where it has them: run on every host before its ranks."""
     lines = request.resources("gridengine").setup
@@ -199,9 +221,11 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
              f"{size.per_node} rank(s) = RANK 0..{world - 1} of WORLD_SIZE {world}",
              *directives(request, size, paths),
              f"logs={shlex.quote(paths.logs)} nodes={size.nodes} per_node={size.per_node} world={world}",
+             *records.script(size.nodes if size.array else 1),
              f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
              f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
              *shell_exports(request, "gridengine", job_values(request, options, paths), request.label),
+             *node_scratch(request, options),
              *site_setup(request),
              *node_launcher(request, options, paths, size)]
     port = f'"$(({MASTER_PORT_EXPR}))"'
@@ -250,9 +274,11 @@ def hosts_training_job(request: JobRequest, options: GridEngineOptions, paths: P
     return hosts_training.HostsTraining(
         title=f"run {request.run_id}, stage {request.stage.name}", what=what,
         directives=directives(request, size, paths),
-        exports=[f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
+        exports=[*records.script(1),  # a training is one job (over its hosts), never an array
+                 f"export BCP_PIPELINE_RUN_ID={shlex.quote(request.run_id)} "
                  f"BCP_PIPELINE_STAGE={shlex.quote(request.stage.name)}",
-                 *shell_exports(request, "gridengine", values, request.label), *site_setup(request)],
+                 *shell_exports(request, "gridengine", values, request.label), *node_scratch(request, options),
+                 *site_setup(request)],
         logs=paths.logs, nodes=size.nodes, per_node=size.per_node, container=container_argv(request, paths),
         data_list_argv=data_list[0], data_list_file=data_list[1], setup=setup, program=program,
         master_port=MASTER_PORT_EXPR)

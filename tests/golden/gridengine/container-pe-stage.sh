@@ -10,6 +10,15 @@
 #$ -P tga-lab
 #$ -l node_f=1
 logs=<ROOT>/runs/demo-RUN/logs nodes=2 per_node=1 world=2
+# The job's own start and exit records (logs/ID/task-N.*), read before Grid Engine's accounting, which lags
+# on a busy site (bcp_pipeline/backends/gridengine/records.py); not by a parallel job's `--node` parts.
+bcp_record() { printf '%s\n' "$2" > "$record.$1.tmp$$" && sync "$record.$1.tmp$$" &&
+  mv -f "$record.$1.tmp$$" "$record.$1" || echo "bcp-pipeline: cannot write $record.$1" >&2; }
+if [ "${1:-}" != --node ]; then
+  record="$logs/$JOB_ID/task-${SGE_TASK_ID/undefined/1}"
+  mkdir -p "$logs/$JOB_ID" && bcp_record started "host=$(hostname) time=$(date +%s) tasks=1"
+  trap 'bcp_record exit "$?"' EXIT
+fi
 export BCP_PIPELINE_RUN_ID=demo-RUN BCP_PIPELINE_STAGE=pretrain
 run_rank() { exec apptainer exec --nv --bind <ROOT>/.bcp-pipeline/workspaces/demo:/mount_workspace,<ROOT>/stages:<ROOT>/stages,<ROOT>/runs/demo-RUN:<ROOT>/runs/demo-RUN,/data:/data:ro '/images/nemo framework 24.05.sif' bash <ROOT>/stages/bootstrap.sh python3 <ROOT>/stages/pretrain_local.py --data-dir /mount_workspace/data/slimpajama/preprocessed --results /mount_workspace/results --run-name demo-gpt-demo-RUN --steps 60 --checkpoint-every 20 --global-batch-size 8; }
 launch_node() {

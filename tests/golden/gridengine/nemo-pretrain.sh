@@ -10,6 +10,15 @@
 #$ -l node_f=1
 set -euo pipefail
 logs=<ROOT>/.bcp-pipeline/runs/RUN/logs nodes=2 per_node=4
+# The job's own start and exit records (logs/ID/task-N.*), read before Grid Engine's accounting, which lags
+# on a busy site (bcp_pipeline/backends/gridengine/records.py); not by a parallel job's `--node` parts.
+bcp_record() { printf '%s\n' "$2" > "$record.$1.tmp$$" && sync "$record.$1.tmp$$" &&
+  mv -f "$record.$1.tmp$$" "$record.$1" || echo "bcp-pipeline: cannot write $record.$1" >&2; }
+if [ "${1:-}" != --node ]; then
+  record="$logs/$JOB_ID/task-${SGE_TASK_ID/undefined/1}"
+  mkdir -p "$logs/$JOB_ID" && bcp_record started "host=$(hostname) time=$(date +%s) tasks=1"
+  trap 'bcp_record exit "$?"' EXIT
+fi
 export BCP_PIPELINE_RUN_ID=RUN BCP_PIPELINE_STAGE=pretrain
 export NCCL_DEBUG=WARN
 in_image() { apptainer exec --nv --bind <ROOT>/.bcp-pipeline/workspaces/nemo-framework:/mount_workspace,<ROOT>/stages:<ROOT>/stages,<ROOT>/.bcp-pipeline/runs/RUN:<ROOT>/.bcp-pipeline/runs/RUN '/images/nemo 24.05.sif' "$@"; }
