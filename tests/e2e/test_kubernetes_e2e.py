@@ -201,6 +201,8 @@ def test_check_reports_the_cluster(k8s_cluster: K8sCluster, workspace: Path, tmp
     assert verdicts["api"] == "ok" and verdicts["rights"] == "ok" and verdicts["workspace claim"] == "ok"
     assert verdicts["namespace"] == "ok" and verdicts["who am i"] == "ok"
     assert all(row["verdict"] == "ok" for (topic, _), row in rows.items() if topic == "manifests"), rows
+    fits = [row for (topic, _), row in rows.items() if topic == "fits a node"]
+    assert fits and all(row["verdict"] == "ok" for row in fits), fits
     # The probe Job, shaped as the first stage's: a RANK per pod on each node, the mount shared, the kill timed.
     assert verdicts["probe ranks"] == "ok" and verdicts["probe mount"] == "ok" and verdicts["kill timing"] == "ok"
     pods = sorted(result["facts"]["probe_pods"], key=lambda p: p["index"])
@@ -213,6 +215,28 @@ def test_check_reports_the_cluster(k8s_cluster: K8sCluster, workspace: Path, tmp
     assert not client.BatchV1Api(k8s_cluster.api()).list_namespaced_job(  # the probe is gone with the check
         NAMESPACE, label_selector="bcp-pipeline/kind=probe").items
     assert code == 0
+
+
+def test_check_names_a_stage_whose_pods_fit_no_node(k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path,  # noqa: F811
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """The node agents offer 8 CPUs and 16Gi each: a stage asking 64Gi fits none, and one whose nodeSelector
+    matches no node fits none either; the rows name the stage, its request and the largest allocatable seen."""
+    config = demo_project(tmp_path / "fit", "kubernetes", k8s_cluster.kubeconfig)
+    capsys.readouterr()
+    code = cli(config, "check", "demo", "--backend", "kubernetes", "--json", "--no-jobs",
+               "--set", "concat.kubernetes.memory=64Gi", "--set", "extract.kubernetes.cpu=2",
+               "--set", "extract.kubernetes.node_selector={kubernetes.io/hostname: no-such-node}")
+    rows = [row for row in json.loads(capsys.readouterr().out)["rows"] if row["topic"] == "fits a node"]
+    concat = [row for row in rows if row["assumes"].startswith("stage concat:")]
+    assert [row["verdict"] for row in concat] == ["different"], rows
+    assert "memory 64Gi" in concat[0]["assumes"] and "largest allocatable memory 16Gi" in concat[0]["showed"], concat
+    assert "0 of 2 matching node(s) fit" in concat[0]["showed"], concat
+    extract = [row for row in rows if row["assumes"].startswith("stage extract:")]
+    assert [row["verdict"] for row in extract] == ["different"], rows
+    assert "labelled kubernetes.io/hostname=no-such-node" in extract[0]["assumes"] and "no node" in extract[0]["showed"]
+    tokenize = [row for row in rows if row["assumes"].startswith("stage tokenize")]
+    assert tokenize and all(row["verdict"] == "ok" for row in tokenize), rows
+    assert code != 0
 
 
 def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass_its_crd_schema(

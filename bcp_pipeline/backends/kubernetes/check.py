@@ -1,5 +1,6 @@
 """Checks of a Kubernetes cluster: the API and who we are, the rights the backend needs (SelfSubjectAccessReview),
-the namespace, the workspace PVC and its access mode, GPUs on the nodes, the training operator's CRD, and every
+the namespace, the workspace PVC and its access mode, GPUs on the nodes, each stage's requests against the
+allocatable of the nodes its nodeSelector matches (fit.py), the training operator's CRD, and every
 rendered manifest of the pipeline through the apiserver's admission with a server-side dry run (nothing stored),
 and a probe Job shaped as the first stage's (check/kubernetes_probe.py: RANK per pod, the mount, kill timing).
 """
@@ -10,6 +11,7 @@ from typing import Any
 
 from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, Row, different, ok, unchecked
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
+from bcp_pipeline.backends.kubernetes.fit import fit_rows
 from bcp_pipeline.backends.kubernetes.probe import probe_rows
 from bcp_pipeline.backends.kubernetes.render import is_pytorchjob
 from bcp_pipeline.config.resources import KubernetesOptions
@@ -43,6 +45,7 @@ def check_kubernetes(ctx: CheckInput) -> CheckOutcome:
             whoami_row(api), rights_row(api, options.namespace, uses_pytorchjobs(ctx)),
             namespace_row(api, options.namespace),
             claim_row(ctx, api, options), gpu_row(ctx, api), operator_row(ctx, api)]
+    rows += fit_rows(ctx, api)
     rows += dry_run_rows(ctx, api)
     facts = {"server": server, "version": version.git_version}
     probed, probe_facts = probe_rows(ctx, api, options)
