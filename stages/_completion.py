@@ -103,8 +103,13 @@ def claim_or_refuse(out_dir: Path, stage: str, outputs: Iterable[Path], rank: in
 
 
 def _recorded_digest(record: Path) -> str | None:
+    return recorded_text(record, "digest")
+
+
+def recorded_text(path: Path, key: str) -> str | None:
+    """The string at `key` of a JSON record, None where there is none (no file yet, unreadable, another shape)."""
     try:
-        value = json.loads(record.read_text(encoding="utf-8")).get("digest")
+        value = json.loads(path.read_text(encoding="utf-8")).get(key)
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, str) else None

@@ -16,14 +16,13 @@ the stage fails naming what it waited for; the orchestrator cancels it sooner wh
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
-from _completion import COMPLETIONS_DIR
+from _completion import COMPLETIONS_DIR, recorded_text
 from _stage_error import StageError
 
 STREAM_DIGESTS_ENV = "BCP_PIPELINE_STREAM_DIGESTS"  # comma-separated output digests of the streamed upstreams
@@ -54,43 +53,37 @@ def log(message: str) -> None:
 
 def wait_for_upstream(in_dir: Path, manifest: Path, digests: Sequence[str], stage: str,
                       stall: float = STALL_SECONDS, poll: float = POLL_SECONDS,
-                      sleep: Callable[[float], None] = time.sleep) -> None:
+                      sleep: Callable[[float], None] = time.sleep,
+                      clock: Callable[[], float] = time.monotonic) -> None:
     """Until `in_dir` is the upstream's for this config and its manifest is there (see the module docstring)."""
-    waited, noticed = 0.0, 0.0
+    started = clock()
+    noticed = None
     while True:
         why = upstream_not_ready(in_dir, manifest, digests)
         if why is None:
             return
+        waited = clock() - started
         if waited >= stall:
             raise StageError(f"{in_dir}: {why} after {waited:.0f} s; is the upstream stage running? (a streamed "
                              f"input waits {STALL_SECONDS_ENV} seconds at most)")
-        if waited - noticed >= NOTICE_SECONDS or waited == 0.0:
+        if noticed is None or waited - noticed >= NOTICE_SECONDS:
             log(f"{stage}: waiting for the upstream: {why}")
             noticed = waited
         sleep(poll)
-        waited += poll
 
 
 def upstream_not_ready(in_dir: Path, manifest: Path, digests: Sequence[str]) -> str | None:
     """Why the upstream's records do not vouch for `in_dir` yet, or None when they do."""
     records = sorted((in_dir / COMPLETIONS_DIR).glob("*.digest"))
-    recorded = {_field(path, "digest") for path in records}
+    recorded = {recorded_text(path, "digest") for path in records}
     if not recorded & set(digests):
         return f"its output digest {' or '.join(digests)} is not recorded in {in_dir / COMPLETIONS_DIR} yet"
     if not manifest.is_file():
         return f"no manifest {manifest} yet"
-    written_under = _field(manifest, "output_digest")
+    written_under = recorded_text(manifest, "output_digest")
     if written_under is not None and written_under not in digests:
         return f"{manifest} is another config's (digest {written_under})"
     return None
-
-
-def _field(path: Path, key: str) -> str | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
 
 
 class Arrivals:
@@ -117,22 +110,21 @@ class Arrivals:
         last_change = noticed = self.clock()
         seen = len(self._present)
         while True:
-            waiting_on = []
+            first_waiting = None  # (label, a missing input) of the first group still waiting: what messages name
             for index, (label, names) in enumerate(groups):
                 missing = self.first_missing(names)
                 if missing is None:
                     return index
-                waiting_on.append((label, missing))
+                first_waiting = first_waiting or (label, missing)
+            label, missing = first_waiting
             now = self.clock()
             if len(self._present) != seen:
                 seen, last_change = len(self._present), now
             if now - last_change >= self.stall:
-                label, missing = waiting_on[0]
                 raise StageError(f"no new input landed in {self.in_dir} for {now - last_change:.0f} s; {label} "
                                  f"still waits for {missing} (and maybe more): is the upstream stage running? "
                                  f"(set {STALL_SECONDS_ENV} to wait longer)")
             if now - noticed >= NOTICE_SECONDS:
-                label, missing = waiting_on[0]
                 log(f"{self.stage}: {len(groups)} output(s) wait for their inputs; {label} for {missing} (and "
                     "maybe more), still being written upstream")
                 noticed = now

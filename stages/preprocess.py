@@ -177,8 +177,10 @@ def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, ran
     outputs = [p for suffix in (".bin", ".idx", ".manifest.json", ".lengths") for p in args.out_dir.glob(f"*{suffix}")]
     if _common.claim_or_refuse(args.out_dir, STAGE, outputs, rank):
         return 1
-    if digests := streamed_digests():  # a streamed edge: the upstream still runs (_streamed_inputs.py)
-        wait_for_upstream(args.in_dir, args.in_dir / DOWNLOAD_MANIFEST, digests, STAGE, stall_seconds())
+    digests = streamed_digests()  # a streamed edge: the upstream still runs (_streamed_inputs.py)
+    stall = stall_seconds()
+    if digests:
+        wait_for_upstream(args.in_dir, args.in_dir / DOWNLOAD_MANIFEST, digests, STAGE, stall)
     items = list_items(args.in_dir, args.files_per_output)
     if not items:
         wanted = "/".join(f"*{s}" for s in INPUT_SUFFIXES) if args.files_per_output else "train_chunk_{i}.jsonl"
@@ -197,7 +199,7 @@ def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, ran
     skipped_complete = len(mine) - len(pending)
     progress.advance(skipped_complete)
     # On a streamed edge the inputs are still landing: take whichever output has all of its inputs first.
-    arrivals = Arrivals(args.in_dir, STAGE, stall_seconds()) if streamed_digests() else None
+    arrivals = Arrivals(args.in_dir, STAGE, stall) if digests else None
     try:
         while pending:
             ready = arrivals.next_ready([(item.prefix, item.sources) for item in pending]) if arrivals else 0

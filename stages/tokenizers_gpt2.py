@@ -101,17 +101,16 @@ def read_merges(merges: Path) -> list[tuple[str, str]]:
 
 def known_gpt2_files(vocab_bytes: bytes, merges: Path) -> bool:
     """Whether vocab.json and merges.txt are GPT-2's own (gpt2_files.py's sha256 of each)."""
-    from gpt2_files import GPT2_FILES
+    from gpt2_files import GPT2_FILES, sha256_of
 
     (_, _, vocab_sha256), (_, _, merges_sha256) = GPT2_FILES
-    return (hashlib.sha256(vocab_bytes).hexdigest() == vocab_sha256
-            and hashlib.sha256(merges.read_bytes()).hexdigest() == merges_sha256)
+    return hashlib.sha256(vocab_bytes).hexdigest() == vocab_sha256 and sha256_of(merges) == merges_sha256
 
 
 def read_vocab(vocab: Path, data: bytes | None = None) -> dict[str, int]:
     """A GPT-2 vocab.json (`{token: id}`, its bytes where already read); TokenizerError naming the file otherwise."""
     try:
-        encoder = json.loads(vocab.read_bytes() if data is None else data)
+        encoder = json.loads((vocab.read_bytes() if data is None else data).decode("utf-8"))
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise TokenizerError(f"{vocab}: not a GPT-2 vocab.json ({exc}); is --vocab the right file?") from exc
     if not isinstance(encoder, dict) or not all(isinstance(i, int) for i in encoder.values()):

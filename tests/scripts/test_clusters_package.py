@@ -25,12 +25,23 @@ from _clusters import common, k8s_build, netns  # noqa: E402 (after scripts/ is 
 SHIMS = ["slurm-cluster", "sge-cluster", "k8s-cluster"]
 
 
+def _wait_for_exec(pid: int, cmdline: bytes) -> None:
+    """Wait until the child's exec is complete. Popen returns when the exec closes its close-on-exec pipe, but the
+    kernel sets the new program's name and argument pages after that, so /proc/PID can still show the parent's for a
+    moment (a CI run under load saw it). A daemon writes its own pid file, after its exec, so it has no such window."""
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/cmdline").read_bytes() != cmdline:
+        assert time.monotonic() < deadline, f"process {pid} did not finish its exec in 10 s"
+        time.sleep(0.01)
+
+
 def test_a_pid_file_is_trusted_only_for_our_live_daemon(tmp_path: Path) -> None:
     # The marker argument: "0", as GNU sleep sums its arguments and refuses any that is not a number.
     process = subprocess.Popen(["sleep", "60", "0"], env={**os.environ, "BCP_TEST_ROOT": "/cell"})
     pid_file = tmp_path / "sleep.pid"
     pid_file.write_text(f"{process.pid}\n")
     try:
+        _wait_for_exec(process.pid, b"sleep\x0060\x000\x00")
         assert common.PidFile(pid_file, "sleep", ("0",)).live_pid() == process.pid
         assert common.PidFile(pid_file, "sleep", ("BCP_TEST_ROOT=/cell",)).live_pid() == process.pid  # its environ
         assert common.PidFile(pid_file, None, ("0",)).live_pid() == process.pid  # any program

@@ -10,7 +10,7 @@ name (names and key names only); the client's version. A look-up that fails for 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bcp_pipeline.backends.bcp.account import account_of
 from bcp_pipeline.backends.bcp.connect import SCOPED_KEY_PREFIX, configured_api_key, make_transport, scoped_key_org
@@ -196,8 +196,7 @@ def policy_rows(ace: dict, jobs: list[PlannedJob], detach: bool) -> list[Row]:
     (runtime, replicas, active jobs; the driver's needs with --detach)."""
     if not jobs:
         return []
-    found = violations(ace, [PlannedJob(stage=j.stage, kind=j.kind, spec=j.spec, streams_from=j.streams_from)
-                             for j in jobs], detach=detach)
+    found = violations(ace, [replace(j, continues=False) for j in jobs], detach=detach)
     offered = [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]
     used = sorted({job.spec.instance for job in jobs})
     limits = {key: ace.get(key) for key in ("maxRuntimeSeconds", "maxAllowedReplicas", "maxActiveJobsPerUser")
