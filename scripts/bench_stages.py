@@ -332,6 +332,7 @@ def tokenize_runs(chunks: Path, work: Path, vocab: Path, merges: Path, workers: 
         if tokens != raw_tokens + documents:  # the same work: each document's ids plus its EOD
             raise RuntimeError(f"preprocess wrote {tokens} tokens, raw tiktoken gave {raw_tokens} + {documents}")
         rounds.append({"wall": 100 * together.wall / run.wall, "cpu": 100 * alone.cpu / run.cpu,
+                       "cpu_together": 100 * together.cpu / run.cpu,
                        "stage": run, "raw": together, "alone": alone, "tokens": raw_tokens})
     return rounds
 
@@ -353,11 +354,16 @@ def tokenize_only(args: argparse.Namespace, work: Path) -> int:
     print(f"data: {len(sources)} x {args.docs} documents from {generator}, x{args.token_scale}: {size / MB:.0f} MB "
           f"of JSONL; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at start")
     rounds = tokenize_runs(chunks, work, vocab, merges, args.workers, args.runs)
-    print(f"\n  round  stage wall  raw x{args.workers} wall  stage cpu  raw alone cpu  wall %  per CPU-second %")
+    together = f"raw x{args.workers}"
+    print(f"\n  round  stage wall  {together} wall  stage cpu  raw alone cpu  {together} cpu  wall %  "
+          f"per CPU-second %  (vs {together} %)")
     for number, r in enumerate(rounds, 1):
         print(f"  {number:5d}  {r['stage'].wall:10.2f}  {r['raw'].wall:11.2f}  {r['stage'].cpu:9.2f}  "
-              f"{r['alone'].cpu:13.2f}  {r['wall']:6.1f}  {r['cpu']:16.1f}")
+              f"{r['alone'].cpu:13.2f}  {r['raw'].cpu:10.2f}  {r['wall']:6.1f}  {r['cpu']:16.1f}  "
+              f"{r['cpu_together']:18.1f}")
     wall, cpu = statistics.median(r["wall"] for r in rounds), statistics.median(r["cpu"] for r in rounds)
+    print(f"info: per CPU-second against raw tiktoken in {args.workers} processes at once (the same concurrency as "
+          f"the stage's workers): median {statistics.median(r['cpu_together'] for r in rounds):.1f} %")
     print(f"\nmedians of {len(rounds)} rounds ({rounds[0]['tokens']:,} tokens each; load average "
           f"{os.getloadavg()[0]:.2f} at the end):")
     ok = [verdict(f"preprocess ({args.workers} workers) vs raw tiktoken in {args.workers} processes at once, wall",

@@ -1,21 +1,26 @@
 """The preprocess stage's tokenizing: each batch becomes token ids + EOD per document, in worker processes.
 
 Each worker loads the tokenizer once (a forked one inherits the parent's) and returns, per batch, the tokens and
-document lengths as bytes ready to append to the output, plus the lines it had to skip and why. Results come back
-in input order with a bounded number of batches in flight, so memory does not grow with the input.
+document lengths as bytes ready to append to the output, plus the lines it had to skip and why. Batches go to the
+workers in turn over pipes of their own (TokenizerPool), and the token bytes come back down them as they are, not
+pickled. Results come back in input order with a bounded number of batches in flight, so memory does not grow
+with the input.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
+import pickle
+import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 
 import numpy as np
 
@@ -28,7 +33,7 @@ from tokenizers_gpt2 import Tokenizer, TokenizerSpec, token_dtype
 @dataclass
 class BatchResult:
     source: int
-    tokens: bytes = b""  # ids + EOD per document, in the output dtype, back to back
+    tokens: bytes | bytearray | memoryview = b""  # ids + EOD per document, in the output dtype, back to back
     lengths: bytes = b""  # int32 per document (EOD included)
     lines: int = 0
     documents: int = 0
@@ -93,8 +98,9 @@ def tokenize_batch(batch: Batch) -> BatchResult:
         pieces += (ids, eod)
         lengths.append(ids.size + 1)
     if pieces:
-        # Ids are below the vocabulary size, which chose the dtype, so the narrowing cast is exact.
-        result.tokens = np.concatenate(pieces).astype(state.dtype, copy=False).tobytes()
+        # Ids are below the vocabulary size, which chose the dtype, so the narrowing cast is exact (and done by
+        # concatenate itself: no second array).
+        result.tokens = memoryview(np.concatenate(pieces, dtype=state.dtype, casting="unsafe")).cast("B")
         result.lengths = np.array(lengths, dtype=LENGTH_DTYPE).tobytes()
     result.documents = len(lengths)
     return result
@@ -119,30 +125,186 @@ def parquet_text(value: str | None, key: str) -> str | Problem:
     return value if value is not None else Problem(f"{key!r} is null")
 
 
-def ordered_results(batches: Iterator[Batch], executor: Executor | None, window: int) -> Iterator[BatchResult]:
+def ordered_results(batches: Iterator[Batch], pool: TokenizerPool | None, window: int) -> Iterator[BatchResult]:
     """Results in input order, with at most `window` batches in flight (Pool.imap would read the whole input)."""
-    if executor is None:
+    if pool is None:
         yield from map(tokenize_batch, batches)
         return
-    pending: deque[Future] = deque()
     try:
         for batch in batches:
-            pending.append(executor.submit(tokenize_batch, batch))
-            if len(pending) >= window:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+            pool.submit(batch)
+            if pool.in_flight >= window:
+                yield pool.result()
+        while pool.in_flight:
+            yield pool.result()
     finally:
-        for future in pending:  # an error upstream: drop what is still queued for this output
-            future.cancel()
+        pool.discard_in_flight()  # an error here or upstream: what was sent for this output is not wanted
 
 
-def make_executor(workers: int, spec: TokenizerSpec, key: str) -> Executor | None:
-    """A pool of `workers` tokenizer processes, or None to tokenize inline (one worker: no pickling at all)."""
-    if workers <= 1:
-        return None
-    # fork where available: workers inherit the tokenizer already loaded here instead of loading it again.
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                               initializer=init_worker,
-                               initargs=(spec, key, _STATE.tokenizer if method else None, os.getpid()))
+class WorkerDied(RuntimeError):
+    """A tokenizer process ended without answering (killed: out of memory?)."""
+
+
+class TokenizerPool:
+    """`workers` tokenizer processes, each with a pipe for its batches and one for its results; batches are dealt
+    in turn, so each worker's results come back in the order it got them, and all of them in input order.
+
+    Not a ProcessPoolExecutor: it pickles every result, 2 bytes a token, through a queue and a thread of this
+    process, then unpickles it here: about 3x the CPU of sending the token bytes down a pipe as they are (a
+    visible share of the stage's cost over raw tiktoken, docs/performance.md). Batches are about the same size,
+    so dealing them in turn keeps the workers equally busy.
+    """
+
+    def __init__(self, workers: int, spec: TokenizerSpec, key: str) -> None:
+        # fork where available: workers inherit the tokenizer already loaded here instead of loading it again.
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        context = multiprocessing.get_context(method)
+        loaded = _STATE.tokenizer if method and _STATE is not None else None
+        self._tasks: list[Connection] = []
+        self._results: list[Connection] = []
+        self._processes: list[multiprocessing.process.BaseProcess] = []
+        for number in range(workers):
+            task_reader, task_writer = context.Pipe(duplex=False)
+            result_reader, result_writer = context.Pipe(duplex=False)
+            enlarge_pipe(result_writer.fileno())  # a whole result fits: the worker goes on without waiting for us
+            process = context.Process(target=serve, name=f"tokenizer-{number}", daemon=True,
+                                      args=(task_reader, result_writer, spec, key, loaded, os.getpid()))
+            process.start()
+            task_reader.close()
+            result_writer.close()
+            self._tasks.append(task_writer)
+            self._results.append(result_reader)
+            self._processes.append(process)
+        self._next = 0
+        self._sent: deque[int] = deque()  # the worker of each batch in flight, oldest first
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._sent)
+
+    def submit(self, batch: Batch) -> None:
+        worker = self._next
+        self._next = (worker + 1) % len(self._tasks)
+        try:
+            self._tasks[worker].send(batch)
+        except OSError as exc:  # a broken pipe: the worker is gone
+            raise self._died(worker) from exc
+        self._sent.append(worker)
+
+    def result(self) -> BatchResult:
+        """The oldest batch's result; its exception if tokenizing it raised one."""
+        worker = self._sent.popleft()
+        connection = self._results[worker]
+        try:
+            answer = connection.recv()
+            if not isinstance(answer, BaseException):
+                result, size = answer
+                result.tokens = read_exactly(connection.fileno(), size)
+        except (EOFError, OSError) as exc:  # the pipe closed under us: the worker is gone
+            raise self._died(worker) from exc
+        if isinstance(answer, BaseException):  # the batch's own error (an input that shrank), as raised there
+            raise answer
+        return result
+
+    def discard_in_flight(self) -> None:
+        """Receive and drop every result still due, so the next output starts with empty pipes."""
+        while self._sent:
+            try:
+                self.result()
+            except WorkerDied:
+                raise
+            except Exception:  # a dropped batch's own error: not wanted either
+                pass
+
+    def _died(self, worker: int) -> WorkerDied:
+        process = self._processes[worker]
+        process.join(timeout=1)
+        self._sent.clear()  # the pool is done for: the caller makes a new one (close() kills what is left)
+        return WorkerDied(f"tokenizer process {process.pid} ended with exit code {process.exitcode}")
+
+    def close(self) -> None:
+        """Stop the workers: told to end, then, where one does not within a few seconds, killed. Where results are
+        still due (an error on the way), they are killed at once: telling them could wait behind those results."""
+        for connection, process in zip(self._tasks, self._processes):
+            try:
+                if self._sent:
+                    process.kill()
+                else:
+                    connection.send(None)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        for process in self._processes:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for connection in self._tasks + self._results:
+            connection.close()
+
+
+def serve(tasks: Connection, results: Connection, spec: TokenizerSpec, key: str, loaded: Tokenizer | None,
+          parent: int) -> None:
+    """A worker: tokenize each batch received, then send back its result (the token bytes as they are)."""
+    init_worker(spec, key, loaded, parent)
+    # Batches are read by a thread of their own, so that a large one (decompressed text) sent to us never waits
+    # for us to finish sending a result that the main process will read only after sending it: no deadlock.
+    queued: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+    threading.Thread(target=receive_batches, args=(tasks, queued), name="batches", daemon=True).start()
+    while (batch := queued.get()) is not None:
+        try:
+            result = tokenize_batch(batch)
+        except Exception as exc:  # sent back, raised in the main process for the output being made
+            results.send(exc if picklable(exc) else RuntimeError(f"{type(exc).__name__}: {exc}"))
+            continue
+        tokens, result.tokens = result.tokens, b""
+        results.send((result, len(tokens)))
+        write_all(results.fileno(), tokens)
+
+
+def receive_batches(tasks: Connection, queued: queue.SimpleQueue) -> None:
+    try:
+        while (batch := tasks.recv()) is not None:
+            queued.put(batch)
+    except EOFError:
+        pass
+    queued.put(None)
+
+
+def picklable(value: object) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
+
+
+def enlarge_pipe(fd: int, size: int = 1 << 20) -> None:
+    """Make a pipe hold `size` bytes (Linux; up to /proc/sys/fs/pipe-max-size, 1 MiB by default); best effort."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (AttributeError, OSError):
+        pass  # not Linux, or a lower limit: the pipe just holds less
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_exactly(fd: int, size: int) -> bytearray:
+    """`size` bytes from `fd`, read straight into one buffer (no intermediate copies)."""
+    data = bytearray(size)
+    view, done = memoryview(data), 0
+    while done < size:
+        count = os.readv(fd, [view[done:]])
+        if count == 0:
+            raise EOFError(f"the pipe closed after {done} of {size} bytes")
+        done += count
+    return data
+
+
+def make_pool(workers: int, spec: TokenizerSpec, key: str) -> TokenizerPool | None:
+    """A pool of `workers` tokenizer processes, or None to tokenize inline (one worker: no pipes at all)."""
+    return TokenizerPool(workers, spec, key) if workers > 1 else None

@@ -35,14 +35,12 @@ import json
 import re
 import sys
 import time
-from concurrent.futures import Executor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
 import _common
 from _preprocess_batches import read_batches
-from _tokenize_workers import BatchResult, init_worker, make_executor, ordered_results
+from _tokenize_workers import BatchResult, TokenizerPool, WorkerDied, init_worker, make_pool, ordered_results
 from doc_sources import INPUT_SUFFIXES, input_suffix
 from _streamed_inputs import Arrivals, stall_seconds, streamed_digests, wait_for_upstream
 from extract import DOWNLOAD_MANIFEST, download_manifest_names, visible_names
@@ -91,7 +89,7 @@ class Context:
     in_dir: Path
     out_dir: Path
     tokenizer: Tokenizer
-    executor: Executor | None
+    pool: TokenizerPool | None  # None: tokenize in this process
     window: int
     json_key: str = "text"
 
@@ -147,7 +145,7 @@ def build_output(item: OutputItem, ctx: Context) -> dict:
         with open(spill_path, "w+b") as spill, _common.atomic_output(bin_path) as bin_file:
             bin_out = HashingWriter(bin_file)
             writer = IndexedDatasetWriter(bin_out, spill, token_dtype(ctx.tokenizer))
-            for result in ordered_results(batches, ctx.executor, ctx.window):
+            for result in ordered_results(batches, ctx.pool, ctx.window):
                 writer.add_batch(result.tokens, result.lengths)
                 tally.add(result)
             if tally.documents == 0:  # nothing to train on: an upstream problem, not an output to publish
@@ -191,7 +189,7 @@ def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, ran
                                                                                      ".lengths")]
     _common.remove_stale_temporaries_of(own)
     progress = _common.Progress(len(mine), rank, unit="outputs")
-    ctx = Context(args.in_dir, args.out_dir, tokenizer, make_executor(args.workers, spec, args.json_key),
+    ctx = Context(args.in_dir, args.out_dir, tokenizer, make_pool(args.workers, spec, args.json_key),
                   window=2 * args.workers, json_key=args.json_key)
     failures: dict[str, str] = {}
     manifests: list[dict] = []
@@ -206,16 +204,17 @@ def run(args: argparse.Namespace, spec: TokenizerSpec, tokenizer: Tokenizer, ran
             item = pending.pop(ready)
             try:
                 manifests.append(timed_build(item, ctx))
-            except BrokenProcessPool as exc:
-                failures[item.prefix] = f"a tokenizer worker died ({exc}); out of memory?"
-                ctx.executor = make_executor(args.workers, spec, args.json_key)
+            except WorkerDied as exc:
+                failures[item.prefix] = f"{exc}; out of memory?"
+                ctx.pool.close()
+                ctx.pool = make_pool(args.workers, spec, args.json_key)
             except (_common.StageError, TokenizerError, OSError) as exc:
                 failures[item.prefix] = str(exc)
             if item.prefix not in failures:  # progress counts complete outputs only
                 progress.advance()
     finally:
-        if ctx.executor is not None:
-            ctx.executor.shutdown(cancel_futures=True)
+        if ctx.pool is not None:
+            ctx.pool.close()
     if failures:
         return _common.fail_with_items(STAGE, failures)
     _common.write_completion(args.out_dir, STAGE, rank, world, {
