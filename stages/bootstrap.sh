@@ -16,7 +16,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${1:?usage: bootstrap.sh PYTHON PROGRAM [ARGS...]}"
 modules="zstandard requests tenacity tiktoken numpy pyarrow"
 version=$("$python" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')
-digest=$(cat "$here/requirements.txt" "$here/requirements-nodeps.txt" | sha256sum | cut -c1-12)
+digest=$({ cat "$here/requirements.txt" "$here/requirements-nodeps.txt" 2>/dev/null || true; } | sha256sum | cut -c1-12)
 prefix="${BCP_PIPELINE_PACKAGES:-${HOME:-/tmp}/.cache/bcp-pipeline/stage-packages}/$version-$digest"
 use_prefix() {  # an earlier job's (or another rank's) install into $prefix
   case ":${PYTHONPATH:-}:" in *":$prefix:"*) ;; *) export PYTHONPATH="$prefix${PYTHONPATH:+:$PYTHONPATH}";; esac
