@@ -243,3 +243,30 @@ def test_a_distributed_stage_with_launcher_torchrun_runs_one_torchrun_a_host_in_
                                       "4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h1:29500", "--rdzv-id", "9"]
     program = apptainer.command[apptainer.command.index("/logs/9") + 1:]
     assert program[:2] == ["bash", f"{REPO / 'stages'}/bootstrap.sh"] and program[3].endswith("pretrain_local.py")
+
+
+def test_the_nemo_job_script_runs_under_the_strict_apptainer_stand_in_without_the_job_s_path(tmp_path):
+    """The whole one-host NeMo job script (data list, the launcher's debug mode, torchrun of the training) run by
+    bash with the STRICT Apptainer stand-in (tests/fakes/apptainer_bin: Apptainer's environment, no host PATH, a
+    read-only image) and no cell: python3 and torchrun are found through the fake image's own PATH only (the job's
+    PATH has no Python environment), as in a NeMo image. The same on the real cell: tests/e2e/test_gridengine_e2e.py."""
+    from e2e.test_gridengine_e2e import nemo_project
+
+    config = nemo_project(tmp_path, nodes=1, steps=12)
+    loaded = load_config(config, [], pipeline="nemo")
+    pipeline = loaded.pipelines["nemo"]
+    stage = pipeline.stages["pretrain"]
+    run_dir = tmp_path / ".bcp-pipeline/runs/RUN"
+    backend = GridEngineBackend(loaded.options["gridengine"], config_dir=tmp_path, stages_dir=REPO / "stages",
+                                run_dir=run_dir, workspace_name="main")
+    script = backend.render(JobRequest(run_id="RUN", pipeline=pipeline, stage=stage, kind="stage",
+                                       program=stage.program, args=tuple(stage.args))).printable
+    (tmp_path / "job.sh").write_text(script)
+    workspace = tmp_path / "ws/main"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"PATH": "/usr/local/bin:/usr/bin:/bin", "JOB_ID": "77", "SGE_TASK_ID": "undefined"}
+    done = subprocess.run(["bash", str(tmp_path / "job.sh")], cwd=workspace, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = (run_dir / "logs/77/rank-00000.log").read_text()
+    assert "global_step=11.000" in log and "`Trainer.fit` stopped: at step 12" in log
