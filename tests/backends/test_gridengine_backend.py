@@ -18,7 +18,8 @@ from bcp_pipeline.backends.gridengine.render import h_rt
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import ConfigError, SubmissionError
-from support.apptainer import STAND_IN, container_backend, load_stand_in
+from support.apptainer import STAND_IN, container_backend, documented_exec, load_stand_in
+from support.fake_sif import write_fake_sif
 from support.golden_files import REPO, assert_golden, normalize
 
 def plan(capsys, config: Path, pipeline: str, *sets: str) -> str:
@@ -51,10 +52,10 @@ def test_a_container_stage_over_a_parallel_environment_golden_and_in_apptainer_s
     assert "#$ -pe pe_node 2" in script and "#$ -l node_f=1" in script and "#$ -P tga-lab" in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     [argv] = apptainer_lines(script)
-    call = load_stand_in().parse(argv[1:])  # strict: refuses what Apptainer's documentation does not allow
-    assert call.action == "exec" and call.nv and call.image == "/images/nemo framework 24.05.sif"
+    call = documented_exec(argv)  # Apptainer's documented grammar (not the stand-in's parser)
+    assert "--nv" in call.flags() and call.container == "/images/nemo framework 24.05.sif"
     workspace = str((tmp_path / ".bcp-pipeline/workspaces/demo").resolve())
-    assert call.binds[0] == (workspace, "/mount_workspace", "rw") and call.binds[-1] == ("/data", "/data", "ro")
+    assert call.binds()[0] == (workspace, "/mount_workspace", "rw") and call.binds()[-1] == ("/data", "/data", "ro")
     assert call.command[:2] == ["bash", f"{REPO / 'stages'}/bootstrap.sh"]
     assert "/mount_workspace/" in " ".join(call.command)  # ${workspace} as the container sees it
 
@@ -75,8 +76,7 @@ def test_the_stand_in_fails_as_apptainer_does_on_a_missing_image_and_binds_other
     missing = subprocess.run([sys.executable, str(STAND_IN), "exec", "--nv", str(tmp_path / "no.sif"), "true"],
                              capture_output=True, text=True)
     assert missing.returncode == 255 and missing.stderr.startswith("FATAL:   could not open image"), missing.stderr
-    image = tmp_path / "image.sif"
-    image.write_bytes(b"")
+    image = write_fake_sif(tmp_path / "image.sif")  # a valid SIF header: the stand-in refuses an empty file
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "seen").write_text("x")
     inside = tmp_path / "inside"
@@ -162,10 +162,10 @@ def test_slurm_offers_apptainer_beside_pyxis_in_apptainer_s_grammar(tmp_path):
                                        program=stage.program, args=tuple(stage.args))).printable
     assert "--container-image" not in script  # not Pyxis
     [line] = [line for line in script.splitlines() if line.lstrip().startswith("apptainer ")]  # srun's command
-    call = load_stand_in().parse(shlex.split(line)[1:])
+    call = documented_exec(shlex.split(line))  # Apptainer's documented grammar (not the stand-in's parser)
     workspace = str((tmp_path / ".bcp-pipeline/workspaces/demo").resolve())
-    assert call.image == "docker://nvcr.io/nvidia/nemo:24.05" and call.nv
-    assert call.binds[0] == (workspace, workspace, "rw") and call.binds[-1] == ("/data", "/data", "ro")
+    assert call.container == "docker://nvcr.io/nvidia/nemo:24.05" and "--nv" in call.flags()
+    assert call.binds()[0] == (workspace, workspace, "rw") and call.binds()[-1] == ("/data", "/data", "ro")
     assert call.command[0] == "bash" and call.command[1].endswith("/bootstrap.sh")
 
 

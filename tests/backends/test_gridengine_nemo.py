@@ -1,7 +1,7 @@
 """A NeMo pretrain stage's Grid Engine job script (backends/gridengine/nemo.py), without a cell: the golden script,
 and the script RUN by bash with recording stand-ins for `apptainer` and `qrsh` (so what is asserted is what each
 host executes: the launcher's debug mode and its overrides, then one torchrun a host), each `apptainer` call
-checked against Apptainer's documented grammar by the strict parser of tests/fakes/apptainer_bin. The real cell:
+checked against the grammar Apptainer's manual documents (support/apptainer.py, documented_exec). The real cell:
 tests/e2e/test_gridengine_e2e.py."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bcp_pipeline.backends.gridengine.backend import GridEngineBackend
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from support.golden_files import REPO, assert_golden, normalize
-from support.apptainer import load_stand_in
+from support.apptainer import documented_exec
 
 IMAGE = "/images/nemo 24.05.sif"  # a .sif path: no release tag, so the launcher's folder is bcp.image's (23.11)
 
@@ -124,12 +124,11 @@ def test_the_nemo_job_script_golden(tmp_path):
 def test_each_host_runs_one_torchrun_of_nemo_s_script_with_the_config_the_launcher_composed(tmp_path):
     backend, request = nemo_backend(tmp_path)
     calls = run_script(backend.render(request).printable, tmp_path, ["host1", "host2"])
-    stand_in = load_stand_in()
-    parsed = [stand_in.parse(call["argv"]) for call in calls]  # strict: Apptainer's documented grammar
+    parsed = [documented_exec(["apptainer", *call["argv"]]) for call in calls]  # Apptainer's documented grammar
     workspace = str((tmp_path / ".bcp-pipeline/workspaces/nemo-framework").resolve())
     for call in parsed:
-        assert call.action == "exec" and call.nv and call.image == IMAGE
-        assert call.binds[0] == (workspace, "/mount_workspace", "rw")
+        assert "--nv" in call.flags() and call.container == IMAGE
+        assert call.binds()[0] == (workspace, "/mount_workspace", "rw")
     data_list, launcher, *trainings = parsed
     hosts = sorted(call["host"] for call in calls[2:])  # the hosts' torchruns run at once
     assert data_list.command[:2] == ["python3", f"{REPO / 'stages'}/data_list.py"]
@@ -172,7 +171,7 @@ def test_one_host_runs_its_torchrun_itself_without_qrsh(tmp_path):
     script = backend.render(request).printable
     assert "qrsh" not in script and "#$ -pe" not in script
     calls = run_script(script, tmp_path, ["host1"])
-    torchrun = load_stand_in().parse(calls[-1]["argv"]).command
+    torchrun = documented_exec(["apptainer", *calls[-1]["argv"]]).command
     assert torchrun[:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "4"]
     assert torchrun[torchrun.index("--rdzv-endpoint") + 1].startswith("host1:")
 
@@ -238,9 +237,36 @@ def test_a_distributed_stage_with_launcher_torchrun_runs_one_torchrun_a_host_in_
     call = script[start:script.index("\n}", start)].split("\n", 2)[2].replace("\\\n", " ")
     words = shlex.split(call.replace('"$nodes"', "2").replace('"$per_node"', "4").replace('"$JOB_ID"', "9")
                         .replace('"$MASTER_ADDR:$MASTER_PORT"', "h1:29500").replace('"$logs/$JOB_ID"', "/logs/9"))
-    apptainer = load_stand_in().parse(words[1:])  # strict: Apptainer's documented grammar
-    assert apptainer.image == "/images/nemo framework 24.05.sif" and apptainer.nv
+    apptainer = documented_exec(words)  # Apptainer's documented grammar
+    assert apptainer.container == "/images/nemo framework 24.05.sif" and "--nv" in apptainer.flags()
     assert apptainer.command[:13] == ["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node",
                                       "4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h1:29500", "--rdzv-id", "9"]
     program = apptainer.command[apptainer.command.index("/logs/9") + 1:]
     assert program[:2] == ["bash", f"{REPO / 'stages'}/bootstrap.sh"] and program[3].endswith("pretrain_local.py")
+
+
+def test_the_nemo_job_script_runs_under_the_strict_apptainer_stand_in_without_the_job_s_path(tmp_path):
+    """The whole one-host NeMo job script (data list, the launcher's debug mode, torchrun of the training) run by
+    bash with the STRICT Apptainer stand-in (tests/fakes/apptainer_bin: Apptainer's environment, no host PATH, a
+    read-only image) and no cell: python3 and torchrun are found through the fake image's own PATH only (the job's
+    PATH has no Python environment), as in a NeMo image. The same on the real cell: tests/e2e/test_gridengine_e2e.py."""
+    from e2e.test_gridengine_e2e import nemo_project
+
+    config = nemo_project(tmp_path, nodes=1, steps=12)
+    loaded = load_config(config, [], pipeline="nemo")
+    pipeline = loaded.pipelines["nemo"]
+    stage = pipeline.stages["pretrain"]
+    run_dir = tmp_path / ".bcp-pipeline/runs/RUN"
+    backend = GridEngineBackend(loaded.options["gridengine"], config_dir=tmp_path, stages_dir=REPO / "stages",
+                                run_dir=run_dir, workspace_name="main")
+    script = backend.render(JobRequest(run_id="RUN", pipeline=pipeline, stage=stage, kind="stage",
+                                       program=stage.program, args=tuple(stage.args))).printable
+    (tmp_path / "job.sh").write_text(script)
+    workspace = tmp_path / "ws/main"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"PATH": "/usr/local/bin:/usr/bin:/bin", "JOB_ID": "77", "SGE_TASK_ID": "undefined"}
+    done = subprocess.run(["bash", str(tmp_path / "job.sh")], cwd=workspace, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = (run_dir / "logs/77/rank-00000.log").read_text()
+    assert "global_step=11.000" in log and "`Trainer.fit` stopped: at step 12" in log

@@ -30,6 +30,7 @@ from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli
+from support.fake_sif import write_fake_sif
 from support.ddp_pretrain import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
 from support.ddp_pretrain import write_project as write_ddp_project
 from support.ddp_pretrain import data_dir, reference  # noqa: F401 (fixtures)
@@ -244,9 +245,8 @@ def test_a_stage_in_an_apptainer_image_sees_the_workspace_at_mount_workspace(tmp
     reference = write_chain_project(tmp_path / "local", GE_CHAIN)
     assert cli(reference, "run", "chain", "--backend", "local", "--only", "first") == 0
     config = write_chain_project(tmp_path / "ge", GE_CHAIN)
-    image = tmp_path / "images" / "stages.sif"
-    image.parent.mkdir()
-    image.write_bytes(b"")  # the stand-in runs the command on this machine: the image only has to exist
+    # A fake SIF (a valid header) whose files are this Python's environment, read-only in the container.
+    image = write_fake_sif(tmp_path / "images" / "stages.sif", contents=[sys.prefix])
     raw = yaml.safe_load(config.read_text())
     raw["backends"]["gridengine"].update(container="apptainer", python=sys.executable)
     stand_in = REPO / "tests" / "fakes" / "apptainer_bin"
@@ -324,7 +324,8 @@ def test_cancel_deletes_the_run_s_jobs_on_the_cell(tmp_path: Path, capsys: pytes
 # A nemo: pretrain the TSUBAME way on the cell: NVIDIA's launcher composes the config in its debug mode, then one
 # torchrun a host runs NeMo's training script, all in the Apptainer image. The launcher, the training script and
 # Apptainer are STAND-INS (tests/fakes/README.md): the stand-in apptainer runs the command on this machine with the
-# binds applied, so the image's python3 and torchrun are this environment's (its PATH, given to the job).
+# binds applied and Apptainer's clean PATH, so the image's python3 and torchrun are this environment's because the
+# fake image says so (its own PATH, as a NeMo image's ENV PATH does; its files read-only), never the job's PATH.
 NEMO_STAND_IN = REPO / "tests" / "fakes" / "nemo_launcher"
 NEMO_CONFIG = """\
 version: 1
@@ -360,10 +361,9 @@ def nemo_project(root: Path, *, nodes: int = 1, steps: int = 30, runtime: str = 
                  extra: str = "") -> Path:
     from support.manifests import chunk_name, fabricate
 
-    image = root / "images" / "nemo-24.05.sif"
-    image.parent.mkdir(parents=True)
-    image.write_bytes(b"")  # the stand-in runs the command on this machine: the image only has to exist
-    path = f"{REPO / 'tests/fakes/apptainer_bin'}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    image = write_fake_sif(root / "images" / "nemo-24.05.sif", contents=[sys.prefix, str(NEMO_STAND_IN)],
+                           env={"PATH": str(Path(sys.executable).parent)})
+    path = f"{REPO / 'tests/fakes/apptainer_bin'}:/usr/local/bin:/usr/bin:/bin"  # the job's: finds apptainer only
     config = root / "pipelines.yaml"
     config.write_text(NEMO_CONFIG.format(stages=REPO / "stages", stand_in=NEMO_STAND_IN, steps=steps, margin=margin,
                                          extra=extra, nodes=nodes, runtime=runtime, image=image, path=path))
