@@ -126,8 +126,9 @@ exit "$code"'''
 # so its rank K runs on hosts[K]: node K (FROM_MPIRUN reads it). Where it sees Grid Engine (SGE_ROOT, ARC,
 # PE_HOSTFILE and JOB_ID set, $SGE_ROOT/bin/$ARC/qrsh there) Open MPI starts its daemons on the other hosts by
 # `qrsh -inherit` itself, so they are the job's tasks and `qdel` ends them; without, it would use ssh, outside Grid
-# Engine: said on the job log. `--bind-to none`: Open MPI binds a process to one core by default, and each starts
-# all of its host's ranks.
+# Engine: said on the job log. (Open MPI gives each process its own process group: the cell ends them by the job's
+# supplementary group, ENABLE_ADDGRP_KILL, on by default, or its cgroup.) `--bind-to none`: Open MPI binds a
+# process to one core by default, and each starts all of its host's ranks.
 MPIRUN = r'''if [ -z "${ARC:-}" ] && [ -n "${arch:-}" ]; then export ARC="$arch"; fi
 if [ -z "${SGE_ROOT:-}" ] || [ ! -x "$SGE_ROOT/bin/${ARC:-}/qrsh" ]; then
   echo "bcp-pipeline: warning: no \$SGE_ROOT/bin/\$ARC/qrsh here: Open MPI may start the other hosts with ssh, outside Grid Engine (qdel would not end them)" >&2
