@@ -126,9 +126,9 @@ exit "$code"'''
 # so its rank K runs on hosts[K]: node K (FROM_MPIRUN reads it). Where it sees Grid Engine (SGE_ROOT, ARC,
 # PE_HOSTFILE and JOB_ID set, $SGE_ROOT/bin/$ARC/qrsh there) Open MPI starts its daemons on the other hosts by
 # `qrsh -inherit` itself, so they are the job's tasks and `qdel` ends them; without, it would use ssh, outside Grid
-# Engine: said on the job log. (Open MPI gives each process its own process group: the cell ends them by the job's
-# supplementary group, ENABLE_ADDGRP_KILL, on by default, or its cgroup.) `--bind-to none`: Open MPI binds a
-# process to one core by default, and each starts all of its host's ranks.
+# Engine: said on the job log. (Open MPI gives each process its own process group, which Grid Engine's kill of the
+# first host's part missed on the test cell: FROM_MPIRUN ends it with its parent.) `--bind-to none`: Open MPI binds
+# a process to one core by default, and each starts all of its host's ranks.
 MPIRUN = r'''if [ -z "${ARC:-}" ] && [ -n "${arch:-}" ]; then export ARC="$arch"; fi
 if [ -z "${SGE_ROOT:-}" ] || [ ! -x "$SGE_ROOT/bin/${ARC:-}/qrsh" ]; then
   echo "bcp-pipeline: warning: no \$SGE_ROOT/bin/\$ARC/qrsh here: Open MPI may start the other hosts with ssh, outside Grid Engine (qdel would not end them)" >&2
@@ -152,7 +152,14 @@ if [ "$node" = 0 ] && [ "${5%%.*}" != "${this_host%%.*}" ]; then
   exit 1
 fi
 unset OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE \
-  OMPI_COMM_WORLD_NODE_RANK'''
+  OMPI_COMM_WORLD_NODE_RANK
+# Open MPI made this part a process group of its own, which the cell's kill of the job can miss (`qdel` left the
+# first host's ranks running on the test cell): the group ends with its parent, mpirun or Open MPI's daemon
+# (only where it is this part's own group, never the batch script's: /proc/PID/stat's 5th field).
+parent=$PPID stat=($(< /proc/$$/stat))
+if [ "${stat[4]:-}" = "$$" ]; then
+  ( while kill -0 "$parent" 2>/dev/null; do sleep 1; done; kill -KILL 0 ) </dev/null >/dev/null 2>&1 &
+fi'''
 START_HOSTS = ("qrsh", "mpirun")
 
 

@@ -46,6 +46,13 @@ if [ "${1:-}" = --node ]; then  # one host's part, started below by Open MPI's m
   fi
   unset OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE \
     OMPI_COMM_WORLD_NODE_RANK
+  # Open MPI made this part a process group of its own, which the cell's kill of the job can miss (`qdel` left the
+  # first host's ranks running on the test cell): the group ends with its parent, mpirun or Open MPI's daemon
+  # (only where it is this part's own group, never the batch script's: /proc/PID/stat's 5th field).
+  parent=$PPID stat=($(< /proc/$$/stat))
+  if [ "${stat[4]:-}" = "$$" ]; then
+    ( while kill -0 "$parent" 2>/dev/null; do sleep 1; done; kill -KILL 0 ) </dev/null >/dev/null 2>&1 &
+  fi
   export MASTER_ADDR="$3" MASTER_PORT="$4"
   launch_node "$node"
   exit $?
