@@ -211,6 +211,9 @@ def test_check_s_probe_without_a_parallel_environment_asks_what_the_stage_asks_a
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     assert "#$ -l node_f=1\n#$ -l gpu=4\n" in script and "#$ -pe" not in script and "-inherit" not in script
     assert script.index("module load openmpi/5.0.2") < script.index("\nmpirun -np \"$NHOSTS\" -npernode 1")
+    hostfile = f"{tmp_path}/part.sh.hostfile"
+    assert f"awk '{{print $1 \" slots=1\"}}' \"$PE_HOSTFILE\" > {hostfile}\n" in script, script
+    assert f"-hostfile {hostfile} --bind-to none /bin/bash {tmp_path}/part.sh {tmp_path}/ws/.m\n" in script, script
     # A parallel environment: as before, two of its slots, by qrsh where the stage says nothing.
     shape = probe_shape(ctx_for(*tsubame[:4], "backends.gridengine.parallel_environment=pe_node"))
     assert (shape.requests, shape.hosts, shape.start_hosts, shape.prelude) == (["-pe pe_node 2"], 2, "qrsh", [])

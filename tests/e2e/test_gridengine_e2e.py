@@ -304,7 +304,7 @@ def test_check_without_a_parallel_environment_probes_with_the_stage_s_own_reques
     cli(config, "check", "demo", "--json")
     result = json.loads(capsys.readouterr().out)
     rows = {row["topic"]: row for row in result["rows"]}
-    assert rows["hosts"]["verdict"] == "ok", rows["hosts"]
+    assert rows["hosts"]["verdict"] == "ok", rows["hosts"]["showed"]
     assert "(started by mpirun)" in rows["hosts"]["showed"] and "nhosts=2" in rows["hosts"]["showed"]
     assert set(result["facts"]["hosts"]) == set(sge_cell.hosts)
     assert rows["shared folder"]["verdict"] == "ok", rows["shared folder"]

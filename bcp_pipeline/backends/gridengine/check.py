@@ -282,16 +282,16 @@ HOST_PART = ('echo "BCPP-HOST host=$(hostname) apptainer=$(command -v apptainer 
 
 
 # mpirun's start of the probe's part on each host, as a stage's (training.py's MPIRUN): one process a host.
-MPIRUN_PART = r'''awk '{print $1 " slots=1"}' "$PE_HOSTFILE" > HOSTFILE
+MPIRUN_PART = r'''awk '{print $1 " slots=1"}' "$PE_HOSTFILE" > @HOSTFILE@
 if [ -z "${ARC:-}" ] && [ -n "${arch:-}" ]; then export ARC="$arch"; fi
-mpirun -np "$NHOSTS" -npernode 1 -hostfile HOSTFILE --bind-to none /bin/bash PART MARKER'''
+mpirun -np "$NHOSTS" -npernode 1 -hostfile @HOSTFILE@ --bind-to none /bin/bash @PART@ @MARKER@'''
 
 
 def probe_script(name: str, output: Path, part: Path, marker_path: Path, marker: str, shape: ProbeShape) -> str:
     """A job over the shape's hosts: the first host writes the marker, every host (through `qrsh -inherit`, or the
     stage's mpirun) reports its name, apptainer, nvidia-smi and the marker it sees."""
     if shape.start_hosts == "mpirun":
-        words = {"HOSTFILE": f"{part}.hostfile", "PART": str(part), "MARKER": str(marker_path)}
+        words = {"@HOSTFILE@": f"{part}.hostfile", "@PART@": str(part), "@MARKER@": str(marker_path)}
         start = [*shape.prelude, re.sub("|".join(words), lambda m: shlex.quote(words[m.group()]), MPIRUN_PART)]
     else:
         start = ["for host in $(awk '{print $1}' \"$PE_HOSTFILE\"); do",
