@@ -129,7 +129,7 @@ class GridEngineResources:
     nodes: int | None = None  # array tasks (-t 1-N) or hosts of the parallel environment (default: bcp.replicas)
     processes_per_node: int | None = None  # ranks each task or host starts (default: bcp.processes)
     distributed: bool = False  # the ranks meet (torch.distributed): one job over `-pe`, hosts from $PE_HOSTFILE,
-    # MASTER_ADDR its first host, one `qrsh -inherit` launcher per host; false: independent replicas, an array job
+    # MASTER_ADDR its first host, one launcher per host (start_hosts); false: independent replicas, an array job
     h_rt: Duration | None = None  # -l h_rt (default: bcp.total_runtime; neither: the queue's limit)
     resources: list[str] = field(default_factory=list)  # -l requests, verbatim, e.g. node_f=1 (TSUBAME), gpu=4
     parallel_environment: str | None = None  # -pe NAME NODES for a distributed job (default: backends.gridengine.
@@ -144,6 +144,10 @@ class GridEngineResources:
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
     launcher: Literal["ranks", "torchrun"] = "ranks"  # a distributed stage's ranks on each host: started by the job
     # script with RANK etc. set, or by one torchrun a host (c10d rendezvous at the first host; in the container)
+    start_hosts: Literal["qrsh", "mpirun"] | None = None  # how a job over several hosts starts its part on each
+    # (default: backends.gridengine.start_hosts): `qrsh -inherit` a host, or one Open MPI `mpirun -npernode 1`
+    master_addr_command: str | None = None  # shell text run on the first host whose output is MASTER_ADDR (default:
+    # backends.gridengine.master_addr_command; neither: the first host of $PE_HOSTFILE)
     setup: list[str] = field(default_factory=list)  # shell lines run on every host before its ranks start, e.g.
     # ["source /etc/profile.d/modules.sh", "module load cuda/12.8.0"] (TSUBAME4), a virtual environment's activate
     reserve: bool = False  # -R y: resources reserved for this job as others finish (large node_f jobs)
@@ -314,6 +318,15 @@ class GridEngineOptions:
     # On qsub's command line, not as `#$` lines: what a site takes only there (TSUBAME4's `-g GROUP`, which stock
     # Grid Engine has no directive for); `run`, `check` and the probe job submit with them.
     submit_args: list[str] = field(default_factory=list)
+    # How a job over several hosts (a distributed stage, a training) starts its part on each host of $PE_HOSTFILE:
+    # qrsh: one `$SGE_ROOT/bin/ARCH/qrsh -inherit` a host; mpirun: Open MPI's `mpirun -npernode 1 -hostfile`
+    # (TSUBAME4's multi-node way; Open MPI starts the other hosts through qrsh -inherit itself where it finds Grid
+    # Engine). Either way each host runs the same launcher; a stage's gridengine.start_hosts overrides this.
+    start_hosts: Literal["qrsh", "mpirun"] = "qrsh"
+    # Shell text run on the first host of such a job whose output (its first line) is MASTER_ADDR, e.g. the address
+    # of a fast interface: `ip -4 -o addr show ib0 | awk '{print $4}' | cut -d/ -f1`; null: the first host's name
+    # in $PE_HOSTFILE. A stage's gridengine.master_addr_command overrides this.
+    master_addr_command: str | None = None
     # A job gone from qstat with no `qacct` record this long was deleted before it started. The cell writes
     # accounting every reporting_params flush_time (15 s by default), but a busy site's qacct lags by minutes: too
     # short a grace cancels a stage whose job finished. Longer only delays noticing a job deleted while pending.

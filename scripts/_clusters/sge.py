@@ -1,6 +1,7 @@
 """Install, start, inspect and stop a Son of Grid Engine cell of one or two exec hosts on this machine (tests, CI).
 
-    scripts/sge-cluster install               # Debian's gridengine-master, -exec, -client (root + apt), if missing
+    scripts/sge-cluster install               # Debian's gridengine-master, -exec, -client and openmpi-bin (root +
+                                              # apt), if missing
     scripts/sge-cluster start [--nodes 2]     # configure + start; prints the `export SGE_...` line
     scripts/sge-cluster status                # daemons and queue instances; exit 0 running, 3 stopped
     scripts/sge-cluster stop                  # delete every job, stop exactly the daemons it started
@@ -68,8 +69,8 @@ def missing_binaries() -> list[str]:
 
 
 def cmd_install(args: argparse.Namespace) -> None:
-    if not missing_binaries() and shutil.which("ip"):
-        say("Grid Engine and iproute2 are already installed")
+    if not missing_binaries() and shutil.which("ip") and shutil.which("mpirun"):
+        say("Grid Engine, iproute2 and Open MPI are already installed")
         return
     if shutil.which("apt-get") is None or shutil.which("debconf-set-selections") is None:
         raise ClusterError("cannot install Grid Engine: apt-get not found; install Son of Grid Engine 8.1.9 "
@@ -80,9 +81,9 @@ def cmd_install(args: argparse.Namespace) -> None:
     with no_service_starts():
         say(f"installing {' '.join(PACKAGES)}")
         common.apt_install(PACKAGES, timeout=900, env={"RUNLEVEL": "1"})
-    if still := missing_binaries():
+    if still := missing_binaries() + ["mpirun"] * (shutil.which("mpirun") is None):
         raise ClusterError(f"installed {' '.join(PACKAGES)} but still missing: {' '.join(still)}")
-    say("installed Son of Grid Engine")
+    say("installed Son of Grid Engine and Open MPI")
 
 
 def preseed_debconf() -> None:

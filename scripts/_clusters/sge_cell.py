@@ -14,7 +14,9 @@ from pathlib import Path
 from .common import REPO, ClusterError, PidFile, run
 from .netns import Network
 
-PACKAGES = ["gridengine-master", "gridengine-exec", "gridengine-client", "iproute2"]
+# openmpi-bin: Open MPI's mpirun, how TSUBAME4's multi-node jobs start their hosts (gridengine.start_hosts: mpirun;
+# the cell itself runs without it).
+PACKAGES = ["gridengine-master", "gridengine-exec", "gridengine-client", "iproute2", "openmpi-bin"]
 BINARIES = ["sge_qmaster", "sge_execd", "qsub", "qstat", "qacct", "qconf", "qdel", "qrsh"]
 SGE_LIB = Path("/usr/lib/gridengine")
 SGE_SHARE = Path("/usr/share/gridengine")

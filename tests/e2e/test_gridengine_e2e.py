@@ -65,28 +65,80 @@ def tree(root: Path) -> dict[str, bytes]:
             if p.is_file() and ".completions" not in p.parts}
 
 
-@pytest.mark.parametrize("launcher", ["ranks", "torchrun"])
+# Open MPI refuses to run as root (the test cell's jobs are root's) unless both of these are set: a site's users
+# never need them.
+MPIRUN_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+@pytest.mark.parametrize("launcher, start_hosts", [("ranks", "qrsh"), ("torchrun", "qrsh"), ("ranks", "mpirun")])
 def test_ddp_pretrain_over_a_parallel_environment_trains_as_one_process(sge_cell: SgeCell, tmp_path: Path,
                                                                          data_dir: Path, reference: dict,
-                                                                         launcher: str) -> None:
+                                                                         launcher: str, start_hosts: str) -> None:
     """The smoke trainer over both hosts, its ranks started by the job script or (the TSUBAME way, as the NeMo
-    training below) by one torchrun a host meeting at the first host (c10d)."""
+    training below) by one torchrun a host meeting at the first host (c10d); each host's part started by `qrsh
+    -inherit`, or (TSUBAME4's multi-node scripts) by Open MPI's `mpirun -npernode 1 -hostfile`."""
     config = write_ddp_project(tmp_path / "p", data_dir)
     raw = yaml.safe_load(config.read_text())
     raw["backends"]["gridengine"] = {**OPTIONS, "workspace_dir": "ws", "parallel_environment": "pe_node"}
-    raw["pipelines"]["ddp"]["stages"]["pretrain"]["gridengine"] = {"nodes": 2, "processes_per_node": 1,
-                                                                    "distributed": True, "launcher": launcher}
+    raw["pipelines"]["ddp"]["stages"]["pretrain"]["gridengine"] = {
+        "nodes": 2, "processes_per_node": 1, "distributed": True, "launcher": launcher, "start_hosts": start_hosts,
+        **({"env": MPIRUN_AS_ROOT} if start_hosts == "mpirun" else {})}
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert cli(config, "run", "ddp", "--backend", "gridengine") == 0
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
     assert stage.sharding == {"replicas": 2, "processes": 1}
-    logs = rank_logs(config, stage_job(stage))
-    # One slot per host (pe_node): each rank was started on its own host by `qrsh -inherit`, and rank 1 met
-    # rank 0 at the first host of $PE_HOSTFILE, one of the cell's two, across the bridge.
+    job = stage_job(stage)
+    logs = rank_logs(config, job)
+    # One slot per host (pe_node): each rank was started on its own host, and rank 1 met rank 0 at the first host
+    # of $PE_HOSTFILE, one of the cell's two, across the bridge.
     met = re.search(r"^rank 1 of 2: met at (\S+):\d+ \(gloo, cpu\)", logs[1], re.MULTILINE)
     assert met and met.group(1) in sge_cell.hosts, logs[1]
     assert_trained_like_one_process(config.parent / "ws/main/results" / RUN_NAME / "train_summary.json", logs,
                                     reference)
+    store = RunStore(config.parent / ".bcp-pipeline")
+    job_logs = store.run_dir(store.latest().run_id) / "logs"
+    assert (job_logs / job / "task-1.exit").read_text() == "0\n"  # the job's own exit record, with either start
+    if start_hosts == "mpirun":
+        hostfile = (job_logs / job / "hostfile").read_text().splitlines()
+        assert sorted(hostfile) == sorted(f"{host} slots=1" for host in sge_cell.hosts), hostfile
+        assert "may start the other hosts with ssh" not in (job_logs / f"sge-{job}.log").read_text()  # qrsh found
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, killed but not yet reaped, counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_qdel_ends_every_host_s_ranks_started_by_mpirun(sge_cell: SgeCell, tmp_path: Path) -> None:
+    """Open MPI under Grid Engine starts the other host by `qrsh -inherit` (tight integration): deleting the job ends
+    the ranks on both hosts, and Grid Engine's accounting says the job was deleted while running."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    config = demo_project(tmp_path / "p", "gridengine", download={
+        "nodes": 2, "processes_per_node": 2, "distributed": True, "parallel_environment": "pe_node",
+        "start_hosts": "mpirun", "env": MPIRUN_AS_ROOT,
+        "command": ["bash", "-c", f'echo "$$ $(hostname)" > {pids}/rank-$RANK; exec sleep 300']})
+    backend, pipeline = backend_for(config)
+    from bcp_pipeline.backends.contract import JobRequest
+
+    stage = pipeline.stages["download"]
+    request = JobRequest(run_id="manual", pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
+                         args=tuple(stage.args))
+    job = backend.submit(backend.render(request))
+    wait_for(lambda: len(list(pids.glob("rank-*"))) == 4 and all(p.read_text().endswith("\n")
+                                                                 for p in pids.glob("rank-*")),
+             timeout=90, what="the 4 ranks on both hosts")
+    started = {p.name: p.read_text().split() for p in pids.glob("rank-*")}
+    assert {host for _, host in started.values()} == set(sge_cell.hosts), started
+    assert all(alive(int(pid)) for pid, _ in started.values())
+    subprocess.run(["qdel", job], check=True, capture_output=True)
+    wait_for(lambda: not any(alive(int(pid)) for pid, _ in started.values()), timeout=30,
+             what="every rank ended by qdel")
+    status = poll_until(backend, job)
+    assert status.state is JobState.CANCELLED, status
 
 
 def backend_for(config: Path):
@@ -237,6 +289,28 @@ def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCe
     assert "pulled on every host" in rows["container images"]["meaning"]
     # No Apptainer on the cell's hosts (the stand-in is for the jobs of other tests, not installed here).
     assert rows["apptainer"]["verdict"] == "different" and "apptainer none" in rows["apptainer"]["showed"]
+
+
+def test_check_without_a_parallel_environment_probes_with_the_stage_s_own_requests_by_mpirun(
+        sge_cell: SgeCell, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """TSUBAME's set-up: no parallel environment configured; the distributed stage's own requests make the job
+    parallel (here its extra_args' `-pe pe_node 2`, as a site's `-l node_f=2` does), and its hosts start by mpirun.
+    The probe asks what the stage asks and reaches both hosts the stage's way."""
+    config = demo_project(tmp_path / "p", "gridengine")
+    raw = yaml.safe_load(config.read_text())
+    raw["pipelines"]["demo"]["stages"]["download"]["gridengine"].update(
+        distributed=True, extra_args=["-pe pe_node 2"], start_hosts="mpirun", env=MPIRUN_AS_ROOT)
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    capsys.readouterr()
+    cli(config, "check", "demo", "--json")
+    result = json.loads(capsys.readouterr().out)
+    rows = {row["topic"]: row for row in result["rows"]}
+    assert rows["hosts"]["verdict"] == "ok", rows["hosts"]["showed"]
+    assert "(started by mpirun)" in rows["hosts"]["showed"] and "nhosts=2" in rows["hosts"]["showed"]
+    assert set(result["facts"]["hosts"]) == set(sge_cell.hosts)
+    assert rows["shared folder"]["verdict"] == "ok", rows["shared folder"]
+    assert any("the 2 hosts stage download asks for (-pe pe_node 2; no parallel environment), started by mpirun"
+               in note for note in result["notes"]), result["notes"]
 
 
 def test_a_stage_in_an_apptainer_image_sees_the_workspace_at_mount_workspace(tmp_path: Path) -> None:

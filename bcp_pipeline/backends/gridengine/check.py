@@ -18,14 +18,16 @@ import shlex
 import subprocess
 import time
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 from bcp_pipeline.backends.checks import (CheckInput, CheckOutcome, ProbeJob, Row, different, ok, poll_until,
     removed_at_exit, unchecked)
 from bcp_pipeline.backends.gridengine.client import HINT
-from bcp_pipeline.backends.gridengine.render import qsub_argv
+from bcp_pipeline.backends.gridengine.render import job_values, qsub_argv, site_setup, start_hosts
 from bcp_pipeline.backends.gridengine.training import FIND_QRSH
 from bcp_pipeline.backends.shared.batch import paths_for
+from bcp_pipeline.backends.shared.command import shell_exports
 from bcp_pipeline.config.resources import rank_layout
 from bcp_pipeline.errors import CommandError
 from bcp_pipeline.procs import run_command
@@ -36,7 +38,6 @@ PROBE_LINE = re.compile(r"^BCPP-HOST (.*)$", re.M)
 
 
 def check_gridengine(ctx: CheckInput) -> CheckOutcome:
-    options = ctx.config.options["gridengine"]
     try:
         run_command(["qstat", "-g", "c"], timeout=60, hint=HINT)
         environments = run_command(["qconf", "-spl"], timeout=60, hint=HINT).stdout.split()
@@ -49,17 +50,17 @@ def check_gridengine(ctx: CheckInput) -> CheckOutcome:
             requests_row(ctx), environments_row(ctx, environments), image_row(ctx)]
     facts: dict = {"parallel_environments": environments}
     notes = []
-    pe = probe_environment(ctx) or options.parallel_environment
-    if ctx.jobs and pe:
-        notes.append(f"probe job: {PROBE_HOSTS} hosts of parallel environment {pe} for a few seconds "
-                     "(deleted when check ends)")
+    shape = probe_shape(ctx) if ctx.jobs else None
+    if shape is not None:
+        notes.append(f"probe job: {shape.said} for a few seconds (deleted when check ends)")
         ctx.announce(notes[-1])
-        probe_rows, probe_facts = probe(ctx, pe)
+        probe_rows, probe_facts = probe(ctx, shape)
         rows += probe_rows
         facts.update(probe_facts)
     else:
         why = "--no-jobs: no probe job submitted" if not ctx.jobs else \
-            "no parallel environment to probe (set backends.gridengine.parallel_environment)"
+            "no parallel environment and no stage over several hosts to probe (set backends.gridengine." \
+            "parallel_environment)"
         rows += [unchecked("hosts", hosts_assumption(), why), unchecked("shared folder", shared_assumption(), why)]
     return CheckOutcome(target={"cell": cell}, profile_parts=("gridengine", cell.replace("/", "-")),
                         rows=[r for r in rows if r is not None], facts=facts, notes=notes)
@@ -212,6 +213,54 @@ def over_hosts_training(stage) -> bool:
     return bool(stage.engine) and not stage.gridengine.command and rank_layout(stage, "gridengine").nodes > 1
 
 
+@dataclass(frozen=True)
+class ProbeShape:
+    """What the probe job asks of the cell and how it reaches its hosts."""
+
+    requests: list[str]  # its `#$` requests beyond its own name, log and runtime: `-pe NAME N`, or a stage's
+    hosts: int  # the hosts it expects in $PE_HOSTFILE
+    start_hosts: str  # qrsh | mpirun: as the stage over several hosts starts its hosts
+    prelude: list[str]  # that stage's env and set-up lines (mpirun's, e.g. `module load openmpi`), for mpirun
+    said: str  # what it asks for, in words
+
+
+# A stage script's `#$` lines that are the job's own (name, shell, folder, log, runtime, array), not a request of
+# hosts: the probe asks for everything else the stage asks for.
+OWN_DIRECTIVES = ("-N ", "-S ", "-wd ", "-j ", "-o ", "-l h_rt=", "-t ", "-tc ")
+
+
+def probe_shape(ctx: CheckInput) -> ProbeShape | None:
+    """With a parallel environment (a distributed stage's, else the backend's): PROBE_HOSTS of its slots. Without
+    one (TSUBAME: a site resource such as `-l node_f=N` makes the job parallel), the first stage over several hosts'
+    own requests, expecting its nodes. Either way its hosts are started as that stage starts them (start_hosts)."""
+    options = ctx.config.options["gridengine"]
+    submission = next((s for s in ctx.submissions() if s.request.kind == "stage" and spans_hosts(s.request.stage)),
+                      None)
+    start, prelude = options.start_hosts, []
+    if submission is not None:
+        request = submission.request
+        start = start_hosts(request, options)[0]
+        if start == "mpirun":
+            values = job_values(request, options, ctx.backend().paths)
+            prelude = [*shell_exports(request, "gridengine", values, request.label), *site_setup(request)]
+    pe = probe_environment(ctx) or options.parallel_environment
+    if pe:
+        return ProbeShape(requests=[f"-pe {pe} {PROBE_HOSTS}"], hosts=PROBE_HOSTS, start_hosts=start,
+                          prelude=prelude, said=f"{PROBE_HOSTS} hosts of parallel environment {pe}, started by {start}")
+    if submission is None:
+        return None
+    requests = [line[3:] for line in submission.printable.splitlines()
+                if line.startswith("#$ ") and not line[3:].startswith(OWN_DIRECTIVES)]
+    nodes = rank_layout(submission.request.stage, "gridengine").nodes
+    return ProbeShape(requests=requests, hosts=nodes, start_hosts=start, prelude=prelude,
+                      said=f"the {nodes} hosts stage {submission.request.stage.name} asks for "
+                           f"({' '.join(requests) or 'no request'}; no parallel environment), started by {start}")
+
+
+def spans_hosts(stage) -> bool:
+    return (stage.gridengine.distributed and rank_layout(stage, "gridengine").nodes > 1) or over_hosts_training(stage)
+
+
 def probe_environment(ctx: CheckInput) -> str | None:
     for stage in (ctx.pipeline.stages.values() if ctx.pipeline else []):
         if (stage.gridengine.distributed or over_hosts_training(stage)) and stage.gridengine.parallel_environment:
@@ -220,8 +269,8 @@ def probe_environment(ctx: CheckInput) -> str | None:
 
 
 def hosts_assumption() -> str:
-    return (f"a job over {PROBE_HOSTS} slots of the parallel environment gets {PROBE_HOSTS} hosts in $PE_HOSTFILE "
-            "and `qrsh -inherit` starts a command on each")
+    return ("a job over several hosts (the parallel environment's slots, or a stage's own requests) gets them in "
+            "$PE_HOSTFILE, and `qrsh -inherit` (or the stage's mpirun) starts a command on each")
 
 
 def shared_assumption() -> str:
@@ -232,22 +281,32 @@ HOST_PART = ('echo "BCPP-HOST host=$(hostname) apptainer=$(command -v apptainer 
              'nvidia=$(command -v nvidia-smi >/dev/null && echo yes || echo no) marker=$(cat "$1" 2>/dev/null)"')
 
 
-def probe_script(name: str, output: Path, part: Path, marker_path: Path, marker: str, pe: str) -> str:
-    """A job over PROBE_HOSTS hosts: the first host writes the marker, every host (through `qrsh -inherit`)
-    reports its name, apptainer, nvidia-smi and the marker it sees."""
+# mpirun's start of the probe's part on each host, as a stage's (training.py's MPIRUN): one process a host.
+MPIRUN_PART = r'''awk '{print $1 " slots=1"}' "$PE_HOSTFILE" > @HOSTFILE@
+if [ -z "${ARC:-}" ] && [ -n "${arch:-}" ]; then export ARC="$arch"; fi
+mpirun -np "$NHOSTS" -npernode 1 -hostfile @HOSTFILE@ --bind-to none /bin/bash @PART@ @MARKER@'''
+
+
+def probe_script(name: str, output: Path, part: Path, marker_path: Path, marker: str, shape: ProbeShape) -> str:
+    """A job over the shape's hosts: the first host writes the marker, every host (through `qrsh -inherit`, or the
+    stage's mpirun) reports its name, apptainer, nvidia-smi and the marker it sees."""
+    if shape.start_hosts == "mpirun":
+        words = {"@HOSTFILE@": f"{part}.hostfile", "@PART@": str(part), "@MARKER@": str(marker_path)}
+        start = [*shape.prelude, re.sub("|".join(words), lambda m: shlex.quote(words[m.group()]), MPIRUN_PART)]
+    else:
+        start = ["for host in $(awk '{print $1}' \"$PE_HOSTFILE\"); do",
+                 f"  \"$qrsh\" -inherit -nostdin \"$host\" /bin/bash {shlex.quote(str(part))} "
+                 f"{shlex.quote(str(marker_path))} &", "done", "wait"]
     return "\n".join([
         "#!/bin/bash", f"#$ -N {name}", "#$ -S /bin/bash", "#$ -j y", f"#$ -o {output}", "#$ -l h_rt=0:05:00",
-        f"#$ -pe {pe} {PROBE_HOSTS}",
+        *[f"#$ {line}" for line in shape.requests],
         'echo "BCPP-PE nhosts=$NHOSTS hostfile=$(awk \'{print $1}\' "$PE_HOSTFILE" | paste -sd,)"',
         f"mkdir -p {shlex.quote(str(marker_path.parent))} && echo {marker} > {shlex.quote(str(marker_path))}",
         f"printf '%s\\n' {shlex.quote(HOST_PART)} > {shlex.quote(str(part))}",
-        FIND_QRSH,
-        "for host in $(awk '{print $1}' \"$PE_HOSTFILE\"); do",
-        f"  \"$qrsh\" -inherit -nostdin \"$host\" /bin/bash {shlex.quote(str(part))} {shlex.quote(str(marker_path))} &",
-        "done", "wait", ""])
+        FIND_QRSH, *start, ""])
 
 
-def probe(ctx: CheckInput, pe: str) -> tuple[list[Row], dict]:
+def probe(ctx: CheckInput, shape: ProbeShape) -> tuple[list[Row], dict]:
     options = ctx.config.options["gridengine"]
     token = f"bcpp-check-{secrets.token_hex(4)}"
     folder = ctx.state_root / "checks" / "probes"
@@ -260,7 +319,7 @@ def probe(ctx: CheckInput, pe: str) -> tuple[list[Row], dict]:
     else:
         workspace = folder
     marker = f".{token}"
-    script = probe_script(token, output, part, workspace / marker, marker, pe)
+    script = probe_script(token, output, part, workspace / marker, marker, shape)
     with deleted_at_exit(token) as job:
         started = time.monotonic()
         job.id = run_command(qsub_argv(options, "-terse"), input_text=script, timeout=60, hint=HINT).stdout.strip()
@@ -272,29 +331,29 @@ def probe(ctx: CheckInput, pe: str) -> tuple[list[Row], dict]:
                           "small? `qstat -f`, `qstat -j ID`"), unchecked("shared folder", shared_assumption(), why)], {}
     text = output.read_text(errors="replace") if output.is_file() else ""
     hosts = [dict(p.split("=", 1) for p in line.split() if "=" in p) for line in PROBE_LINE.findall(text)]
-    rows = [hosts_row(text, hosts), shared_row(output, hosts, marker), apptainer_row(ctx, hosts)]
-    for leftover in (workspace / marker, output, part):
+    rows = [hosts_row(text, hosts, shape), shared_row(output, hosts, marker, shape.hosts), apptainer_row(ctx, hosts)]
+    for leftover in (workspace / marker, output, part, Path(f"{part}.hostfile")):
         leftover.unlink(missing_ok=True)
     return [r for r in rows if r is not None], {"probe_seconds": round(seconds, 1),
                                                 "hosts": [h.get("host", "?") for h in hosts]}
 
 
-def hosts_row(text: str, hosts: list[dict]) -> Row:
+def hosts_row(text: str, hosts: list[dict], shape: ProbeShape) -> Row:
     names = sorted({h.get("host", "?") for h in hosts})
     pe_line = next((line for line in text.splitlines() if line.startswith("BCPP-PE ")), "BCPP-PE (none)")
-    showed = f"{pe_line[8:]}; answered from: {', '.join(names) or 'no host'}"
-    if len(names) == PROBE_HOSTS:
+    showed = f"{pe_line[8:]}; answered from: {', '.join(names) or 'no host'} (started by {shape.start_hosts})"
+    if len(names) == shape.hosts:
         return ok("hosts", hosts_assumption(), showed)
     return different("hosts", hosts_assumption(), showed + f"; the job's output ends: {text.strip()[-200:]!r}",
                      "a distributed stage would not reach its other hosts: check the parallel environment "
-                     "(control_slaves TRUE) and that qrsh -inherit works between the exec hosts")
+                     "(control_slaves TRUE) and that qrsh -inherit (or mpirun) works between the exec hosts")
 
 
-def shared_row(output: Path, hosts: list[dict], marker: str) -> Row:
+def shared_row(output: Path, hosts: list[dict], marker: str, expected: int) -> Row:
     seen = sorted(h.get("host", "?") for h in hosts if h.get("marker") == marker)
     showed = (f"the job's output {'is' if output.is_file() else 'is NOT'} here ({output.parent}); the marker "
               f"written on the first host is seen on: {', '.join(seen) or 'no host'}")
-    if output.is_file() and len(seen) == len(hosts) == PROBE_HOSTS:
+    if output.is_file() and len(seen) == len(hosts) == expected:
         return ok("shared folder", shared_assumption(), showed)
     return different("shared folder", shared_assumption(), showed, "stages' outputs and logs would be invisible "
                      "here or on the other hosts: put backends.gridengine.workspace_dir and the state folder on a "

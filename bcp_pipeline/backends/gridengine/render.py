@@ -7,9 +7,12 @@ WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT
 - independent replicas (`distributed: false`): an array job, `-t 1-NODES`, node rank `SGE_TASK_ID - 1`; one
   node: a plain job;
 - a distributed stage: one job over a parallel environment (`-pe NAME NODES`). The job script runs on the first
-  host; it reads the hosts from `$PE_HOSTFILE` (MASTER_ADDR is the first), copies itself next to the logs and
-  starts itself on every host with `qrsh -inherit` (Grid Engine's tight integration: the ranks are the job's own
-  tasks, accounted and killed with it), as `SCRIPT --node K MASTER_ADDR MASTER_PORT`.
+  host; it reads the hosts from `$PE_HOSTFILE` (MASTER_ADDR is the first, or what `master_addr_command` prints
+  there), copies itself next to the logs and starts itself on every host as `SCRIPT --node K MASTER_ADDR
+  MASTER_PORT`, by `qrsh -inherit` (`start_hosts: qrsh`, Grid Engine's tight integration: the ranks are the job's
+  own tasks, accounted and killed with it) or by Open MPI's `mpirun -npernode 1 -hostfile logs/ID/hostfile`
+  (`start_hosts: mpirun`, TSUBAME4's way: K is the Open MPI rank; Open MPI itself starts the other hosts through
+  `qrsh -inherit` under Grid Engine).
 
 A distributed stage with `launcher: torchrun` starts each host's ranks with one torchrun instead (c10d rendezvous at
 the first host; each rank logs to its own file), as a pretrain stage (`nemo:` or `megatron_bridge:`) always does:
@@ -23,7 +26,8 @@ the run folder (on a real cell: a shared file system):
 
     logs/sge-ID.log, logs/sge-ID.TASK.log   the job script's output (-j y), one per array task
     logs/ID/rank-NNNNN.log                  stdout and stderr of each rank, as the local backend writes them
-    logs/ID/job.sh                          a distributed job's script, as the `qrsh -inherit` launchers run it
+    logs/ID/job.sh                          a distributed job's script, as each host's part runs it
+    logs/ID/hostfile                        mpirun's hostfile, from $PE_HOSTFILE (start_hosts: mpirun)
 """
 
 from __future__ import annotations
@@ -230,13 +234,24 @@ def job_script(request: JobRequest, options: GridEngineOptions, paths: Paths) ->
              *node_launcher(request, options, paths, size)]
     port = f'"$(({MASTER_PORT_EXPR}))"'
     if size.distributed:
-        lines += ['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
-                  '  export MASTER_ADDR="$3" MASTER_PORT="$4"', '  launch_node "$2"', "  exit $?", "fi",
-                  hosts_training.fan_out_to_hosts(MASTER_PORT_EXPR)]
+        start, addr = start_hosts(request, options)
+        lines += [*hosts_training.host_part(start, 'export MASTER_ADDR="$3" MASTER_PORT="$4"', "launch_node NODE"),
+                  hosts_training.fan_out_to_hosts(MASTER_PORT_EXPR, start, addr)]
     else:
         lines += [f'export MASTER_ADDR="$(hostname)" MASTER_PORT={port}',
                   'launch_node "$(( ${SGE_TASK_ID/undefined/1} - 1 ))"']
     return "\n".join(lines) + "\n"
+
+
+def start_hosts(request: JobRequest, options: GridEngineOptions) -> tuple[str, str | None]:
+    """How a job over several hosts starts each host's part (`qrsh` or `mpirun`) and the shell command whose output
+    is MASTER_ADDR (None: the first host): the stage's gridengine settings, else backends.gridengine's."""
+    res: GridEngineResources = request.resources("gridengine")
+    command = res.master_addr_command or options.master_addr_command
+    if command is not None and not command.strip():
+        raise config_error(request, "gridengine", "gridengine.master_addr_command is empty; give a shell command "
+                           "that prints the first host's address, or drop the key (MASTER_ADDR: the first host)")
+    return res.start_hosts or options.start_hosts, command
 
 
 def is_nemo(request: JobRequest) -> bool:
@@ -271,6 +286,7 @@ def hosts_training_job(request: JobRequest, options: GridEngineOptions, paths: P
                        program: str) -> hosts_training.HostsTraining:
     """The parts of a training's script every engine has; `data_list`: its argv and the file it writes."""
     values = job_values(request, options, paths)
+    start, addr = start_hosts(request, options)
     return hosts_training.HostsTraining(
         title=f"run {request.run_id}, stage {request.stage.name}", what=what,
         directives=directives(request, size, paths),
@@ -281,7 +297,7 @@ def hosts_training_job(request: JobRequest, options: GridEngineOptions, paths: P
                  *site_setup(request)],
         logs=paths.logs, nodes=size.nodes, per_node=size.per_node, container=container_argv(request, paths),
         data_list_argv=data_list[0], data_list_file=data_list[1], setup=setup, program=program,
-        master_port=MASTER_PORT_EXPR)
+        master_port=MASTER_PORT_EXPR, start_hosts=start, master_addr_command=addr)
 
 
 def bridge_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> hosts_training.HostsTraining:
@@ -351,7 +367,10 @@ def job_rendezvous(request: JobRequest, options: GridEngineOptions) -> dict | No
                           "torchrun's c10d rendezvous at the first host of $PE_HOSTFILE (one host: its own)",
                           f"$(({MASTER_PORT_EXPR}))")
     if size.distributed:
-        return rendezvous(layout, "the first host of $PE_HOSTFILE", f"$(({MASTER_PORT_EXPR}))")
+        start, addr = start_hosts(request, options)
+        where = f"the output of `{addr.strip()}` on" if addr else ""
+        return rendezvous(layout, f"{where or 'the'} first host of $PE_HOSTFILE (hosts started by {start})",
+                          f"$(({MASTER_PORT_EXPR}))")
     return rendezvous(layout, "$(hostname) of each array task (its ranks are independent of other tasks')",
                       f"$(({MASTER_PORT_EXPR}))")
 

@@ -47,6 +47,8 @@ class HostsTraining:
     setup: list[str]  # shell lines after the data list, before the training (the engine's)
     program: str  # shell text: what each torchrun worker runs (the training, with its arguments)
     master_port: str  # a shell arithmetic expression
+    start_hosts: str = "qrsh"  # how the other hosts start: qrsh or mpirun (fan_out_to_hosts)
+    master_addr_command: str | None = None  # shell text whose output is MASTER_ADDR (None: the first host)
 
 
 def nemo_setup(launcher_dir: str, overrides: list[str], data_list_file: str, config_dir: str,
@@ -89,16 +91,29 @@ if [ -n "${SGE_ROOT:-}" ]; then
   arch=$("$SGE_ROOT/util/arch" 2>/dev/null || true)
   if [ -x "$SGE_ROOT/bin/$arch/qrsh" ]; then qrsh="$SGE_ROOT/bin/$arch/qrsh"; fi
 fi'''
-# More than one host: this script again on each host of the job through `qrsh -inherit` (tight integration).
+# More than one host: the hosts of $PE_HOSTFILE, one per node, the rendezvous at the first; this script is copied
+# next to the logs, and started again on each host (QRSH or MPIRUN below).
 HOSTS = r'''mapfile -t hosts < <(awk '{print $1}' "$PE_HOSTFILE")
 if [ "${#hosts[@]}" -ne "$nodes" ]; then
   echo "bcp-pipeline: \$PE_HOSTFILE lists ${#hosts[@]} host(s), the stage needs $nodes (one per node: a parallel environment with allocation_rule 1, or the site's whole-node request)" >&2
   exit 1
 fi
 master_addr="${hosts[0]}" master_port="$((PORT_EXPRESSION))"
+MASTER_ADDR_COMMAND
 mkdir -p "$logs/$JOB_ID" && cp "$0" "$logs/$JOB_ID/job.sh"
-FIND_QRSH
-code=0 pids=()
+FIND_QRSH'''
+# gridengine.master_addr_command, verbatim in a function (so the site's text may hold comments and quotes), run
+# here: the batch script runs on the first host of $PE_HOSTFILE (the job's master host).
+MASTER_ADDR_COMMAND = r'''master_addr_command() {  # gridengine.master_addr_command: the first word it prints is MASTER_ADDR
+COMMAND
+}
+if ! said=$(master_addr_command) || ! read -r master_addr _ <<< "$said" || [ -z "$master_addr" ]; then
+  echo "bcp-pipeline: gridengine.master_addr_command gave no address on $(hostname): ${said:-(nothing printed)}" >&2
+  exit 1
+fi'''
+# qrsh: one `qrsh -inherit` a host (tight integration: each host's part is a task of the job, accounted and killed
+# with it); the job fails where any host's part does.
+QRSH = r'''code=0 pids=()
 for node in "${!hosts[@]}"; do
   "$qrsh" -inherit -nostdin "${hosts[node]}" /bin/bash "$logs/$JOB_ID/job.sh" --node "$node" "$master_addr" "$master_port" &
   pids+=($!)
@@ -107,14 +122,72 @@ for node in "${!pids[@]}"; do
   wait "${pids[node]}" || { echo "bcp-pipeline: node $node (${hosts[node]}) failed" >&2; code=1; }
 done
 exit "$code"'''
+# mpirun: Open MPI starts one process a host (`-npernode 1`) over a hostfile of the hosts in $PE_HOSTFILE's order,
+# so its rank K runs on hosts[K]: node K (FROM_MPIRUN reads it). Where it sees Grid Engine (SGE_ROOT, ARC,
+# PE_HOSTFILE and JOB_ID set, $SGE_ROOT/bin/$ARC/qrsh there) Open MPI starts its daemons on the other hosts by
+# `qrsh -inherit` itself, so they are the job's tasks and `qdel` ends them; without, it would use ssh, outside Grid
+# Engine: said on the job log. (Open MPI gives each process its own process group, which Grid Engine's kill of the
+# first host's part missed on the test cell: FROM_MPIRUN ends it with its parent.) `--bind-to none`: Open MPI binds
+# a process to one core by default, and each starts all of its host's ranks.
+MPIRUN = r'''if [ -z "${ARC:-}" ] && [ -n "${arch:-}" ]; then export ARC="$arch"; fi
+if [ -z "${SGE_ROOT:-}" ] || [ ! -x "$SGE_ROOT/bin/${ARC:-}/qrsh" ]; then
+  echo "bcp-pipeline: warning: no \$SGE_ROOT/bin/\$ARC/qrsh here: Open MPI may start the other hosts with ssh, outside Grid Engine (qdel would not end them)" >&2
+fi
+printf '%s slots=1\n' "${hosts[@]}" > "$logs/$JOB_ID/hostfile"
+code=0
+mpirun -np "$nodes" -npernode 1 -hostfile "$logs/$JOB_ID/hostfile" --bind-to none \
+  /bin/bash "$logs/$JOB_ID/job.sh" --node mpirun "$master_addr" "$master_port" "${hosts[0]}" || code=$?
+if [ "$code" -ne 0 ]; then echo "bcp-pipeline: mpirun over ${hosts[*]} exited $code" >&2; fi
+exit "$code"'''
+# A host's part started by mpirun: its node rank is its Open MPI rank, checked (node 0 must run on the first host,
+# where MASTER_ADDR is); the OMPI_COMM_WORLD_* variables are then dropped: they describe the host launchers, and
+# a rank's library (Lightning, mpi4py) must not take them for its own rank.
+FROM_MPIRUN = r'''node="${OMPI_COMM_WORLD_RANK:-}" this_host=$(hostname)
+if [ -z "$node" ] || [ "${OMPI_COMM_WORLD_SIZE:-}" != "$nodes" ]; then
+  echo "bcp-pipeline: $this_host: not started by mpirun over $nodes hosts (OMPI_COMM_WORLD_RANK=${OMPI_COMM_WORLD_RANK:-unset}, OMPI_COMM_WORLD_SIZE=${OMPI_COMM_WORLD_SIZE:-unset})" >&2
+  exit 1
+fi
+if [ "$node" = 0 ] && [ "${5%%.*}" != "${this_host%%.*}" ]; then
+  echo "bcp-pipeline: mpirun started node 0 on $this_host, not on the first host $5 (MASTER_ADDR's)" >&2
+  exit 1
+fi
+unset OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE \
+  OMPI_COMM_WORLD_NODE_RANK
+# Open MPI made this part a process group of its own, which the cell's kill of the job can miss (`qdel` left the
+# first host's ranks running on the test cell): the group ends with its parent, mpirun or Open MPI's daemon
+# (only where it is this part's own group, never the batch script's: /proc/PID/stat's 5th field).
+parent=$PPID stat=($(< /proc/$$/stat))
+if [ "${stat[4]:-}" = "$$" ]; then
+  ( while kill -0 "$parent" 2>/dev/null; do sleep 1; done; kill -KILL 0 ) </dev/null >/dev/null 2>&1 &
+fi'''
+START_HOSTS = ("qrsh", "mpirun")
 
 
-def fan_out_to_hosts(port_expression: str) -> str:
+def host_part(start_hosts: str, *body: str) -> list[str]:
+    """The script's first lines when it runs as one host's part (`--node NODE ADDRESS PORT`, started by
+    fan_out_to_hosts): BODY, its `NODE` the host's node rank ("$2"; from Open MPI for mpirun's); the part exits
+    with BODY's status."""
+    if start_hosts == "mpirun":
+        lines = ['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by Open MPI\'s mpirun',
+                 *(f"  {line}" for line in FROM_MPIRUN.splitlines())]
+        node = '"$node"'
+    else:
+        lines = ['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`']
+        node = '"$2"'
+    return [*lines, *(f"  {line.replace('NODE', node)}" for line in body), "  exit $?", "fi"]
+
+
+def fan_out_to_hosts(port_expression: str, start_hosts: str = "qrsh", master_addr_command: str | None = None) -> str:
     """The batch script's part of a job over several hosts (shell text): the hosts of $PE_HOSTFILE, one per node,
-    then this script again on each through `qrsh -inherit` (tight integration) as `--node N ADDRESS PORT`, the
-    first host's address and PORT_EXPRESSION's value the rendezvous; the job fails where any host's part does.
-    Also the Grid Engine backend's distributed stages (render.py)."""
-    return HOSTS.replace("PORT_EXPRESSION", port_expression).replace("FIND_QRSH", FIND_QRSH)
+    then this script again on each as `--node NODE ADDRESS PORT` (host_part), by `qrsh -inherit` (tight
+    integration) or Open MPI's mpirun (`start_hosts`); the first host's name (or what `master_addr_command`
+    prints there) and PORT_EXPRESSION's value the rendezvous; the job fails where any host's part does. Also the
+    Grid Engine backend's distributed stages (render.py)."""
+    assert start_hosts in START_HOSTS, start_hosts
+    head = HOSTS.replace("PORT_EXPRESSION", port_expression).replace("FIND_QRSH", FIND_QRSH)
+    addr = MASTER_ADDR_COMMAND.replace("COMMAND", master_addr_command.strip()) if master_addr_command else ""
+    head = head.replace("MASTER_ADDR_COMMAND\n", f"{addr}\n" if addr else "")
+    return f"{head}\n{MPIRUN if start_hosts == 'mpirun' else QRSH}"
 
 
 def render(job: HostsTraining) -> str:
@@ -134,8 +207,7 @@ def render(job: HostsTraining) -> str:
         '  mkdir -p "$logs/$JOB_ID"',
         f'  {torchrun_call("in_image torchrun", chr(34) + "$1:$2" + chr(34), job.program)}',
         "}",
-        *(['if [ "${1:-}" = --node ]; then  # one host\'s part, started below by `qrsh -inherit`',
-           '  train_host "$3" "$4"', "  exit $?", "fi"] if job.nodes > 1 else []),
+        *(host_part(job.start_hosts, 'train_host "$3" "$4"') if job.nodes > 1 else []),
         'mkdir -p "$logs/$JOB_ID"',
         "",
         "# The data list: every .bin/.idx pair of the preprocess manifests, weighted by tokens.",
@@ -146,7 +218,7 @@ def render(job: HostsTraining) -> str:
         "# The training: one torchrun a host; the job's status is the worst host's.",
     ]
     if job.nodes > 1:
-        lines.append(fan_out_to_hosts(job.master_port))
+        lines.append(fan_out_to_hosts(job.master_port, job.start_hosts, job.master_addr_command))
     else:
         lines.append(f'train_host "$(hostname)" "$(({job.master_port}))"')
     return "\n".join(lines) + "\n"
