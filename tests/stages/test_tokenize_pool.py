@@ -4,7 +4,6 @@ batches drained, large batches never deadlocking the pipes, and workers that end
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -132,3 +131,32 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+# Lines where orjson and json disagree or might: a duplicate key (both take the last), what only json takes (NaN,
+# Infinity, an out-of-range float, lone surrogates escaped or encoded, a byte-order mark), what both refuse, and
+# ordinary UTF-8 text.
+JSON_LINES = [
+    b'{"text": "a", "text": "b"}', b'{"text": "x", "n": NaN}', b'{"text": "x", "n": Infinity}',
+    b'{"text": "x", "n": 1e400}', b'{"text": "\\ud800x"}', b'{"text": "\xed\xa0\x80"}', b'\xef\xbb\xbf{"text": "bom"}',
+    b'{"text": "x", "n": 123456789012345678901234567890}', b'{"text": "caf\xc3\xa9 \xf0\x9f\x98\x80"}',
+    b'{"text": "a\tb"}', b'{"text": "x",}', b'{"text": "\xff"}', b'{"text": 5}', b'{"body": "x"}', b'["text"]',
+    b'{"text": "x"}\r', b' {"text": "lead"} ', b'{"text": "x"} trailing', b'{"text": "\\u0000\\/\\n"}',
+]
+
+
+@pytest.mark.parametrize("line", JSON_LINES)
+def test_a_json_line_gives_what_the_standard_json_gives(line, monkeypatch):
+    assert workers.fast_loads is not None, "orjson is in the stage requirements: the fast path must be tested"
+    fast = workers.json_text(line, "text")
+    monkeypatch.setattr(workers, "fast_loads", None)
+    standard = workers.json_text(line, "text")
+    assert fast == standard and type(fast) is type(standard)
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"a", b"a\n", b"a\nb", b"a\n\nb\n", b"\n\n", b"a\r\nb\r\n"])
+def test_json_lines_are_the_lines_bytes_split_gives(data):
+    expected = data.split(b"\n")
+    if expected[-1] == b"":
+        expected.pop()  # a final newline ends the last line; it starts no empty one
+    assert [bytes(line) for line in workers.json_lines(data)] == expected

@@ -21,7 +21,8 @@ host), one rank a GPU.
 
 With `backends.gridengine.container: apptainer` and an image, every rank runs as `apptainer exec --nv --bind
 WORKSPACE:/mount_workspace,... IMAGE PROGRAM...`: the workspace is at /mount_workspace inside (as on BCP), stages/
-and the run folder at their own paths; Apptainer passes the launcher's environment through. Files of job ID in
+and the run folder at their own paths; Apptainer passes the launcher's environment through, except PATH and
+LD_LIBRARY_PATH, which are the image's (set those with APPTAINERENV_PREPEND_PATH). Files of job ID in
 the run folder (on a real cell: a shared file system):
 
     logs/sge-ID.log, logs/sge-ID.TASK.log   the job script's output (-j y), one per array task
