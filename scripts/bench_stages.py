@@ -257,9 +257,9 @@ def bench_at_scale(zst: Path, extracted: Path, work: Path, per_output: int, giga
 
 
 # Raw tiktoken `encode_ordinary`, one thread, over a share of the documents: built from the same vocab/merges as
-# the stage; the documents taken as the stage takes them, in ~1 MiB batches of whole lines, process `part` of
-# `parts` taking every parts-th batch (the stage's workers are dealt batches in turn); each batch's JSON parsed
-# off the clock, then its texts encoded on it. Batches keep the texts being encoded in the caches, as the stage's
+# the stage; the documents taken as the stage takes them, in its ~1 MiB batches of whole lines (its own
+# line_ranges), process `part` of `parts` taking every parts-th batch (the stage's workers are dealt batches in
+# turn); each batch's JSON parsed off the clock, then its texts encoded on it. Batches keep the texts being encoded in the caches, as the stage's
 # workers have them: a baseline holding every text of the file at once (hundreds of MB) pays cache misses that
 # grow when two such processes run at once, and would flatter the stage. The clocks start at an agreed time (so
 # that P copies run at once) and count the encode loops only.
@@ -270,17 +270,16 @@ from pathlib import Path
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tokenizers_gpt2 import GPT2_SPLIT_PATTERN
+from _preprocess_batches import line_ranges
+from preprocess import BATCH_BYTES
 vocab, merges, start_at, part, parts = sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 ranks = data_gym_to_mergeable_bpe_ranks(merges, vocab)
 encoding = tiktoken.Encoding("gpt2-bench", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": 50256})
 batches = []
-for path in sys.argv[7:]:
-    data, start = Path(path).read_bytes(), 0
-    while start < len(data):
-        end = data.find(b"\\n", min(start + (1 << 20), len(data)) - 1) + 1 or len(data)
-        batches.append(data[start:end])
-        start = end
+for path in map(Path, sys.argv[7:]):
+    data = path.read_bytes()
+    batches += [data[start:end] for start, end in line_ranges(path, BATCH_BYTES)]  # the stage's own batches
 del data
 encode = encoding.encode_ordinary
 wall = cpu = 0.0

@@ -249,7 +249,11 @@ class TokenizerPool:
     def _died(self, worker: int) -> WorkerDied:
         process = self._processes[worker]
         process.join(timeout=1)
-        self._sent.clear()  # the pool is done for: the caller makes a new one (close() kills what is left)
+        # The pool is done for (the caller makes a new one): the other workers are killed now, since one may be
+        # blocked sending a result that will never be read, and close() would wait for it in vain.
+        for other in self._processes:
+            other.kill()
+        self._sent.clear()
         return WorkerDied(f"tokenizer process {process.pid} ended with exit code {process.exitcode}")
 
     def close(self) -> None:
