@@ -259,10 +259,10 @@ def bench_at_scale(zst: Path, extracted: Path, work: Path, per_output: int, giga
 # Raw tiktoken `encode_ordinary`, one thread, over a share of the documents: built from the same vocab/merges as
 # the stage; the documents taken as the stage takes them, in its ~1 MiB batches of whole lines (its own
 # line_ranges), process `part` of `parts` taking every parts-th batch (the stage's workers are dealt batches in
-# turn); each batch's JSON parsed off the clock, then its texts encoded on it. Batches keep the texts being encoded in the caches, as the stage's
-# workers have them: a baseline holding every text of the file at once (hundreds of MB) pays cache misses that
-# grow when two such processes run at once, and would flatter the stage. The clocks start at an agreed time (so
-# that P copies run at once) and count the encode loops only.
+# turn); each batch's JSON parsed off the clock, then its texts encoded on it. Batches keep the texts being
+# encoded in the caches, as the stage's workers have them: a baseline holding every text of the file at once
+# (hundreds of MB) pays cache misses that grow when two such processes run at once, and would flatter the stage.
+# The clocks start at an agreed time (so that P copies run at once) and count the encode loops only.
 RAW_TIKTOKEN = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
