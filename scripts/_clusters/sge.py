@@ -3,6 +3,7 @@
     scripts/sge-cluster install               # Debian's gridengine-master, -exec, -client and openmpi-bin (root +
                                               # apt), if missing
     scripts/sge-cluster start [--nodes 2]     # configure + start; prints the `export SGE_...` line
+                      [--site tsubame]        # ... with TSUBAME4's node_f and JSV on top (sge_site.py)
     scripts/sge-cluster status                # daemons and queue instances; exit 0 running, 3 stopped
     scripts/sge-cluster stop                  # delete every job, stop exactly the daemons it started
     scripts/sge-cluster env                   # prints the `export SGE_...` line
@@ -27,6 +28,10 @@ one implementation of it, netns.py). qmaster and the first execd run in a privat
 which the cell's hosts file (BASE/etc/hosts: this machine's name at the bridge address, node2 at its own) is bound
 over /etc/hosts, so qmaster resolves node2 and jobs on either host resolve the other; node2's execd has the same
 file. The machine's /etc/hosts is untouched, and `stop` removes the bridge and namespace.
+
+`--site tsubame` adds what TSUBAME4 has on top of a stock cell (sge_site.py): a consumable complex `node_f` (1 a
+host: a whole node), the site's parallel environment `site_node_f`, and a server-side JSV that turns `-l node_f=N`
+into N whole hosts (`-pe site_node_f N`) and refuses a job without node_f or h_rt, or one naming a PE.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from .sge_cell import (
     prepare,
     queue_states,
 )
+from .sge_site import SITES
 
 STOP_GRACE_S = 20.0
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
@@ -144,10 +150,10 @@ def cmd_start(args: argparse.Namespace) -> None:
     if missing := missing_binaries():
         raise ClusterError(f"Grid Engine is not installed (missing: {' '.join(missing)}); run "
                            "`scripts/sge-cluster install`")
-    lay = Layout(args.base, args.nodes)
+    lay = Layout(args.base, args.nodes, args.site)
     with common.locked(lay.lock):
         old = Layout.load(lay.base)
-        if old.nodes == lay.nodes and all(old.running().values()):
+        if (old.nodes, old.site) == (lay.nodes, lay.site) and all(old.running().values()):
             say(f"already running under {lay.base}")
             print(export_line(old))
             return
@@ -247,6 +253,7 @@ def parser(base: Path) -> argparse.ArgumentParser:
     start.add_argument("--slots", type=int, default=8, help="slots of all.q on each host (default 8)")
     start.add_argument("--port", type=int, help=f"qmaster port; execd uses port+1 (default {DEFAULT_PORT})")
     start.add_argument("--timeout", type=float, default=30, help="seconds to wait for the exec hosts")
+    start.add_argument("--site", choices=SITES, help="a site's own set-up on top (tsubame: node_f, its JSV)")
     sub.add_parser("status", parents=[common_args], help="daemons and queue instances; exit 0 running, 3 not")
     sub.add_parser("stop", parents=[common_args], help="delete all jobs, stop the daemons, remove the namespace")
     sub.add_parser("env", parents=[common_args], help="print the export line")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .common import REPO, ClusterError, PidFile, run
 from .netns import Network
+from .sge_site import global_changes, host_complex_values, site_pes, write_complexes
 
 # openmpi-bin: Open MPI's mpirun, how TSUBAME4's multi-node jobs start their hosts (gridengine.start_hosts: mpirun;
 # the cell itself runs without it).
@@ -50,13 +51,19 @@ class Layout:
 
     base: Path
     nodes: int = 1
+    site: str | None = None  # a site's own set-up (sge_site.py), e.g. tsubame
 
     @classmethod
     def load(cls, base: Path) -> Layout:
         try:
-            return cls(base, int((base / "etc" / "nodes").read_text().strip()))
+            nodes = int((base / "etc" / "nodes").read_text().strip())
         except (OSError, ValueError):
             return cls(base)
+        try:
+            site = (base / "etc" / "site").read_text().strip() or None
+        except OSError:
+            site = None
+        return cls(base, nodes, site)
 
     @property
     def root(self) -> Path:
@@ -176,6 +183,7 @@ def render_global_config(lay: Layout) -> str:
         "reporting_params": "accounting=true reporting=false flush_time=00:00:01 joblog=false sharelog=00:00:00 "
                             "accounting_flush_time=00:00:00",
         "execd_params": "KEEP_ACTIVE=FALSE",
+        **global_changes(lay.site, lay.base),
     }
     lines = []
     for line in (SGE_SHARE / "default-configuration").read_text().splitlines():
@@ -203,7 +211,7 @@ def prepare(lay: Layout, port: int) -> None:
         lay.hosts_file.write_text(render_hosts(lay))
     pe_dir = lay.base / "etc" / "pe"
     pe_dir.mkdir(exist_ok=True)
-    for name, (rule, first, summary) in PES.items():
+    for name, (rule, first, summary) in {**PES, **site_pes(lay.site)}.items():
         (pe_dir / name).write_text(PE_TEMPLATE.format(name=name, rule=rule, first=first, summary=summary))
     spool_defaults(lay, pe_dir)
 
@@ -214,6 +222,7 @@ def make_tree(lay: Layout, port: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
     (lay.base / "etc").mkdir(parents=True, exist_ok=True)
     (lay.base / "etc" / "nodes").write_text(f"{lay.nodes}\n")
+    (lay.base / "etc" / "site").write_text(f"{lay.site or ''}\n")
     (lay.base / "etc" / "port").write_text(f"{port}\n")
     for name in ("bin", "lib", "utilbin"):
         (lay.root / name).mkdir(parents=True)
@@ -230,7 +239,8 @@ def spool_defaults(lay: Layout, pe_dir: Path) -> None:
     """qmaster's classic spool, filled with the configuration, complexes, usersets, PEs and managers."""
     steps = [[str(SGE_LIB / "spoolinit"), "classic", "libspoolc", f"{lay.common};{lay.qmaster_spool}", "init"],
              [str(SGE_LIB / "spooldefaults"), "configuration", str(lay.base / "etc" / "global")],
-             [str(SGE_LIB / "spooldefaults"), "complexes", str(SGE_SHARE / "util/resources/centry")],
+             [str(SGE_LIB / "spooldefaults"), "complexes",
+              str(write_complexes(lay.site, SGE_SHARE / "util/resources/centry", lay.base / "etc" / "centry"))],
              [str(SGE_LIB / "spooldefaults"), "usersets", str(SGE_SHARE / "util/resources/usersets")],
              [str(SGE_LIB / "spooldefaults"), "pes", str(pe_dir)],
              [str(SGE_LIB / "spooldefaults"), "managers", "root"]]
@@ -250,7 +260,8 @@ def configure(lay: Layout, slots: int) -> None:
     (work / "sconf").write_text(sconf)
     admin(lay, "-Msconf", str(work / "sconf"))
     for host in lay.hosts:
-        (work / f"exechost-{host}").write_text(f"hostname {host}\nload_scaling NONE\ncomplex_values NONE\n"
+        (work / f"exechost-{host}").write_text(f"hostname {host}\nload_scaling NONE\n"
+                                               f"complex_values {host_complex_values(lay.site)}\n"
                                                "user_lists NONE\nxuser_lists NONE\nprojects NONE\nxprojects NONE\n"
                                                "usage_scaling NONE\nreport_variables NONE\n")
         admin(lay, "-Ae", str(work / f"exechost-{host}"))
@@ -266,7 +277,8 @@ def configure_queue(lay: Layout, slots: int) -> None:
     tmpdirs = ",".join(f"[{host}={lay.base / 'tmp' / host}]" for host in lay.hosts)
     queue = admin(lay, "-sq").replace("hostlist              NONE", f"hostlist {' '.join(lay.hosts)}")
     queue = re.sub(r"^qname\s+.*$", "qname all.q", queue, flags=re.MULTILINE)
-    for key, value in (("load_thresholds", "NONE"), ("slots", str(slots)), ("pe_list", " ".join(PES)),
+    pe_list = " ".join([*PES, *site_pes(lay.site)])
+    for key, value in (("load_thresholds", "NONE"), ("slots", str(slots)), ("pe_list", pe_list),
                        ("tmpdir", f"/tmp,{tmpdirs}"), ("shell", "/bin/bash")):
         queue = re.sub(rf"^{key}\s+.*$", f"{key} {value}", queue, flags=re.MULTILINE)
     (work / "all.q").write_text(queue)

@@ -2,8 +2,8 @@
 `-m "not cluster and not e2e"`) and the parallel schedule can group by them (tests/support/parallel.py).
 
 * `cluster`: the test uses one of this machine's clusters, the fixtures `slurm_cluster`, `two_node_cluster`,
-  `sge_cell` or `k8s_cluster`, directly or through another fixture (pytest's closure of the test's fixtures,
-  `item.fixturenames`, which also holds those a parametrization requests indirectly).
+  `sge_cell`, `tsubame_cell` or `k8s_cluster`, directly or through another fixture (pytest's closure of the
+  test's fixtures, `item.fixturenames`, which also holds those a parametrization requests indirectly).
 * `emulator`: the test uses the NGC API emulator, the fixture `fake`, directly or through another fixture. The
   same marker with arguments, `@pytest.mark.emulator(api_key=..., variants=...)`, is how a test starts `fake` as
   another variant of the service; such a test already carries it.
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-CLUSTER_FIXTURES = frozenset({"slurm_cluster", "two_node_cluster", "sge_cell", "k8s_cluster"})
+CLUSTER_FIXTURES = frozenset({"slurm_cluster", "two_node_cluster", "sge_cell", "tsubame_cell", "k8s_cluster"})
 EMULATOR_FIXTURE = "fake"
 E2E_FOLDER = Path(__file__).resolve().parents[1] / "e2e"
 
 DESCRIPTIONS = {
     "cluster": "set by tests/conftest.py on every test that uses a cluster of this machine: the fixtures "
-               "slurm_cluster, two_node_cluster, sge_cell or k8s_cluster, directly or through another fixture "
-               "(item.fixturenames); run these only one checkout at a time (docs/testing.md)",
+               "slurm_cluster, two_node_cluster, sge_cell, tsubame_cell or k8s_cluster, directly or through another "
+               "fixture (item.fixturenames); run these only one checkout at a time (docs/testing.md)",
     "emulator": "emulator(api_key=None, variants=None): set by tests/conftest.py on every test that uses the NGC "
                 "API emulator fixture `fake`, directly or through another fixture; with arguments, start `fake` as "
                 "another variant of the service (tests/fakes/README.md)",

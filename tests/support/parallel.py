@@ -4,10 +4,10 @@ Most tests wait (on an emulated BCP, a scheduler's interval, a subprocess), so o
 three workers finish the suite in far less time than one. Tests are handed out a group at a time; a group runs on
 one worker, in collection order:
 
-* `clusters`: every test marked `cluster` (tests/support/markers.py: it uses `slurm_cluster`, `two_node_cluster` or
-  `sge_cell`) but not `k8s_cluster`: the clusters' daemons, ports and Debian packages (installed on first use) are
-  the machine's, so those tests run one after another on one worker and never install packages at once. Handed out
-  first, being the longest group.
+* `clusters`: every test marked `cluster` (tests/support/markers.py: it uses `slurm_cluster`, `two_node_cluster`,
+  `sge_cell` or `tsubame_cell`) but not `k8s_cluster`: the clusters' daemons, ports and Debian packages (installed
+  on first use) are the machine's, so those tests run one after another on one worker and never install packages
+  at once. Handed out first, being the longest group.
 * `kubernetes`: the tests marked `cluster` that use `k8s_cluster`. Handed out last: their control plane is the last
   thing `.ci/run` has built (in the background, while the rest runs).
 * every other test is in the group of its module, so a module's module-scoped fixtures (a trained reference run, a

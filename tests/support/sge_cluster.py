@@ -72,7 +72,31 @@ def cell_base(repo: Path = REPO) -> tuple[Path, int]:
 
 @pytest.fixture(scope="module")
 def sge_cell(request: pytest.FixtureRequest) -> Iterator[SgeCell]:
-    config = request.config
+    yield from running_cell(request.config)
+
+
+# TSUBAME's client side, stand-ins on PATH (tests/fakes/README.md): its qsub wrapper (the group only as `-g GROUP` on
+# the command line) and accounting that lags by minutes, as on a busy site.
+TSUBAME_CLIENT_PATH = [REPO / "tests" / "fakes" / "tsubame_qsub", REPO / "tests" / "fakes" / "slow_qacct"]
+TSUBAME_GROUP = "tga-bcpp"  # the test user's TSUBAME group, the one the qsub stand-in accepts
+TSUBAME_QACCT_LAG_S = 180
+
+
+@pytest.fixture(scope="module")
+def tsubame_cell(request: pytest.FixtureRequest) -> Iterator[SgeCell]:
+    """The same two-host cell with TSUBAME4's set-up (`scripts/sge-cluster start --site tsubame`: node_f, the
+    site's parallel environment, its JSV), and its client side on PATH while it runs: the qsub wrapper stand-in
+    (accepting the group TSUBAME_GROUP) and qacct lagging by TSUBAME_QACCT_LAG_S."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", os.pathsep.join([*map(str, TSUBAME_CLIENT_PATH), os.environ["PATH"]]))
+        patch.setenv("BCP_FAKE_TSUBAME_GROUPS", TSUBAME_GROUP)
+        patch.setenv("BCP_FAKE_QACCT_LAG", str(TSUBAME_QACCT_LAG_S))
+        yield from running_cell(request.config, "--site", "tsubame")
+
+
+def running_cell(config: pytest.Config, *start_args: str) -> Iterator[SgeCell]:
+    """Grid Engine installed where missing, a fresh two-host cell started (`start_args` added), its environment
+    exported while it runs, and it stopped whatever happens."""
     if reason := unavailable_reason():
         _skip(config, reason)
     if os.environ.get("BCP_SGE_INSTALL") != "0":
@@ -86,7 +110,7 @@ def sge_cell(request: pytest.FixtureRequest) -> Iterator[SgeCell]:
     disarm = run_when_gone([sys.executable, str(SCRIPT), "stop", "--base", str(base)])  # Ctrl-C, kill -9: stopped
     try:
         res = script("start", "--base", str(base), "--nodes", "2", "--slots", "4", "--port", str(port),
-                     timeout=180)
+                     *start_args, timeout=180)
         if res.returncode != 0:
             pytest.fail(f"scripts/sge-cluster start --nodes 2 failed (exit {res.returncode}):\n{res.stderr}",
                         pytrace=False)
