@@ -7,11 +7,13 @@ JSV mechanism, the two hosts, Open MPI and torchrun are real.
 - the site's rules themselves, on the cell: what qsub and the JSV accept and refuse;
 - the demo's data stages, one of them over both hosts (started by mpirun, TSUBAME4's way) with only `-l node_f=2`,
   equal to a local run byte for byte;
-- a NeMo pretrain over both hosts (the launcher, the training script and Apptainer stand-ins) with `-l node_f=2`.
+- a NeMo pretrain over both hosts (the launcher, the training script and Apptainer stand-ins) with `-l node_f=2`;
+- `check`, which verifies each job as the site's JSV changes it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -64,7 +66,9 @@ def test_node_f_gives_whole_hosts_without_a_parallel_environment_and_the_site_s_
     for what, (script, args, words) in refused.items():
         res = qsub(script, *args)
         assert res.returncode != 0 and words in res.stderr and not res.stdout.strip(), (what, res)
-    assert qsub(job_script(tmp_path, "-l node_f=1", "-l h_rt=0:10:00"), "-h").returncode == 0  # a trial run: 10 min
+    trial = qsub(job_script(tmp_path, "-l node_f=1", "-l h_rt=0:10:00"), "-h")  # a trial run: up to 10 minutes
+    assert trial.returncode == 0, trial.stderr
+    subprocess.run(["qdel", trial.stdout.strip()], check=True, capture_output=True)
 
 
 def demo_data_project(root: Path, backend: str) -> Path:
@@ -139,3 +143,32 @@ def test_a_nemo_pretrain_over_both_hosts_by_node_f_trains(tmp_path: Path, capsys
     assert composed["trainer"]["num_nodes"] == 2
     log, status = logs_and_status(config, state.run_id, "pretrain", capsys)
     assert "global_step=29.000" in log and re.search(r"30/30 steps", status), status
+
+
+def test_check_verifies_each_job_as_the_site_s_jsv_changes_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`qsub -w v` judges a job before the server-side JSV changes it (-l node_f=2 would read as two node_f of one
+    host): on this cell check submits each job's requests to start a day later, verifies it with `qalter -w v` and
+    deletes it. What the JSV refuses (no resource type) and what the cell cannot give (node_f=3 of 2 hosts) are
+    named; the probe job runs with download's requests, which stay valid."""
+    config = demo_data_project(tmp_path / "p", "gridengine")
+    capsys.readouterr()
+    assert cli(config, "check", "demo", "--json") == 0
+    rows = {row["topic"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    assert all(row["verdict"] == "ok" for row in rows.values()), rows
+    assert "12 accepted (through the cell's JSV" in rows["qsub -w v"]["showed"], rows["qsub -w v"]
+    broken = demo_data_project(tmp_path / "q", "gridengine")  # a project of its own: no earlier check's findings
+    raw = yaml.safe_load(broken.read_text())
+    raw["pipelines"]["demo"]["stages"]["concat"]["gridengine"]["resources"] = ["node_f=3"]
+    raw["pipelines"]["demo"]["stages"]["extract"]["gridengine"]["resources"] = []
+    del raw["pipelines"]["demo"]["defaults"]["gridengine"]["resources"]
+    broken.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cli(broken, "check", "demo", "--json", "--no-jobs")
+    row = next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["topic"] == "qsub -w v")
+    assert row["verdict"] == "could not check" and "server-side JSV" in row["showed"], row  # nothing submitted
+    assert cli(broken, "check", "demo", "--json") == 1
+    row = next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["topic"] == "qsub -w v")
+    assert row["verdict"] == "different", row
+    assert re.search(r"stage concat: .*only offers 2 slots", row["showed"]), row["showed"]
+    assert "stage extract: Unable to run job: no resource type" in row["showed"], row["showed"]
+    listed = subprocess.run(["qstat", "-u", "*"], capture_output=True, text=True, check=True).stdout
+    assert not listed.strip(), listed  # every verified job deleted

@@ -1,5 +1,6 @@
-"""Checks of a Grid Engine cell: qmaster answers; `qsub -w v` (verify, nothing submitted) of every rendered job
-script, which names an unknown resource, parallel environment or queue; every requested resource a requestable
+"""Checks of a Grid Engine cell: qmaster answers; every rendered job script verified (verify.py: `qsub -w v`, or on
+a cell with a server-side JSV, the job as the JSV changes it), which names an unknown resource, parallel
+environment or queue; every requested resource a requestable
 complex of `qconf -sc` and every queue one of `qconf -sql`; the parallel environment of
 each distributed stage gives one slot per host; a probe job over two hosts (`$PE_HOSTFILE`, `qrsh -inherit` to
 each host, a marker written in the shared workspace on the second host and read here); and Apptainer on the exec
@@ -26,6 +27,7 @@ from bcp_pipeline.backends.checks import (CheckInput, CheckOutcome, ProbeJob, Ro
 from bcp_pipeline.backends.gridengine.client import HINT
 from bcp_pipeline.backends.gridengine.render import job_values, qsub_argv, site_setup, start_hosts
 from bcp_pipeline.backends.gridengine.training import FIND_QRSH
+from bcp_pipeline.backends.gridengine.verify import verify_row
 from bcp_pipeline.backends.shared.batch import paths_for
 from bcp_pipeline.backends.shared.command import shell_exports
 from bcp_pipeline.config.resources import rank_layout
@@ -74,28 +76,6 @@ def cell_name() -> str:
     except OSError:
         master = "unknown-qmaster"
     return f"{master}/{cell}"
-
-
-def verify_row(ctx: CheckInput) -> Row | None:
-    """`qsub -w v` of every rendered script: Grid Engine's own verdict on its requests, nothing submitted."""
-    assumes = "qsub accepts every rendered job script (`qsub -w v`: verified, nothing submitted)"
-    if ctx.pipeline is None:
-        return None
-    options = ctx.config.options["gridengine"]
-    refused, accepted = [], 0
-    for submission in ctx.submissions():
-        try:
-            run_command(qsub_argv(options, "-w", "v"), input_text=submission.printable, timeout=60, hint=HINT)
-            accepted += 1
-        except CommandError as exc:
-            words = " ".join(line for line in exc.stderr.splitlines() if line.strip() and line != "Exiting.")
-            refused.append(f"{submission.request.label}: {words[:200]}")
-    showed = f"{accepted} accepted" + (f"; {len(refused)} refused: " + "; ".join(refused) if refused else "")
-    if refused:
-        return different("qsub -w v", assumes, showed, "`run` fails at these stages: fix the resource, parallel "
-                         "environment or queue qsub names (`qconf -sc`, `qconf -spl`, `qconf -sql` list what the "
-                         "cell has; `plan --backend gridengine` prints each script)")
-    return ok("qsub -w v", assumes, showed)
 
 
 def requested(ctx: CheckInput) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
