@@ -11,6 +11,10 @@ under a base folder of its own in /tmp, exports its environment, and always stop
 bridge included; one left behind by a killed session is stopped before the new one starts. Where Grid Engine
 cannot run (not Linux, not root, no apt-get, the install fails) the tests are skipped with the reason printed.
 Set BCP_SGE_INSTALL=0 to never install packages (skip instead).
+
+`tsubame_cell` is the same cell set up as TSUBAME4 (`start --site tsubame`: node_f, the site's JSV), with TSUBAME's
+client side on PATH while it runs: the qsub wrapper stand-in and qacct lagging by minutes (tests/fakes/README.md).
+A module uses one of the two; each starts a fresh cell.
 """
 
 from __future__ import annotations
