@@ -78,8 +78,7 @@ def demo_data_project(root: Path, backend: str) -> Path:
     raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
     demo = raw["pipelines"]["demo"]
     del demo["stages"]["pretrain"]
-    demo["defaults"]["gridengine"] = {"resources": ["node_f=1"], "h_rt": "30m"}
-    demo["verification"]["gridengine"] = {"resources": ["node_f=1"], "h_rt": "10m"}
+    demo["defaults"]["gridengine"] = {"resources": ["node_f=1"], "h_rt": "30m"}  # the verification jobs' too
     for stage, (nodes, per_node) in DEMO_SPREAD.items():
         demo["stages"][stage]["gridengine"] = {"nodes": nodes, "processes_per_node": per_node}
     demo["stages"]["download"]["gridengine"].update(distributed=True, resources=["node_f=2"], start_hosts="mpirun",
