@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .common import REPO, ClusterError, PidFile, run
 from .netns import Network
-from .sge_site import global_changes, host_complex_values, site_pes, write_complexes
+from .sge_site import global_changes, host_complex_values, install_jsv, site_pes, write_complexes
 
 # openmpi-bin: Open MPI's mpirun, how TSUBAME4's multi-node jobs start their hosts (gridengine.start_hosts: mpirun;
 # the cell itself runs without it).
@@ -206,6 +206,7 @@ def prepare(lay: Layout, port: int) -> None:
     # The machine's name may resolve to 127.0.x.x and back to `localhost`: qmaster then refuses every client
     # ("local host name error") unless `localhost` is an alias of it.
     (lay.common / "host_aliases").write_text(f"{lay.first_host} localhost\n")
+    install_jsv(lay.site, lay.base)
     (lay.base / "etc" / "global").write_text(render_global_config(lay))  # qconf -Mconf wants this file name
     if lay.nodes > 1:
         lay.hosts_file.write_text(render_hosts(lay))

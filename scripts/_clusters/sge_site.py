@@ -55,16 +55,19 @@ def jsv_path(base: Path) -> Path:
     return base / "etc" / "jsv" / "tsubame_jsv.py"
 
 
-def global_changes(site: str | None, base: Path) -> dict[str, str]:
-    """Global configuration lines the site sets: its server-side JSV (copied into the cell, so it does not depend
-    on this checkout while the cell runs)."""
+def install_jsv(site: str | None, base: Path) -> None:
+    """The site's JSV copied into the cell, so the cell does not depend on this checkout while it runs."""
     if site != "tsubame":
-        return {}
+        return
     target = jsv_path(base)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(JSV_SOURCE, target)
     target.chmod(0o755)
-    return {"jsv_url": f"script:{target}"}
+
+
+def global_changes(site: str | None, base: Path) -> dict[str, str]:
+    """Global configuration lines the site sets: its server-side JSV (install_jsv puts it there)."""
+    return {"jsv_url": f"script:{jsv_path(base)}"} if site == "tsubame" else {}
 
 
 def host_complex_values(site: str | None) -> str:
