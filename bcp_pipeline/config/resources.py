@@ -202,7 +202,8 @@ class KubernetesResources:
     # this long after it ended; unset: kept, so `logs` can read it
     node_selector: dict[str, str] = field(default_factory=dict)  # e.g. {node.kubernetes.io/instance-type: p5.48xlarge}
     tolerations: list[Toleration] = field(default_factory=list)
-    active_deadline: Duration | None = None  # the Job's activeDeadlineSeconds (default: bcp.total_runtime)
+    active_deadline: Duration | None = None  # the time limit (default: bcp.total_runtime), kept by each pod's
+    # container from its own start (not the Job's activeDeadlineSeconds, which would count time spent queued)
     backoff_limit: int = 0  # pods that may fail (a failed program) before the Job fails; disrupted pods don't count
     secrets: list[str] = field(default_factory=list)  # SECRET:KEY:ENV, a Kubernetes Secret's key as an env var
     launcher: Literal["job", "pytorchjob"] = "job"  # pytorchjob: a Kubeflow PyTorchJob (training operator)
@@ -355,6 +356,8 @@ class KubernetesOptions:
     poll_max_seconds: float = 15.0  # ... growing to this while nothing changes
     status_outage_limit: Duration | None = Duration("1h")  # a run stops waiting (exit 75, its jobs left running;
     # `resume` re-attaches) once listing the run's Jobs has failed for this long in a row; null: wait for ever
+    image_pull_grace: Duration = Duration("5M")  # how long a pod's image may fail to come (ErrImagePull,
+    # ImagePullBackOff: the kubelet retries) before its job fails with the kubelet's reason
 
 
 @dataclass(frozen=True)

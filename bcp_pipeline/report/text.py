@@ -126,7 +126,8 @@ def run_status_text(state: RunState, undriven: bool = False) -> str:
 def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None = None,
                   actual: dict[str, dict] | None = None, throughput: list[dict] | None = None,
                   undriven: bool = False) -> str:
-    """The `status` view: a table of stages, estimate against actual (when given), then errors with log tails."""
+    """The `status` view: a table of stages, estimate against actual (when given), then errors with log tails and
+    why a waiting job waits."""
     lines = [f"run {state.run_id}  pipeline {state.pipeline}  backend {state.backend}  "
              f"status {run_status_text(state, undriven)}", "",
              format_table(status_rows(state))]
@@ -144,6 +145,12 @@ def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None =
     for name, stage in state.stages.items():
         if stage.error:
             lines += ["", f"{name}: {stage.error}"]
+    # Why a stage's job has not started, where the backend says (a pod the scheduler cannot place, with its
+    # message; an image that does not come): the table's cell has room for the state alone.
+    waiting = [f"{name}: waiting: {stage.jobs[-1].detail}" for name, stage in state.stages.items()
+               if stage.jobs and stage.jobs[-1].state == "queued" and stage.jobs[-1].detail]
+    if waiting:
+        lines += [""] + waiting
     if job_url:
         urls = [(name, job.job_id, job_url(job.job_id)) for name, stage in state.stages.items()
                 for job in stage.jobs[-1:]]

@@ -6,6 +6,8 @@
                                     # prints `export KUBECONFIG=...`
     scripts/k8s-cluster start --fresh     # ... with an empty etcd (objects of earlier starts forgotten)
     scripts/k8s-cluster start --nodes 2   # ... and two Nodes, each a node agent in its own network namespace
+    scripts/k8s-cluster start --nodes 2 --node-gpus 8 --node-efa 4 --node-image 'nvcr.io/*'
+                                          # ... nodes shaped as EKS's p4de (counts only), pulling only nvcr.io's
     scripts/k8s-cluster kill-node node2   # lose a node: SIGKILL its agent and every pod process on it
     scripts/k8s-cluster status      # each daemon and the apiserver's /readyz; exit 0 running, 3 stopped
     scripts/k8s-cluster stop        # stops exactly the daemons it started
@@ -51,6 +53,7 @@ from .common import ClusterError, say
 from .k8s_build import build_all, build_in_progress, build_log_path, cache_bin
 from .k8s_daemons import (
     Daemon,
+    NodeShape,
     daemons,
     kill_node,
     ready_nodes,
@@ -87,7 +90,8 @@ def cmd_start(args: argparse.Namespace) -> None:
         bin_dir = cache_bin()
         if not (bin_dir / "kube-apiserver").exists() or shutil.which("etcd") is None:
             raise ClusterError(f"the control plane is not installed ({bin_dir}): run `scripts/k8s-cluster install`")
-        all_daemons = daemons(lay, port, bin_dir)
+        shape = NodeShape(gpus=args.node_gpus, efa=args.node_efa, images=tuple(args.node_image or ()))
+        all_daemons = daemons(lay, port, bin_dir, shape)
         running = {d.name for d in all_daemons if d.pid_file.live_pid() is not None}
         if len(running) == len(all_daemons):
             say(f"already running under {lay.base}")
@@ -197,6 +201,13 @@ def parser() -> argparse.ArgumentParser:
     start.add_argument("--fresh", action="store_true", help="start empty: forget every object of earlier starts")
     start.add_argument("--nodes", type=int, default=0, help="node agents (kubelet stand-ins), each in its own "
                        "network namespace (needs root); default 0")
+    start.add_argument("--node-gpus", type=int, default=0, help="nvidia.com/gpu each node offers (a count: no "
+                       "device is behind it); default 0")
+    start.add_argument("--node-efa", type=int, default=0, help="vpc.amazonaws.com/efa each node offers (a count); "
+                       "default 0")
+    start.add_argument("--node-image", action="append", metavar="PATTERN", help="an image the nodes can pull "
+                       "(fnmatch pattern, repeatable); a pod of any other image waits in ErrImagePull and "
+                       "ImagePullBackOff; default: every image")
     kill = verbs.add_parser("kill-node", help="SIGKILL one node's agent and its pods' processes")
     kill.add_argument("node")
     verbs.add_parser("status", help="daemons and /readyz; exit 0 running, 3 stopped")

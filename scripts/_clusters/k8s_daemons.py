@@ -35,6 +35,20 @@ class Daemon:
     pid_file: PidFile  # checked before a signal is sent
 
 
+@dataclass(frozen=True)
+class NodeShape:
+    """What every node agent offers besides its CPUs and memory (`start --node-gpus/--node-efa/--node-image`): the
+    extended resources EKS's device plugins advertise (counts only: no device is behind them), and the images
+    it can pull (fnmatch patterns; none given: every image)."""
+
+    gpus: int = 0
+    efa: int = 0
+    images: tuple[str, ...] = ()
+
+    def argv(self) -> tuple[str, ...]:
+        return (f"--gpus={self.gpus}", f"--efa={self.efa}", *(f"--images={pattern}" for pattern in self.images))
+
+
 def daemon(lay: Layout, argv: tuple[str, ...], *markers: str, name: str | None = None) -> Daemon:
     """A daemon whose markers are arguments only this cluster's instance was started with; its comm is its
     program's name (a node agent's is Python's, so any)."""
@@ -42,7 +56,7 @@ def daemon(lay: Layout, argv: tuple[str, ...], *markers: str, name: str | None =
     return Daemon(name, argv, PidFile(lay.pid_file(name), None if argv[0] == "nsenter" else name, markers))
 
 
-def daemons(lay: Layout, port: int, bin_dir: Path) -> list[Daemon]:
+def daemons(lay: Layout, port: int, bin_dir: Path, shape: NodeShape = NodeShape()) -> list[Daemon]:
     """The four daemons in start order (stopped in reverse), each bound to 127.0.0.1 only (the apiserver: to the
     bridge where there are nodes), then the node agents. Ports: the apiserver's, +1 controller-manager,
     +2 scheduler, +3 etcd's clients, +4 etcd's peers."""
@@ -55,7 +69,7 @@ def daemons(lay: Layout, port: int, bin_dir: Path) -> list[Daemon]:
                    f"--kubeconfig={controller_kubeconfig}"),
             daemon(lay, scheduler_argv(lay, port, bin_dir), f"--secure-port={port + 2}",
                    f"--kubeconfig={scheduler_kubeconfig}"),
-            *(node_agent(lay, k) for k in range(1, lay.nodes + 1))]
+            *(node_agent(lay, k, shape) for k in range(1, lay.nodes + 1))]
 
 
 def etcd_url(port: int) -> str:
@@ -115,13 +129,15 @@ def agent_python() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
-def node_agent(lay: Layout, k: int) -> Daemon:
-    """nodeK's agent, started in nodeK's network namespace (its pods' processes inherit it)."""
+def node_agent(lay: Layout, k: int, shape: NodeShape = NodeShape()) -> Daemon:
+    """nodeK's agent, started in nodeK's network namespace (its pods' processes inherit it); `shape` changes
+    only its arguments after the markers, so stopping it needs none."""
     node, pki, root = f"node{k}", lay.pki, lay.node_root(f"node{k}")
     argv = (agent_python(), str(NODE_AGENT), f"--kubeconfig={lay.base / f'{node}.kubeconfig'}",
             f"--dns-kubeconfig={lay.base / 'cluster-dns.kubeconfig'}", f"--node={node}",
             f"--address={lay.net.address(k)}", f"--port={NODE_AGENT_PORT}", f"--tls-cert={pki / f'{node}.crt'}",
-            f"--tls-key={pki / f'{node}.key'}", f"--client-ca={pki / 'ca.crt'}", f"--root={root}")
+            f"--tls-key={pki / f'{node}.key'}", f"--client-ca={pki / 'ca.crt'}", f"--root={root}",
+            *shape.argv())
     return daemon(lay, tuple(in_namespace(lay.net, k, list(argv))), f"--root={root}", name=node)
 
 

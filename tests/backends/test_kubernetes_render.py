@@ -4,6 +4,7 @@ rank layout and rendezvous, secrets only by reference, the PyTorchJob, and the J
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -11,7 +12,8 @@ import yaml
 from bcp_pipeline.backends.contract import JobRequest, JobState
 from bcp_pipeline.backends.kubernetes.backend import KubernetesBackend
 from bcp_pipeline.backends.kubernetes.states import pytorchjob_status, status_of
-from bcp_pipeline.backends.kubernetes.render import job_name, manifests, printable
+from bcp_pipeline.backends.kubernetes.render import (POD_LAUNCHER, TIME_LIMIT_EXIT, TIME_LIMITER, job_name,
+    manifests, printable, time_limited)
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.submitter import planned_requests
@@ -54,12 +56,17 @@ def test_indexed_job_shape_rendezvous_and_secrets_by_reference() -> None:
     assert service["spec"]["clusterIP"] == "None" and service["metadata"]["name"] == name
     spec = job["spec"]
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 2, 2)  # demo: 2 x 2
-    assert spec["activeDeadlineSeconds"] == 3600  # bcp.total_runtime 1h
-    assert spec["podFailurePolicy"]["rules"][0] == {"action": "Ignore",
-                                                    "onPodConditions": [{"type": "DisruptionTarget"}]}
+    # The time limit (bcp.total_runtime 1h) is kept by the container from its start, not by activeDeadlineSeconds
+    # (which would count the time spent queued); its exit code fails the Job at once (read as timed out).
+    assert "activeDeadlineSeconds" not in spec
+    assert spec["podFailurePolicy"]["rules"][:2] == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+        {"action": "FailJob", "onExitCodes": {"containerName": "stage", "operator": "In", "values": [TIME_LIMIT_EXIT]}}]
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == name and pod["restartPolicy"] == "Never"
     container = pod["containers"][0]
+    assert container["command"][:5] == ["bash", "-c", TIME_LIMITER, "bcp-pipeline-time-limit", "3600"]
+    assert container["command"][5:8] == ["bash", "-c", POD_LAUNCHER]  # the pod's processes, under the timer
     env = {e["name"]: e for e in container["env"]}
     assert env["WORLD_SIZE"]["value"] == "4" and env["BCP_PIPELINE_PROCESSES"]["value"] == "2"
     assert env["MASTER_ADDR"]["value"] == f"{name}-0.{name}"
@@ -130,6 +137,61 @@ def test_pytorchjob_conditions_map_to_states() -> None:
     deadline["status"]["conditions"][-1].update(reason="PyTorchJobFailed", message="PyTorchJob p has failed because "
                                                 "it was active longer than specified deadline")
     assert pytorchjob_status(deadline).state is JobState.TIMED_OUT
+    # The operator's condition for a replica that exited names no exit code: a pod's time limit (its exit code)
+    # makes the failure a time-out; any other exit code leaves it failed.
+    failed = obj("Created", "Running", "Failed")
+    failed["status"]["conditions"][-1].update(message="PyTorchJob p is failed because 1 Master replica(s) failed.")
+
+    def ended_pod(code: int) -> client.V1Pod:
+        return client.V1Pod(status=client.V1PodStatus(container_statuses=[client.V1ContainerStatus(
+            name="pytorch", image="i", image_id="", ready=False, restart_count=0,
+            state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=code)))]))
+
+    timed_out = pytorchjob_status(failed, [ended_pod(0), ended_pod(TIME_LIMIT_EXIT)])
+    assert (timed_out.state, timed_out.native) == (JobState.TIMED_OUT, "FAILED/TIMELIMIT")
+    assert pytorchjob_status(failed, [ended_pod(1)]).state is JobState.FAILED
+    assert pytorchjob_status(failed).state is JobState.FAILED
+
+
+def test_a_pytorchjob_keeps_its_time_limit_in_its_pods() -> None:
+    """No runPolicy.activeDeadlineSeconds (it counts from the job's start, queue included): torchrun runs under
+    the container's timer, whose exit states.py reads as timed out."""
+    backend, request = request_for("pretrain", "pretrain.kubernetes.launcher=pytorchjob",
+                                   "pretrain.kubernetes.active_deadline=2h")
+    (job,) = backend.render(request).payload["manifests"]
+    assert "activeDeadlineSeconds" not in job["spec"]["runPolicy"]
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert container["command"][:5] == ["bash", "-c", TIME_LIMITER, "bcp-pipeline-time-limit", "7200"]
+    assert container["command"][6:8] == ["-m", "torch.distributed.run"]
+
+
+def test_the_time_limiter_ends_a_stage_at_its_limit_and_passes_exit_codes_on(tmp_path) -> None:
+    """TIME_LIMITER itself, run by bash: the limit counts from its start and ends every process of the container
+    (the pod's ranks too) with TIME_LIMIT_EXIT; an earlier exit passes its status on, a program's own
+    TIME_LIMIT_EXIT becoming 1 so it cannot pass for a time-out."""
+    import os
+    import subprocess
+    import time
+
+    def run(command: list[str], limit: int, **env: str) -> tuple[int, float, str]:
+        started = time.monotonic()
+        done = subprocess.run(time_limited(command, limit), capture_output=True, text=True, timeout=60,
+                              start_new_session=True, env={**os.environ, **env})
+        return done.returncode, time.monotonic() - started, done.stderr
+
+    pids = tmp_path / "pids"
+    ranks = ["bash", "-c", POD_LAUNCHER, "pod", "bash", "-c", f"echo $$ >> {pids}; exec sleep 60"]
+    code, took, said = run(ranks, 2, BCP_PIPELINE_PROCESSES="2", JOB_COMPLETION_INDEX="0")
+    assert code == TIME_LIMIT_EXIT and 2 <= took < 10 and "time limit of 2 s" in said, (code, took, said)
+    time.sleep(0.5)
+    for pid in pids.read_text().split():  # both ranks ended (at most a zombie awaiting its new parent)
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split()[2] in "ZX", stat.read_text()
+    assert run(["bash", "-c", "exit 3"], 30)[0] == 3
+    assert run(["true"], 30)[0] == 0
+    code, _, said = run(["bash", "-c", f"exit {TIME_LIMIT_EXIT}"], 30)
+    assert code == 1 and "reported as 1" in said
+    assert time_limited(["true"], None) == ["true"]  # no limit, no timer
 
 
 def test_plan_prints_manifests_without_yaml_anchors():

@@ -10,7 +10,7 @@ import pytest
 
 from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.backends.kubernetes.states import STATE_MAP, native_state, ready_node_names, status_of
-from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
+from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION, TIME_LIMIT_EXIT
 
 client = pytest.importorskip("kubernetes.client")
 T0 = datetime.datetime(2026, 11, 26, tzinfo=datetime.timezone.utc)
@@ -162,6 +162,28 @@ def test_a_pod_that_cannot_start_says_why_and_an_unpullable_image_fails_the_job(
     assert status_of(job(), pulling, {"node2"}, now=now + 301).native == "NODE-LOST"
     # A decided Job is decided whatever its pods say.
     assert status_of(job(("Complete", "True", "")), pulling, {"node1"}, now=now + 301).state is JobState.SUCCEEDED
+
+
+def test_the_image_pull_grace_is_the_backends_option():
+    """backends.kubernetes.image_pull_grace (default 5 minutes) decides when an image that does not come fails."""
+    now = T0.timestamp()
+    pulling = [waiting_pod("p0", waiting="ErrImagePull")]
+    assert status_of(job(), pulling, {"node1"}, now=now + 20, image_pull_grace=30).native == "PENDING/IMAGEPULL"
+    late = status_of(job(), pulling, {"node1"}, now=now + 31, image_pull_grace=30)
+    assert (late.state, late.native) == (JobState.FAILED, "FAILED/IMAGEPULL") and "for 31 s" in late.detail
+
+
+def test_a_pods_time_limit_ends_the_job_as_timed_out():
+    """The time-limit rule's FailJob (the container's own timer, render.TIME_LIMITER) reads as timed out, which a
+    continuation continues; the Job controller's message names the exit code, so no other rule's reads so."""
+    limited = client.V1Job(metadata=client.V1ObjectMeta(name="run-pretrain-a1"), status=client.V1JobStatus(conditions=[
+        client.V1JobCondition(type="Failed", status="True", reason="PodFailurePolicy",
+                              message="Container stage for pod ns/run-pretrain-a1-0-x7k2p failed with exit code "
+                                      f"{TIME_LIMIT_EXIT} matching FailJob rule at index 1")]))
+    status = status_of(limited, [], {"node1"})
+    assert (status.state, status.native) == (JobState.TIMED_OUT, "FAILED/TIMELIMIT")
+    assert "exit code 124" in status.detail
+    assert STATE_MAP["FAILED/TIMELIMIT"] is JobState.TIMED_OUT
 
 
 def test_a_disrupted_pod_of_a_gang_ends_the_attempt_as_lost():

@@ -27,8 +27,8 @@ from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
 from bcp_pipeline.engine.state import RunState, RunStore, StageStatus
 from bcp_pipeline.errors import BackendCallError
 from support.cli import cli
-from support.k8s_cluster import (K8sCluster, install_pytorchjob_crd, k8s_cluster, pytorchjob_crd_file,  # noqa: F401
-                                 skip_unless_required)
+from support.k8s_cluster import (NODE_GPUS, K8sCluster, install_pytorchjob_crd, k8s_cluster,  # noqa: F401
+                                 pytorchjob_crd_file, skip_unless_required)
 from support.pipeline_fixtures import K8S_CHAIN, REPO, start_orchestrator, wait_for, write_chain_project
 from support.pipeline_fixtures import DEMO_SPREAD as SPREAD  # (pods, processes per pod)
 
@@ -134,9 +134,12 @@ def submit_demo_stage(cluster: K8sCluster, root: Path, stage: str, overrides: li
 
 
 def test_a_pod_the_scheduler_cannot_place_is_shown_with_its_reason(k8s_cluster: K8sCluster,  # noqa: F811
-                                                                    workspace: Path, tmp_path: Path) -> None:
-    """The real kube-scheduler's own message for a GPU request no node can meet (the nodes have no GPUs)."""
-    backend, job_id = submit_demo_stage(k8s_cluster, tmp_path / "gpu", "sample", ["sample.kubernetes.gpus=1"])
+                                                                    workspace: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """The real kube-scheduler's own message for a GPU request no node can meet (each node has NODE_GPUS), in the
+    job's status and in `status` of a run."""
+    backend, job_id = submit_demo_stage(k8s_cluster, tmp_path / "gpu", "sample",
+                                        [f"sample.kubernetes.gpus={NODE_GPUS + 1}"])
     try:
         deadline = time.monotonic() + 60
         while (status := backend.poll([job_id])[job_id]).native != "PENDING/UNSCHEDULABLE":
@@ -147,6 +150,61 @@ def test_a_pod_the_scheduler_cannot_place_is_shown_with_its_reason(k8s_cluster: 
         assert "Insufficient nvidia.com/gpu" in status.detail, status.detail
     finally:
         backend.cancel([job_id])
+    # The same through a run: `status` shows the stage's job waiting, with the scheduler's message.
+    config = demo_project(tmp_path / "gpu-run", "kubernetes", k8s_cluster.kubeconfig)
+    orchestrator = start_orchestrator(config, "run", "demo", "--only", "sample", "--set",
+                                      f"sample.kubernetes.gpus={NODE_GPUS + 1}")
+    STARTED.append(orchestrator)
+
+    def shown() -> str | None:
+        capsys.readouterr()
+        cli(config, "status")
+        out = capsys.readouterr().out
+        return out if "PENDING/UNSCHEDULABLE" in out else None
+
+    out = wait_for(shown, timeout=60, what="status showing the unschedulable job")
+    assert "Insufficient nvidia.com/gpu" in out, out
+    assert cli(config, "cancel", RunStore(config.parent / ".bcp-pipeline").latest().run_id) == 0
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_stage_with_its_reason(k8s_cluster: K8sCluster,  # noqa: F811
+                                                                        workspace: Path, tmp_path: Path) -> None:
+    """The node agent cannot pull the image (not among the cluster's pullable images): the pod waits in
+    ErrImagePull/ImagePullBackOff, the job reads as queued, saying so, then fails once
+    backends.kubernetes.image_pull_grace has passed, and the run's stage fails with the kubelet's reason."""
+    image = "registry.example/private/trainer:1"
+    config = demo_project(tmp_path / "pull", "kubernetes", k8s_cluster.kubeconfig)
+    overrides = ["--set", f"sample.kubernetes.image={image}", "--set", "backends.kubernetes.image_pull_grace=6s"]
+    started = time.monotonic()
+    assert cli(config, "run", "demo", "--only", "sample", *overrides) == 1
+    took = time.monotonic() - started
+    state = RunStore(config.parent / ".bcp-pipeline").latest()
+    stage = state.stages["sample"]
+    assert stage.status is StageStatus.FAILED
+    job = stage.jobs[-1]
+    assert (job.state, job.native) == ("failed", "FAILED/IMAGEPULL"), job
+    assert image in job.detail and ("ErrImagePull" in job.detail or "ImagePullBackOff" in job.detail), job.detail
+    assert "image_pull_secrets" in job.detail, job.detail
+    assert 6 < took < 60, took  # the grace, not the 5-minute default
+
+
+SHM_SIZE = "import os; s = os.statvfs('/dev/shm'); print('shm', s.f_blocks * s.f_frsize)"
+
+
+def test_a_pods_dev_shm_is_the_runtimes_64_mib_or_the_rendered_size(k8s_cluster: K8sCluster,  # noqa: F811
+                                                                    workspace: Path, tmp_path: Path) -> None:
+    """A stage program's /dev/shm: 64 MiB where nothing is rendered for it (one process, no GPU), the memory
+    emptyDir's size with `shm_size`."""
+    seen = {}
+    for label, extra in {"default": [], "sized": ["sample.kubernetes.shm_size=96Mi"]}.items():
+        backend, job_id = submit_demo_stage(k8s_cluster, tmp_path / f"shm-{label}", "sample", [
+            "sample.kubernetes.replicas=1", "sample.kubernetes.processes=1",
+            f"sample.kubernetes.command=[{sys.executable}, -c, \"{SHM_SIZE}\"]", *extra])
+        wait_for(lambda backend=backend, job_id=job_id: (lambda s: s if s.state.finished else None)(
+            backend.poll([job_id])[job_id]), timeout=60, what=f"the {label} job's end")
+        assert backend.poll([job_id])[job_id].state is JobState.SUCCEEDED
+        seen[label] = backend.logs(job_id).split()
+    assert seen == {"default": ["shm", str(64 * 2**20)], "sized": ["shm", str(96 * 2**20)]}
 
 
 def test_an_evicted_pod_of_a_training_gang_ends_the_attempt_as_lost(k8s_cluster: K8sCluster,  # noqa: F811
@@ -398,7 +456,7 @@ def resume_to_the_reference(config: Path, reference: Path, folder: Path, orchest
     return state
 
 
-def test_a_deadline_and_a_failed_program_map_to_timed_out_and_failed(
+def test_a_time_limit_and_a_failed_program_map_to_timed_out_and_failed(
         k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path) -> None:  # noqa: F811
     from bcp_pipeline.backends.contract import JobState
     from bcp_pipeline.backends.registry import make_backend
@@ -420,11 +478,43 @@ def test_a_deadline_and_a_failed_program_map_to_timed_out_and_failed(
 
         ended[label] = backend, job_id, wait_for(finished, timeout=90, what=f"the {label} job's end")
     backend, job_id, status = ended["deadline"]
-    assert (status.state, status.native) == (JobState.TIMED_OUT, "FAILED/DEADLINEEXCEEDED"), status
+    # The pod's own timer ended it (render.TIME_LIMITER), and the pod failure policy failed the Job at once.
+    assert (status.state, status.native) == (JobState.TIMED_OUT, "FAILED/TIMELIMIT"), status
+    assert "exit code 124" in status.detail, status.detail
+    assert "time limit of 2 s" in backend.failure_detail(job_id, status)
     backend, job_id, status = ended["exit3"]
     assert (status.state, status.native) == (JobState.FAILED, "FAILED/BACKOFFLIMITEXCEEDED"), status
     detail = backend.failure_detail(job_id, status)
     assert "exited 3" in detail and "about to fail" in detail, detail
+
+
+def test_time_spent_waiting_for_capacity_is_not_taken_from_the_time_limit(
+        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Every GPU of both nodes held by a first job, a stage with a 6 s limit that runs 3 s waits unschedulable for
+    longer than its limit; once the GPUs are freed it runs, and succeeds: its limit counts from its pod's start
+    (activeDeadlineSeconds would have failed it in the queue)."""
+    holder, held = submit_demo_stage(k8s_cluster, tmp_path / "holder", "sample", [
+        "sample.kubernetes.replicas=2", "sample.kubernetes.processes=1", f"sample.kubernetes.gpus={NODE_GPUS}",
+        "sample.kubernetes.command=[sleep, '600']"])
+    try:
+        wait_for(lambda: holder.poll([held])[held].native == "RUNNING" and (lambda pods: len(pods) == 2 and all(
+            p.status.phase == "Running" for p in pods))(client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
+                NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={held}").items),
+            timeout=60, what="both GPU-holding pods running")
+        backend, job_id = submit_demo_stage(k8s_cluster, tmp_path / "waiter", "sample", [
+            "sample.kubernetes.replicas=1", "sample.kubernetes.processes=1", f"sample.kubernetes.gpus={NODE_GPUS}",
+            "sample.kubernetes.active_deadline=6s", "sample.kubernetes.command=[bash, -c, 'sleep 3; echo in time']"])
+        waited_from = time.monotonic()
+        while time.monotonic() - waited_from < 9:  # longer than the limit, waiting for capacity
+            status = backend.poll([job_id])[job_id]
+            assert (status.state, status.native) == (JobState.QUEUED, "PENDING/UNSCHEDULABLE"), status
+            time.sleep(1)
+    finally:
+        holder.cancel([held])
+    status = wait_for(lambda: (lambda s: s if s.state.finished else None)(backend.poll([job_id])[job_id]),
+                      timeout=90, what="the waiting job's end")
+    assert status.state is JobState.SUCCEEDED and status.native in ("COMPLETE", "SUCCESSCRITERIAMET"), status
+    assert backend.logs(job_id).strip() == "in time"
 
 
 def test_a_killed_pod_process_fails_the_stage_then_resume_matches_a_local_run(k8s_cluster: K8sCluster,  # noqa: F811

@@ -1,29 +1,50 @@
 """A STAND-IN for the kubelet, for the test cluster of scripts/k8s-cluster (no container runtime or images exist
 on the test machine, so no real kubelet can run there). One agent is one Node:
 
-- it registers the Node (its address, CPU, memory and pod capacity, its log port), removes the
-  `node.kubernetes.io/not-ready` taint the apiserver puts on a new Node, keeps its Lease in kube-node-lease
-  renewed and its Ready condition fresh, so the real controller-manager and scheduler treat it as a node;
-- it runs each pod bound to it (by the real scheduler) as a process: the first container's `command` + `args`
-  (no image is pulled: the command runs on this machine, with the machine's PATH under the pod's `env`), with
-  `env` values, `fieldRef`s (e.g. the completion index annotation of an Indexed Job's pod) and `secretKeyRef`s
-  resolved; Secret volumes written as files (0600) and PersistentVolumeClaims bound to a `hostPath` or `local`
-  PersistentVolume bind-mounted at their `mountPath`, in a private mount namespace of the pod; the pod's host name
-  set in a UTS namespace and resolvable, with every pod's `hostname.subdomain` (a headless Service's DNS names,
-  as cluster DNS would give them) and a headless Service's own name (its endpoint: the training operator's
-  per-replica Services), through a hosts file bind-mounted over /etc/hosts;
-- it patches the pod's status (Running, then Succeeded/Failed with the container's exit code or signal), kills
-  the process group on deletion (SIGTERM, SIGKILL after the grace period) and then removes the pod;
+- it registers the Node (its address, CPU, memory and pod capacity, and, with --gpus/--efa, `nvidia.com/gpu` and
+  `vpc.amazonaws.com/efa` capacity as EKS's device plugins advertise it: counts only, no device is behind them;
+  the real scheduler places pods by them), removes the `node.kubernetes.io/not-ready` taint the apiserver puts on
+  a new Node, keeps its Lease in kube-node-lease renewed and its Ready condition fresh, so the real
+  controller-manager and scheduler treat it as a node;
+- IMAGES: no image is pulled, but the agent knows which images its node "can pull": those matching an --images
+  fnmatch pattern (default `*`: every image). A pod of another image never runs: its container waits as the
+  kubelet's does, `ErrImagePull` (with a message naming the image) at each try and `ImagePullBackOff` between
+  tries (the kubelet's back-off, 10 s doubling to 300 s), the pod Pending with its startTime set; a name no
+  runtime can parse waits in `InvalidImageName` for good;
+- it runs each other pod bound to it (by the real scheduler) as a process: the first container's `command` +
+  `args` (the command runs on this machine), in a private mount and UTS namespace of the pod:
+  - ENVIRONMENT: exactly the container's `env` as rendered, resolved as the kubelet does (in order, `$(VAR)` in a
+    `value` expanded over the entries before it, `$$` an escaped `$`, an undefined reference kept as written;
+    `fieldRef`s such as the completion index annotation of an Indexed Job's pod, `secretKeyRef`s read), and
+    `$(VAR)` in `command` and `args` expanded over it; under it only what a container runtime adds, HOSTNAME and
+    PATH (the image's ENV PATH, for which this machine's stands in). Nothing else of the agent's environment
+    reaches the process. The kubelet's service-link variables (KUBERNETES_SERVICE_HOST, ...) are not set: a
+    real container has more variables, never fewer;
+  - /dev/shm: a tmpfs of its own in the pod's mount namespace, 64 MiB (a container runtime's default), as on a
+    real node; a memory `emptyDir` is a tmpfs too, sized as the kubelet sizes it (the pod's memory limit, else
+    the node's allocatable memory; its sizeLimit where that is smaller), so one mounted at /dev/shm replaces the
+    64 MiB;
+  - Secret volumes written as files (0600) and PersistentVolumeClaims bound to a `hostPath` or `local`
+    PersistentVolume bind-mounted at their `mountPath`; a disk `emptyDir` is a folder of the pod's;
+  - the pod's host name set and resolvable, with every pod's `hostname.subdomain` (a headless Service's DNS
+    names, as cluster DNS would give them) and a headless Service's own name (its endpoint: the training
+    operator's per-replica Services), through a hosts file bind-mounted over /etc/hosts;
+- it patches the pod's status (Running, then Succeeded/Failed with the container's exit code or signal; when
+  the container's main process ends, what it left running is killed, as a container's processes end with it),
+  kills the process group on deletion (SIGTERM, SIGKILL after the grace period) and then removes the pod;
 - it serves `/containerLogs/NAMESPACE/POD/CONTAINER` (tailLines, follow) over TLS on the node's address, so
   `kubectl logs` / `pods/log` work through the real apiserver.
 
-Pods share the node's network namespace (as with hostNetwork): a pod's IP is its node's address. Only
-`restartPolicy: Never` is honoured (a failed container is never restarted here). The agent runs as the node's own
-identity (a client certificate of `system:node:NAME` in `system:nodes`), so the apiserver's Node authorizer decides
-what it may touch, as for a real kubelet.
+Where it differs from a real node, and why it is never kinder: the process sees this machine's files beyond its
+mounts (there is no image root to give it); pods share the node's network namespace (as with hostNetwork: a
+pod's IP is its node's address); only `restartPolicy: Never` is honoured (a failed container is never
+restarted); GPUs and EFA devices are counts the scheduler uses, with nothing to open behind them. The agent runs
+as the node's own identity (a client certificate of `system:node:NAME` in `system:nodes`), so the apiserver's
+Node authorizer decides what it may touch, as for a real kubelet.
 
     python tests/fakes/k8s_node_agent.py --kubeconfig NODE.kubeconfig --node node1 --address 198.18.x.11 \
-        --port 10250 --tls-cert node1.crt --tls-key node1.key --client-ca ca.crt --root DIR
+        --port 10250 --tls-cert node1.crt --tls-key node1.key --client-ca ca.crt --root DIR \
+        [--gpus 8 --efa 4] [--images 'nvcr.io/*' --images 'python:*']
 """
 
 from __future__ import annotations
@@ -31,10 +52,12 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
+import fnmatch
 import http.server
 import json
 import logging
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -53,22 +76,72 @@ LEASE_RENEW_S = 2.0
 STATUS_REFRESH_S = 5.0
 AUTHORIZER_LAG_S = 15.0
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"  # the extended resources EKS's device plugins advertise
+SHM_DEFAULT_BYTES = 64 * 1024 * 1024  # a container runtime's /dev/shm (containerd, CRI-O, Docker: 64 MiB)
+# The kubelet's image pull back-off (pkg/kubelet/images: 10 s doubling to 300 s between tries).
+PULL_BACKOFF_S, PULL_BACKOFF_MAX_S = 10.0, 300.0
+# An image reference as the container runtime parses it (distribution's reference grammar, simplified): what fails
+# it is InvalidImageName, never pulled.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = re.compile(rf"^(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+                             r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z]"
+                             r"[A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+QUANTITY = re.compile(r"^([0-9.]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+QUANTITY_FACTORS = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+                    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 # Runs first in the pod's new UTS + mount namespaces: host name, /etc/hosts, the volumes, then the command.
 POD_INIT = """
 import json, os, socket, subprocess, sys
 spec = json.loads(sys.argv[1])
 socket.sethostname(spec["hostname"])
 subprocess.run(["mount", "--bind", spec["hosts"], "/etc/hosts"], check=True)
-for source, target, read_only in spec["mounts"]:
+for mount in spec["mounts"]:
+    target = mount["target"]
     os.makedirs(target, exist_ok=True)
-    subprocess.run(["mount", "--bind", source, target], check=True)
-    if read_only:
+    if mount.get("tmpfs_bytes") is not None:  # the pod's /dev/shm, or a memory emptyDir: a tmpfs of its size
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mount['tmpfs_bytes']},mode={mount['mode']}",
+                        mount["name"], target], check=True)
+    else:
+        subprocess.run(["mount", "--bind", mount["source"], target], check=True)
+    if mount["read_only"]:
         subprocess.run(["mount", "-o", "remount,bind,ro", target], check=True)
 os.chdir(spec["workdir"])
 os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
 """
 
 log = logging.getLogger("k8s-node-agent")
+
+
+def quantity_bytes(text: str) -> int:
+    """A Kubernetes quantity ("64Mi", "1G", "512") in bytes, rounded up as the API rounds memory."""
+    match = QUANTITY.match(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a quantity the node agent stand-in reads")
+    value = float(match.group(1)) * QUANTITY_FACTORS[match.group(2)]
+    return int(value) + (value > int(value))
+
+
+def expand(text: str, values: dict[str, str]) -> str:
+    """The kubelet's `$(VAR)` expansion of env values, command and args (third_party/forked/golang/expansion):
+    `$(NAME)` becomes the variable where it is defined and stays as written where not; `$$` is one `$`."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] != "$" or i + 1 == len(text):
+            out.append(text[i])
+            i += 1
+            continue
+        follow = text[i + 1]
+        if follow == "$":
+            out.append("$")
+            i += 2
+        elif follow == "(" and (end := text.find(")", i + 2)) != -1:
+            name = text[i + 2:end]
+            out.append(values.get(name, f"$({name})"))
+            i = end + 1
+        else:  # an operator that begins no reference (or an unclosed one): kept as written
+            out.append(text[i:i + 2])
+            i += 2
+    return "".join(out)
 
 
 def now() -> datetime.datetime:
@@ -88,6 +161,10 @@ class RunningPod:
     kill_at: float | None = None
     reported: bool = False  # its exit is in the pod's status
     hostname: str = ""
+    image: str = ""
+    pull_failures: int = 0  # tries at pulling an image this node cannot pull (the container never starts)
+    next_pull_at: float | None = None  # the next try, after the back-off
+    backoff_at: float | None = None  # when the pod's waiting reason turns from ErrImagePull to ImagePullBackOff
 
 
 @dataclass
@@ -101,6 +178,9 @@ class Agent:
     core: client.CoreV1Api
     coordination: client.CoordinationV1Api
     discovery: client.DiscoveryV1Api  # with the DNS stand-in's identity (nodes may not list EndpointSlices)
+    gpus: int = 0  # nvidia.com/gpu capacity (the NVIDIA device plugin's count); no device is behind it
+    efa: int = 0  # vpc.amazonaws.com/efa capacity (the EFA device plugin's count); no device is behind it
+    images: tuple[str, ...] = ("*",)  # the images this node can pull (fnmatch patterns); others: ErrImagePull
     pods: dict[str, RunningPod] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)  # write_hosts takes it inside on_pod
     hosts_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -113,7 +193,7 @@ class Agent:
                 "lastTransitionTime": stamp, "message": "k8s_node_agent (kubelet stand-in) is posting ready status"}
 
     def register(self) -> None:
-        capacity = {"cpu": self.cpu, "memory": self.memory, "pods": "110"}
+        capacity = self.capacity()
         body = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node,
                                                             "kubernetes.io/os": "linux"}},
@@ -132,8 +212,17 @@ class Agent:
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            # A Node of an earlier start: its capacity as this start gives it (a real kubelet re-posts it too).
+            self.core.patch_node_status(self.node, {"status": {"capacity": capacity, "allocatable": capacity}})
         self.refresh_status()
         self.remove_not_ready_taint()
+
+    def capacity(self) -> dict[str, str]:
+        """CPU, memory and pods; GPUs and EFA devices as the device plugins advertise them, where this node has
+        some (an EKS p4de: 8 and 4), so the real scheduler counts them as it does on EKS."""
+        extended = {GPU: self.gpus, EFA: self.efa}
+        return {"cpu": self.cpu, "memory": self.memory, "pods": "110",
+                **{name: str(count) for name, count in extended.items() if count}}
 
     def refresh_status(self) -> None:
         self.core.patch_node_status(self.node, {"status": {"conditions": [self.ready_condition()]}})
@@ -174,10 +263,13 @@ class Agent:
         return self.root / "pods" / uid
 
     def resolve_env(self, pod: client.V1Pod, container: client.V1Container) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOSTNAME": pod.spec.hostname or pod.metadata.name}
+        """The container's `env` as the kubelet resolves it: in order, a `value`'s `$(VAR)` expanded over the
+        entries before it, `fieldRef`s and `secretKeyRef`s read. Nothing of this machine's environment: what the
+        runtime adds is runtime_env's."""
+        env: dict[str, str] = {}
         for var in container.env or []:
             if var.value_from is None:
-                env[var.name] = var.value or ""
+                env[var.name] = expand(var.value or "", env)
             elif var.value_from.field_ref is not None:
                 env[var.name] = self.field_value(pod, var.value_from.field_ref.field_path)
             elif var.value_from.secret_key_ref is not None:
@@ -185,6 +277,13 @@ class Agent:
                 secret = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
                 env[var.name] = base64.b64decode((secret.data or {})[ref.key]).decode()
         return env
+
+    @staticmethod
+    def runtime_env(pod: client.V1Pod) -> dict[str, str]:
+        """What the container runtime sets under the pod's `env`: HOSTNAME, and PATH, the image's (ENV PATH), for
+        which this machine's stands in (no image exists here). The kubelet's service-link variables
+        (KUBERNETES_SERVICE_HOST, ...) are not set: a real container has more variables than this, never fewer."""
+        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOSTNAME": pod.spec.hostname or pod.metadata.name}
 
     def field_value(self, pod: client.V1Pod, path: str) -> str:
         simple = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
@@ -198,9 +297,10 @@ class Agent:
                 return (values or {}).get(path[len(prefix) + 2:-2], "")
         raise ValueError(f"fieldRef {path!r} is not supported by the node agent stand-in")
 
-    def volume_sources(self, pod: client.V1Pod) -> dict[str, str]:
-        """Each volume of the pod as a folder on this machine: a Secret's keys as files, a PVC's bound PV."""
-        sources: dict[str, str] = {}
+    def volume_sources(self, pod: client.V1Pod) -> dict[str, dict[str, Any]]:
+        """Each volume of the pod as what is mounted: a folder on this machine (`source`: a Secret's keys as
+        files, a PVC's bound PV, a disk emptyDir) or a tmpfs (`tmpfs_bytes`: a memory emptyDir)."""
+        sources: dict[str, dict[str, Any]] = {}
         for volume in pod.spec.volumes or []:
             if volume.secret is not None:
                 folder = self.pod_dir(pod.metadata.uid) / "volumes" / volume.name
@@ -210,7 +310,7 @@ class Agent:
                     path = folder / key
                     path.write_bytes(base64.b64decode(value))
                     path.chmod(0o600)
-                sources[volume.name] = str(folder)
+                sources[volume.name] = {"source": str(folder)}
             elif volume.persistent_volume_claim is not None:
                 claim = self.core.read_namespaced_persistent_volume_claim(
                     volume.persistent_volume_claim.claim_name, pod.metadata.namespace)
@@ -221,14 +321,50 @@ class Agent:
                 if local is None:
                     raise ValueError(f"PV {pv.metadata.name} is neither hostPath nor local")
                 Path(local.path).mkdir(parents=True, exist_ok=True)
-                sources[volume.name] = local.path
+                sources[volume.name] = {"source": local.path}
+            elif volume.empty_dir is not None and volume.empty_dir.medium == "Memory":
+                sources[volume.name] = {"tmpfs_bytes": self.memory_volume_bytes(pod, volume.empty_dir.size_limit),
+                                        "mode": "0777"}
             elif volume.empty_dir is not None:
                 folder = self.pod_dir(pod.metadata.uid) / "volumes" / volume.name
                 folder.mkdir(parents=True, exist_ok=True)
-                sources[volume.name] = str(folder)
+                sources[volume.name] = {"source": str(folder)}
             # Projected service-account tokens and others are not provided: the manifests set
             # automountServiceAccountToken: false, and stage programs never call the API.
         return sources
+
+    def memory_volume_bytes(self, pod: client.V1Pod, size_limit: str | None) -> int:
+        """A memory emptyDir's tmpfs size as the kubelet sets it (pkg/volume/emptydir, SizeMemoryBackedVolumes):
+        the pod's memory limit (its containers' limits summed; none: the node's allocatable memory), or the
+        volume's sizeLimit where that is smaller."""
+        limits = [quantity_bytes(c.resources.limits["memory"]) for c in pod.spec.containers
+                  if c.resources and c.resources.limits and "memory" in c.resources.limits]
+        size = sum(limits) if limits else quantity_bytes(self.memory)
+        return min(size, quantity_bytes(size_limit)) if size_limit else size
+
+    def pod_mounts(self, container: client.V1Container, sources: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        """What the pod's mount namespace gets, in order: its own /dev/shm (a tmpfs of the runtime's 64 MiB, as a
+        container runtime gives every pod), then the container's volumeMounts (a memory emptyDir at /dev/shm
+        mounted over it, as on a real node)."""
+        mounts = [{"name": "shm", "target": "/dev/shm", "tmpfs_bytes": SHM_DEFAULT_BYTES, "mode": "1777",
+                   "read_only": False}]
+        for mount in container.volume_mounts or []:
+            if mount.name in sources:
+                mounts.append({"name": mount.name, "target": mount.mount_path, "read_only": bool(mount.read_only),
+                               **sources[mount.name]})
+        return mounts
+
+    def image_problem(self, image: str) -> tuple[str, str] | None:
+        """(reason, message) where the container runtime would not have the image: a name it cannot parse
+        (InvalidImageName, never retried), or one this node cannot pull (ErrImagePull: not among --images)."""
+        if not IMAGE_REFERENCE.match(image):
+            return "InvalidImageName", (f'Failed to apply default image tag "{image}": couldn\'t parse image name '
+                                        f'"{image}": invalid reference format')
+        if not any(fnmatch.fnmatchcase(image, pattern) for pattern in self.images):
+            return "ErrImagePull", (f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": '
+                                    f"k8s_node_agent (kubelet stand-in): not among the images this node can pull "
+                                    f"({', '.join(self.images)})")
+        return None
 
     def start_pod(self, pod: client.V1Pod) -> None:
         """Run the pod's first container. Its status says Running (with the pod's IP) and the hosts file names it
@@ -238,17 +374,19 @@ class Agent:
         folder.mkdir(parents=True, exist_ok=True)
         log_path = folder / f"{container.name}.log"
         running = RunningPod(uid, pod.metadata.namespace, pod.metadata.name, container.name, None, log_path, now(),
-                             hostname=pod.spec.hostname or pod.metadata.name)
+                             hostname=pod.spec.hostname or pod.metadata.name, image=container.image or "")
         self.pods[uid] = running
+        if self.pull_image(running):
+            return
         try:
             env, sources = self.pod_inputs(pod, container)
-            mounts = [(sources[m.name], m.mount_path, bool(m.read_only))
-                      for m in container.volume_mounts or [] if m.name in sources]
-            argv = [*(container.command or []), *(container.args or [])]
+            # The kubelet expands $(VAR) in command and args over the container's env (not the runtime's PATH).
+            argv = [expand(word, env) for word in [*(container.command or []), *(container.args or [])]]
             if not argv:
                 raise ValueError("the container has no command: the node agent pulls no image to take one from")
             spec = {"hostname": pod.spec.hostname or pod.metadata.name, "hosts": str(self.root / "hosts"),
-                    "mounts": mounts, "workdir": container.working_dir or "/", "argv": argv, "env": env}
+                    "mounts": self.pod_mounts(container, sources), "workdir": container.working_dir or "/",
+                    "argv": argv, "env": {**self.runtime_env(pod), **env}}
             self.patch_running(pod, container, running.started)
             self.write_hosts()
             with open(log_path, "ab") as output:
@@ -261,7 +399,56 @@ class Agent:
             self.patch_terminated(running, 128, "StartError", str(exc))
             running.reported = True
 
-    def pod_inputs(self, pod: client.V1Pod, container: client.V1Container) -> tuple[dict[str, str], dict[str, str]]:
+    def pull_image(self, running: RunningPod) -> bool:
+        """Whether the pod's image cannot be had (its container then never starts): its status says why, as the
+        kubelet's does, ErrImagePull at each try, ImagePullBackOff between tries; InvalidImageName for good."""
+        problem = self.image_problem(running.image)
+        if problem is None:
+            return False
+        reason, message = problem
+        if reason == "ErrImagePull":
+            running.pull_failures += 1
+            backoff = min(PULL_BACKOFF_S * 2 ** (running.pull_failures - 1), PULL_BACKOFF_MAX_S)
+            running.next_pull_at = time.monotonic() + backoff
+            running.backoff_at = time.monotonic() + 1.0  # the next pod sync says back-off
+        log.info("pod %s/%s: %s: %s", running.namespace, running.name, reason, message)
+        self.patch_waiting(running, reason, message)
+        return True
+
+    def retry_pull(self, running: RunningPod) -> None:
+        """A pod whose image did not come: back-off, then another try (which fails again: the node's images do
+        not change while it runs)."""
+        clock = time.monotonic()
+        if running.backoff_at is not None and clock >= running.backoff_at:
+            running.backoff_at = None
+            _, message = self.image_problem(running.image) or ("", "")
+            self.patch_waiting(running, "ImagePullBackOff", f'Back-off pulling image "{running.image}": '
+                                                            f"ErrImagePull: {message}")
+        elif running.next_pull_at is not None and clock >= running.next_pull_at:
+            self.pull_image(running)
+
+    def patch_waiting(self, running: RunningPod, reason: str, message: str) -> None:
+        """A pod whose container waits (Pending, started on its node: startTime set, not ready)."""
+        stamp = running.started.isoformat()
+        unready = f"containers with unready status: [{running.container}]"
+        conditions = [{"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": stamp},
+                      {"type": "Initialized", "status": "True", "lastTransitionTime": stamp},
+                      *({"type": kind, "status": "False", "reason": "ContainersNotReady", "message": unready,
+                         "lastTransitionTime": stamp} for kind in ("ContainersReady", "Ready"))]
+        try:
+            self.core.patch_namespaced_pod_status(running.name, running.namespace, {"status": {
+                "phase": "Pending", "hostIP": self.address, "hostIPs": [{"ip": self.address}],
+                "podIP": self.address, "podIPs": [{"ip": self.address}], "startTime": stamp,
+                "conditions": conditions,
+                "containerStatuses": [{"name": running.container, "image": running.image, "imageID": "",
+                                       "ready": False, "started": False, "restartCount": 0,
+                                       "state": {"waiting": {"reason": reason, "message": message}}}]}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def pod_inputs(self, pod: client.V1Pod, container: client.V1Container
+                   ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
         """The pod's environment and volumes. The apiserver's Node authorizer learns of a new binding a moment after
         the scheduler made it (its graph), so a 403 is retried for a while, as the kubelet does."""
         deadline = time.monotonic() + AUTHORIZER_LAG_S
@@ -309,7 +496,13 @@ class Agent:
                 if running.kill_at is not None and time.monotonic() >= running.kill_at:
                     self.signal_group(process, signal.SIGKILL)
                 continue
+            if process is None and not running.deleting and running.next_pull_at is not None:
+                self.retry_pull(running)
+                continue
             if process is not None and not running.reported:
+                # A container ends with its main process: what it left running goes too (the runtime kills the
+                # container's processes; here, the process group the agent started).
+                self.signal_group(process, signal.SIGKILL)
                 reason = "Completed" if code == 0 else ("Error" if code > 0 else "Killed")
                 self.patch_terminated(running, code if code >= 0 else 128 - code, reason)
                 running.reported = True
@@ -448,6 +641,11 @@ def log_handler(agent: Agent) -> type[http.server.BaseHTTPRequestHandler]:
             if pod is None:
                 self.send_error(404, f"no log for pod {parts[1]}/{parts[2]} on {agent.node}")
                 return
+            if pod.process is None and not pod.reported and agent.image_problem(pod.image) is not None:
+                # The kubelet's answer for a container that never started (the apiserver passes it on).
+                self.send_error(400, f'container "{pod.container}" in pod "{pod.name}" is waiting to start: '
+                                     "trying and failing to pull image")
+                return
             text = pod.log_path.read_bytes() if pod.log_path.is_file() else b""
             if "tailLines" in query:
                 count = int(query["tailLines"][0])
@@ -489,12 +687,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=10250)
     parser.add_argument("--cpu", default="8")
     parser.add_argument("--memory", default="16Gi")
+    parser.add_argument("--gpus", type=int, default=0, help=f"{GPU} capacity (no device behind it)")
+    parser.add_argument("--efa", type=int, default=0, help=f"{EFA} capacity (no device behind it)")
+    parser.add_argument("--images", action="append", default=None, metavar="PATTERN",
+                        help="an image this node can pull (fnmatch pattern; repeatable; default: every image)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api = config.new_client_from_config(config_file=args.kubeconfig)
     agent = Agent(node=args.node, address=args.address, port=args.port, root=Path(args.root), cpu=args.cpu,
                   memory=args.memory, core=client.CoreV1Api(api), coordination=client.CoordinationV1Api(api),
-                  discovery=client.DiscoveryV1Api(config.new_client_from_config(config_file=args.dns_kubeconfig)))
+                  discovery=client.DiscoveryV1Api(config.new_client_from_config(config_file=args.dns_kubeconfig)),
+                  gpus=args.gpus, efa=args.efa, images=tuple(args.images or ("*",)))
     agent.root.mkdir(parents=True, exist_ok=True)
     agent.write_hosts()
     serve_logs(agent, args.tls_cert, args.tls_key, args.client_ca)

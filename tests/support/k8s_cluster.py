@@ -1,6 +1,7 @@
 """A real Kubernetes control plane for tests (kube-apiserver, -controller-manager, -scheduler built from
 Kubernetes' source, and etcd), started through scripts/k8s-cluster with two node agents (the kubelet STAND-IN of
-tests/fakes/k8s_node_agent.py), each in its own network namespace.
+tests/fakes/k8s_node_agent.py), each in its own network namespace, each offering NODE_GPUS GPUs and NODE_EFA EFA
+devices and pulling only PULLABLE_IMAGES.
 
     def test_something(k8s_cluster: K8sCluster) -> None:
         api = k8s_cluster.api()  # a kubernetes.client.ApiClient for the cluster's admin
@@ -37,6 +38,11 @@ from support.reaper import run_when_gone
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "k8s-cluster"
 NODES = 2
+# Each node shaped as an EKS GPU node (counts only; the node agent has no device behind them), so a GPU request is
+# scheduled by the real scheduler and an over-request stays Unschedulable.
+NODE_GPUS, NODE_EFA = 2, 1
+# The images the nodes can pull (the registries the tests' pipelines name); any other gives ErrImagePull.
+PULLABLE_IMAGES = ("nvcr.io/*", "python:*")
 
 
 def script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -159,8 +165,9 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
     assert stale.returncode == 0, f"stopping a stale cluster under {base} failed:\n{stale.stderr}"
     disarm = run_when_gone([sys.executable, str(SCRIPT), "--base", str(base), "stop"])  # Ctrl-C, kill -9: stopped
     try:
-        res = script("--base", str(base), "start", "--fresh", "--nodes", str(NODES),
-                     "--port", str(cluster_port()))
+        res = script("--base", str(base), "start", "--fresh", "--nodes", str(NODES), "--port", str(cluster_port()),
+                     "--node-gpus", str(NODE_GPUS), "--node-efa", str(NODE_EFA),
+                     *(f"--node-image={pattern}" for pattern in PULLABLE_IMAGES))
         if res.returncode != 0:
             pytest.fail(f"scripts/k8s-cluster start --nodes {NODES} failed (exit {res.returncode}):\n{res.stderr}",
                         pytrace=False)

@@ -22,6 +22,7 @@ from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, is_pytorchjob, j
     manifests, printable, refuse_nemo, selector_labels, shape)
 from bcp_pipeline.backends.kubernetes.states import (completion_index, job_condition, pytorchjob_status,
     ready_node_names, status_of)
+from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.backends.shared.locks import user_writer_lock
 from bcp_pipeline.backends.shared.logs import last_lines, progress_from_logs
 from bcp_pipeline.config.model import Config, PipelineConfig
@@ -42,6 +43,7 @@ class KubernetesBackend(Backend):
         self.poll_min_seconds = options.poll_seconds
         self.status_outage_seconds = outage_seconds(options.status_outage_limit)
         self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
+        self.image_pull_grace = parse_duration(options.image_pull_grace)
         self._api: Any = None
 
     @classmethod
@@ -146,11 +148,32 @@ class KubernetesBackend(Backend):
         wanted = set(job_ids)
         jobs = [job for job in self._list_jobs() if job.metadata.name in wanted]
         pods_and_nodes = self._pods_and_nodes(jobs)  # once a poll, not once a Job
-        found = {job.metadata.name: status_of(job, *pods_and_nodes[job.metadata.name]) for job in jobs}
+        found = {job.metadata.name: self._status(job, *pods_and_nodes[job.metadata.name]) for job in jobs}
         if wanted - set(found):  # a PyTorchJob (`launcher: pytorchjob`) is not a batch/v1 Job
-            found.update({obj["metadata"]["name"]: pytorchjob_status(obj) for obj in self._list_pytorchjobs()
-                          if obj["metadata"]["name"] in wanted})
+            found.update(self._pytorchjob_statuses([obj for obj in self._list_pytorchjobs()
+                                                    if obj["metadata"]["name"] in wanted]))
         return found
+
+    def _status(self, job: Any, pods: list[Any], ready_nodes: set[str] | None) -> JobStatus:
+        return status_of(job, pods, ready_nodes, image_pull_grace=self.image_pull_grace)
+
+    def _pytorchjob_statuses(self, objects: list[dict[str, Any]]) -> dict[str, JobStatus]:
+        """Each PyTorchJob's status; a failed one's pods are listed (once a poll, by the run's label) to tell a
+        time limit's exit from a failure."""
+        statuses = {obj["metadata"]["name"]: pytorchjob_status(obj) for obj in objects}
+        if not any(status.native == "FAILED" for status in statuses.values()):
+            return statuses
+        try:
+            pods = self._core().list_namespaced_pod(self.options.namespace,
+                                                    label_selector=selector_labels(self.run_id)).items
+        except Exception as exc:  # noqa: BLE001
+            raise api_error("list pods", exc) from None
+        for obj in objects:
+            name = obj["metadata"]["name"]
+            if statuses[name].native == "FAILED":
+                statuses[name] = pytorchjob_status(obj, [p for p in pods if (p.metadata.labels or {}).get(LABEL_JOB)
+                                                         == name])
+        return statuses
 
     def _pods_and_nodes(self, jobs: list[Any]) -> dict[str, tuple[list[Any], set[str] | None]]:
         """Each Job's pods and the Ready nodes, for the Jobs no condition decides: one list of the run's pods (by
@@ -198,7 +221,7 @@ class KubernetesBackend(Backend):
             return []
         jobs = self._list_jobs(stage, kind)
         found = self._pods_and_nodes(jobs)
-        return [job.metadata.name for job in jobs if not status_of(job, *found[job.metadata.name]).state.finished]
+        return [job.metadata.name for job in jobs if not self._status(job, *found[job.metadata.name]).state.finished]
 
     def find_submitted(self, run_id: str, stage: str, kind: str) -> list[str]:
         if label_value(run_id) != label_value(self.run_id):

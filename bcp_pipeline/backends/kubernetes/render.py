@@ -4,8 +4,10 @@ A stage job is a headless Service (its pods' DNS names: the rendezvous) and one 
 completions = parallelism = the stage's pods (config/resources.rank_layout, the one place for nodes x processes),
 each pod running `processes` processes of the stage program with RANK = JOB_COMPLETION_INDEX x processes +
 LOCAL_RANK, MASTER_ADDR the index-0 pod's DNS name (`JOB-0.JOB`, through the Service) and a fixed MASTER_PORT.
-activeDeadlineSeconds comes from the stage's runtime; `backoffLimit` counts failed programs while the pod failure
-policy ignores disrupted pods (preempted, evicted, drained: the DisruptionTarget condition), which the Job replaces.
+The stage's runtime is a time limit each pod's container keeps itself (time_limited: counted from the container's
+start, not from the Job's creation, so time spent waiting for capacity is not taken from it); `backoffLimit` counts
+failed programs while the pod failure policy ignores disrupted pods (preempted, evicted, drained: the
+DisruptionTarget condition), which the Job replaces, and fails the Job at once when a pod's limit runs out.
 `launcher: pytorchjob` renders a Kubeflow PyTorchJob (kubeflow.org/v1) instead: Master + Worker replicas, the
 training operator sets RANK/WORLD_SIZE/MASTER_ADDR itself.
 
@@ -52,6 +54,22 @@ POD_LAUNCHER = ('P=$BCP_PIPELINE_PROCESSES; pids=""; for local in $(seq 0 $((P -
                 'RANK=$((JOB_COMPLETION_INDEX * P + local)) LOCAL_RANK=$local "$@" & pids="$pids $!"; done; '
                 'code=0; for pid in $pids; do wait "$pid"; status=$?; [ "$code" = 0 ] && code=$status; done; '
                 'exit "$code"')
+# The stage's time limit, kept by the container itself: its command runs under this timer, started with the
+# container, so the limit counts from when the pod runs (as BCP's and Slurm's count from the job's start), not from
+# the Job's creation as activeDeadlineSeconds would (a Job waiting for capacity would lose its runtime to the
+# queue). Past the limit every process of the container gets SIGTERM (SIGKILL comes with the container's end) and it
+# exits TIME_LIMIT_EXIT, which the pod failure policy turns into a failed Job that states.py reads as timed out (a
+# continuation continues it). SIGTERM to the container (a deletion) goes to every process too: as PID 1, bash
+# would otherwise ignore it. A program's own exit with TIME_LIMIT_EXIT is reported as 1, so it cannot pass for one.
+TIME_LIMIT_EXIT = 124  # as timeout(1)'s
+TIME_LIMITER = ('limit=$1; shift; trap \'trap "" TERM; kill -TERM 0\' TERM; "$@" & child=$!; '
+                'while kill -0 "$child" 2>/dev/null && [ "$SECONDS" -lt "$limit" ]; do sleep 1; done; '
+                'if kill -0 "$child" 2>/dev/null; then echo "bcp-pipeline: the stage time limit of $limit s, counted '
+                'from the start of this container, ran out: stopping it" >&2; trap "" TERM; kill -TERM 0; '
+                'for _ in $(seq 30); do kill -0 "$child" 2>/dev/null || break; sleep 1; done; '
+                f'exit {TIME_LIMIT_EXIT}; fi; wait "$child"; code=$?; if [ "$code" = {TIME_LIMIT_EXIT} ]; then '
+                f'echo "bcp-pipeline: the stage exited {TIME_LIMIT_EXIT}, the status of the time limit: reported as 1"'
+                ' >&2; code=1; fi; exit "$code"')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,6 +201,13 @@ def resources_of(res: KubernetesResources, gpus: int | None = None) -> dict[str,
     return {"requests": given, "limits": given} if given else {}
 
 
+def time_limited(command: list[str], seconds: int | None) -> list[str]:
+    """`command` run under the container's own timer (TIME_LIMITER) where the stage has a time limit."""
+    if seconds is None:
+        return command
+    return ["bash", "-c", TIME_LIMITER, "bcp-pipeline-time-limit", str(seconds), *command]
+
+
 def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name: str) -> dict[str, Any]:
     res: KubernetesResources = request.resources("kubernetes")
     mount = request.pipeline.workspace.mount.rstrip("/")
@@ -193,7 +218,8 @@ def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name:
         command = ["bash", "-c", POD_LAUNCHER, "bcp-pipeline-pod"]
         program = stage_command(request, "kubernetes", job_values(request, options))
     container: dict[str, Any] = {
-        "name": CONTAINER, "image": size.image, "command": command, "args": program,
+        "name": CONTAINER, "image": size.image, "command": time_limited(command, size.deadline_seconds),
+        "args": program,
         "workingDir": mount, "env": container_env(request, options, size, name),
         "volumeMounts": [{"name": "workspace", "mountPath": mount, "readOnly": request.kind == "verify"}],
     }
@@ -270,11 +296,13 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
         "podFailurePolicy": {"rules": [
             {"action": "FailJob" if is_gang(request, size) else "Ignore",
              "onPodConditions": [{"type": "DisruptionTarget"}]},
+            # A pod's time limit ran out (TIME_LIMITER): the Job fails at once, read as timed out (states.py).
+            {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                                                  "values": [TIME_LIMIT_EXIT]}},
             {"action": "Count", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}}]},
         "template": {"metadata": metadata(request, name), "spec": pod_spec(request, options, size, name)},
     }
-    if size.deadline_seconds:
-        spec["activeDeadlineSeconds"] = size.deadline_seconds
+    # No activeDeadlineSeconds: it counts from the Job's start, queue time included; the pods keep the limit.
     if res.ttl_after_finished:
         spec["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
     return {"apiVersion": "batch/v1", "kind": "Job",
@@ -292,10 +320,11 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     # torchrun, by its module (the same program: no dependence on where the image puts the script); it reads the
     # operator's PET_NNODES/PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT for the rest of its arguments.
     if trains_with_bridge(request, "kubernetes"):
-        container["command"], container["args"] = bridge_pod_command(request, options, size, torchrun_rendezvous=False)
+        command, container["args"] = bridge_pod_command(request, options, size, torchrun_rendezvous=False)
     else:
-        container["command"] = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
+        command = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
         container["args"] = container["args"][1:] if container["args"][:1] == [options.python] else container["args"]
+    container["command"] = time_limited(command, size.deadline_seconds)
     container["env"] = [e for e in container["env"] if e["name"] not in
                         ("WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")]
     container["ports"] = [{"name": "pytorchjob-port", "containerPort": options.master_port}]
@@ -309,8 +338,7 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     # next attempt and `cancel` delete the whole PyTorchJob, its pods with it.
     res: KubernetesResources = request.resources("kubernetes")
     run_policy: dict[str, Any] = {"backoffLimit": res.backoff_limit, "cleanPodPolicy": "None"}
-    if size.deadline_seconds:
-        run_policy["activeDeadlineSeconds"] = size.deadline_seconds
+    # No activeDeadlineSeconds (it counts queue time): each pod keeps the limit; states.py reads its exit.
     if res.ttl_after_finished:
         run_policy["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",

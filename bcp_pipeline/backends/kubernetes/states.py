@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from bcp_pipeline.backends.contract import JobState, JobStatus, map_native_state
-from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
+from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION, TIME_LIMIT_EXIT
 
 # The one map from what the API says of a stage's Job to JobState. A native state is built, in this order, from:
 # 1. the Job's first true terminal condition (Complete, SuccessCriteriaMet, Failed with its reason), or its
@@ -20,7 +20,7 @@ from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
 #    makes the Job replace (DISRUPTED);
 # 3. else a pod that cannot start (pod_waiting): one the scheduler finds no room for (PENDING/UNSCHEDULABLE, with
 #    its message: "0/2 nodes are available: 2 Insufficient nvidia.com/gpu"), or whose image does not come
-#    (PENDING/IMAGEPULL while ErrImagePull or ImagePullBackOff lasts IMAGE_PULL_GRACE_SECONDS or less, then
+#    (PENDING/IMAGEPULL while ErrImagePull or ImagePullBackOff lasts the image pull grace or less, then
 #    FAILED/IMAGEPULL; FAILED/IMAGE at once for an image name that can never be pulled);
 # 4. else its ready pod count (RUNNING, or PENDING before any pod is ready).
 # Anything else is "not finished yet" (map_native_state: UNKNOWN).
@@ -32,9 +32,12 @@ STATE_MAP: dict[str, JobState] = {
     # ... the gang rule (render.is_gang): a pod of a training was disrupted, so the attempt ended whole; lost, as a
     # lost node is: a continuation resubmits it (its default resubmit_on), else resume runs it again.
     "FAILED/DISRUPTED": JobState.LOST,
+    # ... the time-limit rule: a pod's own timer (render.TIME_LIMITER) ended it at the stage's runtime, counted from
+    # its container's start; a per-job stop, continued like BCP's and Slurm's time limits.
+    "FAILED/TIMELIMIT": JobState.TIMED_OUT,
     "FAILED/MAXFAILEDINDEXESEXCEEDED": JobState.FAILED,
     "FAILED/FAILEDINDEXES": JobState.FAILED,
-    "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # activeDeadlineSeconds (the stage's runtime) ran out
+    "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # activeDeadlineSeconds ran out (a Job rendered with one)
     # Decided to fail, its pods still being stopped: not finished until they are (the Failed condition follows),
     # so the stage's next attempt never overlaps this one's processes.
     "FAILURETARGET/BACKOFFLIMITEXCEEDED": JobState.RUNNING,
@@ -60,14 +63,20 @@ STATE_MAP: dict[str, JobState] = {
 # The Job controller's message when a pod's condition matched a FailJob rule (pkg/controller/job/pod_failure_policy.go:
 # "Pod NS/NAME has condition DisruptionTarget matching FailJob rule at index 0"); only the gang rule matches it.
 GANG_RULE_MESSAGE = "has condition DisruptionTarget matching FailJob rule"
-IMAGE_PULL_GRACE_SECONDS = 300  # a registry's passing failure (throttling, a restart) is retried by the kubelet
+# ... and when a container's exit code matched one ("Container stage for pod NS/NAME failed with exit code 124
+# matching FailJob rule at index 1"): only the time-limit rule matches this code.
+TIME_LIMIT_RULE_MESSAGE = f"failed with exit code {TIME_LIMIT_EXIT} matching FailJob rule"
+# The default of backends.kubernetes.image_pull_grace: a registry's passing failure (throttling, a restart) is
+# retried by the kubelet meanwhile.
+IMAGE_PULL_GRACE_SECONDS = 300
 IMAGE_PULL_WAITING = ("ErrImagePull", "ImagePullBackOff")
 IMAGE_NEVER = ("InvalidImageName", "ErrImageNeverPull")  # nothing the kubelet retries can fix
 # A PyTorchJob's conditions (kubeflow.org/v1 JobConditionType), the last true one deciding.
 PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
     "CREATED": JobState.QUEUED, "RUNNING": JobState.RUNNING, "RESTARTING": JobState.RUNNING,
     "SUCCEEDED": JobState.SUCCEEDED, "FAILED": JobState.FAILED, "SUSPENDED": JobState.QUEUED,
-    "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # runPolicy.activeDeadlineSeconds (the stage's runtime) ran out
+    "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # runPolicy.activeDeadlineSeconds ran out (one rendered so)
+    "FAILED/TIMELIMIT": JobState.TIMED_OUT,  # a pod's own timer (render.TIME_LIMITER) ended it at the limit
 }
 # The training operator's one word for that (common/pkg/controller.v1/common/job.go, pastActiveDeadline): its Failed
 # condition's reason names only the kind, the message says why.
@@ -86,6 +95,8 @@ def job_condition(job: Any) -> tuple[str, str] | None:
             reason = (condition.reason or "").upper()
             if reason == "PODFAILUREPOLICY" and GANG_RULE_MESSAGE in (condition.message or ""):
                 reason = "DISRUPTED"
+            elif reason == "PODFAILUREPOLICY" and TIME_LIMIT_RULE_MESSAGE in (condition.message or ""):
+                reason = "TIMELIMIT"
             return f"FAILED/{reason}", condition.message or ""
         if kind in ("COMPLETE", "SUCCESSCRITERIAMET"):
             return kind, condition.message or ""
@@ -115,8 +126,9 @@ def pod_trouble(pods: list[Any], ready_nodes: set[str] | None) -> tuple[str, str
     return None
 
 
-def pod_waiting(pods: list[Any], now: float) -> tuple[str, str] | None:
-    """Why the newest pod of an index cannot start, where one cannot (see STATE_MAP, 3); None when none waits so."""
+def pod_waiting(pods: list[Any], now: float, grace: float = IMAGE_PULL_GRACE_SECONDS) -> tuple[str, str] | None:
+    """Why the newest pod of an index cannot start, where one cannot (see STATE_MAP, 3); None when none waits so.
+    `grace`: how long an image may fail to come before the job fails."""
     for pod in newest_per_index(pods):
         status = pod.status
         if status is None or status.phase in TERMINAL_PHASES:
@@ -134,11 +146,10 @@ def pod_waiting(pods: list[Any], now: float) -> tuple[str, str] | None:
             if waiting.reason in IMAGE_PULL_WAITING:
                 since = status.start_time or pod.metadata.creation_timestamp
                 waited = max(0.0, now - since.timestamp()) if since else 0.0
-                if waited > IMAGE_PULL_GRACE_SECONDS:
+                if waited > grace:
                     return "FAILED/IMAGEPULL", f"{said} (for {waited:.0f} s: the image cannot be pulled; check its " \
                                                "name and the registry's credentials, kubernetes image_pull_secrets)"
-                return "PENDING/IMAGEPULL", f"{said} (for {waited:.0f} s; the stage fails after " \
-                                            f"{IMAGE_PULL_GRACE_SECONDS} s)"
+                return "PENDING/IMAGEPULL", f"{said} (for {waited:.0f} s; the stage fails after {grace:.0f} s)"
     return None
 
 
@@ -161,16 +172,16 @@ def newest_per_index(pods: list[Any]) -> list[Any]:
 
 
 def native_state(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None,
-                 now: float | None = None) -> tuple[str, str]:
+                 now: float | None = None, image_pull_grace: float = IMAGE_PULL_GRACE_SECONDS) -> tuple[str, str]:
     """(STATE_MAP key, detail) of a batch/v1 Job object and its pods (see STATE_MAP for the order); `now`: the
-    time an image pull's wait is measured to (default: the clock's)."""
+    time an image pull's wait is measured to (default: the clock's); `image_pull_grace`: how long it may last."""
     decided = job_condition(job)
     if decided is not None:
         return decided
     trouble = pod_trouble(list(pods), ready_nodes)
     if trouble is not None:
         return trouble
-    waiting = pod_waiting(list(pods), time.time() if now is None else now)
+    waiting = pod_waiting(list(pods), time.time() if now is None else now, image_pull_grace)
     if waiting is not None:
         return waiting
     return ("RUNNING" if (job.status.ready or 0) > 0 else "PENDING"), ""
@@ -183,21 +194,34 @@ def ready_node_names(nodes: list[Any]) -> set[str]:
             if any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))}
 
 
-def pytorchjob_status(obj: dict[str, Any]) -> JobStatus:
-    """A PyTorchJob (a dict from the custom-objects API): its last true condition decides."""
+def pytorchjob_status(obj: dict[str, Any], pods: list[Any] = ()) -> JobStatus:
+    """A PyTorchJob (a dict from the custom-objects API): its last true condition decides; a failed one whose pod
+    exited by its time limit (render.TIME_LIMITER: the operator's condition names only failed replicas, so the
+    pods' exit codes tell) timed out."""
     conditions = [c for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"]
     native = conditions[-1]["type"].upper() if conditions else "CREATED"
     if native == "FAILED" and PYTORCHJOB_DEADLINE_MESSAGE in conditions[-1].get("message", ""):
         native = "FAILED/DEADLINEEXCEEDED"  # a per-job stop, continued like BCP's and Slurm's time limits
+    elif native == "FAILED" and any(exit_code(pod) == TIME_LIMIT_EXIT for pod in pods):
+        native = "FAILED/TIMELIMIT"
     state = map_native_state(native, PYTORCHJOB_STATE_MAP)
     return JobStatus(job_id=obj["metadata"]["name"], state=state, native=native,
                      detail=conditions[-1].get("message", "") if conditions else "",
                      exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
 
 
+def exit_code(pod: Any) -> int | None:
+    """The exit code of a pod's ended first container; None while it has not ended."""
+    for container in (pod.status.container_statuses if pod.status else None) or []:
+        terminated = container.state.terminated if container.state else None
+        if terminated is not None:
+            return terminated.exit_code
+    return None
+
+
 def status_of(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None,
-              now: float | None = None) -> JobStatus:
-    native, detail = native_state(job, pods, ready_nodes, now)
+              now: float | None = None, image_pull_grace: float = IMAGE_PULL_GRACE_SECONDS) -> JobStatus:
+    native, detail = native_state(job, pods, ready_nodes, now, image_pull_grace)
     state = map_native_state(native, STATE_MAP)
     return JobStatus(job_id=job.metadata.name, state=state, native=native, detail=detail,
                      exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
