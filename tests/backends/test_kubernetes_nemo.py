@@ -2,7 +2,7 @@
 manifest of slimpajama-8b's pretrain, the launcher's overrides and the GPU request in it, the PyTorchJob form, the
 layout checks at load, and the pod script RUN by bash as two pods (the real launcher stand-in composes; torchrun
 is a recording stand-in), so what is asserted is what each pod executes. The real cluster:
-tests/e2e/test_kubernetes_nemo.py."""
+tests/e2e/test_kubernetes_nemo_pretrain.py."""
 
 from __future__ import annotations
 
