@@ -191,11 +191,11 @@ def resources_of(res: KubernetesResources, gpus: int | None = None) -> dict[str,
 def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name: str) -> dict[str, Any]:
     res: KubernetesResources = request.resources("kubernetes")
     mount = request.pipeline.workspace.mount.rstrip("/")
-    bridge = trains_with_bridge(request, "kubernetes")
-    engine = bridge or nemo_pod.trains_with_nemo(request)  # a training engine's pod: a rank a GPU, GPUs requested
+    bridge, nemo = trains_with_bridge(request, "kubernetes"), nemo_pod.trains_with_nemo(request)
+    engine = bridge or nemo  # a training engine's pod: a rank a GPU, its GPUs requested
     if bridge:
         command, program = bridge_pod_command(request, options, size, torchrun_rendezvous=True)
-    elif engine:
+    elif nemo:
         command, program = nemo_pod_command(request, options, size, torchrun_rendezvous=True)
     else:
         command = ["bash", "-c", POD_LAUNCHER, "bcp-pipeline-pod"]
