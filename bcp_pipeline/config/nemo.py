@@ -142,13 +142,16 @@ def launcher_image(stage: StageConfig, backend: str | None = None) -> tuple[str 
     BCP runs the launcher inside `bcp.image`. On Slurm the training runs in `slurm.container_image`; without one
     the launcher uses its own default container, and `bcp.image`, the pipeline's NeMo image, is the best guess of
     its release. On Grid Engine both run in `gridengine.container_image` (a `docker://` reference's tag; a `.sif`
-    path has none, and `bcp.image` is the guess).
+    path has none, and `bcp.image` is the guess). On Kubernetes both run in the pods' image, `kubernetes.image`
+    (else `bcp.image`, as the backend derives it).
     No backend: the stage's BCP image, or its Slurm one when only that is given.
     """
     if backend is None:
         backend = "slurm" if stage.bcp.image is None and stage.slurm.container_image else "bcp"
     if backend == "slurm" and stage.slurm.container_image:
         return stage.slurm.container_image, "slurm.container_image"
+    if backend == "kubernetes" and stage.kubernetes.image:
+        return stage.kubernetes.image, "kubernetes.image"
     # Grid Engine runs the launcher and the training in its Apptainer image: a docker:// reference carries the
     # release's tag; a .sif path does not, and the pipeline's NeMo image (the one it was pulled from) is the guess.
     image = stage.gridengine.container_image or ""
@@ -335,6 +338,9 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> list[str]:
     if stage.gridengine.nodes or stage.gridengine.processes_per_node:  # torchrun: nodes x processes_per_node GPUs
         layout = rank_layout(stage, "gridengine")
         check_parallelism(stage, layout.nodes, layout.per_node, "gridengine")
+    if stage.kubernetes.replicas or stage.kubernetes.gpus:  # torchrun in each pod: a rank a GPU
+        gpus = stage.kubernetes.gpus or gpus_per_node(stage, bcp.instance)
+        check_parallelism(stage, rank_layout(stage, "kubernetes").nodes, gpus, "kubernetes")
     return notices
 
 

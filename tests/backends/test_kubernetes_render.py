@@ -16,8 +16,7 @@ from bcp_pipeline.backends.kubernetes.render import (POD_LAUNCHER, TIME_LIMIT_EX
     manifests, printable, time_limited)
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.preflight import load_and_check
-from bcp_pipeline.engine.submitter import planned_requests
-from bcp_pipeline.errors import ConfigError, SubmissionError
+from bcp_pipeline.errors import SubmissionError
 from support.golden_files import REPO, assert_golden, normalize
 
 kubernetes = pytest.importorskip("kubernetes")
@@ -202,33 +201,20 @@ def test_plan_prints_manifests_without_yaml_anchors():
     assert "&id" not in text and "*id" not in text and text.count("nvidia.com/gpu: '8'") == 2
 
 
-def test_a_nemo_stage_is_refused_not_run_as_the_smoke_trainer(capsys: pytest.CaptureFixture) -> None:
-    config = load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b")
-    pipeline = config.pipeline("slimpajama-8b")
-    requests = planned_requests(pipeline, "slimpajama-8b-RUN")
-    pretrain = next(r for r in requests if r.stage.name == "pretrain" and r.kind == "stage")
-    backend = KubernetesBackend(config.options["kubernetes"], config_dir=REPO, stages_dir=config.stages_dir,
-                                run_dir=REPO / ".bcp-pipeline/runs/x", workspace_name="nemo-framework")
-    with pytest.raises(ConfigError, match=r"pipelines.yaml:\d+: .*stages.pretrain.nemo: stage pretrain: NeMo launcher "
-                                          r"pretraining \(nemo:\) does not run on the Kubernetes backend: its pods "
-                                          r"would run pretrain_local.py, the CPU smoke trainer"):
-        backend.render(pretrain)
-    # `run` refuses it before the run is recorded (check_limits runs after check_ready, before anything is saved).
-    with pytest.raises(ConfigError, match="megatron_bridge"):
-        KubernetesBackend.check_limits(config, pipeline, requests)
-    # `plan` still shows the data stages, and fails naming the stage.
-    capsys.readouterr()
-    assert main(["--config", str(REPO / "pipelines.yaml"), "plan", "slimpajama-8b", "--backend", "kubernetes"]) != 0
-    captured = capsys.readouterr()
-    assert "kind: Job" in captured.out and "stage(s) pretrain cannot be planned on kubernetes" in captured.err
-    # A stage with a command of its own runs that command; Megatron-Bridge renders.
-    own = load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b",
-                         overrides=["pretrain.kubernetes.command=[sleep, '1']"])
-    KubernetesBackend.check_limits(own, own.pipeline("slimpajama-8b"),
-                                   planned_requests(own.pipeline("slimpajama-8b"), "c-RUN"))
-    bridge = load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b-bridge")
-    KubernetesBackend.check_limits(bridge, bridge.pipeline("slimpajama-8b-bridge"),
-                                   planned_requests(bridge.pipeline("slimpajama-8b-bridge"), "b-RUN"))
+def test_a_nemo_stage_runs_nvidia_s_launcher_in_gpu_pods_never_the_smoke_trainer(capsys: pytest.CaptureFixture) -> None:
+    """`plan slimpajama-8b --backend kubernetes` renders the NeMo launcher's pods (the rest: test_kubernetes_nemo.py):
+    no pretrain_local.py anywhere, a GPU request, and what each job runs said above its manifests."""
+    out = plan(capsys, "slimpajama-8b")
+    assert "pretrain_local.py" not in out and "CANNOT BE PLANNED" not in out
+    pretrain = out.split("\n# stage pretrain", 1)[1].split("\n# estimates", 1)[0]
+    assert ("# runs: NVIDIA's NeMo launcher: its debug mode composes the training config on the first pod, then "
+            "torchrun in each of 8 pod(s) runs NeMo's megatron_gpt_pretraining.py, a rank on each of 8 GPU(s) a pod"
+            in pretrain)
+    assert pretrain.count("nvidia.com/gpu: '8'") == 2  # requests = limits
+    assert out.count("# runs: ") == out.count("\n# stage ") + out.count("\n# verification of ")  # every job
+    # A stage with a command of its own runs that command instead, and says so.
+    backend, request = request_for("pretrain", "pretrain.kubernetes.command=[sleep, '1']")
+    assert backend.render(request).printable.startswith("# runs: the stage's kubernetes.command in each of 1 pod(s)")
 
 
 def test_pod_settings_a_real_site_needs_shared_memory_pull_secrets_priority_efa() -> None:

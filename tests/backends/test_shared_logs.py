@@ -42,6 +42,15 @@ def test_the_workers_traceback_is_chosen_over_torchruns_that_follows_it():
     assert "ChildFailedError" not in found and "Root Cause" not in found
 
 
+def test_a_traceback_on_the_line_of_a_progress_bar_without_a_newline_is_found():
+    """Lightning redraws its bar with carriage returns and no newline, so in a log of stdout and stderr (a pod's)
+    the rank's traceback starts on the bar's line."""
+    bar = "Epoch 0: 11/30 [00:01<00:02, reduced_train_loss=8.52, global_step=11.000]"
+    found = last_traceback(f"{bar}\r{bar}" + WORKER_TRACEBACK.split("\n", 1)[1] + TORCHRUN_TRACEBACK)
+    assert found is not None and found.splitlines()[0] == "Traceback (most recent call last):"
+    assert found.splitlines()[-1] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
 def test_a_launcher_traceback_alone_is_still_shown():
     found = last_traceback(TORCHRUN_TRACEBACK)
     assert found is not None and found.rstrip().endswith("ChildFailedError:")

@@ -13,22 +13,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission, outage_seconds
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
 from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, is_pytorchjob, job_rendezvous, label_value,
-    manifests, printable, refuse_nemo, selector_labels, shape)
+    manifests, printable, selector_labels, shape, what_it_runs)
 from bcp_pipeline.backends.kubernetes.states import (completion_index, job_condition, pytorchjob_status,
     ready_node_names, status_of)
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.backends.shared.locks import user_writer_lock
-from bcp_pipeline.backends.shared.logs import last_lines, progress_from_logs
+from bcp_pipeline.backends.shared.logs import indent, last_lines, last_traceback, progress_from_logs
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError, SubmissionError
 
+FAILURE_LOG_LINES = 200  # of a failed pod's log: enough to hold a training's traceback above torchrun's summary
 READY_TIMEOUT_SECONDS = 15  # the one API call before a run is recorded: a cluster that answers does so at once
 
 
@@ -59,14 +59,6 @@ class KubernetesBackend(Backend):
         except Exception as exc:  # noqa: BLE001 - refused connections, TLS, 401 and timeouts alike
             raise api_error("the version look-up before the run", exc) from None
 
-    @classmethod
-    def check_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
-                     detach: bool = False) -> None:
-        """What this backend never renders, refused before a run is recorded rather than when its stage is due:
-        a `nemo:` stage (render.refuse_nemo)."""
-        for request in requests:
-            refuse_nemo(request)
-
     # -- rendering (pure) ------------------------------------------------------------------------------
     def writer_lock_path(self) -> Path:
         """The workspace is a volume claim of a cluster: locked in this user's state folder, by cluster context,
@@ -80,7 +72,8 @@ class KubernetesBackend(Backend):
 
     def render(self, request: JobRequest) -> Submission:
         objects = manifests(request, self.options)
-        return Submission(request=request, printable=printable(objects),
+        runs = f"# runs: {what_it_runs(request, self.options)}\n"  # a YAML comment: the text still loads as submitted
+        return Submission(request=request, printable=runs + printable(objects),
                           payload={"manifests": objects, **self.sharding(request)},
                           rendezvous=job_rendezvous(request, self.options))
 
@@ -277,9 +270,12 @@ class KubernetesBackend(Backend):
         if failed:
             lines.append("; ".join(f"pod {pod.metadata.name} on {pod.spec.node_name} exited {t.exit_code} "
                                    f"({t.reason})" for pod, t in failed))
-            lines.append(f"last lines of {failed[0][0].metadata.name}:\n" +
-                         "\n".join(f"    {line}" for line in last_lines(self._pod_log(failed[0][0], 15), 15)
-                                   .splitlines()))
+            name, log = failed[0][0].metadata.name, self._pod_log(failed[0][0], FAILURE_LOG_LINES)
+            # A training under torchrun ends its log with torchrun's summary, which says a rank failed, not why.
+            traceback = last_traceback(log)
+            if traceback and traceback not in last_lines(log, 15):
+                lines.append(f"the last traceback in {name}'s log:\n" + indent(traceback))
+            lines.append(f"last lines of {name}:\n" + indent(last_lines(log, 15)))
         return "\n".join(lines)
 
     def cancel(self, job_ids: list[str]) -> None:

@@ -14,7 +14,9 @@ training operator sets RANK/WORLD_SIZE/MASTER_ADDR itself.
 A `megatron_bridge:` stage runs NVIDIA's Megatron-Bridge in its pods: each pod writes the data list (the same file,
 atomically), then one torchrun starts a rank a GPU of stages/bridge_pretrain.py (static rendezvous at the index-0
 pod in an Indexed Job; the operator's in a PyTorchJob); each pod asks for its GPUs (kubernetes.gpus, else the BCP
-instance's).
+instance's). A `nemo:` stage runs NVIDIA's NeMo launcher the same way (nemo_pod.py): the first pod composes the
+training config with the launcher's debug mode, then one torchrun in each pod runs NeMo's training script, a rank a
+GPU, each pod asking for its GPUs.
 
 The workspace is the PVC `workspace_claim`, mounted at the pipeline's workspace mount (the path the stage programs
 use on BCP); secrets are Kubernetes Secrets referenced by name (`secretKeyRef`): no value is ever in a manifest.
@@ -31,6 +33,7 @@ from typing import Any
 import yaml
 
 from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.kubernetes import nemo_pod
 from bcp_pipeline.backends.shared.bridge_command import data_list_argv as bridge_data_list_argv
 from bcp_pipeline.backends.shared.bridge_command import data_list_file, gpus_per_node, trains_with_bridge
 from bcp_pipeline.backends.shared.bridge_command import rank_argv as bridge_rank_argv
@@ -117,6 +120,8 @@ def shape(request: JobRequest, options: KubernetesOptions) -> Shape:
     layout = request.rank_layout("kubernetes")
     if trains_with_bridge(request, "kubernetes"):  # one rank a GPU
         layout = RankLayout(nodes=layout.nodes, per_node=gpus_per_node(request, "kubernetes"))
+    elif nemo_pod.trains_with_nemo(request):  # one rank a GPU, as NeMo's trainer.devices says
+        layout = RankLayout(nodes=layout.nodes, per_node=nemo_pod.gpus_per_pod(request))
     image = res.image or bcp.image or options.image
     if min(layout.nodes, layout.per_node) < 1:
         raise SubmissionError(f"{request.label}: kubernetes replicas and processes must be >= 1, got "
@@ -211,9 +216,12 @@ def time_limited(command: list[str], seconds: int | None) -> list[str]:
 def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name: str) -> dict[str, Any]:
     res: KubernetesResources = request.resources("kubernetes")
     mount = request.pipeline.workspace.mount.rstrip("/")
-    bridge = trains_with_bridge(request, "kubernetes")
+    bridge, nemo = trains_with_bridge(request, "kubernetes"), nemo_pod.trains_with_nemo(request)
+    engine = bridge or nemo  # a training engine's pod: a rank a GPU, its GPUs requested
     if bridge:
         command, program = bridge_pod_command(request, options, size, torchrun_rendezvous=True)
+    elif nemo:
+        command, program = nemo_pod_command(request, options, size, torchrun_rendezvous=True)
     else:
         command = ["bash", "-c", POD_LAUNCHER, "bcp-pipeline-pod"]
         program = stage_command(request, "kubernetes", job_values(request, options))
@@ -223,13 +231,13 @@ def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name:
         "workingDir": mount, "env": container_env(request, options, size, name),
         "volumeMounts": [{"name": "workspace", "mountPath": mount, "readOnly": request.kind == "verify"}],
     }
-    if resources := resources_of(res, size.processes if bridge else None):
+    if resources := resources_of(res, size.processes if engine else None):
         container["resources"] = resources
     spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": name, "automountServiceAccountToken": False,
                             "containers": [container],
                             "volumes": [{"name": "workspace",
                                          "persistentVolumeClaim": {"claimName": options.workspace_claim}}]}
-    if shm := shared_memory(res, size, size.processes if bridge else None):
+    if shm := shared_memory(res, size, size.processes if engine else None):
         spec["volumes"].append(shm)
         container["volumeMounts"].append({"name": shm["name"], "mountPath": "/dev/shm"})
     if res.image_pull_secrets:
@@ -259,13 +267,31 @@ def bridge_pod_command(request: JobRequest, options: KubernetesOptions, size: Sh
     values = job_values(request, options)
     deadline = None if size.deadline_seconds is None else f"{size.deadline_seconds}s"
     entry = bridge_rank_argv(request, "kubernetes", values, deadline)
-    torchrun = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
-    if torchrun_rendezvous:
-        torchrun += [f"--nnodes={size.pods}", '--node_rank="$JOB_COMPLETION_INDEX"', '--master_addr="$MASTER_ADDR"',
-                     '--master_port="$MASTER_PORT"']
     script = (f"mkdir -p {shlex.quote(data_list_file(request, values).rsplit('/', 1)[0])} && "
-              f"{shell_join(bridge_data_list_argv(request, values))} && exec {' '.join(torchrun)} \"$@\"")
+              f"{shell_join(bridge_data_list_argv(request, values))} && "
+              f"exec {torchrun(options, size, torchrun_rendezvous)} \"$@\"")
     return ["bash", "-c", script, "bcp-pipeline-pod"], entry[2:]  # past `python -u`: torchrun runs the script
+
+
+def nemo_pod_command(request: JobRequest, options: KubernetesOptions, size: Shape, *,
+                     torchrun_rendezvous: bool) -> tuple[list[str], list[str]]:
+    """A NeMo launcher pod's command and args (nemo_pod.py): the script, then NeMo's training script and its config
+    as the args. The first pod: completion index 0, or the operator's PET_NODE_RANK 0 in a PyTorchJob."""
+    pod, args = nemo_pod.nemo_pod(request, job_values(request, options), job=job_name(request), pods=size.pods,
+                                  gpus=size.processes, deadline_seconds=size.deadline_seconds,
+                                  torchrun=torchrun(options, size, torchrun_rendezvous),
+                                  node_index='"$JOB_COMPLETION_INDEX"' if torchrun_rendezvous else '"$PET_NODE_RANK"')
+    return ["bash", "-c", nemo_pod.render(pod), "bcp-pipeline-pod"], args
+
+
+def torchrun(options: KubernetesOptions, size: Shape, rendezvous_args: bool) -> str:
+    """torchrun by its module (shell text), a process a GPU of the pod; `rendezvous_args`: the Indexed Job's static
+    rendezvous at the index-0 pod; else the PyTorchJob operator's (torchrun reads its PET_* variables)."""
+    words = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
+    if rendezvous_args:
+        words += [f"--nnodes={size.pods}", '--node_rank="$JOB_COMPLETION_INDEX"', '--master_addr="$MASTER_ADDR"',
+                  '--master_port="$MASTER_PORT"']
+    return " ".join(words)
 
 
 def is_gang(request: JobRequest, size: Shape) -> bool:
@@ -321,6 +347,8 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     # operator's PET_NNODES/PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT for the rest of its arguments.
     if trains_with_bridge(request, "kubernetes"):
         command, container["args"] = bridge_pod_command(request, options, size, torchrun_rendezvous=False)
+    elif nemo_pod.trains_with_nemo(request):
+        command, container["args"] = nemo_pod_command(request, options, size, torchrun_rendezvous=False)
     else:
         command = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
         container["args"] = container["args"][1:] if container["args"][:1] == [options.python] else container["args"]
@@ -353,20 +381,9 @@ def is_pytorchjob(request: JobRequest) -> bool:
 
 def manifests(request: JobRequest, options: KubernetesOptions) -> list[dict[str, Any]]:
     """Everything `run` creates for one job, in creation order."""
-    refuse_nemo(request)
     if is_pytorchjob(request):
         return [pytorch_job(request, options)]
     return [headless_service(request, options, job_name(request)), indexed_job(request, options)]
-
-
-def refuse_nemo(request: JobRequest) -> None:
-    """A `nemo:` stage is refused here rather than run as its `program`, the CPU smoke trainer the local backend
-    runs in its place: NVIDIA's launcher has no Kubernetes mode this backend renders (issue 36)."""
-    if request.kind == "stage" and request.stage.nemo is not None and not request.resources("kubernetes").command:
-        raise request.stage.where("nemo").error(
-            f"{request.label}: NeMo launcher pretraining (nemo:) does not run on the Kubernetes backend: its pods "
-            f"would run {request.stage.program}, the CPU smoke trainer. Train with megatron_bridge: (NVIDIA's stack "
-            "from 25.11 on; the bundled slimpajama-8b-bridge), or give the stage a kubernetes.command of its own")
 
 
 class _NoAliasDumper(yaml.SafeDumper):
@@ -380,6 +397,24 @@ class _NoAliasDumper(yaml.SafeDumper):
 def printable(objects: list[dict[str, Any]]) -> str:
     """The manifests as YAML documents, exactly as submitted (key order kept, no anchors)."""
     return yaml.dump_all(objects, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+def what_it_runs(request: JobRequest, options: KubernetesOptions) -> str:
+    """What the job's pods run, in words (`plan` prints it above the manifests): a training engine by name, never
+    the stage's `program` where the engine runs instead."""
+    size = shape(request, options)
+    pods = f"{size.pods} pod(s)"
+    if nemo_pod.trains_with_nemo(request):
+        return (f"NVIDIA's NeMo launcher: its debug mode composes the training config on the first pod, then "
+                f"torchrun in each of {pods} runs NeMo's megatron_gpt_pretraining.py, a rank on each of "
+                f"{size.processes} GPU(s) a pod")
+    if trains_with_bridge(request, "kubernetes"):
+        return (f"Megatron-Bridge: the data list, then torchrun in each of {pods} runs stages/bridge_pretrain.py, a "
+                f"rank on each of {size.processes} GPU(s) a pod")
+    what = "the stage's kubernetes.command" if request.resources("kubernetes").command else request.program
+    if is_pytorchjob(request):
+        return f"torchrun in each of {pods} runs {what}, {size.processes} process(es) a pod"
+    return f"{what} in each of {pods}, {size.processes} process(es) a pod"
 
 
 def job_rendezvous(request: JobRequest, options: KubernetesOptions) -> dict | None:

@@ -103,8 +103,10 @@ def last_traceback(text: str, max_lines: int = 40) -> str | None:
     its launcher's summary (torchrun's "Root Cause" table) and the launcher's own traceback."""
     lines = text.splitlines()
     blocks = []
-    for start in (i for i, line in enumerate(lines) if line.strip() == TRACEBACK_HEAD):
-        block = [lines[start].strip()]
+    # A head may follow other text on its line: a progress bar redrawn without a newline (Lightning's, on stdout)
+    # and the traceback on stderr share the line where both reach one log.
+    for start in (i for i, line in enumerate(lines) if line.rstrip().endswith(TRACEBACK_HEAD)):
+        block = [TRACEBACK_HEAD]
         for line in lines[start + 1:]:
             block.append(line)
             if line and not line[0].isspace():  # the exception line ends the frames
