@@ -29,6 +29,8 @@ from typing import Any
 import yaml
 
 from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.backends.kubernetes.policies import elastic_policy, failure_limits
+from bcp_pipeline.backends.kubernetes.rank_lines import POD_LAUNCHER, TORCHRUN_TEE, with_torchrun_prefix
 from bcp_pipeline.backends.shared.bridge_command import data_list_argv as bridge_data_list_argv
 from bcp_pipeline.backends.shared.bridge_command import data_list_file, gpus_per_node, trains_with_bridge
 from bcp_pipeline.backends.shared.bridge_command import rank_argv as bridge_rank_argv
@@ -46,12 +48,6 @@ NAME_MAX = 52  # a Job name; its pods are JOB-INDEX-xxxxx, and JOB-INDEX must st
 UNSAFE = re.compile(r"[^a-z0-9-]+")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-# Starts the pod's processes: LOCAL_RANK 0..P-1, each with its global RANK, and waits for all of them; the pod's
-# exit status is the first non-zero one, so the pod failure policy sees a failed program's own exit code.
-POD_LAUNCHER = ('P=$BCP_PIPELINE_PROCESSES; pids=""; for local in $(seq 0 $((P - 1))); do '
-                'RANK=$((JOB_COMPLETION_INDEX * P + local)) LOCAL_RANK=$local "$@" & pids="$pids $!"; done; '
-                'code=0; for pid in $pids; do wait "$pid"; status=$?; [ "$code" = 0 ] && code=$status; done; '
-                'exit "$code"')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,9 +193,14 @@ def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name:
         "workingDir": mount, "env": container_env(request, options, size, name),
         "volumeMounts": [{"name": "workspace", "mountPath": mount, "readOnly": request.kind == "verify"}],
     }
+    if bridge:
+        with_torchrun_prefix(container)
     if resources := resources_of(res, size.processes if bridge else None):
         container["resources"] = resources
-    spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": name, "automountServiceAccountToken": False,
+    # No API token in the pods unless a stage asks for one (mount_service_account_token): the stage programs never
+    # call the Kubernetes API, and a mounted token is a credential any code in the image can read.
+    spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": name,
+                            "automountServiceAccountToken": res.mount_service_account_token,
                             "containers": [container],
                             "volumes": [{"name": "workspace",
                                          "persistentVolumeClaim": {"claimName": options.workspace_claim}}]}
@@ -214,8 +215,8 @@ def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name:
         spec["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                                               "whenUnsatisfiable": "ScheduleAnyway",
                                               "labelSelector": {"matchLabels": {LABEL_JOB: name}}}]
-    if options.service_account:
-        spec["serviceAccountName"] = options.service_account
+    if service_account := res.service_account or options.service_account:
+        spec["serviceAccountName"] = service_account
     if res.node_selector:
         spec["nodeSelector"] = dict(res.node_selector)
     if res.tolerations:
@@ -233,7 +234,7 @@ def bridge_pod_command(request: JobRequest, options: KubernetesOptions, size: Sh
     values = job_values(request, options)
     deadline = None if size.deadline_seconds is None else f"{size.deadline_seconds}s"
     entry = bridge_rank_argv(request, "kubernetes", values, deadline)
-    torchrun = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
+    torchrun = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}", TORCHRUN_TEE]
     if torchrun_rendezvous:
         torchrun += [f"--nnodes={size.pods}", '--node_rank="$JOB_COMPLETION_INDEX"', '--master_addr="$MASTER_ADDR"',
                      '--master_port="$MASTER_PORT"']
@@ -262,7 +263,7 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     res: KubernetesResources = request.resources("kubernetes")
     spec: dict[str, Any] = {
         "completionMode": "Indexed", "completions": size.pods, "parallelism": size.pods,
-        "backoffLimit": res.backoff_limit,
+        **failure_limits(res),
         # A disrupted pod (preempted, evicted, its node drained or tainted away) is replaced without counting
         # against backoffLimit, where the pods are independent shards; where they meet (a gang: a training's
         # rendezvous), a replacement could never rejoin its peers, so the whole attempt fails (states.py reads it
@@ -283,8 +284,11 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
 
 def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, Any]:
     """A Kubeflow PyTorchJob: one Master and pods-1 Workers; the operator sets RANK/WORLD_SIZE/MASTER_ADDR (one
-    process per pod: its `nproc_per_node` is the stage's processes, started by torchrun inside the image)."""
+    process per pod: its `nproc_per_node` is the stage's processes, started by torchrun inside the image). With an
+    `elastic_policy`, `pods` Workers and no Master: the operator gives torchrun an elastic rendezvous instead
+    (PET_RDZV_BACKEND, PET_RDZV_ENDPOINT at the first Worker, PET_NNODES=MIN:MAX, PET_MAX_RESTARTS)."""
     size = shape(request, options)
+    res: KubernetesResources = request.resources("kubernetes")
     name = job_name(request)
     template = pod_spec(request, options, size, name)
     container = template["containers"][0]
@@ -294,28 +298,35 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     if trains_with_bridge(request, "kubernetes"):
         container["command"], container["args"] = bridge_pod_command(request, options, size, torchrun_rendezvous=False)
     else:
-        container["command"] = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
+        container["command"] = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}",
+                                TORCHRUN_TEE]
         container["args"] = container["args"][1:] if container["args"][:1] == [options.python] else container["args"]
+        with_torchrun_prefix(container)
     container["env"] = [e for e in container["env"] if e["name"] not in
                         ("WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")]
     container["ports"] = [{"name": "pytorchjob-port", "containerPort": options.master_port}]
     template.pop("subdomain")
     replica = {"restartPolicy": "Never", "template": {"metadata": metadata(request, name), "spec": template}}
-    specs: dict[str, Any] = {"Master": {"replicas": 1, **replica}}
-    if size.pods > 1:
-        specs["Worker"] = {"replicas": size.pods - 1, **replica}
+    if res.elastic_policy is not None:  # the operator's elastic mode: Workers only (its rendezvous: worker-0)
+        specs: dict[str, Any] = {"Worker": {"replicas": size.pods, **replica}}
+    else:
+        specs = {"Master": {"replicas": 1, **replica}}
+        if size.pods > 1:
+            specs["Worker"] = {"replicas": size.pods - 1, **replica}
     # None, not Running: the job succeeds when its Master does, and Running would then delete the Workers still
     # finishing, with their logs (Megatron-Bridge prints its training log from the last rank, a Worker). A stage's
     # next attempt and `cancel` delete the whole PyTorchJob, its pods with it.
-    res: KubernetesResources = request.resources("kubernetes")
-    run_policy: dict[str, Any] = {"backoffLimit": res.backoff_limit, "cleanPodPolicy": "None"}
+    run_policy: dict[str, Any] = {"backoffLimit": res.backoff_limit or 0, "cleanPodPolicy": "None"}
     if size.deadline_seconds:
         run_policy["activeDeadlineSeconds"] = size.deadline_seconds
     if res.ttl_after_finished:
         run_policy["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
+    spec: dict[str, Any] = {"nprocPerNode": str(size.processes), "runPolicy": run_policy,
+                            "pytorchReplicaSpecs": specs}
+    if res.elastic_policy is not None:
+        spec["elasticPolicy"] = elastic_policy(res.elastic_policy, size.pods)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "metadata": metadata(request, name, options.namespace),
-            "spec": {"nprocPerNode": str(size.processes), "runPolicy": run_policy, "pytorchReplicaSpecs": specs}}
+            "metadata": metadata(request, name, options.namespace), "spec": spec}
 
 
 def is_pytorchjob(request: JobRequest) -> bool:
@@ -358,6 +369,11 @@ def job_rendezvous(request: JobRequest, options: KubernetesOptions) -> dict | No
     size = shape(request, options)
     layout = RankLayout(nodes=size.pods, per_node=size.processes)
     name = job_name(request)
+    if is_pytorchjob(request) and (elastic := request.resources("kubernetes").elastic_policy) is not None:
+        bounds = elastic_policy(elastic, size.pods)
+        return rendezvous(layout, f"{name}-worker-0 (the first Worker pod: {elastic.rdzv_backend} elastic "
+                          f"rendezvous of {bounds['minReplicas']} to {bounds['maxReplicas']} pods; ranks are given "
+                          "out there)", str(options.master_port))
     if is_pytorchjob(request):
         # The training operator's: its Master pod's Service, named after the job's Master replica.
         return rendezvous(layout, f"{name}-master-0 (the Master pod, through the training operator's Service)",

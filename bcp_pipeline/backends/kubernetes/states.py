@@ -32,6 +32,8 @@ STATE_MAP: dict[str, JobState] = {
     # ... the gang rule (render.is_gang): a pod of a training was disrupted, so the attempt ended whole; lost, as a
     # lost node is: a continuation resubmits it (its default resubmit_on), else resume runs it again.
     "FAILED/DISRUPTED": JobState.LOST,
+    # retries_per_index (backoffLimitPerIndex): an index used up its retries; its Job failed once every index had
+    # ended (FailedIndexes), or at once past maxFailedIndexes. The detail names the failed indexes.
     "FAILED/MAXFAILEDINDEXESEXCEEDED": JobState.FAILED,
     "FAILED/FAILEDINDEXES": JobState.FAILED,
     "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # activeDeadlineSeconds (the stage's runtime) ran out
@@ -41,6 +43,7 @@ STATE_MAP: dict[str, JobState] = {
     "FAILURETARGET/PODFAILUREPOLICY": JobState.RUNNING,
     "FAILURETARGET/DEADLINEEXCEEDED": JobState.RUNNING,
     "FAILURETARGET/MAXFAILEDINDEXESEXCEEDED": JobState.RUNNING,
+    "FAILURETARGET/FAILEDINDEXES": JobState.RUNNING,
     "SUSPENDED": JobState.QUEUED,
     # A pod on a node that is no longer Ready: the kubelet is gone, nothing on the node runs or reports, and the
     # Job controller replaces the pod only once the node is removed. The job is lost; the stage's next attempt
@@ -86,7 +89,7 @@ def job_condition(job: Any) -> tuple[str, str] | None:
             reason = (condition.reason or "").upper()
             if reason == "PODFAILUREPOLICY" and GANG_RULE_MESSAGE in (condition.message or ""):
                 reason = "DISRUPTED"
-            return f"FAILED/{reason}", condition.message or ""
+            return f"FAILED/{reason}", with_failed_indexes(job, condition.message or "")
         if kind in ("COMPLETE", "SUCCESSCRITERIAMET"):
             return kind, condition.message or ""
     for condition in true:
@@ -96,6 +99,13 @@ def job_condition(job: Any) -> tuple[str, str] | None:
         if kind == "SUSPENDED":
             return kind, condition.message or ""
     return None
+
+
+def with_failed_indexes(job: Any, message: str) -> str:
+    """A failed Job's message, and the indexes that used up their retries where it has per-index retries (the
+    Job's status.failedIndexes, e.g. "1,3-4"): which shards to look at."""
+    failed = getattr(job.status, "failed_indexes", None)
+    return f"{message} (failed indexes: {failed})" if failed else message
 
 
 def pod_trouble(pods: list[Any], ready_nodes: set[str] | None) -> tuple[str, str] | None:
