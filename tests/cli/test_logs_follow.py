@@ -89,3 +89,31 @@ def test_a_backend_that_cannot_follow_its_logs_says_so(tmp_path: Path, capsys: p
     assert cli(config, "logs", run_id, "first", "-f", "--tail", "1") == 0  # ended: what is there, then done
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and all(line.startswith("[rank-0000") for line in out)
+
+
+def test_slurm_and_grid_engine_follow_their_rank_log_files_until_squeue_says_the_job_ended(tmp_path: Path) -> None:
+    """The batch backends' follow (shared/batch.py) over their `logs/JOB/rank-NNNNN.log` files. The scheduler is
+    a STAND-IN here, a poll that says RUNNING twice and then COMPLETED (the real one, squeue or qstat, is what the
+    cluster tests drive); the files are written as the job would, between polls."""
+    from bcp_pipeline.backends.contract import JobState, JobStatus
+    from bcp_pipeline.backends.slurm.backend import SlurmBackend
+    from bcp_pipeline.config.resources import SlurmOptions
+
+    logs = tmp_path / "run" / "logs" / "42"
+    logs.mkdir(parents=True)
+    (logs / "rank-00000.log").write_text("r0 a\n")
+    (logs / "rank-00001.log").write_text("r1 a\n")
+    answers = iter([JobState.RUNNING, JobState.RUNNING, JobState.SUCCEEDED])
+
+    class PolledStandIn(SlurmBackend):
+        def poll(self, job_ids: list[str]) -> dict[str, JobStatus]:
+            state = next(answers)
+            with open(logs / "rank-00001.log", "a") as handle:  # written while the job runs
+                handle.write(f"r1 {state.value}\n")
+            return {"42": JobStatus(job_id="42", state=state)}
+
+    backend = PolledStandIn(SlurmOptions(poll_seconds=0.01, poll_max_seconds=0.01), config_dir=tmp_path,
+                            stages_dir=tmp_path, run_dir=tmp_path / "run", workspace_name="main")
+    assert list(backend.follow_logs("42", rank=1)) == ["r1 a", "r1 running", "r1 running", "r1 succeeded"]
+    answers = iter([JobState.SUCCEEDED])
+    assert sorted(backend.follow_logs("42", tail=1)) == ["[rank-00000.log] r0 a", "[rank-00001.log] r1 succeeded"]
