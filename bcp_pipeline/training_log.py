@@ -10,7 +10,8 @@ Three forms are read, each a line (a progress bar's updates, separated by carria
 - Megatron-LM, and Megatron-Bridge, which prints the same line after a ` [YYYY-MM-DD HH:MM:SS]` stamp:
   ` iteration   10/  500000 | ... | elapsed time per iteration (ms): 2345.6 | throughput per GPU (TFLOP/s/GPU):
   401.2 | ... | lm loss: 1.08E+01 |` (the throughput only with Bridge's `logger.log_throughput`).
-A step logged more than once (a progress bar redrawn) keeps its last value.
+A step logged more than once (a progress bar redrawn) keeps its last value. A line may start with its rank,
+`[rankN]:` (RANK_LINE_PREFIX: torchrun's `--tee` form, which the Kubernetes pods write), read past.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 
 NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+RANK_LINE_PREFIX = re.compile(r"^\[rank(\d+)\]:")  # `[rank3]:text`: the line of rank 3 in a log several ranks share
 _LOCAL = re.compile(rf"^step (\d+)/\d+ loss ({NUMBER}) lr {NUMBER} ({NUMBER}) steps/s")
 _LOCAL_FIRST = re.compile(r"(?:resuming from .* at step (\d+) of|starting at step (\d+) of)")
 _NEMO_LOSS = re.compile(rf"\breduced_train_loss=({NUMBER})")
@@ -50,7 +52,7 @@ def parse_training_log(text: str) -> list[TrainingPoint]:
     last_timed_step: int | None = None
     last_local_step, last_local_seconds = -1, None  # the smoke pretrain's last timed point
     for line in re.split(r"[\r\n]+", text):
-        line = line.strip()
+        line = RANK_LINE_PREFIX.sub("", line.strip(), count=1).strip()
         if match := _LOCAL_FIRST.search(line):
             first_step = int(match.group(1) or match.group(2))
             last_local_step, last_local_seconds = -1, None  # a new attempt's clock
@@ -101,7 +103,7 @@ class TrainingProgress:
 def last_progress(text: str) -> TrainingProgress | None:
     """The last progress a log shows (any of the three forms); None when it shows none."""
     for line in reversed(re.split(r"[\r\n]+", text)):
-        line = line.strip()
+        line = RANK_LINE_PREFIX.sub("", line.strip(), count=1).strip()
         if match := _LOCAL.match(line):
             total = re.match(r"^step \d+/(\d+)", line)
             rate = float(match.group(3))

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -241,6 +243,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
         """The job's log (one rank/replica when given); `tail` keeps the last lines."""
+
+    def follow_logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> Iterator[str]:
+        """`logs --follow`: the job's log lines (one rank's when given) as they are written, until the job has ended;
+        `tail`: starting from the last lines written so far. A backend that cannot follow its logs says so."""
+        raise PipelineError(f"`logs --follow` is not available on the {self.name} backend (its logs are read once "
+                            "the service has them); run `logs` again, with --tail N for the latest lines")
 
     def training_log(self, job_id: str, tail: int | None = None) -> str:
         """The log that holds a training job's step lines, for `logs`, `status` and the report: rank 0's for the

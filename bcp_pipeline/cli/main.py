@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--rank", type=at_least(0), help="one rank/replica only (0, 1, ...)")
     logs.add_argument("--verify", action="store_true", help="the verification job's log")
     logs.add_argument("--tail", type=at_least(1), metavar="N", help="last N lines (N >= 1)")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="keep printing lines as they are written, until the job ends (where the backend can "
+                           "follow its logs; one that cannot says so)")
     logs.add_argument("--state-lines", action="store_true",
                       help="driver: also the BCPP-STATE lines (the run state the driver publishes), hidden otherwise")
 

@@ -166,15 +166,26 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if args.stage == "driver" and args.stage not in state.stages:
             if view.latest is None:
                 raise StateError(f"run {state.run_id} has no driver job")
+            if args.follow:
+                return print_followed(backend, view.latest.job_id, None, args.tail)
             text = backend.logs(view.latest.job_id, tail=args.tail if args.state_lines else None)
             print(text if args.state_lines else without_state_lines(text, args.tail))
             return 0
     job = stage_job(state, args.stage, args.verify)
+    if args.follow:
+        return print_followed(backend, job.job_id, args.rank, args.tail)
     stage = chosen.pipeline.stages.get(args.stage)
     if args.rank is None and job.kind == "stage" and stage is not None and stage.engine is not None:
         print(backend.training_log(job.job_id, tail=args.tail))  # where the step lines are (the last rank's)
         return 0
     print(backend.logs(job.job_id, rank=args.rank, tail=args.tail))
+    return 0
+
+
+def print_followed(backend: Backend, job_id: str, rank: int | None, tail: int | None) -> int:
+    """`logs --follow`: each line as the backend reads it, until the job has ended (Ctrl-C stops sooner)."""
+    for line in backend.follow_logs(job_id, rank=rank, tail=tail):
+        print(line, flush=True)
     return 0
 
 

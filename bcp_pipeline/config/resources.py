@@ -178,6 +178,17 @@ class Toleration:
 
 
 @dataclass(kw_only=True)
+class ElasticPolicy:
+    """A PyTorchJob's `elasticPolicy` (Kubeflow training operator v1): torchrun's elastic rendezvous, so the training
+    goes on with fewer pods and restarts its ranks after one is lost, rather than the attempt ending."""
+
+    min_replicas: int | None = None  # the fewest pods the training runs on (default: the stage's replicas)
+    max_replicas: int | None = None  # the most (default: the stage's replicas, the Worker pods created)
+    rdzv_backend: Literal["c10d", "etcd", "etcd-v2"] = "c10d"  # c10d: a store on the first Worker pod, nothing else
+    max_restarts: int = 3  # restarts of the ranks (torchrun --max-restarts) before the job fails
+
+
+@dataclass(kw_only=True)
 class KubernetesResources:
     """One batch/v1 Indexed Job of `replicas` pods (or a Kubeflow PyTorchJob), each pod running `processes`
     processes; unset fields are derived from the stage's BCP section (replicas, processes, image, runtime)."""
@@ -204,9 +215,18 @@ class KubernetesResources:
     tolerations: list[Toleration] = field(default_factory=list)
     active_deadline: Duration | None = None  # the time limit (default: bcp.total_runtime), kept by each pod's
     # container from its own start (not the Job's activeDeadlineSeconds, which would count time spent queued)
-    backoff_limit: int = 0  # pods that may fail (a failed program) before the Job fails; disrupted pods don't count
+    backoff_limit: int | None = None  # pods that may fail (a failed program) before the Job fails; disrupted pods
+    # don't count (unset: 0, or no limit across indexes with retries_per_index)
+    retries_per_index: int | None = None  # an Indexed Job's backoffLimitPerIndex: each index (a shard of a data
+    # stage) may fail this often before it alone fails, its other indexes going on (and their outputs kept)
+    max_failed_indexes: int | None = None  # with retries_per_index: the Job fails at once when more indexes have
+    # failed (maxFailedIndexes; unset: it fails once every index has succeeded or failed)
     secrets: list[str] = field(default_factory=list)  # SECRET:KEY:ENV, a Kubernetes Secret's key as an env var
     launcher: Literal["job", "pytorchjob"] = "job"  # pytorchjob: a Kubeflow PyTorchJob (training operator)
+    elastic_policy: ElasticPolicy | None = None  # pytorchjob only: Worker pods in an elastic rendezvous
+    service_account: str | None = None  # the pods' serviceAccountName (default: backends.kubernetes.service_account)
+    mount_service_account_token: bool = False  # mount the service account's API token in the pods (off: stage
+    # programs never call the Kubernetes API, and a token is a credential any code in the image could read)
     env: dict[str, str] = field(default_factory=dict)
     command: list[str] | None = None  # run this instead of `${python} ${code}/PROGRAM ARGS`
 

@@ -11,7 +11,8 @@ from bcp_pipeline.config.model import ESTIMATE_SIZES, Check, Continuation, Pipel
 from bcp_pipeline.config.needs import validate_streamed
 from bcp_pipeline.config.placeholders import BUILTIN_PLACEHOLDERS, PLACEHOLDER, resolve_int
 from bcp_pipeline.config.programs import program_sha256
-from bcp_pipeline.config.resources import ENV_KEY, LABEL_PATTERN, RESOURCE_TYPES, SECRET_PART, BcpResources
+from bcp_pipeline.config.resources import (ENV_KEY, LABEL_PATTERN, RESOURCE_TYPES, SECRET_PART, BcpResources,
+    KubernetesResources)
 from bcp_pipeline.config.typed import Where
 
 
@@ -36,6 +37,7 @@ def validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, 
         _validate_placeholders(pipeline, stage, body, stage_where)
         _validate_bcp(stage.bcp, stage_where.child("bcp", body) if "bcp" in body else stage_where)
         _validate_counts(stage, body, stage_where)
+        _validate_kubernetes(stage, body, stage_where)
         if stage.continuation:
             validate_continuation(pipeline, stage.continuation, stage_where.child("continuation", body))
         for index, check in enumerate(stage.verify):
@@ -82,6 +84,52 @@ def _validate_counts(stage: StageConfig, body: Any, where: Where) -> None:
                 at = section_where.child(key, section) if isinstance(section, dict) and key in section else where
                 raise at.error(f"{backend}.{key} must be >= 1, got {value}" if at is where else
                                f"must be >= 1, got {value}")
+
+
+def _validate_kubernetes(stage: StageConfig, body: Any, where: Where) -> None:
+    """What the Kubernetes section's keys mean together: a PyTorchJob's elastic policy, an Indexed Job's
+    per-index retries; each refused at its key's line (or --set), else the stage's."""
+    res: KubernetesResources = stage.kubernetes
+    section = body.get("kubernetes") if isinstance(body, dict) else None
+
+    def at(key: str) -> Where:
+        if isinstance(section, dict) and key in section:
+            return where.child("kubernetes", body).child(key, section)
+        return where
+
+    for key in ("backoff_limit", "retries_per_index", "max_failed_indexes"):
+        if (value := getattr(res, key)) is not None and value < 0:
+            raise at(key).error(f"kubernetes.{key} must be >= 0, got {value}")
+    pods = res.rank_layout(stage.bcp).nodes
+    if res.max_failed_indexes is not None:
+        if res.retries_per_index is None:
+            raise at("max_failed_indexes").error("kubernetes.max_failed_indexes needs retries_per_index (the Job's "
+                                                 "maxFailedIndexes counts indexes that used up their retries)")
+        if res.max_failed_indexes > pods:
+            raise at("max_failed_indexes").error(f"kubernetes.max_failed_indexes {res.max_failed_indexes} is more "
+                                                 f"than the stage's {pods} pods (indexes)")
+    if res.retries_per_index is not None:
+        if res.launcher == "pytorchjob":
+            raise at("retries_per_index").error(
+                "kubernetes.retries_per_index is an Indexed Job's backoffLimitPerIndex; a PyTorchJob (launcher: "
+                "pytorchjob) has none: its failed pods count against backoff_limit")
+        if pods > 1 and (stage.engine is not None or stage.continuation is not None):
+            raise at("retries_per_index").error(
+                f"kubernetes.retries_per_index on stage {stage.name}, a training of {pods} pods: they meet at a "
+                "rendezvous, which a retried index could never rejoin; set it on the data stages (or null here)")
+    if (elastic := res.elastic_policy) is not None:
+        if res.launcher != "pytorchjob":
+            raise at("elastic_policy").error("kubernetes.elastic_policy is a PyTorchJob's: it needs launcher: "
+                                             "pytorchjob (and the Kubeflow training operator on the cluster)")
+        low = pods if elastic.min_replicas is None else elastic.min_replicas
+        high = pods if elastic.max_replicas is None else elastic.max_replicas
+        if not 1 <= low <= pods <= high:
+            raise at("elastic_policy").error(
+                f"kubernetes.elastic_policy needs 1 <= min_replicas <= replicas <= max_replicas, got min_replicas "
+                f"{low}, replicas {pods} (the Worker pods created), max_replicas {high}")
+        if elastic.max_restarts < 0:
+            raise at("elastic_policy").error(f"kubernetes.elastic_policy.max_restarts must be >= 0, got "
+                                             f"{elastic.max_restarts}")
 
 
 def _validate_bcp(res: BcpResources, where: Where) -> None:

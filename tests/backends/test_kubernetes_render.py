@@ -12,8 +12,10 @@ import yaml
 from bcp_pipeline.backends.contract import JobRequest, JobState
 from bcp_pipeline.backends.kubernetes.backend import KubernetesBackend
 from bcp_pipeline.backends.kubernetes.states import pytorchjob_status, status_of
-from bcp_pipeline.backends.kubernetes.render import (POD_LAUNCHER, TIME_LIMIT_EXIT, TIME_LIMITER, job_name,
-    manifests, printable, time_limited)
+from bcp_pipeline.backends.kubernetes.manifest_yaml import printable
+from bcp_pipeline.backends.kubernetes.rank_lines import POD_LAUNCHER
+from bcp_pipeline.backends.kubernetes.render import job_name, manifests
+from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMIT_EXIT, TIME_LIMITER, time_limited
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.errors import SubmissionError

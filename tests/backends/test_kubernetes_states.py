@@ -10,7 +10,8 @@ import pytest
 
 from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.backends.kubernetes.states import STATE_MAP, native_state, ready_node_names, status_of
-from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION, TIME_LIMIT_EXIT
+from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
+from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMIT_EXIT
 
 client = pytest.importorskip("kubernetes.client")
 T0 = datetime.datetime(2026, 11, 26, tzinfo=datetime.timezone.utc)
@@ -174,7 +175,7 @@ def test_the_image_pull_grace_is_the_backends_option():
 
 
 def test_a_pods_time_limit_ends_the_job_as_timed_out():
-    """The time-limit rule's FailJob (the container's own timer, render.TIME_LIMITER) reads as timed out, which a
+    """The time-limit rule's FailJob (the container's own timer, time_limit.TIME_LIMITER) reads as timed out, which a
     continuation continues; the Job controller's message names the exit code, so no other rule's reads so."""
     limited = client.V1Job(metadata=client.V1ObjectMeta(name="run-pretrain-a1"), status=client.V1JobStatus(conditions=[
         client.V1JobCondition(type="Failed", status="True", reason="PodFailurePolicy",

@@ -115,6 +115,17 @@ def test_every_bundled_pipeline_is_accepted_by_the_apiserver(k8s_cluster: K8sClu
                     create_object(api, obj, dry_run=True)  # raises with the apiserver's reason if refused
                     checked += 1
     assert checked > 20
+    # Per-index retries (backoffLimitPerIndex, maxFailedIndexes, no global backoffLimit) and a mounted token of a
+    # named service account, as rendered for a data stage of 2 pods.
+    config = load_config(REPO / "pipelines.yaml", pipeline="demo", overrides=[
+        "download.kubernetes.retries_per_index=2", "download.kubernetes.max_failed_indexes=1",
+        "download.kubernetes.service_account=default", "download.kubernetes.mount_service_account_token=true"])
+    config.options["kubernetes"].namespace = NAMESPACE
+    backend = make_backend("kubernetes", config, config.pipeline("demo"), Path("/tmp/none/runs/demo-RUN"))
+    request = next(r for r in planned_requests(config.pipeline("demo"), "demo-RUN") if r.stage.name == "download")
+    job = backend.render(request).payload["manifests"][-1]
+    assert (job["spec"]["backoffLimitPerIndex"], job["spec"]["maxFailedIndexes"]) == (2, 1), job["spec"]
+    create_object(api, job, dry_run=True)
 
 
 def submit_demo_stage(cluster: K8sCluster, root: Path, stage: str, overrides: list[str] = (),
@@ -248,6 +259,69 @@ def test_cancel_deletes_the_job_and_kills_its_pods(k8s_cluster: K8sCluster, work
         time.sleep(0.5)
 
 
+def finished_status(backend, job_id: str):
+    """The job's status once it has ended (None before: for wait_for)."""
+    status = backend.poll([job_id])[job_id]
+    return status if status.state.finished else None
+
+
+def test_per_index_retries_retry_a_bad_shard_alone_and_fail_with_its_index(
+        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path) -> None:  # noqa: F811
+    """retries_per_index on the real Job controller: index 1 fails (exit 3) and is retried once on its own while
+    index 0 succeeds (with backoffLimit 0 the first failure would end the Job); then the Job fails with reason
+    FailedIndexes, which reads as failed with the failed index named."""
+    backend, job_id = submit_demo_stage(k8s_cluster, tmp_path / "perindex", "sample", [
+        "sample.kubernetes.replicas=2", "sample.kubernetes.processes=1", "sample.kubernetes.retries_per_index=1",
+        "sample.kubernetes.command=[bash, -c, 'echo index $JOB_COMPLETION_INDEX; test $JOB_COMPLETION_INDEX != 1 "
+        "|| exit 3']"])
+    try:
+        status = wait_for(lambda: finished_status(backend, job_id), timeout=120, what="the per-index Job's end")
+        assert (status.state, status.native) == (JobState.FAILED, "FAILED/FAILEDINDEXES"), status
+        assert "(failed indexes: 1)" in status.detail, status.detail
+        pods = client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
+            NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job_id}").items
+        phases = sorted((p.metadata.annotations[INDEX_ANNOTATION], p.status.phase) for p in pods)
+        assert phases == [("0", "Succeeded"), ("1", "Failed"), ("1", "Failed")], phases  # index 1: tried twice
+        job = client.BatchV1Api(k8s_cluster.api()).read_namespaced_job(job_id, NAMESPACE)
+        assert (job.spec.backoff_limit_per_index, job.status.succeeded, job.status.failed) == (1, 1, 2)
+    finally:
+        backend.cancel([job_id])
+
+
+def test_logs_follow_streams_the_pods_lines_and_one_ranks_lines_come_apart(
+        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path) -> None:  # noqa: F811
+    """`logs --follow` through pods/log (follow=true, served by the kubelet stand-in): 2 pods x 2 ranks, each
+    printing a line every 1.5 s; lines arrive while the job runs, the stream ends with the job, and `--rank N` (plain
+    and followed) gives rank N's lines alone, out of the log its pod's ranks share."""
+    import threading
+
+    backend, job_id = submit_demo_stage(k8s_cluster, tmp_path / "follow", "sample", [
+        "sample.kubernetes.replicas=2", "sample.kubernetes.processes=2",
+        "sample.kubernetes.command=[bash, -c, 'for i in 1 2 3; do echo line $i of $RANK; sleep 1.5; done']"])
+    received: list[tuple[float, str]] = []
+    follower = threading.Thread(target=lambda: received.extend(
+        (time.monotonic(), line) for line in backend.follow_logs(job_id)), daemon=True)
+    try:
+        follower.start()
+        status = wait_for(lambda: finished_status(backend, job_id), timeout=120, what="the job's end")
+        ended = time.monotonic()
+        follower.join(60)
+        assert not follower.is_alive(), "the followed log did not end with the job"
+        assert status.state is JobState.SUCCEEDED, status
+        lines = [line for _, line in received]
+        for rank in range(4):
+            pod = f"{job_id}-{rank // 2}-"
+            mine = [line for line in lines if line.startswith(f"[pod/{pod}") and f"] [rank{rank}]:" in line]
+            assert [line.split("]:", 1)[1] for line in mine] == [f"line {i} of {rank}" for i in (1, 2, 3)], lines
+        # The first lines came while the job ran (4.5 s of it from them on), not in one piece at its end.
+        assert min(at for at, _ in received) < ended - 2, "no line came well before the job ended: not followed"
+        assert backend.logs(job_id, rank=3) == "line 1 of 3\nline 2 of 3\nline 3 of 3"
+        assert backend.logs(job_id, rank=2, tail=1) == "line 3 of 2"
+        assert list(backend.follow_logs(job_id, rank=1)) == [f"line {i} of 1" for i in (1, 2, 3)]  # ended: all
+    finally:
+        backend.cancel([job_id])
+
+
 def test_check_reports_the_cluster(k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path,  # noqa: F811
                                    capsys: pytest.CaptureFixture) -> None:
     config = demo_project(tmp_path / "check", "kubernetes", k8s_cluster.kubeconfig)
@@ -329,11 +403,13 @@ def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass
         after = check_rows()
         assert [(r["verdict"], r["showed"]) for r in after["training operator"]] == [("ok", "installed")]
         assert all(r["verdict"] == "ok" for r in after["manifests"]), after["manifests"]
-        checked = 0
+        checked = elastic = 0
         for name in load_config(REPO / "pipelines.yaml").pipelines:
             stages = load_config(REPO / "pipelines.yaml", pipeline=name).pipeline(name).stages
+            plain = next(s for s in stages if stages[s].engine is None)  # a stage no engine's rules constrain
             loaded = load_config(REPO / "pipelines.yaml", pipeline=name, overrides=[
-                f"{stage}.kubernetes.launcher=pytorchjob" for stage in stages])
+                f"{stage}.kubernetes.launcher=pytorchjob" for stage in stages] + [  # and one elastic, of 2 pods
+                f"{plain}.kubernetes.replicas=2", f"{plain}.kubernetes.elastic_policy={{min_replicas: 1}}"])
             loaded.options["kubernetes"].namespace = NAMESPACE
             pipeline = loaded.pipeline(name)
             backend = make_backend("kubernetes", loaded, pipeline, Path("/tmp/none/runs") / f"{name}-RUN")
@@ -344,7 +420,9 @@ def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass
                     if obj["kind"] == "PyTorchJob":
                         create_object(api, obj, dry_run=True)  # raises with the apiserver's reason if refused
                         checked += 1
+                        elastic += "elasticPolicy" in obj["spec"]
         assert checked >= len(load_config(REPO / "pipelines.yaml").pipelines) * 3, checked
+        assert elastic == len(load_config(REPO / "pipelines.yaml").pipelines), elastic
         # The schema is really applied: a field the CRD does not know is refused.
         bad = dict(obj, spec={**obj["spec"], "nprocPerNodeTypo": "2"})
         with pytest.raises(BackendCallError, match="nprocPerNodeTypo"):
@@ -478,7 +556,7 @@ def test_a_time_limit_and_a_failed_program_map_to_timed_out_and_failed(
 
         ended[label] = backend, job_id, wait_for(finished, timeout=90, what=f"the {label} job's end")
     backend, job_id, status = ended["deadline"]
-    # The pod's own timer ended it (render.TIME_LIMITER), and the pod failure policy failed the Job at once.
+    # The pod's own timer ended it (time_limit.TIME_LIMITER), and the pod failure policy failed the Job at once.
     assert (status.state, status.native) == (JobState.TIMED_OUT, "FAILED/TIMELIMIT"), status
     assert "exit code 124" in status.detail, status.detail
     assert "time limit of 2 s" in backend.failure_detail(job_id, status)

@@ -646,7 +646,7 @@ def log_handler(agent: Agent) -> type[http.server.BaseHTTPRequestHandler]:
                 self.send_error(400, f'container "{pod.container}" in pod "{pod.name}" is waiting to start: '
                                      "trying and failing to pull image")
                 return
-            text = pod.log_path.read_bytes() if pod.log_path.is_file() else b""
+            text = whole = pod.log_path.read_bytes() if pod.log_path.is_file() else b""
             if "tailLines" in query:
                 count = int(query["tailLines"][0])
                 lines = text.splitlines(keepends=True)
@@ -656,15 +656,20 @@ def log_handler(agent: Agent) -> type[http.server.BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(text)
             if query.get("follow", ["false"])[0] == "true":
-                offset = pod.log_path.stat().st_size if pod.log_path.is_file() else 0
-                while pod.process is not None and pod.process.poll() is None:
-                    time.sleep(0.2)
+                offset = len(whole)  # followed from what was sent: nothing twice, nothing left out
+                # Until the container ends, then what it wrote last (the kubelet's stream, too, ends with the
+                # container's last line: none is lost between the last read and its exit).
+                while True:
+                    running = pod.process is not None and pod.process.poll() is None
+                    time.sleep(0.2 if running else 0)
                     with open(pod.log_path, "rb") as handle:
                         handle.seek(offset)
                         chunk = handle.read()
                     offset += len(chunk)
                     self.wfile.write(chunk)
                     self.wfile.flush()
+                    if not running:
+                        break
 
     return Handler
 

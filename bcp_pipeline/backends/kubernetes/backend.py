@@ -12,24 +12,32 @@ through the one map of states.py (pure).
 from __future__ import annotations
 
 import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission, outage_seconds
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
 from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, is_pytorchjob, job_rendezvous, label_value,
-    manifests, printable, selector_labels, shape, what_it_runs)
-from bcp_pipeline.backends.kubernetes.states import (completion_index, job_condition, pytorchjob_status,
-    ready_node_names, status_of)
+    manifests, selector_labels, shape, what_it_runs)
+from bcp_pipeline.backends.kubernetes.manifest_yaml import printable
+from bcp_pipeline.backends.kubernetes.states import (REPLICA_TYPE_LABEL, completion_index, job_condition,
+    pytorchjob_status, ready_node_names, status_of)
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.backends.shared.locks import user_writer_lock
-from bcp_pipeline.backends.shared.logs import indent, last_lines, last_traceback, progress_from_logs
+from bcp_pipeline.backends.shared.logs import (RANK_LINE_PREFIX, indent, last_lines, last_traceback,
+    progress_from_logs, rank_lines)
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError, SubmissionError
 
 FAILURE_LOG_LINES = 200  # of a failed pod's log: enough to hold a training's traceback above torchrun's summary
 READY_TIMEOUT_SECONDS = 15  # the one API call before a run is recorded: a cluster that answers does so at once
+FOLLOW_POLL_SECONDS = 1.0  # `logs --follow`: new pods and the job's end looked for this often
+FOLLOW_DRAIN_SECONDS = 10.0  # ... and, once it ended, each pod's stream given this long to deliver its last lines
 
 
 class KubernetesBackend(Backend):
@@ -240,20 +248,111 @@ class KubernetesBackend(Backend):
             return f"(no log: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
 
     def logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> str:
+        """The job's pods' logs (each headed by its pod's name where there are several). `rank`: that rank's lines
+        (their `[rankN]:` prefix off: the pod launcher and torchrun write them so) from the pod it runs in; a log
+        written without prefixes (one rank a pod, a job from before them) is that pod's whole log."""
         pods = self._pods(job_id)
         if not pods:
             raise SubmissionError(f"job {job_id} has no pods (yet, or any more) in namespace {self.options.namespace}")
         by_index = {completion_index(p): p for p in pods}
         if rank is not None:
-            processes = int(next((e.value for e in pods[0].spec.containers[0].env or []
-                                  if e.name == "BCP_PIPELINE_PROCESSES"), "1"))
-            pod = by_index.get(rank // processes)
-            if pod is None:
-                raise SubmissionError(f"job {job_id} has no pod for rank {rank} (indexes {sorted(by_index)})")
-            return self._pod_log(pod, tail)
+            texts = [self._pod_log(pod) for pod in self._rank_pods(job_id, pods, rank)]
+            found = [lines for lines in (rank_lines(text, rank) for text in texts) if lines is not None]
+            text = "\n".join(found) if found else "\n".join(texts)
+            return last_lines(text, tail) if tail else text
         if len(by_index) == 1:
             return self._pod_log(next(iter(by_index.values())), tail)
         return "\n".join(f"==> {pod.metadata.name} <==\n{self._pod_log(pod, tail)}" for pod in by_index.values())
+
+    def _rank_pods(self, job_id: str, pods: list[Any], rank: int) -> list[Any]:
+        """The pod rank `rank` runs in: index rank // processes (an Indexed Job's completion index; a PyTorchJob's
+        Master 0, Worker i i + 1, as torchrun numbers its nodes there). An elastic PyTorchJob (Workers, no Master)
+        gives ranks out at its rendezvous: every pod, the rank's lines found by their prefix."""
+        by_index = {completion_index(p): p for p in pods}
+        roles = {(p.metadata.labels or {}).get(REPLICA_TYPE_LABEL) for p in pods}
+        if "worker" in roles and "master" not in roles:
+            return list(by_index.values())
+        processes = int(next((e.value for e in pods[0].spec.containers[0].env or []
+                              if e.name == "BCP_PIPELINE_PROCESSES"), "1"))
+        pod = by_index.get(rank // processes)
+        if pod is None:
+            raise SubmissionError(f"job {job_id} has no pod for rank {rank} ({processes} rank(s) a pod; pod indexes "
+                                  f"{sorted(by_index)})")
+        return [pod]
+
+    def follow_logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> Iterator[str]:
+        """The pods' lines as they write them (pods/log with follow=true, one stream a pod, a replaced pod's
+        successor followed as it appears), until the job has ended and every stream is done. Several pods: each
+        line headed `[pod/NAME] `; `rank`: that rank's lines only, from every pod it may run in."""
+        lines: queue.Queue[tuple[str, str]] = queue.Queue()
+        streams: dict[str, threading.Thread] = {}
+        stop = threading.Event()
+        try:
+            while True:
+                ended = self._job_ended(job_id)  # asked first: the streams then hold what was written before
+                pods = self._pods(job_id)
+                wanted = pods if rank is None or not pods else self._rank_pods(job_id, pods, rank)
+                for pod in wanted:
+                    name = pod.metadata.name
+                    if name not in streams:
+                        streams[name] = threading.Thread(target=self._stream_pod_log, daemon=True,
+                                                         args=(name, tail, lines, stop), name=f"log-{name}")
+                        streams[name].start()
+                if ended:
+                    for stream in streams.values():  # each ends with its container (which has ended)
+                        stream.join(FOLLOW_DRAIN_SECONDS)
+                # Lines as they come, until the next look at the pods and the job (none once it has ended).
+                until = time.monotonic() + (0 if ended else FOLLOW_POLL_SECONDS)
+                yield from self._followed(lines, rank, several=len(streams) > 1, until=until)
+                if ended:
+                    return
+        finally:
+            stop.set()
+
+    def _job_ended(self, job_id: str) -> bool:
+        status = self.poll([job_id]).get(job_id)
+        return status is None or status.state.finished  # None: deleted, nothing more to come
+
+    @staticmethod
+    def _followed(lines: queue.Queue, rank: int | None, *, several: bool, until: float) -> Iterator[str]:
+        """The lines the streams have read, and those they read until `until` (the clock's), each as it comes."""
+        while True:
+            try:
+                pod, line = lines.get(timeout=max(0.0, until - time.monotonic()))
+            except queue.Empty:
+                return
+            if rank is not None:  # the rank's lines, as `logs --rank` shows them
+                match = RANK_LINE_PREFIX.match(line)
+                if match and int(match.group(1)) == rank:
+                    yield line[match.end():]
+            else:
+                yield f"[pod/{pod}] {line}" if several else line
+
+    def _stream_pod_log(self, pod: str, tail: int | None, lines: queue.Queue, stop: threading.Event) -> None:
+        """One pod's log, followed: retried while its container has not started (the API answers 400 "waiting
+        to start"), read to its end once it has (the stream ends with the container)."""
+        while not stop.is_set():
+            try:
+                response = self._core().read_namespaced_pod_log(pod, self.options.namespace, follow=True,
+                                                                tail_lines=tail, _preload_content=False)
+            except Exception:  # noqa: BLE001 - not started yet (400), gone (404), a passing API error: retried
+                stop.wait(FOLLOW_POLL_SECONDS)
+                continue
+            pending = b""
+            try:
+                for chunk in response.stream(4096, decode_content=True):
+                    *complete, pending = (pending + chunk).split(b"\n")
+                    for line in complete:
+                        lines.put((pod, line.decode("utf-8", errors="replace")))
+                    if stop.is_set():
+                        return
+            except Exception:  # noqa: BLE001 - the connection dropped: what came is kept, nothing read twice
+                pass
+            finally:
+                response.release_conn()
+            if pending:
+                lines.put((pod, pending.decode("utf-8", errors="replace")))
+            return
 
     def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
         return progress_from_logs([self._pod_log(pod, 50) for pod in self._pods(job_id)], training=training)

@@ -102,6 +102,8 @@ def probe_manifests(job: dict[str, Any], token: str, marker: str) -> list[dict[s
     job["metadata"] = {"name": token, "namespace": namespace, "labels": labels}
     spec = job["spec"]
     spec.update(completions=PODS, parallelism=PODS, backoffLimit=0, activeDeadlineSeconds=600)
+    for key in ("backoffLimitPerIndex", "maxFailedIndexes"):  # the stage's retries: no probe's (nor fit PODS)
+        spec.pop(key, None)
     spec["template"]["metadata"] = {"labels": labels}
     pod = spec["template"]["spec"]
     pod["subdomain"] = token

@@ -30,10 +30,12 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.kubernetes import nemo_pod
+from bcp_pipeline.backends.kubernetes.policies import elastic_policy, failure_limits
+from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMIT_EXIT, time_limited
+from bcp_pipeline.backends.kubernetes.rank_lines import POD_LAUNCHER, TORCHRUN_TEE, with_torchrun_prefix
 from bcp_pipeline.backends.shared.bridge_command import data_list_argv as bridge_data_list_argv
 from bcp_pipeline.backends.shared.bridge_command import data_list_file, gpus_per_node, trains_with_bridge
 from bcp_pipeline.backends.shared.bridge_command import rank_argv as bridge_rank_argv
@@ -51,28 +53,6 @@ NAME_MAX = 52  # a Job name; its pods are JOB-INDEX-xxxxx, and JOB-INDEX must st
 UNSAFE = re.compile(r"[^a-z0-9-]+")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-# Starts the pod's processes: LOCAL_RANK 0..P-1, each with its global RANK, and waits for all of them; the pod's
-# exit status is the first non-zero one, so the pod failure policy sees a failed program's own exit code.
-POD_LAUNCHER = ('P=$BCP_PIPELINE_PROCESSES; pids=""; for local in $(seq 0 $((P - 1))); do '
-                'RANK=$((JOB_COMPLETION_INDEX * P + local)) LOCAL_RANK=$local "$@" & pids="$pids $!"; done; '
-                'code=0; for pid in $pids; do wait "$pid"; status=$?; [ "$code" = 0 ] && code=$status; done; '
-                'exit "$code"')
-# The stage's time limit, kept by the container itself: its command runs under this timer, started with the
-# container, so the limit counts from when the pod runs (as BCP's and Slurm's count from the job's start), not from
-# the Job's creation as activeDeadlineSeconds would (a Job waiting for capacity would lose its runtime to the
-# queue). Past the limit every process of the container gets SIGTERM (SIGKILL comes with the container's end) and it
-# exits TIME_LIMIT_EXIT, which the pod failure policy turns into a failed Job that states.py reads as timed out (a
-# continuation continues it). SIGTERM to the container (a deletion) goes to every process too: as PID 1, bash
-# would otherwise ignore it. A program's own exit with TIME_LIMIT_EXIT is reported as 1, so it cannot pass for one.
-TIME_LIMIT_EXIT = 124  # as timeout(1)'s
-TIME_LIMITER = ('limit=$1; shift; trap \'trap "" TERM; kill -TERM 0\' TERM; "$@" & child=$!; '
-                'while kill -0 "$child" 2>/dev/null && [ "$SECONDS" -lt "$limit" ]; do sleep 1; done; '
-                'if kill -0 "$child" 2>/dev/null; then echo "bcp-pipeline: the stage time limit of $limit s, counted '
-                'from the start of this container, ran out: stopping it" >&2; trap "" TERM; kill -TERM 0; '
-                'for _ in $(seq 30); do kill -0 "$child" 2>/dev/null || break; sleep 1; done; '
-                f'exit {TIME_LIMIT_EXIT}; fi; wait "$child"; code=$?; if [ "$code" = {TIME_LIMIT_EXIT} ]; then '
-                f'echo "bcp-pipeline: the stage exited {TIME_LIMIT_EXIT}, the status of the time limit: reported as 1"'
-                ' >&2; code=1; fi; exit "$code"')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,13 +186,6 @@ def resources_of(res: KubernetesResources, gpus: int | None = None) -> dict[str,
     return {"requests": given, "limits": given} if given else {}
 
 
-def time_limited(command: list[str], seconds: int | None) -> list[str]:
-    """`command` run under the container's own timer (TIME_LIMITER) where the stage has a time limit."""
-    if seconds is None:
-        return command
-    return ["bash", "-c", TIME_LIMITER, "bcp-pipeline-time-limit", str(seconds), *command]
-
-
 def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name: str) -> dict[str, Any]:
     res: KubernetesResources = request.resources("kubernetes")
     mount = request.pipeline.workspace.mount.rstrip("/")
@@ -231,9 +204,14 @@ def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name:
         "workingDir": mount, "env": container_env(request, options, size, name),
         "volumeMounts": [{"name": "workspace", "mountPath": mount, "readOnly": request.kind == "verify"}],
     }
+    if engine:
+        with_torchrun_prefix(container)
     if resources := resources_of(res, size.processes if engine else None):
         container["resources"] = resources
-    spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": name, "automountServiceAccountToken": False,
+    # No API token in the pods unless a stage asks for one (mount_service_account_token): the stage programs never
+    # call the Kubernetes API, and a mounted token is a credential any code in the image can read.
+    spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": name,
+                            "automountServiceAccountToken": res.mount_service_account_token,
                             "containers": [container],
                             "volumes": [{"name": "workspace",
                                          "persistentVolumeClaim": {"claimName": options.workspace_claim}}]}
@@ -248,8 +226,8 @@ def pod_spec(request: JobRequest, options: KubernetesOptions, size: Shape, name:
         spec["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                                               "whenUnsatisfiable": "ScheduleAnyway",
                                               "labelSelector": {"matchLabels": {LABEL_JOB: name}}}]
-    if options.service_account:
-        spec["serviceAccountName"] = options.service_account
+    if service_account := res.service_account or options.service_account:
+        spec["serviceAccountName"] = service_account
     if res.node_selector:
         spec["nodeSelector"] = dict(res.node_selector)
     if res.tolerations:
@@ -287,7 +265,7 @@ def nemo_pod_command(request: JobRequest, options: KubernetesOptions, size: Shap
 def torchrun(options: KubernetesOptions, size: Shape, rendezvous_args: bool) -> str:
     """torchrun by its module (shell text), a process a GPU of the pod; `rendezvous_args`: the Indexed Job's static
     rendezvous at the index-0 pod; else the PyTorchJob operator's (torchrun reads its PET_* variables)."""
-    words = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
+    words = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}", TORCHRUN_TEE]
     if rendezvous_args:
         words += [f"--nnodes={size.pods}", '--node_rank="$JOB_COMPLETION_INDEX"', '--master_addr="$MASTER_ADDR"',
                   '--master_port="$MASTER_PORT"']
@@ -314,7 +292,7 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     res: KubernetesResources = request.resources("kubernetes")
     spec: dict[str, Any] = {
         "completionMode": "Indexed", "completions": size.pods, "parallelism": size.pods,
-        "backoffLimit": res.backoff_limit,
+        **failure_limits(res),
         # A disrupted pod (preempted, evicted, its node drained or tainted away) is replaced without counting
         # against backoffLimit, where the pods are independent shards; where they meet (a gang: a training's
         # rendezvous), a replacement could never rejoin its peers, so the whole attempt fails (states.py reads it
@@ -337,8 +315,11 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
 
 def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, Any]:
     """A Kubeflow PyTorchJob: one Master and pods-1 Workers; the operator sets RANK/WORLD_SIZE/MASTER_ADDR (one
-    process per pod: its `nproc_per_node` is the stage's processes, started by torchrun inside the image)."""
+    process per pod: its `nproc_per_node` is the stage's processes, started by torchrun inside the image). With an
+    `elastic_policy`, `pods` Workers and no Master: the operator gives torchrun an elastic rendezvous instead
+    (PET_RDZV_BACKEND, PET_RDZV_ENDPOINT at the first Worker, PET_NNODES=MIN:MAX, PET_MAX_RESTARTS)."""
     size = shape(request, options)
+    res: KubernetesResources = request.resources("kubernetes")
     name = job_name(request)
     template = pod_spec(request, options, size, name)
     container = template["containers"][0]
@@ -350,28 +331,35 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     elif nemo_pod.trains_with_nemo(request):
         command, container["args"] = nemo_pod_command(request, options, size, torchrun_rendezvous=False)
     else:
-        command = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}"]
+        command = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}", TORCHRUN_TEE]
         container["args"] = container["args"][1:] if container["args"][:1] == [options.python] else container["args"]
+        with_torchrun_prefix(container)
     container["command"] = time_limited(command, size.deadline_seconds)
     container["env"] = [e for e in container["env"] if e["name"] not in
                         ("WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")]
     container["ports"] = [{"name": "pytorchjob-port", "containerPort": options.master_port}]
     template.pop("subdomain")
     replica = {"restartPolicy": "Never", "template": {"metadata": metadata(request, name), "spec": template}}
-    specs: dict[str, Any] = {"Master": {"replicas": 1, **replica}}
-    if size.pods > 1:
-        specs["Worker"] = {"replicas": size.pods - 1, **replica}
+    if res.elastic_policy is not None:  # the operator's elastic mode: Workers only (its rendezvous: worker-0)
+        specs: dict[str, Any] = {"Worker": {"replicas": size.pods, **replica}}
+    else:
+        specs = {"Master": {"replicas": 1, **replica}}
+        if size.pods > 1:
+            specs["Worker"] = {"replicas": size.pods - 1, **replica}
     # None, not Running: the job succeeds when its Master does, and Running would then delete the Workers still
     # finishing, with their logs (Megatron-Bridge prints its training log from the last rank, a Worker). A stage's
     # next attempt and `cancel` delete the whole PyTorchJob, its pods with it.
     res: KubernetesResources = request.resources("kubernetes")
-    run_policy: dict[str, Any] = {"backoffLimit": res.backoff_limit, "cleanPodPolicy": "None"}
+    run_policy: dict[str, Any] = {"backoffLimit": res.backoff_limit or 0, "cleanPodPolicy": "None"}
     # No activeDeadlineSeconds (it counts queue time): each pod keeps the limit; states.py reads its exit.
     if res.ttl_after_finished:
         run_policy["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
+    spec: dict[str, Any] = {"nprocPerNode": str(size.processes), "runPolicy": run_policy,
+                            "pytorchReplicaSpecs": specs}
+    if res.elastic_policy is not None:
+        spec["elasticPolicy"] = elastic_policy(res.elastic_policy, size.pods)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "metadata": metadata(request, name, options.namespace),
-            "spec": {"nprocPerNode": str(size.processes), "runPolicy": run_policy, "pytorchReplicaSpecs": specs}}
+            "metadata": metadata(request, name, options.namespace), "spec": spec}
 
 
 def is_pytorchjob(request: JobRequest) -> bool:
@@ -384,19 +372,6 @@ def manifests(request: JobRequest, options: KubernetesOptions) -> list[dict[str,
     if is_pytorchjob(request):
         return [pytorch_job(request, options)]
     return [headless_service(request, options, job_name(request)), indexed_job(request, options)]
-
-
-class _NoAliasDumper(yaml.SafeDumper):
-    """Writes a value shared by two places (one labels dict in metadata and selector) out twice: `&id001`/`*id001`
-    anchors are valid YAML but unreadable in `plan`, and kubectl users never write them."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def printable(objects: list[dict[str, Any]]) -> str:
-    """The manifests as YAML documents, exactly as submitted (key order kept, no anchors)."""
-    return yaml.dump_all(objects, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=120)
 
 
 def what_it_runs(request: JobRequest, options: KubernetesOptions) -> str:
@@ -421,6 +396,11 @@ def job_rendezvous(request: JobRequest, options: KubernetesOptions) -> dict | No
     size = shape(request, options)
     layout = RankLayout(nodes=size.pods, per_node=size.processes)
     name = job_name(request)
+    if is_pytorchjob(request) and (elastic := request.resources("kubernetes").elastic_policy) is not None:
+        bounds = elastic_policy(elastic, size.pods)
+        return rendezvous(layout, f"{name}-worker-0 (the first Worker pod: {elastic.rdzv_backend} elastic "
+                          f"rendezvous of {bounds['minReplicas']} to {bounds['maxReplicas']} pods; ranks are given "
+                          "out there)", str(options.master_port))
     if is_pytorchjob(request):
         # The training operator's: its Master pod's Service, named after the job's Master replica.
         return rendezvous(layout, f"{name}-master-0 (the Master pod, through the training operator's Service)",

@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 from bcp_pipeline.backends.contract import JobState, JobStatus, map_native_state
-from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION, TIME_LIMIT_EXIT
+from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
+from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMIT_EXIT
 
 # The one map from what the API says of a stage's Job to JobState. A native state is built, in this order, from:
 # 1. the Job's first true terminal condition (Complete, SuccessCriteriaMet, Failed with its reason), or its
@@ -32,9 +33,11 @@ STATE_MAP: dict[str, JobState] = {
     # ... the gang rule (render.is_gang): a pod of a training was disrupted, so the attempt ended whole; lost, as a
     # lost node is: a continuation resubmits it (its default resubmit_on), else resume runs it again.
     "FAILED/DISRUPTED": JobState.LOST,
-    # ... the time-limit rule: a pod's own timer (render.TIME_LIMITER) ended it at the stage's runtime, counted from
+    # ... the time-limit rule: a pod's own timer (time_limit.TIME_LIMITER) ended it at the stage's runtime, counted from
     # its container's start; a per-job stop, continued like BCP's and Slurm's time limits.
     "FAILED/TIMELIMIT": JobState.TIMED_OUT,
+    # retries_per_index (backoffLimitPerIndex): an index used up its retries; its Job failed once every index had
+    # ended (FailedIndexes), or at once past maxFailedIndexes. The detail names the failed indexes.
     "FAILED/MAXFAILEDINDEXESEXCEEDED": JobState.FAILED,
     "FAILED/FAILEDINDEXES": JobState.FAILED,
     "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # activeDeadlineSeconds ran out (a Job rendered with one)
@@ -44,6 +47,7 @@ STATE_MAP: dict[str, JobState] = {
     "FAILURETARGET/PODFAILUREPOLICY": JobState.RUNNING,
     "FAILURETARGET/DEADLINEEXCEEDED": JobState.RUNNING,
     "FAILURETARGET/MAXFAILEDINDEXESEXCEEDED": JobState.RUNNING,
+    "FAILURETARGET/FAILEDINDEXES": JobState.RUNNING,
     "SUSPENDED": JobState.QUEUED,
     # A pod on a node that is no longer Ready: the kubelet is gone, nothing on the node runs or reports, and the
     # Job controller replaces the pod only once the node is removed. The job is lost; the stage's next attempt
@@ -76,7 +80,7 @@ PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
     "CREATED": JobState.QUEUED, "RUNNING": JobState.RUNNING, "RESTARTING": JobState.RUNNING,
     "SUCCEEDED": JobState.SUCCEEDED, "FAILED": JobState.FAILED, "SUSPENDED": JobState.QUEUED,
     "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # runPolicy.activeDeadlineSeconds ran out (one rendered so)
-    "FAILED/TIMELIMIT": JobState.TIMED_OUT,  # a pod's own timer (render.TIME_LIMITER) ended it at the limit
+    "FAILED/TIMELIMIT": JobState.TIMED_OUT,  # a pod's own timer (time_limit.TIME_LIMITER) ended it at the limit
 }
 # The training operator's one word for that (common/pkg/controller.v1/common/job.go, pastActiveDeadline): its Failed
 # condition's reason names only the kind, the message says why.
@@ -97,7 +101,7 @@ def job_condition(job: Any) -> tuple[str, str] | None:
                 reason = "DISRUPTED"
             elif reason == "PODFAILUREPOLICY" and TIME_LIMIT_RULE_MESSAGE in (condition.message or ""):
                 reason = "TIMELIMIT"
-            return f"FAILED/{reason}", condition.message or ""
+            return f"FAILED/{reason}", with_failed_indexes(job, condition.message or "")
         if kind in ("COMPLETE", "SUCCESSCRITERIAMET"):
             return kind, condition.message or ""
     for condition in true:
@@ -107,6 +111,13 @@ def job_condition(job: Any) -> tuple[str, str] | None:
         if kind == "SUSPENDED":
             return kind, condition.message or ""
     return None
+
+
+def with_failed_indexes(job: Any, message: str) -> str:
+    """A failed Job's message, and the indexes that used up their retries where it has per-index retries (the
+    Job's status.failedIndexes, e.g. "1,3-4"): which shards to look at."""
+    failed = getattr(job.status, "failed_indexes", None)
+    return f"{message} (failed indexes: {failed})" if failed else message
 
 
 def pod_trouble(pods: list[Any], ready_nodes: set[str] | None) -> tuple[str, str] | None:
@@ -196,7 +207,7 @@ def ready_node_names(nodes: list[Any]) -> set[str]:
 
 def pytorchjob_status(obj: dict[str, Any], pods: list[Any] = ()) -> JobStatus:
     """A PyTorchJob (a dict from the custom-objects API): its last true condition decides; a failed one whose pod
-    exited by its time limit (render.TIME_LIMITER: the operator's condition names only failed replicas, so the
+    exited by its time limit (time_limit.TIME_LIMITER: the operator's condition names only failed replicas, so the
     pods' exit codes tell) timed out."""
     conditions = [c for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"]
     native = conditions[-1]["type"].upper() if conditions else "CREATED"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, Jo
 from bcp_pipeline.backends.local.states import STATE_MAP
 from bcp_pipeline.backends.local.supervisor import LOST_RANK_GRACE_SECONDS
 from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
-from bcp_pipeline.backends.shared.logs import indent, joined_logs, last_lines, progress_from_logs, read_tail
+from bcp_pipeline.backends.shared.logs import (follow_files, indent, job_running, joined_logs, last_lines,
+    progress_from_logs, read_tail)
 from bcp_pipeline.config.resources import LocalOptions
 from bcp_pipeline.errors import SubmissionError
 from bcp_pipeline.procs import is_alive, process_start_ticks, signal_group
@@ -186,6 +188,13 @@ class LocalBackend(Backend):
             if not paths:
                 raise SubmissionError(f"job {job_id} has no log for rank {rank}")
         return joined_logs(paths, tail)
+
+    def follow_logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> Iterator[str]:
+        """The rank logs (one rank's when given), followed as files, until the job ends."""
+        def paths() -> list[Path]:
+            return [p for p in self._rank_logs(job_id) if rank is None or p.name == f"rank-{rank:05d}.log"]
+
+        return follow_files(paths, lambda: job_running(self, job_id), tail=tail, interval=self.poll_min_seconds)
 
     def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
         return progress_from_logs([read_tail(path, 8192) for path in self._rank_logs(job_id)], training=training)

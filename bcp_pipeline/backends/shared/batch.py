@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.backends.contract import Backend, JobProgress, outage_seconds
-from bcp_pipeline.backends.shared.logs import indent, joined_logs, last_lines, progress_from_logs, read_tail
+from bcp_pipeline.backends.shared.logs import (follow_files, indent, job_running, joined_logs, last_lines,
+    progress_from_logs, read_tail)
 from bcp_pipeline.errors import SubmissionError
 
 
@@ -93,6 +95,17 @@ class BatchBackend(Backend):
             if not paths:
                 raise SubmissionError(f"job {job_id} has no logs yet under {self.logs_dir}")
         return joined_logs(paths, tail)
+
+    def follow_logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> Iterator[str]:
+        """The rank logs (one rank's when given) and the scheduler's, followed as files, until the job ends."""
+        if rank is not None:
+            def paths() -> list[Path]:
+                return [self.rank_log(job_id, rank)]
+        else:
+            def paths() -> list[Path]:
+                return self.rank_logs(job_id) + [p for p in self.scheduler_logs(job_id) if p.is_file()]
+        return follow_files(paths, lambda: job_running(self, job_id), tail=tail,
+                            interval=min(self.poll_max_seconds, 2.0))
 
     def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
         return progress_from_logs([read_tail(path, 8192) for path in self.rank_logs(job_id)], training=training)

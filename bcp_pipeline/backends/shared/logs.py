@@ -4,11 +4,13 @@ ranks, a training's steps and loss, log tails, and several log files shown as on
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.backends.contract import JobProgress
-from bcp_pipeline.training_log import last_progress
+from bcp_pipeline.training_log import RANK_LINE_PREFIX, last_progress
 
 
 LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
@@ -60,6 +62,19 @@ def training_progress(text: str) -> JobProgress | None:
                        step_seconds=found.step_seconds)
 
 
+def rank_lines(text: str, rank: int) -> str | None:
+    """The lines of rank `rank` in a log several ranks share, their `[rankN]:` prefix (RANK_LINE_PREFIX) taken off;
+    None where no line of `text` carries a rank prefix (a log written without them: the caller shows it whole)."""
+    found, prefixed = [], False
+    for line in text.splitlines():
+        match = RANK_LINE_PREFIX.match(line)
+        if match:
+            prefixed = True
+            if int(match.group(1)) == rank:
+                found.append(line[match.end():])
+    return "\n".join(found) if prefixed else None
+
+
 def joined_logs(paths: list[Path], tail: int | None) -> str:
     """Log files as one text (each headed `==> NAME <==` where there are several); `tail` keeps each one's last
     lines. What `logs` shows on the backends whose logs are files here."""
@@ -69,6 +84,58 @@ def joined_logs(paths: list[Path], tail: int | None) -> str:
         text = last_lines(text, tail) if tail else text
         parts.append(text if len(paths) == 1 else f"==> {path.name} <==\n{text}")
     return "\n".join(parts)
+
+
+def follow_files(paths: Callable[[], list[Path]], running: Callable[[], bool], *, tail: int | None = None,
+                 interval: float = 0.5) -> Iterator[str]:
+    """`logs --follow` where a job's logs are files here: their lines as they are written (a file that appears, a
+    rank starting, is read from its start; with `tail`, every file from its last `tail` lines), until `running()`
+    says the job ended and every file is read to its end. Lines of several files are each headed `[NAME] `."""
+    offsets: dict[Path, int] = {}
+    partial: dict[Path, bytes] = {}
+    while True:
+        ended = not running()  # asked first: what was written before the job ended is read below
+        files = paths()
+        for path in files:
+            if path not in offsets:
+                offsets[path] = tail_offset(path, tail) if tail else 0
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(offsets[path])
+                    chunk = handle.read()
+            except OSError:
+                continue
+            offsets[path] += len(chunk)
+            *lines, partial[path] = (partial.get(path, b"") + chunk).split(b"\n")
+            if ended and partial[path]:  # the last line, without its newline
+                lines, partial[path] = [*lines, partial[path]], b""
+            head = f"[{path.name}] " if len(files) > 1 else ""
+            for line in lines:
+                yield head + line.decode("utf-8", errors="replace")
+        if ended:
+            return
+        time.sleep(interval)
+
+
+def job_running(backend: Any, job_id: str) -> bool:
+    """Whether the job still runs as its backend's poll tells (a job it no longer knows has ended)."""
+    status = backend.poll([job_id]).get(job_id)
+    return status is not None and not status.state.finished
+
+
+def tail_offset(path: Path, count: int) -> int:
+    """Where the last `count` lines of a file start (0 for a shorter or unreadable one)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return 0
+    data = data.rstrip(b"\n")
+    start = len(data)
+    for _ in range(count):
+        start = data.rfind(b"\n", 0, start)
+        if start < 0:
+            return 0
+    return start + 1
 
 
 def read_tail(path: Path, max_bytes: int = 65536) -> str:
