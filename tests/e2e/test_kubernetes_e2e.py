@@ -91,11 +91,6 @@ def demo_project(root: Path, backend: str, kubeconfig: Path, pretrain: dict | No
     return config
 
 
-def refused_here(request) -> bool:
-    """A NeMo launcher stage, which this backend refuses to render (tests/backends/test_kubernetes_render.py)."""
-    return request.kind == "stage" and request.stage.nemo is not None
-
-
 def test_every_bundled_pipeline_is_accepted_by_the_apiserver(k8s_cluster: K8sCluster, workspace: Path) -> None:  # noqa: F811
     from bcp_pipeline.backends.kubernetes.client import create_object
     from bcp_pipeline.backends.registry import make_backend
@@ -107,9 +102,7 @@ def test_every_bundled_pipeline_is_accepted_by_the_apiserver(k8s_cluster: K8sClu
     checked = 0
     for name, pipeline in config.pipelines.items():
         backend = make_backend("kubernetes", config, pipeline, Path("/tmp/none/runs") / f"{name}-RUN")
-        for request in planned_requests(pipeline, f"{name}-RUN"):
-            if refused_here(request):
-                continue
+        for request in planned_requests(pipeline, f"{name}-RUN"):  # NeMo launcher pretrains too
             for obj in backend.render(request).payload["manifests"]:
                 if obj["kind"] != "PyTorchJob":
                     create_object(api, obj, dry_run=True)  # raises with the apiserver's reason if refused
@@ -413,9 +406,7 @@ def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass
             loaded.options["kubernetes"].namespace = NAMESPACE
             pipeline = loaded.pipeline(name)
             backend = make_backend("kubernetes", loaded, pipeline, Path("/tmp/none/runs") / f"{name}-RUN")
-            for request in planned_requests(pipeline, f"{name}-RUN"):
-                if refused_here(request):
-                    continue
+            for request in planned_requests(pipeline, f"{name}-RUN"):  # NeMo launcher pretrains too
                 for obj in backend.render(request).payload["manifests"]:
                     if obj["kind"] == "PyTorchJob":
                         create_object(api, obj, dry_run=True)  # raises with the apiserver's reason if refused
