@@ -21,6 +21,7 @@ from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.kubernetes.backend import KubernetesBackend
 from bcp_pipeline.backends.kubernetes.nemo_pod import COMPOSED_MARK
 from bcp_pipeline.backends.kubernetes.render import manifests
+from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMITER
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.submitter import planned_requests
 from bcp_pipeline.errors import ConfigError
@@ -31,6 +32,12 @@ pytest.importorskip("kubernetes")
 TRAINER = "/opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py"
 NEMO_STAND_IN = REPO / "tests" / "fakes" / "nemo_launcher"
 
+
+
+def pod_command(container: dict) -> list[str]:
+    """The pod's own command, inside the time limit's timer (time_limit.time_limited) where the stage has one."""
+    command = container["command"]
+    return command[5:] if command[:4] == ["bash", "-c", TIME_LIMITER, "bcp-pipeline-time-limit"] else command
 
 def nemo_request(*overrides: str, config_file: Path = REPO / "pipelines.yaml",
                  pipeline: str = "slimpajama-8b") -> tuple[KubernetesBackend, JobRequest]:
@@ -72,7 +79,7 @@ def test_each_pod_asks_for_its_gpus_and_runs_torchrun_of_nemo_s_script_with_the_
     assert container["resources"] == {"requests": {"nvidia.com/gpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]  # NCCL's shared memory
     assert job["spec"]["podFailurePolicy"]["rules"][0]["action"] == "FailJob"  # 8 pods meet: stand or fall together
-    command, script = container["command"][:2], container["command"][2]
+    command, script = pod_command(container)[:2], pod_command(container)[2]
     assert command == ["bash", "-c"] and subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     assert container["args"] == [TRAINER, "--config-path=/mount_workspace/results/gpt_8b-slimpajama-8b-RUN",
                                  "--config-name=gpt_8b-slimpajama-8b-RUN_hydra.yaml"]
@@ -84,7 +91,7 @@ def test_each_pod_asks_for_its_gpus_and_runs_torchrun_of_nemo_s_script_with_the_
     assert (overrides["training.trainer.num_nodes"], overrides["training.trainer.devices"]) == ("8", "8")
     assert overrides["+training.exp_manager.max_time_per_run"] == "4:23:15:00"  # 5 days minus the 45m margin
     # One torchrun a pod, a rank a GPU, at the index-0 pod (the same rendezvous as Megatron-Bridge's pods).
-    assert script.rstrip().endswith('exec python3 -m torch.distributed.run --nproc_per_node=8 --nnodes=8 '
+    assert script.rstrip().endswith('exec python3 -m torch.distributed.run --nproc_per_node=8 --tee=3 --nnodes=8 '
                                      '--node_rank="$JOB_COMPLETION_INDEX" --master_addr="$MASTER_ADDR" '
                                      '--master_port="$MASTER_PORT" "$@"')
     assert backend.render(request).rendezvous["WORLD_SIZE"] == 64
@@ -95,10 +102,10 @@ def test_as_a_pytorchjob_the_master_composes_and_torchrun_takes_the_operator_s_r
     (obj,) = manifests(request, backend.options)
     assert obj["kind"] == "PyTorchJob" and obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 7
     container = pod_of(obj)["containers"][0]
-    script = container["command"][2]
+    script = pod_command(container)[2]
     assert container["name"] == "pytorch" and container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert 'node="$PET_NODE_RANK"' in script  # the operator's: 0 on the Master, 1.. on the Workers
-    assert script.rstrip().endswith('exec python3 -m torch.distributed.run --nproc_per_node=8 "$@"')
+    assert script.rstrip().endswith('exec python3 -m torch.distributed.run --nproc_per_node=8 --tee=3 "$@"')
     assert obj["spec"]["nprocPerNode"] == "8"
 
 
@@ -107,7 +114,7 @@ def test_the_pods_gpus_image_and_layout_come_from_the_kubernetes_section() -> No
                                     "pretrain.kubernetes.image=nvcr.io/nvidia/nemo:24.07")
     _, job = manifests(request, backend.options)
     container = pod_of(job)["containers"][0]
-    overrides = launcher_overrides(container["command"][2])
+    overrides = launcher_overrides(pod_command(container)[2])
     assert (overrides["training.trainer.num_nodes"], overrides["training.trainer.devices"]) == ("2", "4")
     assert overrides["launcher_scripts_path"] == "/opt/NeMo-Framework-Launcher/launcher_scripts"  # 24.07's folder
     assert container["image"] == "nvcr.io/nvidia/nemo:24.07"
@@ -204,7 +211,7 @@ def test_two_pods_run_the_script_pod_0_composes_pod_1_waits_then_each_starts_tor
 
 def test_a_pod_waits_no_longer_than_its_limit_for_a_first_pod_that_never_composes(tmp_path: Path) -> None:
     backend, request = nemo_request()
-    script = manifests(request, backend.options)[1]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    script = pod_command(manifests(request, backend.options)[1]["spec"]["template"]["spec"]["containers"][0])[2]
     quick = script.replace('-ge 1800 ]', '-ge 2 ]').replace("mark=/mount_workspace", f"mark={tmp_path}")
     done = subprocess.run(["bash", "-c", quick, "pod"], env={**os.environ, "JOB_COMPLETION_INDEX": "3"},
                           capture_output=True, text=True, timeout=30)

@@ -94,10 +94,11 @@ def test_retries_per_index_render_backoff_limit_per_index_and_no_global_limit_un
     assert limits("download.kubernetes.retries_per_index=2", "download.kubernetes.max_failed_indexes=1",
                   "download.kubernetes.backoff_limit=5") == {"backoffLimit": 5, "backoffLimitPerIndex": 2,
                                                              "maxFailedIndexes": 1}
-    # The pod failure policy stays: disruptions ignored (replaced), failed programs counted (now per index).
+    # The pod failure policy stays: disruptions ignored (replaced), the time limit's exit failing the Job, failed
+    # programs counted (now per index).
     backend, request = request_for("download", "download.kubernetes.retries_per_index=2")
     _, job = manifests(request, backend.options)
-    assert [rule["action"] for rule in job["spec"]["podFailurePolicy"]["rules"]] == ["Ignore", "Count"]
+    assert [rule["action"] for rule in job["spec"]["podFailurePolicy"]["rules"]] == ["Ignore", "FailJob", "Count"]
     # A training of one pod (nothing to rejoin) may retry it.
     assert limits("pretrain.kubernetes.retries_per_index=1", stage="pretrain") == {"backoffLimitPerIndex": 1}
 
@@ -153,7 +154,9 @@ def test_torchrun_pods_prefix_their_ranks_lines_too() -> None:
     backend, request = request_for("pretrain", "pretrain.kubernetes.launcher=pytorchjob")
     (job,) = manifests(request, backend.options)
     container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-    assert container["command"][:5] == ["python3", "-m", "torch.distributed.run", "--nproc_per_node=1", "--tee=3"]
+    torchrun = container["command"][5:]  # inside the time limit's timer (time_limit.time_limited)
+    assert container["command"][3] == "bcp-pipeline-time-limit"
+    assert torchrun[:5] == ["python3", "-m", "torch.distributed.run", "--nproc_per_node=1", "--tee=3"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
 
