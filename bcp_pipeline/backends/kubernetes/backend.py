@@ -18,10 +18,10 @@ from typing import Any
 
 from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission, outage_seconds
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
-from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, is_pytorchjob, job_rendezvous, label_value,
-    manifests, printable, refuse_nemo, selector_labels, shape)
+from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, QUEUE_LABEL, is_pytorchjob, job_rendezvous, label_value,
+    check_queue, manifests, printable, refuse_nemo, selector_labels, shape)
 from bcp_pipeline.backends.kubernetes.states import (completion_index, job_condition, pytorchjob_status,
-    ready_node_names, status_of)
+    ready_node_names, status_of, workload_message)
 from bcp_pipeline.backends.shared.locks import user_writer_lock
 from bcp_pipeline.backends.shared.logs import last_lines, progress_from_logs
 from bcp_pipeline.config.model import Config, PipelineConfig
@@ -29,6 +29,7 @@ from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError, SubmissionError
 
 READY_TIMEOUT_SECONDS = 15  # the one API call before a run is recorded: a cluster that answers does so at once
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")  # Kueue's Workload API: v1beta2 from Kueue 0.15 on, v1beta1 before
 
 
 class KubernetesBackend(Backend):
@@ -61,9 +62,10 @@ class KubernetesBackend(Backend):
     def check_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
                      detach: bool = False) -> None:
         """What this backend never renders, refused before a run is recorded rather than when its stage is due:
-        a `nemo:` stage (render.refuse_nemo)."""
+        a `nemo:` stage (render.refuse_nemo), a Kueue queue named badly or through `labels` (render.check_queue)."""
         for request in requests:
             refuse_nemo(request)
+            check_queue(request)
 
     # -- rendering (pure) ------------------------------------------------------------------------------
     def writer_lock_path(self) -> Path:
@@ -145,12 +147,47 @@ class KubernetesBackend(Backend):
             return {}
         wanted = set(job_ids)
         jobs = [job for job in self._list_jobs() if job.metadata.name in wanted]
+        pytorchjobs = [obj for obj in self._list_pytorchjobs() if obj["metadata"]["name"] in wanted] \
+            if wanted - {job.metadata.name for job in jobs} else []  # `launcher: pytorchjob`: not a batch/v1 Job
         pods_and_nodes = self._pods_and_nodes(jobs)  # once a poll, not once a Job
-        found = {job.metadata.name: status_of(job, *pods_and_nodes[job.metadata.name]) for job in jobs}
-        if wanted - set(found):  # a PyTorchJob (`launcher: pytorchjob`) is not a batch/v1 Job
-            found.update({obj["metadata"]["name"]: pytorchjob_status(obj) for obj in self._list_pytorchjobs()
-                          if obj["metadata"]["name"] in wanted})
+        in_kueue = {job.metadata.name for job in jobs
+                    if job.spec.suspend and QUEUE_LABEL in (job.metadata.labels or {})}
+        in_kueue |= {obj["metadata"]["name"] for obj in pytorchjobs
+                     if obj["spec"].get("runPolicy", {}).get("suspend")
+                     and QUEUE_LABEL in obj["metadata"].get("labels", {})}
+        said = self._kueue_messages(in_kueue)
+        found = {job.metadata.name: status_of(job, *pods_and_nodes[job.metadata.name],
+                                              kueue_message=said.get(job.metadata.name)) for job in jobs}
+        found.update({obj["metadata"]["name"]: pytorchjob_status(obj, said.get(obj["metadata"]["name"]))
+                      for obj in pytorchjobs})
         return found
+
+    def _kueue_messages(self, owners: set[str]) -> dict[str, str]:
+        """Kueue's reason for each job of `owners` (suspended in a queue) that it has not admitted, from the
+        Workload it made for it (owned by the job): one list of the namespace's Workloads a poll, and only while
+        a job waits. Best effort: a cluster without Kueue's API (404) or an identity that may not read Workloads
+        (403) only leaves the reason at the queue's name."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        if not owners:
+            return {}
+        for version in KUEUE_VERSIONS:
+            try:
+                workloads = client.CustomObjectsApi(self.api()).list_namespaced_custom_object(
+                    "kueue.x-k8s.io", version, self.options.namespace, "workloads")["items"]
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                if exc.status == 403:
+                    return {}
+                raise api_error("list workloads", exc) from None
+            except Exception as exc:  # noqa: BLE001
+                raise api_error("list workloads", exc) from None
+            return {owner["name"]: message for workload in workloads
+                    for owner in workload["metadata"].get("ownerReferences", [])
+                    if owner.get("name") in owners and (message := workload_message(workload))}
+        return {}
 
     def _pods_and_nodes(self, jobs: list[Any]) -> dict[str, tuple[list[Any], set[str] | None]]:
         """Each Job's pods and the Ready nodes, for the Jobs no condition decides: one list of the run's pods (by

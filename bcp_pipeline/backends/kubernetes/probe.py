@@ -102,6 +102,9 @@ def probe_manifests(job: dict[str, Any], token: str, marker: str) -> list[dict[s
     job["metadata"] = {"name": token, "namespace": namespace, "labels": labels}
     spec = job["spec"]
     spec.update(completions=PODS, parallelism=PODS, backoffLimit=0, activeDeadlineSeconds=600)
+    # Outside the stage's Kueue queue (its label is not copied above): the probe asks of pods, the mount and a
+    # delete, not of admission (the `kueue queue` row checks the queue), and waits for no quota.
+    spec.pop("suspend", None)
     spec["template"]["metadata"] = {"labels": labels}
     pod = spec["template"]["spec"]
     pod["subdomain"] = token

@@ -46,6 +46,10 @@ NAME_MAX = 52  # a Job name; its pods are JOB-INDEX-xxxxx, and JOB-INDEX must st
 UNSAFE = re.compile(r"[^a-z0-9-]+")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# Kueue's label naming the LocalQueue a job waits in (kubernetes.queue); on the job only, never on its pods (Kueue's
+# pod integration would take a labelled pod for a plain pod of its own).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Starts the pod's processes: LOCAL_RANK 0..P-1, each with its global RANK, and waits for all of them; the pod's
 # exit status is the first non-zero one, so the pod failure policy sees a failed program's own exit code.
 POD_LAUNCHER = ('P=$BCP_PIPELINE_PROCESSES; pids=""; for local in $(seq 0 $((P - 1))); do '
@@ -126,11 +130,28 @@ def labels(request: JobRequest, name: str) -> dict[str, str]:
 
 
 def metadata(request: JobRequest, job: str, namespace: str | None = None) -> dict[str, Any]:
-    """The metadata of the job `job` (with its `namespace`) or of its pod template (without): the labels, and the
-    stage's annotations where it has some."""
-    annotations = dict(request.resources("kubernetes").annotations)
+    """The metadata of the job `job` (with its `namespace`) or of its pod template (without): the labels (the job's
+    with its Kueue queue, where it has one), and the stage's annotations where it has some."""
+    res: KubernetesResources = request.resources("kubernetes")
+    annotations = dict(res.annotations)
     named = {"name": job, "namespace": namespace} if namespace else {}
-    return {**named, "labels": labels(request, job), **({"annotations": annotations} if annotations else {})}
+    queue = {QUEUE_LABEL: res.queue} if namespace and res.queue else {}
+    return {**named, "labels": {**labels(request, job), **queue},
+            **({"annotations": annotations} if annotations else {})}
+
+
+def check_queue(request: JobRequest) -> None:
+    """A Kueue queue is named by `kubernetes.queue` (a LocalQueue's name: a DNS label), which also creates the job
+    suspended; the queue-name label given through `labels` would leave the job unsuspended where Kueue's webhook is
+    not installed, its pods started before any admission, so it is refused with the key to use instead."""
+    res: KubernetesResources = request.resources("kubernetes")
+    if QUEUE_LABEL in res.labels:
+        raise SubmissionError(f"{request.label}: kubernetes.labels sets {QUEUE_LABEL}: name the Kueue LocalQueue with "
+                              f"kubernetes.queue: {res.labels[QUEUE_LABEL]} instead (it also creates the job suspended "
+                              "until Kueue admits it)")
+    if res.queue is not None and not (len(res.queue) <= 63 and DNS_LABEL.match(res.queue)):
+        raise SubmissionError(f"{request.label}: kubernetes.queue {res.queue!r} is not a Kueue LocalQueue name (a DNS "
+                              "label: at most 63 of a-z, 0-9 and -, starting and ending alphanumeric)")
 
 
 def container_env(request: JobRequest, options: KubernetesOptions, size: Shape, name: str) -> list[dict[str, Any]]:
@@ -273,10 +294,15 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
             {"action": "Count", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}}]},
         "template": {"metadata": metadata(request, name), "spec": pod_spec(request, options, size, name)},
     }
-    if size.deadline_seconds:
+    if size.deadline_seconds:  # counted from the Job's start: where Kueue holds it, from its admission (below)
         spec["activeDeadlineSeconds"] = size.deadline_seconds
     if res.ttl_after_finished:
         spec["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
+    if res.queue:
+        # Created suspended: Kueue's Job reconciler admits it (unsuspends it) once the queue's quota fits all of its
+        # pods, without relying on Kueue's mutating webhook to suspend it; the Job controller sets startTime, from
+        # which activeDeadlineSeconds counts, on that resume.
+        spec["suspend"] = True
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": metadata(request, name, options.namespace), "spec": spec}
 
@@ -313,6 +339,8 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
         run_policy["activeDeadlineSeconds"] = size.deadline_seconds
     if res.ttl_after_finished:
         run_policy["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
+    if res.queue:  # as an Indexed Job's (above); Kueue's kubeflow.org/pytorchjob integration admits it
+        run_policy["suspend"] = True
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "metadata": metadata(request, name, options.namespace),
             "spec": {"nprocPerNode": str(size.processes), "runPolicy": run_policy, "pytorchReplicaSpecs": specs}}
@@ -326,6 +354,7 @@ def is_pytorchjob(request: JobRequest) -> bool:
 def manifests(request: JobRequest, options: KubernetesOptions) -> list[dict[str, Any]]:
     """Everything `run` creates for one job, in creation order."""
     refuse_nemo(request)
+    check_queue(request)
     if is_pytorchjob(request):
         return [pytorch_job(request, options)]
     return [headless_service(request, options, job_name(request)), indexed_job(request, options)]
