@@ -8,6 +8,7 @@ and a probe Job shaped as the first stage's (check/kubernetes_probe.py: RANK per
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, Row, different, ok, unchecked
@@ -191,7 +192,7 @@ def queue_rows(ctx: CheckInput, api: Any, options: KubernetesOptions) -> list[Ro
             found = client.CustomObjectsApi(api).get_namespaced_custom_object(
                 "kueue.x-k8s.io", "v1beta2", options.namespace, "localqueues", queue)
         except ApiException as exc:
-            if exc.status == 404 and f'"{queue}" not found' in (exc.body or ""):  # else: no such API (no Kueue)
+            if exc.status == 404 and named_in(exc.body, queue):  # else: no such API (no Kueue)
                 rows.append(different("kueue queue", assumes, "not found",
                                       f"create the LocalQueue {queue} in {options.namespace} (pointing at a "
                                       "ClusterQueue), or set the stage's kubernetes.queue to one that exists"))
@@ -210,6 +211,15 @@ def queue_rows(ctx: CheckInput, api: Any, options: KubernetesOptions) -> list[Ro
             continue
         rows.append(ok("kueue queue", assumes, f"exists and is active (ClusterQueue {cluster_queue})"))
     return rows
+
+
+def named_in(body: str | None, name: str) -> bool:
+    """Whether a 404's body is the API's Status for the object `name` (the resource exists, the object does not),
+    not a plain "404 page not found" (no such resource: its API is not installed)."""
+    try:
+        return json.loads(body or "").get("details", {}).get("name") == name
+    except ValueError:
+        return False
 
 
 def dry_run_rows(ctx: CheckInput, api: Any) -> list[Row]:
