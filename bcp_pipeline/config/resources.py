@@ -206,8 +206,10 @@ class KubernetesResources:
     # but the pod's memory), and on any pod where set
     image_pull_secrets: list[str] = field(default_factory=list)  # Secrets for a private registry (NGC: nvcr.io)
     priority_class: str | None = None  # the pods' priorityClassName
-    labels: dict[str, str] = field(default_factory=dict)  # more labels on the job and its pods (e.g. a cost centre,
-    # kueue.x-k8s.io/queue-name); the backend's own (bcp-pipeline/*, app.kubernetes.io/managed-by) cannot be replaced
+    queue: str | None = None  # a Kueue LocalQueue of the namespace: the job is created suspended, with Kueue's
+    # kueue.x-k8s.io/queue-name label, and its pods start all at once when Kueue admits it (gang admission)
+    labels: dict[str, str] = field(default_factory=dict)  # more labels on the job and its pods (e.g. a cost centre);
+    # the backend's own (bcp-pipeline/*, app.kubernetes.io/managed-by, Kueue's queue-name: `queue`) cannot be replaced
     annotations: dict[str, str] = field(default_factory=dict)  # annotations on the job and its pods
     ttl_after_finished: Duration | None = None  # the Job's ttlSecondsAfterFinished: deleted (with its pods and logs)
     # this long after it ended; unset: kept, so `logs` can read it

@@ -145,12 +145,11 @@ def render_status(state: RunState, job_url=None, estimate: PlanEstimate | None =
     for name, stage in state.stages.items():
         if stage.error:
             lines += ["", f"{name}: {stage.error}"]
-    # Why a stage's job has not started, where the backend says (a pod the scheduler cannot place, with its
-    # message; an image that does not come): the table's cell has room for the state alone.
-    waiting = [f"{name}: waiting: {stage.jobs[-1].detail}" for name, stage in state.stages.items()
-               if stage.jobs and stage.jobs[-1].state == "queued" and stage.jobs[-1].detail]
-    if waiting:
-        lines += [""] + waiting
+    # Why a job waits, where its backend says (a Kueue queue's admission, a pod the scheduler finds no room for).
+    waits = [f"{name}: job {job.job_id} {job.native}: {job.detail}" for name, stage in state.stages.items()
+             for job in stage.jobs[-1:] if job.state == "queued" and job.detail and job.ended_at is None]
+    if waits:
+        lines += [""] + waits
     if job_url:
         urls = [(name, job.job_id, job_url(job.job_id)) for name, stage in state.stages.items()
                 for job in stage.jobs[-1:]]

@@ -1,13 +1,14 @@
 """The programs of the Kubernetes test cluster (see k8s.py), built from source once per machine and cached: the
 control plane (kube-apiserver, kube-controller-manager and kube-scheduler in one binary, from the wrapper Go module
 scripts/k8s-control-plane, whose go.mod pins the k8s.io/kubernetes release) and the Kubeflow training operator with
-its PyTorchJob CRD; etcd comes from Debian's etcd-server.
+its PyTorchJob CRD, and Kueue (gang admission of Jobs and PyTorchJobs) with its CRDs; etcd comes from Debian's
+etcd-server.
 
 The cache layout is relied on by existing machines and by tests/k8s_cluster.py, so it stays as it is:
 ~/.cache/bcp-pipeline/k8s/RELEASE/bin (or $BCP_K8S_CACHE/RELEASE/bin) holds the binary, its three program links,
 build.log (Go's output) and .build.lock (held while a build runs); ~/.cache/bcp-pipeline/training-operator/RELEASE
-holds crds/ and bin/; Go's build cache for these builds is ~/.cache/bcp-pipeline/go-build, removed once both are
-built.
+holds crds/ and bin/, and so does ~/.cache/bcp-pipeline/kueue/RELEASE; Go's build cache for these builds is
+~/.cache/bcp-pipeline/go-build, removed once all are built.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ PROGRAMS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 OPERATOR_MODULE = "github.com/kubeflow/training-operator"
 TRAINING_OPERATOR = "v1.8.1"
 PYTORCHJOB_CRD = "kubeflow.org_pytorchjobs.yaml"
+# Kueue (sigs.k8s.io/kueue): its manager, built from the module source, and its CRDs from the same source.
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+KUEUE = "v0.17.0"
+KUEUE_CRDS = "config/components/crd/bases"
 
 
 def release() -> str:
@@ -52,6 +57,11 @@ def cache_bin() -> Path:
 def operator_cache() -> Path:
     """The Kubeflow training operator's PyTorchJob CRD (crds/) and binary (bin/), keyed by its release."""
     return Path.home() / ".cache" / "bcp-pipeline" / "training-operator" / TRAINING_OPERATOR
+
+
+def kueue_cache() -> Path:
+    """Kueue's CRDs (crds/) and manager binary (bin/kueue), keyed by its release."""
+    return Path.home() / ".cache" / "bcp-pipeline" / "kueue" / KUEUE
 
 
 def go_build_cache() -> Path:
@@ -98,10 +108,14 @@ def build_lock() -> Iterator[None]:
 
 
 def build_control_plane() -> Path:
-    """The control-plane binary of the pinned release, built unless cached (Go's output in build.log); its three
-    program links made. Called under build_lock()."""
+    """The control-plane binary of the pinned release, built unless cached with its version stamped (Go's output in
+    build.log); its three program links made. Called under build_lock()."""
     bin_dir = cache_bin()
     if not (bin_dir / BINARY).is_file():
+        go_build(bin_dir)
+    elif (said := stamped_version(bin_dir)) != f"Kubernetes {release()}":
+        say(f"the cached control plane says {said!r}, not its release (built before its version was stamped; "
+            "Kueue refuses such an apiserver): building it again")
         go_build(bin_dir)
     for program in PROGRAMS:  # the binary picks the program by the name it is started as
         link = bin_dir / program
@@ -109,6 +123,23 @@ def build_control_plane() -> Path:
             link.unlink(missing_ok=True)
             link.symlink_to(BINARY)
     return bin_dir
+
+
+def stamped_version(bin_dir: Path) -> str:
+    """What the cached binary says of its version as kube-apiserver (it picks its program by argv[0])."""
+    result = subprocess.run(["kube-apiserver", "--version"], executable=str(bin_dir / BINARY), capture_output=True,
+                            text=True, check=False, timeout=60)
+    return result.stdout.strip()
+
+
+def version_ldflags() -> str:
+    """The linker flags that stamp the release into the binary, as Kubernetes' own build does (hack/lib/version.sh):
+    unstamped, the apiserver's /version says v0.0.0-master+$Format:%H$, which clients that parse it refuse (Kueue's
+    manager exits: "could not parse pre-release/metadata")."""
+    major, minor = release().lstrip("v").split(".")[:2]
+    package = "k8s.io/component-base/version"
+    return " ".join(f"-X {package}.{name}={value}" for name, value in (
+        ("gitVersion", release()), ("gitMajor", major), ("gitMinor", minor), ("gitTreeState", "clean")))
 
 
 def go_build(bin_dir: Path) -> None:
@@ -122,7 +153,8 @@ def go_build(bin_dir: Path) -> None:
     started = time.monotonic()
     # GOTOOLCHAIN=local: build with the installed Go, never a toolchain downloaded on the side.
     env = {**go_build_env(), "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"}
-    argv = ["nice", "-n", "10", go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "."]
+    argv = ["nice", "-n", "10", go, "build", "-trimpath", f"-ldflags=-s -w {version_ldflags()}", "-o", str(partial),
+            "."]
     with build_log_path().open("w") as log:
         result = subprocess.run(argv, check=False, cwd=WRAPPER, env=env, stdout=log, stderr=subprocess.STDOUT)
     if result.returncode != 0:
@@ -167,10 +199,48 @@ def build_operator(binary: Path) -> None:
     say(f"built in {time.monotonic() - started:.0f} s")
 
 
+def install_kueue() -> None:
+    """Kueue's CRDs and its manager, from its module source (through the Go module proxy; its go.mod has no replace
+    lines, so `go install MODULE@VERSION` builds it as released); cached by release. Cold: about 4 minutes of 2
+    cores (docs/backends/kubernetes.md)."""
+    crds = kueue_cache() / "crds"
+    if not crds.is_dir():
+        source = module_dir(KUEUE_MODULE, KUEUE) / KUEUE_CRDS
+        partial = crds.with_name(".crds.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        for crd in sorted(source.glob("kueue.x-k8s.io_*.yaml")):
+            shutil.copyfile(crd, partial / crd.name)
+        partial.rename(crds)
+        say(f"Kueue {KUEUE}'s CRDs: {crds}")
+    binary = kueue_cache() / "bin" / "kueue"
+    if binary.is_file():
+        return
+    say(f"building Kueue {KUEUE} from source into {binary.parent}")
+    started = time.monotonic()
+    env = {**go_build_env(), "CGO_ENABLED": "0", "GOBIN": str(binary.parent), "GOFLAGS": "-trimpath",
+           "GOTOOLCHAIN": "local"}
+    argv = ["nice", "-n", "10", "go", "install", "-ldflags=-s -w", f"{KUEUE_MODULE}/cmd/kueue@{KUEUE}"]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir())
+    if result.returncode != 0:
+        raise ClusterError(f"building Kueue {KUEUE} failed:\n{result.stderr[-2000:]}")
+    say(f"built in {time.monotonic() - started:.0f} s")
+
+
+def module_dir(module: str, version: str) -> Path:
+    """The folder of `module`@`version`'s source in Go's module cache, downloaded there if missing."""
+    result = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"],
+                            capture_output=True, text=True, check=False, cwd=tempfile.gettempdir())
+    if result.returncode != 0:
+        raise ClusterError(f"go mod download {module}@{version} failed:\n{result.stderr[-2000:]}")
+    return Path(json.loads(result.stdout)["Dir"])
+
+
 def build_all() -> None:
-    """The control plane and the training operator, under the build lock; then Go's build cache goes."""
+    """The control plane, the training operator and Kueue, under the build lock; then Go's build cache goes."""
     with build_lock():
         build_control_plane()
         install_training_operator()
-        # Kept after a failed build (a retry reuses it); both binaries are cached by release now.
+        install_kueue()
+        # Kept after a failed build (a retry reuses it); every binary is cached by release now.
         shutil.rmtree(go_build_cache(), ignore_errors=True)

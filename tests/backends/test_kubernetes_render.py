@@ -272,11 +272,11 @@ def test_plan_names_the_pytorchjobs_master_as_its_rendezvous() -> None:
 
 def test_labels_annotations_and_a_ttl_pass_through_but_never_replace_the_backends_labels() -> None:
     backend, request = request_for(
-        "sample", "sample.kubernetes.labels={team: llm, kueue.x-k8s.io/queue-name: gpu-queue, bcp-pipeline/run: x}",
+        "sample", "sample.kubernetes.labels={team: llm, example.org/cost-centre: c42, bcp-pipeline/run: x}",
         "sample.kubernetes.annotations={owner: me@example.org}", "sample.kubernetes.ttl_after_finished=1D")
     _, job = manifests(request, backend.options)
     for meta in (job["metadata"], job["spec"]["template"]["metadata"]):
-        assert meta["labels"]["team"] == "llm" and meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+        assert meta["labels"]["team"] == "llm" and meta["labels"]["example.org/cost-centre"] == "c42"
         assert meta["labels"]["bcp-pipeline/run"] == "demo-RUN"  # the backend's own: what it lists and selects by
         assert meta["annotations"] == {"owner": "me@example.org"}
     assert job["spec"]["ttlSecondsAfterFinished"] == 86400

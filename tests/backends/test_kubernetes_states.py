@@ -119,7 +119,7 @@ def test_ready_nodes_are_those_whose_ready_condition_is_true() -> None:
 def test_every_mapped_native_state_is_one_the_map_can_produce() -> None:
     """No dead entries: each key is a condition the code reads, a pod trouble, a pod's wait or a pod count."""
     produced = {"COMPLETE", "SUCCESSCRITERIAMET", "SUSPENDED", "NODE-LOST", "DISRUPTED", "RUNNING", "PENDING",
-                "PENDING/UNSCHEDULABLE", "PENDING/IMAGEPULL", "FAILED/DISRUPTED"}
+                "PENDING/UNSCHEDULABLE", "PENDING/IMAGEPULL", "FAILED/DISRUPTED", "PENDING/KUEUE"}
     for key in STATE_MAP:
         kind, _, reason = key.partition("/")
         assert key in produced or (kind in ("FAILED", "FAILURETARGET") and reason), key

@@ -15,14 +15,15 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission, outage_seconds
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
-from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, is_pytorchjob, job_rendezvous, label_value,
-    manifests, selector_labels, shape, what_it_runs)
+from bcp_pipeline.backends.kubernetes.kueue import check_queue, suspended_in_a_queue, workload_messages
+from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, is_pytorchjob,
+    job_rendezvous, label_value, manifests, selector_labels, shape, what_it_runs)
 from bcp_pipeline.backends.kubernetes.manifest_yaml import printable
 from bcp_pipeline.backends.kubernetes.states import (REPLICA_TYPE_LABEL, completion_index, job_condition,
     pytorchjob_status, ready_node_names, status_of)
@@ -66,6 +67,14 @@ class KubernetesBackend(Backend):
             client.VersionApi(api).get_code(_request_timeout=READY_TIMEOUT_SECONDS)
         except Exception as exc:  # noqa: BLE001 - refused connections, TLS, 401 and timeouts alike
             raise api_error("the version look-up before the run", exc) from None
+
+    @classmethod
+    def check_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
+                     detach: bool = False) -> None:
+        """What this backend never renders, refused before a run is recorded rather than when its stage is due:
+        a Kueue queue named badly or through `labels` (kueue.check_queue)."""
+        for request in requests:
+            check_queue(request)
 
     # -- rendering (pure) ------------------------------------------------------------------------------
     def writer_lock_path(self) -> Path:
@@ -148,20 +157,24 @@ class KubernetesBackend(Backend):
             return {}
         wanted = set(job_ids)
         jobs = [job for job in self._list_jobs() if job.metadata.name in wanted]
+        pytorchjobs = [obj for obj in self._list_pytorchjobs() if obj["metadata"]["name"] in wanted] \
+            if wanted - {job.metadata.name for job in jobs} else []  # `launcher: pytorchjob`: not a batch/v1 Job
         pods_and_nodes = self._pods_and_nodes(jobs)  # once a poll, not once a Job
-        found = {job.metadata.name: self._status(job, *pods_and_nodes[job.metadata.name]) for job in jobs}
-        if wanted - set(found):  # a PyTorchJob (`launcher: pytorchjob`) is not a batch/v1 Job
-            found.update(self._pytorchjob_statuses([obj for obj in self._list_pytorchjobs()
-                                                    if obj["metadata"]["name"] in wanted]))
+        said = workload_messages(self.api(), self.options.namespace, suspended_in_a_queue(jobs, pytorchjobs))
+        found = {job.metadata.name: self._status(job, *pods_and_nodes[job.metadata.name],
+                                                 kueue_message=said.get(job.metadata.name)) for job in jobs}
+        found.update(self._pytorchjob_statuses(pytorchjobs, said))
         return found
 
-    def _status(self, job: Any, pods: list[Any], ready_nodes: set[str] | None) -> JobStatus:
-        return status_of(job, pods, ready_nodes, image_pull_grace=self.image_pull_grace)
+    def _status(self, job: Any, pods: list[Any], ready_nodes: set[str] | None, *,
+                kueue_message: str | None = None) -> JobStatus:
+        return status_of(job, pods, ready_nodes, image_pull_grace=self.image_pull_grace, kueue_message=kueue_message)
 
-    def _pytorchjob_statuses(self, objects: list[dict[str, Any]]) -> dict[str, JobStatus]:
+    def _pytorchjob_statuses(self, objects: list[dict[str, Any]], kueue_said: dict[str, str]) -> dict[str, JobStatus]:
         """Each PyTorchJob's status; a failed one's pods are listed (once a poll, by the run's label) to tell a
         time limit's exit from a failure."""
-        statuses = {obj["metadata"]["name"]: pytorchjob_status(obj) for obj in objects}
+        statuses = {(name := obj["metadata"]["name"]): pytorchjob_status(obj, kueue_message=kueue_said.get(name))
+                    for obj in objects}
         if not any(status.native == "FAILED" for status in statuses.values()):
             return statuses
         try:

@@ -1,12 +1,14 @@
 """Checks of a Kubernetes cluster: the API and who we are, the rights the backend needs (SelfSubjectAccessReview),
 the namespace, the workspace PVC and its access mode, GPUs on the nodes, each stage's requests against the
-allocatable of the nodes its nodeSelector matches (fit.py), the training operator's CRD, and every
+allocatable of the nodes its nodeSelector matches (fit.py), the training operator's CRD, each Kueue LocalQueue a
+stage names (`kubernetes.queue`), and every
 rendered manifest of the pipeline through the apiserver's admission with a server-side dry run (nothing stored),
 and a probe Job shaped as the first stage's (check/kubernetes_probe.py: RANK per pod, the mount, kill timing).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, Row, different, ok, unchecked
@@ -44,7 +46,7 @@ def check_kubernetes(ctx: CheckInput) -> CheckOutcome:
     rows = [ok("api", "the API server answers", f"{server}, Kubernetes {version.git_version}"),
             whoami_row(api), rights_row(api, options.namespace, uses_pytorchjobs(ctx)),
             namespace_row(api, options.namespace),
-            claim_row(ctx, api, options), gpu_row(ctx, api), operator_row(ctx, api)]
+            claim_row(ctx, api, options), gpu_row(ctx, api), operator_row(ctx, api), *queue_rows(ctx, api, options)]
     rows += fit_rows(ctx, api)
     rows += dry_run_rows(ctx, api)
     facts = {"server": server, "version": version.git_version}
@@ -171,6 +173,53 @@ def operator_row(ctx: CheckInput, api: Any) -> Row:
             return ok("training operator", assumes, "not installed (not needed: no stage uses launcher: pytorchjob)")
         return unchecked("training operator", assumes, str(api_error("read crd", exc)))
     return ok("training operator", assumes, "installed")
+
+
+def queue_rows(ctx: CheckInput, api: Any, options: KubernetesOptions) -> list[Row]:
+    """Each Kueue LocalQueue the stages name, in the namespace: it exists and is Active (its ClusterQueue exists
+    and is active). A missing one would leave its stages' jobs suspended for ever: Kueue admits nothing into it."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    stages: dict[str, list[str]] = {}
+    for submission in ctx.submissions():
+        if queue := submission.request.resources("kubernetes").queue:
+            stages.setdefault(queue, []).append(submission.request.label)
+    rows = []
+    for queue, labels in stages.items():
+        assumes = f"the Kueue LocalQueue {queue} exists in {options.namespace} and is active ({', '.join(labels)})"
+        try:
+            found = client.CustomObjectsApi(api).get_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", options.namespace, "localqueues", queue)
+        except ApiException as exc:
+            if exc.status == 404 and named_in(exc.body, queue):  # else: no such API (no Kueue)
+                rows.append(different("kueue queue", assumes, "not found",
+                                      f"create the LocalQueue {queue} in {options.namespace} (pointing at a "
+                                      "ClusterQueue), or set the stage's kubernetes.queue to one that exists"))
+            elif exc.status == 404:
+                rows.append(different("kueue queue", assumes, "Kueue is not installed (no kueue.x-k8s.io/v1beta2 API)",
+                                      "install Kueue (0.15 or later), or remove kubernetes.queue"))
+            else:
+                rows.append(unchecked("kueue queue", assumes, str(api_error("read localqueue", exc))))
+            continue
+        active = next((c for c in found.get("status", {}).get("conditions", []) if c.get("type") == "Active"), None)
+        cluster_queue = found.get("spec", {}).get("clusterQueue", "?")
+        if active is None or active.get("status") != "True":
+            said = active.get("message", "") if active else "no Active condition yet"
+            rows.append(different("kueue queue", assumes, f"not active (ClusterQueue {cluster_queue}): {said}",
+                                  f"create or fix the ClusterQueue {cluster_queue} (its flavors must exist)"))
+            continue
+        rows.append(ok("kueue queue", assumes, f"exists and is active (ClusterQueue {cluster_queue})"))
+    return rows
+
+
+def named_in(body: str | None, name: str) -> bool:
+    """Whether a 404's body is the API's Status for the object `name` (the resource exists, the object does not),
+    not a plain "404 page not found" (no such resource: its API is not installed)."""
+    try:
+        return json.loads(body or "").get("details", {}).get("name") == name
+    except ValueError:
+        return False
 
 
 def dry_run_rows(ctx: CheckInput, api: Any) -> list[Row]:

@@ -104,6 +104,9 @@ def probe_manifests(job: dict[str, Any], token: str, marker: str) -> list[dict[s
     spec.update(completions=PODS, parallelism=PODS, backoffLimit=0, activeDeadlineSeconds=600)
     for key in ("backoffLimitPerIndex", "maxFailedIndexes"):  # the stage's retries: no probe's (nor fit PODS)
         spec.pop(key, None)
+    # Outside the stage's Kueue queue (its label is not copied above): the probe asks of pods, the mount and a
+    # delete, not of admission (the `kueue queue` row checks the queue), and waits for no quota.
+    spec.pop("suspend", None)
     spec["template"]["metadata"] = {"labels": labels}
     pod = spec["template"]["spec"]
     pod["subdomain"] = token

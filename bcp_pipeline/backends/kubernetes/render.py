@@ -32,7 +32,7 @@ from typing import Any
 
 
 from bcp_pipeline.backends.contract import JobRequest
-from bcp_pipeline.backends.kubernetes import nemo_pod
+from bcp_pipeline.backends.kubernetes import kueue, nemo_pod
 from bcp_pipeline.backends.kubernetes.policies import elastic_policy, failure_limits
 from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMIT_EXIT, time_limited
 from bcp_pipeline.backends.kubernetes.rank_lines import POD_LAUNCHER, TORCHRUN_TEE, with_torchrun_prefix
@@ -129,11 +129,14 @@ def labels(request: JobRequest, name: str) -> dict[str, str]:
 
 
 def metadata(request: JobRequest, job: str, namespace: str | None = None) -> dict[str, Any]:
-    """The metadata of the job `job` (with its `namespace`) or of its pod template (without): the labels, and the
-    stage's annotations where it has some."""
-    annotations = dict(request.resources("kubernetes").annotations)
+    """The metadata of the job `job` (with its `namespace`) or of its pod template (without): the labels (the job's
+    with its Kueue queue, where it has one), and the stage's annotations where it has some."""
+    res: KubernetesResources = request.resources("kubernetes")
+    annotations = dict(res.annotations)
     named = {"name": job, "namespace": namespace} if namespace else {}
-    return {**named, "labels": labels(request, job), **({"annotations": annotations} if annotations else {})}
+    queue = {kueue.QUEUE_LABEL: res.queue} if namespace and res.queue else {}
+    return {**named, "labels": {**labels(request, job), **queue},
+            **({"annotations": annotations} if annotations else {})}
 
 
 def container_env(request: JobRequest, options: KubernetesOptions, size: Shape, name: str) -> list[dict[str, Any]]:
@@ -309,6 +312,11 @@ def indexed_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     # No activeDeadlineSeconds: it counts from the Job's start, queue time included; the pods keep the limit.
     if res.ttl_after_finished:
         spec["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
+    if res.queue:
+        # Created suspended: Kueue's Job reconciler admits it (unsuspends it) once the queue's quota fits all of its
+        # pods, without relying on Kueue's mutating webhook to suspend it; no pod (so no time limit's timer) starts
+        # before that.
+        spec["suspend"] = True
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": metadata(request, name, options.namespace), "spec": spec}
 
@@ -354,6 +362,8 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
     # No activeDeadlineSeconds (it counts queue time): each pod keeps the limit; states.py reads its exit.
     if res.ttl_after_finished:
         run_policy["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
+    if res.queue:  # as an Indexed Job's (above); Kueue's kubeflow.org/pytorchjob integration admits it
+        run_policy["suspend"] = True
     spec: dict[str, Any] = {"nprocPerNode": str(size.processes), "runPolicy": run_policy,
                             "pytorchReplicaSpecs": specs}
     if res.elastic_policy is not None:
@@ -369,6 +379,7 @@ def is_pytorchjob(request: JobRequest) -> bool:
 
 def manifests(request: JobRequest, options: KubernetesOptions) -> list[dict[str, Any]]:
     """Everything `run` creates for one job, in creation order."""
+    kueue.check_queue(request)
     if is_pytorchjob(request):
         return [pytorch_job(request, options)]
     return [headless_service(request, options, job_name(request)), indexed_job(request, options)]

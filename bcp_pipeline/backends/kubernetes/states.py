@@ -9,12 +9,15 @@ import time
 from typing import Any
 
 from bcp_pipeline.backends.contract import JobState, JobStatus, map_native_state
+from bcp_pipeline.backends.kubernetes.kueue import QUEUE_LABEL, kueue_wait
 from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
 from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMIT_EXIT
 
 # The one map from what the API says of a stage's Job to JobState. A native state is built, in this order, from:
 # 1. the Job's first true terminal condition (Complete, SuccessCriteriaMet, Failed with its reason), or its
 #    FailureTarget (decided to fail, its pods being stopped) or Suspended condition;
+# 1b. else, where it names a Kueue queue and is suspended, the wait for Kueue's admission (PENDING/KUEUE, with the
+#    queue and Kueue's own word on its Workload where one was read: "insufficient unused quota for cpu ...");
 # 2. else its pods (pod_trouble): a pod on a node that stopped being Ready (its kubelet lost: NODE-LOST), or a pod
 #    the cluster disrupted (the DisruptionTarget condition: preempted, evicted through the Eviction API or by the
 #    kubelet, removed by taint eviction or the pod garbage collector), which the pod failure policy's Ignore rule
@@ -49,6 +52,9 @@ STATE_MAP: dict[str, JobState] = {
     "FAILURETARGET/MAXFAILEDINDEXESEXCEEDED": JobState.RUNNING,
     "FAILURETARGET/FAILEDINDEXES": JobState.RUNNING,
     "SUSPENDED": JobState.QUEUED,
+    # Created suspended in a Kueue queue (kubernetes.queue) and not admitted yet, or suspended again by Kueue
+    # (preempted by a job of higher priority): waiting, never running or failed; its pods do not exist yet.
+    "PENDING/KUEUE": JobState.QUEUED,
     # A pod on a node that is no longer Ready: the kubelet is gone, nothing on the node runs or reports, and the
     # Job controller replaces the pod only once the node is removed. The job is lost; the stage's next attempt
     # (resume) first deletes this Job (KubernetesBackend.submit), so no replacement pod ever runs beside it.
@@ -79,6 +85,7 @@ IMAGE_NEVER = ("InvalidImageName", "ErrImageNeverPull")  # nothing the kubelet r
 PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
     "CREATED": JobState.QUEUED, "RUNNING": JobState.RUNNING, "RESTARTING": JobState.RUNNING,
     "SUCCEEDED": JobState.SUCCEEDED, "FAILED": JobState.FAILED, "SUSPENDED": JobState.QUEUED,
+    "PENDING/KUEUE": JobState.QUEUED,  # runPolicy.suspend in a Kueue queue, not admitted yet (as a Job's)
     "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # runPolicy.activeDeadlineSeconds ran out (one rendered so)
     "FAILED/TIMELIMIT": JobState.TIMED_OUT,  # a pod's own timer (time_limit.TIME_LIMITER) ended it at the limit
 }
@@ -118,6 +125,7 @@ def with_failed_indexes(job: Any, message: str) -> str:
     Job's status.failedIndexes, e.g. "1,3-4"): which shards to look at."""
     failed = getattr(job.status, "failed_indexes", None)
     return f"{message} (failed indexes: {failed})" if failed else message
+
 
 
 def pod_trouble(pods: list[Any], ready_nodes: set[str] | None) -> tuple[str, str] | None:
@@ -183,10 +191,18 @@ def newest_per_index(pods: list[Any]) -> list[Any]:
 
 
 def native_state(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None,
-                 now: float | None = None, image_pull_grace: float = IMAGE_PULL_GRACE_SECONDS) -> tuple[str, str]:
+                 now: float | None = None, image_pull_grace: float = IMAGE_PULL_GRACE_SECONDS,
+                 kueue_message: str | None = None) -> tuple[str, str]:
     """(STATE_MAP key, detail) of a batch/v1 Job object and its pods (see STATE_MAP for the order); `now`: the
-    time an image pull's wait is measured to (default: the clock's); `image_pull_grace`: how long it may last."""
+    time an image pull's wait is measured to (default: the clock's); `image_pull_grace`: how long it may last;
+    `kueue_message`: what Kueue says of the Job's Workload (workload_message)."""
     decided = job_condition(job)
+    if decided is not None and decided[0] != "SUSPENDED":
+        return decided
+    queue = (job.metadata.labels or {}).get(QUEUE_LABEL)
+    waiting_for_kueue = kueue_wait(queue, bool(job.spec and job.spec.suspend), kueue_message)
+    if waiting_for_kueue is not None:
+        return waiting_for_kueue
     if decided is not None:
         return decided
     trouble = pod_trouble(list(pods), ready_nodes)
@@ -205,19 +221,24 @@ def ready_node_names(nodes: list[Any]) -> set[str]:
             if any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))}
 
 
-def pytorchjob_status(obj: dict[str, Any], pods: list[Any] = ()) -> JobStatus:
-    """A PyTorchJob (a dict from the custom-objects API): its last true condition decides; a failed one whose pod
-    exited by its time limit (time_limit.TIME_LIMITER: the operator's condition names only failed replicas, so the
-    pods' exit codes tell) timed out."""
+def pytorchjob_status(obj: dict[str, Any], pods: list[Any] = (), kueue_message: str | None = None) -> JobStatus:
+    """A PyTorchJob (a dict from the custom-objects API): its last true condition decides, but for one not ended that
+    waits suspended in a Kueue queue (kueue_wait); a failed one whose pod exited by its time limit
+    (time_limit.TIME_LIMITER: the operator's condition names only failed replicas, so the pods' exit codes tell)
+    timed out."""
     conditions = [c for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"]
     native = conditions[-1]["type"].upper() if conditions else "CREATED"
-    if native == "FAILED" and PYTORCHJOB_DEADLINE_MESSAGE in conditions[-1].get("message", ""):
+    detail = conditions[-1].get("message", "") if conditions else ""
+    if native == "FAILED" and PYTORCHJOB_DEADLINE_MESSAGE in detail:
         native = "FAILED/DEADLINEEXCEEDED"  # a per-job stop, continued like BCP's and Slurm's time limits
     elif native == "FAILED" and any(exit_code(pod) == TIME_LIMIT_EXIT for pod in pods):
         native = "FAILED/TIMELIMIT"
+    if not native.startswith(("SUCCEEDED", "FAILED")):
+        suspended = bool(obj.get("spec", {}).get("runPolicy", {}).get("suspend"))
+        queue = obj["metadata"].get("labels", {}).get(QUEUE_LABEL)
+        native, detail = kueue_wait(queue, suspended, kueue_message) or (native, detail)
     state = map_native_state(native, PYTORCHJOB_STATE_MAP)
-    return JobStatus(job_id=obj["metadata"]["name"], state=state, native=native,
-                     detail=conditions[-1].get("message", "") if conditions else "",
+    return JobStatus(job_id=obj["metadata"]["name"], state=state, native=native, detail=detail,
                      exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
 
 
@@ -231,8 +252,9 @@ def exit_code(pod: Any) -> int | None:
 
 
 def status_of(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None,
-              now: float | None = None, image_pull_grace: float = IMAGE_PULL_GRACE_SECONDS) -> JobStatus:
-    native, detail = native_state(job, pods, ready_nodes, now, image_pull_grace)
+              now: float | None = None, image_pull_grace: float = IMAGE_PULL_GRACE_SECONDS,
+              kueue_message: str | None = None) -> JobStatus:
+    native, detail = native_state(job, pods, ready_nodes, now, image_pull_grace, kueue_message)
     state = map_native_state(native, STATE_MAP)
     return JobStatus(job_id=job.metadata.name, state=state, native=native, detail=detail,
                      exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
