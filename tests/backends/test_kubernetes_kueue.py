@@ -104,7 +104,7 @@ def test_a_pytorchjob_suspended_in_a_queue_is_queued_until_admitted() -> None:
                 "status": {"conditions": [{"type": k, "status": "True", "message": f"PyTorchJob p is {k}."}
                                           for k in kinds]}}
 
-    status = pytorchjob_status(obj(True, "Created", "Suspended"), QUOTA)
+    status = pytorchjob_status(obj(True, "Created", "Suspended"), kueue_message=QUOTA)
     assert (status.state, status.native) == (JobState.QUEUED, "PENDING/KUEUE")
     assert status.detail == f"waiting for Kueue admission in queue gpu: {QUOTA}"
     assert pytorchjob_status(obj(False, "Created", "Running")).state is JobState.RUNNING
