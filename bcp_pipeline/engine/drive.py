@@ -80,7 +80,7 @@ def refresh_jobs(backend: Backend, state: RunState, pipeline: PipelineConfig) ->
     for job_id, (name, job) in active.items():
         status = statuses.get(job_id)
         if status is not None:
-            job.state, job.native = status.state.value, status.native
+            job.state, job.native, job.detail = status.state.value, status.native, status.detail
         stage = pipeline.stages.get(name)
         progress = backend.progress(job_id, training=is_training(stage))
         if progress is not None:

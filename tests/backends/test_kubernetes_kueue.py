@@ -1,7 +1,7 @@
 """Kueue gang admission without a cluster (`kubernetes.queue`): what is rendered (the queue-name label on the job,
 never on its pods; `suspend: true` on an Indexed Job and in a PyTorchJob's runPolicy), what is refused, and how a
 suspended job in a queue reads (queued, with Kueue's reason where its Workload gives one). On the real Kueue:
-tests/e2e/test_kubernetes_kueue.py. `status` says why a job waits."""
+tests/e2e/test_kubernetes_kueue_e2e.py. `status` says why a job waits."""
 
 from __future__ import annotations
 

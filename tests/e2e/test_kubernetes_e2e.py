@@ -24,6 +24,7 @@ import yaml
 from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
+from bcp_pipeline.backends.shared.logs import rank_lines
 from bcp_pipeline.engine.state import RunState, RunStore, StageStatus
 from bcp_pipeline.errors import BackendCallError
 from support.cli import cli
@@ -207,7 +208,7 @@ def test_a_pods_dev_shm_is_the_runtimes_64_mib_or_the_rendered_size(k8s_cluster:
         wait_for(lambda backend=backend, job_id=job_id: (lambda s: s if s.state.finished else None)(
             backend.poll([job_id])[job_id]), timeout=60, what=f"the {label} job's end")
         assert backend.poll([job_id])[job_id].state is JobState.SUCCEEDED
-        seen[label] = backend.logs(job_id).split()
+        seen[label] = rank_lines(backend.logs(job_id), 0).split()  # the pod launcher heads its lines `[rank0]:`
     assert seen == {"default": ["shm", str(64 * 2**20)], "sized": ["shm", str(96 * 2**20)]}
 
 
@@ -583,7 +584,7 @@ def test_time_spent_waiting_for_capacity_is_not_taken_from_the_time_limit(
     status = wait_for(lambda: (lambda s: s if s.state.finished else None)(backend.poll([job_id])[job_id]),
                       timeout=90, what="the waiting job's end")
     assert status.state is JobState.SUCCEEDED and status.native in ("COMPLETE", "SUCCESSCRITERIAMET"), status
-    assert backend.logs(job_id).strip() == "in time"
+    assert rank_lines(backend.logs(job_id), 0).strip() == "in time"
 
 
 def test_a_killed_pod_process_fails_the_stage_then_resume_matches_a_local_run(k8s_cluster: K8sCluster,  # noqa: F811

@@ -168,7 +168,9 @@ def last_traceback(text: str, max_lines: int = 40) -> str | None:
     """The last Python traceback in a log that says why it failed, through its exception line (its last
     `max_lines` lines where longer): what a crashed training says about itself, where the log's tail holds only
     its launcher's summary (torchrun's "Root Cause" table) and the launcher's own traceback."""
-    lines = text.splitlines()
+    # A pod's ranks share its log, each line headed `[rankN]:` (RANK_LINE_PREFIX): the frames' indentation is
+    # after it.
+    lines = [RANK_LINE_PREFIX.sub("", line, count=1) for line in text.splitlines()]
     blocks = []
     # A head may follow other text on its line: a progress bar redrawn without a newline (Lightning's, on stdout)
     # and the traceback on stderr share the line where both reach one log.
