@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bcp_pipeline.backends.contract import JobRequest, JobState
+from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.backends.kubernetes.backend import KubernetesBackend
 from bcp_pipeline.backends.kubernetes.kueue import QUEUE_LABEL, workload_message
 from bcp_pipeline.backends.kubernetes.render import manifests
@@ -18,17 +18,9 @@ from bcp_pipeline.engine.submitter import planned_requests
 from bcp_pipeline.errors import SubmissionError
 from bcp_pipeline.report.text import render_status
 from support.golden_files import REPO
+from support.k8s_requests import request_for
 
 client = pytest.importorskip("kubernetes.client")
-
-
-def request_for(stage: str, *overrides: str) -> tuple[KubernetesBackend, JobRequest]:
-    config = load_and_check(REPO / "pipelines.yaml", overrides=list(overrides), pipeline="demo")
-    pipeline = config.pipeline("demo")
-    backend = KubernetesBackend(config.options["kubernetes"], config_dir=REPO, stages_dir=config.stages_dir,
-                                run_dir=REPO / ".bcp-pipeline/runs/demo-RUN", workspace_name="demo")
-    return backend, JobRequest(run_id="demo-RUN", pipeline=pipeline, stage=pipeline.stages[stage], kind="stage",
-                               program=pipeline.stages[stage].program, args=tuple(pipeline.stages[stage].args))
 
 
 def test_a_queue_renders_the_label_on_the_job_only_and_creates_it_suspended() -> None:

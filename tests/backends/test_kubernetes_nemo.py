@@ -20,6 +20,7 @@ import yaml
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.kubernetes.backend import KubernetesBackend
 from bcp_pipeline.backends.kubernetes.nemo_pod import COMPOSED_MARK
+from bcp_pipeline.backends.kubernetes.master_last import MASTER_LAST
 from bcp_pipeline.backends.kubernetes.render import manifests
 from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMITER
 from bcp_pipeline.config.preflight import load_and_check
@@ -35,9 +36,11 @@ NEMO_STAND_IN = REPO / "tests" / "fakes" / "nemo_launcher"
 
 
 def pod_command(container: dict) -> list[str]:
-    """The pod's own command, inside the time limit's timer (time_limit.time_limited) where the stage has one."""
+    """The pod's own command, inside the time limit's timer (time_limit.time_limited) where the stage has one, and
+    inside a PyTorchJob's MASTER_LAST (master_last.py)."""
     command = container["command"]
-    return command[5:] if command[:4] == ["bash", "-c", TIME_LIMITER, "bcp-pipeline-time-limit"] else command
+    command = command[5:] if command[:4] == ["bash", "-c", TIME_LIMITER, "bcp-pipeline-time-limit"] else command
+    return command[8:] if command[:4] == ["bash", "-c", MASTER_LAST, "bcp-pipeline-master-last"] else command
 
 def nemo_request(*overrides: str, config_file: Path = REPO / "pipelines.yaml",
                  pipeline: str = "slimpajama-8b") -> tuple[KubernetesBackend, JobRequest]:

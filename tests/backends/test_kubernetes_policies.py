@@ -10,29 +10,16 @@ import subprocess
 
 import pytest
 
-from bcp_pipeline.backends.contract import JobRequest
-from bcp_pipeline.backends.kubernetes.backend import KubernetesBackend
 from bcp_pipeline.backends.kubernetes.rank_lines import POD_LAUNCHER
 from bcp_pipeline.backends.kubernetes.render import job_name, manifests
 from bcp_pipeline.backends.kubernetes.states import status_of
 from bcp_pipeline.backends.shared.logs import rank_lines
-from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.training_log import last_progress, parse_training_log
-from support.golden_files import REPO
+from support.k8s_requests import request_for
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
-
-
-def request_for(stage: str, *overrides: str) -> tuple[KubernetesBackend, JobRequest]:
-    """The demo's `stage` as a job request, with --set `overrides` (as test_kubernetes_render.py makes them)."""
-    config = load_and_check(REPO / "pipelines.yaml", overrides=list(overrides), pipeline="demo")
-    pipeline = config.pipeline("demo")
-    backend = KubernetesBackend(config.options["kubernetes"], config_dir=REPO, stages_dir=config.stages_dir,
-                                run_dir=REPO / ".bcp-pipeline/runs/demo-RUN", workspace_name="demo")
-    return backend, JobRequest(run_id="demo-RUN", pipeline=pipeline, stage=pipeline.stages[stage], kind="stage",
-                               program=pipeline.stages[stage].program, args=tuple(pipeline.stages[stage].args))
 
 
 ELASTIC = ("pretrain.kubernetes.launcher=pytorchjob", "pretrain.kubernetes.replicas=3")

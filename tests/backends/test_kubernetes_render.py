@@ -10,16 +10,15 @@ import pytest
 import yaml
 
 from bcp_pipeline.backends.contract import JobRequest, JobState
-from bcp_pipeline.backends.kubernetes.backend import KubernetesBackend
 from bcp_pipeline.backends.kubernetes.states import pytorchjob_status, status_of
 from bcp_pipeline.backends.kubernetes.manifest_yaml import printable
 from bcp_pipeline.backends.kubernetes.rank_lines import POD_LAUNCHER
 from bcp_pipeline.backends.kubernetes.render import job_name, manifests
 from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMIT_EXIT, TIME_LIMITER, time_limited
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.errors import SubmissionError
 from support.golden_files import REPO, assert_golden, normalize
+from support.k8s_requests import request_for
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
@@ -30,16 +29,6 @@ def plan(capsys: pytest.CaptureFixture, pipeline: str, *overrides: str) -> str:
     sets = [arg for override in overrides for arg in ("--set", override)]
     assert main(["--config", str(REPO / "pipelines.yaml"), "plan", pipeline, "--backend", "kubernetes", *sets]) == 0
     return capsys.readouterr().out.replace(sys.executable, "<PYTHON>")
-
-
-def request_for(stage: str, *overrides: str, kind: str = "stage") -> tuple[KubernetesBackend, JobRequest]:
-    config = load_and_check(REPO / "pipelines.yaml", overrides=list(overrides), pipeline="demo")
-    pipeline = config.pipeline("demo")
-    backend = KubernetesBackend(config.options["kubernetes"], config_dir=REPO, stages_dir=config.stages_dir,
-                                run_dir=REPO / ".bcp-pipeline/runs/demo-RUN", workspace_name="demo")
-    program = "verify.py" if kind == "verify" else pipeline.stages[stage].program
-    return backend, JobRequest(run_id="demo-RUN", pipeline=pipeline, stage=pipeline.stages[stage], kind=kind,
-                               program=program, args=tuple(pipeline.stages[stage].args))
 
 
 def test_plan_demo_golden(capsys: pytest.CaptureFixture) -> None:
@@ -144,12 +133,15 @@ def test_pytorchjob_conditions_map_to_states() -> None:
     failed["status"]["conditions"][-1].update(message="PyTorchJob p is failed because 1 Master replica(s) failed.")
 
     def ended_pod(code: int) -> client.V1Pod:
-        return client.V1Pod(status=client.V1PodStatus(container_statuses=[client.V1ContainerStatus(
+        return client.V1Pod(metadata=client.V1ObjectMeta(name=f"p-worker-{code}"),
+                            status=client.V1PodStatus(container_statuses=[client.V1ContainerStatus(
             name="pytorch", image="i", image_id="", ready=False, restart_count=0,
             state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=code)))]))
 
     timed_out = pytorchjob_status(failed, [ended_pod(0), ended_pod(TIME_LIMIT_EXIT)])
     assert (timed_out.state, timed_out.native) == (JobState.TIMED_OUT, "FAILED/TIMELIMIT")
+    assert timed_out.detail == ("PyTorchJob p is failed because 1 Master replica(s) failed. The stage's time limit "
+                                "ran out: pod p-worker-124 exited 124.")
     assert pytorchjob_status(failed, [ended_pod(1)]).state is JobState.FAILED
     assert pytorchjob_status(failed).state is JobState.FAILED
 

@@ -32,7 +32,7 @@ from bcp_pipeline.backends.profile import load_profile
 from bcp_pipeline.backends.retries import with_retries
 from bcp_pipeline.backends.shared.command import shell_join
 from bcp_pipeline.backends.shared.locks import user_writer_lock
-from bcp_pipeline.backends.shared.logs import indent, last_lines, last_traceback, training_progress
+from bcp_pipeline.backends.shared.logs import training_progress, why_it_failed
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.resources import BcpOptions
 from bcp_pipeline.errors import BackendCallError
@@ -342,10 +342,7 @@ class BcpBackend(Backend):
         which = f"replica {replica}'s" if replica is not None else "the job"
         try:
             log = self.logs(job_id, replica, tail=FAILURE_LOG_LINES)
-            traceback = last_traceback(log)
-            if traceback and traceback not in last_lines(log, 15):
-                lines.append(f"the last traceback in {which} log:\n" + indent(traceback))
-            lines.append(f"last lines of {which} log:\n" + indent(last_lines(log, 15)))
+            lines += why_it_failed(log, which)
         except BackendCallError as exc:
             lines.append(f"(job log unavailable: {exc})")
         return "\n".join(lines)

@@ -23,14 +23,15 @@ from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, Job
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
 from bcp_pipeline.backends.kubernetes.kueue import check_queue, suspended_in_a_queue, workload_messages
 from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, is_pytorchjob,
-    job_rendezvous, label_value, manifests, selector_labels, shape, what_it_runs)
+    label_value, manifests, selector_labels, shape)
+from bcp_pipeline.backends.kubernetes.describe import job_rendezvous, what_it_runs
 from bcp_pipeline.backends.kubernetes.manifest_yaml import printable
 from bcp_pipeline.backends.kubernetes.states import (REPLICA_TYPE_LABEL, completion_index, job_condition,
     pytorchjob_status, ready_node_names, status_of)
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.backends.shared.locks import user_writer_lock
-from bcp_pipeline.backends.shared.logs import (RANK_LINE_PREFIX, indent, last_lines, last_traceback,
-    progress_from_logs, rank_lines)
+from bcp_pipeline.backends.shared.logs import last_lines, progress_from_logs, rank_lines, why_it_failed
+from bcp_pipeline.backends.kubernetes.log_stream import followed_lines, stream_pod_log
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError, SubmissionError
@@ -255,8 +256,9 @@ class KubernetesBackend(Backend):
 
     def _pod_log(self, pod: Any, tail: int | None = None) -> str:
         try:
-            return self._core().read_namespaced_pod_log(pod.metadata.name, self.options.namespace,
-                                                        tail_lines=tail) or ""
+            # Unparsed: the client would otherwise read a log that happens to be JSON ("67108864") as a value.
+            return self._core().read_namespaced_pod_log(pod.metadata.name, self.options.namespace, tail_lines=tail,
+                                                        _preload_content=False).data.decode("utf-8", "replace")
         except Exception as exc:  # noqa: BLE001
             return f"(no log: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
 
@@ -308,15 +310,16 @@ class KubernetesBackend(Backend):
                 for pod in wanted:
                     name = pod.metadata.name
                     if name not in streams:
-                        streams[name] = threading.Thread(target=self._stream_pod_log, daemon=True,
-                                                         args=(name, tail, lines, stop), name=f"log-{name}")
+                        streams[name] = threading.Thread(
+                            target=stream_pod_log, daemon=True, name=f"log-{name}",
+                            args=(self._core(), self.options.namespace, name, tail, lines, stop))
                         streams[name].start()
                 if ended:
                     for stream in streams.values():  # each ends with its container (which has ended)
                         stream.join(FOLLOW_DRAIN_SECONDS)
                 # Lines as they come, until the next look at the pods and the job (none once it has ended).
                 until = time.monotonic() + (0 if ended else FOLLOW_POLL_SECONDS)
-                yield from self._followed(lines, rank, several=len(streams) > 1, until=until)
+                yield from followed_lines(lines, rank, several=len(streams) > 1, until=until)
                 if ended:
                     return
         finally:
@@ -325,47 +328,6 @@ class KubernetesBackend(Backend):
     def _job_ended(self, job_id: str) -> bool:
         status = self.poll([job_id]).get(job_id)
         return status is None or status.state.finished  # None: deleted, nothing more to come
-
-    @staticmethod
-    def _followed(lines: queue.Queue, rank: int | None, *, several: bool, until: float) -> Iterator[str]:
-        """The lines the streams have read, and those they read until `until` (the clock's), each as it comes."""
-        while True:
-            try:
-                pod, line = lines.get(timeout=max(0.0, until - time.monotonic()))
-            except queue.Empty:
-                return
-            if rank is not None:  # the rank's lines, as `logs --rank` shows them
-                match = RANK_LINE_PREFIX.match(line)
-                if match and int(match.group(1)) == rank:
-                    yield line[match.end():]
-            else:
-                yield f"[pod/{pod}] {line}" if several else line
-
-    def _stream_pod_log(self, pod: str, tail: int | None, lines: queue.Queue, stop: threading.Event) -> None:
-        """One pod's log, followed: retried while its container has not started (the API answers 400 "waiting
-        to start"), read to its end once it has (the stream ends with the container)."""
-        while not stop.is_set():
-            try:
-                response = self._core().read_namespaced_pod_log(pod, self.options.namespace, follow=True,
-                                                                tail_lines=tail, _preload_content=False)
-            except Exception:  # noqa: BLE001 - not started yet (400), gone (404), a passing API error: retried
-                stop.wait(FOLLOW_POLL_SECONDS)
-                continue
-            pending = b""
-            try:
-                for chunk in response.stream(4096, decode_content=True):
-                    *complete, pending = (pending + chunk).split(b"\n")
-                    for line in complete:
-                        lines.put((pod, line.decode("utf-8", errors="replace")))
-                    if stop.is_set():
-                        return
-            except Exception:  # noqa: BLE001 - the connection dropped: what came is kept, nothing read twice
-                pass
-            finally:
-                response.release_conn()
-            if pending:
-                lines.put((pod, pending.decode("utf-8", errors="replace")))
-            return
 
     def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
         return progress_from_logs([self._pod_log(pod, 50) for pod in self._pods(job_id)], training=training)
@@ -383,11 +345,7 @@ class KubernetesBackend(Backend):
             lines.append("; ".join(f"pod {pod.metadata.name} on {pod.spec.node_name} exited {t.exit_code} "
                                    f"({t.reason})" for pod, t in failed))
             name, log = failed[0][0].metadata.name, self._pod_log(failed[0][0], FAILURE_LOG_LINES)
-            # A training under torchrun ends its log with torchrun's summary, which says a rank failed, not why.
-            traceback = last_traceback(log)
-            if traceback and traceback not in last_lines(log, 15):
-                lines.append(f"the last traceback in {name}'s log:\n" + indent(traceback))
-            lines.append(f"last lines of {name}:\n" + indent(last_lines(log, 15)))
+            lines += why_it_failed(log, f"{name}'s")
         return "\n".join(lines)
 
     def cancel(self, job_ids: list[str]) -> None:

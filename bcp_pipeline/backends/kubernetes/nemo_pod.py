@@ -13,8 +13,8 @@ Every pod of the stage's Indexed Job (or PyTorchJob) runs this script in the NeM
    pods composing into one folder would rewrite the file while another reads it. Only the launcher reads the
    data list, so only the first pod writes it. The mark is a file holding the Job's name, which is unique to the
    attempt (`-aN`): a waiting pod never takes an earlier attempt's config for this one's. A pod waits at most
-   COMPOSE_WAIT_SECONDS, then fails: a PyTorchJob keeps its Workers when its Master fails (cleanPodPolicy None),
-   and a Worker must not hold its GPUs for ever waiting on a Master that is gone.
+   COMPOSE_WAIT_SECONDS, then fails: an Indexed Job keeps its other pods when its first fails, and a pod must not
+   hold its GPUs for ever waiting on one that is gone (a PyTorchJob's operator deletes them: cleanPodPolicy Running).
 3. Every pod: one torchrun of its ranks, a rank a GPU (the Indexed Job's static rendezvous at the index-0 pod, as
    Megatron-Bridge's pods; the training operator's PET_* variables in a PyTorchJob), running NeMo's
    megatron_gpt_pretraining.py `--config-path=<results>/<run> --config-name=<run>_hydra.yaml` (the pod's args).

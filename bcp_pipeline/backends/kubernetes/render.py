@@ -33,13 +33,14 @@ from typing import Any
 
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.kubernetes import kueue, nemo_pod
+from bcp_pipeline.backends.kubernetes.master_last import master_last
 from bcp_pipeline.backends.kubernetes.policies import elastic_policy, failure_limits
 from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMIT_EXIT, time_limited
 from bcp_pipeline.backends.kubernetes.rank_lines import POD_LAUNCHER, TORCHRUN_TEE, with_torchrun_prefix
 from bcp_pipeline.backends.shared.bridge_command import data_list_argv as bridge_data_list_argv
 from bcp_pipeline.backends.shared.bridge_command import data_list_file, gpus_per_node, trains_with_bridge
 from bcp_pipeline.backends.shared.bridge_command import rank_argv as bridge_rank_argv
-from bcp_pipeline.backends.shared.command import (placeholder_values, rendezvous, resolved_env, shell_join,
+from bcp_pipeline.backends.shared.command import (placeholder_values, resolved_env, shell_join,
     stage_command)
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.resources import KubernetesOptions, KubernetesResources, RankLayout
@@ -338,10 +339,15 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
         command, container["args"] = bridge_pod_command(request, options, size, torchrun_rendezvous=False)
     elif nemo_pod.trains_with_nemo(request):
         command, container["args"] = nemo_pod_command(request, options, size, torchrun_rendezvous=False)
-    else:
+    else:  # the stage's program (python's script, or with --no-python a `command` of its own), a process a rank
         command = [options.python, "-m", "torch.distributed.run", f"--nproc_per_node={size.processes}", TORCHRUN_TEE]
-        container["args"] = container["args"][1:] if container["args"][:1] == [options.python] else container["args"]
+        if container["args"][:1] == [options.python]:
+            container["args"] = container["args"][1:]
+        else:
+            command.append("--no-python")
         with_torchrun_prefix(container)
+    if res.elastic_policy is None and size.pods > 1:  # cleanPodPolicy Running, below: the Master ends last
+        command = master_last(command, f"{job_values(request, options)['results']}/.pods-ended/{name}", size.pods)
     container["command"] = time_limited(command, size.deadline_seconds)
     container["env"] = [e for e in container["env"] if e["name"] not in
                         ("WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")]
@@ -354,11 +360,12 @@ def pytorch_job(request: JobRequest, options: KubernetesOptions) -> dict[str, An
         specs = {"Master": {"replicas": 1, **replica}}
         if size.pods > 1:
             specs["Worker"] = {"replicas": size.pods - 1, **replica}
-    # None, not Running: the job succeeds when its Master does, and Running would then delete the Workers still
-    # finishing, with their logs (Megatron-Bridge prints its training log from the last rank, a Worker). A stage's
-    # next attempt and `cancel` delete the whole PyTorchJob, its pods with it.
-    res: KubernetesResources = request.resources("kubernetes")
-    run_policy: dict[str, Any] = {"backoffLimit": res.backoff_limit or 0, "cleanPodPolicy": "None"}
+    # Running: a failed job's pods still running are deleted, so none holds its GPUs (master_last.py keeps a
+    # finished job's Workers). None where elastic: the operator ends it at its first Worker's success. No
+    # backoffLimit unless set: its pods are never restarted (restartPolicy Never), and a job failed by it has every
+    # pod deleted, the failed ones' logs with them (the operator cleans up before the job counts as ended).
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "None" if res.elastic_policy is not None else "Running",
+                                  **({} if res.backoff_limit is None else {"backoffLimit": res.backoff_limit})}
     # No activeDeadlineSeconds (it counts queue time): each pod keeps the limit; states.py reads its exit.
     if res.ttl_after_finished:
         run_policy["ttlSecondsAfterFinished"] = parse_duration(res.ttl_after_finished)
@@ -383,38 +390,3 @@ def manifests(request: JobRequest, options: KubernetesOptions) -> list[dict[str,
     if is_pytorchjob(request):
         return [pytorch_job(request, options)]
     return [headless_service(request, options, job_name(request)), indexed_job(request, options)]
-
-
-def what_it_runs(request: JobRequest, options: KubernetesOptions) -> str:
-    """What the job's pods run, in words (`plan` prints it above the manifests): a training engine by name, never
-    the stage's `program` where the engine runs instead."""
-    size = shape(request, options)
-    pods = f"{size.pods} pod(s)"
-    if nemo_pod.trains_with_nemo(request):
-        return (f"NVIDIA's NeMo launcher: its debug mode composes the training config on the first pod, then "
-                f"torchrun in each of {pods} runs NeMo's megatron_gpt_pretraining.py, a rank on each of "
-                f"{size.processes} GPU(s) a pod")
-    if trains_with_bridge(request, "kubernetes"):
-        return (f"Megatron-Bridge: the data list, then torchrun in each of {pods} runs stages/bridge_pretrain.py, a "
-                f"rank on each of {size.processes} GPU(s) a pod")
-    what = "the stage's kubernetes.command" if request.resources("kubernetes").command else request.program
-    if is_pytorchjob(request):
-        return f"torchrun in each of {pods} runs {what}, {size.processes} process(es) a pod"
-    return f"{what} in each of {pods}, {size.processes} process(es) a pod"
-
-
-def job_rendezvous(request: JobRequest, options: KubernetesOptions) -> dict | None:
-    size = shape(request, options)
-    layout = RankLayout(nodes=size.pods, per_node=size.processes)
-    name = job_name(request)
-    if is_pytorchjob(request) and (elastic := request.resources("kubernetes").elastic_policy) is not None:
-        bounds = elastic_policy(elastic, size.pods)
-        return rendezvous(layout, f"{name}-worker-0 (the first Worker pod: {elastic.rdzv_backend} elastic "
-                          f"rendezvous of {bounds['minReplicas']} to {bounds['maxReplicas']} pods; ranks are given "
-                          "out there)", str(options.master_port))
-    if is_pytorchjob(request):
-        # The training operator's: its Master pod's Service, named after the job's Master replica.
-        return rendezvous(layout, f"{name}-master-0 (the Master pod, through the training operator's Service)",
-                          str(options.master_port))
-    return rendezvous(layout, f"{name}-0.{name} (the index-0 pod, through the headless Service)",
-                      str(options.master_port))

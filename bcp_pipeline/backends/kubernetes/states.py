@@ -231,8 +231,9 @@ def pytorchjob_status(obj: dict[str, Any], pods: list[Any] = (), kueue_message: 
     detail = conditions[-1].get("message", "") if conditions else ""
     if native == "FAILED" and PYTORCHJOB_DEADLINE_MESSAGE in detail:
         native = "FAILED/DEADLINEEXCEEDED"  # a per-job stop, continued like BCP's and Slurm's time limits
-    elif native == "FAILED" and any(exit_code(pod) == TIME_LIMIT_EXIT for pod in pods):
+    elif native == "FAILED" and (timed := [p.metadata.name for p in pods if exit_code(p) == TIME_LIMIT_EXIT]):
         native = "FAILED/TIMELIMIT"
+        detail = f"{detail} The stage's time limit ran out: pod {', '.join(timed)} exited {TIME_LIMIT_EXIT}.".strip()
     if not native.startswith(("SUCCEEDED", "FAILED")):
         suspended = bool(obj.get("spec", {}).get("runPolicy", {}).get("suspend"))
         queue = obj["metadata"].get("labels", {}).get(QUEUE_LABEL)

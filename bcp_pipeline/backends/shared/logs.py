@@ -4,6 +4,7 @@ ranks, a training's steps and loss, log tails, and several log files shown as on
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -186,3 +187,36 @@ def last_traceback(text: str, max_lines: int = 40) -> str | None:
     causes = [b for b in blocks if not any(end in b[-1] for end in LAUNCHER_TRACEBACK_ENDS)]
     block = (causes or blocks)[-1]
     return "\n".join(block[-max_lines:] if len(block) > max_lines else block)
+
+
+# torchrun's failure summary: "Root Cause (first observed failure):" then, among its fields, "rank : N (local_rank: M)"
+TORCHRUN_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?^\s*rank\s*:\s*(\d+)", re.M | re.S)
+
+
+def failed_rank_lines(text: str, max_lines: int = 15) -> tuple[int, str] | None:
+    """The rank torchrun's summary names as the first to fail, and its last `max_lines` lines in a log whose ranks
+    head their lines `[rankN]:`: what that rank said last (an error printed without a traceback, an exit), where
+    the log's tail holds only torchrun's summary. None where the log has no such summary or no such rank's lines."""
+    found = TORCHRUN_ROOT_CAUSE.search(text)
+    if found is None:
+        return None
+    rank = int(found.group(1))
+    own = rank_lines(text, rank)
+    return (rank, last_lines(own, max_lines)) if own and own.strip() else None
+
+
+def why_it_failed(log: str, whose: str, tail: int = 15) -> list[str]:
+    """What a failed job's log says of why, for its failure detail (`whose`: e.g. "pod P's", "replica 1's"): the
+    last traceback of the program itself where the log's last `tail` lines do not already hold it; else, where
+    only torchrun's summary and its own traceback are there, the last lines of the rank it names first to fail;
+    else a launcher's traceback alone; then the log's last `tail` lines."""
+    found = []
+    traceback = last_traceback(log)
+    own = traceback is not None and not any(end in traceback.splitlines()[-1] for end in LAUNCHER_TRACEBACK_ENDS)
+    failed_rank = None if own else failed_rank_lines(log, tail)
+    if failed_rank is not None:
+        found.append(f"the last lines of rank {failed_rank[0]}, the first to fail, in {whose} log:\n"
+                     + indent(failed_rank[1]))
+    elif traceback and traceback not in last_lines(log, tail):
+        found.append(f"the last traceback in {whose} log:\n" + indent(traceback))
+    return [*found, f"last lines of {whose} log:\n" + indent(last_lines(log, tail))]
