@@ -101,7 +101,10 @@ def apiserver_argv(lay: Layout, port: int, bin_dir: Path) -> tuple[str, ...]:
             "--kubelet-preferred-address-types=InternalIP",
             # No pod talks to the API through the `kubernetes` Service (and with no nodes its endpoint would
             # be 127.0.0.1, which Endpoints refuse): its endpoint is not kept.
-            "--endpoint-reconciler-type=none", "--profiling=false")
+            "--endpoint-reconciler-type=none", "--profiling=false",
+            # A webhook behind a Service (the training operator's, Kueue's) is dialled at its endpoint, not its
+            # ClusterIP, which no kube-proxy routes here; the certificate is still checked against the Service's name.
+            "--enable-aggregator-routing=true")
 
 
 def controller_manager_argv(lay: Layout, port: int, bin_dir: Path) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from bcp_pipeline.errors import BackendCallError
 from support.cli import cli
 from support.k8s_cluster import (NODE_GPUS, K8sCluster, install_pytorchjob_crd, k8s_cluster,  # noqa: F401
                                  pytorchjob_crd_file, skip_unless_required)
+from support.k8s_requests import every_bundled_stage_as_a_pytorchjob
 from support.pipeline_fixtures import K8S_CHAIN, REPO, start_orchestrator, wait_for, write_chain_project
 from support.pipeline_fixtures import DEMO_SPREAD as SPREAD  # (pods, processes per pod)
 
@@ -373,8 +374,6 @@ def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass
     if not pytorchjob_crd_file().is_file():
         skip_unless_required(f"no PyTorchJob CRD at {pytorchjob_crd_file()}: run `scripts/k8s-cluster install`")
     from bcp_pipeline.backends.kubernetes.client import create_object
-    from bcp_pipeline.backends.registry import make_backend
-    from bcp_pipeline.engine.submitter import planned_requests
 
     config = demo_project(tmp_path / "operator", "kubernetes", k8s_cluster.kubeconfig,
                           pretrain={"launcher": "pytorchjob", "replicas": 2, "processes": 1})
@@ -398,21 +397,10 @@ def test_check_tells_whether_the_training_operator_is_there_and_pytorchjobs_pass
         assert [(r["verdict"], r["showed"]) for r in after["training operator"]] == [("ok", "installed")]
         assert all(r["verdict"] == "ok" for r in after["manifests"]), after["manifests"]
         checked = elastic = 0
-        for name in load_config(REPO / "pipelines.yaml").pipelines:
-            stages = load_config(REPO / "pipelines.yaml", pipeline=name).pipeline(name).stages
-            plain = next(s for s in stages if stages[s].engine is None)  # a stage no engine's rules constrain
-            loaded = load_config(REPO / "pipelines.yaml", pipeline=name, overrides=[
-                f"{stage}.kubernetes.launcher=pytorchjob" for stage in stages] + [  # and one elastic, of 2 pods
-                f"{plain}.kubernetes.replicas=2", f"{plain}.kubernetes.elastic_policy={{min_replicas: 1}}"])
-            loaded.options["kubernetes"].namespace = NAMESPACE
-            pipeline = loaded.pipeline(name)
-            backend = make_backend("kubernetes", loaded, pipeline, Path("/tmp/none/runs") / f"{name}-RUN")
-            for request in planned_requests(pipeline, f"{name}-RUN"):  # NeMo launcher pretrains too
-                for obj in backend.render(request).payload["manifests"]:
-                    if obj["kind"] == "PyTorchJob":
-                        create_object(api, obj, dry_run=True)  # raises with the apiserver's reason if refused
-                        checked += 1
-                        elastic += "elasticPolicy" in obj["spec"]
+        for obj in every_bundled_stage_as_a_pytorchjob(NAMESPACE):
+            create_object(api, obj, dry_run=True)  # raises with the apiserver's reason if refused
+            checked += 1
+            elastic += "elasticPolicy" in obj["spec"]
         assert checked >= len(load_config(REPO / "pipelines.yaml").pipelines) * 3, checked
         assert elastic == len(load_config(REPO / "pipelines.yaml").pipelines), elastic
         # The schema is really applied: a field the CRD does not know is refused.
@@ -574,8 +562,12 @@ def test_time_spent_waiting_for_capacity_is_not_taken_from_the_time_limit(
         backend, job_id = submit_demo_stage(k8s_cluster, tmp_path / "waiter", "sample", [
             "sample.kubernetes.replicas=1", "sample.kubernetes.processes=1", f"sample.kubernetes.gpus={NODE_GPUS}",
             "sample.kubernetes.active_deadline=6s", "sample.kubernetes.command=[bash, -c, 'sleep 3; echo in time']"])
+        # Queued once the scheduler has tried its pod (before that: PENDING, no reason yet), then for longer than
+        # its limit, waiting for capacity.
+        wait_for(lambda: backend.poll([job_id])[job_id].native == "PENDING/UNSCHEDULABLE", timeout=30,
+                 what="the waiting job's pod found unschedulable")
         waited_from = time.monotonic()
-        while time.monotonic() - waited_from < 9:  # longer than the limit, waiting for capacity
+        while time.monotonic() - waited_from < 9:
             status = backend.poll([job_id])[job_id]
             assert (status.state, status.native) == (JobState.QUEUED, "PENDING/UNSCHEDULABLE"), status
             time.sleep(1)

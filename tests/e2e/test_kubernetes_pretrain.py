@@ -25,6 +25,8 @@ from support.cli import cli
 from support.ddp_pretrain import RUN_NAME, STEPS, assert_trained_like_one_process, stage_job, write_project
 from support.ddp_pretrain import data_dir, reference  # noqa: F401 (fixtures)
 from support.pipeline_fixtures import start_orchestrator, wait_for
+from support.k8s_requests import every_bundled_stage_as_a_pytorchjob
+from bcp_pipeline.errors import BackendCallError
 from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.engine.state import StageStatus
 
@@ -102,6 +104,7 @@ def test_a_pytorchjob_through_the_real_training_operator_trains_as_one(  # noqa:
         assert cli(config, "run", "ddp", "--backend", "kubernetes") == 0
         next_attempt_and_cancel_stop_a_running_pytorchjob(k8s_cluster, config)
         a_failed_worker_and_a_time_limit_end_a_pytorchjob(k8s_cluster, config)
+        the_operators_webhook_admits_every_bundled_stage_and_refuses_a_bad_name(k8s_cluster)
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
     job = stage_job(stage)
     assert stage.jobs[0].native == "SUCCEEDED"  # the PyTorchJob's own condition
@@ -252,3 +255,19 @@ def test_an_evicted_pod_ends_the_attempt_and_the_continuation_resubmits_it_whole
     assert resumed and 4 <= int(resumed.group(1)) < STEPS, logs[0]
     assert_trained_like_one_process(workspace / "results/evicted/train_summary.json", logs, reference,
                                     resumed_from=int(resumed.group(1)))
+
+
+def the_operators_webhook_admits_every_bundled_stage_and_refuses_a_bad_name(cluster: K8sCluster) -> None:
+    """The operator's own validating webhook is called (registered by the `training_operator` fixture as its
+    manifests register it): every bundled stage rendered as a PyTorchJob passes it in a server-side dry run, and a
+    name it refuses (not a DNS-1035 label) but the CRD's schema accepts is refused by it."""
+    from bcp_pipeline.backends.kubernetes.client import create_object
+
+    api = cluster.api()
+    objects = every_bundled_stage_as_a_pytorchjob(NAMESPACE)
+    for obj in objects:
+        create_object(api, obj, dry_run=True)
+    bad = {**objects[0], "metadata": {**objects[0]["metadata"], "name": "1-starts-with-a-digit"}}
+    refusal = 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied the request'
+    with pytest.raises(BackendCallError, match=refusal):
+        create_object(api, bad, dry_run=True)

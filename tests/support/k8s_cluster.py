@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,12 +190,36 @@ def training_operator_binary() -> Path:
 OPERATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 
 
+OPERATOR_WEBHOOK_CONFIGURATION = "validator.training-operator.kubeflow.org"  # the name its cert rotator patches
+OPERATOR_WEBHOOK_PATH = "/validate-kubeflow-org-v1-pytorchjob"  # v1.8.1's (pkg/webhooks/pytorch)
+
+
+def operator_webhook(core: Any, address: str, port: int) -> dict:
+    """The operator's PyTorchJob webhook as its manifests register it (through the Service kubeflow/training-operator,
+    made here with one endpoint: `address`:`port`, where its webhook server listens on every address)."""
+    core.create_namespaced_service("kubeflow", {"metadata": {"name": "training-operator"}, "spec": {
+        "ports": [{"name": "webhook", "port": 443, "targetPort": port}]}})
+    core.create_namespaced_endpoints("kubeflow", {"metadata": {"name": "training-operator"}, "subsets": [
+        {"addresses": [{"ip": address}], "ports": [{"name": "webhook", "port": port}]}]})
+    return {"name": "validator.pytorchjob.training-operator.kubeflow.org", "admissionReviewVersions": ["v1"],
+            "sideEffects": "None", "failurePolicy": "Fail",
+            "clientConfig": {"service": {"namespace": "kubeflow", "name": "training-operator",
+                                         "path": OPERATOR_WEBHOOK_PATH, "port": 443}},
+            "rules": [{"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                       "resources": ["pytorchjobs"]}]}
+
+
 @contextlib.contextmanager
 def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
     """The real training operator (v1.8.1, PyTorchJob only) against the cluster's apiserver, as its Deployment would
     run it: its namespace `kubeflow`, its webhook-certificate Secret (which its own cert rotator fills) written to
-    its certificate folder, and its ValidatingWebhookConfiguration (empty: the apiserver cannot reach a webhook on
-    this machine's loopback from its own, so no webhook is registered; the CRD's schema still validates)."""
+    its certificate folder, and its **validating webhook** registered as its manifests register it: the
+    ValidatingWebhookConfiguration `validator.training-operator.kubeflow.org` calling the Service
+    `kubeflow/training-operator` (its caBundle patched in by the rotator). The Service has no selector (the
+    operator is no pod) and one endpoint, the host's bridge address where the operator's webhook server listens;
+    the apiserver dials it (`--enable-aggregator-routing`: no kube-proxy routes ClusterIPs here) and checks the
+    server certificate against the Service's DNS name, as on a real cluster. On a cluster without nodes (its
+    apiserver on loopback, which Endpoints refuse), no webhook is registered; the CRD's schema still validates."""
     import base64
     from kubernetes import client
 
@@ -203,8 +228,11 @@ def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
     install_pytorchjob_crd(api)
     core.create_namespace({"metadata": {"name": "kubeflow"}})
     core.create_namespaced_secret("kubeflow", {"metadata": {"name": "training-operator-webhook-cert"}})
-    client.AdmissionregistrationV1Api(api).create_validating_webhook_configuration(
-        {"metadata": {"name": "validator.training-operator.kubeflow.org"}, "webhooks": []})
+    host = urllib.parse.urlsplit(api.configuration.host).hostname  # the apiserver's: the bridge where there are nodes
+    webhooks = [] if host == "127.0.0.1" else [operator_webhook(core, host, port + 1)]
+    admission = client.AdmissionregistrationV1Api(api)
+    admission.create_validating_webhook_configuration(
+        {"metadata": {"name": OPERATOR_WEBHOOK_CONFIGURATION}, "webhooks": webhooks})
     log_path = cluster.base / "log" / "training-operator.log"
     offset = log_path.stat().st_size if log_path.is_file() else 0  # what this start writes, not an earlier one
 
@@ -230,8 +258,20 @@ def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
                 for key, value in data.items():
                     (OPERATOR_CERT_DIR / key).write_bytes(base64.b64decode(value))
             time.sleep(0.5)
+        while webhooks and not admission.read_validating_webhook_configuration(
+                OPERATOR_WEBHOOK_CONFIGURATION).webhooks[0].client_config.ca_bundle:
+            assert time.monotonic() < deadline, "the operator's cert rotator did not patch its webhook's caBundle"
+            time.sleep(0.5)
         yield
     finally:
+        # Its webhook goes with it: a PyTorchJob created later (failurePolicy Fail) would find no one answering.
+        admission.delete_validating_webhook_configuration(OPERATOR_WEBHOOK_CONFIGURATION)
+        for delete in (core.delete_namespaced_endpoints, core.delete_namespaced_service):
+            try:
+                delete("training-operator", "kubeflow")
+            except client.exceptions.ApiException as exc:
+                if exc.status != 404:
+                    raise
         process.terminate()
         try:
             process.wait(timeout=10)

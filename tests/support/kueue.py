@@ -6,11 +6,12 @@ queues a test admits through:
         make_queue(k8s_cluster.api(), NAMESPACE, "team-a", cpu="2")
 
 What differs from a Deployment, and why:
-- No webhook is registered (the apiserver cannot reach a webhook on this machine's loopback from its own, as for the
-  training operator, tests/support/k8s_cluster.py): Kueue's mutating webhook, which suspends a labelled job on
+- No webhook is registered (the training operator's is, tests/support/k8s_cluster.py; Kueue's would need its
+  Service and a certificate for that name too): Kueue's mutating webhook, which suspends a labelled job on
   creation, never runs, so the backend renders `suspend: true` itself, and Kueue's job reconciler admits such a job
-  as it would one its webhook suspended. Its webhook server still starts (Kueue always starts it), on loopback, with a
-  self-signed certificate of the fixture's.
+  as it would one its webhook suspended; that is also what the tests show works where the webhook is absent or
+  fails open. Its webhook server still starts (Kueue always starts it), on loopback, with a self-signed
+  certificate of the fixture's.
 - Its certificates are the fixture's (internalCertManagement off): the webhook's in a folder of the cluster's base;
   the metrics server's at /etc/kueue/metrics/certs, the path Kueue reads them from (its Secret volume's mount in the
   Deployment), written there for the run of Kueue and removed after.
