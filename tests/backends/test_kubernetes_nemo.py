@@ -219,3 +219,20 @@ def test_a_pod_waits_no_longer_than_its_limit_for_a_first_pod_that_never_compose
     done = subprocess.run(["bash", "-c", quick, "pod"], env={**os.environ, "JOB_COMPLETION_INDEX": "3"},
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 1 and "pod 3: the first pod composed no training config for job " in done.stderr
+
+
+def test_processes_other_than_the_trainings_ranks_a_pod_are_refused_before_the_run() -> None:
+    """A training engine runs one rank a GPU of its pod: `kubernetes.processes` can only say the same, else it would
+    be silently overruled."""
+    from bcp_pipeline.errors import SubmissionError
+
+    def check(*overrides: str) -> None:
+        config = load_and_check(REPO / "pipelines.yaml", overrides=list(overrides), pipeline="slimpajama-8b")
+        pipeline = config.pipeline("slimpajama-8b")
+        KubernetesBackend.check_limits(config, pipeline, planned_requests(pipeline, "r"))
+
+    with pytest.raises(SubmissionError, match=r"stage pretrain.*kubernetes.processes is 4, but its nemo training "
+                                              r"runs one rank a GPU, 8 a pod .*make it 8"):
+        check("pretrain.kubernetes.processes=4")
+    check("pretrain.kubernetes.processes=8")  # the same as its GPUs: accepted
+    check("pretrain.kubernetes.processes=2", "pretrain.kubernetes.gpus=2")

@@ -73,9 +73,18 @@ class KubernetesBackend(Backend):
     def check_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
                      detach: bool = False) -> None:
         """What this backend never renders, refused before a run is recorded rather than when its stage is due:
-        a Kueue queue named badly or through `labels` (kueue.check_queue)."""
+        a Kueue queue named badly or through `labels` (kueue.check_queue); `kubernetes.processes` on a training
+        engine's stage other than its ranks a pod (one a GPU), which would otherwise be silently overruled."""
         for request in requests:
             check_queue(request)
+            given = request.resources("kubernetes").processes
+            if request.kind == "stage" and request.stage.engine and given is not None:
+                ranks = shape(request, config.options[cls.name]).processes
+                if given != ranks:
+                    raise SubmissionError(
+                        f"{request.label}: kubernetes.processes is {given}, but its {request.stage.engine} training "
+                        f"runs one rank a GPU, {ranks} a pod (kubernetes.gpus, else the BCP instance's GPUs): drop "
+                        f"kubernetes.processes or make it {ranks}")
 
     # -- rendering (pure) ------------------------------------------------------------------------------
     def writer_lock_path(self) -> Path:
