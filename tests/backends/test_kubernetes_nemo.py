@@ -27,11 +27,11 @@ from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.submitter import planned_requests
 from bcp_pipeline.errors import ConfigError
 from support.golden_files import REPO, assert_golden, normalize
+from support.nemo_project import fabricate_nemo_data, nemo_pipelines_yaml
 
 pytest.importorskip("kubernetes")
 
 TRAINER = "/opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py"
-NEMO_STAND_IN = REPO / "tests" / "fakes" / "nemo_launcher"
 
 
 
@@ -132,31 +132,14 @@ def test_a_layout_or_image_the_nemo_launcher_cannot_train_is_refused_at_load() -
         nemo_request("pretrain.kubernetes.image=nvcr.io/nvidia/nemo:25.11")
 
 
-# A project whose workspace mount is a folder here, so the rendered pod script runs on this machine as written.
-PROJECT = """\
-version: 1
-stages_dir: {stages}
-backends:
-  kubernetes: {{code_dir: {stages}, python: {python}}}
-pipelines:
-  slimpajama-8b:
-    workspace: {{name: main, mount: {mount}}}
-    defaults:
-      bcp: {{image: "nvcr.io/nvaie/nemo-framework-training:23.11", instance: dgxa100.80g.1.norm, total_runtime: 1h}}
-    stages:
-      pretrain:
-        program: pretrain_local.py
-        nemo:
-          model: gpt3/126m
-          run_name: gpt
-          data_dir: ${{workspace}}/data/preprocessed
-          bpe_dir: ${{workspace}}/data/bpe
-          results_dir: ${{workspace}}/results
-          launcher_dir: {stand_in}/launcher_scripts
-          nemo_dir: {stand_in}/NeMo
-          max_steps: 30
-        kubernetes: {{replicas: 2, gpus: 1}}
-"""
+def two_pod_project(mount: Path, python: Path) -> str:
+    """The pipeline slimpajama-8b in 2 pods of 1 GPU, whose workspace mount is the folder `mount` here, so the
+    rendered pod script runs on this machine as written, with `python` as the image's."""
+    return nemo_pipelines_yaml("kubernetes", f"{{code_dir: {REPO / 'stages'}, python: {python}}}",
+                               "{replicas: 2, gpus: 1}", pipeline="slimpajama-8b",
+                               workspace=f"{{name: main, mount: {mount}}}")
+
+
 # The image's python: the real one for the data list; as `-m torch.distributed.run`, a recording stand-in.
 PYTHON = """#!/bin/sh
 if [ "$1 $2" = "-m torch.distributed.run" ]; then
@@ -167,17 +150,14 @@ exec {python} "$@"
 
 
 def run_pods(tmp_path: Path) -> tuple[Path, list[subprocess.CompletedProcess]]:
-    from support.manifests import chunk_name, fabricate
-
     mount = tmp_path / "ws"
-    for i, tokens in enumerate((3000, 1000)):
-        fabricate(mount / "data/preprocessed", chunk_name(i), tokens)
+    fabricate_nemo_data(mount / "data/preprocessed")
     python = tmp_path / "bin" / "python"
     python.parent.mkdir()
     python.write_text(PYTHON.format(python=sys.executable))
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     config = tmp_path / "pipelines.yaml"
-    config.write_text(PROJECT.format(stages=REPO / "stages", python=python, mount=mount, stand_in=NEMO_STAND_IN))
+    config.write_text(two_pod_project(mount, python))
     backend, request = nemo_request(config_file=config)
     _, job = manifests(request, backend.options)
     container = pod_of(job)["containers"][0]

@@ -22,55 +22,25 @@ from bcp_pipeline.engine.selection import open_run
 from bcp_pipeline.report.data import report_data
 from bcp_pipeline.report.gather import training_logs
 from support.cli import cli
-from support.golden_files import REPO
 from support.pipeline_fixtures import logs_and_status
-from support.manifests import chunk_name, fabricate
+from support.nemo_project import fabricate_nemo_data, nemo_pipelines_yaml
 
 pytestmark = needs_ngcsdk
 ONE_TRANSPORT = pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # what a job does: the same on both
 
-STAND_IN = REPO / "tests" / "fakes" / "nemo_launcher" / "launcher_scripts"
-CONFIG = """\
-version: 1
-stages_dir: STAGES
-backends:
-  bcp: {transport: TRANSPORT, poll_min_seconds: 0.1, poll_max_seconds: 0.3, training_log_seconds: 0}
-pipelines:
-  nemo:
-    workspace: {name: main}
-    defaults:
-      bcp: {image: "nvcr.io/nvaie/nemo-framework-training:23.11", instance: dgxa100.80g.1.norm, total_runtime: 1h,
-            workspaces: [{name: main, mount: /mount_workspace, mode: RW}]}
-    verification:
-      bcp: {instance: dgxa100.80g.1.norm}
-    stages:
-      pretrain:
-        program: pretrain_local.py
-        nemo:
-          model: gpt3/126m
-          run_name: gpt
-          data_dir: ${workspace}/data/preprocessed
-          bpe_dir: ${workspace}/data/bpe
-          results_dir: ${workspace}/results
-          launcher_dir: LAUNCHER
-          max_steps: STEPS
-          time_margin: MARGIN
-          overrides: [training.trainer.val_check_interval=10, +training.standin.step_seconds=0.02EXTRA]
-        bcp: {replicas: 1, total_runtime: RUNTIME, launcher: none}
-"""
-
 
 def project(tmp_path: Path, fake, *, steps: int = 30, runtime: str = "1h", margin: str = "45m",
             extra: str = "") -> Path:
-    text = (CONFIG.replace("TRANSPORT", fake.transport).replace("LAUNCHER", str(STAND_IN))
-            .replace("STEPS", str(steps)).replace("RUNTIME", runtime).replace("MARGIN", margin)
-            .replace("EXTRA", extra).replace("STAGES", str(REPO / "stages")))
+    # No nemo_dir: on BCP the launcher runs the training itself; the stage's NeMo folder is not read.
+    options = f"{{transport: {fake.transport}, poll_min_seconds: 0.1, poll_max_seconds: 0.3, training_log_seconds: 0}}"
+    text = nemo_pipelines_yaml("bcp", options, f"{{replicas: 1, total_runtime: {runtime}, launcher: none}}",
+                               bcp_workspaces="[{name: main, mount: /mount_workspace, mode: RW}]",
+                               bcp_verification="{instance: dgxa100.80g.1.norm}", nemo_dir=False, steps=steps,
+                               margin=margin, extra_overrides=extra)
     config = tmp_path / "project" / "pipelines.yaml"
     config.parent.mkdir(parents=True)
     config.write_text(text)
-    workspace = fake.workspace_path("main")
-    for i, tokens in enumerate((3000, 1000)):
-        fabricate(workspace / "data" / "preprocessed", chunk_name(i), tokens)
+    fabricate_nemo_data(fake.workspace_path("main") / "data" / "preprocessed")
     return config
 
 

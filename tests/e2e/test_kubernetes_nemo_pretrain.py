@@ -26,14 +26,13 @@ from support.cli import cli
 from support.ddp_pretrain import stage_job
 from support.k8s_cluster import (K8sCluster, cluster_port, k8s_cluster,  # noqa: F401 (the fixture)
                                  skip_unless_required, training_operator, training_operator_binary)
-from support.manifests import chunk_name, fabricate
+from support.nemo_project import fabricate_nemo_data, nemo_pipelines_yaml
 from support.pipeline_fixtures import REPO, logs_and_status
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
 
 NAMESPACE = "bcp-nemo"
-NEMO_STAND_IN = REPO / "tests" / "fakes" / "nemo_launcher"
 GPU = "nvidia.com/gpu"
 
 
@@ -60,47 +59,21 @@ def workspace(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory)
     return folder
 
 
-CONFIG = """\
-version: 1
-stages_dir: {stages}
-backends:
-  kubernetes: {{kubeconfig: {kubeconfig}, namespace: {namespace}, code_dir: {stages}, python: {python},
-               poll_seconds: 0.5, poll_max_seconds: 2.0}}
-pipelines:
-  nemo:
-    workspace: {{name: main, mount: /mount_workspace}}
-    vars: {{data: "${{workspace}}/{name}"}}
-    defaults:
-      bcp: {{image: "nvcr.io/nvaie/nemo-framework-training:23.11", instance: dgxa100.80g.1.norm, total_runtime: 1h}}
-    stages:
-      pretrain:
-        program: pretrain_local.py
-        nemo:
-          model: gpt3/126m
-          run_name: gpt
-          data_dir: ${{data}}/preprocessed
-          bpe_dir: ${{data}}/bpe
-          results_dir: ${{data}}/results
-          launcher_dir: {stand_in}/launcher_scripts
-          nemo_dir: {stand_in}/NeMo
-          max_steps: 30
-          time_margin: 1m
-          overrides: [training.trainer.val_check_interval=10, +training.standin.step_seconds=0.02{extra}]
-        kubernetes: {{replicas: 2, gpus: 1, active_deadline: 5m, launcher: {launcher}, env: {{PATH: "{path}"}}}}
-"""
-
-
 def nemo_project(root: Path, cluster: K8sCluster, workspace: Path, name: str, extra: str = "",
                  launcher: str = "job") -> Path:
     """A one-stage pipeline `nemo` whose data (two fabricated .bin/.idx pairs) lies in the workspace under `name`."""
-    for i, tokens in enumerate((3000, 1000)):
-        fabricate(workspace / name / "preprocessed", chunk_name(i), tokens)
+    fabricate_nemo_data(workspace / name / "preprocessed")
     root.mkdir(parents=True)
     config = root / "pipelines.yaml"
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"  # the "image's" python3 first
-    config.write_text(CONFIG.format(stages=REPO / "stages", kubeconfig=cluster.kubeconfig, namespace=NAMESPACE,
-                                    python=sys.executable, name=name, stand_in=NEMO_STAND_IN, extra=extra, path=path,
-                                    launcher=launcher))
+    options = (f"{{kubeconfig: {cluster.kubeconfig}, namespace: {NAMESPACE}, code_dir: {REPO / 'stages'}, "
+               f"python: {sys.executable},\npoll_seconds: 0.5, poll_max_seconds: 2.0}}")
+    stage = f'{{replicas: 2, gpus: 1, active_deadline: 5m, launcher: {launcher}, env: {{PATH: "{path}"}}}}'
+    # The module's tests share one workspace (the PVC): each test's data, BPE and results under its own `name`.
+    config.write_text(nemo_pipelines_yaml(
+        "kubernetes", options, stage, workspace="{name: main, mount: /mount_workspace}",
+        variables=f'{{data: "${{workspace}}/{name}"}}', data="${data}", results="${data}/results", margin="1m",
+        extra_overrides=extra))
     return config
 
 
