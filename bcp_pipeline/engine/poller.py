@@ -86,6 +86,9 @@ class Poller(RunContext):
         """Record one job's status and, once it finished, its stage's transition; save on any change."""
         stage_state = self.state.stages[name]
         changed = (job.state, job.native) != (status.state.value, status.native)
+        # A waiting job's reason (the scheduler's message, Kueue's) can change while its state stays: saved too, so
+        # what the state file says of why it waits is the latest.
+        new_reason = status.state is JobState.QUEUED and job.detail != status.detail
         job.state, job.native, job.detail = status.state.value, status.native, status.detail
         if status.state is JobState.RUNNING and job.started_at is None:
             job.started_at = time.time()  # the queued/running split of `report`'s timeline, to one poll interval
@@ -94,7 +97,7 @@ class Poller(RunContext):
                 self.update_progress(name, job)
             if status.state is JobState.PREEMPTED and (changed or job.job_id in self._resume_failures):
                 changed = self.on_preempted(name, job) or changed
-            if changed:
+            if changed or new_reason:
                 self.store.save(self.state)
             return changed
         job.ended_at = time.time()

@@ -3,6 +3,7 @@ rank layout and rendezvous, secrets only by reference, the PyTorchJob, and the J
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -83,6 +84,11 @@ def test_long_names_stay_dns_labels() -> None:
                       stage=request.stage, kind="verify", program="verify.py", args=(), attempt=12)
     name = job_name(long)
     assert len(name) <= 52 and name.endswith("-verify-a12") and name == name.lower()
+    # A Service's and a PyTorchJob's name is a DNS-1035 label: it starts with a letter, whatever the pipeline's name.
+    digits = JobRequest(run_id="8b-20261125-221500-abcd", pipeline=request.pipeline, stage=request.stage,
+                        kind="stage", program="x.py", args=())
+    assert job_name(digits) == "p8b-20261125-221500-abcd-tokenize-preprocess-a1"
+    assert all(re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", job_name(r)) for r in (long, digits))
 
 
 def test_pytorchjob_golden() -> None:

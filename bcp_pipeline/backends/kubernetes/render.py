@@ -79,6 +79,8 @@ def job_name(request: JobRequest) -> str:
     one's Job still being deleted."""
     suffix = ("-verify" if request.kind == "verify" else "") + f"-a{request.attempt}"
     base = UNSAFE.sub("-", f"{request.run_id}-{request.stage.name}".lower()).strip("-")
+    if not base[:1].isalpha():  # a pipeline named 8b: the Service's (and a PyTorchJob's) name must start with a letter
+        base = f"p{base}"
     if len(base) + len(suffix) > NAME_MAX:
         digest = hashlib.sha256(base.encode()).hexdigest()[:6]
         base = f"{base[:NAME_MAX - len(suffix) - 7].rstrip('-')}-{digest}"
