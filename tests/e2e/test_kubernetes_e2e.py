@@ -28,7 +28,7 @@ from bcp_pipeline.backends.shared.logs import rank_lines
 from bcp_pipeline.engine.state import RunState, RunStore, StageStatus
 from bcp_pipeline.errors import BackendCallError
 from support.cli import cli
-from support.k8s_cluster import (NODE_GPUS, K8sCluster, install_pytorchjob_crd, k8s_cluster,  # noqa: F401
+from support.k8s_cluster import (shared_claim, NODE_GPUS, K8sCluster, install_pytorchjob_crd, k8s_cluster,  # noqa: F401
                                  pytorchjob_crd_file, skip_unless_required)
 from support.k8s_requests import every_bundled_stage_as_a_pytorchjob
 from support.pipeline_fixtures import K8S_CHAIN, REPO, start_orchestrator, wait_for, write_chain_project
@@ -54,16 +54,7 @@ def workspace(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory)
     core = client.CoreV1Api(k8s_cluster.api())
     folder = tmp_path_factory.mktemp("k8s-workspace")
     core.create_namespace({"metadata": {"name": NAMESPACE}})
-    core.create_persistent_volume({"metadata": {"name": "bcp-e2e-workspace"}, "spec": {
-        "capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
-        "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
-    core.create_namespaced_persistent_volume_claim(NAMESPACE, {"metadata": {"name": CLAIM}, "spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}, "storageClassName": "",
-        "volumeName": "bcp-e2e-workspace"}})
-    deadline = time.monotonic() + 60
-    while core.read_namespaced_persistent_volume_claim(CLAIM, NAMESPACE).status.phase != "Bound":
-        assert time.monotonic() < deadline, "the workspace PVC did not bind"
-        time.sleep(0.5)
+    shared_claim(k8s_cluster, NAMESPACE, CLAIM, "bcp-e2e-workspace", folder, storage="10Gi")
     core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": "hf-token"},
                                               "data": {"token": base64.b64encode(b"hf_secret_VALUE").decode()}})
     return folder
@@ -421,17 +412,8 @@ def report_data_of(html: str) -> dict:
 
 def claim(k8s_cluster: K8sCluster, name: str, folder: Path) -> str:  # noqa: F811
     """A workspace claim of its own (a test's own folder, as a hostPath PV both nodes see); returns its name."""
-    core = client.CoreV1Api(k8s_cluster.api())
     folder.mkdir(parents=True, exist_ok=True)
-    core.create_persistent_volume({"metadata": {"name": f"bcp-e2e-{name}"}, "spec": {
-        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
-        "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
-    core.create_namespaced_persistent_volume_claim(NAMESPACE, {"metadata": {"name": f"ws-{name}"}, "spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "",
-        "volumeName": f"bcp-e2e-{name}"}})
-    wait_for(lambda: core.read_namespaced_persistent_volume_claim(f"ws-{name}", NAMESPACE).status.phase == "Bound",
-             timeout=60, what=f"claim ws-{name} bound")
-    return f"ws-{name}"
+    return shared_claim(k8s_cluster, NAMESPACE, f"ws-{name}", f"bcp-e2e-{name}", folder)
 
 
 def chain_projects(k8s_cluster: K8sCluster, tmp_path: Path, name: str) -> tuple[Path, Path, Path]:  # noqa: F811

@@ -19,7 +19,7 @@ import yaml
 
 from bcp_pipeline.engine.state import RunStore
 from support.cli import cli
-from support.k8s_cluster import (K8sCluster, cluster_port, k8s_cluster, skip_unless_required,  # noqa: F401
+from support.k8s_cluster import (shared_claim, K8sCluster, cluster_port, k8s_cluster, skip_unless_required,  # noqa: F401
                                  training_operator, training_operator_binary)
 from support.kueue import binary, kueue, make_queue
 from support.pipeline_fixtures import make_stages_dir, start_orchestrator, wait_for
@@ -64,14 +64,7 @@ def project(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory) -
     folder = tmp_path / "workspace"
     folder.mkdir()
     core.create_namespace({"metadata": {"name": NAMESPACE}})
-    core.create_persistent_volume({"metadata": {"name": "bcp-kueue-workspace"}, "spec": {
-        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
-        "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
-    core.create_namespaced_persistent_volume_claim(NAMESPACE, {"metadata": {"name": "ws"}, "spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "",
-        "volumeName": "bcp-kueue-workspace"}})
-    wait_for(lambda: core.read_namespaced_persistent_volume_claim("ws", NAMESPACE).status.phase == "Bound",
-             timeout=60, what="the workspace claim bound")
+    shared_claim(k8s_cluster, NAMESPACE, "ws", "bcp-kueue-workspace", folder)
     make_stages_dir(tmp_path)
     config = tmp_path / "pipelines.yaml"
     raw = yaml.safe_load(GANG_CONFIG + "".join(STAGE.format(name=name, queue=QUEUE) for name in ("a", "b")))

@@ -15,7 +15,6 @@ each pod, which asks for one, on a node of its own.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ import yaml
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli
 from support.ddp_pretrain import stage_job
-from support.k8s_cluster import (K8sCluster, cluster_port, k8s_cluster,  # noqa: F401 (the fixture)
+from support.k8s_cluster import (shared_claim, K8sCluster, cluster_port, k8s_cluster,  # noqa: F401 (the fixture)
                                  skip_unless_required, training_operator, training_operator_binary)
 from support.nemo_project import fabricate_nemo_data, nemo_pipelines_yaml
 from support.pipeline_fixtures import REPO, logs_and_status
@@ -43,19 +42,10 @@ def workspace(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory)
     core = client.CoreV1Api(api)
     folder = tmp_path_factory.mktemp("nemo-workspace")
     core.create_namespace({"metadata": {"name": NAMESPACE}})
-    core.create_persistent_volume({"metadata": {"name": "bcp-nemo-workspace"}, "spec": {
-        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
-        "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
-    core.create_namespaced_persistent_volume_claim(NAMESPACE, {"metadata": {"name": "bcp-pipeline-workspace"}, "spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "",
-        "volumeName": "bcp-nemo-workspace"}})
+    shared_claim(k8s_cluster, NAMESPACE, "bcp-pipeline-workspace", "bcp-nemo-workspace", folder)
     for node in core.list_node().items:  # the device plugin's part: a GPU a node, where the agent advertises none
         if int((node.status.allocatable or {}).get(GPU, "0")) < 1:
             core.patch_node_status(node.metadata.name, {"status": {"capacity": {GPU: "1"}, "allocatable": {GPU: "1"}}})
-    deadline = time.monotonic() + 60
-    while core.read_namespaced_persistent_volume_claim("bcp-pipeline-workspace", NAMESPACE).status.phase != "Bound":
-        assert time.monotonic() < deadline, "the workspace PVC did not bind"
-        time.sleep(0.5)
     return folder
 
 

@@ -18,7 +18,7 @@ import yaml
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore
-from support.k8s_cluster import (K8sCluster, cluster_port, k8s_cluster, training_operator,  # noqa: F401 (the fixture)
+from support.k8s_cluster import (shared_claim, K8sCluster, cluster_port, k8s_cluster, training_operator,  # noqa: F401 (the fixture)
                          skip_unless_required, training_operator_binary)
 from support.pipeline_fixtures import REPO
 from support.cli import cli
@@ -43,16 +43,7 @@ def workspace(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory)
     core = client.CoreV1Api(k8s_cluster.api())
     folder = tmp_path_factory.mktemp("ddp-workspace")
     core.create_namespace({"metadata": {"name": NAMESPACE}})
-    core.create_persistent_volume({"metadata": {"name": "bcp-ddp-workspace"}, "spec": {
-        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
-        "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
-    core.create_namespaced_persistent_volume_claim(NAMESPACE, {"metadata": {"name": "bcp-pipeline-workspace"}, "spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "",
-        "volumeName": "bcp-ddp-workspace"}})
-    deadline = time.monotonic() + 60
-    while core.read_namespaced_persistent_volume_claim("bcp-pipeline-workspace", NAMESPACE).status.phase != "Bound":
-        assert time.monotonic() < deadline, "the workspace PVC did not bind"
-        time.sleep(0.5)
+    shared_claim(k8s_cluster, NAMESPACE, "bcp-pipeline-workspace", "bcp-ddp-workspace", folder)
     return folder
 
 

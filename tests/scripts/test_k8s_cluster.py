@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from support.k8s_cluster import K8sCluster, k8s_cluster  # noqa: F401  (the fixture)
+from support.k8s_cluster import shared_claim, K8sCluster, k8s_cluster  # noqa: F401  (the fixture)
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
@@ -65,14 +65,7 @@ def cluster(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory) -
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": "token"},
                                               "data": {"value": base64.b64encode(b"s3cr3t").decode()}})
-    core.create_persistent_volume({"metadata": {"name": "agent-test-work"}, "spec": {
-        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(shared)},
-        "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
-    core.create_namespaced_persistent_volume_claim(NAMESPACE, {"metadata": {"name": "work"}, "spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "",
-        "volumeName": "agent-test-work"}})
-    wait_for("the PVC to bind", lambda: core.read_namespaced_persistent_volume_claim("work", NAMESPACE)
-             .status.phase == "Bound")
+    shared_claim(k8s_cluster, NAMESPACE, "work", "agent-test-work", shared)
     return k8s_cluster, shared
 
 

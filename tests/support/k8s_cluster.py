@@ -77,6 +77,26 @@ class K8sCluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
+def shared_claim(cluster: K8sCluster, namespace: str, claim: str, volume: str, folder: Path,
+                 storage: str = "1Gi") -> str:
+    """A ReadWriteMany claim `claim` in `namespace`, bound to the hostPath PV `volume` on `folder` (a folder every
+    node sees, as FSx would be), waited for until Bound (60 s at most); returns the claim's name."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(cluster.api())
+    core.create_persistent_volume({"metadata": {"name": volume}, "spec": {
+        "capacity": {"storage": storage}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
+        "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
+    core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": claim}, "spec": {
+        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": storage}}, "storageClassName": "",
+        "volumeName": volume}})
+    deadline = time.monotonic() + 60
+    while core.read_namespaced_persistent_volume_claim(claim, namespace).status.phase != "Bound":
+        assert time.monotonic() < deadline, f"claim {claim} did not bind to {volume}"
+        time.sleep(0.5)
+    return claim
+
+
 def skip_unless_required(reason: str) -> None:
     """Skip a Kubernetes test that cannot run here, saying why; fail it instead under BCP_K8S_REQUIRED=1 (.ci/run,
     which builds everything these tests need)."""
