@@ -58,8 +58,11 @@ def is_transient(exc: BaseException) -> bool:
 # NVIDIA's words for a refused key or org where no HTTP status comes with them: ngcsdk refuses a configured org
 # before any call ("Invalid org. Choose from [...]", an nvapi- key's "Provided organization: ..., doesn't match
 # organization for which API Key has permissions"), and a status in a wording the transports do not parse.
-_REFUSED_TEXT = re.compile(r"\b40[13]\b|invalid api ?key|unauthori[sz]ed|forbidden|invalid org|"
-                           r"doesn't match organization", re.IGNORECASE)
+_REFUSED_TEXT = re.compile(
+    r"\b40[13]\b|invalid api ?key|unauthori[sz]ed|forbidden|invalid org|"
+    r"doesn't match organization",
+    re.IGNORECASE,
+)
 _NOT_FOUND_TEXT = re.compile(r"\b404\b|not found|could not be found|does not exist", re.IGNORECASE)
 
 
@@ -85,8 +88,16 @@ def is_not_found(exc: BaseException) -> bool:
 class CommandError(BackendCallError):
     """An external command (ngc, sbatch, ...) failed; carries its argv, exit code and stderr."""
 
-    def __init__(self, argv: list[str], returncode: int, stderr: str, hint: str = "", *,
-                 http_status: int | None = None, unreachable: bool = False):
+    def __init__(
+        self,
+        argv: list[str],
+        returncode: int,
+        stderr: str,
+        hint: str = "",
+        *,
+        http_status: int | None = None,
+        unreachable: bool = False,
+    ):
         self.argv, self.returncode, self.stderr = argv, returncode, stderr
         tail = _error_text(stderr)[-2000:]
         message = f"`{argv[0]}` exited {returncode}: {tail or '(no stderr)'}"
@@ -104,7 +115,7 @@ def _error_text(stderr: str) -> str:
     except ValueError:
         return " ".join(stderr.split())
     if isinstance(payload, dict) and isinstance(payload.get("error"), str):
-        return payload["error"]
+        return str(payload["error"])
     return " ".join(stderr.split())
 
 

@@ -7,21 +7,38 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from bcp_pipeline.errors import CommandError
 
 
-def run_command(argv: list[str], *, timeout: float = 120, env: dict[str, str] | None = None,
-                input_text: str | None = None, hint: str = "") -> subprocess.CompletedProcess[str]:
+def run_command(
+    argv: list[str],
+    *,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    input_text: str | None = None,
+    hint: str = "",
+) -> subprocess.CompletedProcess[str]:
     """Run `argv`, capture output; raise CommandError (with stderr) on a non-zero exit or a missing binary."""
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, input=input_text,
-                                check=False, preexec_fn=die_with_parent(os.getpid()))
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            input=input_text,
+            check=False,
+            preexec_fn=die_with_parent(os.getpid()),
+        )
     except FileNotFoundError:
         raise CommandError(argv, 127, f"{argv[0]}: command not found", hint=hint) from None
     except subprocess.TimeoutExpired as exc:
-        raise CommandError(argv, 124, f"timed out after {timeout:.0f} s: {exc.stderr or ''}", hint=hint) from None
+        # TimeoutExpired carries bytes even under text=True (subprocess reads them raw before it decodes).
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        raise CommandError(argv, 124, f"timed out after {timeout:.0f} s: {stderr}", hint=hint) from None
     if result.returncode != 0:
         raise CommandError(argv, result.returncode, result.stderr or result.stdout, hint=hint)
     return result
@@ -30,12 +47,12 @@ def run_command(argv: list[str], *, timeout: float = 120, env: dict[str, str] | 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent(parent: int):
+def die_with_parent(parent: int) -> Callable[[], None] | None:
     """A `preexec_fn` that makes the child die (SIGKILL) with `parent` (Linux; None elsewhere).
 
     Used for the commands the orchestrator runs: an `ngc job run` or `sbatch` still on its way when the
     orchestrator is killed would otherwise create its job after the resumed orchestrator looked for it by label,
-    and the stage would get a second job (found by scripts/chaos on the emulated BCP). And for the ranks of a
+    and the stage would get a second job (found by tests/chaos on the emulated BCP). And for the ranks of a
     local job, which die with their supervisor as a node's processes die with it.
     """
     if not sys.platform.startswith("linux"):
@@ -56,7 +73,7 @@ def process_start_ticks(pid: int) -> int | None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     if fields[0] == "Z":  # a zombie has exited; only its parent has not reaped it yet
         return None
     return int(fields[19])

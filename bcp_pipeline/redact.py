@@ -26,8 +26,11 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     """The values of this process's secret-looking variables, longest first (so a prefix never hides a longer one)."""
     environ = os.environ if environ is None else environ
     name = re.compile(rf"^{SECRET_NAME}$")
-    values = {value for key, value in environ.items()
-              if (key in KNOWN_SECRET_VARIABLES or name.match(key)) and len(value) >= MIN_SECRET_LENGTH}
+    values = {
+        value
+        for key, value in environ.items()
+        if (key in KNOWN_SECRET_VARIABLES or name.match(key)) and len(value) >= MIN_SECRET_LENGTH
+    }
     return sorted(values, key=len, reverse=True)
 
 

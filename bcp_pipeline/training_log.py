@@ -107,8 +107,9 @@ def last_progress(text: str) -> TrainingProgress | None:
         if match := _LOCAL.match(line):
             total = re.match(r"^step \d+/(\d+)", line)
             rate = float(match.group(3))
-            return TrainingProgress(int(match.group(1)), int(total.group(1)), float(match.group(2)),
-                                    1 / rate if rate > 0 else None)
+            return TrainingProgress(
+                int(match.group(1)), int(total.group(1)), float(match.group(2)), 1 / rate if rate > 0 else None
+            )
         step, loss, timing = _step_loss_timing(line)
         if step is None or loss is None:
             continue

@@ -11,9 +11,9 @@ import functools
 import json
 import os
 import socket
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
-from collections.abc import Iterable, Iterator
 
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # write errors that name no file
 
@@ -94,9 +94,13 @@ def remove_stale_temporaries_of(paths: Iterable[Path]) -> int:
         if not folder.is_dir():
             continue
         with os.scandir(folder) as entries:
-            leftovers = [entry.name for entry in entries
-                         if entry.name.startswith(".") and ".tmp-" in entry.name
-                         and entry.name[1:entry.name.rindex(".tmp-")] in names]
+            leftovers = [
+                entry.name
+                for entry in entries
+                if entry.name.startswith(".")
+                and ".tmp-" in entry.name
+                and entry.name[1 : entry.name.rindex(".tmp-")] in names
+            ]
         for name in leftovers:
             with contextlib.suppress(FileNotFoundError):
                 (folder / name).unlink()

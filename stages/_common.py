@@ -20,23 +20,79 @@ import argparse
 import os
 
 # Re-exported: stage programs and docs/CONVENTIONS.md name them `_common.NAME`.
-from _atomic_outputs import (OUT_OF_SPACE, atomic_output, atomic_write_json, error_naming, fsync_dir,
-                             remove_stale_temporaries, remove_stale_temporaries_of, start_writeback, temp_path_for)
-from _completion import (CLAIMED, COMPLETIONS_DIR, DIGEST_WAIT_SECONDS, OTHER_OUTPUTS_ENV, OUTPUT_DIGEST_ENV,
-                         STARTED_AT, claim_or_refuse, claim_outputs, completion_path, ipv4_addresses, ran_on,
-                         write_completion)
+from _atomic_outputs import (
+    OUT_OF_SPACE,
+    atomic_output,
+    atomic_write_json,
+    error_naming,
+    fsync_dir,
+    remove_stale_temporaries,
+    remove_stale_temporaries_of,
+    start_writeback,
+    temp_path_for,
+)
+from _completion import (
+    CLAIMED,
+    COMPLETIONS_DIR,
+    DIGEST_WAIT_SECONDS,
+    OTHER_OUTPUTS_ENV,
+    OUTPUT_DIGEST_ENV,
+    STARTED_AT,
+    claim_or_refuse,
+    claim_outputs,
+    completion_path,
+    ipv4_addresses,
+    ran_on,
+    write_completion,
+)
 from _progress_lines import LINE_PREFIX, Progress, emit, fail_with_items
-from _ranks import (DEFAULT_MASTER_PORT, Rendezvous, expand_hostlist, first_slurm_host, rank_and_world_size,
-                    rendezvous, shard)
+from _ranks import (
+    DEFAULT_MASTER_PORT,
+    Rendezvous,
+    expand_hostlist,
+    first_slurm_host,
+    rank_and_world_size,
+    rendezvous,
+    shard,
+)
 from _stage_error import StageError
 
 __all__ = [  # what `_common.NAME` offers: the names above, and the helpers below
-    "CLAIMED", "COMPLETIONS_DIR", "DEFAULT_MASTER_PORT", "DIGEST_WAIT_SECONDS", "LINE_PREFIX", "OTHER_OUTPUTS_ENV",
-    "OUTPUT_DIGEST_ENV", "OUT_OF_SPACE", "STARTED_AT", "Progress", "Rendezvous", "StageError", "atomic_output",
-    "atomic_write_json", "claim_or_refuse", "claim_outputs", "completion_path", "emit", "error_naming",
-    "expand_hostlist", "fail_with_items", "first_slurm_host", "fsync_dir", "ipv4_addresses", "positive_int",
-    "ran_on", "rank_and_world_size", "remove_stale_temporaries", "remove_stale_temporaries_of", "rendezvous",
-    "shard", "start_writeback", "temp_path_for", "usable_cpus", "write_completion",
+    "CLAIMED",
+    "COMPLETIONS_DIR",
+    "DEFAULT_MASTER_PORT",
+    "DIGEST_WAIT_SECONDS",
+    "LINE_PREFIX",
+    "OTHER_OUTPUTS_ENV",
+    "OUTPUT_DIGEST_ENV",
+    "OUT_OF_SPACE",
+    "STARTED_AT",
+    "Progress",
+    "Rendezvous",
+    "StageError",
+    "atomic_output",
+    "atomic_write_json",
+    "claim_or_refuse",
+    "claim_outputs",
+    "completion_path",
+    "emit",
+    "error_naming",
+    "expand_hostlist",
+    "fail_with_items",
+    "first_slurm_host",
+    "fsync_dir",
+    "ipv4_addresses",
+    "positive_int",
+    "ran_on",
+    "rank_and_world_size",
+    "remove_stale_temporaries",
+    "remove_stale_temporaries_of",
+    "rendezvous",
+    "shard",
+    "start_writeback",
+    "temp_path_for",
+    "usable_cpus",
+    "write_completion",
 ]
 
 

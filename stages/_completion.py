@@ -13,8 +13,8 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from _atomic_outputs import atomic_write_json, fsync_dir, remove_stale_temporaries_of
 from _progress_lines import emit
@@ -37,17 +37,32 @@ def write_completion(output_dir: Path, stage: str, rank: int, world_size: int, s
     """The last thing a rank writes: proof that every item of its shard is complete, and where it ran."""
     path = completion_path(output_dir, stage, rank, world_size)
     remove_stale_temporaries_of([path])  # a rank killed while writing this record left its temporary (scripts/chaos)
-    atomic_write_json(path, {"stage": stage, "rank": rank, "world_size": world_size, "started_at": STARTED_AT,
-                             "finished_at": time.time(), "ran_on": ran_on(),
-                             # what defines the outputs it vouches for (claim_outputs); absent when run by hand
-                             **({"output_digest": os.environ[OUTPUT_DIGEST_ENV]} if os.environ.get(OUTPUT_DIGEST_ENV)
-                                else {}), **summary})
+    atomic_write_json(
+        path,
+        {
+            "stage": stage,
+            "rank": rank,
+            "world_size": world_size,
+            "started_at": STARTED_AT,
+            "finished_at": time.time(),
+            "ran_on": ran_on(),
+            # what defines the outputs it vouches for (claim_outputs); absent when run by hand
+            **({"output_digest": os.environ[OUTPUT_DIGEST_ENV]} if os.environ.get(OUTPUT_DIGEST_ENV) else {}),
+            **summary,
+        },
+    )
     for claimed in CLAIMED:  # again at the end, where the orchestrator reads a log's tail (engine/outcomes.py)
         emit("outputs", claimed)
 
 
-def claim_outputs(out_dir: Path, stage: str, outputs: Iterable[Path], rank: int,
-                  environ: Mapping[str, str] | None = None, wait_seconds: float = DIGEST_WAIT_SECONDS) -> dict:
+def claim_outputs(
+    out_dir: Path,
+    stage: str,
+    outputs: Iterable[Path],
+    rank: int,
+    environ: Mapping[str, str] | None = None,
+    wait_seconds: float = DIGEST_WAIT_SECONDS,
+) -> dict:
     """Make `out_dir` this config's before any output is skipped as complete: what was found, as a dict.
 
     The orchestrator gives each data stage's job the digest of what defines its outputs. Rank 0 compares it with
@@ -68,15 +83,21 @@ def claim_outputs(out_dir: Path, stage: str, outputs: Iterable[Path], rank: int,
     policy = env.get(OTHER_OUTPUTS_ENV, "redo")
     if found and policy == "refuse":
         stage_name = env.get("BCP_PIPELINE_STAGE") or stage  # the pipeline's name of the stage, for --set
-        raise StageError(f"{len(found)} output(s) in {out_dir} were made by another config (digest "
-                         f"{previous or 'not recorded'}, this one {digest}), and redoing this stage is costly: "
-                         f"reuse them with `--set {stage_name}.other_outputs=reuse`, or redo them with "
-                         f"`--set {stage_name}.other_outputs=redo` (they are moved aside, not deleted)")
+        raise StageError(
+            f"{len(found)} output(s) in {out_dir} were made by another config (digest "
+            f"{previous or 'not recorded'}, this one {digest}), and redoing this stage is costly: "
+            f"reuse them with `--set {stage_name}.other_outputs=reuse`, or redo them with "
+            f"`--set {stage_name}.other_outputs=redo` (they are moved aside, not deleted)"
+        )
     if rank != 0:
         _wait_for_digest(record, digest, wait_seconds)
         return {"outputs": "same", "digest": digest}
-    outcome: dict = {"outputs": "new" if not found else ("reused" if policy == "reuse" else "redone"),
-                     "digest": digest, "previous_digest": previous, "count": len(found)}
+    outcome: dict = {
+        "outputs": "new" if not found else ("reused" if policy == "reuse" else "redone"),
+        "digest": digest,
+        "previous_digest": previous,
+        "count": len(found),
+    }
     if found and policy != "reuse":
         aside = out_dir / f".superseded-{previous or 'unrecorded'}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
         for path in [*found, *sorted((out_dir / COMPLETIONS_DIR).glob(f"{stage}-*.json"))]:
@@ -142,6 +163,7 @@ def ipv4_addresses() -> list[str]:
     try:
         import fcntl
         import struct
+
         names = [name for _, name in socket.if_nameindex() if name != "lo"]
     except (ImportError, OSError):
         return []

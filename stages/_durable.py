@@ -24,9 +24,9 @@ import mmap
 import os
 import queue
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from collections.abc import Iterator
 
 import _common
 
@@ -113,7 +113,7 @@ class DurableFile:
         while view:
             buffer = self._current_buffer()
             count = min(len(view), self._block - self._filled)
-            buffer[self._filled:self._filled + count] = view[:count]
+            buffer[self._filled : self._filled + count] = view[:count]
             self._filled += count
             view = view[count:]
             self._hand_off_if_full()
@@ -124,9 +124,9 @@ class DurableFile:
         while done < size:
             buffer = self._current_buffer()
             with memoryview(buffer) as whole:
-                count = os.preadv(source_fd, [whole[self._filled:self._filled + min(size - done,
-                                                                                    self._block - self._filled)]],
-                                  done)
+                count = os.preadv(
+                    source_fd, [whole[self._filled : self._filled + min(size - done, self._block - self._filled)]], done
+                )
             if count == 0:
                 raise _common.StageError(f"input shrank while being copied ({done} of {size} bytes read)")
             self._filled += count
@@ -146,7 +146,7 @@ class DurableFile:
             if self._filled:
                 self._use_page_cache()  # the tail is not a whole number of aligned blocks
                 with memoryview(self._buffer) as view:
-                    self._pwrite_all(view[:self._filled], self._offset)
+                    self._pwrite_all(view[: self._filled], self._offset)
                 self._offset += self._filled
                 self._filled = 0
             os.fsync(self._fd)

@@ -13,16 +13,15 @@ import hashlib
 import os
 import re
 import time
+from collections.abc import Iterable, Mapping
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
+import _common
 import requests
 import zstandard
-
-import _common
 from _slimpajama_files import Item
 from hf_listing import HubItem
 
@@ -196,8 +195,12 @@ def fetch_http(session: requests.Session, url: str, dest: Path, timeout: float, 
         with session.get(url, stream=True, timeout=(min(timeout, 30.0), timeout)) as response:
             check_status(response)
             return save_stream(response.iter_content(READ_BYTES), _content_length(response), dest, checks)
-    except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
-            requests.exceptions.ContentDecodingError) as exc:
+    except (
+        requests.ConnectionError,
+        requests.Timeout,
+        requests.exceptions.ChunkedEncodingError,
+        requests.exceptions.ContentDecodingError,
+    ) as exc:
         raise FetchError(describe(exc), transient=True) from exc
 
 

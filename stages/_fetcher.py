@@ -8,20 +8,19 @@ never leaves huggingface.co and never appears in a repr.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import requests
 import tenacity
-from requests.adapters import HTTPAdapter
-from requests.auth import AuthBase
-
 from _fetch_attempt import FetchError, check_status, checks_for, describe, fetch_file, fetch_http
 from _slimpajama_files import Item
 from hf_listing import HubItem
+from requests.adapters import HTTPAdapter
+from requests.auth import AuthBase
 
 USER_AGENT = "bcp-pipeline-download/0.1"
 T = TypeVar("T")
@@ -43,8 +42,9 @@ class WaitForServer(tenacity.wait.wait_base):
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
         # Exponential from `backoff`, plus up to `backoff` of jitter (tenacity's oldest stable spelling of it).
-        self.backoff = (tenacity.wait_exponential(multiplier=policy.backoff, max=policy.max_wait)
-                        + tenacity.wait_random(0, policy.backoff))
+        self.backoff = tenacity.wait_exponential(multiplier=policy.backoff, max=policy.max_wait) + tenacity.wait_random(
+            0, policy.backoff
+        )
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
         outcome = retry_state.outcome
@@ -66,8 +66,10 @@ def with_retries(policy: RetryPolicy, label: str, url: str, log: Callable[[str],
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         cause = state.outcome.exception() if state.outcome else None
-        log(f"{label}: {getattr(cause, 'reason', cause)}; attempt {state.attempt_number}/"
-            f"{policy.attempts} failed, retrying in {state.upcoming_sleep:.1f}s")
+        log(
+            f"{label}: {getattr(cause, 'reason', cause)}; attempt {state.attempt_number}/"
+            f"{policy.attempts} failed, retrying in {state.upcoming_sleep:.1f}s"
+        )
 
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(policy.attempts),
@@ -116,8 +118,7 @@ class Fetcher:
                     except ValueError as exc:
                         raise FetchError(f"not JSON: {response.text[:200]!r}", transient=True) from exc
                     return payload, response.links.get("next", {}).get("url")
-            except (requests.ConnectionError, requests.Timeout,
-                    requests.exceptions.ChunkedEncodingError) as exc:
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
                 raise FetchError(describe(exc), transient=True) from exc
 
         return with_retries(self.policy, "listing", url, self.log, attempt)

@@ -9,9 +9,9 @@ its text column.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 
 from doc_sources import GZ_SUFFIX, PARQUET_SUFFIX, ZST_SUFFIX, gzip_blocks, parquet_texts
 from extract import decompress_blocks

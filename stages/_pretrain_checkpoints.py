@@ -10,18 +10,26 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import _common
 import torch
 from torch import nn
-
-import _common
 
 CHECKPOINT_RE = re.compile(r"^step=(\d+)(-last)?\.pt$")
 CHECKPOINT_FORMAT = 1
 # What a resumed run must share with its checkpoint; anything else (lr, steps, logging) may change between runs.
 # The data is compared by output names and weights, not paths, so a moved data folder can still be resumed.
 # The micro batch and the world size may change: they split a step's samples, they do not choose them.
-RESUME_KEYS = ("vocab_size", "layers", "hidden", "heads", "seq_length", "global_batch_size", "seed", "split",
-               "data_names")
+RESUME_KEYS = (
+    "vocab_size",
+    "layers",
+    "hidden",
+    "heads",
+    "seq_length",
+    "global_batch_size",
+    "seed",
+    "split",
+    "data_names",
+)
 
 
 def checkpoint_name(step: int, last: bool) -> str:
@@ -76,15 +84,21 @@ def load_checkpoint(path: Path, device: torch.device) -> dict:
 
 def check_resumable(path: Path, saved: dict, wanted: dict) -> None:
     """NeMo resumes whatever is under the run name; here a changed model or data is refused, not half-loaded."""
-    diffs = [f"{key}: checkpoint {saved.get(key)!r}, now {wanted[key]!r}" for key in RESUME_KEYS
-             if saved.get(key) != wanted[key]]
+    diffs = [
+        f"{key}: checkpoint {saved.get(key)!r}, now {wanted[key]!r}"
+        for key in RESUME_KEYS
+        if saved.get(key) != wanted[key]
+    ]
     if diffs:
-        raise _common.StageError(f"{path} cannot be continued with these settings ({'; '.join(diffs)}); "
-                                 "use the same settings or another --run-name")
+        raise _common.StageError(
+            f"{path} cannot be continued with these settings ({'; '.join(diffs)}); "
+            "use the same settings or another --run-name"
+        )
 
 
-def restore(path: Path, cfg: dict, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-            lead: bool) -> dict:
+def restore(
+    path: Path, cfg: dict, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, lead: bool
+) -> dict:
     """Model, optimizer and RNG state from a checkpoint; returns {step, losses}."""
     payload = load_checkpoint(path, device)
     saved = payload["config"]
@@ -92,11 +106,15 @@ def restore(path: Path, cfg: dict, model: nn.Module, optimizer: torch.optim.Opti
     saved.setdefault("global_batch_size", saved.get("micro_batch_size"))
     check_resumable(path, saved, cfg)
     if lead and saved.get("threads") != cfg["threads"]:
-        print(f"note: the checkpoint ran with {saved.get('threads')} thread(s), this run with "
-              f"{cfg['threads']}: the result may differ from an uninterrupted run in the last bits")
+        print(
+            f"note: the checkpoint ran with {saved.get('threads')} thread(s), this run with "
+            f"{cfg['threads']}: the result may differ from an uninterrupted run in the last bits"
+        )
     if lead and saved.get("world_size", 1) != cfg["world_size"]:
-        print(f"note: the checkpoint ran on {saved.get('world_size', 1)} rank(s), this run on {cfg['world_size']}: "
-              "same samples per step, float sums in another order")
+        print(
+            f"note: the checkpoint ran on {saved.get('world_size', 1)} rank(s), this run on {cfg['world_size']}: "
+            "same samples per step, float sums in another order"
+        )
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
     torch.set_rng_state(payload["rng"]["cpu"].cpu())
@@ -105,11 +123,16 @@ def restore(path: Path, cfg: dict, model: nn.Module, optimizer: torch.optim.Opti
     return {"step": int(payload["step"]), "losses": [float(x) for x in payload["losses"]]}
 
 
-def checkpoint_payload(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, cfg: dict,
-                       device: torch.device) -> dict:
+def checkpoint_payload(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, cfg: dict, device: torch.device
+) -> dict:
     return {
-        "format": CHECKPOINT_FORMAT, "step": state["step"],
+        "format": CHECKPOINT_FORMAT,
+        "step": state["step"],
         "consumed_samples": state["step"] * cfg["global_batch_size"],
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "config": cfg, "losses": state["losses"],
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "config": cfg,
+        "losses": state["losses"],
         "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None},
     }

@@ -7,13 +7,12 @@ a rank that dies or hangs makes the others raise CollectiveFailed with a message
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
-from collections.abc import Iterator
-
-import torch
 
 import _common
+import torch
 
 
 class CollectiveFailed(Exception):
@@ -32,8 +31,12 @@ class Comm:
         host = f"[{rdzv.master_addr}]" if ":" in rdzv.master_addr else rdzv.master_addr  # an IPv6 literal
         with self.guard("the rendezvous"):
             torch.distributed.init_process_group(
-                "nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{host}:{rdzv.master_port}",
-                rank=self.rank, world_size=self.world, timeout=timedelta(seconds=timeout_s))
+                "nccl" if device.type == "cuda" else "gloo",
+                init_method=f"tcp://{host}:{rdzv.master_port}",
+                rank=self.rank,
+                world_size=self.world,
+                timeout=timedelta(seconds=timeout_s),
+            )
 
     @contextlib.contextmanager
     def guard(self, what: str) -> Iterator[None]:
@@ -45,10 +48,12 @@ class Comm:
         try:
             yield
         except RuntimeError as exc:
-            raise CollectiveFailed(f"rank {self.rank} of {self.world}: {what} failed ({type(exc).__name__}: "
-                                   f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'}); "
-                                   f"another rank died, hangs or cannot be reached (--collective-timeout "
-                                   f"{self.timeout_s:g} s)") from exc
+            raise CollectiveFailed(
+                f"rank {self.rank} of {self.world}: {what} failed ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'}); "
+                f"another rank died, hangs or cannot be reached (--collective-timeout "
+                f"{self.timeout_s:g} s)"
+            ) from exc
 
     def sum(self, values: list[float], what: str) -> list[float]:
         if self.world == 1:
@@ -86,7 +91,8 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     # A launcher that binds one GPU to each task (srun --gpus-per-task) leaves each rank a single visible device.
     index = 0 if visible == 1 else local_rank
     if index >= visible:
-        raise _common.StageError(f"LOCAL_RANK {local_rank}: only {visible} CUDA device(s) visible; "
-                                 "start one rank per GPU")
+        raise _common.StageError(
+            f"LOCAL_RANK {local_rank}: only {visible} CUDA device(s) visible; start one rank per GPU"
+        )
     torch.cuda.set_device(index)
     return torch.device("cuda", index)

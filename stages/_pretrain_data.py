@@ -9,13 +9,12 @@ from __future__ import annotations
 import contextlib
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
-
-import torch
 
 import _common
+import torch
 
 
 class IdsTokenizer:
@@ -58,8 +57,16 @@ def prepare_cache(cache_dir: Path) -> None:
     marker.unlink(missing_ok=True)
 
 
-def build_train_dataset(prefixes: list[str], weights: list[float], tokenizer: IdsTokenizer, cfg: dict,
-                        num_samples: int, cache_dir: Path, lead: bool = True) -> Any:
+def build_train_dataset(
+    prefixes: list[str],
+    weights: list[float],
+    tokenizer: IdsTokenizer,
+    cfg: dict,
+    num_samples: int,
+    cache_dir: Path,
+    lead: bool = True,
+    what: str = "training",
+) -> Any:
     """megatron-core's blended GPT dataset over the data list, at least `num_samples` long.
 
     Under a process group megatron builds the indices on rank 0, barriers, then the other ranks read its cache;
@@ -69,20 +76,30 @@ def build_train_dataset(prefixes: list[str], weights: list[float], tokenizer: Id
         from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
         from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     config = GPTDatasetConfig(
-        random_seed=cfg["seed"], sequence_length=cfg["seq_length"], blend=(prefixes, weights), split=cfg["split"],
-        tokenizer=tokenizer, path_to_cache=str(cache_dir), reset_position_ids=False, reset_attention_mask=False,
-        eod_mask_loss=False, create_attention_mask=False,  # the model masks causally itself (SDPA is_causal)
+        random_seed=cfg["seed"],
+        sequence_length=cfg["seq_length"],
+        blend=(prefixes, weights),
+        split=cfg["split"],
+        tokenizer=tokenizer,
+        path_to_cache=str(cache_dir),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,  # the model masks causally itself (SDPA is_causal)
     )
     if lead:
         prepare_cache(cache_dir)
     with single_process_group():
-        train, _valid, _test = BlendedMegatronDatasetBuilder(GPTDataset, [num_samples, 0, 0], lambda: True,
-                                                             config).build()
+        train, _valid, _test = BlendedMegatronDatasetBuilder(
+            GPTDataset, [num_samples, 0, 0], lambda: True, config
+        ).build()
     if lead:
         (cache_dir / ".complete").touch()
     if train is None or len(train) < num_samples:
-        raise _common.StageError(f"the training split holds {0 if train is None else len(train)} samples, "
-                                 f"{num_samples} needed; check --split {cfg['split']!r} and the data")
+        raise _common.StageError(
+            f"the {what} split holds {0 if train is None else len(train)} samples, "
+            f"{num_samples} needed; check --split {cfg['split']!r} and the data"
+        )
     return train
 
 
@@ -94,12 +111,14 @@ def sample_range(step: int, global_batch: int, rank: int, world: int) -> range:
     return range(first, first + share)
 
 
-def get_micro_batches(dataset: Any, samples: range, micro_batch_size: int,
-                      device: torch.device) -> list[dict[str, torch.Tensor]]:
+def get_micro_batches(
+    dataset: Any, samples: range, micro_batch_size: int, device: torch.device
+) -> list[dict[str, torch.Tensor]]:
     """The samples in micro batches (one forward/backward each)."""
     batches = []
     for start in range(samples.start, samples.stop, micro_batch_size):
         items = [dataset[i] for i in range(start, min(start + micro_batch_size, samples.stop))]
-        batches.append({key: torch.stack([s[key] for s in items]).to(device)
-                        for key in ("tokens", "labels", "loss_mask")})
+        batches.append(
+            {key: torch.stack([s[key] for s in items]).to(device) for key in ("tokens", "labels", "loss_mask")}
+        )
     return batches

@@ -88,9 +88,11 @@ class TorchProfilerWindow:
         partial.replace(table_path)
         self.written = [trace, table_path]
         first, last = self.window
-        print(f"profile of steps {first}-{last} (rank {self.rank}): trace {trace} (open it in https://ui.perfetto.dev "
-              f"or chrome://tracing); top {TOP_OPERATORS} operators by self time, also in {table_path}:\n{table}",
-              flush=True)
+        print(
+            f"profile of steps {first}-{last} (rank {self.rank}): trace {trace} (open it in https://ui.perfetto.dev "
+            f"or chrome://tracing); top {TOP_OPERATORS} operators by self time, also in {table_path}:\n{table}",
+            flush=True,
+        )
 
 
 class PhaseTimers:

@@ -10,9 +10,9 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
-from collections.abc import Mapping, Sequence
 
 from _stage_error import StageError
 
@@ -33,8 +33,9 @@ def rank_and_world_size(environ: dict[str, str] | None = None) -> tuple[int, int
             try:
                 rank, world = int(env[rank_key]), int(env[world_key])
             except ValueError as exc:
-                raise StageError(f"{rank_key}={env[rank_key]!r} / {world_key}={env[world_key]!r}: not integers"
-                                 ) from exc
+                raise StageError(
+                    f"{rank_key}={env[rank_key]!r} / {world_key}={env[world_key]!r}: not integers"
+                ) from exc
             if not 0 <= rank < world:
                 raise StageError(f"{rank_key}={rank} is outside 0..{world - 1} ({world_key}={world})")
             return rank, world
@@ -76,8 +77,10 @@ def rendezvous(environ: dict[str, str] | None = None) -> Rendezvous:
         addr = first_slurm_host(nodelist)
     if not addr:
         if world > 1:
-            raise StageError(f"rank {rank} of {world}: no rendezvous address (set MASTER_ADDR, or run under torchrun, "
-                             "bcprun or srun)")
+            raise StageError(
+                f"rank {rank} of {world}: no rendezvous address (set MASTER_ADDR, or run under torchrun, "
+                "bcprun or srun)"
+            )
         addr = "127.0.0.1"
     default_port = 20000 + _int_var(env, "SLURM_JOB_ID", 0) % 20000 if "SLURM_JOB_ID" in env else DEFAULT_MASTER_PORT
     port = _int_var(env, "MASTER_PORT", default_port)
@@ -139,8 +142,9 @@ def first_slurm_host(nodelist: str) -> str:
             raise StageError(f"SLURM_JOB_NODELIST: {exc}, and no scontrol to expand it; set MASTER_ADDR") from None
         done = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
         if done.returncode != 0 or not done.stdout.split():
-            raise StageError(f"SLURM_JOB_NODELIST: {exc}; scontrol show hostnames failed: "
-                             f"{done.stderr.strip() or 'no output'}") from None
+            raise StageError(
+                f"SLURM_JOB_NODELIST: {exc}; scontrol show hostnames failed: {done.stderr.strip() or 'no output'}"
+            ) from None
         return done.stdout.split()[0]
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-
 DEFAULT_BASE_URL = "https://huggingface.co/datasets/cerebras/SlimPajama-627B/resolve/main"
 # Files in train/chunk1..chunk10 (59,166 in all); indices run from 0.
 TRAIN_FILES_PER_CHUNK = (5912, 5911, 5919, 5917, 5933, 5915, 5906, 5921, 5920, 5912)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from _completion import COMPLETIONS_DIR, recorded_text
 from _stage_error import StageError
@@ -51,10 +51,16 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def wait_for_upstream(in_dir: Path, manifest: Path, digests: Sequence[str], stage: str,
-                      stall: float = STALL_SECONDS, poll: float = POLL_SECONDS,
-                      sleep: Callable[[float], None] = time.sleep,
-                      clock: Callable[[], float] = time.monotonic) -> None:
+def wait_for_upstream(
+    in_dir: Path,
+    manifest: Path,
+    digests: Sequence[str],
+    stage: str,
+    stall: float = STALL_SECONDS,
+    poll: float = POLL_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
     """Until `in_dir` is the upstream's for this config and its manifest is there (see the module docstring)."""
     started = clock()
     noticed = None
@@ -64,8 +70,10 @@ def wait_for_upstream(in_dir: Path, manifest: Path, digests: Sequence[str], stag
             return
         waited = clock() - started
         if waited >= stall:
-            raise StageError(f"{in_dir}: {why} after {waited:.0f} s; is the upstream stage running? (a streamed "
-                             f"input waits {STALL_SECONDS_ENV} seconds at most)")
+            raise StageError(
+                f"{in_dir}: {why} after {waited:.0f} s; is the upstream stage running? (a streamed "
+                f"input waits {STALL_SECONDS_ENV} seconds at most)"
+            )
         if noticed is None or waited - noticed >= NOTICE_SECONDS:
             log(f"{stage}: waiting for the upstream: {why}")
             noticed = waited
@@ -89,8 +97,15 @@ def upstream_not_ready(in_dir: Path, manifest: Path, digests: Sequence[str]) -> 
 class Arrivals:
     """Which of a rank's groups can be taken now: every input under its final name in `in_dir`."""
 
-    def __init__(self, in_dir: Path, stage: str, stall: float = STALL_SECONDS, poll: float = POLL_SECONDS,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        in_dir: Path,
+        stage: str,
+        stall: float = STALL_SECONDS,
+        poll: float = POLL_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.in_dir, self.stage, self.stall, self.poll = in_dir, stage, stall, poll
         self.sleep, self.clock = sleep, clock
         self._present: set[str] = set()
@@ -121,11 +136,15 @@ class Arrivals:
             if len(self._present) != seen:
                 seen, last_change = len(self._present), now
             if now - last_change >= self.stall:
-                raise StageError(f"no new input landed in {self.in_dir} for {now - last_change:.0f} s; {label} "
-                                 f"still waits for {missing} (and maybe more): is the upstream stage running? "
-                                 f"(set {STALL_SECONDS_ENV} to wait longer)")
+                raise StageError(
+                    f"no new input landed in {self.in_dir} for {now - last_change:.0f} s; {label} "
+                    f"still waits for {missing} (and maybe more): is the upstream stage running? "
+                    f"(set {STALL_SECONDS_ENV} to wait longer)"
+                )
             if now - noticed >= NOTICE_SECONDS:
-                log(f"{self.stage}: {len(groups)} output(s) wait for their inputs; {label} for {missing} (and "
-                    "maybe more), still being written upstream")
+                log(
+                    f"{self.stage}: {len(groups)} output(s) wait for their inputs; {label} for {missing} (and "
+                    "maybe more), still being written upstream"
+                )
                 noticed = now
             self.sleep(self.poll)

@@ -33,6 +33,7 @@ OUTPUT_TEMPLATE = "train_chunk_{index}.jsonl"  # the NeMo launcher's name for co
 # Groups
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def list_inputs(in_dir: Path) -> list[str]:
     """Visible `*.jsonl` in `in_dir`, sorted by stem (hidden temporaries of a running extract excluded)."""
     with os.scandir(in_dir) as entries:
@@ -42,7 +43,7 @@ def list_inputs(in_dir: Path) -> list[str]:
 
 def make_groups(names: list[str], per_output: int) -> list[list[str]]:
     """Consecutive groups of `per_output` names; group i becomes `train_chunk_{i}.jsonl`."""
-    return [names[start:start + per_output] for start in range(0, len(names), per_output)]
+    return [names[start : start + per_output] for start in range(0, len(names), per_output)]
 
 
 def output_name(index: int) -> str:
@@ -52,6 +53,7 @@ def output_name(index: int) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Copying
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def append_file(name: str, in_dir_fd: int, out: _durable.DurableFile) -> tuple[int, bool]:
     """Append all of input `name` to `out`, adding a final newline when missing; (bytes appended, fixed?).
@@ -76,6 +78,7 @@ def append_file(name: str, in_dir_fd: int, out: _durable.DurableFile) -> tuple[i
 # ---------------------------------------------------------------------------------------------------------------
 # The rank's run
 # ---------------------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Built:
@@ -132,10 +135,20 @@ def run(args: argparse.Namespace, rank: int, world: int) -> int:
     if failures:
         return _common.fail_with_items(STAGE, failures)
     new = [b for b in built if not b.skipped]
-    _common.write_completion(args.out_dir, STAGE, rank, world, {
-        "outputs": len(built), "written": len(new), "already_complete": len(built) - len(new),
-        "inputs": sum(b.inputs for b in new), "bytes": sum(b.bytes_out for b in new),
-        "fixed_final_newlines": sum(b.fixed_newlines for b in new)})
+    _common.write_completion(
+        args.out_dir,
+        STAGE,
+        rank,
+        world,
+        {
+            "outputs": len(built),
+            "written": len(new),
+            "already_complete": len(built) - len(new),
+            "inputs": sum(b.inputs for b in new),
+            "bytes": sum(b.bytes_out for b in new),
+            "fixed_final_newlines": sum(b.fixed_newlines for b in new),
+        },
+    )
     return 0
 
 
@@ -143,8 +156,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="concat.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--in", dest="in_dir", type=Path, required=True, help="folder of *.jsonl")
     parser.add_argument("--out", dest="out_dir", type=Path, required=True, help="folder for train_chunk_{i}.jsonl")
-    parser.add_argument("--files-per-output", type=_common.positive_int, required=True,
-                        help="inputs per output (800 in the NeMo guide)")
+    parser.add_argument(
+        "--files-per-output", type=_common.positive_int, required=True, help="inputs per output (800 in the NeMo guide)"
+    )
     args = parser.parse_args(argv)
     if not args.in_dir.is_dir():
         parser.error(f"--in {args.in_dir}: not a folder")

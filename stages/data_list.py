@@ -32,6 +32,9 @@ from pathlib import Path, PurePosixPath
 MANIFEST_SUFFIX = ".manifest.json"
 DEFAULT_DIGITS = 6
 HYDRA_KEY = "model.data.data_prefix"
+# megatron-core's per-split blends, [train, validation, test] each ([prefixes], [weights]) or null: a training
+# that validates on a held-out split's own .bin/.idx (Megatron-Bridge's dataset config; `split` must then be null).
+PER_SPLIT_KEY = "dataset.blend_per_split"
 # Characters Hydra's override grammar accepts in an unquoted value; anything else gets single quotes.
 _HYDRA_UNQUOTED = re.compile(r"[A-Za-z0-9_./+-]+")
 # Characters a quoted Hydra value cannot carry verbatim: quotes/backslashes need Hydra's escaping rules and `$`
@@ -128,8 +131,9 @@ def _lift_zero_weights(units: list[int]) -> None:
             units[max(range(len(units)), key=lambda j: (units[j], -j))] -= 1
 
 
-def build_data_list(folder: Path | str, render_dir: str | None = None, digits: int | None = DEFAULT_DIGITS,
-                    check_files: bool = True) -> list[DataEntry]:
+def build_data_list(
+    folder: Path | str, render_dir: str | None = None, digits: int | None = DEFAULT_DIGITS, check_files: bool = True
+) -> list[DataEntry]:
     """Read every manifest in `folder` (sorted by prefix) into weighted entries; see the module docstring."""
     folder = Path(folder)
     paths = manifest_paths(folder)
@@ -137,9 +141,18 @@ def build_data_list(folder: Path | str, render_dir: str | None = None, digits: i
     _check_same_tokenizer(paths, manifests)
     weights = apportion([m["tokens"] for m in manifests], digits)
     base = render_dir if render_dir is not None else str(folder.resolve())
-    return [DataEntry(name=m["prefix"], prefix=str(PurePosixPath(base) / m["prefix"]), tokens=m["tokens"],
-                      documents=m["documents"], weight=w, manifest=p, tokenizer=dict(m.get("tokenizer") or {}))
-            for p, m, w in zip(paths, manifests, weights)]
+    return [
+        DataEntry(
+            name=m["prefix"],
+            prefix=str(PurePosixPath(base) / m["prefix"]),
+            tokens=m["tokens"],
+            documents=m["documents"],
+            weight=w,
+            manifest=p,
+            tokenizer=dict(m.get("tokenizer") or {}),
+        )
+        for p, m, w in zip(paths, manifests, weights)
+    ]
 
 
 def _check_same_tokenizer(paths: list[Path], manifests: list[dict]) -> None:
@@ -147,8 +160,10 @@ def _check_same_tokenizer(paths: list[Path], manifests: list[dict]) -> None:
     first = manifests[0].get("tokenizer")
     for path, manifest in zip(paths[1:], manifests[1:]):
         if manifest.get("tokenizer") != first:
-            raise DataListError(f"{path}: tokenizer {manifest.get('tokenizer')} differs from {paths[0].name}'s "
-                                f"{first}; preprocess every output with the same tokenizer")
+            raise DataListError(
+                f"{path}: tokenizer {manifest.get('tokenizer')} differs from {paths[0].name}'s "
+                f"{first}; preprocess every output with the same tokenizer"
+            )
 
 
 def blend(entries: list[DataEntry]) -> Blend:
@@ -167,8 +182,9 @@ def split_blend(flat: Blend) -> tuple[list[str], list[float]]:
 def hydra_value(path: str) -> str:
     """One prefix as a Hydra override list element: bare when the grammar allows it, else single-quoted."""
     if _HYDRA_REFUSED.search(path):
-        raise DataListError(f"{path!r}: quotes, backslashes, '$' and newlines cannot be passed to Hydra safely; "
-                            "rename the data folder")
+        raise DataListError(
+            f"{path!r}: quotes, backslashes, '$' and newlines cannot be passed to Hydra safely; rename the data folder"
+        )
     # A bare value without '/' could parse as a number, bool or null: only bare paths are left unquoted.
     if _HYDRA_UNQUOTED.fullmatch(path) and "/" in path:
         return path
@@ -179,6 +195,19 @@ def render_hydra(flat: Blend, key: str = HYDRA_KEY) -> str:
     """`model.data.data_prefix=[0.013514,/data/a,...]`, the launcher's form. Shell-quote it as one word."""
     items = [repr(float(item)) if i % 2 == 0 else hydra_value(str(item)) for i, item in enumerate(flat)]
     return f"{key}=[{','.join(items)}]"
+
+
+def render_hydra_per_split(splits: list[Blend | None], key: str = PER_SPLIT_KEY) -> str:
+    """`dataset.blend_per_split=[[[/d/a,/d/b],[0.6,0.4]],[[/v/a],[1.0]],null]`: megatron-core's per-split form, one
+    ([prefixes], [weights]) per split in the order train, validation, test; null where a split has none."""
+    parts = []
+    for flat in splits:
+        if flat is None:
+            parts.append("null")
+            continue
+        prefixes, weights = split_blend(flat)
+        parts.append(f"[[{','.join(hydra_value(p) for p in prefixes)}],[{','.join(repr(w) for w in weights)}]]")
+    return f"{key}=[{','.join(parts)}]"
 
 
 def render_json(flat: Blend) -> str:
@@ -232,11 +261,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--digits", type=int, default=DEFAULT_DIGITS, help="decimal digits per weight; -1: full")
     parser.add_argument("--no-check-files", action="store_true", help="trust manifests without .bin/.idx here")
     parser.add_argument("--out", type=Path, help="write here instead of stdout")
+    parser.add_argument(
+        "--valid-data-dir",
+        type=Path,
+        help="a held-out split's own outputs: render megatron-core's per-split blends (train from "
+        "--data-dir, validation from here, no test) under --split-key instead",
+    )
+    parser.add_argument("--split-key", default=PER_SPLIT_KEY, help="the per-split blends' key (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.valid_data_dir is not None and (args.format != "hydra" or args.render_dir):
+        parser.error("--valid-data-dir renders the hydra format only, without --render-dir")
+    digits = None if args.digits < 0 else args.digits
     try:
-        entries = build_data_list(args.data_dir, args.render_dir, None if args.digits < 0 else args.digits,
-                                  check_files=not args.no_check_files)
-        text = render(blend(entries), args.format, args.key)
+        entries = build_data_list(args.data_dir, args.render_dir, digits, check_files=not args.no_check_files)
+        if args.valid_data_dir is not None:
+            held_out = build_data_list(args.valid_data_dir, None, digits, check_files=not args.no_check_files)
+            text = render_hydra_per_split([blend(entries), blend(held_out), None], args.split_key) + "\n"
+        else:
+            text = render(blend(entries), args.format, args.key)
     except DataListError as exc:
         print(f"data_list: {exc}", file=sys.stderr)
         return 1

@@ -13,8 +13,8 @@ The formats preprocess reads, by suffix, are `INPUT_SUFFIXES`.
 from __future__ import annotations
 
 import zlib
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 from extract import CorruptInput
 
@@ -65,17 +65,21 @@ def parquet_texts(path: Path, column: str, batch_bytes: int) -> Iterator[list[st
         raise CorruptInput(f"{path.name}: not a readable parquet file: {exc}") from exc
     schema = parquet.schema_arrow
     if column not in schema.names:
-        raise CorruptInput(f"{path.name}: no column {column!r} (its columns: {', '.join(schema.names)}); "
-                           "--json-key names the text column of parquet inputs")
+        raise CorruptInput(
+            f"{path.name}: no column {column!r} (its columns: {', '.join(schema.names)}); "
+            "--json-key names the text column of parquet inputs"
+        )
     kind = schema.field(column).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or
-            getattr(pa.types, "is_string_view", lambda _: False)(kind)):
+    if not (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or getattr(pa.types, "is_string_view", lambda _: False)(kind)
+    ):
         raise CorruptInput(f"{path.name}: column {column!r} holds {kind}, not text; --json-key names the text column")
     texts: list[str | None] = []
     size = 0
     try:
-        for record_batch in parquet.iter_batches(batch_size=PARQUET_ROWS_PER_READ, columns=[column],
-                                                 use_threads=False):
+        for record_batch in parquet.iter_batches(batch_size=PARQUET_ROWS_PER_READ, columns=[column], use_threads=False):
             values = record_batch.column(0)
             texts += values.to_pylist()
             size += values.nbytes
@@ -83,7 +87,6 @@ def parquet_texts(path: Path, column: str, batch_bytes: int) -> Iterator[list[st
                 yield texts
                 texts, size = [], 0
     except (pa.ArrowException, OSError) as exc:
-        raise CorruptInput(f"{path.name}: unreadable parquet data after {len(texts)} rows of a batch: {exc}") \
-            from exc
+        raise CorruptInput(f"{path.name}: unreadable parquet data after {len(texts)} rows of a batch: {exc}") from exc
     if texts:
         yield texts

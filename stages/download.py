@@ -30,9 +30,9 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import _common
@@ -68,8 +68,9 @@ def redactor(secret: str | None) -> Callable[[str], str]:
     return lambda text: text.replace(secret, "<HF_TOKEN>")
 
 
-def download_all(fetcher: Fetcher, items: list[Item] | list[HubItem], workers: int,
-                 progress: _common.Progress) -> tuple[dict[str, str], int]:
+def download_all(
+    fetcher: Fetcher, items: list[Item] | list[HubItem], workers: int, progress: _common.Progress
+) -> tuple[dict[str, str], int]:
     """Fetch `items` on a thread pool; returns ({name: reason} for each that could not be fetched, bytes fetched)."""
     failures: dict[str, str] = {}
     fetched = 0
@@ -97,46 +98,93 @@ def positive_float(text: str) -> float:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="download.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base-url", default=DEFAULT_BASE_URL,
-                        help="https://, http:// or file:// root holding SPLIT/chunkC/ (default: %(default)s)")
+    parser.add_argument(
+        "--base-url",
+        default=DEFAULT_BASE_URL,
+        help="https://, http:// or file:// root holding SPLIT/chunkC/ (default: %(default)s)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="flat output folder")
     parser.add_argument("--split", default="train", choices=sorted(SPLIT_CHUNKS))
     parser.add_argument("--chunks", default=None, help="chunks to fetch, e.g. 1-10 or 1,3,5 (default: all)")
-    parser.add_argument("--files-per-chunk", type=_common.positive_int, default=None,
-                        help="cap on each chunk's file count (default: the real SlimPajama counts)")
+    parser.add_argument(
+        "--files-per-chunk",
+        type=_common.positive_int,
+        default=None,
+        help="cap on each chunk's file count (default: the real SlimPajama counts)",
+    )
     parser.add_argument("--max-files", type=_common.positive_int, default=None, help="cap on the total number of files")
     parser.add_argument("--workers", type=_common.positive_int, default=8, help="concurrent downloads in this process")
-    parser.add_argument("--attempts", type=_common.positive_int, default=8,
-                        help="attempts per file (default: %(default)s)")
-    parser.add_argument("--backoff", type=positive_float, default=1.0,
-                        help="first retry wait in seconds, doubled each attempt, plus jitter (default: %(default)s)")
-    parser.add_argument("--max-wait", type=positive_float, default=300.0,
-                        help="cap on any single wait, Retry-After included (default: %(default)s)")
-    parser.add_argument("--timeout", type=positive_float, default=60.0,
-                        help="seconds without data before an attempt is abandoned (default: %(default)s)")
+    parser.add_argument(
+        "--attempts", type=_common.positive_int, default=8, help="attempts per file (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--backoff",
+        type=positive_float,
+        default=1.0,
+        help="first retry wait in seconds, doubled each attempt, plus jitter (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-wait",
+        type=positive_float,
+        default=300.0,
+        help="cap on any single wait, Retry-After included (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=60.0,
+        help="seconds without data before an attempt is abandoned (default: %(default)s)",
+    )
     hub = parser.add_argument_group("any Hugging Face dataset repo (instead of SlimPajama's built-in list)")
-    hub.add_argument("--hf-dataset", metavar="REPO", help="dataset repo id, e.g. HuggingFaceFW/fineweb-edu; the "
-                     f"Hub is ${hf_listing.ENDPOINT_ENV} when set, else {hf_listing.DEFAULT_ENDPOINT}")
-    hub.add_argument("--revision", default="main", help="branch, tag or commit (default: %(default)s); the manifest "
-                     "pins the commit it resolves to")
-    hub.add_argument("--include", action="append", default=[], metavar="GLOB",
-                     help="fetch only paths matching GLOB (fnmatch, `*` crosses /); repeatable")
-    hub.add_argument("--exclude", action="append", default=[], metavar="GLOB",
-                     help="skip paths matching GLOB; repeatable")
-    hub.add_argument("--listing-wait", type=float, default=300.0, metavar="SECONDS",
-                     help="ranks other than 0 wait this long for rank 0's manifest before listing the revision "
-                     "themselves (default: %(default)s)")
+    hub.add_argument(
+        "--hf-dataset",
+        metavar="REPO",
+        help="dataset repo id, e.g. HuggingFaceFW/fineweb-edu; the "
+        f"Hub is ${hf_listing.ENDPOINT_ENV} when set, else {hf_listing.DEFAULT_ENDPOINT}",
+    )
+    hub.add_argument(
+        "--revision",
+        default="main",
+        help="branch, tag or commit (default: %(default)s); the manifest pins the commit it resolves to",
+    )
+    hub.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="fetch only paths matching GLOB (fnmatch, `*` crosses /); repeatable",
+    )
+    hub.add_argument(
+        "--exclude", action="append", default=[], metavar="GLOB", help="skip paths matching GLOB; repeatable"
+    )
+    hub.add_argument(
+        "--listing-wait",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="ranks other than 0 wait this long for rank 0's manifest before listing the revision "
+        "themselves (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.hf_dataset is not None:
         if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", args.hf_dataset):
             parser.error(f"--hf-dataset {args.hf_dataset!r}: expected a repo id like OWNER/NAME")
-        given = [flag for flag, value in (("--chunks", args.chunks), ("--files-per-chunk", args.files_per_chunk),
-                                          ("--max-files", args.max_files)) if value is not None]
+        given = [
+            flag
+            for flag, value in (
+                ("--chunks", args.chunks),
+                ("--files-per-chunk", args.files_per_chunk),
+                ("--max-files", args.max_files),
+            )
+            if value is not None
+        ]
         if args.base_url != DEFAULT_BASE_URL or args.split != "train":
             given += ["--base-url/--split"]
         if given:
-            parser.error(f"--hf-dataset takes its file list from the Hub; {', '.join(given)} do not apply "
-                         "(select files with --include/--exclude)")
+            parser.error(
+                f"--hf-dataset takes its file list from the Hub; {', '.join(given)} do not apply "
+                "(select files with --include/--exclude)"
+            )
         return args
     if args.include or args.exclude or args.revision != "main":
         parser.error("--revision, --include and --exclude need --hf-dataset")
@@ -185,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
                 log(str(exc))
                 return 2
             except (hf_listing.ListingError, FetchError) as exc:
-                log(f"cannot list {args.hf_dataset} at revision {args.revision!r}: {exc} (are the repo id, "
-                    "--revision and --include right? a private or gated dataset needs HF_TOKEN)")
+                log(
+                    f"cannot list {args.hf_dataset} at revision {args.revision!r}: {exc} (are the repo id, "
+                    "--revision and --include right? a private or gated dataset needs HF_TOKEN)"
+                )
                 return 1
         failures, fetched, summary = fetch_shard(fetcher, items, rank, world, args.workers)
     if failures:
@@ -199,16 +249,17 @@ def pin_listing(fetcher: Fetcher, args: argparse.Namespace, rank: int, log: Call
     """The manifest's items (listing the revision first when there is no manifest yet); points `fetcher` at the
     pinned commit, on the Hub this run was given (HF_ENDPOINT may name a mirror on a resume)."""
     endpoint = hf_listing.endpoint_from_env()
-    wanted = hf_listing.Source(args.hf_dataset, args.revision, "", tuple(args.include), tuple(args.exclude),
-                               endpoint)
-    source, items = hf_listing.pin(fetcher.get_json, wanted, args.out / MANIFEST, STAGE, log,
-                                   wait_seconds=args.listing_wait if rank else 0.0)
+    wanted = hf_listing.Source(args.hf_dataset, args.revision, "", tuple(args.include), tuple(args.exclude), endpoint)
+    source, items = hf_listing.pin(
+        fetcher.get_json, wanted, args.out / MANIFEST, STAGE, log, wait_seconds=args.listing_wait if rank else 0.0
+    )
     fetcher.base_url = dataclasses.replace(source, endpoint=endpoint).resolve_base()
     return items
 
 
-def fetch_shard(fetcher: Fetcher, items: list[Item] | list[HubItem], rank: int, world: int,
-                workers: int) -> tuple[dict[str, str], int, dict]:
+def fetch_shard(
+    fetcher: Fetcher, items: list[Item] | list[HubItem], rank: int, world: int, workers: int
+) -> tuple[dict[str, str], int, dict]:
     """Fetch this rank's share of `items` that is not in place yet: (failures, bytes fetched, counts)."""
     out, log = fetcher.out_dir, fetcher.log
     mine = _common.shard(items, rank, world)

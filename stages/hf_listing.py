@@ -28,9 +28,9 @@ import os
 import posixpath
 import re
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterable
 from urllib.parse import quote
 
 import _common
@@ -104,8 +104,10 @@ def tree_url(endpoint: str, repo: str, commit: str, under: str = "") -> str:
 def listing_root(include: Iterable[str]) -> str:
     """The deepest folder every `include` glob lies under (its leading components without a wildcard), so only
     that part of the tree is listed: `train/chunk*/*.jsonl.zst` -> `train`. "" (the whole repo) when none."""
-    roots = [list(itertools.takewhile(lambda part: part and not any(c in part for c in "*?["),
-                                      pattern.split("/")[:-1])) for pattern in include]
+    roots = [
+        list(itertools.takewhile(lambda part: part and not any(c in part for c in "*?["), pattern.split("/")[:-1]))
+        for pattern in include
+    ]
     common: list[str] = []
     for parts in zip(*roots) if roots else ():
         if len(set(parts)) != 1:
@@ -118,10 +120,11 @@ def listing_root(include: Iterable[str]) -> str:
 # Reading the Hub's answers
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def parse_commit(payload: object, url: str) -> str:
     sha = payload.get("sha") if isinstance(payload, dict) else None
     if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
-        raise ListingError(f"{url}: expected a JSON object with a 40-hex-digit \"sha\", got {str(payload)[:200]!r}")
+        raise ListingError(f'{url}: expected a JSON object with a 40-hex-digit "sha", got {str(payload)[:200]!r}')
     return sha
 
 
@@ -147,8 +150,9 @@ def parse_tree_page(payload: object, url: str) -> list[HubItem]:
     return files
 
 
-def list_revision(get_json: GetJson, endpoint: str, repo: str, revision: str,
-                  under: str = "") -> tuple[str, list[HubItem]]:
+def list_revision(
+    get_json: GetJson, endpoint: str, repo: str, revision: str, under: str = ""
+) -> tuple[str, list[HubItem]]:
     """(commit, every file of the repo at that commit below the folder `under`), all pages read. The tree is
     listed at the commit, not at `revision`, so pages cannot come from two versions even when the branch moves."""
     url = revision_url(endpoint, repo, revision)
@@ -162,8 +166,9 @@ def list_revision(get_json: GetJson, endpoint: str, repo: str, revision: str,
         files += parse_tree_page(payload, next_url)
         next_url = following
     else:
-        raise ListingError(f"{tree_url(endpoint, repo, commit, under)}: more than {MAX_PAGES} pages; a pagination "
-                           "loop?")
+        raise ListingError(
+            f"{tree_url(endpoint, repo, commit, under)}: more than {MAX_PAGES} pages; a pagination loop?"
+        )
     paths = [item.path for item in files]
     if len(set(paths)) != len(paths):
         duplicate = next(p for p in paths if paths.count(p) > 1)
@@ -175,33 +180,41 @@ def list_revision(get_json: GetJson, endpoint: str, repo: str, revision: str,
 # Selecting and naming
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def select(files: Iterable[HubItem], include: Iterable[str], exclude: Iterable[str]) -> list[HubItem]:
     """Files matching an `include` glob (all when none) and no `exclude` glob (fnmatch on the whole path, `*`
     crosses `/`); dot files and folders (`.gitattributes`, `.cache/`) never: they are repository plumbing."""
     include, exclude = list(include) or ["*"], list(exclude)
-    return [item for item in files
-            if not any(part.startswith(".") for part in item.path.split("/"))
-            and any(fnmatch.fnmatchcase(item.path, pattern) for pattern in include)
-            and not any(fnmatch.fnmatchcase(item.path, pattern) for pattern in exclude)]
+    return [
+        item
+        for item in files
+        if not any(part.startswith(".") for part in item.path.split("/"))
+        and any(fnmatch.fnmatchcase(item.path, pattern) for pattern in include)
+        and not any(fnmatch.fnmatchcase(item.path, pattern) for pattern in exclude)
+    ]
 
 
 def flat_name(path: str, common: str) -> str:
     """SlimPajama's own names for its layout; otherwise the path below the common folder, `/` written `__`."""
     if match := SLIMPAJAMA_PATH.fullmatch(path):
         return f"{match[2]}_chunk{match[1]}_{match[3]}.jsonl.zst"
-    return path[len(common):].lstrip("/").replace("/", "__")
+    return path[len(common) :].lstrip("/").replace("/", "__")
 
 
 def named(files: list[HubItem]) -> list[HubItem]:
     """The files with their flat local names, sorted by name (the order ranks cut their shards from)."""
     folders = [posixpath.dirname(item.path) for item in files]
     common = posixpath.commonpath(folders) if folders and all(folders) else ""
-    items = sorted((HubItem(flat_name(i.path, common), i.path, i.size, i.sha256, i.git_oid) for i in files),
-                   key=lambda item: item.name)
+    items = sorted(
+        (HubItem(flat_name(i.path, common), i.path, i.size, i.sha256, i.git_oid) for i in files),
+        key=lambda item: item.name,
+    )
     for before, after in zip(items, items[1:]):
         if before.name == after.name:
-            raise ListingError(f"{before.path!r} and {after.path!r} would both be saved as {before.name!r}; "
-                               "narrow the selection with --include/--exclude")
+            raise ListingError(
+                f"{before.path!r} and {after.path!r} would both be saved as {before.name!r}; "
+                "narrow the selection with --include/--exclude"
+            )
     return items
 
 
@@ -209,11 +222,16 @@ def named(files: list[HubItem]) -> list[HubItem]:
 # The manifest: written once, then the only truth for every rank and every resume
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def manifest_payload(stage: str, source: Source, items: list[HubItem]) -> dict:
     """`files` (flat names) is what later stages read; `source` and `entries` are what a resume downloads."""
-    return {"stage": stage, "count": len(items), "files": [item.name for item in items],
-            "source": {**asdict(source), "include": list(source.include), "exclude": list(source.exclude)},
-            "entries": [asdict(item) for item in items]}
+    return {
+        "stage": stage,
+        "count": len(items),
+        "files": [item.name for item in items],
+        "source": {**asdict(source), "include": list(source.include), "exclude": list(source.exclude)},
+        "entries": [asdict(item) for item in items],
+    }
 
 
 def read_manifest(path: Path) -> tuple[Source, list[HubItem]] | None:
@@ -227,12 +245,20 @@ def read_manifest(path: Path) -> tuple[Source, list[HubItem]] | None:
         raise ListingError(f"{path}: unreadable download manifest ({exc}); fix or remove it") from exc
     try:
         raw = payload["source"]
-        source = Source(raw["hf_dataset"], raw["revision"], raw["commit"], tuple(raw["include"]),
-                        tuple(raw["exclude"]), raw["endpoint"])
+        source = Source(
+            raw["hf_dataset"],
+            raw["revision"],
+            raw["commit"],
+            tuple(raw["include"]),
+            tuple(raw["exclude"]),
+            raw["endpoint"],
+        )
         items = [HubItem(**entry) for entry in payload["entries"]]
     except (KeyError, TypeError) as exc:
-        raise ListingError(f"{path}: not a manifest of a Hugging Face listing (no {exc}); this folder holds "
-                           "another download: use another --out, or remove the manifest to start over") from exc
+        raise ListingError(
+            f"{path}: not a manifest of a Hugging Face listing (no {exc}); this folder holds "
+            "another download: use another --out, or remove the manifest to start over"
+        ) from exc
     return source, items
 
 
@@ -243,13 +269,15 @@ def check_same_request(pinned: Source, wanted: Source, commit_now: str, path: Pa
         raise PinnedRevisionError(
             f"{path}: {out} holds {pinned.hf_dataset} with --include {list(pinned.include)} --exclude "
             f"{list(pinned.exclude)}; this run asks for {wanted.hf_dataset} with --include {list(wanted.include)} "
-            f"--exclude {list(wanted.exclude)}. Use another --out, or remove {out} to start over")
+            f"--exclude {list(wanted.exclude)}. Use another --out, or remove {out} to start over"
+        )
     if commit_now != pinned.commit:
         raise PinnedRevisionError(
             f"{path}: revision {wanted.revision!r} of {wanted.hf_dataset} now resolves to commit {commit_now}, but "
             f"this download started at commit {pinned.commit} (revision {pinned.revision!r}); finishing it now would "
             f"mix two versions of the dataset. Rerun with --revision {pinned.commit} to finish the version already "
-            f"started, or remove {out} to download commit {commit_now} from the start")
+            f"started, or remove {out} to download commit {commit_now} from the start"
+        )
 
 
 def publish_once(path: Path, data: bytes) -> bool:
@@ -277,8 +305,14 @@ def wait_for(path: Path, seconds: float, poll: float = 0.5) -> None:
         time.sleep(poll)
 
 
-def pin(get_json: GetJson, wanted: Source, manifest_path: Path, stage: str, log: Callable[[str], None],
-        wait_seconds: float = 0.0) -> tuple[Source, list[HubItem]]:
+def pin(
+    get_json: GetJson,
+    wanted: Source,
+    manifest_path: Path,
+    stage: str,
+    log: Callable[[str], None],
+    wait_seconds: float = 0.0,
+) -> tuple[Source, list[HubItem]]:
     """The source and items this rank downloads: the manifest's when there is one (after checking that the
     revision still resolves to its commit), else a fresh listing, published as the manifest unless another rank
     published one first (then that one, checked the same way). With `wait_seconds`, first wait that long for
@@ -291,17 +325,22 @@ def pin(get_json: GetJson, wanted: Source, manifest_path: Path, stage: str, log:
     if existing is not None:
         check_same_request(existing[0], wanted, parse_commit(get_json(url)[0], url), manifest_path)
         return existing
-    commit, files = list_revision(get_json, wanted.endpoint, wanted.hf_dataset, wanted.revision,
-                                  listing_root(wanted.include))
+    commit, files = list_revision(
+        get_json, wanted.endpoint, wanted.hf_dataset, wanted.revision, listing_root(wanted.include)
+    )
     items = named(select(files, wanted.include, wanted.exclude))
     if not items:
-        raise ListingError(f"{wanted.hf_dataset}@{commit}: no file matches --include {list(wanted.include)} "
-                           f"--exclude {list(wanted.exclude)} ({len(files)} files in the revision)")
+        raise ListingError(
+            f"{wanted.hf_dataset}@{commit}: no file matches --include {list(wanted.include)} "
+            f"--exclude {list(wanted.exclude)} ({len(files)} files in the revision)"
+        )
     source = Source(wanted.hf_dataset, wanted.revision, commit, wanted.include, wanted.exclude, wanted.endpoint)
     data = (json.dumps(manifest_payload(stage, source, items), indent=2, sort_keys=True) + "\n").encode()
     if publish_once(manifest_path, data):
-        log(f"{wanted.hf_dataset}: revision {wanted.revision!r} is commit {commit}: {len(items)} files, "
-            f"{sum(i.size for i in items):,} bytes")
+        log(
+            f"{wanted.hf_dataset}: revision {wanted.revision!r} is commit {commit}: {len(items)} files, "
+            f"{sum(i.size for i in items):,} bytes"
+        )
         return source, items
     published = read_manifest(manifest_path)
     assert published is not None, "publish_once found the manifest, so it exists"

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import BinaryIO
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 
@@ -39,8 +39,14 @@ POINTER_DTYPE = np.dtype("<i8")
 DOCUMENT_DTYPE = np.dtype("<i8")
 # megatron.core.datasets.indexed_dataset.DType
 DTYPE_CODES: dict[np.dtype, int] = {
-    np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
-    np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8,
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
+    np.dtype(np.uint16): 8,
 }
 UINT16_VOCAB_LIMIT = 65500  # megatron-core's DType.optimal_dtype: uint16 below this vocabulary size, else int32
 INDEX_CHUNK = 1 << 20  # entries per chunk while building the .idx (4-8 MiB of numpy at a time)

@@ -30,6 +30,11 @@ size that divides the global batch. The results folder must be shared by all ran
 has `--collective-timeout`: a rank that dies or hangs makes the others exit 1 with a message, never wait forever.
 A stop signal on any rank stops all of them after the same step.
 
+Validation (`--valid-data-dir DIR`, a held-out split's own .bin/.idx, as Megatron's per-split data paths): every
+`--eval-interval` steps and at the last, rank 0 prints Megatron's `validation loss at iteration N | lm loss value:
+...` line for the first `--eval-iters` global batches of that split (stages/_pretrain_eval.py, the function the
+evaluate stage runs on each checkpoint, so both give the same numbers).
+
 Each step line ends with the step's own wall time (`... 2.34 steps/s 0.4123 s/step`), and rank 0 prints the
 model's shape once (`model shape: layers L hidden H ...`): the report's step time, tokens/s and MFU come from them.
 Profiling (`bcp-pipeline profile`, stages/_profiling.py): `--profile-steps A:B` records those steps with
@@ -44,19 +49,21 @@ import ctypes
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
-import torch
-from torch import nn
-
 import _common
+import _index_manifest
 import _profiling
 import data_list
+import torch
 from _pretrain_checkpoints import latest_checkpoint, restore
 from _pretrain_comm import CollectiveFailed, Comm, pick_device
 from _pretrain_data import IdsTokenizer, build_train_dataset
+from _pretrain_eval import VALID_CACHE, build_heldout_dataset, eval_samples, heldout_loss, validation_line
 from _pretrain_loop import loop
 from _smoke_gpt import SmokeGPT, make_optimizer, weights_digest
+from torch import nn
 
 STAGE = "pretrain_local"
 SUMMARY = "train_summary.json"
@@ -93,12 +100,25 @@ def run_config(args: argparse.Namespace, entries: list[data_list.DataEntry], wor
     """Everything that defines this run, saved in every checkpoint (world size and micro batch for information)."""
     tokenizer = entries[0].tokenizer
     return {
-        "vocab_size": int(tokenizer.get("vocab_size", 50257)), "eod": int(tokenizer.get("eod", 50256)),
-        "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "seq_length": args.seq_length,
-        "global_batch_size": args.global_batch_size, "micro_batch_size": args.micro_batch_size,
-        "world_size": world, "seed": args.seed, "split": args.split,
-        "lr": args.lr, "warmup_steps": args.warmup_steps, "weight_decay": args.weight_decay,
-        "data": data_list.blend(entries), "data_names": [[e.weight, e.name] for e in entries], "threads": args.threads,
+        "vocab_size": int(tokenizer.get("vocab_size", 50257)),
+        "eod": int(tokenizer.get("eod", 50256)),
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "heads": args.heads,
+        "seq_length": args.seq_length,
+        "global_batch_size": args.global_batch_size,
+        "micro_batch_size": args.micro_batch_size,
+        "world_size": world,
+        "seed": args.seed,
+        "split": args.split,
+        "lr": args.lr,
+        "warmup_steps": args.warmup_steps,
+        "weight_decay": args.weight_decay,
+        "data": data_list.blend(entries),
+        "data_names": [[e.weight, e.name] for e in entries],
+        "threads": args.threads,
+        "eval_iters": args.eval_iters,
+        "precision": args.precision,
     }
 
 
@@ -106,15 +126,19 @@ def check_batch_split(args: argparse.Namespace, world: int) -> None:
     """The global batch must split evenly over the ranks, and each rank's share into whole micro batches."""
     divisors = [n for n in range(1, args.global_batch_size + 1) if args.global_batch_size % n == 0]
     if args.global_batch_size % world:
-        raise _common.StageError(f"--global-batch-size {args.global_batch_size} does not split over {world} ranks; "
-                                 f"run on a world size that divides it ({', '.join(map(str, divisors))})")
+        raise _common.StageError(
+            f"--global-batch-size {args.global_batch_size} does not split over {world} ranks; "
+            f"run on a world size that divides it ({', '.join(map(str, divisors))})"
+        )
     share = args.global_batch_size // world
     if args.micro_batch_size is None:
         args.micro_batch_size = share
     if share % args.micro_batch_size:
-        raise _common.StageError(f"--micro-batch-size {args.micro_batch_size} does not divide this rank's "
-                                 f"{share} sample(s) of --global-batch-size {args.global_batch_size} over {world} "
-                                 "rank(s)")
+        raise _common.StageError(
+            f"--micro-batch-size {args.micro_batch_size} does not divide this rank's "
+            f"{share} sample(s) of --global-batch-size {args.global_batch_size} over {world} "
+            "rank(s)"
+        )
 
 
 def train(args: argparse.Namespace, comm: Comm) -> dict:
@@ -144,45 +168,129 @@ def train(args: argparse.Namespace, comm: Comm) -> dict:
     if resume_from is not None:
         state = restore(resume_from, cfg, model, optimizer, device, lead)
     if lead:
-        print(f"resuming from {resume_from} at step {state['step']} of {args.steps}" if resume_from is not None else
-              f"no checkpoint in {ckpt_dir}: starting at step 0 of {args.steps}", flush=True)
-        print(f"data: {len(entries)} output(s), {sum(e.tokens for e in entries)} tokens; model: "
-              f"{sum(p.numel() for p in model.parameters())} parameters on {device}, {args.threads} thread(s); "
-              f"{comm.world} rank(s), global batch {args.global_batch_size} = micro batch {args.micro_batch_size} x "
-              f"{comm.world} rank(s) x {accumulation(args, comm.world)} accumulation step(s)", flush=True)
+        print(
+            f"resuming from {resume_from} at step {state['step']} of {args.steps}"
+            if resume_from is not None
+            else f"no checkpoint in {ckpt_dir}: starting at step 0 of {args.steps}",
+            flush=True,
+        )
+        print(
+            f"data: {len(entries)} output(s), {sum(e.tokens for e in entries)} tokens; model: "
+            f"{sum(p.numel() for p in model.parameters())} parameters on {device}, {args.threads} thread(s); "
+            f"{comm.world} rank(s), global batch {args.global_batch_size} = micro batch {args.micro_batch_size} x "
+            f"{comm.world} rank(s) x {accumulation(args, comm.world)} accumulation step(s)",
+            flush=True,
+        )
         # The shape the report computes model FLOPs per token from (bcp_pipeline/report/throughput.py).
-        print(f"model shape: layers {args.layers} hidden {args.hidden} heads {args.heads} seq_length "
-              f"{args.seq_length} vocab {cfg['vocab_size']} global_batch {args.global_batch_size} world {comm.world} "
-              f"device {device.type} precision {args.precision}", flush=True)
+        print(
+            f"model shape: layers {args.layers} hidden {args.hidden} heads {args.heads} seq_length "
+            f"{args.seq_length} vocab {cfg['vocab_size']} global_batch {args.global_batch_size} world {comm.world} "
+            f"device {device.type} precision {args.precision}",
+            flush=True,
+        )
     start = state["step"]
     dataset = None
     if start < args.steps:  # a finished run (NeMo: max_steps reached) needs no data, and megatron's import is slow
         prefixes, weights = data_list.split_blend(cfg["data"])
         with comm.guard("building the dataset"):
-            dataset = build_train_dataset(prefixes, weights, IdsTokenizer(cfg["vocab_size"], cfg["eod"]), cfg,
-                                          args.steps * args.global_batch_size, run_dir / "index_cache", lead)
-    stats = loop(args, comm, model, optimizer, dataset, state, cfg, ckpt_dir)
+            dataset = build_train_dataset(
+                prefixes,
+                weights,
+                IdsTokenizer(cfg["vocab_size"], cfg["eod"]),
+                cfg,
+                args.steps * args.global_batch_size,
+                run_dir / "index_cache",
+                lead,
+            )
+    validate = None
+    if args.valid_data_dir is not None and start < args.steps:
+        with comm.guard("building the held-out dataset"):
+            heldout = build_heldout_dataset(
+                args.valid_data_dir,
+                cfg,
+                eval_samples(args.eval_iters, args.global_batch_size),
+                run_dir / VALID_CACHE,
+                lead,
+            )
+
+        def validate(step: int) -> None:  # rank 0 only: the others go on to the next step's all-reduce and wait
+            loss, _tokens = heldout_loss(
+                model,
+                heldout,
+                eval_samples(args.eval_iters, args.global_batch_size),
+                args.micro_batch_size,
+                device,
+                args.precision,
+            )
+            print(validation_line(step, loss), flush=True)
+
+    stats = loop(args, comm, model, optimizer, dataset, state, cfg, ckpt_dir, validate)
     return summarize(args, comm, cfg, state, model, start, stats)
+
+
+def build_data_index(args: argparse.Namespace) -> int:
+    """Only the dataset's index (megatron-core's, into RESULTS/NAME/index_cache), as the training would build it,
+    with a manifest (stages/_index_manifest.py): the local stand-in of a Megatron-Bridge training's index stage. The
+    training then finds the index complete and reads it."""
+    run_dir = args.results / args.run_name
+    entries = data_list.build_data_list(args.data_dir)
+    cfg = run_config(args, entries, 1)
+    cache, manifest = run_dir / "index_cache", args.index_manifest or run_dir / _index_manifest.MANIFEST_NAME
+    before = _index_manifest.begin(manifest, cache)
+    samples = args.steps * args.global_batch_size
+    print(
+        f"building the data index of {len(entries)} output(s) into {cache} ({samples} training samples; "
+        f"{len(before)} file(s) there already)",
+        flush=True,
+    )
+    start = time.monotonic()
+    prefixes, weights = data_list.split_blend(cfg["data"])
+    dataset = build_train_dataset(
+        prefixes, weights, IdsTokenizer(cfg["vocab_size"], cfg["eod"]), cfg, samples, cache, lead=True
+    )
+    record = _index_manifest.finish(
+        manifest,
+        cache,
+        _index_manifest.datasets_of(dataset),
+        before,
+        seconds=time.monotonic() - start,
+        samples=[samples, 0, 0],
+        what=f"the smoke pretrain {args.run_name}",
+    )
+    print(_index_manifest.summary_line(STAGE, record, len(prefixes)), flush=True)
+    return 0
 
 
 def accumulation(args: argparse.Namespace, world: int) -> int:
     return args.global_batch_size // (world * args.micro_batch_size)
 
 
-def summarize(args: argparse.Namespace, comm: Comm, cfg: dict, state: dict, model: nn.Module, start: int,
-              stats: dict) -> dict:
+def summarize(
+    args: argparse.Namespace, comm: Comm, cfg: dict, state: dict, model: nn.Module, start: int, stats: dict
+) -> dict:
     losses = state["losses"]
     rate = stats["steps_this_run"] / stats["seconds"] if stats["steps_this_run"] else 0.0
     return {
-        "run_name": args.run_name, "steps": state["step"], "target_steps": args.steps, "resumed_from_step": start,
-        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-        "losses": losses, "tokens_seen": state["step"] * cfg["global_batch_size"] * cfg["seq_length"],
-        "consumed_samples": state["step"] * cfg["global_batch_size"], "weights_sha256": weights_digest(model),
-        "device": str(comm.device), "threads": cfg["threads"], "steps_per_s_this_run": round(rate, 3),
-        "world_size": comm.world, "global_batch_size": cfg["global_batch_size"],
-        "micro_batch_size": cfg["micro_batch_size"], "gradient_accumulation": accumulation(args, comm.world),
+        "run_name": args.run_name,
+        "steps": state["step"],
+        "target_steps": args.steps,
+        "resumed_from_step": start,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "losses": losses,
+        "tokens_seen": state["step"] * cfg["global_batch_size"] * cfg["seq_length"],
+        "consumed_samples": state["step"] * cfg["global_batch_size"],
+        "weights_sha256": weights_digest(model),
+        "device": str(comm.device),
+        "threads": cfg["threads"],
+        "steps_per_s_this_run": round(rate, 3),
+        "world_size": comm.world,
+        "global_batch_size": cfg["global_batch_size"],
+        "micro_batch_size": cfg["micro_batch_size"],
+        "gradient_accumulation": accumulation(args, comm.world),
         "checkpoint": str(latest_checkpoint(args.results / args.run_name / "checkpoints")),
-        "data_prefix": cfg["data"], "config": {k: v for k, v in cfg.items() if k not in ("data", "data_names")},
+        "data_prefix": cfg["data"],
+        "config": {k: v for k, v in cfg.items() if k not in ("data", "data_names")},
     }
 
 
@@ -195,11 +303,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=_common.positive_int, default=20)
     parser.add_argument("--keep-checkpoints", type=_common.positive_int, default=3)
     parser.add_argument("--seq-length", type=_common.positive_int, default=128)
-    parser.add_argument("--global-batch-size", type=_common.positive_int, default=4,
-                        help="samples per optimizer step over all ranks (fixed for the run)")
-    parser.add_argument("--micro-batch-size", type=_common.positive_int, default=None,
-                        help="samples per forward on each rank (default: the rank's whole share of the step; "
-                             "smaller means gradient accumulation)")
+    parser.add_argument(
+        "--global-batch-size",
+        type=_common.positive_int,
+        default=4,
+        help="samples per optimizer step over all ranks (fixed for the run)",
+    )
+    parser.add_argument(
+        "--micro-batch-size",
+        type=_common.positive_int,
+        default=None,
+        help="samples per forward on each rank (default: the rank's whole share of the step; "
+        "smaller means gradient accumulation)",
+    )
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: steps // 10")
     parser.add_argument("--weight-decay", type=float, default=0.1)
@@ -207,26 +323,82 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=_common.positive_int, default=2)
     parser.add_argument("--hidden", type=_common.positive_int, default=128)
     parser.add_argument("--heads", type=_common.positive_int, default=4)
-    parser.add_argument("--split", default="100,0,0", help="megatron train,valid,test split (no validation here)")
+    parser.add_argument(
+        "--split",
+        default="100,0,0",
+        help="megatron train,valid,test split of the training data (validation: --valid-data-dir)",
+    )
+    parser.add_argument(
+        "--valid-data-dir",
+        type=Path,
+        default=None,
+        help="a held-out split's preprocess outputs: validate on them (default: no validation)",
+    )
+    parser.add_argument(
+        "--eval-interval",
+        type=_common.positive_int,
+        default=None,
+        help="validate every N steps and at the last (default: --checkpoint-every)",
+    )
+    parser.add_argument(
+        "--eval-iters",
+        type=_common.positive_int,
+        default=4,
+        help="global batches of the held-out split each validation reads (default: %(default)s)",
+    )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--precision", choices=("fp32", "bf16-mixed"), default="fp32",
-                        help="bf16-mixed: the forward in bfloat16 autocast, as NeMo trains on GPUs (default: fp32, "
-                             "bit-exact resume on CPU)")
-    parser.add_argument("--threads", type=_common.positive_int, default=None,
-                        help="torch CPU threads (default: this node's CPUs / LOCAL_WORLD_SIZE, at most 8); keep it "
-                             "equal across a resume for bit-identical results")
-    parser.add_argument("--collective-timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT,
-                        help="seconds a rank waits for the others in a collective (rendezvous included) before it "
-                             "fails the job (default: %(default)s)")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16-mixed"),
+        default="fp32",
+        help="bf16-mixed: the forward in bfloat16 autocast, as NeMo trains on GPUs (default: fp32, "
+        "bit-exact resume on CPU)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=_common.positive_int,
+        default=None,
+        help="torch CPU threads (default: this node's CPUs / LOCAL_WORLD_SIZE, at most 8); keep it "
+        "equal across a resume for bit-identical results",
+    )
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=DEFAULT_COLLECTIVE_TIMEOUT,
+        help="seconds a rank waits for the others in a collective (rendezvous included) before it "
+        "fails the job (default: %(default)s)",
+    )
     parser.add_argument("--log-every", type=_common.positive_int, default=1)
-    parser.add_argument("--profile-steps", metavar="A:B", default=None,
-                        help="record steps A through B with torch.profiler: a Chrome trace and a table of the top "
-                             "operators in RESULTS/NAME/profile/")
+    parser.add_argument(
+        "--profile-steps",
+        metavar="A:B",
+        default=None,
+        help="record steps A through B with torch.profiler: a Chrome trace and a table of the top "
+        "operators in RESULTS/NAME/profile/",
+    )
     parser.add_argument("--profile-ranks", default="0", help="comma-separated ranks that profile (default: 0)")
-    parser.add_argument("--timers", action="store_true",
-                        help="print each logged step's forward, backward and optimizer times (Megatron's layout)")
-    parser.add_argument("--no-checkpoints", dest="checkpoints", action="store_false",
-                        help="save no checkpoint (a profile run: it must not touch a real run's checkpoints)")
+    parser.add_argument(
+        "--timers",
+        action="store_true",
+        help="print each logged step's forward, backward and optimizer times (Megatron's layout)",
+    )
+    parser.add_argument(
+        "--no-checkpoints",
+        dest="checkpoints",
+        action="store_false",
+        help="save no checkpoint (a profile run: it must not touch a real run's checkpoints)",
+    )
+    parser.add_argument(
+        "--build-data-index",
+        action="store_true",
+        help="build the dataset's index (and its manifest) only, for the training to read; no training",
+    )
+    parser.add_argument(
+        "--index-manifest",
+        type=Path,
+        default=None,
+        help="with --build-data-index: the manifest to write (default: RESULTS/NAME/data_index.json)",
+    )
     args = parser.parse_args(argv)
     try:
         args.profile_steps = _profiling.parse_window(args.profile_steps) if args.profile_steps else None
@@ -243,6 +415,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--collective-timeout {args.collective_timeout:g}: must be > 0 seconds")
     if args.warmup_steps is None:
         args.warmup_steps = max(1, args.steps // 10)
+    if args.eval_interval is None:
+        args.eval_interval = args.checkpoint_every
     return args
 
 
@@ -265,13 +439,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is None:
         args.threads = default_threads()
     comm = None
+    if args.build_data_index:
+        try:
+            return build_data_index(args)
+        except (_common.StageError, data_list.DataListError, _index_manifest.IndexBuildError) as exc:
+            print(f"{STAGE}: {exc}", file=sys.stderr)
+            return 1
     try:
         rdzv = _common.rendezvous()
         check_batch_split(args, rdzv.world_size)
         comm = Comm(rdzv, pick_device(args.device, rdzv.local_rank), args.collective_timeout)
         if comm.world > 1:
-            print(f"rank {comm.rank} of {comm.world}: met at {rdzv.master_addr}:{rdzv.master_port} "
-                  f"({torch.distributed.get_backend()}, {comm.device}); rank 0 logs the steps", flush=True)
+            print(
+                f"rank {comm.rank} of {comm.world}: met at {rdzv.master_addr}:{rdzv.master_port} "
+                f"({torch.distributed.get_backend()}, {comm.device}); rank 0 logs the steps",
+                flush=True,
+            )
         summary = train(args, comm)
         print(f"rank {comm.rank} of {comm.world}: weights_sha256 {summary['weights_sha256']}", flush=True)
         comm.barrier("waiting for every rank to finish")  # the run is done when all ranks are
@@ -287,10 +470,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if comm.rank == 0:
         _common.atomic_write_json(args.results / args.run_name / SUMMARY, summary)
-        print(f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, "
-              f"{summary['tokens_seen']} tokens, {summary['steps_per_s_this_run']} steps/s", flush=True)
-        _common.emit("summary", {"text": f"loss {summary['first_loss']:.2f} -> {summary['last_loss']:.2f} over "
-                                         f"{summary['steps']} steps"})
+        print(
+            f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, "
+            f"{summary['tokens_seen']} tokens, {summary['steps_per_s_this_run']} steps/s",
+            flush=True,
+        )
+        _common.emit(
+            "summary",
+            {"text": f"loss {summary['first_loss']:.2f} -> {summary['last_loss']:.2f} over {summary['steps']} steps"},
+        )
     comm.close()
     return 0
 

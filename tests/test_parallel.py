@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
+import tomllib
 from support import parallel
 
 TESTS = Path(__file__).resolve().parent
@@ -41,11 +41,13 @@ def test_cluster_tests_share_one_group_kubernetes_its_own_and_the_rest_are_group
 
 
 def test_the_clusters_come_first_and_kubernetes_last_else_collection_order() -> None:
-    items = [Item("tests/e2e/test_kubernetes_e2e.py::a", ("k8s_cluster",), ("cluster",)),
-             Item("tests/engine/test_state.py::b"),
-             Item("tests/e2e/test_slurm_e2e.py::c", ("slurm_cluster",), ("cluster",)),
-             Item("tests/cli/test_cli_edges.py::d"),
-             Item("tests/e2e/test_gridengine_e2e.py::e", ("sge_cell",), ("cluster",))]
+    items = [
+        Item("tests/e2e/test_kubernetes_e2e.py::a", ("k8s_cluster",), ("cluster",)),
+        Item("tests/engine/test_state.py::b"),
+        Item("tests/e2e/test_slurm_e2e.py::c", ("slurm_cluster",), ("cluster",)),
+        Item("tests/cli/test_cli_edges.py::d"),
+        Item("tests/e2e/test_gridengine_e2e.py::e", ("sge_cell",), ("cluster",)),
+    ]
     ids = [i.nodeid for i in items]
     parallel.order_items(items)
     assert [i.nodeid for i in items] == [ids[2], ids[4], ids[1], ids[3], ids[0]]
@@ -60,15 +62,18 @@ class Config:
 
 
 def test_each_worker_writes_its_groups_and_the_scheduler_reads_them(tmp_path, monkeypatch) -> None:
-    items = [Item("tests/e2e/test_slurm_e2e.py::c", ("slurm_cluster",), ("cluster",)),
-             Item("tests/cli/test_cli_edges.py::d[1]")]
+    items = [
+        Item("tests/e2e/test_slurm_e2e.py::c", ("slurm_cluster",), ("cluster",)),
+        Item("tests/cli/test_cli_edges.py::d[1]"),
+    ]
     monkeypatch.setenv(parallel.GROUPS_ENV, str(tmp_path))
     for worker in ("gw0", "gw1"):
         parallel.write_groups(Config(worker), items)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gw0.json", "gw1.json"]  # no temporary left
-    assert json.loads((tmp_path / "gw1.json").read_text()) == {"tests/e2e/test_slurm_e2e.py::c": "clusters",
-                                                               "tests/cli/test_cli_edges.py::d[1]":
-                                                                   "tests/cli/test_cli_edges.py"}
+    assert json.loads((tmp_path / "gw1.json").read_text()) == {
+        "tests/e2e/test_slurm_e2e.py::c": "clusters",
+        "tests/cli/test_cli_edges.py::d[1]": "tests/cli/test_cli_edges.py",
+    }
     scheduler = parallel.GroupScheduling.__new__(parallel.GroupScheduling)  # only what _split_scope reads
     scheduler._folder, scheduler._groups = str(tmp_path), {}
     assert scheduler._split_scope("tests/e2e/test_slurm_e2e.py::c") == "clusters"
@@ -125,15 +130,21 @@ def record(name):
     with open(os.environ["RECORD"], "a") as out:
         out.write(json.dumps([name, os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("{env}")]) + "\\n")
 """.replace("{env}", parallel.GROUPS_ENV)
-SUITE_TEST = RECORD + """
+SUITE_TEST = (
+    RECORD
+    + """
 def test_own_1(): record(__name__ + ".own_1")
 def test_own_2(): record(__name__ + ".own_2")
 def test_cluster(slurm_cluster): record(__name__ + ".cluster")
 def test_cluster_through_a_fixture(through_another): record(__name__ + ".through")
 """
-K8S_TEST = RECORD + """
+)
+K8S_TEST = (
+    RECORD
+    + """
 def test_k8s(k8s_cluster): record("k8s")
 """
+)
 
 
 def test_a_real_xdist_run_gives_each_group_to_one_worker_and_removes_the_folder(tmp_path) -> None:
@@ -145,9 +156,29 @@ def test_a_real_xdist_run_gives_each_group_to_one_worker_and_removes_the_folder(
     (suite / "test_k8s.py").write_text(K8S_TEST)
     record = tmp_path / "record.jsonl"
     env = {k: v for k, v in os.environ.items() if k != parallel.GROUPS_ENV}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
-                           "--no-loadscope-reorder", "-q", "--rootdir", str(suite), "-c", os.devnull, str(suite)],
-                          cwd=suite, capture_output=True, text=True, timeout=300, env={**env, "RECORD": str(record)})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "2",
+            "--no-loadscope-reorder",
+            "-q",
+            "--rootdir",
+            str(suite),
+            "-c",
+            os.devnull,
+            str(suite),
+        ],
+        cwd=suite,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "RECORD": str(record)},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     runs = [json.loads(line) for line in record.read_text().splitlines()]
     worker = {name: w for name, w, _ in runs}
@@ -166,3 +197,72 @@ def test_a_real_xdist_run_gives_each_group_to_one_worker_and_removes_the_folder(
 
 def test_auto_workers_are_one_more_than_the_cpus() -> None:
     assert parallel.workers(2) == 3 and parallel.workers(1) == 2 and parallel.workers(8) == 9
+
+
+HANGING_TEST = (
+    RECORD
+    + """
+import time
+
+def test_hangs(): time.sleep(60)
+def test_after_it(): record(__name__ + ".after")
+def test_hangs_on_the_cluster(slurm_cluster): time.sleep(60)
+def test_after_it_on_the_cluster(slurm_cluster): record(__name__ + ".cluster_after")
+"""
+)
+
+
+def test_a_test_over_its_timeout_fails_and_its_worker_goes_on_with_its_group(tmp_path) -> None:
+    """pytest-timeout as pyproject.toml sets it (its method, fixtures excluded), with a 1 s limit: the hung tests
+    fail by name, and the tests after them in their groups run on the same workers (no worker is lost, and
+    the suite's scheduler keeps its groups)."""
+    settings = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(SUITE_CONFTEST)
+    (suite / "test_hanging.py").write_text(HANGING_TEST)
+    (suite / "test_one.py").write_text(SUITE_TEST)
+    record = tmp_path / "record.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != parallel.GROUPS_ENV}
+    options = [
+        "-o",
+        "timeout=1",
+        "-o",
+        f"timeout_method={settings['timeout_method']}",
+        "-o",
+        f"timeout_func_only={str(settings['timeout_func_only']).lower()}",
+    ]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "2",
+            *options,
+            "-rf",
+            "--no-loadscope-reorder",
+            "-q",
+            "--rootdir",
+            str(suite),
+            "-c",
+            os.devnull,
+            str(suite),
+        ],
+        cwd=suite,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "RECORD": str(record)},
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "2 failed, 6 passed" in out, out
+    assert "FAILED test_hanging.py::test_hangs - Failed: Timeout" in out, out
+    assert "FAILED test_hanging.py::test_hangs_on_the_cluster - Failed: Timeout" in out, out
+    assert "crashed" not in out and "replacing" not in out, out
+    worker = {name: w for name, w, _ in (json.loads(line) for line in record.read_text().splitlines())}
+    assert worker["test_hanging.cluster_after"] == worker["test_one.cluster"] == worker["test_one.through"]
+    assert {"test_hanging.after", "test_one.own_1", "test_one.own_2"} <= set(worker)

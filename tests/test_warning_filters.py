@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-PROBE = '''
+PROBE = """
 import warnings
 
 NOTICE = "Transformer Engine and Apex are not installed. Falling back to Torch optimizers."
@@ -32,14 +32,32 @@ def test_project_warnings():
     warnings.warn_explicit(NOTICE + " PROJECT-3", UserWarning, "stages/megatron_index.py", 1, module="megatron_index")
     warnings.warn_explicit("PROJECT-4 deprecated", DeprecationWarning, "stages/pretrain_local.py", 1,
                            module="pretrain_local")
-'''
+"""
 
 
 def test_only_the_expected_third_party_warnings_are_filtered(tmp_path: Path) -> None:
     (tmp_path / "test_probe.py").write_text(PROBE)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "--rootdir",
-                           str(tmp_path), "-p", "no:cacheprovider", "-n", "0", "-q", str(tmp_path / "test_probe.py")],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(REPO / "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            "-q",
+            str(tmp_path / "test_probe.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert "2 passed, 4 warnings" in output, output

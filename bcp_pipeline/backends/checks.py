@@ -44,8 +44,13 @@ class Row:
     meaning: str = ""
 
     def as_json(self) -> dict[str, str]:
-        return {"topic": self.topic, "assumes": self.assumes, "showed": self.showed, "verdict": self.verdict.value,
-                "meaning": self.meaning}
+        return {
+            "topic": self.topic,
+            "assumes": self.assumes,
+            "showed": self.showed,
+            "verdict": self.verdict.value,
+            "meaning": self.meaning,
+        }
 
 
 def ok(topic: str, assumes: str, showed: str, meaning: str = "") -> Row:
@@ -107,8 +112,14 @@ class CheckOutcome:
     notes: list[str] = field(default_factory=list)  # printed before the table (e.g. what probe jobs cost)
 
 
-def poll_until(ask: Callable[[], T | None], timeout: float, *, first_delay: float = 0.2,
-               max_delay: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> T | None:
+def poll_until(
+    ask: Callable[[], T | None],
+    timeout: float,
+    *,
+    first_delay: float = 0.2,
+    max_delay: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T | None:
     """Ask until the answer is not None, waiting 1.5 times longer after each None (up to `max_delay`); the
     answer, or None once `timeout` seconds have passed."""
     deadline = time.monotonic() + timeout

@@ -41,6 +41,8 @@ class JobState(enum.Enum):
     PREEMPTED = "preempted"  # stopped by the scheduler; may be resumed
     CANCELLED = "cancelled"
     LOST = "lost"  # the job vanished (node or supervisor died) without a result
+    STALLED = "stalled"  # cancelled by the run's stall guard: its training stopped advancing (engine/stall_guard.py;
+    # never a backend's own state: set by the engine once the cancelled job has ended)
     UNKNOWN = "unknown"  # a native state we do not know: treated as not finished
 
     @property
@@ -48,7 +50,14 @@ class JobState(enum.Enum):
         return self in _FINISHED
 
 
-_FINISHED = {JobState.SUCCEEDED, JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED, JobState.LOST}
+_FINISHED = {
+    JobState.SUCCEEDED,
+    JobState.FAILED,
+    JobState.TIMED_OUT,
+    JobState.CANCELLED,
+    JobState.LOST,
+    JobState.STALLED,
+}
 
 
 def job_label(stage: str, kind: str) -> str:
@@ -131,8 +140,14 @@ class Submission:
     def as_json(self) -> dict[str, Any]:
         extra = {"rendezvous": self.rendezvous} if self.rendezvous is not None else {}
         extra |= {"files": self.files} if self.files else {}
-        return {"stage": self.request.stage.name, "kind": self.request.kind, "name": self.request.job_name,
-                "printable": self.printable, **self.payload, **extra}
+        return {
+            "stage": self.request.stage.name,
+            "kind": self.request.kind,
+            "name": self.request.job_name,
+            "printable": self.printable,
+            **self.payload,
+            **extra,
+        }
 
 
 @dataclass(kw_only=True)
@@ -153,10 +168,14 @@ class JobProgress:
 
 
 class Backend(abc.ABC):
-    """The contract every backend implements; nothing else in the orchestrator is backend-specific."""
+    """The contract every backend implements; nothing else in the orchestrator is backend-specific (what config/,
+    report/ and cli/ must know of a backend's sections is asked of its config section: config/sections/hooks.py)."""
 
     name: str = ""  # its key in config.resources.BACKENDS, and its folder under backends/
-    detachable: bool = False  # `run --detach` can hand its runs to a job of the service itself (BCP)
+    # `run --detach` can hand its runs to a job of the service itself (BCP). Only a flag: detach/ is BCP's by nature
+    # (its driver job, lease and bundle upload import backends/bcp/), so a second detachable backend would mean
+    # rewriting detach/ behind a contract of its own, not just setting this.
+    detachable: bool = False
     poll_min_seconds: float = 1.0
     poll_max_seconds: float = 10.0
     # How long status queries may fail in a row before the run stops waiting (BackendUnreachable); None: for ever.
@@ -170,8 +189,13 @@ class Backend(abc.ABC):
     @classmethod
     def for_run(cls, config: Config, pipeline: PipelineConfig, run_dir: Path) -> Backend:
         """This backend bound to one run's folder (logs, local job records), from the config's options."""
-        return cls(config.options[cls.name], config_dir=config.file.parent.resolve(),  # type: ignore[call-arg]
-                   stages_dir=config.stages_dir, run_dir=run_dir, workspace_name=pipeline.workspace.name)
+        return cls(
+            config.options[cls.name],
+            config_dir=config.file.parent.resolve(),  # type: ignore[call-arg]
+            stages_dir=config.stages_dir,
+            run_dir=run_dir,
+            workspace_name=pipeline.workspace.name,
+        )
 
     @classmethod
     def check_ready(cls, config: Config, pipeline: PipelineConfig | None) -> None:
@@ -181,16 +205,18 @@ class Backend(abc.ABC):
         return None
 
     @classmethod
-    def check_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
-                     detach: bool = False) -> None:
+    def check_limits(
+        cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *, detach: bool = False
+    ) -> None:
         """The service's own limits against the jobs this invocation may submit, before a run is recorded; raises
         a ConfigError naming each stage, the limit and the `--set` that fixes it. Called after check_ready.
         By default the service sets no limits a run could be checked against."""
         return None
 
     @classmethod
-    def describe_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
-                        detach: bool = False) -> Any:
+    def describe_limits(
+        cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *, detach: bool = False
+    ) -> Any:
         """`plan`'s view of check_limits (something `str()` prints); None for a backend with no such limits."""
         return None
 
@@ -247,8 +273,10 @@ class Backend(abc.ABC):
     def follow_logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> Iterator[str]:
         """`logs --follow`: the job's log lines (one rank's when given) as they are written, until the job has ended;
         `tail`: starting from the last lines written so far. A backend that cannot follow its logs says so."""
-        raise PipelineError(f"`logs --follow` is not available on the {self.name} backend (its logs are read once "
-                            "the service has them); run `logs` again, with --tail N for the latest lines")
+        raise PipelineError(
+            f"`logs --follow` is not available on the {self.name} backend (its logs are read once "
+            "the service has them); run `logs` again, with --tail N for the latest lines"
+        )
 
     def training_log(self, job_id: str, tail: int | None = None) -> str:
         """The log that holds a training job's step lines, for `logs`, `status` and the report: rank 0's for the
@@ -259,6 +287,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def cancel(self, job_ids: list[str]) -> None:
         """Stop these jobs."""
+
+    def gpu_utilization(self, job_id: str) -> dict[int, float] | None:
+        """A running job's GPU utilization per replica (percent, the service's latest sample), where the service
+        measures it (BCP's job telemetry), at most as often as reading it is cheap; None where it does not (the
+        default) or has no sample yet. `status` and the report show it; nothing decides on it."""
+        return None
 
     def resume(self, job_id: str) -> bool:
         """Resume a PREEMPTED job; False when the backend cannot (the orchestrator then cancels it and submits its
@@ -282,7 +316,8 @@ class Backend(abc.ABC):
         where every orchestrator that could write the same data sees it, whatever its config file or --state-dir.
         A workspace that is a folder here (local, Slurm, Grid Engine): beside it, so any config file or state
         folder that shares the folder shares the lock (on a cluster, on the shared file system the folder is on).
-        A backend whose workspace is no folder here overrides this (BCP, Kubernetes: common.user_writer_lock)."""
+        A backend whose workspace is no folder here overrides this (BCP, Kubernetes: shared/locks.py's
+        user_writer_lock)."""
         if self.local_workspace is None:
             raise NotImplementedError(f"backend {self.name} names no writer lock for its workspace")
         return self.local_workspace.parent / f".{self.local_workspace.name}.writer.lock"

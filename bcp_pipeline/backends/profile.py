@@ -49,4 +49,3 @@ def load_profile(state_root: Path, key: str) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION or not isinstance(data.get("facts"), dict):
         raise StateError(f"{path}: not a check profile of version {PROFILE_VERSION}; run `bcp-pipeline check` again")
     return data
-

@@ -27,7 +27,7 @@ def backend_class(name: str) -> type[Backend]:
     """The Backend class of `name`, imported on first use (a backend's client libraries load only with it)."""
     if name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    cls = importlib.import_module(f"{__package__}.{name}.backend").BACKEND
+    cls: type[Backend] = importlib.import_module(f"{__package__}.{name}.backend").BACKEND
     assert cls.name == name, f"backends/{name}/backend.py names the backend {cls.name!r}"
     return cls
 
@@ -47,13 +47,15 @@ def check_backend_ready(name: str, config: Config, pipeline: PipelineConfig | No
     backend_class(name).check_ready(config, pipeline)
 
 
-def check_backend_limits(name: str, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
-                         detach: bool = False) -> None:
+def check_backend_limits(
+    name: str, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *, detach: bool = False
+) -> None:
     """The service's own limits against the jobs this invocation may submit (Backend.check_limits)."""
     backend_class(name).check_limits(config, pipeline, requests, detach=detach)
 
 
-def describe_backend_limits(name: str, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
-                            detach: bool = False) -> Any:
+def describe_backend_limits(
+    name: str, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *, detach: bool = False
+) -> Any:
     """`plan`'s view of the same check (Backend.describe_limits); None for a backend with no such limits."""
     return backend_class(name).describe_limits(config, pipeline, requests, detach=detach)

@@ -31,21 +31,34 @@ class RetryPolicy:
     max_wait: float = 60.0
 
 
-def with_retries(call: Callable[[], T], what: str, policy: RetryPolicy, *, sleep: Callable[[float], None] = time.sleep,
-                 log: Callable[[str], None] | None = None) -> T:
+def with_retries(
+    call: Callable[[], T],
+    what: str,
+    policy: RetryPolicy,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    log: Callable[[str], None] | None = None,
+) -> T:
     """`call()` until it succeeds, fails for good, or the attempts run out; the last failure names how often."""
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         if log is not None and state.outcome is not None:
-            log(f"{what}: {' '.join(str(state.outcome.exception()).split())[:300]}; attempt {state.attempt_number}/"
-                f"{policy.attempts} failed, retrying in {state.upcoming_sleep:.1f} s")
+            log(
+                f"{what}: {' '.join(str(state.outcome.exception()).split())[:300]}; attempt {state.attempt_number}/"
+                f"{policy.attempts} failed, retrying in {state.upcoming_sleep:.1f} s"
+            )
 
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(max(1, policy.attempts)),
-        wait=(tenacity.wait_exponential(multiplier=policy.backoff, max=policy.max_wait)
-              + tenacity.wait_random(0, policy.backoff)),
+        wait=(
+            tenacity.wait_exponential(multiplier=policy.backoff, max=policy.max_wait)
+            + tenacity.wait_random(0, policy.backoff)
+        ),
         retry=tenacity.retry_if_exception(is_transient),
-        sleep=sleep, before_sleep=before_sleep, reraise=True)
+        sleep=sleep,
+        before_sleep=before_sleep,
+        reraise=True,
+    )
     attempts = 0
 
     def counted() -> T:
@@ -58,5 +71,6 @@ def with_retries(call: Callable[[], T], what: str, policy: RetryPolicy, *, sleep
     except BackendCallError as exc:
         if attempts < 2:
             raise
-        raise BackendCallError(f"{what} failed {attempts} times: {exc}", http_status=exc.http_status,
-                               unreachable=exc.unreachable) from exc
+        raise BackendCallError(
+            f"{what} failed {attempts} times: {exc}", http_status=exc.http_status, unreachable=exc.unreachable
+        ) from exc

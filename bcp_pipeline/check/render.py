@@ -15,8 +15,11 @@ def render_check(result: CheckResult, profile_path: str | None = None) -> str:
     """The header, one wrapped table row per assumption, and the counts."""
     where = ", ".join(f"{k} {v}" for k, v in result.target.items())
     when = datetime.fromtimestamp(result.checked_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"# check: {result.backend} ({where})" + (f", pipeline {result.pipeline}" if result.pipeline else "")
-             + f", {when}"]
+    lines = [
+        f"# check: {result.backend} ({where})"
+        + (f", pipeline {result.pipeline}" if result.pipeline else "")
+        + f", {when}"
+    ]
     # result.notes (what probe jobs cost) were said before they ran, and are in --json and the profile
     lines.append("")
     lines.append(_line([name for name, _ in COLUMNS]))
@@ -27,9 +30,11 @@ def render_check(result: CheckResult, profile_path: str | None = None) -> str:
         for i in range(max(len(w) for w in wrapped)):
             lines.append(_line([w[i] if i < len(w) else "" for w in wrapped]))
     lines.append("")
-    lines.append(f"{result.count(Verdict.OK)} ok, {result.count(Verdict.DIFFERENT)} different, "
-                 f"{result.count(Verdict.UNCHECKED)} could not check"
-                 + (f"; profile saved: {profile_path}" if profile_path else ""))
+    lines.append(
+        f"{result.count(Verdict.OK)} ok, {result.count(Verdict.DIFFERENT)} different, "
+        f"{result.count(Verdict.UNCHECKED)} could not check"
+        + (f"; profile saved: {profile_path}" if profile_path else "")
+    )
     return "\n".join(lines)
 
 

@@ -55,10 +55,17 @@ class CheckResult:
         return sum(1 for row in self.rows if row.verdict is verdict)
 
     def as_json(self) -> dict[str, Any]:
-        return {"backend": self.backend, "key": self.key, "target": self.target, "pipeline": self.pipeline,
-                "checked_at": self.checked_at, "rows": [row.as_json() for row in self.rows], "facts": self.facts,
-                "notes": self.notes,
-                "summary": {v.value: self.count(v) for v in Verdict}}
+        return {
+            "backend": self.backend,
+            "key": self.key,
+            "target": self.target,
+            "pipeline": self.pipeline,
+            "checked_at": self.checked_at,
+            "rows": [row.as_json() for row in self.rows],
+            "facts": self.facts,
+            "notes": self.notes,
+            "summary": {v.value: self.count(v) for v in Verdict},
+        }
 
 
 def backend_for(config: Config, request: CheckRequest) -> str:
@@ -66,12 +73,14 @@ def backend_for(config: Config, request: CheckRequest) -> str:
         return request.backend
     if request.pipeline:
         return config.pipeline(request.pipeline).backend
-    raise ConfigError("name a pipeline (`bcp-pipeline check PIPELINE`) or a backend "
-                      f"(`--backend {'|'.join(backend_names())}`)")
+    raise ConfigError(
+        f"name a pipeline (`bcp-pipeline check PIPELINE`) or a backend (`--backend {'|'.join(backend_names())}`)"
+    )
 
 
-def run_check(request: CheckRequest, environ: Mapping[str, str],
-              announce: Callable[[str], None] = lambda line: None) -> tuple[CheckResult, Path]:
+def run_check(
+    request: CheckRequest, environ: Mapping[str, str], announce: Callable[[str], None] = lambda line: None
+) -> tuple[CheckResult, Path]:
     """Every check of the backend; the result, and where its profile was saved (atomically). `announce` hears
     what a probe job costs before it is submitted."""
     if request.overrides and not request.pipeline:
@@ -80,16 +89,26 @@ def run_check(request: CheckRequest, environ: Mapping[str, str],
     name = backend_for(config, request)
     kind = backend_class(name)
     if request.detach and not kind.detachable:
-        raise ConfigError(f"--detach judges the service for a driver job, which only a backend that can host its "
-                          f"runs has ({', '.join(n for n in backend_names() if backend_class(n).detachable)}): "
-                          f"not {name!r}")
+        raise ConfigError(
+            f"--detach judges the service for a driver job, which only a backend that can host its "
+            f"runs has ({', '.join(n for n in backend_names() if backend_class(n).detachable)}): "
+            f"not {name!r}"
+        )
     pipeline = config.pipeline(request.pipeline) if request.pipeline else None
     given = check_input(config, pipeline, name, request, environ, announce)
     started = time.time()
     outcome = kind.check_service(given)
     key = profile_key(*outcome.profile_parts)
-    result = CheckResult(backend=name, key=key, target=outcome.target, pipeline=request.pipeline,
-                         checked_at=started, rows=outcome.rows, facts=outcome.facts, notes=outcome.notes)
+    result = CheckResult(
+        backend=name,
+        key=key,
+        target=outcome.target,
+        pipeline=request.pipeline,
+        checked_at=started,
+        rows=outcome.rows,
+        facts=outcome.facts,
+        notes=outcome.notes,
+    )
     if not request.jobs:
         result = with_earlier_findings(result, load_profile(request.state_root, key))
     path = save_profile(request.state_root, key, result.as_json())
@@ -103,23 +122,43 @@ def with_earlier_findings(result: CheckResult, earlier: dict[str, Any] | None) -
         return result
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(earlier.get("checked_at") or 0))
     checked = {row.topic for row in result.rows if row.verdict is not Verdict.UNCHECKED}
-    found_then = [row for row in earlier.get("rows", [])
-                  if row["topic"] not in checked and row["verdict"] != Verdict.UNCHECKED.value]
-    kept_rows = [Row(topic=row["topic"], assumes=row["assumes"], showed=f"{row['showed']} (as of the check of {when})",
-                     verdict=Verdict(row["verdict"]), meaning=row.get("meaning", "")) for row in found_then]
+    found_then = [
+        row
+        for row in earlier.get("rows", [])
+        if row["topic"] not in checked and row["verdict"] != Verdict.UNCHECKED.value
+    ]
+    kept_rows = [
+        Row(
+            topic=row["topic"],
+            assumes=row["assumes"],
+            showed=f"{row['showed']} (as of the check of {when})",
+            verdict=Verdict(row["verdict"]),
+            meaning=row.get("meaning", ""),
+        )
+        for row in found_then
+    ]
     kept_topics = {row.topic for row in kept_rows}
     rows = [row for row in result.rows if row.topic not in kept_topics] + kept_rows
-    kept_facts = {key: value for key, value in earlier["facts"].items()
-                  if value is not None and result.facts.get(key) is None}
+    kept_facts = {
+        key: value for key, value in earlier["facts"].items() if value is not None and result.facts.get(key) is None
+    }
     notes = list(result.notes)
     if kept_rows or kept_facts:
-        notes.append(f"kept {len(kept_rows)} finding(s) of the check of {when} that --no-jobs cannot make "
-                     f"({', '.join(sorted(kept_topics | set(kept_facts)))}); `check` without --no-jobs renews them")
+        notes.append(
+            f"kept {len(kept_rows)} finding(s) of the check of {when} that --no-jobs cannot make "
+            f"({', '.join(sorted(kept_topics | set(kept_facts)))}); `check` without --no-jobs renews them"
+        )
     return replace(result, rows=rows, facts={**result.facts, **kept_facts}, notes=notes)
 
 
-def check_input(config: Config, pipeline: PipelineConfig | None, name: str, request: CheckRequest,
-                environ: Mapping[str, str], announce: Callable[[str], None]) -> CheckInput:
+def check_input(
+    config: Config,
+    pipeline: PipelineConfig | None,
+    name: str,
+    request: CheckRequest,
+    environ: Mapping[str, str],
+    announce: Callable[[str], None],
+) -> CheckInput:
     """What the backend's check reads; the jobs, the backend and the sizes are made only when it asks."""
     run_id = CHECK_RUN_ID.format(pipeline=pipeline.name) if pipeline else ""
     run_dir = request.state_root / "runs" / run_id
@@ -138,7 +177,17 @@ def check_input(config: Config, pipeline: PipelineConfig | None, name: str, requ
         from bcp_pipeline.detach.jobs import driver_spec
 
         driver = driver_spec(config, pipeline, "CHECK", environ)
-    return CheckInput(config=config, pipeline=pipeline, backend_name=name, state_root=request.state_root,
-                      environ=environ, jobs=request.jobs, detach=request.detach, detach_driver=driver,
-                      announce=announce, make_backend=(lambda: make_backend(name, config, pipeline, run_dir))
-                      if pipeline else None, render_jobs=render_jobs, sizes=sizes)
+    return CheckInput(
+        config=config,
+        pipeline=pipeline,
+        backend_name=name,
+        state_root=request.state_root,
+        environ=environ,
+        jobs=request.jobs,
+        detach=request.detach,
+        detach_driver=driver,
+        announce=announce,
+        make_backend=(lambda: make_backend(name, config, pipeline, run_dir)) if pipeline else None,
+        render_jobs=render_jobs,
+        sizes=sizes,
+    )

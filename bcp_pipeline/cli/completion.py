@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.config.load import DEFAULT_CONFIG_FILE
-from bcp_pipeline.config.resources import DriverOptions
+from bcp_pipeline.config.sections.bcp import DriverOptions
 from bcp_pipeline.engine.state import store_for
 
 # A completer gets the arguments parsed so far and returns candidates, each with a description (shown by zsh).
@@ -144,8 +144,9 @@ def _pipelines(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     raw = yaml.load(_config_file(args).read_text(encoding="utf-8"), Loader=loader)
-    return {str(name): body for name, body in _mapping(_mapping(raw).get("pipelines")).items()
-            if isinstance(body, dict)}
+    return {
+        str(name): body for name, body in _mapping(_mapping(raw).get("pipelines")).items() if isinstance(body, dict)
+    }
 
 
 def _state_root(args: argparse.Namespace) -> Path:

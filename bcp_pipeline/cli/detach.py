@@ -21,8 +21,10 @@ def detach(chosen: ChosenRun) -> int:
     with hold_workspace(run.backend, chosen.pipeline.workspace.name, state, chosen.store, detached=True):
         job_id, resumed = run.start(os.environ)
     url = run.backend.job_url(job_id)
-    print(f"run {state.run_id} ({chosen.pipeline.name}) is detached: driver job {job_id} "
-          f"{'resumed' if resumed else 'submitted'}" + (f" ({url})" if url else ""))
+    print(
+        f"run {state.run_id} ({chosen.pipeline.name}) is detached: driver job {job_id} "
+        f"{'resumed' if resumed else 'submitted'}" + (f" ({url})" if url else "")
+    )
     run_id = state.run_id
     print(f"  follow it:  bcp-pipeline status {run_id}    (a stage's log: bcp-pipeline logs {run_id} STAGE)")
     print(f"  stop it:    bcp-pipeline cancel {run_id}    (bring it back here: bcp-pipeline resume {run_id})")
@@ -30,17 +32,21 @@ def detach(chosen: ChosenRun) -> int:
 
 
 def detached_run(chosen: ChosenRun) -> DetachedRun:
-    backend = make_backend(chosen.state.backend, chosen.config, chosen.pipeline,
-                           chosen.store.run_dir(chosen.state.run_id))
-    return DetachedRun(config=chosen.config, pipeline=chosen.pipeline, store=chosen.store, state=chosen.state,
-                       backend=backend)
+    backend = make_backend(
+        chosen.state.backend, chosen.config, chosen.pipeline, chosen.store.run_dir(chosen.state.run_id)
+    )
+    return DetachedRun(
+        config=chosen.config, pipeline=chosen.pipeline, store=chosen.store, state=chosen.state, backend=backend
+    )
 
 
 def take_back(chosen: ChosenRun) -> None:
     """A detached run, stopped on BCP to continue here (its driver's last state becomes the local one)."""
     stopped = detached_run(chosen).take_back()
-    print(f"run {chosen.state.run_id} taken back from its driver job(s) {', '.join(stopped) or '(none running)'}: "
-          "it continues here")
+    print(
+        f"run {chosen.state.run_id} taken back from its driver job(s) {', '.join(stopped) or '(none running)'}: "
+        "it continues here"
+    )
 
 
 def driver_cost_line(config: Config, pipeline: PipelineConfig, estimate) -> str:
@@ -49,7 +55,11 @@ def driver_cost_line(config: Config, pipeline: PipelineConfig, estimate) -> str:
     gpus = instances_table(config.options["bcp"].instances).get(instance)
     hours = estimate.seconds / 3600
     gpu_hours = hours * gpus.gpus if gpus else None
-    share = f", {100 * gpu_hours / estimate.gpu_hours:.1f} % of the run's GPU-hours" if gpu_hours and \
-        estimate.gpu_hours else ""
-    return (f"driver (--detach): 1 x {instance} for the whole run: {hours:,.0f} node-hours"
-            + (f", {gpu_hours:,.0f} GPU-hours{share}" if gpu_hours is not None else ""))
+    share = (
+        f", {100 * gpu_hours / estimate.gpu_hours:.1f} % of the run's GPU-hours"
+        if gpu_hours and estimate.gpu_hours
+        else ""
+    )
+    return f"driver (--detach): 1 x {instance} for the whole run: {hours:,.0f} node-hours" + (
+        f", {gpu_hours:,.0f} GPU-hours{share}" if gpu_hours is not None else ""
+    )

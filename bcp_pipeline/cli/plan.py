@@ -26,7 +26,6 @@ from bcp_pipeline.report.estimates import estimate_pipeline, manifest_tokens
 from bcp_pipeline.report.measured import load_measurement
 from bcp_pipeline.report.text import render_estimates
 
-
 PLAN_RUN_ID = "{pipeline}-RUN"
 
 
@@ -45,9 +44,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     unplanned = [item for item in rendered if isinstance(item, Unplanned)]
     if unplanned and not submissions:  # nothing to show: the first refusal alone, as `run` says it
         raise unplanned[0].error
-    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances),
-                                 load_measurement(run_store(args).root, pipeline.name),
-                                 counted_data_tokens(backend, pipeline), backend=backend_name, here=this_machine())
+    estimate = estimate_pipeline(
+        pipeline,
+        instances_table(config.options["bcp"].instances),
+        load_measurement(run_store(args).root, pipeline.name),
+        counted_data_tokens(backend, pipeline),
+        backend=backend_name,
+        here=this_machine(),
+    )
     if args.detach and backend_name not in detachable_backends():
         raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend bcp, not {backend_name!r}")
     driver = planned_driver(config, pipeline, run_id, os.environ) if args.detach else None
@@ -60,27 +64,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if limits is not None:
         print("\n".join(limits.lines()), file=sys.stderr)
     if ruled_out:
-        print("plan: `run` would refuse, from the saved check profile:\n  " + "\n  ".join(ruled_out),
-              file=sys.stderr)
+        print("plan: `run` would refuse, from the saved check profile:\n  " + "\n  ".join(ruled_out), file=sys.stderr)
     code = plan_exit_code(refused, unplanned)
     if args.json:
-        print(json.dumps({"pipeline": pipeline.name, "backend": backend_name, "run_id": run_id,
-                          "prepare": [{"description": a.description, "printable": a.printable} for a in actions],
-                          "jobs": [s.as_json() for s in submissions], "estimates": estimate.as_json(),
-                          **({"driver": driver} if driver else {}),
-                          **({"limits": limits.as_json()} if limits is not None else {}),
-                          **({"ruled_out": ruled_out} if ruled_out else {}),
-                          **({"unplanned": [u.as_json() for u in unplanned]} if unplanned else {})}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "pipeline": pipeline.name,
+                    "backend": backend_name,
+                    "run_id": run_id,
+                    "prepare": [{"description": a.description, "printable": a.printable} for a in actions],
+                    "jobs": [s.as_json() for s in submissions],
+                    "estimates": estimate.as_json(),
+                    **({"driver": driver} if driver else {}),
+                    **({"limits": limits.as_json()} if limits is not None else {}),
+                    **({"ruled_out": ruled_out} if ruled_out else {}),
+                    **({"unplanned": [u.as_json() for u in unplanned]} if unplanned else {}),
+                },
+                indent=2,
+            )
+        )
         report_unplanned(unplanned, backend_name)
         return code
     not_planned = f", {len(unplanned)} that cannot be planned" if unplanned else ""
-    print(f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s){not_planned}; "
-          "nothing is submitted.")
+    print(
+        f"# plan: pipeline {pipeline.name} on {backend_name}; {len(submissions)} job(s){not_planned}; "
+        "nothing is submitted."
+    )
     print(f"# {run_id} stands for the run id a real run gets.")
     profile = getattr(backend, "profile", None)
     if profile:
-        print(f"# rendered with what `bcp-pipeline check` found for {profile.get('key')} "
-              f"(.bcp-pipeline/checks/{profile.get('key')}.json)")
+        print(
+            f"# rendered with what `bcp-pipeline check` found for {profile.get('key')} "
+            f"(.bcp-pipeline/checks/{profile.get('key')}.json)"
+        )
     if driver:
         print(f"\n# --detach: upload the orchestrator, stages/ and the config for the driver\n{driver['upload']}")
         print(f"\n# --detach: the driver job, which submits everything below from inside BCP\n{driver['printable']}")
@@ -131,9 +148,11 @@ def report_unplanned(unplanned: list[Unplanned], backend_name: str) -> None:
         for item in unplanned:
             print(f"bcp-pipeline: error: {item.error}", file=sys.stderr)
         stages = ", ".join(dict.fromkeys(u.request.stage.name for u in unplanned))
-        print(f"bcp-pipeline: error: {len(unplanned)} job(s) of stage(s) {stages} cannot be planned on "
-              f"{backend_name} (each is shown in the plan where it would be); `run` would refuse them",
-              file=sys.stderr)
+        print(
+            f"bcp-pipeline: error: {len(unplanned)} job(s) of stage(s) {stages} cannot be planned on "
+            f"{backend_name} (each is shown in the plan where it would be); `run` would refuse them",
+            file=sys.stderr,
+        )
 
 
 def print_submissions(rendered: list[Submission | Unplanned]) -> None:
@@ -143,8 +162,10 @@ def print_submissions(rendered: list[Submission | Unplanned]) -> None:
         request = submission.request
         if isinstance(submission, Unplanned):
             what = "verification of " if request.kind == "verify" else "stage "
-            print(f"\n# {what}{request.stage.name}: CANNOT BE PLANNED\n"
-                  + "\n".join(f"# {line}" for line in str(submission.error).splitlines()))
+            print(
+                f"\n# {what}{request.stage.name}: CANNOT BE PLANNED\n"
+                + "\n".join(f"# {line}" for line in str(submission.error).splitlines())
+            )
             continue
         what = "verification of " if request.kind == "verify" else "stage "
         needs = f" (after {', '.join(request.stage.needs)})" if request.kind == "stage" and request.stage.needs else ""
@@ -153,10 +174,26 @@ def print_submissions(rendered: list[Submission | Unplanned]) -> None:
         meet = f"\n{rendezvous_line(submission.rendezvous)}" if submission.rendezvous else ""
         submit = submission.payload.get("submit_argv") if isinstance(submission.payload, dict) else None
         given = f"\n# submitted with: {shlex.join(submit)} < the script below" if submit else ""
-        print(f"\n# {what}{request.stage.name}{needs}{about}{meet}{given}\n{submission.printable}")
+        print(
+            f"\n# {what}{request.stage.name}{needs}{about}{meet}{given}{unverified_note(request)}\n"
+            f"{submission.printable}"
+        )
         for path, text in submission.files.items():
-            print(f"# ... running {path} (in the workspace; written there before the job is submitted):\n"
-                  + "\n".join(f"#   {line}" if line else "#" for line in text.splitlines()))
+            print(
+                f"# ... running {path} (in the workspace; written there before the job is submitted):\n"
+                + "\n".join(f"#   {line}" if line else "#" for line in text.splitlines())
+            )
+
+
+def unverified_note(request: JobRequest) -> str:
+    """A stage job's note that nothing checks its outputs: no `verify:` and no continuation (a training's steps)."""
+    stage = request.stage
+    if request.kind != "stage" or stage.verify or stage.continuation:
+        return ""
+    return (
+        f"\n# {stage.name} has no `verify:` checks: it counts as done when its job succeeds, whatever it wrote "
+        "(add a check that counts its outputs)"
+    )
 
 
 def counted_data_tokens(backend: Backend, pipeline: PipelineConfig) -> dict[str, int]:
@@ -176,5 +213,7 @@ def counted_data_tokens(backend: Backend, pipeline: PipelineConfig) -> dict[str,
 
 def rendezvous_line(meet: dict) -> str:
     """`# rendezvous: MASTER_ADDR=..., MASTER_PORT=..., WORLD_SIZE=N (NODES node(s) x PER_NODE)`."""
-    return (f"# rendezvous: MASTER_ADDR={meet['MASTER_ADDR']}, MASTER_PORT={meet['MASTER_PORT']}, "
-            f"WORLD_SIZE={meet['WORLD_SIZE']} ({meet['nodes']} node(s) x {meet['per_node']})")
+    return (
+        f"# rendezvous: MASTER_ADDR={meet['MASTER_ADDR']}, MASTER_PORT={meet['MASTER_PORT']}, "
+        f"WORLD_SIZE={meet['WORLD_SIZE']} ({meet['nodes']} node(s) x {meet['per_node']})"
+    )

@@ -19,33 +19,44 @@ from bcp_pipeline.config.instances import instances_table, this_machine
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.detach.laptop import DriverView, render_driver
-from bcp_pipeline.detach.protocol import SNAPSHOT_PREFIX
-from bcp_pipeline.engine.drive import cancel_run, refresh_jobs, verify_stage
+from bcp_pipeline.detach.protocol import SNAPSHOT_PREFIX, SUBMITTED_PREFIX
+from bcp_pipeline.engine.drive import CANCEL_ANSWER_SECONDS, cancel_run, refresh_jobs, verify_stage
 from bcp_pipeline.engine.removal import remove_paths, run_outputs, size_of
 from bcp_pipeline.engine.selection import ChosenRun, RunRequest, choose_resume, choose_run, run_config
 from bcp_pipeline.engine.state import RunState, RunStore
 from bcp_pipeline.errors import ConfigError, PipelineError, StateError
 from bcp_pipeline.report.estimates import actual_rates, estimate_pipeline
-from bcp_pipeline.report.gather import latest_throughput, write_report
+from bcp_pipeline.report.gather import heldout_results, latest_throughput, write_report
+from bcp_pipeline.report.measured import load_measurement
 from bcp_pipeline.report.text import Reporter, format_table, render_status, run_status_text
 
 
 # -- commands -------------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     if args.from_stage and args.only:
-        raise ConfigError(f"--from {args.from_stage} and --only {' --only '.join(args.only)} select stages two "
-                          "ways; use one: --from STAGE runs STAGE and everything after it, --only STAGE (repeatable) "
-                          "runs just the stages named")
-    request = RunRequest(pipeline=args.pipeline, config_file=config_file(args), backend=args.backend,
-                         overrides=args.overrides, from_stage=args.from_stage, only=args.only, restart=args.restart,
-                         detach=args.detach)
+        raise ConfigError(
+            f"--from {args.from_stage} and --only {' --only '.join(args.only)} select stages two "
+            "ways; use one: --from STAGE runs STAGE and everything after it, --only STAGE (repeatable) "
+            "runs just the stages named"
+        )
+    request = RunRequest(
+        pipeline=args.pipeline,
+        config_file=config_file(args),
+        backend=args.backend,
+        overrides=args.overrides,
+        from_stage=args.from_stage,
+        only=args.only,
+        restart=args.restart,
+        detach=args.detach,
+    )
     chosen = choose_run(request, run_store(args))
     for notice in chosen.config.notices:
         warn(notice)
     suggest_check(chosen)
     if chosen.continued:
-        print(f"continuing run {chosen.state.run_id} (its last state: {chosen.stopped_at}); "
-              "pass --restart to start over")
+        print(
+            f"continuing run {chosen.state.run_id} (its last state: {chosen.stopped_at}); pass --restart to start over"
+        )
     return detach(chosen) if args.detach else drive(chosen)
 
 
@@ -55,14 +66,18 @@ def suggest_check(chosen: ChosenRun) -> None:
     backend = chosen.state.backend
     key = backend_class(backend).profile_key(chosen.config.options[backend], os.environ)
     if key and load_profile(chosen.store.root, key) is None:
-        print(f"note: no `check` profile for {key} yet: `bcp-pipeline check {chosen.pipeline.name}` settles, on the "
-              "smallest instance in a few minutes, what this run assumes about your ACE (bcprun, ranks, limits); "
-              "running with the safe defaults", file=sys.stderr)
+        print(
+            f"note: no `check` profile for {key} yet: `bcp-pipeline check {chosen.pipeline.name}` settles, on the "
+            "smallest instance in a few minutes, what this run assumes about your ACE (bcprun, ranks, limits); "
+            "running with the safe defaults",
+            file=sys.stderr,
+        )
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    chosen = choose_resume(store_of_run(args), args.run, config_file=given_config(args),
-                           detach=args.detach, take_back=take_back)
+    chosen = choose_resume(
+        store_of_run(args), args.run, config_file=given_config(args), detach=args.detach, take_back=take_back
+    )
     return detach(chosen) if args.detach else drive(chosen)
 
 
@@ -101,13 +116,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     undriven = store.undriven(state)
     if live.problem:
         print(f"(could not refresh job states: {live.problem})", file=sys.stderr)
-    estimate, actual = estimate_against_actual(live.config, live.pipeline, state)
+    estimate, actual = estimate_against_actual(live.config, live.pipeline, state, store)
     if args.json:
         payload = state.to_json()
         payload["driven"] = not undriven if state.status in ("running", "pending") else None
         if backend is not None:
-            payload["job_urls"] = {j.job_id: backend.job_url(j.job_id) for s in state.stages.values() for j in s.jobs
-                                   if backend.job_url(j.job_id)}
+            payload["job_urls"] = {
+                j.job_id: backend.job_url(j.job_id)
+                for s in state.stages.values()
+                for j in s.jobs
+                if backend.job_url(j.job_id)
+            }
         if estimate is not None:
             seconds = {s.stage: s.seconds for s in estimate.stages}
             payload["estimates"] = {name: {"estimate_s": seconds.get(name), **rates} for name, rates in actual.items()}
@@ -115,11 +134,23 @@ def cmd_status(args: argparse.Namespace) -> int:
             payload["driver"] = view.as_json()
         print(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        throughput = latest_throughput(state, live.pipeline, backend,
-                                       instances_table(live.config.options["bcp"].instances)) \
-            if backend is not None and live.pipeline is not None else None
-        print(render_status(state, backend.job_url if backend else None, estimate, actual, throughput,
-                            undriven=undriven))
+        throughput = (
+            latest_throughput(state, live.pipeline, backend, instances_table(live.config.options["bcp"].instances))
+            if backend is not None and live.pipeline is not None
+            else None
+        )
+        heldout = heldout_results(state, live.pipeline, backend)
+        print(
+            render_status(
+                state,
+                backend.job_url if backend else None,
+                estimate,
+                actual,
+                throughput,
+                undriven=undriven,
+                heldout=heldout,
+            )
+        )
         if view is not None:
             print("\n".join(render_driver(view, state.run_id, state.status == "succeeded", backend.job_url)))
     return 0
@@ -129,23 +160,46 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Gathered like `status` (live job states where the backend answers); report/gather.py does the rest."""
     store, live = live_run(args)
     notes = [f"job states as last recorded (could not refresh them: {live.problem})"] if live.problem else []
-    estimate, actual = estimate_against_actual(live.config, live.pipeline, live.state)
+    if live.state.detached and live.config is not None:  # the commands its drivers kept, from their logs
+        chosen = ChosenRun(config=live.config, pipeline=live.pipeline, store=store, state=live.state, selected=set())
+        try:
+            detached_run(chosen).keep_submitted()
+        except PipelineError as exc:
+            notes.append(f"the commands the drivers kept could not be read: {exc}")
+    estimate, actual = estimate_against_actual(live.config, live.pipeline, live.state, store)
     instances = instances_table(live.config.options["bcp"].instances) if live.config is not None else None
-    path = write_report(store, live.state, pipeline=live.pipeline, backend=live.backend, estimate=estimate,
-                        actual=actual, out=Path(args.out) if args.out else None, notes=notes, instances=instances)
+    path = write_report(
+        store,
+        live.state,
+        pipeline=live.pipeline,
+        backend=live.backend,
+        estimate=estimate,
+        actual=actual,
+        out=Path(args.out) if args.out else None,
+        notes=notes,
+        instances=instances,
+    )
     print(f"report of run {live.state.run_id} ({live.state.status}): {path}")
     return 0
 
 
-def estimate_against_actual(config: Config | None, pipeline: PipelineConfig | None, state: RunState):
-    """The pipeline's estimate and each stage's effective rates so far (None, {} without a loaded config)."""
+def estimate_against_actual(
+    config: Config | None, pipeline: PipelineConfig | None, state: RunState, store: RunStore | None = None
+):
+    """The pipeline's estimate (with the step time `profile` measured, as `plan` has it) and each stage's effective
+    rates so far (None, {} without a loaded config)."""
     if config is None or pipeline is None:
         return None, {}
-    estimate = estimate_pipeline(pipeline, instances_table(config.options["bcp"].instances), backend=state.backend,
-                                 here=this_machine())
+    measured = load_measurement(store.root, pipeline.name) if store is not None else None
+    estimate = estimate_pipeline(
+        pipeline, instances_table(config.options["bcp"].instances), measured, backend=state.backend, here=this_machine()
+    )
     now = time.time()
-    return estimate, {name: actual_rates(pipeline.stages[name], stage, now) for name, stage in state.stages.items()
-                      if name in pipeline.stages}
+    return estimate, {
+        name: actual_rates(pipeline.stages[name], stage, now)
+        for name, stage in state.stages.items()
+        if name in pipeline.stages
+    }
 
 
 def stage_job(state: RunState, stage: str, verify: bool):
@@ -193,30 +247,43 @@ def without_state_lines(log: str, tail: int | None) -> str:
     """A driver's log for people: its BCPP-STATE lines (the whole run state after each save, KBs each, for the
     laptop to read back) replaced by one count, then the last `tail` lines."""
     lines = log.splitlines()
-    kept = [line for line in lines if not line.startswith(SNAPSHOT_PREFIX)]
-    hidden = len(lines) - len(kept)
+    kept = [line for line in lines if not line.startswith((SNAPSHOT_PREFIX, SUBMITTED_PREFIX))]
+    counts = [
+        (sum(line.startswith(prefix) for line in lines), prefix.strip())
+        for prefix in (SNAPSHOT_PREFIX, SUBMITTED_PREFIX)
+    ]
+    hidden = " and ".join(f"{count} {name}" for count, name in counts if count)
     kept = kept[-tail:] if tail else kept
-    return "\n".join(kept + ([f"({hidden} {SNAPSHOT_PREFIX.strip()} line(s) hidden: --state-lines shows them)"]
-                             if hidden else []))
+    return "\n".join(kept + ([f"({hidden} line(s) hidden: --state-lines shows them)"] if hidden else []))
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     chosen = stored_run(args)
     state = chosen.state
     if state.driver_owned:
-        stopped = detached_run(chosen).cancel()
-        print(f"cancelled run {state.run_id}: its driver and {len(stopped)} job(s) in all stopped "
-              f"({', '.join(stopped) or 'none active'})")
+        drivers, outcome = detached_run(chosen).cancel()
+        stopped = f"its driver job(s) {', '.join(drivers)} stopped" if drivers else "no driver job was running"
+        if outcome is None:
+            print(f"run {state.run_id} had already finished ({state.status}): nothing to stop ({stopped})")
+        else:
+            print(f"cancelled run {state.run_id}: {stopped}; {outcome.describe()}")
         return 0
     if not state.still_going():
         print(f"run {state.run_id} had already finished ({state.status}): nothing to stop")
         return 0
-    cancelled, recorded = cancel_run(chosen)
-    if not recorded:
-        print(f"cancelled {len(cancelled)} job(s): {', '.join(cancelled) or '-'}; the orchestrator driving the run "
-              "records it")
-        return 0
-    print(f"cancelled run {state.run_id}: {len(cancelled)} job(s) stopped ({', '.join(cancelled) or 'none active'})")
+    done = cancel_run(chosen)
+    state, what = chosen.state, done.outcome.describe()
+    if done.unanswered:
+        print(
+            f"run {state.run_id}: the orchestrator driving it has not answered the cancel in "
+            f"{CANCEL_ANSWER_SECONDS:.0f} s; from here: {what}. It stops the run before its next submission "
+            f"(or `bcp-pipeline cancel {state.run_id}` again)"
+        )
+    elif not state.still_going() and state.status != "cancelled":
+        print(f"run {state.run_id} had already finished ({state.status}): nothing to stop ({what})")
+    else:
+        by = " by the orchestrator driving it" if done.by_orchestrator else ""
+        print(f"cancelled run {state.run_id}{by}: {what}")
     return 0
 
 
@@ -225,8 +292,10 @@ def cmd_remove(args: argparse.Namespace) -> int:
     chosen = stored_run(args)
     state, store = chosen.state, store_of_run(args)
     if state.still_going():
-        raise StateError(f"run {state.run_id} is {state.status}: `bcp-pipeline cancel {state.run_id}` first, then "
-                         "remove it (a run's outputs are removed only once nothing writes them)")
+        raise StateError(
+            f"run {state.run_id} is {state.status}: `bcp-pipeline cancel {state.run_id}` first, then "
+            "remove it (a run's outputs are removed only once nothing writes them)"
+        )
     backend = make_backend(state.backend, chosen.config, chosen.pipeline, store.run_dir(state.run_id))
     workspace = getattr(backend, "local_workspace", None)
     # None: the workspace is no folder here (BCP, a cluster's volume), so its outputs stay, and that is said
@@ -236,8 +305,10 @@ def cmd_remove(args: argparse.Namespace) -> int:
     for path in paths:
         print(f"{verb} {path} ({size_of(path) / 1e6:.1f} MB)")
     if workspace is None:
-        print(f"note: run {state.run_id}'s workspace is on {state.backend}, not a folder here: its outputs there "
-              f"stay (those named after the run hold {state.run_id})")
+        print(
+            f"note: run {state.run_id}'s workspace is on {state.backend}, not a folder here: its outputs there "
+            f"stay (those named after the run hold {state.run_id})"
+        )
     if not args.dry_run:
         remove_paths(paths)
         print(f"removed run {state.run_id}")
@@ -250,22 +321,47 @@ def cmd_list(args: argparse.Namespace) -> int:
     runs, corrupt = store.scan()
     undriven = {r.run_id for r in runs if store.undriven(r)}
     if args.json:
-        print(json.dumps({
-            "pipelines": [{"name": p.name, "backend": p.backend, "description": p.description, "stages": p.order()}
-                          for p in config.pipelines.values()],
-            "runs": [{"run_id": r.run_id, "pipeline": r.pipeline, "backend": r.backend, "status": r.status,
-                      "driven": r.run_id not in undriven if r.status in ("running", "pending") else None,
-                      "created_at": r.created_at} for r in runs],
-            "corrupt_runs": [{"run_id": c.run_id, "pipeline": c.pipeline, "status": "corrupt",
-                              "state_set_aside_as": str(c.path), "reason": c.reason} for c in corrupt]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "pipelines": [
+                        {"name": p.name, "backend": p.backend, "description": p.description, "stages": p.order()}
+                        for p in config.pipelines.values()
+                    ],
+                    "runs": [
+                        {
+                            "run_id": r.run_id,
+                            "pipeline": r.pipeline,
+                            "backend": r.backend,
+                            "status": r.status,
+                            "driven": r.run_id not in undriven if r.status in ("running", "pending") else None,
+                            "created_at": r.created_at,
+                        }
+                        for r in runs
+                    ],
+                    "corrupt_runs": [
+                        {
+                            "run_id": c.run_id,
+                            "pipeline": c.pipeline,
+                            "status": "corrupt",
+                            "state_set_aside_as": str(c.path),
+                            "reason": c.reason,
+                        }
+                        for c in corrupt
+                    ],
+                },
+                indent=2,
+            )
+        )
         return 0
     rows = [["PIPELINE", "BACKEND", "STAGES", "DESCRIPTION"]]
     rows += [[p.name, p.backend, " -> ".join(p.order()), p.description] for p in config.pipelines.values()]
     print(format_table(rows))
     print()
     if runs or corrupt:
-        rows = [["RUN", "PIPELINE", "BACKEND", "STATUS"]] + [[r.run_id, r.pipeline, r.backend,
-                                                     run_status_text(r, r.run_id in undriven)] for r in runs]
+        rows = [["RUN", "PIPELINE", "BACKEND", "STATUS"]] + [
+            [r.run_id, r.pipeline, r.backend, run_status_text(r, r.run_id in undriven)] for r in runs
+        ]
         rows += [[c.run_id, c.pipeline or "?", "?", f"corrupt (state set aside as {c.path})"] for c in corrupt]
         print(format_table(rows))
     else:

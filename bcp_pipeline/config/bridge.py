@@ -17,10 +17,10 @@ Megatron-Bridge v0.6.0-0.6.2; NVIDIA/NeMo-Megatron-Launcher at the 23.11 tag for
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, replace
 
+from bcp_pipeline.config.bridge_knobs import knob_overrides, knobs_error, offload_error, without_fsdp_conflicts
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.model import Continuation, MegatronBridgeTraining, PipelineConfig, StageConfig
 from bcp_pipeline.config.nemo import MAX_NODES_LISTED, launcher_version, parallel_sizes_error
@@ -61,38 +61,156 @@ class BridgeModel:
 # layernorm1p (LayerNorm with a zero-centred gamma), no biases, untied embeddings, no dropout, init std 0.01, Adam
 # lr 1e-4 -> 1e-5 cosine after 500 warm-up steps. 126m: GELU, learned positions, biases, tied embeddings, dropout
 # 0.1, init std 0.023, lr 6e-4 -> 6e-5 after 636 warm-up steps. Both: eps 1e-5, vocabulary padded to a multiple of
-# 128 x TP, query-key layer scaling, weight decay 0.1, betas 0.9/0.95, gradient clip 1.0, seed 1234, split
-# 99990/8/2, a validation every 2000 steps of 50 batches.
-_COMMON = ("model.layernorm_epsilon=1e-05", "model.make_vocab_size_divisible_by=128",
-           "model.apply_query_key_layer_scaling=true", "optimizer.weight_decay=0.1", "optimizer.adam_beta1=0.9",
-           "optimizer.adam_beta2=0.95", "optimizer.clip_grad=1.0", "scheduler.lr_decay_style=cosine",
-           "rng.seed=1234", "dataset.split='99990,8,2'", "validation.eval_interval=2000", "validation.eval_iters=50")
+# 128 x TP, weight decay 0.1, betas 0.9/0.95, gradient clip 1.0, seed 1234, split 99990/8/2, a validation every
+# 2000 steps of 50 batches. Not carried over, on purpose (docs/pretraining.md, "Settings and why"):
+# - the launchers' `apply_query_key_layer_scaling: true`: NeMo 1.x applied it only in fp16, and megatron-core's
+#   TEDotProductAttention refuses it at model build unless NVTE_APPLY_QK_LAYER_SCALING matches;
+# and added: the weight decay also as the scheduler's start and end value (the recipe's scheduler sets 0.033 for
+# both and overwrites optimizer.weight_decay from step 0), and the data-parallel overlap of Bridge's production
+# recipes (the vanilla recipe is its correlation baseline, with gradient reduce and parameter gather exposed).
+_COMMON = (
+    "model.layernorm_epsilon=1e-05",
+    "model.make_vocab_size_divisible_by=128",
+    "optimizer.weight_decay=0.1",
+    "scheduler.start_weight_decay=0.1",
+    "scheduler.end_weight_decay=0.1",
+    "optimizer.adam_beta1=0.9",
+    "optimizer.adam_beta2=0.95",
+    "optimizer.clip_grad=1.0",
+    "scheduler.lr_decay_style=cosine",
+    "rng.seed=1234",
+    "dataset.split='99990,8,2'",
+    "validation.eval_interval=2000",
+    "validation.eval_iters=50",
+    "ddp.overlap_grad_reduce=true",
+    "ddp.overlap_param_gather=true",
+    "ddp.average_in_collective=true",
+)
 LAUNCHER_MODELS: dict[str, BridgeModel] = {
     "gpt3/126m": BridgeModel(
-        num_layers=12, hidden_size=768, ffn_hidden_size=3072, num_attention_heads=12, seq_length=2048,
-        tensor_parallel=1, pipeline_parallel=1, context_parallel=1, global_batch_size=256, micro_batch_size=4,
-        train_iters=600000, gated_mlp=False, architecture=(
-            "model.activation_func=gelu", "model.gated_linear_unit=false",
-            "model.position_embedding_type=learned_absolute", "model.normalization=LayerNorm",
-            "model.layernorm_zero_centered_gamma=false", "model.add_bias_linear=true",
-            "model.share_embeddings_and_output_weights=true", "model.hidden_dropout=0.1",
-            "model.attention_dropout=0.1", "model.init_method_std=0.023", "optimizer.lr=0.0006",
-            "optimizer.min_lr=6e-05", "scheduler.lr_warmup_iters=636", *_COMMON)),
+        num_layers=12,
+        hidden_size=768,
+        ffn_hidden_size=3072,
+        num_attention_heads=12,
+        seq_length=2048,
+        tensor_parallel=1,
+        pipeline_parallel=1,
+        context_parallel=1,
+        global_batch_size=256,
+        micro_batch_size=4,
+        train_iters=600000,
+        gated_mlp=False,
+        architecture=(
+            "model.activation_func=gelu",
+            "model.gated_linear_unit=false",
+            "model.position_embedding_type=learned_absolute",
+            "model.normalization=LayerNorm",
+            "model.layernorm_zero_centered_gamma=false",
+            "model.add_bias_linear=true",
+            "model.share_embeddings_and_output_weights=true",
+            "model.hidden_dropout=0.1",
+            "model.attention_dropout=0.1",
+            "model.init_method_std=0.023",
+            "optimizer.lr=0.0006",
+            "optimizer.min_lr=6e-05",
+            "scheduler.lr_warmup_iters=636",
+            *_COMMON,
+        ),
+    ),
     "gpt3/7b_improved": BridgeModel(
-        num_layers=32, hidden_size=4096, ffn_hidden_size=10880, num_attention_heads=32, seq_length=2048,
-        tensor_parallel=4, pipeline_parallel=1, context_parallel=1, global_batch_size=512, micro_batch_size=1,
-        train_iters=300000, gated_mlp=True, architecture=(
-            "model.activation_func=silu", "model.gated_linear_unit=true", "model.position_embedding_type=rope",
-            "model.rotary_percent=0.5", "model.normalization=LayerNorm", "model.layernorm_zero_centered_gamma=true",
-            "model.add_bias_linear=false", "model.share_embeddings_and_output_weights=false",
-            "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.init_method_std=0.01",
-            "optimizer.lr=0.0001", "optimizer.min_lr=1e-05", "scheduler.lr_warmup_iters=500", *_COMMON)),
+        num_layers=32,
+        hidden_size=4096,
+        ffn_hidden_size=10880,
+        num_attention_heads=32,
+        seq_length=2048,
+        tensor_parallel=4,
+        pipeline_parallel=1,
+        context_parallel=1,
+        global_batch_size=512,
+        micro_batch_size=1,
+        train_iters=300000,
+        gated_mlp=True,
+        architecture=(
+            "model.activation_func=silu",
+            "model.gated_linear_unit=true",
+            "model.position_embedding_type=rope",
+            "model.rotary_percent=0.5",
+            "model.normalization=LayerNorm",
+            "model.layernorm_zero_centered_gamma=true",
+            "model.add_bias_linear=false",
+            "model.share_embeddings_and_output_weights=false",
+            "model.hidden_dropout=0.0",
+            "model.attention_dropout=0.0",
+            "model.init_method_std=0.01",
+            "optimizer.lr=0.0001",
+            "optimizer.min_lr=1e-05",
+            "scheduler.lr_warmup_iters=500",
+            *_COMMON,
+        ),
+    ),
 }
-MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "seq_length",
-                "tensor_parallel", "pipeline_parallel", "context_parallel", "global_batch_size", "micro_batch_size",
-                "train_iters")
-# The first NeMo Framework image with Megatron-Bridge (25.11, Bridge 0.2.0); 26.08 has Bridge 0.6.0.
-FIRST_BRIDGE_IMAGE = (25, 11)
+# Not a launcher config: Llama 3 8B's shape (32 layers, hidden 4096, SwiGLU FFN 14336, 32 heads in 8 query groups,
+# RMSNorm eps 1e-5, RoPE on the whole head with base 500,000, no biases, untied embeddings; meta-llama/Meta-Llama-3-8B
+# config.json) with GPT-2's vocabulary and the guide's sequence 2048, sizes and schedule (7b_improved's), at Llama 3's
+# learning rate (3e-4 -> 3e-5, 2000 warm-up steps). It has a Hugging Face architecture (LlamaForCausalLM), so an
+# `export_of` stage can export it through Megatron-Bridge's AutoBridge (config/export.py); 7b_improved has none.
+LAUNCHER_MODELS["llama3-8b-gpt2"] = BridgeModel(
+    num_layers=32,
+    hidden_size=4096,
+    ffn_hidden_size=14336,
+    num_attention_heads=32,
+    seq_length=2048,
+    tensor_parallel=4,
+    pipeline_parallel=1,
+    context_parallel=1,
+    global_batch_size=512,
+    micro_batch_size=1,
+    train_iters=300000,
+    gated_mlp=True,
+    architecture=(
+        "model.activation_func=silu",
+        "model.gated_linear_unit=true",
+        "model.position_embedding_type=rope",
+        "model.rotary_percent=1.0",
+        "model.rotary_base=500000",
+        "model.num_query_groups=8",
+        "model.normalization=RMSNorm",
+        "model.layernorm_zero_centered_gamma=false",
+        "model.add_bias_linear=false",
+        "model.add_qkv_bias=false",
+        "model.share_embeddings_and_output_weights=false",
+        "model.hidden_dropout=0.0",
+        "model.attention_dropout=0.0",
+        "model.init_method_std=0.02",
+        "optimizer.lr=0.0003",
+        "optimizer.min_lr=3e-05",
+        "scheduler.lr_warmup_iters=2000",
+        *_COMMON,
+    ),
+)
+MODEL_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "seq_length",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "context_parallel",
+    "global_batch_size",
+    "micro_batch_size",
+    "train_iters",
+)
+# The process group's timeout: how long a rank waits in a collective for the others. Bridge's default, 10 minutes,
+# is shorter than rank 0's build of a large blend's data index (Megatron-Bridge PR #4385), which every other rank
+# waits for in a barrier; with the index built beforehand what is left is reading it and loading the checkpoint.
+DISTRIBUTED_TIMEOUT_MINUTES = 30
+# The first NeMo Framework image with Megatron-Bridge is 25.11 (Bridge 0.2.0), but the recipe the jobs build
+# (vanilla_gpt_pretrain_config) and the key of their data list (dataset.data_path) first exist in Bridge 0.4.0, the
+# 26.04 image's; 26.08 has Bridge 0.6.0.
+FIRST_IMAGE_WITH_BRIDGE = (25, 11)
+FIRST_BRIDGE_IMAGE = (26, 4)
+FIRST_BRIDGE_IMAGE_NAME = "nvcr.io/nvidia/nemo:26.04"
 
 
 def bridge_model(stage: StageConfig) -> BridgeModel:
@@ -105,9 +223,11 @@ def bridge_model(stage: StageConfig) -> BridgeModel:
     if known is None:
         missing = [name for name, value in given.items() if value is None and name != "context_parallel"]
         if missing:
-            raise ValueError(f"megatron_bridge.model {section.model!r} is not one of the launcher configs this tool "
-                             f"knows ({', '.join(LAUNCHER_MODELS)}): give {', '.join(missing)} in the stage's "
-                             "megatron_bridge: section")
+            raise ValueError(
+                f"megatron_bridge.model {section.model!r} is not one of the launcher configs this tool "
+                f"knows ({', '.join(LAUNCHER_MODELS)}): give {', '.join(missing)} in the stage's "
+                "megatron_bridge: section"
+            )
         return BridgeModel(**{**given, "context_parallel": given["context_parallel"] or 1}, gated_mlp=False)
     return replace(known, **{name: value for name, value in given.items() if value is not None})
 
@@ -131,8 +251,11 @@ def checkpoint_dir(stage: StageConfig) -> str:
 
 def derived_continuation(stage: StageConfig) -> Continuation:
     """Continue toward train_iters from the run's checkpoints (their tracker file says the step)."""
-    return Continuation(checkpoints=checkpoint_dir(stage), target_steps=bridge_model(stage).train_iters,
-                        max_attempts=stage.megatron_bridge.max_attempts)
+    return Continuation(
+        checkpoints=checkpoint_dir(stage),
+        target_steps=bridge_model(stage).train_iters,
+        max_attempts=stage.megatron_bridge.max_attempts,
+    )
 
 
 def exit_minutes(stage: StageConfig, runtime: str | None) -> int:
@@ -143,17 +266,22 @@ def exit_minutes(stage: StageConfig, runtime: str | None) -> int:
     (the image pull, minutes for a NeMo image on a node that lacks it) and the imports; after, the step in
     flight when the limit passes and the final checkpoint save (about 90 GB for 8B). 20 minutes by default."""
     if not runtime:
-        raise ValueError("pretraining needs a runtime (total_runtime on BCP, time on Slurm, h_rt on Grid Engine, "
-                         "active_deadline on Kubernetes): each job's training time is derived from it")
+        raise ValueError(
+            "pretraining needs a runtime (total_runtime on BCP, time on Slurm, h_rt on Grid Engine, "
+            "active_deadline on Kubernetes): each job's training time is derived from it"
+        )
     seconds = parse_duration(runtime) - parse_duration(stage.megatron_bridge.time_margin)
     if seconds < 60:
-        raise ValueError(f"megatron_bridge.time_margin {stage.megatron_bridge.time_margin} leaves no training time "
-                         f"in the runtime {runtime}")
+        raise ValueError(
+            f"megatron_bridge.time_margin {stage.megatron_bridge.time_margin} leaves no training time "
+            f"in the runtime {runtime}"
+        )
     return seconds // 60
 
 
-def bridge_overrides(stage: StageConfig, *, values: dict[str, str], runtime: str | None,
-                     run_id: str | None = None) -> list[str]:
+def bridge_overrides(
+    stage: StageConfig, *, values: dict[str, str], runtime: str | None, run_id: str | None = None
+) -> list[str]:
     """Every KEY=VALUE override the job gives the recipe, but the data list (built in the job from the manifests:
     data_list.py --format bridge). `values` resolve the section's placeholders; `run_id` names the run's folder."""
     section = stage.megatron_bridge
@@ -162,22 +290,33 @@ def bridge_overrides(stage: StageConfig, *, values: dict[str, str], runtime: str
     bpe = substitute(section.bpe_dir, values).rstrip("/")
     verbatim = {o.split("=", 1)[0].lstrip("+~") for o in section.overrides}
     rendered = [
-        f"model.num_layers={model.num_layers}", f"model.hidden_size={model.hidden_size}",
-        f"model.ffn_hidden_size={model.ffn_hidden_size}", f"model.num_attention_heads={model.num_attention_heads}",
-        f"model.seq_length={model.seq_length}", f"dataset.seq_length={model.seq_length}",
+        f"model.num_layers={model.num_layers}",
+        f"model.hidden_size={model.hidden_size}",
+        f"model.ffn_hidden_size={model.ffn_hidden_size}",
+        f"model.num_attention_heads={model.num_attention_heads}",
+        f"model.seq_length={model.seq_length}",
+        f"dataset.seq_length={model.seq_length}",
         f"model.tensor_model_parallel_size={model.tensor_parallel}",
         f"model.pipeline_model_parallel_size={model.pipeline_parallel}",
         f"model.context_parallel_size={model.context_parallel}",
-        f"train.global_batch_size={model.global_batch_size}", f"train.micro_batch_size={model.micro_batch_size}",
+        f"train.global_batch_size={model.global_batch_size}",
+        f"train.micro_batch_size={model.micro_batch_size}",
         f"train.train_iters={model.train_iters}",
-        *(model.architecture if section.model in LAUNCHER_MODELS else ()),
-        "tokenizer.tokenizer_type=GPT2BPETokenizer", f"tokenizer.vocab_file={bpe}/vocab.json",
+        *without_fsdp_conflicts(section, list(model.architecture) if section.model in LAUNCHER_MODELS else []),
+        "tokenizer.tokenizer_type=GPT2BPETokenizer",
+        f"tokenizer.vocab_file={bpe}/vocab.json",
         f"tokenizer.merge_file={bpe}/merges.txt",
         f"dataset.path_to_cache={folder}/data_cache",
         *checkpoint_overrides(section, folder),
-        f"train.exit_duration_in_mins={exit_minutes(stage, runtime)}", "train.exit_signal_handler=true",
-        "logger.log_throughput=true", f"logger.tensorboard_dir={folder}/tb_logs",
+        *knob_overrides(section),
+        f"train.exit_duration_in_mins={exit_minutes(stage, runtime)}",
+        "train.exit_signal_handler=true",
+        f"dist.distributed_timeout_minutes={DISTRIBUTED_TIMEOUT_MINUTES}",
+        "logger.log_throughput=true",
+        f"logger.tensorboard_dir={folder}/tb_logs",
     ]
+    if section.valid_data_dir:  # the held-out split's own blend (the data list file's): no split of the training's
+        rendered = [o for o in rendered if not o.startswith("dataset.split=")] + ["dataset.split=null"]
     kept = [o for o in rendered if o.split("=", 1)[0] not in verbatim]
     return kept + [substitute(o, values) for o in section.overrides]
 
@@ -186,8 +325,12 @@ def checkpoint_overrides(section: MegatronBridgeTraining, folder: str) -> list[s
     """save = load, both the run's own folder (never the recipe's shared default); none saved without checkpoints."""
     if not section.checkpoints:
         return ["checkpoint.save=null", "checkpoint.load=null"]
-    return [f"checkpoint.save={folder}/checkpoints", f"checkpoint.load={folder}/checkpoints",
-            f"checkpoint.save_interval={section.save_interval}", f"checkpoint.most_recent_k={section.most_recent_k}"]
+    return [
+        f"checkpoint.save={folder}/checkpoints",
+        f"checkpoint.load={folder}/checkpoints",
+        f"checkpoint.save_interval={section.save_interval}",
+        f"checkpoint.most_recent_k={section.most_recent_k}",
+    ]
 
 
 def gpus_per_node(stage: StageConfig, instance: str | None) -> int:
@@ -204,9 +347,15 @@ def parallel_error(model: BridgeModel, nodes: int, gpus: int) -> str | None:
     """Why `nodes` x `gpus` cannot train `model` (None: it can): TP x PP x CP divides the world, and the data-parallel
     size x micro batch divides the global batch (Bridge's own dry run does not check the latter for library
     recipes)."""
-    return parallel_sizes_error(nodes, gpus, tp=model.tensor_parallel, pp=model.pipeline_parallel,
-                                cp=model.context_parallel, global_batch=model.global_batch_size,
-                                micro_batch=model.micro_batch_size)
+    return parallel_sizes_error(
+        nodes,
+        gpus,
+        tp=model.tensor_parallel,
+        pp=model.pipeline_parallel,
+        cp=model.context_parallel,
+        global_batch=model.global_batch_size,
+        micro_batch=model.micro_batch_size,
+    )
 
 
 def check_parallelism(stage: StageConfig, nodes: int, gpus: int) -> None:
@@ -214,8 +363,10 @@ def check_parallelism(stage: StageConfig, nodes: int, gpus: int) -> None:
     problem = parallel_error(model, nodes, gpus)
     if problem:
         valid = [n for n in range(1, MAX_NODES_LISTED + 1) if parallel_error(model, n, gpus) is None]
-        raise ValueError(f"megatron_bridge on {nodes} node(s): {problem}; valid node counts with {gpus} GPUs per "
-                         f"node: {', '.join(map(str, valid)) or f'none up to {MAX_NODES_LISTED}'}")
+        raise ValueError(
+            f"megatron_bridge on {nodes} node(s): {problem}; valid node counts with {gpus} GPUs per "
+            f"node: {', '.join(map(str, valid)) or f'none up to {MAX_NODES_LISTED}'}"
+        )
 
 
 def hub_token_secret(stage: StageConfig, backend: str) -> str | None:
@@ -234,16 +385,20 @@ def hub_access_error(stage: StageConfig, backends: tuple[str, ...]) -> str | Non
     lacking = [b for b in backends if hub_token_secret(stage, b) is None]
     if not lacking:
         return None
-    return (f"recipe {section.recipe} reads its model's architecture from the Hugging Face Hub (a gated repository) "
-            f"when it is built, and on {', '.join(lacking)} the job has no way in: give megatron_bridge.hf_home (a "
-            "Hugging Face cache in the workspace, filled beforehand, used offline), or a secret that reaches the "
-            "job as HF_TOKEN (bcp.secrets: [NAME:KEY:HF_TOKEN]; kubernetes.secrets: [SECRET:KEY:HF_TOKEN]), or "
-            "use recipe vanilla_gpt_pretrain_config, which needs neither")
+    return (
+        f"recipe {section.recipe} reads its model's architecture from the Hugging Face Hub (a gated repository) "
+        f"when it is built, and on {', '.join(lacking)} the job has no way in: give megatron_bridge.hf_home (a "
+        "Hugging Face cache in the workspace, filled beforehand, used offline), or a secret that reaches the "
+        "job as HF_TOKEN (bcp.secrets: [NAME:KEY:HF_TOKEN]; kubernetes.secrets: [SECRET:KEY:HF_TOKEN]), or "
+        "use recipe vanilla_gpt_pretrain_config, which needs neither"
+    )
 
 
 def check_hub_access(pipeline: PipelineConfig, stage: StageConfig) -> None:
-    """On the pipeline's own backend (the others are checked when a job is rendered for them)."""
-    problem = hub_access_error(stage, (pipeline.backend,)) if pipeline.backend != "local" else None
+    """On the pipeline's own backend (the others are checked when a job is rendered for them), unless its jobs run
+    here, in the orchestrator's environment (its token and cache)."""
+    runs_here = stage.resources(pipeline.backend).runs_here
+    problem = None if runs_here else hub_access_error(stage, (pipeline.backend,))
     if problem:
         raise ValueError(problem)
 
@@ -262,15 +417,33 @@ def training_layout(stage: StageConfig, backend: str) -> tuple[int, int]:
 
 
 def check_images(stage: StageConfig) -> None:
-    """Every image the stage names on a backend carries Megatron-Bridge: a NeMo Framework image of 25.11 or later
-    (an image whose tag is no YY.MM release is taken at its word)."""
+    """Every image the stage names on a backend carries a Megatron-Bridge the job can use: a NeMo Framework image
+    of 26.04 or later (an image whose tag is no YY.MM release is taken at its word)."""
     for backend, resources in RESOURCE_TYPES.items():
         image = getattr(stage.resources(backend), resources.image_field) if resources.image_field else None
         version = launcher_version(str(image).removeprefix("docker://")) if image else None
-        if version is not None and version < FIRST_BRIDGE_IMAGE:
-            raise ValueError(f"{backend}.{resources.image_field} {image} is a {version[0]:02d}.{version[1]:02d} "
-                             "image, which has no Megatron-Bridge (the NeMo Framework images have it from 25.11 on): "
-                             "use nvcr.io/nvidia/nemo:26.08 or later, or train this image with a nemo: section")
+        if version is None or version >= FIRST_BRIDGE_IMAGE:
+            continue
+        what = f"{backend}.{resources.image_field} {image} is a {version[0]:02d}.{version[1]:02d} image, which "
+        if version < FIRST_IMAGE_WITH_BRIDGE:
+            raise ValueError(
+                f"{what}has no Megatron-Bridge: the first image that works is {FIRST_BRIDGE_IMAGE_NAME} "
+                "(use it or later; the bundled pipelines use 26.08), or train this image with a nemo: "
+                "section"
+            )
+        raise ValueError(
+            f"{what}has a Megatron-Bridge older than 0.4.0, without the recipe "
+            f"vanilla_gpt_pretrain_config and the key {DATA_PATH_KEY} the job uses: the first image "
+            f"that works is {FIRST_BRIDGE_IMAGE_NAME} (use it or later; the bundled pipelines use 26.08)"
+        )
+
+
+def check_knobs(stage: StageConfig) -> None:
+    """precision, async_save, fsdp and activation_offload against what the stage declares (bridge_knobs.py)."""
+    model = bridge_model(stage)
+    problem = knobs_error(stage) or offload_error(stage.megatron_bridge, model.num_layers, model.pipeline_parallel)
+    if problem:
+        raise ValueError(problem)
 
 
 def check_gpus(stage: StageConfig) -> None:
@@ -278,16 +451,20 @@ def check_gpus(stage: StageConfig) -> None:
     given, instance = stage.megatron_bridge.gpus_per_node, stage.bcp.instance
     match = re.search(r"\.(\d+)\.[a-z]+$", instance or "")
     if given and match and int(match.group(1)) != given:
-        raise ValueError(f"megatron_bridge.gpus_per_node is {given}, but instance {instance} has "
-                         f"{match.group(1)} GPUs: a rank runs on each GPU; set it to {match.group(1)} (or drop it)")
+        raise ValueError(
+            f"megatron_bridge.gpus_per_node is {given}, but instance {instance} has "
+            f"{match.group(1)} GPUs: a rank runs on each GPU; set it to {match.group(1)} (or drop it)"
+        )
 
 
 def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
-    """Checks that need no data: the model known, Hub access, the images, the GPUs, the time limit, and the sizes
-    against the nodes of BCP (with an instance) and of every backend whose section declares nodes or GPUs."""
+    """Checks that need no data: the model known, Hub access, the images, the knobs, the GPUs, the time limit, and
+    the sizes against the nodes of BCP (with an instance) and of every backend whose section declares nodes or
+    GPUs."""
     bridge_model(stage)
     check_hub_access(pipeline, stage)
     check_images(stage)
+    check_knobs(stage)
     check_gpus(stage)
     if stage.bcp.instance:
         check_parallelism(stage, *training_layout(stage, "bcp"))
@@ -295,17 +472,10 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
             exit_minutes(stage, stage.bcp.total_runtime)
     for backend, resources in RESOURCE_TYPES.items():
         section = stage.resources(backend)
-        declared = [key for key in (*resources.counts, resources.gpus_field, "nodes", "replicas")
-                    if key and getattr(section, key, None)]
+        declared = [
+            key
+            for key in (*resources.counts, resources.gpus_field, resources.nodes_field)
+            if key and getattr(section, key)
+        ]
         if resources.gpus_field and declared:
             check_parallelism(stage, *training_layout(stage, backend))
-
-
-def data_parallel_size(stage: StageConfig, nodes: int, gpus: int) -> int:
-    model = bridge_model(stage)
-    return max(1, nodes * gpus // (model.tensor_parallel * model.pipeline_parallel * model.context_parallel))
-
-
-def steps_per_job(stage: StageConfig, runtime: str, step_seconds: float) -> int:
-    """How many steps one job trains at `step_seconds` a step (the estimates' view of a continuation)."""
-    return max(0, math.floor(exit_minutes(stage, runtime) * 60 / step_seconds))

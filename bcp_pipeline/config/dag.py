@@ -13,7 +13,7 @@ def find_cycle(needs: dict[str, list[str]]) -> list[str] | None:
         path.append(node)
         for upstream in needs.get(node, []):
             if upstream in visiting:
-                return path[path.index(upstream):] + [upstream]
+                return path[path.index(upstream) :] + [upstream]
             if upstream not in done and upstream in needs:
                 found = visit(upstream)
                 if found:

@@ -23,8 +23,12 @@ DGX_H100_CORES = 112  # DGX H100 datasheet: 2 x Intel Xeon Platinum 8480C, 56 co
 
 KNOWN_INSTANCES = {
     # A partial DGX A100 instance gets its share of the cores (16 per GPU): a declared assumption, not a BCP fact.
-    **{f"dgxa100.80g.{g}.norm": InstanceType(gpus=g, cpu_cores=DGX_A100_CORES * g // 8,
-                                             gpu_peak_tflops=A100_BF16_TFLOPS) for g in (1, 2, 4, 8)},
+    **{
+        f"dgxa100.80g.{g}.norm": InstanceType(
+            gpus=g, cpu_cores=DGX_A100_CORES * g // 8, gpu_peak_tflops=A100_BF16_TFLOPS
+        )
+        for g in (1, 2, 4, 8)
+    },
     "dgxa100.40g.8.norm": InstanceType(gpus=8, cpu_cores=DGX_A100_CORES, gpu_peak_tflops=A100_BF16_TFLOPS),
     "dgxh100.80g.8.norm": InstanceType(gpus=8, cpu_cores=DGX_H100_CORES, gpu_peak_tflops=H100_SXM_BF16_TFLOPS),
 }

@@ -4,7 +4,7 @@ Layout of the file:
 
     version: 1
     stages_dir: stages            # stage programs, relative to this file
-    backends: {local: {...}, bcp: {...}, slurm: {...}, ...}  # backend-wide options (resources.py *Options)
+    backends: {local: {...}, bcp: {...}, slurm: {...}, ...}  # backend-wide options (sections/*.py *Options)
     pipelines:
       NAME:
         workspace: {name: nemo-framework, mount: /mount_workspace}
@@ -31,15 +31,16 @@ from typing import Any
 
 import yaml
 
-from bcp_pipeline.config.needs import split_needs
+from bcp_pipeline.config.bounds import check_job_bounds, check_option_bounds
 from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig, VerificationResources
+from bcp_pipeline.config.needs import split_needs
 from bcp_pipeline.config.overrides import OPTIONS_PREFIX, apply_option_overrides, apply_overrides, set_origins
-from bcp_pipeline.config.resources import OPTION_TYPES, RESOURCE_TYPES, SECRET_PART
+from bcp_pipeline.config.resources import OPTION_TYPES, RESOURCE_TYPES
+from bcp_pipeline.config.sections.bcp import SECRET_PART
 from bcp_pipeline.config.typed import Where, build, field_names, shown
 from bcp_pipeline.config.validate import validate_estimates, validate_pipeline
-from bcp_pipeline.config.yaml_lines import LineDict, load_yaml_with_lines
+from bcp_pipeline.config.yaml_lines import ExpansionError, LineDict, load_yaml_with_lines
 from bcp_pipeline.errors import ConfigError
-
 
 DEFAULT_CONFIG_FILE = Path("pipelines.yaml")  # what every command reads without --config
 STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
@@ -57,8 +58,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None, pipeline: 
     """
     file = Path(path)
     if not file.is_file():
-        raise ConfigError("file not found; pass --config FILE or run from the folder holding pipelines.yaml",
-                          file=str(file))
+        raise ConfigError(
+            "file not found; pass --config FILE or run from the folder holding pipelines.yaml", file=str(file)
+        )
     try:
         raw = load_yaml_with_lines(file)
     except yaml.YAMLError as exc:
@@ -66,8 +68,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None, pipeline: 
         problem = str(getattr(exc, "problem", None) or exc)
         if "'\\t'" in problem:
             problem += " (YAML indents with spaces only: replace the tab)"
-        raise ConfigError(f"invalid YAML: {problem}", file=str(file),
-                          line=mark.line + 1 if mark else None) from None
+        raise ConfigError(
+            problem if isinstance(exc, ExpansionError) else f"invalid YAML: {problem}",
+            file=str(file),
+            line=mark.line + 1 if mark else None,
+        ) from None
     top = Where(str(file))
     if not isinstance(raw, dict):
         raise top.error("expected a mapping with keys version, stages_dir, backends, pipelines")
@@ -88,8 +93,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None, pipeline: 
         # On a copy: YAML anchors alias one mapping in several pipelines (`pretrain: *pretrain-8b`), and a --set for
         # this pipeline must not change the others.
         pipelines_raw[pipeline] = apply_overrides(copy.deepcopy(pipelines_raw[pipeline]), overrides, str(file))
-    pipelines = {name: _load_pipeline(name, body, where_pipelines.child(name, pipelines_raw), stages_dir)
-                 for name, body in pipelines_raw.items()}
+    pipelines = {
+        name: _load_pipeline(name, body, where_pipelines.child(name, pipelines_raw), stages_dir, options)
+        for name, body in pipelines_raw.items()
+    }
     return Config(file=file, stages_dir=stages_dir, options=options, pipelines=pipelines)
 
 
@@ -97,8 +104,9 @@ def _check_top_keys(raw: dict, top: Where) -> None:
     valid = ("version", "stages_dir", "backends", "pipelines")
     for key in raw:
         if key not in valid and not str(key).startswith("x-"):
-            raise top.child(key, raw).error(f"unknown key {key!r}; valid keys: {', '.join(valid)} "
-                                            "(and x-* for anchors)")
+            raise top.child(key, raw).error(
+                f"unknown key {key!r}; valid keys: {', '.join(valid)} (and x-* for anchors)"
+            )
     if raw.get("version", 1) != 1:
         raise top.child("version", raw).error(f"unsupported version {raw.get('version')!r}; this tool reads version 1")
 
@@ -112,6 +120,7 @@ def _load_options(raw: Any, where: Where) -> dict[str, Any]:
     options = {name: build(cls, raw.get(name), where.child(name, raw)) for name, cls in OPTION_TYPES.items()}
     for name, section in options.items():
         _check_poll_intervals(section, where.child(name, raw), raw.get(name))
+    check_option_bounds(options, where, raw)
     driver, where_bcp = options["bcp"].driver, where.child("bcp", raw)
     bcp = options["bcp"]
     for key, least in (("lookup_grace_seconds", 0), ("retry_backoff_seconds", 0), ("retry_attempts", 1)):
@@ -119,8 +128,9 @@ def _load_options(raw: Any, where: Where) -> dict[str, Any]:
             raise where_bcp.error(f"{key} must be >= {least}, got {getattr(bcp, key)}")
     for key in ("secret", "secret_key"):
         if not SECRET_PART.match(getattr(driver, key)):
-            raise where_bcp.error(f"driver.{key} {getattr(driver, key)!r}: a secret name or key is 1-63 of "
-                                  "A-Z a-z 0-9 . _ -")
+            raise where_bcp.error(
+                f"driver.{key} {getattr(driver, key)!r}: a secret name or key is 1-63 of A-Z a-z 0-9 . _ -"
+            )
     return options
 
 
@@ -134,18 +144,20 @@ def _check_poll_intervals(section: Any, where: Where, raw: Any) -> None:
             raise at.error(f"{key} must be > 0 seconds, got {value:g}")
 
 
-def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> PipelineConfig:
+def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path, options: dict[str, Any]) -> PipelineConfig:
     if not isinstance(raw, dict):
         raise where.error("expected a mapping with keys workspace, stages, ...")
     if not FOLDER_NAME.match(str(name)):
-        raise where.error(f"pipeline name {name!r}: a pipeline name starts every run id and run folder, so it is "
-                          f"{FOLDER_NAME_RULE}")
+        raise where.error(
+            f"pipeline name {name!r}: a pipeline name starts every run id and run folder, so it is {FOLDER_NAME_RULE}"
+        )
     workspace = raw.get("workspace")
     if isinstance(workspace, dict) and not FOLDER_NAME.match(str(workspace.get("name", "x"))):
         where_workspace = where.child("workspace", raw)
         raise where_workspace.child("name", workspace).error(
             f"workspace name {workspace.get('name')!r}: BCP accepts {FOLDER_NAME_RULE} (it is also the local and "
-            "Slurm workspace folder's name, which must stay inside workspace_dir)")
+            "Slurm workspace folder's name, which must stay inside workspace_dir)"
+        )
     defaults = raw.get("defaults") or {}
     where_defaults = where.child("defaults", raw)
     if not isinstance(defaults, dict):
@@ -153,7 +165,8 @@ def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> Pipel
     for backend, section in defaults.items():
         if backend not in RESOURCE_TYPES:
             raise where_defaults.child(backend, defaults).error(
-                f"unknown backend {backend!r}; valid: {', '.join(RESOURCE_TYPES)}")
+                f"unknown backend {backend!r}; valid: {', '.join(RESOURCE_TYPES)}"
+            )
         build(RESOURCE_TYPES[backend], section, where_defaults.child(backend, defaults))  # errors at their own line
     stages_raw = raw.get("stages")
     where_stages = where.child("stages", raw)
@@ -169,17 +182,36 @@ def _load_pipeline(name: str, raw: Any, where: Where, stages_dir: Path) -> Pipel
         if isinstance(merged, dict) and "needs" in merged:
             merged["needs"], streamed = split_needs(merged["needs"], stage_where.child("needs", body))
         locations = {key: stage_where.child(key, body) for key in field_names(StageConfig)}
-        stages[stage_name] = build(StageConfig, merged, stage_where, name=stage_name, line=stage_where.line,
-                                   locations=locations, set_values=set_origins(body), streamed=streamed)
-    verification_raw = _merge_backend_sections(raw.get("verification") or {}, defaults,
-                                               where.child("verification", raw))
+        stages[stage_name] = build(
+            StageConfig,
+            merged,
+            stage_where,
+            name=stage_name,
+            line=stage_where.line,
+            locations=locations,
+            set_values=set_origins(body),
+            streamed=streamed,
+        )
+        check_job_bounds(stages[stage_name], merged, stage_where, options)
+    verification_raw = _merge_backend_sections(
+        raw.get("verification") or {}, defaults, where.child("verification", raw)
+    )
+    verification = build(VerificationResources, verification_raw, where.child("verification", raw))
+    check_job_bounds(verification, verification_raw, where.child("verification", raw), options)
     body = {k: v for k, v in raw.items() if k not in ("stages", "verification")}
-    pipeline = build(PipelineConfig, body, where, name=name, stages=stages,
-                     verification=build(VerificationResources, verification_raw, where.child("verification", raw)),
-                     var_origins=dict(getattr(raw.get("vars"), "key_origins", {})))
+    pipeline = build(
+        PipelineConfig,
+        body,
+        where,
+        name=name,
+        stages=stages,
+        verification=verification,
+        var_origins=dict(getattr(raw.get("vars"), "key_origins", {})),
+    )
     if pipeline.backend not in RESOURCE_TYPES:
         raise where.child("backend", raw).error(
-            f"{pipeline.backend!r} is not one of {', '.join(repr(name) for name in RESOURCE_TYPES)}")
+            f"{pipeline.backend!r} is not one of {', '.join(repr(name) for name in RESOURCE_TYPES)}"
+        )
     validate_pipeline(pipeline, stages_raw, where_stages, stages_dir)
     validate_estimates(pipeline, raw.get("estimates") or {}, where.child("estimates", raw))
     return pipeline

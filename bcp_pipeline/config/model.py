@@ -1,5 +1,5 @@
 """The typed pipelines.yaml: a Config of pipelines, each a DAG of stages with their checks, continuation, NeMo
-training and per-backend sections (config/resources.py). Keys map 1:1 to fields; the field comments are the
+training and per-backend sections (config/sections/). Keys map 1:1 to fields; the field comments are the
 reference for pipelines.yaml (docs/pipelines-yaml.md)."""
 
 from __future__ import annotations
@@ -9,8 +9,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bcp_pipeline.config.placeholders import resolve_int, substitute
-from bcp_pipeline.config.resources import (BcpResources, GridEngineResources, KubernetesResources, LocalResources,
-    SlurmResources)
+from bcp_pipeline.config.resources import (
+    BcpResources,
+    GridEngineResources,
+    KubernetesResources,
+    LeptonResources,
+    LocalResources,
+    SlurmResources,
+)
 from bcp_pipeline.config.typed import Duration, Where
 from bcp_pipeline.errors import ConfigError
 
@@ -23,7 +29,8 @@ class Check:
     expect: int | str | None = None  # a number, or "${var}"
     expect_from: str | None = None  # derive from an upstream stage's (first) check ...
     per: int = 1  # ... times `per` (one .jsonl per .zst: 1; a .bin and an .idx per chunk: 1 each)
-    group: int | str | None = None  # ... or divided by `group` (a number or "${var}"), rounded up: 800 per chunk
+    group: int | str | None = None  # ... or divided by `group` (a number or "${var}"), rounded up: 800 per chunk;
+    # with `expect` it divides that number: expect ${steps}, group ${every} is one result per checkpoint interval
 
 
 @dataclass(kw_only=True)
@@ -39,7 +46,26 @@ class Continuation:
     target_steps: int | str  # a number or "${var}"
     max_attempts: int = 10
     resubmit_on: list[Literal["succeeded", "timed_out", "lost", "failed"]] = field(
-        default_factory=lambda: ["succeeded", "timed_out", "lost"])
+        default_factory=lambda: ["succeeded", "timed_out", "lost"]
+    )
+
+
+@dataclass(kw_only=True)
+class StallGuard:
+    """A training whose step count stops advancing is a hung attempt (a multi-node job hanging before step 1 holds
+    every GPU of the job until its runtime ends): its job is cancelled and submitted again, up to `max_restarts`
+    times (engine/stall_guard.py). Applies to training stages: those with nemo:, megatron_bridge: or continuation:.
+    """
+
+    enabled: bool = True
+    after: Duration | None = None  # no new step for this long: stalled. Default: 3x the slowest step so far
+    # (the longest wait between two step lines, a checkpoint save included), and at least `at_least`
+    at_least: Duration = Duration("30m")  # the derived time's floor: a checkpoint save (about 96 GB for 8B) or an
+    # evaluation runs between two step lines
+    first_step: Duration = Duration("60m")  # before the job's first step line, from when it was seen running:
+    # container start, model build, checkpoint load and the data index read
+    max_restarts: int = 2  # stalled attempts submitted again (apart from the continuation's max_attempts); the
+    # next stall fails the stage
 
 
 @dataclass(kw_only=True)
@@ -78,7 +104,7 @@ class NemoTraining:
 
 @dataclass(kw_only=True)
 class MegatronBridgeTraining:
-    """Pretraining with NVIDIA's Megatron-Bridge, the training stack of the NeMo images from 25.11 on, through this
+    """Pretraining with NVIDIA's Megatron-Bridge (the NeMo images from 26.04 on: Bridge 0.4.0), through this
     project's entry program stages/bridge_pretrain.py: a recipe, the overrides bcp-pipeline renders (the model's
     shape, parallelism, batch sizes, data list, tokenizer, checkpoints, per-job time limit), then `pretrain()`.
 
@@ -90,6 +116,8 @@ class MegatronBridgeTraining:
 
     run_name: str  # the training is RUN_NAME-<run id>: its checkpoints are RESULTS/RUN_NAME-<run id>/checkpoints
     data_dir: str  # preprocess outputs (.bin/.idx + manifests), as the job sees them
+    valid_data_dir: str | None = None  # a held-out split's own outputs: the training validates on them
+    # (megatron-core's per-split blends, data_list.py --valid-data-dir) instead of a 99990,8,2 slice of data_dir
     bpe_dir: str  # vocab.json + merges.txt (GPT-2 BPE)
     results_dir: str  # each run's folder (checkpoints, the data index cache, the training log) goes here
     recipe: str = "vanilla_gpt_pretrain_config"  # a recipe of megatron.bridge.recipes; a Llama recipe reads its
@@ -115,6 +143,16 @@ class MegatronBridgeTraining:
     max_attempts: int = 10  # continuation: resubmissions until train_iters
     checkpoints: bool = True  # false: one job that saves no checkpoint, done when it exits 0 (`profile` sets it)
     nsys_output: str | None = None  # every rank under Nsight Systems, a file each (profile_<pid>) here (`profile`)
+    # Typed knobs (bridge_knobs.py renders and guards them; docs/pretraining.md, "Settings and why"):
+    # the matmul precision: bf16 (Bridge's bf16_mixed), or FP8 with Transformer Engine's delayed or current scaling
+    # (bf16_with_fp8_{delayed,current}_scaling_mixed; `fp8` is fp8-current, the scaling Bridge's own FP8 8B recipe
+    # uses). FP8 needs Hopper or newer: refused where the stage declares an A100 (a dgxa100 instance, say).
+    precision: Literal["bf16", "fp8", "fp8-current", "fp8-delayed"] = "bf16"
+    async_save: bool = False  # checkpoints written in the background while training goes on (torch_dist format)
+    fsdp: bool = False  # Megatron-FSDP (parameters, gradients and optimizer state sharded over the data-parallel
+    # ranks); its checkpoints are fsdp_dtensor, which a torch_dist run cannot continue from, nor the other way round
+    activation_offload: int = 0  # the first N transformer layers keep their activations in CPU memory between the
+    # forward and the backward pass (megatron-core cpu_offloading; 0: none; fewer than num_layers, no pipeline parallel)
     overrides: list[str] = field(default_factory=list)  # more KEY=VALUE overrides of the ConfigContainer, verbatim
 
 
@@ -143,13 +181,21 @@ class StageConfig:
     # (set aside first, never deleted), refused (the stage fails and names this setting), or reused as they are.
     other_outputs: Literal["redo", "refuse", "reuse"] = "redo"
     continuation: Continuation | None = None  # with `nemo:` and none given, preflight.py derives it
+    stall_guard: StallGuard = field(default_factory=StallGuard)  # a training that stops advancing
     nemo: NemoTraining | None = None
     megatron_bridge: MegatronBridgeTraining | None = None  # the other training engine: one or the other
+    # the megatron_bridge: stage whose data index this stage builds beforehand, on a CPU; its args, images and
+    # verification are derived from that stage's (config/bridge_index.py)
+    data_index_of: str | None = None
+    # the training stage whose latest checkpoint this stage exports as a Hugging Face folder; its args, images and
+    # verification are derived from that stage's (config/export.py)
+    export_of: str | None = None
     bcp: BcpResources = field(default_factory=BcpResources)
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)
     gridengine: GridEngineResources = field(default_factory=GridEngineResources)
     kubernetes: KubernetesResources = field(default_factory=KubernetesResources)
+    lepton: LeptonResources = field(default_factory=LeptonResources)
     name: str = field(default="", metadata={"internal": True})
     line: int | None = field(default=None, metadata={"internal": True})
     # needs written `{stage: X, stream: true}`: this stage starts while X runs, on X's finished outputs (needs.py)
@@ -185,6 +231,7 @@ class VerificationResources:
     slurm: SlurmResources = field(default_factory=SlurmResources)
     gridengine: GridEngineResources = field(default_factory=GridEngineResources)
     kubernetes: KubernetesResources = field(default_factory=KubernetesResources)
+    lepton: LeptonResources = field(default_factory=LeptonResources)
 
 
 @dataclass(kw_only=True)
@@ -217,8 +264,9 @@ class Estimates:
         try:
             return float(resolved)
         except ValueError:
-            raise ValueError(f"{value!r} is not a number" + (f" (it is {resolved!r})" if resolved != value else "")) \
-                from None
+            raise ValueError(
+                f"{value!r} is not a number" + (f" (it is {resolved!r})" if resolved != value else "")
+            ) from None
 
 
 ESTIMATE_SIZES = ("compressed_bytes", "text_bytes", "documents", "tokens")
@@ -259,15 +307,18 @@ class Config:
 
     def pipeline(self, name: str) -> PipelineConfig:
         if name not in self.pipelines:
-            raise ConfigError(f"no pipeline {name!r}; pipelines here: {', '.join(self.pipelines) or '(none)'}",
-                              file=str(self.file))
+            raise ConfigError(
+                f"no pipeline {name!r}; pipelines here: {', '.join(self.pipelines) or '(none)'}", file=str(self.file)
+            )
         return self.pipelines[name]
 
 
 def expected_count(pipeline: PipelineConfig, stage_name: str, check: Check, seen: tuple[str, ...] = ()) -> int:
     """The number of files `check` expects, derived through `expect_from` chains (pure, so `plan` can print it)."""
     if check.expect is not None:
-        return resolve_int(str(check.expect), pipeline.vars)
+        count = resolve_int(str(check.expect), pipeline.vars)
+        # `group` divides a fixed count too: one evaluation per `every` steps of `steps` (and of the last).
+        return -(-count // resolve_int(str(check.group), pipeline.vars)) if check.group is not None else count
     upstream = check.expect_from
     assert upstream is not None
     if upstream in seen:

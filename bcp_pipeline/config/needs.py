@@ -16,11 +16,13 @@ from typing import Any
 
 from bcp_pipeline.config.typed import Where, shown
 
-# Programs that read their inputs as they land, and how a stage must call them to do so (its args).
-STREAM_READERS = {"preprocess.py": "--files-per-output"}
-# Programs that publish each output only when complete (a rename into place) and list every output they will
-# write before the first one (`OUT/.manifest/download.json`, with the output digest it is written under).
-STREAM_WRITERS = {"download.py"}
+# Programs that read their inputs as they land, and how a stage must call them to do so (its args): the
+# tokenizer takes groups of downloaded shards, the evaluation each checkpoint the training saves.
+STREAM_READERS = {"preprocess.py": "--files-per-output", "evaluate.py": "--checkpoints"}
+# Programs that publish each output only when complete (a rename into place): the download, which lists every
+# output it will write before the first one (`OUT/.manifest/download.json`, with the output digest it is written
+# under), and the smoke pretrain, whose checkpoints land in its run's own folder (stages/_pretrain_checkpoints.py).
+STREAM_WRITERS = {"download.py", "pretrain_local.py"}
 NEED_KEYS = ("stage", "stream")
 
 
@@ -38,12 +40,14 @@ def split_needs(raw: Any, where: Where) -> tuple[Any, list[str]]:
         at = where.child(index, raw)
         unknown = [key for key in entry if key not in NEED_KEYS]
         if unknown:
-            raise at.child(unknown[0], entry).error(f"unknown key {unknown[0]!r} in a need; a need is a stage name "
-                                                    "or {stage: NAME, stream: true}")
+            raise at.child(unknown[0], entry).error(
+                f"unknown key {unknown[0]!r} in a need; a need is a stage name or {{stage: NAME, stream: true}}"
+            )
         stage, stream = entry.get("stage"), entry.get("stream", False)
         if not isinstance(stage, str):
-            raise at.error(f"a need written as a mapping names its stage: {{stage: NAME, stream: true}}, got "
-                           f"stage {shown(stage)}")
+            raise at.error(
+                f"a need written as a mapping names its stage: {{stage: NAME, stream: true}}, got stage {shown(stage)}"
+            )
         if not isinstance(stream, bool):
             raise at.child("stream", entry).error(f"stream is true or false, got {shown(stream)}")
         names.append(stage)
@@ -57,15 +61,27 @@ def validate_streamed(stage: Any, stages: dict[str, Any], where: Where) -> None:
     for upstream in stage.streamed:
         writer = stages[upstream].program
         if writer not in STREAM_WRITERS:
-            raise where.error(f"needs {upstream} with stream: true, but {upstream}'s program {writer} does not "
-                              f"publish its outputs as they complete (programs that do: "
-                              f"{', '.join(sorted(STREAM_WRITERS))}); drop `stream: true`")
+            raise where.error(
+                f"needs {upstream} with stream: true, but {upstream}'s program {writer} does not "
+                f"publish its outputs as they complete (programs that do: "
+                f"{', '.join(sorted(STREAM_WRITERS))}); drop `stream: true`"
+            )
         flag = STREAM_READERS.get(stage.program)
         if flag is None or flag not in stage.args:
             readers = ", ".join(f"{program} with {arg}" for program, arg in STREAM_READERS.items())
             program = f"{stage.program} without {flag}" if flag else stage.program
-            raise where.error(f"needs {upstream} with stream: true, but {program} cannot start on a part of its "
-                              f"inputs (programs that can: {readers}); drop `stream: true`")
+            raise where.error(
+                f"needs {upstream} with stream: true, but {program} cannot start on a part of its "
+                f"inputs (programs that can: {readers}); drop `stream: true`"
+            )
+        if stage.program == "evaluate.py" and stages[upstream].engine is not None:
+            raise where.error(
+                f"needs {upstream} with stream: true, but evaluate.py evaluates the smoke pretrain's "
+                f"checkpoints (step=N.pt) only, not those {stages[upstream].engine} saves on the "
+                "other backends; evaluate a pipeline without a nemo: or megatron_bridge: section"
+            )
         if not stage.verify:
-            raise where.error(f"needs {upstream} with stream: true, so its outputs are made while {upstream} runs: "
-                              "it needs a `verify:` check, which then waits for the upstream's verification")
+            raise where.error(
+                f"needs {upstream} with stream: true, so its outputs are made while {upstream} runs: "
+                "it needs a `verify:` check, which then waits for the upstream's verification"
+            )

@@ -45,27 +45,33 @@ KNOWN_MODELS: dict[LauncherVersion, dict[str, ModelConfig]] = {
     # (NeMo-Framework-Launcher@6247dc87) still names the 23.08.03 container, i.e. TP 4 came after that release.
     # 126m's values are the same in a fork on the 23.08.03 container (Riccorl/NeMo-Megatron-Launcher@46b7bcba).
     (23, 8): {
-        "gpt3/126m": ModelConfig(tensor_parallel=1, pipeline_parallel=1, global_batch_size=256, micro_batch_size=4,
-                                 max_steps=600000),
-        "gpt3/7b_improved": ModelConfig(tensor_parallel=2, pipeline_parallel=1, global_batch_size=512,
-                                        micro_batch_size=1, max_steps=300000),
+        "gpt3/126m": ModelConfig(
+            tensor_parallel=1, pipeline_parallel=1, global_batch_size=256, micro_batch_size=4, max_steps=600000
+        ),
+        "gpt3/7b_improved": ModelConfig(
+            tensor_parallel=2, pipeline_parallel=1, global_batch_size=512, micro_batch_size=1, max_steps=300000
+        ),
     },
     # 23.11: NeMo-Megatron-Launcher@0c6c960d, whose conf/config.yaml names nemofw-training:23.11: 7b_improved TP 4,
     # PP 1, MBS 1, GBS 512, 300000 steps; 126m TP 1, PP 1, MBS 4, GBS 256, 600000 steps. Later releases take these:
     # NVIDIA/NeMo-Framework-Launcher's conf/training/gpt3/7b_improved.yaml has tensor_model_parallel_size 2 at tags
     # 23.04 through 23.08.03 and 4 from 23.11 through 24.12, its last release; no 24.x value is checked here.
     (23, 11): {
-        "gpt3/126m": ModelConfig(tensor_parallel=1, pipeline_parallel=1, global_batch_size=256, micro_batch_size=4,
-                                 max_steps=600000),
-        "gpt3/7b_improved": ModelConfig(tensor_parallel=4, pipeline_parallel=1, global_batch_size=512,
-                                        micro_batch_size=1, max_steps=300000),
+        "gpt3/126m": ModelConfig(
+            tensor_parallel=1, pipeline_parallel=1, global_batch_size=256, micro_batch_size=4, max_steps=600000
+        ),
+        "gpt3/7b_improved": ModelConfig(
+            tensor_parallel=4, pipeline_parallel=1, global_batch_size=512, micro_batch_size=1, max_steps=300000
+        ),
     },
 }
 # A declared size reaches the launcher as this override, so the job trains with the sizes the preflight checked.
-SIZE_OVERRIDES = {"tensor_parallel": "training.model.tensor_model_parallel_size",
-                  "pipeline_parallel": "training.model.pipeline_model_parallel_size",
-                  "global_batch_size": "training.model.global_batch_size",
-                  "micro_batch_size": "training.model.micro_batch_size"}
+SIZE_OVERRIDES = {
+    "tensor_parallel": "training.model.tensor_model_parallel_size",
+    "pipeline_parallel": "training.model.pipeline_model_parallel_size",
+    "global_batch_size": "training.model.global_batch_size",
+    "micro_batch_size": "training.model.micro_batch_size",
+}
 # Where the launcher is in the image, by release, keyed as KNOWN_MODELS is (the newest key not after the image's
 # release): its Dockerfile's LAUNCHER_SCRIPTS_PATH and the path its BCP launcher hard-codes, at NVIDIA's launcher
 # release tags. The repository was NeMo-Megatron-Launcher until 24.05 and the folder moved with its rename in 24.07
@@ -99,8 +105,9 @@ class ModelShape:
 # commits named above), so not keyed by release.
 KNOWN_SHAPES = {
     "gpt3/126m": ModelShape(num_layers=12, hidden_size=768, ffn_hidden_size=3072, seq_length=2048, gated_mlp=False),
-    "gpt3/7b_improved": ModelShape(num_layers=32, hidden_size=4096, ffn_hidden_size=10880, seq_length=2048,
-                                   gated_mlp=True),  # activation: fast-swiglu
+    "gpt3/7b_improved": ModelShape(
+        num_layers=32, hidden_size=4096, ffn_hidden_size=10880, seq_length=2048, gated_mlp=True
+    ),  # activation: fast-swiglu
 }
 MAX_NODES_LISTED = 256
 DATA_LIST_FILE = "data_prefix.txt"
@@ -137,26 +144,18 @@ def known_models(version: LauncherVersion) -> dict[str, ModelConfig] | None:
 
 
 def launcher_image(stage: StageConfig, backend: str | None = None) -> tuple[str | None, str]:
-    """The image whose launcher runs the stage on `backend`, and the key that sets it.
-
-    BCP runs the launcher inside `bcp.image`. On Slurm the training runs in `slurm.container_image`; without one
-    the launcher uses its own default container, and `bcp.image`, the pipeline's NeMo image, is the best guess of
-    its release. On Grid Engine both run in `gridengine.container_image` (a `docker://` reference's tag; a `.sif`
-    path has none, and `bcp.image` is the guess). On Kubernetes both run in the pods' image, `kubernetes.image`
-    (else `bcp.image`, as the backend derives it).
-    No backend: the stage's BCP image, or its Slurm one when only that is given.
+    """The image whose launcher runs the stage on `backend`, and the key that sets it: what the backend's section
+    says (its `launcher_image` hook: BCP's bcp.image, Slurm's container_image, a Grid Engine docker:// reference,
+    Kubernetes' image), else `bcp.image`, the pipeline's NeMo image, the best guess of the release (a Slurm stage
+    without an image runs the launcher's own default container; a Grid Engine .sif path has no tag).
+    No backend: the stage's BCP image, or, when it names none, the first image another section names (table order).
     """
     if backend is None:
-        backend = "slurm" if stage.bcp.image is None and stage.slurm.container_image else "bcp"
-    if backend == "slurm" and stage.slurm.container_image:
-        return stage.slurm.container_image, "slurm.container_image"
-    if backend == "kubernetes" and stage.kubernetes.image:
-        return stage.kubernetes.image, "kubernetes.image"
-    # Grid Engine runs the launcher and the training in its Apptainer image: a docker:// reference carries the
-    # release's tag; a .sif path does not, and the pipeline's NeMo image (the one it was pulled from) is the guess.
-    image = stage.gridengine.container_image or ""
-    if backend == "gridengine" and image.startswith("docker://"):
-        return image.removeprefix("docker://"), "gridengine.container_image"
+        named = (name for name in RESOURCE_TYPES if stage.resources(name).launcher_image())
+        backend = next(named, None) if stage.bcp.image is None else None
+    image = stage.resources(backend).launcher_image() if backend else None
+    if image:
+        return image, f"{backend}.{RESOURCE_TYPES[backend].image_field}"
     return stage.bcp.image, "bcp.image"
 
 
@@ -174,8 +173,10 @@ def launcher_dir(stage: StageConfig, backend: str | None = None) -> str:
         what = f"image {image!r} ({key})" if image else f"no image ({key})"
         why = "whose tag is no YY.MM release" if image and version is None else "of no release with a known path"
         known = ", ".join(f"{yy:02d}.{mm:02d}: {path}" for (yy, mm), path in sorted(KNOWN_LAUNCHER_DIRS.items()))
-        raise ValueError(f"stage {stage.name} runs {what}, {why}, so where its NeMo launcher is is unknown "
-                         f"(known from: {known}); set nemo.launcher_dir to the image's launcher_scripts folder")
+        raise ValueError(
+            f"stage {stage.name} runs {what}, {why}, so where its NeMo launcher is is unknown "
+            f"(known from: {known}); set nemo.launcher_dir to the image's launcher_scripts folder"
+        )
     return KNOWN_LAUNCHER_DIRS[max(keys)]
 
 
@@ -195,11 +196,18 @@ def model_config(stage: StageConfig, backend: str | None = None) -> ModelConfig:
     return ModelConfig(**values)
 
 
-def _no_facts_message(stage: StageConfig, image: str | None, key: str, version: LauncherVersion | None,
-                      table: dict[str, ModelConfig] | None) -> str:
+def _no_facts_message(
+    stage: StageConfig,
+    image: str | None,
+    key: str,
+    version: LauncherVersion | None,
+    table: dict[str, ModelConfig] | None,
+) -> str:
     model = stage.nemo.model
-    declare = ("give tensor_parallel, pipeline_parallel, global_batch_size, micro_batch_size and max_steps in "
-               "the stage's nemo: section")
+    declare = (
+        "give tensor_parallel, pipeline_parallel, global_batch_size, micro_batch_size and max_steps in "
+        "the stage's nemo: section"
+    )
     anywhere = sorted({name for models in KNOWN_MODELS.values() for name in models})
     if table is not None or model not in anywhere:  # the release would not help: no release knows the model
         return f"model {model!r} is not one of the known configs ({', '.join(table or anywhere)}): {declare}"
@@ -209,11 +217,15 @@ def _no_facts_message(stage: StageConfig, image: str | None, key: str, version: 
     elif version is None:
         problem = f"runs image {image!r} ({key}), whose tag is no YY.MM release, so its NeMo launcher is unknown"
     else:
-        problem = (f"runs image {image!r} ({key}), NeMo launcher {version[0]:02d}.{version[1]:02d}, older than "
-                   f"every release with known facts")
-    return (f"stage {stage.name} {problem}: the parallel sizes of {model} are known for launcher releases {known} "
-            f"(a later release takes those of the newest one not after it). Set {key} to a NeMo image tagged with "
-            f"its release (e.g. nvcr.io/nvidia/nemo:24.05), or {declare}")
+        problem = (
+            f"runs image {image!r} ({key}), NeMo launcher {version[0]:02d}.{version[1]:02d}, older than "
+            f"every release with known facts"
+        )
+    return (
+        f"stage {stage.name} {problem}: the parallel sizes of {model} are known for launcher releases {known} "
+        f"(a later release takes those of the newest one not after it). Set {key} to a NeMo image tagged with "
+        f"its release (e.g. nvcr.io/nvidia/nemo:24.05), or {declare}"
+    )
 
 
 def tokens_per_step(stage: StageConfig, backend: str | None = None) -> int:
@@ -239,12 +251,19 @@ def valid_node_counts(model: ModelConfig, gpus: int, limit: int = MAX_NODES_LIST
 
 
 def _parallel_error(model: ModelConfig, nodes: int, gpus: int) -> str | None:
-    return parallel_sizes_error(nodes, gpus, tp=model.tensor_parallel, pp=model.pipeline_parallel,
-                                global_batch=model.global_batch_size, micro_batch=model.micro_batch_size)
+    return parallel_sizes_error(
+        nodes,
+        gpus,
+        tp=model.tensor_parallel,
+        pp=model.pipeline_parallel,
+        global_batch=model.global_batch_size,
+        micro_batch=model.micro_batch_size,
+    )
 
 
-def parallel_sizes_error(nodes: int, gpus: int, *, tp: int, pp: int, global_batch: int, micro_batch: int,
-                         cp: int | None = None) -> str | None:
+def parallel_sizes_error(
+    nodes: int, gpus: int, *, tp: int, pp: int, global_batch: int, micro_batch: int, cp: int | None = None
+) -> str | None:
     """Why a training of these sizes cannot run on `nodes` x `gpus` (None: it can): the GPUs must split into
     model-parallel groups (TP x PP, x CP where the engine has it), and the data-parallel size x micro batch must
     divide the global batch. Both engines' preflight (this module's, bridge.py's) ask it."""
@@ -255,8 +274,10 @@ def parallel_sizes_error(nodes: int, gpus: int, *, tp: int, pp: int, global_batc
         return f"{nodes} node(s) x {gpus} GPUs = {world} is not divisible by {split}"
     data_parallel = world // model_parallel
     if global_batch % (micro_batch * data_parallel):
-        return (f"global batch {global_batch} is not divisible by micro batch {micro_batch} x data-parallel size "
-                f"{data_parallel} ({nodes} node(s) x {gpus} GPUs / {split.replace(' x ', ' / ')})")
+        return (
+            f"global batch {global_batch} is not divisible by micro batch {micro_batch} x data-parallel size "
+            f"{data_parallel} ({nodes} node(s) x {gpus} GPUs / {split.replace(' x ', ' / ')})"
+        )
     return None
 
 
@@ -265,8 +286,10 @@ def check_parallelism(stage: StageConfig, nodes: int, gpus: int, backend: str | 
     problem = _parallel_error(model, nodes, gpus)
     if problem:
         valid = valid_node_counts(model, gpus)
-        raise ValueError(f"{stage.nemo.model} on {nodes} node(s): {problem}; valid node counts with {gpus} GPUs per "
-                         f"node: {', '.join(map(str, valid)) or 'none up to ' + str(MAX_NODES_LISTED)}")
+        raise ValueError(
+            f"{stage.nemo.model} on {nodes} node(s): {problem}; valid node counts with {gpus} GPUs per "
+            f"node: {', '.join(map(str, valid)) or 'none up to ' + str(MAX_NODES_LISTED)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -284,15 +307,19 @@ def time_limits(stage: StageConfig, runtime: str | None) -> TimeLimits:
     and, after NeMo's clean stop, the last step, a validation and the final checkpoint save (about 90 GB for 8B).
     The 45-minute default is the guide's 30-60 minutes; docs/pretraining.md gives the figures it covers."""
     if not runtime:
-        raise ValueError("pretraining needs a runtime (total_runtime on BCP, time on Slurm): each job's training "
-                         "time is derived from it")
+        raise ValueError(
+            "pretraining needs a runtime (total_runtime on BCP, time on Slurm): each job's training "
+            "time is derived from it"
+        )
     seconds = parse_duration(runtime)
     margin = parse_duration(stage.nemo.time_margin)
     if margin >= seconds:
         raise ValueError(f"time_margin {stage.nemo.time_margin} leaves no training time in the runtime {runtime}")
     days, rest = divmod(seconds, 86400)
-    return TimeLimits(per_run=format_clock(seconds - margin),
-                      hard_limit=f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}")
+    return TimeLimits(
+        per_run=format_clock(seconds - margin),
+        hard_limit=f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}",
+    )
 
 
 # From 25.11 the NeMo Framework images hold no launcher model: NeMo 1.0's MegatronGPTModel left nemo_toolkit in
@@ -310,14 +337,18 @@ def release_notices(stage: StageConfig) -> list[str]:
     for image, key in sorted((i, k) for i, k in images if i):
         version = launcher_version(image)
         if version is not None and version >= NO_LAUNCHER_FROM:
-            raise ValueError(f"{key} {image} is a NeMo Framework {version[0]:02d}.{version[1]:02d} image, which "
-                             "trains with Megatron-Bridge: the NeMo launcher's training=gpt3/* cannot run there (its "
-                             "model left NeMo in nemo_toolkit 2.5.1); give the stage a megatron_bridge: section "
-                             "instead of nemo: (docs/pretraining.md), or an image of 24.12 or earlier")
+            raise ValueError(
+                f"{key} {image} is a NeMo Framework {version[0]:02d}.{version[1]:02d} image, which "
+                "trains with Megatron-Bridge: the NeMo launcher's training=gpt3/* cannot run there (its "
+                "model left NeMo in nemo_toolkit 2.5.1); give the stage a megatron_bridge: section "
+                "instead of nemo: (docs/pretraining.md), or an image of 24.12 or earlier"
+            )
         if version is not None and version >= UNVERIFIED_FROM:
-            notices.append(f"stage {stage.name}: {key} {image}: the NeMo launcher's last release is 24.12, and "
-                           f"whether a {version[0]:02d}.{version[1]:02d} image still runs it is not verified; "
-                           "megatron_bridge: is NVIDIA's way from 25.11 on")
+            notices.append(
+                f"stage {stage.name}: {key} {image}: the NeMo launcher's last release is 24.12, and "
+                f"whether a {version[0]:02d}.{version[1]:02d} image still runs it is not verified; "
+                "megatron_bridge: is NVIDIA's way from 25.11 on"
+            )
     return notices
 
 
@@ -331,16 +362,19 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> list[str]:
         check_parallelism(stage, rank_layout(stage, "bcp").nodes, gpus_per_node(stage, bcp.instance), "bcp")
         time_limits(stage, bcp.total_runtime)
         launcher_dir(stage, "bcp")
-    if stage.slurm.nodes or stage.slurm.gpus_per_node:
-        nodes = rank_layout(stage, "slurm").nodes
-        gpus = stage.slurm.gpus_per_node or gpus_per_node(stage, bcp.instance)
-        check_parallelism(stage, nodes, gpus, "slurm")
-    if stage.gridengine.nodes or stage.gridengine.processes_per_node:  # torchrun: nodes x processes_per_node GPUs
-        layout = rank_layout(stage, "gridengine")
-        check_parallelism(stage, layout.nodes, layout.per_node, "gridengine")
-    if stage.kubernetes.replicas or stage.kubernetes.gpus:  # torchrun in each pod: a rank a GPU
-        gpus = stage.kubernetes.gpus or gpus_per_node(stage, bcp.instance)
-        check_parallelism(stage, rank_layout(stage, "kubernetes").nodes, gpus, "kubernetes")
+    for backend, resources in RESOURCE_TYPES.items():  # each backend whose section sizes the training
+        section = stage.resources(backend)
+        if not resources.gpus_field or not any(
+            getattr(section, key) for key in (resources.nodes_field, resources.gpus_field) if key
+        ):
+            continue
+        layout = rank_layout(stage, backend)  # a rank a GPU: its ranks a node, or the GPUs the section gives
+        gpus = (
+            layout.per_node
+            if resources.gpus_are_ranks
+            else getattr(section, resources.gpus_field) or gpus_per_node(stage, bcp.instance)
+        )
+        check_parallelism(stage, layout.nodes, gpus, backend)
     return notices
 
 
@@ -364,24 +398,33 @@ def checkpoint_dir(stage: StageConfig) -> str:
 
 
 def derived_continuation(stage: StageConfig) -> Continuation:
-    return Continuation(checkpoints=checkpoint_dir(stage), target_steps=model_config(stage).max_steps,
-                        max_attempts=stage.nemo.max_attempts)
+    return Continuation(
+        checkpoints=checkpoint_dir(stage),
+        target_steps=model_config(stage).max_steps,
+        max_attempts=stage.nemo.max_attempts,
+    )
 
 
-def launcher_overrides(stage: StageConfig, *, cluster_type: str, nodes: str, runtime: str | None,
-                       values: dict[str, str], backend: str | None = None, devices: str | None = None) -> list[str]:
+def launcher_overrides(
+    stage: StageConfig,
+    *,
+    cluster_type: str,
+    nodes: str,
+    runtime: str | None,
+    values: dict[str, str],
+    backend: str,
+    devices: str | None = None,
+) -> list[str]:
     """The launcher's Hydra overrides (placeholders resolved with `values`, which hold the run id), without the
-    data list. `runtime`: the job's (BCP's total_runtime, Slurm's time, Grid Engine's h_rt). `backend`: whose image
-    the launcher runs in (default: BCP's for cluster_type bcp, else Slurm's). `devices`: trainer.devices, the ranks
-    a node (default: the BCP instance's GPUs for cluster_type bcp, else the launcher config's own)."""
+    data list. `cluster_type`: the launcher's (bcp; bcm, a Slurm cluster). `runtime`: the job's (BCP's
+    total_runtime, Slurm's time, Grid Engine's h_rt). `backend`: whose image the launcher runs in (launcher_image).
+    `devices`: trainer.devices, the ranks a node (default: the GPUs of the instance the backend's section names,
+    BCP's; a backend whose section names none, the launcher config's own)."""
     nemo = stage.nemo
-    # cluster_type bcp runs in the BCP image; bcm is a Slurm cluster (backends/slurm/render.py). Grid Engine
-    # composes with cluster_type bcp in its own image (backends/gridengine/nemo.py).
-    backend = backend or ("bcp" if cluster_type == "bcp" else "slurm")
     model = model_config(stage, backend)
     limits = time_limits(stage, runtime)
-    if devices is None and cluster_type == "bcp":
-        devices = str(gpus_per_node(stage, stage.bcp.instance))
+    if devices is None and RESOURCE_TYPES[backend].instance_field:
+        devices = str(gpus_per_node(stage, stage.resources(backend).instance_name()))
     bpe = substitute(nemo.bpe_dir, values).rstrip("/")
     results = substitute(nemo.results_dir, values).rstrip("/")
     verbatim = {o.split("=", 1)[0] for o in nemo.overrides}
@@ -414,5 +457,8 @@ def declared_sizes(stage: StageConfig) -> list[str]:
     supplies the others), except one its verbatim `overrides` already set: Hydra refuses a key given twice."""
     nemo = stage.nemo
     verbatim = {o.split("=", 1)[0].lstrip("+~") for o in nemo.overrides}
-    return [f"{key}={getattr(nemo, field)}" for field, key in SIZE_OVERRIDES.items()
-            if getattr(nemo, field) is not None and key not in verbatim]
+    return [
+        f"{key}={getattr(nemo, field)}"
+        for field, key in SIZE_OVERRIDES.items()
+        if getattr(nemo, field) is not None and key not in verbatim
+    ]

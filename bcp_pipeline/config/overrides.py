@@ -9,9 +9,8 @@ from typing import Any
 import yaml
 
 from bcp_pipeline.config.resources import OPTION_TYPES
-from bcp_pipeline.config.yaml_lines import LineDict
+from bcp_pipeline.config.yaml_lines import BoundedLoader, ExpansionError, LineDict
 from bcp_pipeline.errors import ConfigError
-
 
 OPTIONS_PREFIX = "backends."  # `--set backends.bcp.driver.total_runtime=1H`: backend-wide options, not a stage
 
@@ -27,8 +26,10 @@ def apply_overrides(pipeline_raw: Any, overrides: list[str], file: str) -> Any:
         elif parts[0] in stages:
             container = stages[parts[0]]
         else:
-            raise ConfigError(f"no stage {parts[0]!r}; stages: {', '.join(stages)} (or vars.NAME, or "
-                              f"{OPTIONS_PREFIX}BACKEND.KEY)", file=f"--set {item}")
+            raise ConfigError(
+                f"no stage {parts[0]!r}; stages: {', '.join(stages)} (or vars.NAME, or {OPTIONS_PREFIX}BACKEND.KEY)",
+                file=f"--set {item}",
+            )
         _set_at(container, parts[1:], value, item)
     return pipeline_raw
 
@@ -41,8 +42,10 @@ def apply_option_overrides(backends_raw: Any, overrides: list[str], file: str) -
     for item in overrides:
         parts, value = _parse_override(item)
         if len(parts) < 3 or parts[1] not in OPTION_TYPES:
-            raise ConfigError(f"expected backends.BACKEND.KEY=VALUE with BACKEND one of {', '.join(OPTION_TYPES)}",
-                              file=f"--set {item}")
+            raise ConfigError(
+                f"expected backends.BACKEND.KEY=VALUE with BACKEND one of {', '.join(OPTION_TYPES)}",
+                file=f"--set {item}",
+            )
         section = backends_raw.get(parts[1])
         if section is None:
             section = backends_raw[parts[1]] = LineDict()
@@ -56,8 +59,10 @@ def _refuse_unknown_var(variables: Any, parts: list[str], item: str) -> None:
     """A var the pipeline does not have would be set and never used: a misspelt name changes nothing, silently."""
     known = list(variables) if isinstance(variables, dict) else []
     if len(parts) != 2 or parts[1] not in known:
-        raise ConfigError(f"the pipeline has no var {'.'.join(parts[1:])!r}; its vars: "
-                          f"{', '.join(known) or 'none'}", file=f"--set {item}")
+        raise ConfigError(
+            f"the pipeline has no var {'.'.join(parts[1:])!r}; its vars: {', '.join(known) or 'none'}",
+            file=f"--set {item}",
+        )
 
 
 def set_origins(raw: Any, prefix: str = "") -> dict[str, str]:
@@ -76,14 +81,20 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     path_text, sep, value_text = item.partition("=")
     parts = [p for p in path_text.strip().split(".") if p]
     if not sep or len(parts) < 2:
-        raise ConfigError("expected STAGE.KEY=VALUE, vars.NAME=VALUE or backends.BACKEND.KEY=VALUE",
-                          file=f"--set {item}")
-    try:
-        return parts, (yaml.safe_load(value_text) if value_text.strip() else "")
+        raise ConfigError(
+            "expected STAGE.KEY=VALUE, vars.NAME=VALUE or backends.BACKEND.KEY=VALUE", file=f"--set {item}"
+        )
+    try:  # the loader of the file, whose aliases expand no further than there
+        return parts, (yaml.load(value_text, Loader=BoundedLoader) if value_text.strip() else "")  # noqa: S506
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"VALUE {value_text!r} is not valid YAML ({problem}); quote it for the shell and YAML, "
-                          "e.g. --set 'KEY=\"text: with colon\"'", file=f"--set {item}") from None
+        if isinstance(exc, ExpansionError):
+            raise ConfigError(f"VALUE: {problem}", file=f"--set {item}") from None
+        raise ConfigError(
+            f"VALUE {value_text!r} is not valid YAML ({problem}); quote it for the shell and YAML, "
+            "e.g. --set 'KEY=\"text: with colon\"'",
+            file=f"--set {item}",
+        ) from None
 
 
 def _set_at(container: Any, keys: list[str], value: Any, item: str) -> None:

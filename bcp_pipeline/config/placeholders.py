@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-
 PLACEHOLDER = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
 BUILTIN_PLACEHOLDERS = ("workspace", "results", "code", "run_id", "stage", "python")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bcp_pipeline.config import bridge, nemo
+from bcp_pipeline.config import bridge, bridge_index, export, nemo
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig
 from bcp_pipeline.config.validate import blamed, validate_continuation
@@ -32,14 +32,41 @@ def preflight(config: Config) -> None:
             if stage.nemo and stage.megatron_bridge:
                 raise stage.where("megatron_bridge").error(
                     "a stage trains with one engine: give it nemo: (the NeMo launcher, images up to 24.12) or "
-                    "megatron_bridge: (Megatron-Bridge, the NeMo images from 25.11 on), not both")
+                    "megatron_bridge: (Megatron-Bridge, the NeMo images from 26.04 on), not both"
+                )
             if stage.engine:
                 config.notices += _check_training_stage(pipeline, stage)
                 _check_one_trainer(pipeline, stage, taken_over)
+        for stage in pipeline.stages.values():
+            if stage.data_index_of is not None:
+                _prepare_index_stage(pipeline, stage)
+            elif stage.megatron_bridge is not None:
+                config.notices += filter(None, [bridge_index.unindexed_notice(pipeline, stage)])
+            if stage.export_of is not None:
+                _prepare_export_stage(pipeline, stage)
 
 
-def _check_one_trainer(pipeline: PipelineConfig, stage: StageConfig,
-                       taken_over: dict[tuple[str, str, str], str]) -> None:
+def _prepare_index_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:
+    """A `data_index_of` stage: declared as it must be, then given its training's recipe, overrides and images."""
+    found = bridge_index.problem(pipeline, stage)
+    if found:
+        key, why = found
+        raise stage.where(key).error(why)
+    bridge_index.prepare(pipeline, stage)
+
+
+def _prepare_export_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:
+    """An `export_of` stage: its training exportable (a Llama shape, or the smoke model), then given its paths."""
+    found = export.problem(pipeline, stage)
+    if found:
+        key, why = found
+        raise stage.where(key).error(why)
+    export.prepare(pipeline, stage)
+
+
+def _check_one_trainer(
+    pipeline: PipelineConfig, stage: StageConfig, taken_over: dict[tuple[str, str, str], str]
+) -> None:
     """Two pipelines of one file never train one run: each run trains its own, so only `continue_run` can name the
     same one twice, and that would have two trainings continue each other."""
     section = getattr(stage, stage.engine)
@@ -52,7 +79,8 @@ def _check_one_trainer(pipeline: PipelineConfig, stage: StageConfig,
             f"pipeline {pipeline.name} continues {'NeMo' if stage.engine == 'nemo' else 'Megatron-Bridge'} run "
             f"{section.continue_run!r} in {key[1]} of workspace "
             f"{key[0]}, and so does pipeline {other}: two trainings would continue each other's checkpoints; "
-            "give one of them another continue_run, or none (each run then trains its own)")
+            "give one of them another continue_run, or none (each run then trains its own)"
+        )
 
 
 def _check_training_stage(pipeline: PipelineConfig, stage: StageConfig) -> list[str]:

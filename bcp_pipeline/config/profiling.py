@@ -54,12 +54,15 @@ def parse_window(steps: str, ranks: str) -> ProfileWindow:
     """`--steps A:B` and `--ranks 0,1`; ValueError naming the option and the fix."""
     match = re.fullmatch(r"(\d+):(\d+)", steps.strip())
     if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
-        raise ValueError(f"--steps {steps!r}: give A:B with 1 <= A <= B, the first and last step to profile "
-                         f"(e.g. --steps {DEFAULT_STEPS})")
+        raise ValueError(
+            f"--steps {steps!r}: give A:B with 1 <= A <= B, the first and last step to profile "
+            f"(e.g. --steps {DEFAULT_STEPS})"
+        )
     if not re.fullmatch(r"\d+(,\d+)*", ranks.strip()):
         raise ValueError(f"--ranks {ranks!r}: give the ranks to profile as 0 or 0,1,...")
-    return ProfileWindow(int(match.group(1)), int(match.group(2)),
-                         tuple(sorted({int(r) for r in ranks.strip().split(",")})))
+    return ProfileWindow(
+        int(match.group(1)), int(match.group(2)), tuple(sorted({int(r) for r in ranks.strip().split(",")}))
+    )
 
 
 def profiled_stage(pipeline: PipelineConfig) -> StageConfig:
@@ -67,9 +70,11 @@ def profiled_stage(pipeline: PipelineConfig) -> StageConfig:
     found = [s for s in pipeline.stages.values() if s.engine is not None or s.program == SMOKE_PROGRAM]
     if len(found) != 1:
         names = ", ".join(s.name for s in found) or "none"
-        raise ValueError(f"pipeline {pipeline.name} has {len(found)} pretrain stage(s) ({names}); `profile` needs "
-                         f"exactly one: a stage with a `nemo:` or `megatron_bridge:` section or program "
-                         f"{SMOKE_PROGRAM}")
+        raise ValueError(
+            f"pipeline {pipeline.name} has {len(found)} pretrain stage(s) ({names}); `profile` needs "
+            f"exactly one: a stage with a `nemo:` or `megatron_bridge:` section or program "
+            f"{SMOKE_PROGRAM}"
+        )
     return found[0]
 
 
@@ -84,13 +89,17 @@ def profile_overrides(pipeline: PipelineConfig, window: ProfileWindow) -> list[s
     nemo = stage.nemo
     # A NeMo stage's smoke stand-in (the local backend runs it) takes the profile args only: its verification,
     # shared by every backend, cannot be the smoke trace; the profile job is done when it exits 0.
-    return [*[o for o in smoke if o.startswith(f"{stage.name}.args=")],
-            f"{stage.name}.nemo.run_name={nemo.run_name}{PROFILE_SUFFIX}",
-            f"{stage.name}.nemo.continue_run=null",  # never another NeMo run's folder and checkpoints
-            f"{stage.name}.nemo.max_steps={window.max_steps}",
-            f"{stage.name}.nemo.checkpoints=false", f"{stage.name}.continuation=null", f"{stage.name}.verify=[]",
-            f"{stage.name}.nemo.overrides={json.dumps([*nemo.overrides, *nemo_profile_overrides(window)])}",
-            f"{stage.name}.bcp.env={json.dumps({**stage.bcp.env, 'BASH_ENV': NSYS_NAMES_SCRIPT})}"]
+    return [
+        *[o for o in smoke if o.startswith(f"{stage.name}.args=")],
+        f"{stage.name}.nemo.run_name={nemo.run_name}{PROFILE_SUFFIX}",
+        f"{stage.name}.nemo.continue_run=null",  # never another NeMo run's folder and checkpoints
+        f"{stage.name}.nemo.max_steps={window.max_steps}",
+        f"{stage.name}.nemo.checkpoints=false",
+        f"{stage.name}.continuation=null",
+        f"{stage.name}.verify=[]",
+        f"{stage.name}.nemo.overrides={json.dumps([*nemo.overrides, *nemo_profile_overrides(window)])}",
+        f"{stage.name}.bcp.env={json.dumps({**stage.bcp.env, 'BASH_ENV': NSYS_NAMES_SCRIPT})}",
+    ]
 
 
 def bridge_overrides(stage: StageConfig, window: ProfileWindow) -> list[str]:
@@ -99,12 +108,22 @@ def bridge_overrides(stage: StageConfig, window: ProfileWindow) -> list[str]:
     section, key = stage.megatron_bridge, f"{stage.name}.megatron_bridge"
     run_name = f"{section.run_name}{PROFILE_SUFFIX}"
     ranks = "[" + ",".join(map(str, window.ranks)) + "]"
-    profiling = ["profiling.use_nsys_profiler=true", f"profiling.profile_step_start={window.first}",
-                 f"profiling.profile_step_end={window.last}", f"profiling.profile_ranks={ranks}"]
-    return [f"{key}.run_name={run_name}", f"{key}.continue_run=null", f"{key}.train_iters={window.max_steps}",
-            f"{key}.checkpoints=false", f"{stage.name}.continuation=null", f"{stage.name}.verify=[]",
-            f"{key}.nsys_output={section.results_dir.rstrip('/')}/{run_name}-${{run_id}}/profile",
-            f"{key}.overrides={json.dumps([*section.overrides, *profiling])}"]
+    profiling = [
+        "profiling.use_nsys_profiler=true",
+        f"profiling.profile_step_start={window.first}",
+        f"profiling.profile_step_end={window.last}",
+        f"profiling.profile_ranks={ranks}",
+    ]
+    return [
+        f"{key}.run_name={run_name}",
+        f"{key}.continue_run=null",
+        f"{key}.train_iters={window.max_steps}",
+        f"{key}.checkpoints=false",
+        f"{stage.name}.continuation=null",
+        f"{stage.name}.verify=[]",
+        f"{key}.nsys_output={section.results_dir.rstrip('/')}/{run_name}-${{run_id}}/profile",
+        f"{key}.overrides={json.dumps([*section.overrides, *profiling])}",
+    ]
 
 
 def nemo_profile_overrides(window: ProfileWindow, prefix: str = "training.") -> list[str]:
@@ -113,14 +132,20 @@ def nemo_profile_overrides(window: ProfileWindow, prefix: str = "training.") -> 
     the training script itself (megatron_gpt_pretraining.py)."""
     nsys = f"++{prefix}model.nsys_profile"
     ranks = "[" + ",".join(map(str, window.ranks)) + "]"
-    return [f"{nsys}.enabled=True", f"{nsys}.start_step={window.first}", f"{nsys}.end_step={window.last}",
-            f"{nsys}.ranks={ranks}", f"{nsys}.trace={NSYS_TRACE}", f"{nsys}.gen_shape=False",
-            f"++{prefix}model.enable_megatron_timers=True",
-            f"++{prefix}model.megatron_timer_kwargs.log_option=max",
-            # Every step, so a block is one step's times (NeMo sums the steps between blocks otherwise).
-            f"++{prefix}model.megatron_timer_kwargs.log_every_n_steps=1",
-            f"++{prefix}exp_manager.create_checkpoint_callback=False",
-            f"++{prefix}exp_manager.resume_if_exists=False"]
+    return [
+        f"{nsys}.enabled=True",
+        f"{nsys}.start_step={window.first}",
+        f"{nsys}.end_step={window.last}",
+        f"{nsys}.ranks={ranks}",
+        f"{nsys}.trace={NSYS_TRACE}",
+        f"{nsys}.gen_shape=False",
+        f"++{prefix}model.enable_megatron_timers=True",
+        f"++{prefix}model.megatron_timer_kwargs.log_option=max",
+        # Every step, so a block is one step's times (NeMo sums the steps between blocks otherwise).
+        f"++{prefix}model.megatron_timer_kwargs.log_every_n_steps=1",
+        f"++{prefix}exp_manager.create_checkpoint_callback=False",
+        f"++{prefix}exp_manager.resume_if_exists=False",
+    ]
 
 
 def smoke_overrides(stage: StageConfig, window: ProfileWindow) -> list[str]:
@@ -130,14 +155,23 @@ def smoke_overrides(stage: StageConfig, window: ProfileWindow) -> list[str]:
     run_name = _option(args, "--run-name", "smoke") + PROFILE_SUFFIX
     _set_option(args, "--run-name", run_name)
     _set_option(args, "--steps", str(window.max_steps))
-    args += ["--profile-steps", window.as_text(), "--profile-ranks", ",".join(map(str, window.ranks)), "--timers",
-             "--no-checkpoints"]
+    args += [
+        "--profile-steps",
+        window.as_text(),
+        "--profile-ranks",
+        ",".join(map(str, window.ranks)),
+        "--timers",
+        "--no-checkpoints",
+    ]
     results = _option(args, "--results", None)
     if results is None:
         raise ValueError(f"stage {stage.name}: its args give no --results folder, where the profile is written")
     trace = f"{results.rstrip('/')}/{run_name}/profile/trace_rank{window.ranks[0]}.json"
-    return [f"{stage.name}.args={json.dumps(args)}", f"{stage.name}.continuation=null",
-            f"{stage.name}.verify={json.dumps([{'glob': trace, 'expect': 1}])}"]
+    return [
+        f"{stage.name}.args={json.dumps(args)}",
+        f"{stage.name}.continuation=null",
+        f"{stage.name}.verify={json.dumps([{'glob': trace, 'expect': 1}])}",
+    ]
 
 
 def _option(args: list[str], name: str, default: str | None) -> str | None:

@@ -17,6 +17,32 @@ def program_sha256(stages_dir: Path, program: str) -> str:
     return digest.hexdigest()
 
 
+# The plain names each module source imports, by the source's digest: a config names the same programs in many
+# pipelines, and a test process loads configs hundreds of times, so each source is parsed once (keyed by its bytes,
+# a cache can never answer for an edited file).
+_IMPORTED: dict[bytes, tuple[str, ...]] = {}
+
+
+def imported_names(source: bytes) -> tuple[str, ...]:
+    """The top-level names `source` imports absolutely (`import a.b` and `from a import b` give "a"); none where
+    it is not Python (not UTF-8, or a syntax error)."""
+    key = hashlib.sha256(source).digest()
+    if key not in _IMPORTED:
+        try:
+            tree = ast.parse(source.decode("utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            _IMPORTED[key] = ()  # a program that is not Python counts by its bytes alone
+        else:
+            names = []
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    names += [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names.append(node.module)
+            _IMPORTED[key] = tuple(dict.fromkeys(name.split(".")[0] for name in names))
+    return _IMPORTED[key]
+
+
 def local_modules(stages_dir: Path, program: Path) -> set[Path]:
     """`program` and the modules of `stages_dir` it imports by plain name (as the stage programs import each
     other: stages/ is on their path), followed through those modules too; third-party imports are left out."""
@@ -28,11 +54,8 @@ def local_modules(stages_dir: Path, program: Path) -> set[Path]:
             continue
         seen.add(path)
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        except (OSError, SyntaxError, UnicodeDecodeError):
-            continue  # a program that is not Python (or not readable) counts by its bytes alone
-        for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
-            todo += [found for name in names if (found := stages_dir / f"{name.split('.')[0]}.py").is_file()]
+            source = path.read_bytes()
+        except OSError:
+            continue  # not readable: counted by what program_sha256 can read of it
+        todo += [found for name in imported_names(source) if (found := stages_dir / f"{name}.py").is_file()]
     return seen

@@ -36,19 +36,39 @@ def training_plan(stage: StageConfig, backend: str | None = None) -> TrainingPla
     """The stage's training (None for a stage without an engine). ValueError where its sizes are not known."""
     if stage.nemo is not None:
         section, model = stage.nemo, nemo.model_config(stage, backend)
-        return TrainingPlan(engine="nemo", model=section.model, shape=nemo.KNOWN_SHAPES.get(section.model),
-                            tensor_parallel=model.tensor_parallel, global_batch_size=model.global_batch_size,
-                            steps=model.max_steps, gpus_per_node=section.gpus_per_node,
-                            time_margin=section.time_margin, max_attempts=section.max_attempts,
-                            steps_key="nemo.max_steps", data_dir=section.data_dir)
+        return TrainingPlan(
+            engine="nemo",
+            model=section.model,
+            shape=nemo.KNOWN_SHAPES.get(section.model),
+            tensor_parallel=model.tensor_parallel,
+            global_batch_size=model.global_batch_size,
+            steps=model.max_steps,
+            gpus_per_node=section.gpus_per_node,
+            time_margin=section.time_margin,
+            max_attempts=section.max_attempts,
+            steps_key="nemo.max_steps",
+            data_dir=section.data_dir,
+        )
     if stage.megatron_bridge is not None:
         section, model = stage.megatron_bridge, bridge.bridge_model(stage)
-        shape = ModelShape(num_layers=model.num_layers, hidden_size=model.hidden_size,
-                           ffn_hidden_size=model.ffn_hidden_size, seq_length=model.seq_length,
-                           gated_mlp=model.gated_mlp)
-        return TrainingPlan(engine="megatron_bridge", model=section.model, shape=shape,
-                            tensor_parallel=model.tensor_parallel, global_batch_size=model.global_batch_size,
-                            steps=model.train_iters, gpus_per_node=section.gpus_per_node,
-                            time_margin=section.time_margin, max_attempts=section.max_attempts,
-                            steps_key="megatron_bridge.train_iters", data_dir=section.data_dir)
+        shape = ModelShape(
+            num_layers=model.num_layers,
+            hidden_size=model.hidden_size,
+            ffn_hidden_size=model.ffn_hidden_size,
+            seq_length=model.seq_length,
+            gated_mlp=model.gated_mlp,
+        )
+        return TrainingPlan(
+            engine="megatron_bridge",
+            model=section.model,
+            shape=shape,
+            tensor_parallel=model.tensor_parallel,
+            global_batch_size=model.global_batch_size,
+            steps=model.train_iters,
+            gpus_per_node=section.gpus_per_node,
+            time_margin=section.time_margin,
+            max_attempts=section.max_attempts,
+            steps_key="megatron_bridge.train_iters",
+            data_dir=section.data_dir,
+        )
     return None

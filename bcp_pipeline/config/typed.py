@@ -98,23 +98,55 @@ def convert(tp: Any, value: Any, where: Where) -> Any:
     return _scalar(tp, value, where)
 
 
+SHOWN_CHARS = 200  # of a value shown in an error: its start, then "..."
+
+
 def shown(value: Any) -> str:
     """A value as YAML read it, in YAML's own flow style (as it could be written in the file or a --set), after
-    what kind of value that is: `a mapping {a: 1}`, `a list [1, 2]`, `text 'two'`; never a Python repr."""
-    kind = ("a mapping" if isinstance(value, dict) else "a list" if isinstance(value, list) else
-            "nothing" if value is None else "true/false" if isinstance(value, bool) else
-            "a number" if isinstance(value, (int, float)) else "text")
-    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=1 << 20).strip()
+    what kind of value that is: `a mapping {a: 1}`, `a list [1, 2]`, `text 'two'`; never a Python repr. Only its
+    first SHOWN_CHARS characters are rendered: a value that aliases expand a billion times is never walked whole."""
+    kind = (
+        "a mapping"
+        if isinstance(value, dict)
+        else "a list"
+        if isinstance(value, list)
+        else "nothing"
+        if value is None
+        else "true/false"
+        if isinstance(value, bool)
+        else "a number"
+        if isinstance(value, (int, float))
+        else "text"
+    )
+    budget = [SHOWN_CHARS]  # values left to render: each renders as at least one character
+    text = yaml.safe_dump(_plain(value, budget), default_flow_style=True, width=1 << 20).strip()
     text = text.removesuffix("...").strip()  # the document-end marker YAML adds after a lone scalar
-    return f"{kind} {text}" if len(text) <= 200 else f"{kind} {text[:200]}..."
+    return f"{kind} {text}" if len(text) <= SHOWN_CHARS and budget[0] >= 0 else f"{kind} {text[:SHOWN_CHARS]}..."
 
 
-def _plain(value: Any) -> Any:
-    """`value` with YAML's line-keeping dicts and lists as plain ones, which safe_dump represents."""
+def _plain(value: Any, budget: list[int]) -> Any:
+    """The start of `value`, its first `budget[0]` values (budget[0] ends below 0 when some were left out), with
+    YAML's line-keeping dicts and lists as plain ones, which safe_dump represents."""
+    budget[0] -= 1
     if isinstance(value, dict):
-        return {_plain(k): _plain(v) for k, v in value.items()}
+        plain = {}
+        for key, item in value.items():
+            if budget[0] <= 0:
+                budget[0] = -1
+                break
+            plain[_plain(key, budget)] = _plain(item, budget)
+        return plain
     if isinstance(value, list):
-        return [_plain(item) for item in value]
+        items = []
+        for item in value:
+            if budget[0] <= 0:
+                budget[0] = -1
+                break
+            items.append(_plain(item, budget))
+        return items
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        budget[0] = -1
+        return value[: SHOWN_CHARS + 1]
     return value
 
 
@@ -157,8 +189,11 @@ def build(cls: type, raw: Any, where: Where, **extra: Any) -> Any:
     for field in dataclasses.fields(cls):
         if field.name in raw:
             values[field.name] = convert(hints[field.name], raw[field.name], where.child(field.name, raw))
-        elif (field.name not in values and field.default is dataclasses.MISSING
-              and field.default_factory is dataclasses.MISSING):
+        elif (
+            field.name not in values
+            and field.default is dataclasses.MISSING
+            and field.default_factory is dataclasses.MISSING
+        ):
             raise where.error(f"missing required key {field.name!r}")
     return cls(**values)
 

@@ -1,5 +1,6 @@
-"""What loading checks of a pipeline beyond its keys' types: stage needs and programs, placeholders, counts, BCP's
-own rules, verification counts, continuation and estimates, each refused at the line (or --set) that wrote it."""
+"""What loading checks of a pipeline beyond its keys' types: stage needs and programs, placeholders, each backend
+section's own rules (its `validate` hook), counts, verification counts, continuation and estimates, each refused at
+the line (or --set) that wrote it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from bcp_pipeline.config.env_secrets import refuse_secret_env
 from bcp_pipeline.config.model import ESTIMATE_SIZES, Check, Continuation, PipelineConfig, StageConfig
 from bcp_pipeline.config.needs import validate_streamed
 from bcp_pipeline.config.placeholders import BUILTIN_PLACEHOLDERS, PLACEHOLDER, resolve_int
 from bcp_pipeline.config.programs import program_sha256
-from bcp_pipeline.config.resources import (ENV_KEY, LABEL_PATTERN, RESOURCE_TYPES, SECRET_PART, BcpResources,
-    KubernetesResources)
+from bcp_pipeline.config.resources import RESOURCE_TYPES
 from bcp_pipeline.config.typed import Where
 
 
@@ -26,20 +27,24 @@ def validate_pipeline(pipeline: PipelineConfig, stages_raw: dict, where: Where, 
         body = stages_raw[name]
         for index, need in enumerate(stage.needs):
             if need not in names:
-                raise stage_where.child("needs", body).child(index, body["needs"]).error(
-                    f"unknown stage {need!r} in needs; stages of this pipeline: {', '.join(pipeline.stages)}")
+                raise (
+                    stage_where.child("needs", body)
+                    .child(index, body["needs"])
+                    .error(f"unknown stage {need!r} in needs; stages of this pipeline: {', '.join(pipeline.stages)}")
+                )
         if stage.streamed:
             validate_streamed(stage, pipeline.stages, stage_where.child("needs", body))
         if not (stages_dir / stage.program).is_file():
-            raise stage_where.child("program", body).error(
-                f"stage program {stage.program!r} not found in {stages_dir}")
+            raise stage_where.child("program", body).error(f"stage program {stage.program!r} not found in {stages_dir}")
         stage.program_sha256 = program_sha256(stages_dir, stage.program)
         _validate_placeholders(pipeline, stage, body, stage_where)
-        _validate_bcp(stage.bcp, stage_where.child("bcp", body) if "bcp" in body else stage_where)
+        refuse_secret_env(stage, body, stage_where)
+        _validate_sections(stage, body, stage_where)
         _validate_counts(stage, body, stage_where)
-        _validate_kubernetes(stage, body, stage_where)
         if stage.continuation:
             validate_continuation(pipeline, stage.continuation, stage_where.child("continuation", body))
+        if isinstance(body, dict) and "stall_guard" in body:
+            validate_stall_guard(stage, body["stall_guard"], stage_where.child("stall_guard", body))
         for index, check in enumerate(stage.verify):
             _validate_check(pipeline, stage, check, stage_where.child("verify", body).child(index, body["verify"]))
     cycle = find_cycle({name: stage.needs for name, stage in pipeline.stages.items()})
@@ -57,8 +62,10 @@ def _validate_placeholders(pipeline: PipelineConfig, stage: StageConfig, body: d
         texts += [("continuation", continuation.checkpoints), ("continuation", str(continuation.target_steps))]
     if stage.engine:
         section = getattr(stage, stage.engine)
-        texts += [(stage.engine, text) for text in (section.data_dir, section.bpe_dir, section.results_dir,
-                                                    *section.overrides)]
+        texts += [
+            (stage.engine, text)
+            for text in (section.data_dir, section.bpe_dir, section.results_dir, *section.overrides)
+        ]
     for backend in RESOURCE_TYPES:
         resources = stage.resources(backend)
         texts += [(backend, a) for a in (resources.command or [])] + [(backend, v) for v in resources.env.values()]
@@ -67,12 +74,29 @@ def _validate_placeholders(pipeline: PipelineConfig, stage: StageConfig, body: d
             if name not in known:
                 raise where.child(key, body).error(
                     f"unknown placeholder ${{{name}}} in {text!r}; known: {', '.join(sorted(known))} "
-                    "(upper-case ${NAME} is left for the job's shell)")
+                    "(upper-case ${NAME} is left for the job's shell)"
+                )
+
+
+def _validate_sections(stage: StageConfig, body: Any, where: Where) -> None:
+    """Each backend section's own rules (its `validate` hook: BCP's job rules, what Kubernetes' keys mean together),
+    refused at the key's line (or --set), else the section's or the stage's."""
+    for backend in RESOURCE_TYPES:
+        section = body.get(backend) if isinstance(body, dict) else None
+
+        def at(key: str | None, backend: str = backend, section: Any = section) -> Where:
+            if key is None:
+                return where.child(backend, body) if isinstance(body, dict) and backend in body else where
+            if isinstance(section, dict) and key in section:
+                return where.child(backend, body).child(key, section)
+            return where
+
+        stage.resources(backend).validate(stage, at)
 
 
 def _validate_counts(stage: StageConfig, body: Any, where: Where) -> None:
     """The counts of processes, nodes and CPUs a backend's section declares (its `counts`) are >= 1 where set
-    (BCP's: _validate_bcp), named at their line or --set."""
+    (BCP's: its own `validate`), named at their line or --set."""
     for backend, resource_type in RESOURCE_TYPES.items():
         keys = resource_type.counts
         resources = stage.resources(backend)
@@ -82,73 +106,9 @@ def _validate_counts(stage: StageConfig, body: Any, where: Where) -> None:
             value = getattr(resources, key)
             if value is not None and value < 1:
                 at = section_where.child(key, section) if isinstance(section, dict) and key in section else where
-                raise at.error(f"{backend}.{key} must be >= 1, got {value}" if at is where else
-                               f"must be >= 1, got {value}")
-
-
-def _validate_kubernetes(stage: StageConfig, body: Any, where: Where) -> None:
-    """What the Kubernetes section's keys mean together: a PyTorchJob's elastic policy, an Indexed Job's
-    per-index retries; each refused at its key's line (or --set), else the stage's."""
-    res: KubernetesResources = stage.kubernetes
-    section = body.get("kubernetes") if isinstance(body, dict) else None
-
-    def at(key: str) -> Where:
-        if isinstance(section, dict) and key in section:
-            return where.child("kubernetes", body).child(key, section)
-        return where
-
-    for key in ("backoff_limit", "retries_per_index", "max_failed_indexes"):
-        if (value := getattr(res, key)) is not None and value < 0:
-            raise at(key).error(f"kubernetes.{key} must be >= 0, got {value}")
-    pods = res.rank_layout(stage.bcp).nodes
-    if res.max_failed_indexes is not None:
-        if res.retries_per_index is None:
-            raise at("max_failed_indexes").error("kubernetes.max_failed_indexes needs retries_per_index (the Job's "
-                                                 "maxFailedIndexes counts indexes that used up their retries)")
-        if res.max_failed_indexes > pods:
-            raise at("max_failed_indexes").error(f"kubernetes.max_failed_indexes {res.max_failed_indexes} is more "
-                                                 f"than the stage's {pods} pods (indexes)")
-    if res.retries_per_index is not None:
-        if res.launcher == "pytorchjob":
-            raise at("retries_per_index").error(
-                "kubernetes.retries_per_index is an Indexed Job's backoffLimitPerIndex; a PyTorchJob (launcher: "
-                "pytorchjob) has none: its failed pods count against backoff_limit")
-        if pods > 1 and (stage.engine is not None or stage.continuation is not None):
-            raise at("retries_per_index").error(
-                f"kubernetes.retries_per_index on stage {stage.name}, a training of {pods} pods: they meet at a "
-                "rendezvous, which a retried index could never rejoin; set it on the data stages (or null here)")
-    if (elastic := res.elastic_policy) is not None:
-        if res.launcher != "pytorchjob":
-            raise at("elastic_policy").error("kubernetes.elastic_policy is a PyTorchJob's: it needs launcher: "
-                                             "pytorchjob (and the Kubeflow training operator on the cluster)")
-        low = pods if elastic.min_replicas is None else elastic.min_replicas
-        high = pods if elastic.max_replicas is None else elastic.max_replicas
-        if not 1 <= low <= pods <= high:
-            raise at("elastic_policy").error(
-                f"kubernetes.elastic_policy needs 1 <= min_replicas <= replicas <= max_replicas, got min_replicas "
-                f"{low}, replicas {pods} (the Worker pods created), max_replicas {high}")
-        if elastic.max_restarts < 0:
-            raise at("elastic_policy").error(f"kubernetes.elastic_policy.max_restarts must be >= 0, got "
-                                             f"{elastic.max_restarts}")
-
-
-def _validate_bcp(res: BcpResources, where: Where) -> None:
-    if res.replicas < 1 or res.processes < 1:
-        raise where.error(f"replicas and processes must be >= 1, got {res.replicas} x {res.processes}")
-    if res.replicas > 1 and res.total_runtime is None:
-        raise where.error("replicas > 1 needs total_runtime (ngc requires --total-runtime for multi-node jobs)")
-    if not 1 <= res.order <= 99:
-        raise where.error(f"order {res.order} is outside 1..99")
-    for label in res.labels:
-        if not LABEL_PATTERN.match(label) or label.startswith("_x"):
-            raise where.error(f"label {label!r} must match [A-Za-z_][A-Za-z0-9_]* (<= 256 chars, not _x...)")
-    for secret in res.secrets:
-        parts = secret.split(":")
-        if len(parts) not in (1, 3) or not all(SECRET_PART.match(p) for p in parts):
-            raise where.error(f"secret {secret!r} must be NAME or NAME:KEY:ENVVAR ([A-Za-z0-9_.-], <= 63 chars)")
-    for key, value in res.env.items():
-        if not ENV_KEY.match(key) or len(value) > 2048:
-            raise where.error(f"env var {key!r} must match [A-Za-z0-9_.-]{{1,63}} with a value <= 2048 chars")
+                raise at.error(
+                    f"{backend}.{key} must be >= 1, got {value}" if at is where else f"must be >= 1, got {value}"
+                )
 
 
 def validate_estimates(pipeline: PipelineConfig, raw: dict, where: Where) -> None:
@@ -164,7 +124,8 @@ def validate_estimates(pipeline: PipelineConfig, raw: dict, where: Where) -> Non
         raise where.child("mfu", raw).error(f"mfu is a fraction of peak in (0, 1], got {estimates.mfu:g}")
     if estimates.cpu_peak_tflops is not None and estimates.cpu_peak_tflops <= 0:
         raise where.child("cpu_peak_tflops", raw).error(
-            f"cpu_peak_tflops is one CPU process's peak in TFLOP/s, > 0; got {estimates.cpu_peak_tflops:g}")
+            f"cpu_peak_tflops is one CPU process's peak in TFLOP/s, > 0; got {estimates.cpu_peak_tflops:g}"
+        )
     for key in ("download_mb_per_s_per_node", "storage_mb_per_s_per_node"):
         if getattr(estimates, key) is not None and getattr(estimates, key) <= 0:
             raise where.child(key, raw).error(f"must be > 0, got {getattr(estimates, key):g}")
@@ -177,8 +138,9 @@ def validate_estimates(pipeline: PipelineConfig, raw: dict, where: Where) -> Non
             raise key_where.error(f"must be > 0, got {value:g}")
 
 
-def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, where: Where,
-                          stage: StageConfig | None = None) -> None:
+def validate_continuation(
+    pipeline: PipelineConfig, continuation: Continuation, where: Where, stage: StageConfig | None = None
+) -> None:
     """Refuse a target or attempt count below 1 (public: preflight.py checks the continuation it derives from the
     `stage`'s training section, whose --set values are then blamed)."""
     blamed_where = blamed(where, str(continuation.target_steps), pipeline, stage)
@@ -187,8 +149,18 @@ def validate_continuation(pipeline: PipelineConfig, continuation: Continuation, 
     except ValueError as exc:
         raise blamed_where.error(f"target_steps: {exc}") from None
     if target < 1 or continuation.max_attempts < 1:
-        raise blamed_where.error(f"target_steps ({target}) and max_attempts ({continuation.max_attempts}) must "
-                                 "be >= 1")
+        raise blamed_where.error(f"target_steps ({target}) and max_attempts ({continuation.max_attempts}) must be >= 1")
+
+
+def validate_stall_guard(stage: StageConfig, raw: Any, where: Where) -> None:
+    """A stall guard watches step lines: only a training stage has them (its durations are positive by type)."""
+    if stage.engine is None and stage.continuation is None:
+        raise where.error(
+            "stall_guard watches a training's step lines: give it to a training stage (one with "
+            "nemo:, megatron_bridge: or continuation:), or leave it out"
+        )
+    if stage.stall_guard.max_restarts < 0:
+        raise where.child("max_restarts", raw).error(f"must be >= 0, got {stage.stall_guard.max_restarts}")
 
 
 def blamed(where: Where, text: str, pipeline: PipelineConfig, stage: StageConfig | None = None) -> Where:
@@ -196,13 +168,19 @@ def blamed(where: Where, text: str, pipeline: PipelineConfig, stage: StageConfig
     (`${steps}`), or of a key of the stage it names (`bcp.image`), if any; else `where`, a line of the file."""
     given = [pipeline.var_origins[name] for name in PLACEHOLDER.findall(text) if name in pipeline.var_origins]
     if stage is not None:
-        given += [origin for path, origin in stage.set_values.items()
-                  if re.search(rf"(?<![\w.]){re.escape(path)}(?![\w])", text)]
+        given += [
+            origin
+            for path, origin in stage.set_values.items()
+            if re.search(rf"(?<![\w.]){re.escape(path)}(?![\w])", text)
+        ]
         if not given and stage.set_values and where.line is not None:
             # A check of many keys at once (a training's parallel sizes, its derived step count) that names none:
             # the file's line, and the --set values that changed the stage, which are the likely cause.
-            return Where(f"{where.file}:{where.line} (with {', '.join(dict.fromkeys(stage.set_values.values()))})",
-                         where.key, None)
+            return Where(
+                f"{where.file}:{where.line} (with {', '.join(dict.fromkeys(stage.set_values.values()))})",
+                where.key,
+                None,
+            )
     return Where(given[0], where.key, None) if given else where
 
 

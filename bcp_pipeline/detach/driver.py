@@ -26,8 +26,16 @@ import sys
 import time
 from pathlib import Path
 
-from bcp_pipeline.detach.protocol import (DRIVER_FOLDER, ERROR_PREFIX, MAX_LINE_BYTES, capped, snapshot_lines,
-    workspace_state_root)
+from bcp_pipeline.config.durations import format_elapsed
+from bcp_pipeline.detach.protocol import (
+    DRIVER_FOLDER,
+    ERROR_PREFIX,
+    MAX_LINE_BYTES,
+    capped,
+    snapshot_lines,
+    submitted_lines,
+    workspace_state_root,
+)
 from bcp_pipeline.engine.state import RunState, RunStore
 from bcp_pipeline.errors import BackendCallError, PipelineError, StateError, is_refused_credentials
 
@@ -36,12 +44,18 @@ SDK_REQUIREMENT = "ngcsdk==4.19.1"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bcp_pipeline.detach.driver",
-                                     description="the bcp-pipeline orchestrator inside a BCP job (run --detach)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bcp_pipeline.detach.driver",
+        description="the bcp-pipeline orchestrator inside a BCP job (run --detach)",
+    )
     parser.add_argument("--workspace-root", required=True, type=Path, help="where the pipeline workspace is mounted")
     parser.add_argument("--run", required=True, help="run id")
-    parser.add_argument("--hand-over-after", type=float, required=True,
-                        help="seconds after start to submit the successor driver and exit")
+    parser.add_argument(
+        "--hand-over-after",
+        type=float,
+        required=True,
+        help="seconds after start to submit the successor driver and exit",
+    )
     parser.add_argument("--install", action="store_true", help="pip install what the image lacks")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -68,17 +82,31 @@ def ensure_software(*, install: bool) -> str | None:
         return None
     python = sys.executable
     if not install:
-        return (f"the driver's image lacks {', '.join(missing)} for {python}, and backends.bcp.driver.install_ngcsdk "
-                "is false: use an image that has them, or allow the install")
+        return (
+            f"the driver's image lacks {', '.join(missing)} for {python}, and backends.bcp.driver.install_ngcsdk "
+            "is false: use an image that has them, or allow the install"
+        )
     print(f"installing {' '.join(missing)} into {python}", flush=True)
-    result = subprocess.run([python, "-m", "pip", "install", "--quiet", *missing], capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", *missing], capture_output=True, text=True, check=False
+    )
     importlib.invalidate_caches()
     if result.returncode != 0 or any(importlib.util.find_spec(m) is None for m in wanted):
         reason = " ".join((result.stderr or result.stdout).split())[-500:] or f"exit {result.returncode}"
-        return (f"the driver's image lacks {', '.join(missing)} for {python}, and `pip install` of them failed "
-                f"({reason}): use an image that has them (backends.bcp.driver.image) or one with pip and network")
+        return (
+            f"the driver's image lacks {', '.join(missing)} for {python}, and `pip install` of them failed "
+            f"({reason}): use an image that has them (backends.bcp.driver.image) or one with pip and network"
+        )
     return None
+
+
+def handover_line(own_id: str, run_id: str, pipeline: str, left: float, used: float, now: float) -> str:
+    """The driver log's first line: when the driver hands the run to its successor, as a duration and the UTC time
+    (`hand-over in 4d23h, at 2026-12-06 21:30 UTC`), and the runtime its job spent before this start."""
+    at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(now + left))
+    return f"driver job {own_id}: driving run {run_id} ({pipeline}); hand-over in {format_elapsed(left)}, at {at}" + (
+        f" ({format_elapsed(used)} of its runtime spent before this start)" if used else ""
+    )
 
 
 def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
@@ -87,15 +115,16 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     from bcp_pipeline.backends.bcp.backend import BcpBackend
     from bcp_pipeline.backends.retries import with_retries
     from bcp_pipeline.config.preflight import load_and_check
+    from bcp_pipeline.detach.jobs import Lease, runtime_used
     from bcp_pipeline.engine.orchestrator import Orchestrator
     from bcp_pipeline.engine.selection import resume_selection
     from bcp_pipeline.report.text import Reporter
-    from bcp_pipeline.detach.jobs import Lease, runtime_used
 
     own_id = os.environ.get("NGC_JOB_ID", "")
     if not own_id:
-        raise StateError("NGC_JOB_ID is not set: bcp_pipeline.detach.driver runs only inside a BCP job "
-                         "(`run --detach`)")
+        raise StateError(
+            "NGC_JOB_ID is not set: bcp_pipeline.detach.driver runs only inside a BCP job (`run --detach`)"
+        )
     store = SnapshotStore(workspace_state_root(root))
     state = store.load(run_id)
     config_file = store.run_dir(run_id) / DRIVER_FOLDER / "pipelines.yaml"
@@ -103,26 +132,43 @@ def drive_detached(root: Path, run_id: str, *, deadline: float) -> int:
     pipeline = config.pipeline(state.pipeline)
     options = config.options["bcp"]
     options.transport = "sdk"  # the ngc CLI is not in the images; ngcsdk is
-    backend = BcpBackend(options, pipeline=pipeline, config_dir=config.file.parent, stages_dir=config.stages_dir,
-                         run_dir=store.run_dir(run_id), workspace_name=pipeline.workspace.name,
-                         mounted_workspace=root)
+    backend = BcpBackend(
+        options,
+        pipeline=pipeline,
+        config_dir=config.file.parent,
+        stages_dir=config.stages_dir,
+        run_dir=store.run_dir(run_id),
+        workspace_name=pipeline.workspace.name,
+        mounted_workspace=root,
+    )
     check_credentials(backend, run_id, options.driver)
     # --total-runtime bounds the job's cumulative RUNNING time: a driver resumed after a preemption has less left
     # than its own process has lived. What BCP counts, not our clock, says how much is spent.
-    used = runtime_used(with_retries(lambda: backend.transport.job(own_id), f"looking up its own job {own_id}",
-                                     backend.retry_policy, log=say))
+    used = runtime_used(
+        with_retries(
+            lambda: backend.transport.job(own_id), f"looking up its own job {own_id}", backend.retry_policy, log=say
+        )
+    )
     deadline -= used
     lease = Lease(store.run_dir(run_id) / "driver.lease", own_id)
     lease.take(backend, deadline)
     state = store.load(run_id)  # again: the driver before this one may have saved until its job ended
-    print(f"driver job {own_id}: driving run {run_id} ({pipeline.name}); hand-over in "
-          f"{max(0, deadline - time.monotonic()):.0f} s" + (f" ({used:.0f} s of its runtime spent before this start)"
-                                                           if used else ""), flush=True)
+    print(
+        handover_line(own_id, run_id, pipeline.name, max(0.0, deadline - time.monotonic()), used, time.time()),
+        flush=True,
+    )
     selected = resume_selection(state, pipeline)
     terms = record_term(state, own_id)
     store.save(state)
-    orchestrator = Orchestrator(pipeline=pipeline, backend=backend, store=store, state=state, progress=Reporter(),
-                                selected=selected, should_stop=lambda: time.monotonic() >= deadline)
+    orchestrator = Orchestrator(
+        pipeline=pipeline,
+        backend=backend,
+        store=store,
+        state=state,
+        progress=Reporter(),
+        selected=selected,
+        should_stop=lambda: time.monotonic() >= deadline,
+    )
     try:
         ok = orchestrator.drive()
     finally:
@@ -162,20 +208,29 @@ def check_credentials(backend, run_id: str, driver, *, sleep=time.sleep) -> None
     from bcp_pipeline.detach.jobs import active_drivers
 
     try:
-        with_retries(lambda: active_drivers(backend.transport, run_id), "the first NGC API call",
-                     backend.retry_policy, sleep=sleep, log=say)
+        with_retries(
+            lambda: active_drivers(backend.transport, run_id),
+            "the first NGC API call",
+            backend.retry_policy,
+            sleep=sleep,
+            log=say,
+        )
     except BackendCallError as exc:
         if is_refused_credentials(exc):
             raise BackendCallError(
                 f"the driver cannot call the NGC API with the key from BCP secret {driver.secret} (key "
                 f"{driver.secret_key}): {exc}. Check it with `ngc user secret info {driver.secret}` and recreate it "
-                "with your current API key if needed") from None
-        raise BackendCallError(f"the driver's first call to the NGC API failed (the API did not refuse the key from "
-                               f"BCP secret {driver.secret}): {exc}") from None
+                "with your current API key if needed"
+            ) from None
+        raise BackendCallError(
+            f"the driver's first call to the NGC API failed (the API did not refuse the key from "
+            f"BCP secret {driver.secret}): {exc}"
+        ) from None
 
 
-def hand_over(backend, config, pipeline, run_id: str, own_id: str, environ: dict[str, str], *,
-              sleep=time.sleep) -> tuple[str, bool]:
+def hand_over(
+    backend, config, pipeline, run_id: str, own_id: str, environ: dict[str, str], *, sleep=time.sleep
+) -> tuple[str, bool]:
     """Submit the successor driver: (its job id, True); or (the id of a live driver that already takes over, such
     as one a user's `resume --detach` started, False): never two successors.
 
@@ -209,6 +264,10 @@ class SnapshotStore(RunStore):
         state.updated_at = time.time()
         print("\n".join(snapshot_lines(state.to_json(), next(self._numbers))), flush=True)
         super().save(state)
+
+    def keep_submission(self, run_id: str, job_id: str, text: str) -> None:
+        print("\n".join(submitted_lines(job_id, text)), flush=True)  # the laptop cannot read the workspace's copy
+        super().keep_submission(run_id, job_id, text)
 
 
 class CappedLines(io.TextIOBase):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping
 
 from bcp_pipeline.atomic import atomic_write_json
 from bcp_pipeline.backends.bcp.connect import read_ngc_config
@@ -37,13 +37,23 @@ def driver_spec(config: Config, pipeline: PipelineConfig, run_id: str, environ: 
     shape = driver_job_shape(options, pipeline)
     runtime, before = parse_duration(driver.total_runtime), parse_duration(driver.handover_before)
     mount = pipeline.workspace.mount.rstrip("/")
-    program = [driver.python or options.python, "-m", "bcp_pipeline.detach.driver", "--workspace-root", mount,
-               "--run", run_id, "--hand-over-after", str(runtime - before),
-               *(["--install"] if driver.install_ngcsdk else [])]
+    program = [
+        driver.python or options.python,
+        "-m",
+        "bcp_pipeline.detach.driver",
+        "--workspace-root",
+        mount,
+        "--run",
+        run_id,
+        "--hand-over-after",
+        str(runtime - before),
+        *(["--install"] if driver.install_ngcsdk else []),
+    ]
     folder = f"{mount}/{workspace_run_path(run_id)}/{DRIVER_FOLDER}"
     settings = ngc_settings(options.org, options.team, options.ace, environ)
     return replace(
-        shape, commandline=f"cd {shlex.quote(folder)} && exec {shell_join(program)}",
+        shape,
+        commandline=f"cd {shlex.quote(folder)} && exec {shell_join(program)}",
         workspaces=(f"{pipeline.workspace.name}:{mount}:RW",),
         labels=(label("run", run_id), label("kind", DRIVER_KIND)),
         secrets=(f"{driver.secret}:{driver.secret_key}:NGC_CLI_API_KEY",),
@@ -54,9 +64,11 @@ def driver_spec(config: Config, pipeline: PipelineConfig, run_id: str, environ: 
 def ngc_settings(org: str | None, team: str | None, ace: str | None, environ: Mapping[str, str]) -> dict[str, str]:
     """Org, team and ACE for the driver's ngcsdk, as plain settings: pipelines.yaml, else this machine's NGC ones."""
     saved = read_ngc_config(dict(environ))
-    values = {"NGC_CLI_ORG": org or environ.get("NGC_CLI_ORG") or saved.get("org"),
-              "NGC_CLI_TEAM": team or environ.get("NGC_CLI_TEAM") or saved.get("team"),
-              "NGC_CLI_ACE": ace or environ.get("NGC_CLI_ACE") or saved.get("ace")}
+    values = {
+        "NGC_CLI_ORG": org or environ.get("NGC_CLI_ORG") or saved.get("org"),
+        "NGC_CLI_TEAM": team or environ.get("NGC_CLI_TEAM") or saved.get("team"),
+        "NGC_CLI_ACE": ace or environ.get("NGC_CLI_ACE") or saved.get("ace"),
+    }
     return {key: value for key, value in values.items() if value and value != "no-team"}
 
 
@@ -100,18 +112,27 @@ class Lease:
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError) as exc:
-            raise StateError(f"{self.path}: unreadable driver lease ({exc}); remove it once no driver job of this "
-                             "run is running") from None
+            raise StateError(
+                f"{self.path}: unreadable driver lease ({exc}); remove it once no driver job of this run is running"
+            ) from None
 
     def take(self, backend, deadline: float, sleep=time.sleep) -> None:
         while (holder := self.holder()) not in (None, self.job_id):
-            status = status_of(with_retries(lambda: backend.transport.job(holder), f"looking up driver job {holder}",
-                                            backend.retry_policy, sleep=sleep))
+            status = status_of(
+                with_retries(
+                    lambda: backend.transport.job(holder),
+                    f"looking up driver job {holder}",
+                    backend.retry_policy,
+                    sleep=sleep,
+                )
+            )
             if status.state.finished:
                 break
             if time.monotonic() >= deadline:
-                raise StateError(f"driver job {holder} still drives this run ({status.native}); this driver "
-                                 f"({self.job_id}) gave up waiting for it to end")
+                raise StateError(
+                    f"driver job {holder} still drives this run ({status.native}); this driver "
+                    f"({self.job_id}) gave up waiting for it to end"
+                )
             print(f"driver job {self.job_id}: waiting for driver job {holder} ({status.native}) to end", flush=True)
             sleep(LEASE_POLL_SECONDS)
         atomic_write_json(self.path, {"job_id": self.job_id, "taken_at": time.time()})

@@ -18,10 +18,10 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping
 
 from bcp_pipeline.backends.bcp.backend import BcpBackend
 from bcp_pipeline.backends.bcp.paths import UPLOAD_EXCLUDES
@@ -32,7 +32,15 @@ from bcp_pipeline.backends.contract import JobState, JobStatus
 from bcp_pipeline.backends.retries import with_retries
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.detach.jobs import active_drivers, driver_jobs, driver_spec
-from bcp_pipeline.detach.protocol import DRIVER_FOLDER, last_error, last_snapshot, workspace_run_path
+from bcp_pipeline.detach.protocol import (
+    DRIVER_FOLDER,
+    last_error,
+    last_snapshot,
+    submitted_commands,
+    workspace_run_path,
+)
+from bcp_pipeline.engine.cancelling import CancelOutcome, QuietProgress, stop_jobs
+from bcp_pipeline.engine.context import RunContext
 from bcp_pipeline.engine.state import RunState, RunStore
 from bcp_pipeline.errors import BackendCallError, StateError
 
@@ -70,8 +78,13 @@ class DriverView:
         return self.jobs[-1] if self.jobs else None
 
     def as_json(self) -> dict[str, Any]:
-        return {"jobs": [{"job_id": j.job_id, "state": j.state.value, "native": j.native, "detail": j.detail}
-                         for j in self.jobs], "error": self.error, "snapshot_from": self.snapshot_from}
+        return {
+            "jobs": [
+                {"job_id": j.job_id, "state": j.state.value, "native": j.native, "detail": j.detail} for j in self.jobs
+            ],
+            "error": self.error,
+            "snapshot_from": self.snapshot_from,
+        }
 
 
 @dataclass
@@ -99,17 +112,22 @@ class DetachedRun:
                     return status.job_id, True
                 self.transport.kill(status.job_id)  # its lease then belongs to an ended job: the new driver takes it
                 continue
-            raise StateError(f"run {self.state.run_id} is already driven by driver job {status.job_id} "
-                             f"({status.native}): follow it with `bcp-pipeline status {self.state.run_id}`, "
-                             f"stop it with `bcp-pipeline cancel {self.state.run_id}`")
+            raise StateError(
+                f"run {self.state.run_id} is already driven by driver job {status.job_id} "
+                f"({status.native}): follow it with `bcp-pipeline status {self.state.run_id}`, "
+                f"stop it with `bcp-pipeline cancel {self.state.run_id}`"
+            )
         upload_state = not self.state.driver_owned
         self.state.detached = {"owner": "driver"}
         with tempfile.TemporaryDirectory(prefix="bcpp-driver-") as tmp:
             build_bundle(self.config, Path(tmp), self.state if upload_state else None)
-            with_retries(lambda: self.transport.upload(self.pipeline.workspace.name, Path(tmp),
-                                                       workspace_run_path(self.state.run_id), UPLOAD_EXCLUDES),
-                         f"uploading the driver's bundle to workspace {self.pipeline.workspace.name}",
-                         self.backend.retry_policy)
+            with_retries(
+                lambda: self.transport.upload(
+                    self.pipeline.workspace.name, Path(tmp), workspace_run_path(self.state.run_id), UPLOAD_EXCLUDES
+                ),
+                f"uploading the driver's bundle to workspace {self.pipeline.workspace.name}",
+                self.backend.retry_policy,
+            )
         job_id = self.transport.submit(driver_spec(self.config, self.pipeline, self.state.run_id, environ))
         self.store.save(self.state)
         return job_id, False
@@ -140,8 +158,9 @@ class DetachedRun:
         except BackendCallError as exc:
             if not ran:
                 return ""
-            raise BackendCallError(f"could not read the log of driver job {job_id}, which holds the run's state: "
-                                   f"{exc}") from None
+            raise BackendCallError(
+                f"could not read the log of driver job {job_id}, which holds the run's state: {exc}"
+            ) from None
 
     def _mirror(self, snapshot: dict[str, Any]) -> None:
         try:
@@ -152,6 +171,16 @@ class DetachedRun:
         self.state.detached = {**(fresh.detached or {}), "owner": "driver"}
         self.store.save(self.state)
 
+    def keep_submitted(self) -> None:
+        """What the drivers submitted for each job (their logs' BCPP-SUBMITTED lines) into the local `submitted/`,
+        where `report` reads it: the workspace's copy is out of this machine's reach."""
+        kept = self.store.run_dir(self.state.run_id) / "submitted"
+        for job in driver_jobs(self.transport, self.state.run_id):
+            ran = bool((job.get("jobStatus") or {}).get("startedAt"))
+            for job_id, text in submitted_commands(self._log(str(job.get("id")), ran, full=True)).items():
+                if not (kept / f"{job_id}.txt").is_file():
+                    self.store.keep_submission(self.state.run_id, job_id, text)
+
     def stop_drivers(self, wait_seconds: float = STOP_WAIT_SECONDS) -> list[str]:
         """Kill the run's live drivers and wait until BCP reports them ended: their ids."""
         ids = [str(job.get("id")) for job in active_drivers(self.transport, self.state.run_id)]
@@ -160,8 +189,10 @@ class DetachedRun:
         deadline = time.monotonic() + wait_seconds
         while ids and active_drivers(self.transport, self.state.run_id):
             if time.monotonic() > deadline:
-                raise StateError(f"driver job(s) {', '.join(ids)} of run {self.state.run_id} were killed but have "
-                                 f"not ended after {wait_seconds:.0f} s; try again")
+                raise StateError(
+                    f"driver job(s) {', '.join(ids)} of run {self.state.run_id} were killed but have "
+                    f"not ended after {wait_seconds:.0f} s; try again"
+                )
             time.sleep(1.0)
         return ids
 
@@ -173,16 +204,34 @@ class DetachedRun:
         self.store.save(self.state)
         return stopped
 
-    def cancel(self) -> list[str]:
-        """Kill the drivers, then every unfinished job of the run; the stages left are marked cancelled."""
-        stopped = self.take_back()
-        unfinished = [str(job.get("id")) for job in self.transport.list_jobs([label("run", self.state.run_id)])
-                      if not status_of(job).state.finished]
-        if unfinished:
-            self.backend.cancel(unfinished)
-        self.state.mark_cancelled()
-        self.store.save(self.state)
-        return stopped + unfinished
+    def cancel(self) -> tuple[list[str], CancelOutcome | None]:
+        """Kill the drivers and stop the run as the engine does (each job asked first: one that ended is recorded
+        as it ended, never as cancelled), then any unfinished job of the run the state has no record of: (the
+        drivers stopped, what was done to the jobs; None where the run had already finished)."""
+        self.refresh()
+        if not self.state.still_going() and not active_drivers(self.transport, self.state.run_id):
+            return [], None  # finished: it stays the driver's, as `status` shows it
+        drivers = self.take_back()
+        if not self.state.still_going():
+            return drivers, None
+        outcome = stop_jobs(
+            RunContext(
+                pipeline=self.pipeline,
+                backend=self.backend,
+                store=self.store,
+                state=self.state,
+                progress=QuietProgress(),
+            )
+        )
+        unrecorded = [
+            str(job.get("id"))
+            for job in self.transport.list_jobs([label("run", self.state.run_id)])
+            if not status_of(job).state.finished and str(job.get("id")) not in outcome.stopped
+        ]
+        if unrecorded:  # e.g. submitted by a driver killed before it saved the job's id
+            self.backend.cancel(unrecorded)
+            outcome.stopped += unrecorded
+        return drivers, outcome
 
 
 def render_driver(view: DriverView, run_id: str, finished: bool, job_url) -> list[str]:
@@ -195,9 +244,11 @@ def render_driver(view: DriverView, run_id: str, finished: bool, job_url) -> lis
     lines = [f"driver: job {latest.job_id} {latest.native or latest.state.value}{count}" + (f"  {url}" if url else "")]
     if latest.state.finished and not finished:
         reason = view.error or latest.detail or "no reason given"
-        lines.append(f"  the driver ended ({reason}); the run is not advancing: "
-                     f"`bcp-pipeline resume {run_id} --detach` starts a new one, "
-                     f"`bcp-pipeline resume {run_id}` continues it here")
+        lines.append(
+            f"  the driver ended ({reason}); the run is not advancing: "
+            f"`bcp-pipeline resume {run_id} --detach` starts a new one, "
+            f"`bcp-pipeline resume {run_id}` continues it here"
+        )
     elif latest.state is JobState.PREEMPTED:
         lines.append(f"  the driver was preempted: `bcp-pipeline resume {run_id} --detach` resumes it")
     return lines

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from bcp_pipeline.backends.contract import JobState, JobStatus
 from bcp_pipeline.backends.shared.logs import last_lines, parse_lines
 from bcp_pipeline.engine.context import RunContext
-from bcp_pipeline.engine.state import JobRecord, StageState, StageStatus
+from bcp_pipeline.engine.state import STALL_RESTARTS, JobRecord, StageState, StageStatus
 from bcp_pipeline.engine.streams import unverified_upstreams
 from bcp_pipeline.errors import PipelineError
 
@@ -21,7 +21,6 @@ from bcp_pipeline.errors import PipelineError
 class Outcomes(RunContext):
     """Stage transitions decided from a finished stage job or verification job."""
 
-
     def finish_stage_job(self, name: str, stage_state: StageState, job: JobRecord, status: JobStatus) -> None:
         """A stage job ended: verify it next (always, for a continued stage), succeed, or fail."""
         if status.state is JobState.SUCCEEDED:
@@ -29,25 +28,60 @@ class Outcomes(RunContext):
         continuation = self.pipeline.stages[name].continuation
         if continuation and status.state.value in continuation.resubmit_on:
             if status.state is not JobState.SUCCEEDED:
-                self.progress.event(f"{name}: job {job.job_id} ended {status.native or status.state.value}; "
-                                    "checking how far it got")
+                self.progress.event(
+                    f"{name}: job {job.job_id} ended {status.native or status.state.value}; checking how far it got"
+                )
             stage_state.status = StageStatus.VERIFYING  # the submitter submits the verification job
             return
         if status.state is not JobState.SUCCEEDED:
             stage_state.status = StageStatus.CANCELLED if status.state is JobState.CANCELLED else StageStatus.FAILED
             detail = self.backend.failure_detail(job.job_id, status) or status.detail
             stage_state.error = f"job {job.job_id} ended {status.native or status.state.value}" + (
-                f": {detail}" if detail else "")
+                f": {detail}" if detail else ""
+            )
             stage_state.finished_at = time.time()
             self.progress.event(f"{name}: FAILED ({stage_state.error.splitlines()[0]})")
             return
         if self.pipeline.stages[name].verify or continuation:
             stage_state.status = StageStatus.VERIFYING  # the submitter submits the verification job
             if waiting := unverified_upstreams(self.pipeline, self.state, name):
-                self.progress.event(f"{name}: its job finished; its verification waits for "
-                                    f"{', '.join(waiting)}'s (a streamed edge)")
+                self.progress.event(
+                    f"{name}: its job finished; its verification waits for {', '.join(waiting)}'s (a streamed edge)"
+                )
         else:
             self.succeed(name, stage_state)
+
+    def finish_stalled(self, name: str, stage_state: StageState, job: JobRecord) -> None:
+        """A job the stall guard cancelled has ended: a continued stage is verified first (its training may have
+        reached its target before it hung), then restarted by continue_stage; another is restarted now."""
+        reason = (job.stall or {}).get("reason", "stalled")
+        if self.pipeline.stages[name].continuation:
+            self.progress.event(f"{name}: stalled job {job.job_id} ended; checking how far it got")
+            stage_state.status = StageStatus.VERIFYING  # the submitter submits the verification job
+            return
+        self.restart_stalled(name, stage_state, job, reason)
+
+    def restart_stalled(self, name: str, stage_state: StageState, job: JobRecord, reason: str) -> None:
+        """Submit the stage's job again after a stall, up to `stall_guard.max_restarts` times; then fail with the
+        stall's reason (its last lines are on the job, for `status`)."""
+        limit = self.pipeline.stages[name].stall_guard.max_restarts
+        restarts = int(stage_state.extra.get(STALL_RESTARTS, 0))
+        if restarts >= limit:
+            self.fail(
+                name,
+                stage_state,
+                f"job {job.job_id} stalled: {reason}; cancelled, after {restarts} "
+                f"restart(s) of stalled jobs (stall_guard.max_restarts: {limit}). Its last "
+                f"lines are below; `bcp-pipeline logs {self.state.run_id} {name}` has the "
+                "rest",
+            )
+            return
+        stage_state.extra[STALL_RESTARTS] = restarts + 1
+        self.progress.event(
+            f"{name}: job {job.job_id} stalled ({reason}); submitting it again (stall restart "
+            f"{restarts + 1} of {limit})"
+        )
+        stage_state.status = StageStatus.SUBMITTING  # the submitter submits the same job again
 
     def record_summary(self, stage_state: StageState, job: JobRecord) -> None:
         """Keep the `##bcp-pipeline summary` line a stage program printed (e.g. the loss of a training run), and
@@ -74,8 +108,10 @@ class Outcomes(RunContext):
         results = parse_lines(text, "verify")
         if not results:
             stage_state.status = StageStatus.FAILED
-            stage_state.error = (f"verification job {job.job_id} ended {status.native} without a result line; "
-                                 f"log tail:\n{last_lines(text, 10) or '(empty)'}")
+            stage_state.error = (
+                f"verification job {job.job_id} ended {status.native} without a result line; "
+                f"log tail:\n{last_lines(text, 10) or '(empty)'}"
+            )
             mark_finished(stage_state)
             self.progress.event(f"{name}: verification FAILED (no result line)")
             return
@@ -88,9 +124,13 @@ class Outcomes(RunContext):
             return
         stage_state.status = StageStatus.FAILED
         stage_state.error = "verification failed: " + "; ".join(
-            [f"{c['glob']}: expected {c['expected']}, found {c['found']}"
-             for c in result.get("checks", []) if c.get("found") != c.get("expected")]
-            + ([f"step {result['steps']} of {result['target']}"] if "steps" in result else []))
+            [
+                f"{c['glob']}: expected {c['expected']}, found {c['found']}"
+                for c in result.get("checks", [])
+                if c.get("found") != c.get("expected")
+            ]
+            + ([f"step {result['steps']} of {result['target']}"] if "steps" in result else [])
+        )
         mark_finished(stage_state)
         self.progress.event(f"{name}: {stage_state.error}")
 
@@ -105,19 +145,34 @@ class Outcomes(RunContext):
         history.append(int(result["steps"]))
         stage_state.extra.update(steps=int(result["steps"]), target_steps=int(result["target"]))
         stage_state.progress = {"done": int(result["steps"]), "total": int(result["target"]), "unit": "steps"}
+        last = next((job for job in reversed(stage_state.jobs) if job.kind == "stage"), None)
+        if last is not None and last.stall is not None:  # cancelled by the stall guard: its own budget decides
+            self.restart_stalled(name, stage_state, last, last.stall.get("reason", "stalled"))
+            return True
         gains = [after - before for before, after in zip([0, *history], history)]
         if len(gains) >= 2 and gains[-1] <= 0 and gains[-2] <= 0:
-            self.fail(name, stage_state, f"no progress in the last two attempts (still at step {history[-1]} of "
-                                         f"{result['target']}): training is not advancing; read `bcp-pipeline logs "
-                                         f"{self.state.run_id} {name}` before spending more GPU hours")
+            self.fail(
+                name,
+                stage_state,
+                f"no progress in the last two attempts (still at step {history[-1]} of "
+                f"{result['target']}): training is not advancing; read `bcp-pipeline logs "
+                f"{self.state.run_id} {name}` before spending more GPU hours",
+            )
             return True
-        if stage_state.attempts >= continuation.max_attempts:
-            self.fail(name, stage_state, f"reached max_attempts ({continuation.max_attempts}) at step "
-                                         f"{history[-1]} of {result['target']}; raise continuation.max_attempts "
-                                         "and run again to continue")
+        stalled = sum(1 for job in stage_state.jobs if job.kind == "stage" and job.stall is not None)
+        if stage_state.attempts - stalled >= continuation.max_attempts:  # stalled attempts: stall_guard.max_restarts
+            self.fail(
+                name,
+                stage_state,
+                f"reached max_attempts ({continuation.max_attempts}) at step "
+                f"{history[-1]} of {result['target']}; raise continuation.max_attempts "
+                "and run again to continue",
+            )
             return True
-        self.progress.event(f"{name}: at step {history[-1]} of {result['target']} after attempt "
-                            f"{stage_state.attempts}; resubmitting to continue from the last checkpoint")
+        self.progress.event(
+            f"{name}: at step {history[-1]} of {result['target']} after attempt "
+            f"{stage_state.attempts}; resubmitting to continue from the last checkpoint"
+        )
         stage_state.status = StageStatus.SUBMITTING  # the submitter submits the same job again
         return True
 

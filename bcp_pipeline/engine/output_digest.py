@@ -36,8 +36,20 @@ def output_digest(pipeline: PipelineConfig, name: str) -> str:
     # Twice: a var may name another var (`data: ${workspace}/...` then `${data}/zst`); built-ins stay as written,
     # so the digest is the same on every backend.
     args = [substitute(substitute(arg, pipeline.vars), pipeline.vars) for arg in stage.args]
-    images = {name: getattr(stage.resources(name), resources.image_field)
-              for name, resources in RESOURCE_TYPES.items() if resources.image_field}
-    defining = {"program": stage.program, "program_sha256": stage.program_sha256, "args": args, "images": images,
-                "needs": {need: output_digest(pipeline, need) for need in sorted(stage.needs)}}
+    # An unset image of a backend whose section says `digest_unset_image = False` (one added later: hooks.py) is
+    # left out, so adding a backend leaves every digest made before it as it was.
+    images = {
+        name: image
+        for name, resources in RESOURCE_TYPES.items()
+        if resources.image_field
+        for image in [getattr(stage.resources(name), resources.image_field)]
+        if image is not None or resources.digest_unset_image
+    }
+    defining = {
+        "program": stage.program,
+        "program_sha256": stage.program_sha256,
+        "args": args,
+        "images": images,
+        "needs": {need: output_digest(pipeline, need) for need in sorted(stage.needs)},
+    }
     return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]

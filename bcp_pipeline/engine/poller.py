@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from bcp_pipeline.backends.contract import JobProgress, JobState, JobStatus
 from bcp_pipeline.config.durations import format_duration
 from bcp_pipeline.config.model import StageConfig
-from bcp_pipeline.config.training import training_plan
 from bcp_pipeline.config.placeholders import resolve_int
+from bcp_pipeline.config.training import training_plan
 from bcp_pipeline.engine.context import RunContext
 from bcp_pipeline.engine.outcomes import Outcomes
+from bcp_pipeline.engine.stall_guard import StallWatch
 from bcp_pipeline.engine.state import JobRecord, StageStatus
 from bcp_pipeline.errors import BackendCallError, BackendUnreachable
 
@@ -31,6 +32,7 @@ class Poller(RunContext):
     """Maps the backend's job statuses onto the run state; a finished job goes to Outcomes to decide its stage."""
 
     outcomes: Outcomes
+    stall_watch: StallWatch
     _failures: int = 0  # status calls failed in a row
     _failing_since: float | None = None  # when the first of them failed (time.monotonic)
     _resume_failures: dict[str, int] = field(default_factory=dict)  # job id -> resume calls failed in a row
@@ -76,11 +78,11 @@ class Poller(RunContext):
                 f"stopped waiting and left its jobs as they are: they may well be running. Once {name} answers, "
                 f"`bcp-pipeline resume {self.state.run_id}` re-attaches to them; `backends.{name}."
                 f"status_outage_limit` in pipelines.yaml sets how long a run waits (now "
-                f"{_spelled(limit)}; null: for ever)")
+                f"{_spelled(limit)}; null: for ever)"
+            )
         if self._failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
             until = "" if limit is None else f" (for {_spelled(limit)} at most)"
-            self.progress.event(f"status query failed {self._failures} times in a row, still retrying{until}: "
-                                f"{exc}")
+            self.progress.event(f"status query failed {self._failures} times in a row, still retrying{until}: {exc}")
 
     def handle(self, name: str, job: JobRecord, status: JobStatus) -> bool:
         """Record one job's status and, once it finished, its stage's transition; save on any change."""
@@ -94,7 +96,11 @@ class Poller(RunContext):
             job.started_at = time.time()  # the queued/running split of `report`'s timeline, to one poll interval
         if not status.state.finished:
             if job.kind == "stage":
-                self.update_progress(name, job)
+                progress = self.update_progress(name, job)
+                if is_training(self.pipeline.stages.get(name)):
+                    if status.state is JobState.RUNNING:  # a service measures a job only once it runs
+                        self.update_telemetry(job)
+                    self.stall_watch.check(name, job, progress, running=status.state is JobState.RUNNING)
             if status.state is JobState.PREEMPTED and (changed or job.job_id in self._resume_failures):
                 changed = self.on_preempted(name, job) or changed
             if changed or new_reason:
@@ -103,17 +109,35 @@ class Poller(RunContext):
         job.ended_at = time.time()
         if job.kind == "stage":
             self.update_progress(name, job)  # its last count, before the stage moves on
-            self.outcomes.finish_stage_job(name, stage_state, job, status)
+            if job.stall is not None and status.state is not JobState.SUCCEEDED:  # the stall guard cancelled it
+                job.state, job.detail = JobState.STALLED.value, f"stalled: {job.stall.get('reason', '')}"
+                self.outcomes.finish_stalled(name, stage_state, job)
+            else:
+                self.outcomes.finish_stage_job(name, stage_state, job, status)
         else:
             self.outcomes.finish_verification(name, stage_state, job, status)
         self.store.save(self.state)
         return True
 
-    def update_progress(self, name: str, job: JobRecord) -> None:
+    def update_progress(self, name: str, job: JobRecord) -> JobProgress | None:
         stage = self.pipeline.stages.get(name)
         progress = self.backend.progress(job.job_id, training=is_training(stage))
         if progress is not None:
             self.state.stages[name].progress = progress_record(stage, progress, self.pipeline.vars)
+        return progress
+
+    def update_telemetry(self, job: JobRecord) -> None:
+        """A running training's GPU utilization per replica, where its backend measures it (saved when it changes)."""
+        try:
+            found = self.backend.gpu_utilization(job.job_id)
+        except (BackendCallError, OSError):
+            return  # a nicety: never fail a poll over it
+        if found is None:
+            return
+        replicas = {str(replica): round(float(value), 1) for replica, value in sorted(found.items())}
+        if job.gpu_utilization is None or job.gpu_utilization.get("replicas") != replicas:
+            job.gpu_utilization = {"at": time.time(), "replicas": replicas}
+            self.store.save(self.state)
 
     def on_preempted(self, name: str, job: JobRecord) -> bool:
         """Resume a preempted job where its stage says so; a failing resume call is tried again next cycle. True when
@@ -149,15 +173,18 @@ class Poller(RunContext):
         if job.kind == "stage":
             self.state.stages[name].status = StageStatus.SUBMITTING  # the submitter submits the stage's job again
         # (a verification job: the stage stays VERIFYING with no active job, which the submitter submits again)
-        self.progress.event(f"{name}: job {job.job_id} was preempted and cannot be resumed here; killed it, "
-                            f"submitting the {'stage' if job.kind == 'stage' else 'verification'} job again")
+        self.progress.event(
+            f"{name}: job {job.job_id} was preempted and cannot be resumed here; killed it, "
+            f"submitting the {'stage' if job.kind == 'stage' else 'verification'} job again"
+        )
         return True
 
     def _resume_failed(self, name: str, job: JobRecord, doing: str, exc: Exception) -> None:
         failures = self._resume_failures[job.job_id] = self._resume_failures.get(job.job_id, 0) + 1
         if failures >= TRANSIENT_ERRORS_BEFORE_NOTICE:
-            self.progress.event(f"{name}: {doing} preempted job {job.job_id} failed {failures} times in a row, "
-                                f"still retrying: {exc}")
+            self.progress.event(
+                f"{name}: {doing} preempted job {job.job_id} failed {failures} times in a row, still retrying: {exc}"
+            )
 
 
 def _spelled(seconds: float) -> str:

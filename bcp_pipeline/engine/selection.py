@@ -16,7 +16,15 @@ from bcp_pipeline.backends.registry import check_backend_limits, check_backend_r
 from bcp_pipeline.config.dag import downstream_of
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.preflight import load_and_check
-from bcp_pipeline.engine.state import CANCELLED_WHILE, RunState, RunStore, StageState, StageStatus, new_run_id
+from bcp_pipeline.engine.state import (
+    CANCELLED_WHILE,
+    STALL_RESTARTS,
+    RunState,
+    RunStore,
+    StageState,
+    StageStatus,
+    new_run_id,
+)
 from bcp_pipeline.engine.submitter import planned_requests
 from bcp_pipeline.errors import ConfigError, StateError
 
@@ -64,8 +72,10 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     check_backend_ready(backend, config, pipeline)
     refuse_what_the_profile_rules_out(backend, config, pipeline, store, detach=request.detach)
     if request.detach and backend not in detachable_backends():
-        raise ConfigError(f"--detach runs the orchestrator as a BCP job: it needs --backend "
-                          f"{' or '.join(detachable_backends())}, not {backend!r}")
+        raise ConfigError(
+            f"--detach runs the orchestrator as a BCP job: it needs --backend "
+            f"{' or '.join(detachable_backends())}, not {backend!r}"
+        )
     selection = Selection(from_stage=request.from_stage, only=request.only)
     previous = pick_run(store, pipeline, backend, restart=request.restart)
     if previous is None:
@@ -74,9 +84,11 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
         check_limits(backend, config, pipeline, state, selected, detach=request.detach)
         return ChosenRun(config=config, pipeline=pipeline, store=store, state=state, selected=selected)
     if previous.driver_owned:
-        raise StateError(f"the last run of {pipeline.name} ({previous.run_id}) is detached: follow it with "
-                         f"`bcp-pipeline status {previous.run_id}`, continue it with `bcp-pipeline resume "
-                         f"{previous.run_id} --detach` (or without --detach, here), or pass --restart")
+        raise StateError(
+            f"the last run of {pipeline.name} ({previous.run_id}) is detached: follow it with "
+            f"`bcp-pipeline status {previous.run_id}`, continue it with `bcp-pipeline resume "
+            f"{previous.run_id} --detach` (or without --detach, here), or pass --restart"
+        )
     if request.overrides and request.overrides != previous.overrides:
         previous.overrides = request.overrides
     elif previous.overrides:
@@ -85,36 +97,51 @@ def choose_run(request: RunRequest, store: RunStore) -> ChosenRun:
     stopped_at = where_it_stopped(previous)  # continue_run sets a failed stage pending again
     selected = continue_run(previous, pipeline, selection)
     check_limits(backend, config, pipeline, previous, selected, detach=request.detach)
-    return ChosenRun(config=config, pipeline=pipeline, store=store, state=previous, selected=selected,
-                     continued=True, stopped_at=stopped_at)
+    return ChosenRun(
+        config=config,
+        pipeline=pipeline,
+        store=store,
+        state=previous,
+        selected=selected,
+        continued=True,
+        stopped_at=stopped_at,
+    )
 
 
 def where_it_stopped(state: RunState) -> str:
     """The stage a run stopped at, and how: the first failed or cancelled one, else the first active one, else the
     first pending one (`concat failed`)."""
-    for wanted in ((StageStatus.FAILED, StageStatus.CANCELLED),
-                   tuple(status for status in StageStatus if status.active), (StageStatus.PENDING,)):
+    for wanted in (
+        (StageStatus.FAILED, StageStatus.CANCELLED),
+        tuple(status for status in StageStatus if status.active),
+        (StageStatus.PENDING,),
+    ):
         for name, stage in state.stages.items():
             if stage.status in wanted:
                 return f"{name} {stage.status.value}"
     return "all stages done"
 
 
-def refuse_what_the_profile_rules_out(backend: str, config: Config, pipeline: PipelineConfig, store: RunStore,
-                                      *, detach: bool = False) -> None:
+def refuse_what_the_profile_rules_out(
+    backend: str, config: Config, pipeline: PipelineConfig, store: RunStore, *, detach: bool = False
+) -> None:
     """Before a run is recorded: stages that the saved `check` profile of this service says cannot work."""
     probe = make_backend(backend, config, pipeline, store.run_dir(PROFILE_RUN_ID))
     if not probe.has_profile:
         return
     problems = probe.refusals([probe.render(r) for r in planned_requests(pipeline, PROFILE_RUN_ID)], detach=detach)
     if problems:
-        raise ConfigError("this service cannot run the pipeline as configured:\n  " + "\n  ".join(problems)
-                          + "\nChange those stages as each says, or run `bcp-pipeline check` again if the service "
-                            "changed. Nothing was submitted or recorded.")
+        raise ConfigError(
+            "this service cannot run the pipeline as configured:\n  "
+            + "\n  ".join(problems)
+            + "\nChange those stages as each says, or run `bcp-pipeline check` again if the service "
+            "changed. Nothing was submitted or recorded."
+        )
 
 
-def check_limits(backend: str, config: Config, pipeline: PipelineConfig, state: RunState, selected: set[str], *,
-                 detach: bool) -> None:
+def check_limits(
+    backend: str, config: Config, pipeline: PipelineConfig, state: RunState, selected: set[str], *, detach: bool
+) -> None:
     """The backend's service limits against every job the selected stages still submit (nothing is saved yet:
     a refused run leaves nothing behind)."""
     due = {name for name in selected if not state.stages[name].status.done}
@@ -122,8 +149,14 @@ def check_limits(backend: str, config: Config, pipeline: PipelineConfig, state: 
     check_backend_limits(backend, config, pipeline, requests, detach=detach)
 
 
-def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | None, detach: bool,
-                  take_back: Callable[[ChosenRun], None]) -> ChosenRun:
+def choose_resume(
+    store: RunStore,
+    run_id: str | None,
+    *,
+    config_file: Path | None,
+    detach: bool,
+    take_back: Callable[[ChosenRun], None],
+) -> ChosenRun:
     """`resume [RUN] [--detach]`: the run (default: the latest) continued with the stages it was started with.
 
     With `detach` the run goes (back) to a driver job, which selects for itself. Without it, a run that a driver
@@ -136,11 +169,18 @@ def choose_resume(store: RunStore, run_id: str | None, *, config_file: Path | No
     chosen = ChosenRun(config=config, pipeline=pipeline, store=store, state=state, selected=set(), continued=True)
     if detach:
         if state.backend not in detachable_backends():
-            raise ConfigError(f"--detach needs a run on the {' or '.join(detachable_backends())} backend; run "
-                              f"{state.run_id} is on {state.backend!r}")
-    check_limits(state.backend, config, pipeline, state,
-                 {name for name, stage in state.stages.items() if stage.status is not StageStatus.SKIPPED},
-                 detach=detach)
+            raise ConfigError(
+                f"--detach needs a run on the {' or '.join(detachable_backends())} backend; run "
+                f"{state.run_id} is on {state.backend!r}"
+            )
+    check_limits(
+        state.backend,
+        config,
+        pipeline,
+        state,
+        {name for name, stage in state.stages.items() if stage.status is not StageStatus.SKIPPED},
+        detach=detach,
+    )
     if detach:
         if not state.driver_owned:
             continue_run(state, pipeline, Selection())
@@ -162,15 +202,17 @@ def open_run(store: RunStore, run_id: str | None, config_file: Path | None = Non
 def run_config(state: RunState, config_file: Path | None = None) -> tuple[Config, PipelineConfig]:
     """The config a stored run is driven with: `config_file` (--config) if given, else the file it was started
     with; and the run's own --set overrides."""
-    config = load_and_check(config_file or Path(state.config_file), overrides=state.overrides,
-                            pipeline=state.pipeline)
+    config = load_and_check(config_file or Path(state.config_file), overrides=state.overrides, pipeline=state.pipeline)
     return config, config.pipeline(state.pipeline)
 
 
 def resume_selection(state: RunState, pipeline: PipelineConfig) -> set[str]:
     """Continue `state` with the stages it was started with (a resumed driver job does the same)."""
-    return {name for name in continue_run(state, pipeline, Selection())
-            if state.stages[name].status is not StageStatus.SKIPPED}
+    return {
+        name
+        for name in continue_run(state, pipeline, Selection())
+        if state.stages[name].status is not StageStatus.SKIPPED
+    }
 
 
 @dataclass(kw_only=True)
@@ -183,8 +225,9 @@ class Selection:
     def stages(self, pipeline: PipelineConfig) -> set[str]:
         for name in [self.from_stage, *(self.only or [])]:
             if name is not None and name not in pipeline.stages:
-                raise ConfigError(f"no stage {name!r} in pipeline {pipeline.name}; stages: "
-                                  f"{', '.join(pipeline.stages)}")
+                raise ConfigError(
+                    f"no stage {name!r} in pipeline {pipeline.name}; stages: {', '.join(pipeline.stages)}"
+                )
         needs = {name: stage.needs for name, stage in pipeline.stages.items()}
         if self.only:
             return set(self.only)
@@ -193,14 +236,24 @@ class Selection:
         return set(pipeline.stages)
 
 
-def new_run(pipeline: PipelineConfig, backend: str, config_file: str, overrides: list[str],
-            selection: Selection) -> RunState:
+def new_run(
+    pipeline: PipelineConfig, backend: str, config_file: str, overrides: list[str], selection: Selection
+) -> RunState:
     """A fresh run; stages outside the selection are SKIPPED (the user says they are done)."""
     selected = selection.stages(pipeline)
-    stages = {name: StageState(status=StageStatus.PENDING if name in selected else StageStatus.SKIPPED)
-              for name in pipeline.order()}
-    return RunState(run_id=new_run_id(pipeline.name), pipeline=pipeline.name, backend=backend,
-                    config_file=config_file, created_at=time.time(), overrides=list(overrides), stages=stages)
+    stages = {
+        name: StageState(status=StageStatus.PENDING if name in selected else StageStatus.SKIPPED)
+        for name in pipeline.order()
+    }
+    return RunState(
+        run_id=new_run_id(pipeline.name),
+        pipeline=pipeline.name,
+        backend=backend,
+        config_file=config_file,
+        created_at=time.time(),
+        overrides=list(overrides),
+        stages=stages,
+    )
 
 
 def continue_run(state: RunState, pipeline: PipelineConfig, selection: Selection) -> set[str]:
@@ -213,8 +266,10 @@ def continue_run(state: RunState, pipeline: PipelineConfig, selection: Selection
     """
     missing = set(pipeline.stages) ^ set(state.stages)
     if missing:
-        raise StateError(f"run {state.run_id} has stages {sorted(state.stages)} but pipeline {pipeline.name} now "
-                         f"has {sorted(pipeline.stages)}; start a new run with --restart")
+        raise StateError(
+            f"run {state.run_id} has stages {sorted(state.stages)} but pipeline {pipeline.name} now "
+            f"has {sorted(pipeline.stages)}; start a new run with --restart"
+        )
     if selection.from_stage or selection.only:
         selected = selection.stages(pipeline)
     else:
@@ -230,6 +285,7 @@ def continue_run(state: RunState, pipeline: PipelineConfig, selection: Selection
             verifying = stage.extra.pop(CANCELLED_WHILE, None) == StageStatus.VERIFYING.value
             again = verifying and stage.status is StageStatus.CANCELLED and not (selection.from_stage or selection.only)
             stage.status = StageStatus.VERIFYING if again else StageStatus.PENDING
+            stage.extra.pop(STALL_RESTARTS, None)  # a stage run again gets the stall guard's restarts afresh
             stage.error = None
             stage.finished_at = None
             stage.verification = None
@@ -238,8 +294,10 @@ def continue_run(state: RunState, pipeline: PipelineConfig, selection: Selection
 
 def never_submitted(state: RunState) -> bool:
     """No stage of the run ever got to a submit call."""
-    return all(not stage.jobs and stage.submit_call is None and stage.status is not StageStatus.SUBMITTING
-               for stage in state.stages.values())
+    return all(
+        not stage.jobs and stage.submit_call is None and stage.status is not StageStatus.SUBMITTING
+        for stage in state.stages.values()
+    )
 
 
 def pick_run(store: RunStore, pipeline: PipelineConfig, backend: str, *, restart: bool) -> RunState | None:
@@ -251,16 +309,20 @@ def pick_run(store: RunStore, pipeline: PipelineConfig, backend: str, *, restart
     latest = runs[-1] if runs else None
     newer_corrupt = [c for c in corrupt if c.pipeline == pipeline.name and (latest is None or c.run_id > latest.run_id)]
     if newer_corrupt:  # continuing an older run instead would be a guess
-        raise StateError(f"the last run of {pipeline.name} ({newer_corrupt[-1].run_id}) is corrupt, its state set "
-                         f"aside as {newer_corrupt[-1].path}: pass --restart to start a new run (or repair that "
-                         "file and rename it back to state.json to continue it)")
+        raise StateError(
+            f"the last run of {pipeline.name} ({newer_corrupt[-1].run_id}) is corrupt, its state set "
+            f"aside as {newer_corrupt[-1].path}: pass --restart to start a new run (or repair that "
+            "file and rename it back to state.json to continue it)"
+        )
     if latest is None or latest.status == "succeeded":
         return None
     if latest.backend != backend and never_submitted(latest):
         # Nothing of it runs anywhere: it blocks nothing (it stays listed, to be continued with its backend).
         return None
     if latest.backend != backend:
-        raise StateError(f"the last run of {pipeline.name} ({latest.run_id}) is unfinished on backend "
-                         f"{latest.backend!r}; continue it with --backend {latest.backend}, or pass --restart "
-                         f"to start a new run on {backend!r}")
+        raise StateError(
+            f"the last run of {pipeline.name} ({latest.run_id}) is unfinished on backend "
+            f"{latest.backend!r}; continue it with --backend {latest.backend}, or pass --restart "
+            f"to start a new run on {backend!r}"
+        )
     return latest

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bcp_pipeline.atomic import atomic_write_json
+from bcp_pipeline.atomic import atomic_write_json, atomic_write_text
 from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.errors import StateError
 
@@ -27,6 +27,7 @@ STATE_FOLDER = ".bcp-pipeline"  # next to the config file, unless --state-dir sa
 
 
 CANCELLED_WHILE = "cancelled_while"  # StageState.extra: the status a cancelled stage had (selection.continue_run)
+STALL_RESTARTS = "stall_restarts"  # StageState.extra: stalled jobs submitted again since the stage (re)started
 
 
 class StageStatus(enum.Enum):
@@ -59,6 +60,12 @@ class JobRecord:
     detail: str = ""
     started_at: float | None = None  # when a poll first saw it running (None: never seen running)
     ended_at: float | None = None
+    # A training job's stall guard (engine/stall_guard.py), on disk so that a restarted orchestrator goes on:
+    steps_seen: int | None = None  # the highest step its log showed
+    advanced_at: float | None = None  # when a poll first saw that step (or saw the job running again)
+    slowest_step: float | None = None  # seconds: its longest wait between two step lines so far
+    stall: dict[str, Any] | None = None  # {"reason", "at", "last_lines"}: found stalled, its cancel asked for
+    gpu_utilization: dict[str, Any] | None = None  # {"at": time, "replicas": {"0": 97.0}}: the service's telemetry
 
 
 @dataclass(kw_only=True)
@@ -115,13 +122,14 @@ class RunState:
                 for job in stage.jobs:
                     if job.ended_at is None:
                         if job.native:
-                            job.detail = f"cancelled here while {job.native}" + (f"; {job.detail}" if job.detail
-                                                                                    else "")
+                            job.detail = f"cancelled here while {job.native}" + (
+                                f"; {job.detail}" if job.detail else ""
+                            )
                         job.state, job.native, job.ended_at = JobState.CANCELLED.value, "", now
 
     @property
     def status(self) -> str:
-        """Derived from the stages: failed, cancelled, succeeded, or running/pending."""
+        """Derived from the stages: failed, cancelled, succeeded, running (a stage active or done), or pending."""
         statuses = [s.status for s in self.stages.values()]
         if any(s is StageStatus.FAILED for s in statuses):
             return "failed"
@@ -129,7 +137,8 @@ class RunState:
             return "cancelled"
         if all(s.done for s in statuses):
             return "succeeded"
-        return "running" if any(s.active for s in statuses) else "pending"
+        # Between two stages none is active, yet the run is under way: "pending" is a run not started yet.
+        return "running" if any(s.active or s is StageStatus.SUCCEEDED for s in statuses) else "pending"
 
     def still_going(self) -> bool:
         """Unfinished, or a job of it still recorded active (a failed stage's sibling may still run): what
@@ -175,8 +184,9 @@ def new_run_id(pipeline: str, now: float | None = None) -> str:
     return f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{int(now % 1 * 65536):04x}"
 
 
-def store_for(config_file: Path, state_dir: str | Path | None = None,
-              notice: Callable[[str], None] | None = None) -> RunStore:
+def store_for(
+    config_file: Path, state_dir: str | Path | None = None, notice: Callable[[str], None] | None = None
+) -> RunStore:
     """Where runs are kept: `state_dir` (--state-dir), else `.bcp-pipeline` next to the config file."""
     return RunStore(Path(state_dir) if state_dir else config_file.resolve().parent / STATE_FOLDER, notice=notice)
 
@@ -200,9 +210,11 @@ class CorruptRun:
         return match.group("pipeline") if match else None
 
     def describe(self) -> str:
-        return (f"run {self.run_id} is corrupt: its state file could not be read ({self.reason}) and is kept, set "
-                f"aside, as {self.path}; nothing was deleted. Once repaired, rename it back to state.json to "
-                "continue that run; other runs are not affected, and `run PIPELINE --restart` starts a new one")
+        return (
+            f"run {self.run_id} is corrupt: its state file could not be read ({self.reason}) and is kept, set "
+            f"aside, as {self.path}; nothing was deleted. Once repaired, rename it back to state.json to "
+            "continue that run; other runs are not affected, and `run PIPELINE --restart` starts a new one"
+        )
 
 
 class RunStore:
@@ -226,17 +238,31 @@ class RunStore:
 
     def run_dir(self, run_id: str) -> Path:
         if not RUN_ID.match(run_id):  # from the command line: never a path out of runs/ (`../../etc`)
-            raise StateError(f"{run_id!r} is not a run id (letters, digits, '.', '_' and '-'; e.g. "
-                             f"{new_run_id('demo')}): `bcp-pipeline list` shows the runs")
+            raise StateError(
+                f"{run_id!r} is not a run id (letters, digits, '.', '_' and '-'; e.g. "
+                f"{new_run_id('demo')}): `bcp-pipeline list` shows the runs"
+            )
         return self.runs_dir / run_id
 
     def state_path(self, run_id: str) -> Path:
         return self.run_dir(run_id) / "state.json"
 
     def save(self, state: RunState) -> None:
+        """Atomically; a folder that cannot take it (full) stops the run in one line, its last good state kept."""
         state.updated_at = time.time()
-        # Unsorted: the stages stay in pipeline order, which `status` shows.
-        atomic_write_json(self.state_path(state.run_id), state.to_json(), sort_keys=False)
+        path = self.state_path(state.run_id)
+        try:
+            # Unsorted: the stages stay in pipeline order, which `status` shows.
+            atomic_write_json(path, state.to_json(), sort_keys=False)
+        except OSError as exc:
+            raise StateError(
+                f"cannot save the state of run {state.run_id} in {path.parent}: "
+                f"{exc.strerror or exc}; its last saved state is kept. Free space there (or fix the "
+                f"folder), then `bcp-pipeline resume {state.run_id}` continues it"
+            ) from None
+
+    def keep_submission(self, run_id: str, job_id: str, text: str) -> None:  # for `report`; secrets out already
+        atomic_write_text(self.run_dir(run_id) / "submitted" / f"{job_id}.txt", text + "\n")
 
     def load(self, run_id: str) -> RunState:
         path = self.state_path(run_id)
@@ -246,12 +272,12 @@ class RunStore:
                 raise StateError(corrupt.describe())
             known = ", ".join(r.run_id for r in self.runs()[-5:]) or "(none)"
             raise StateError(f"no run {run_id!r} under {self.runs_dir}; recent runs: {known}")
-        state = self._read(run_id)
+        state = self._read(run_id, notify=False)  # raised, it is said once: not also as a notice
         if isinstance(state, CorruptRun):
             raise StateError(state.describe())
         return state
 
-    def _read(self, run_id: str) -> RunState | CorruptRun:
+    def _read(self, run_id: str, notify: bool = True) -> RunState | CorruptRun:
         """The run's state, or (when it cannot be read) the corrupt run it is now, its file set aside."""
         path = self.state_path(run_id)
         try:
@@ -259,9 +285,9 @@ class RunStore:
         except FileNotFoundError:  # set aside meanwhile by another process
             return self.corrupt(run_id) or CorruptRun(run_id=run_id, path=path, reason="state.json vanished")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # AttributeError: e.g. "stages": []
-            return self._set_aside(run_id, _reason(exc))
+            return self._set_aside(run_id, _reason(exc), notify)
 
-    def _set_aside(self, run_id: str, reason: str) -> CorruptRun:
+    def _set_aside(self, run_id: str, reason: str, notify: bool = True) -> CorruptRun:
         """Rename the unreadable state.json to a name that says so (a link first: nothing is ever overwritten)."""
         path = self.state_path(run_id)
         aside = path.with_name(f"state.corrupt-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}.json")
@@ -271,7 +297,8 @@ class RunStore:
         except FileNotFoundError:  # another process set it aside first, and reported it
             return self.corrupt(run_id) or CorruptRun(run_id=run_id, path=path, reason=reason)
         corrupt = CorruptRun(run_id=run_id, path=aside, reason=reason)
-        self.notice(corrupt.describe())
+        if notify:
+            self.notice(corrupt.describe())
         return corrupt
 
     def corrupt(self, run_id: str) -> CorruptRun | None:
@@ -314,17 +341,25 @@ class RunStore:
     def undriven(self, state: RunState) -> bool:
         """A run its state calls unfinished (running or pending) that no process drives: `resume` continues it.
         A run a BCP driver job owns is driven there, not under this machine's lock."""
-        return (state.status in ("running", "pending") and not state.driver_owned
-                and not RunLock.held(self.run_dir(state.run_id)))
+        return (
+            state.status in ("running", "pending")
+            and not state.driver_owned
+            and not RunLock.held(self.run_dir(state.run_id))
+        )
 
     def resolve(self, run_id: str | None) -> RunState:
         """A run by id, or the most recent readable run when `run_id` is None."""
         if run_id:
             return self.load(run_id)
-        latest = self.latest()
-        if latest is None:
+        readable, corrupt = self.scan()
+        if not readable and corrupt:  # "no runs yet" would hide it (its notice said why it cannot be read)
+            raise StateError(
+                f"no readable run under {self.runs_dir}: run {corrupt[-1].run_id} is corrupt, its state "
+                f"set aside as {corrupt[-1].path}; `bcp-pipeline list` shows the runs"
+            )
+        if not readable:
             raise StateError(f"no runs yet under {self.runs_dir}; start one with `bcp-pipeline run PIPELINE`")
-        return latest
+        return readable[-1]
 
 
 class RunLock:
@@ -342,8 +377,10 @@ class RunLock:
         except BlockingIOError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise StateError(f"run {self.path.parent.name} is being driven by pid {holder}; "
-                             "watch it with `bcp-pipeline status`, or stop that process first") from None
+            raise StateError(
+                f"run {self.path.parent.name} is being driven by pid {holder}; "
+                "watch it with `bcp-pipeline status`, or stop that process first"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd

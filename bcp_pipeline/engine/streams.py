@@ -47,24 +47,28 @@ class Streams(RunContext):
         changed = False
         for name in self.pipeline.order():
             stage_state = self.state.stages[name]
-            stopped = [need for need in self.pipeline.stages[name].streamed
-                       if self.state.stages[need].status in STOPPED]
+            stopped = [
+                need for need in self.pipeline.stages[name].streamed if self.state.stages[need].status in STOPPED
+            ]
             job = stage_state.active_job()
             if not stopped or job is None or job.kind != "stage":
                 continue
             try:
                 self.backend.cancel([job.job_id])
             except (BackendCallError, OSError) as exc:
-                self.progress.event(f"{name}: cancelling job {job.job_id} after {stopped[0]} stopped failed "
-                                    f"({exc}); trying again")
+                self.progress.event(
+                    f"{name}: cancelling job {job.job_id} after {stopped[0]} stopped failed ({exc}); trying again"
+                )
                 continue
             upstream = stopped[0]
             reason = f"{upstream} {self.state.stages[upstream].status.value}"
             job.state, job.ended_at = JobState.CANCELLED.value, time.time()
             job.detail = f"cancelled: it streams from {reason}"
             stage_state.status = StageStatus.CANCELLED
-            stage_state.error = (f"stopped because {reason}, whose outputs it was taking as they landed; a resume "
-                                 "runs both again, each skipping what it finished")
+            stage_state.error = (
+                f"stopped because {reason}, whose outputs it was taking as they landed; a resume "
+                "runs both again, each skipping what it finished"
+            )
             self.progress.event(f"{name}: {stage_state.error}")
             changed = True
         if changed:

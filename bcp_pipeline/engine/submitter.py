@@ -10,10 +10,11 @@ backend's `lookup_grace_seconds` before it is submitted.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bcp_pipeline.atomic import atomic_write_text
 from bcp_pipeline.backends.contract import JobRequest
+from bcp_pipeline.config.bridge_index import index_manifest
 from bcp_pipeline.config.model import PipelineConfig, StageConfig, expected_count
 from bcp_pipeline.config.placeholders import resolve_int
 from bcp_pipeline.engine.context import RunContext
@@ -34,6 +35,7 @@ class Submitter(RunContext):
     outcomes: Outcomes
     selected: set[str]  # stages this invocation may submit
     _failures: dict[str, int] = field(default_factory=dict)  # stage -> submit calls failed in a row
+    stop_asked: Callable[[], bool] = lambda: False  # asked before every submission: a `cancel` from elsewhere
     # (stage, kind) found in flight when this orchestrator started -> when the look-up first came back empty
     _recovering: dict[tuple[str, str], float | None] = field(init=False)
 
@@ -45,8 +47,11 @@ class Submitter(RunContext):
             # driver handing over between two cycles must not make its successor wait for a job never asked for).
             if stage_state.status is StageStatus.SUBMITTING:
                 self._recovering[(name, "stage")] = None
-            elif (stage_state.status is StageStatus.VERIFYING and stage_state.active_job() is None
-                  and stage_state.submit_call == "verify"):
+            elif (
+                stage_state.status is StageStatus.VERIFYING
+                and stage_state.active_job() is None
+                and stage_state.submit_call == "verify"
+            ):
                 self._recovering[(name, "verify")] = None
 
     def due(self, name: str) -> str | None:
@@ -64,11 +69,40 @@ class Submitter(RunContext):
         if stage_state.status is StageStatus.VERIFYING and stage_state.active_job() is None:
             # A streamed edge: the upstream's outputs are counted complete before this stage's are (streams.py).
             return None if unverified_upstreams(self.pipeline, self.state, name) else "verify"
-        stopped = any(s.status in (StageStatus.FAILED, StageStatus.CANCELLED) for s in self.state.stages.values())
-        if (not stopped and stage_state.status is StageStatus.PENDING
-                and all(need_met(self.pipeline, self.state, name, need) for need in self.pipeline.stages[name].needs)):
+        # A stage of this invocation that failed stops the rest; one it does not run (--only, --from, left failed
+        # or cancelled before) stops nothing by itself: where it is needed, the need below is unmet.
+        stopped = any(
+            s.status in (StageStatus.FAILED, StageStatus.CANCELLED)
+            for other, s in self.state.stages.items()
+            if other in self.selected
+        )
+        if (
+            not stopped
+            and stage_state.status is StageStatus.PENDING
+            and all(need_met(self.pipeline, self.state, name, need) for need in self.pipeline.stages[name].needs)
+        ):
             return "stage"
         return None
+
+    def blocked(self) -> list[str]:
+        """Why each selected stage still pending cannot start: a need this invocation does not run, not done."""
+        reasons = []
+        for name in self.pipeline.order():
+            if name not in self.selected or self.state.stages[name].status is not StageStatus.PENDING:
+                continue
+            unmet = [
+                need
+                for need in self.pipeline.stages[name].needs
+                if need not in self.selected and not need_met(self.pipeline, self.state, name, need)
+            ]
+            if unmet:
+                states = ", ".join(f"{need} ({self.state.stages[need].status.value})" for need in unmet)
+                reasons.append(
+                    f"{name}: not started: it needs {states}, which this invocation does not run; add "
+                    f"--only {' --only '.join(unmet)}, or `bcp-pipeline resume {self.state.run_id}` "
+                    "runs the stages the run was started with"
+                )
+        return reasons
 
     def anything_due(self) -> bool:
         return any(self.due(name) for name in self.pipeline.stages)
@@ -80,17 +114,21 @@ class Submitter(RunContext):
             kind = self.due(name)  # asked per stage: a failure just above stops the stages after it
             if kind is None:
                 continue
+            if self.stop_asked():  # no job is submitted after a cancel: the orchestrator stops the run
+                return changed
             try:
                 changed |= self.submit(name, kind)
                 self._failures.pop(name, None)
             except SubmissionError as exc:
                 self.outcomes.fail(name, self.state.stages[name], f"cannot submit its {kind} job: {exc}")
+                self.store.save(self.state)  # on disk: the loop may end now, and `status` must not say "submitting"
                 changed = True
             except (BackendCallError, OSError) as exc:  # retried after the poll back-off, which grows meanwhile
                 count = self._failures[name] = self._failures.get(name, 0) + 1
                 if count >= SUBMIT_ATTEMPTS:
-                    self.outcomes.fail(name, self.state.stages[name],
-                                       f"submitting its {kind} job failed {count} times: {exc}")
+                    self.outcomes.fail(
+                        name, self.state.stages[name], f"submitting its {kind} job failed {count} times: {exc}"
+                    )
                 else:
                     self.progress.event(f"{name}: submitting its {kind} job failed ({exc}); retrying")
         return changed
@@ -98,8 +136,13 @@ class Submitter(RunContext):
     def request(self, name: str, kind: str) -> JobRequest:
         """The backend-neutral request for stage `name`'s next job of `kind` (pure)."""
         attempts = self.state.stages[name].attempts
-        return job_request(self.pipeline, self.pipeline.stages[name], kind, self.state.run_id,
-                           attempt=attempts if kind == "verify" else attempts + 1)
+        return job_request(
+            self.pipeline,
+            self.pipeline.stages[name],
+            kind,
+            self.state.run_id,
+            attempt=attempts if kind == "verify" else attempts + 1,
+        )
 
     def submit(self, name: str, kind: str) -> bool:
         """Submit the stage's job (or its verification), never a second one while one is alive: False while a job
@@ -148,8 +191,10 @@ class Submitter(RunContext):
         if first_miss is None:
             first_miss = self._recovering[(name, kind)] = time.monotonic()
             if grace > 0:
-                self.progress.event(f"{name}: no {kind} job listed for it yet; looking again for up to {grace:.0f} s "
-                                    "before submitting one (a job created just before a restart may be listed late)")
+                self.progress.event(
+                    f"{name}: no {kind} job listed for it yet; looking again for up to {grace:.0f} s "
+                    "before submitting one (a job created just before a restart may be listed late)"
+                )
         return time.monotonic() - first_miss < grace
 
     def record_submission(self, job_id: str, printable: str) -> None:
@@ -157,9 +202,8 @@ class Submitter(RunContext):
 
         After the state is saved: the job exists either way, and losing this copy only makes `report` re-render it.
         """
-        path = self.store.run_dir(self.state.run_id) / "submitted" / f"{job_id}.txt"
         try:
-            atomic_write_text(path, redact(printable, secret_values()) + "\n")
+            self.store.keep_submission(self.state.run_id, job_id, redact(printable, secret_values()))
         except OSError as exc:
             self.progress.event(f"could not keep the submitted command of job {job_id} ({exc}); report re-renders it")
 
@@ -167,15 +211,29 @@ class Submitter(RunContext):
 def job_request(pipeline: PipelineConfig, stage: StageConfig, kind: str, run_id: str, attempt: int = 1) -> JobRequest:
     """Stage `stage`'s job of `kind`: its program, or verify.py with the stage's checks (pure)."""
     if kind == "verify":
-        return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="verify", program="verify.py",
-                          args=tuple(verification_args(pipeline, stage)), attempt=attempt)
+        return JobRequest(
+            run_id=run_id,
+            pipeline=pipeline,
+            stage=stage,
+            kind="verify",
+            program="verify.py",
+            args=tuple(verification_args(pipeline, stage)),
+            attempt=attempt,
+        )
     # Training (an engine's, or continued from checkpoints) follows its own rules for what it finds.
     data_stage = stage.engine is None and stage.continuation is None
-    return JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
-                      args=tuple(stage.args), attempt=attempt,
-                      output_digest=output_digest(pipeline, stage.name) if data_stage else None,
-                      other_outputs=stage.other_outputs,
-                      stream_digests=tuple(output_digest(pipeline, need) for need in stage.streamed))
+    return JobRequest(
+        run_id=run_id,
+        pipeline=pipeline,
+        stage=stage,
+        kind="stage",
+        program=stage.program,
+        args=tuple(stage.args),
+        attempt=attempt,
+        output_digest=output_digest(pipeline, stage.name) if data_stage else None,
+        other_outputs=stage.other_outputs,
+        stream_digests=tuple(output_digest(pipeline, need) for need in stage.streamed),
+    )
 
 
 def planned_requests(pipeline: PipelineConfig, run_id: str) -> list[JobRequest]:
@@ -194,6 +252,8 @@ def verification_args(pipeline: PipelineConfig, stage: StageConfig) -> list[str]
     args = []
     for check in stage.verify:
         args += ["--check", f"{check.glob}={expected_count(pipeline, stage.name, check)}"]
+    if stage.data_index_of:  # its manifest: every file it lists there at its size, and no other
+        args += ["--listed", index_manifest(pipeline.stages[stage.data_index_of])]
     if stage.continuation:
         target = resolve_int(str(stage.continuation.target_steps), pipeline.vars)
         args += ["--progress", f"{stage.continuation.checkpoints}={target}"]

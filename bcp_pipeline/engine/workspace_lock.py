@@ -34,9 +34,16 @@ class WorkspaceLock:
     def __init__(self, path: Path, *, workspace: str, state: RunState, store: RunStore) -> None:
         self.path = path
         self.workspace = workspace
-        self.holder = {"run_id": state.run_id, "pipeline": state.pipeline, "backend": state.backend,
-                       "state_root": str(store.root.resolve()), "pid": os.getpid(), "host": socket.gethostname()}
+        self.holder = {
+            "run_id": state.run_id,
+            "pipeline": state.pipeline,
+            "backend": state.backend,
+            "state_root": str(store.root.resolve()),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }
         self._fd: int | None = None
+        self.recorded = store.state_path(state.run_id).is_file()  # False: a new run, which a refusal leaves unmade
 
     def acquire(self, *, detached: bool = False) -> None:
         """Take the lock, or raise a StateError naming the run that holds the workspace."""
@@ -77,19 +84,30 @@ class WorkspaceLock:
             todo = f"wait for it to end, or stop it with `bcp-pipeline cancel {run_id}` (and Ctrl-C its orchestrator)"
         else:
             what = f"is being written by run {run_id}{where}, detached to a BCP driver job"
-            todo = (f"follow it with `bcp-pipeline status {run_id}`, stop it with `bcp-pipeline cancel {run_id}`, "
-                    f"or take it back with `bcp-pipeline resume {run_id}`")
-        return (f"workspace {self.workspace} {what}; two runs writing one workspace corrupt each other's data, so "
-                f"run {self.holder['run_id']} is refused: {todo} (lock: {self.path})")
+            todo = (
+                f"follow it with `bcp-pipeline status {run_id}`, stop it with `bcp-pipeline cancel {run_id}`, "
+                f"or take it back with `bcp-pipeline resume {run_id}`"
+            )
+        refused = (
+            f"run {self.holder['run_id']} is refused"
+            if self.recorded
+            else "this run is refused (nothing of it was recorded)"
+        )
+        return (
+            f"workspace {self.workspace} {what}; two runs writing one workspace corrupt each other's data, so "
+            f"{refused}: {todo} (lock: {self.path})"
+        )
 
 
 @contextlib.contextmanager
-def hold_workspace(backend: Backend, workspace: str, state: RunState, store: RunStore, *,
-                   detached: bool = False) -> Iterator[None]:
+def hold_workspace(
+    backend: Backend, workspace: str, state: RunState, store: RunStore, *, detached: bool = False
+) -> Iterator[None]:
     """The writer lock of workspace `workspace` as `backend` writes it for `state`, held for the block. With
     `detached` the record stays after it (a driver job writes from now on: see the module's docstring)."""
-    lock = WorkspaceLock(backend.writer_lock_path(), workspace=f"{workspace} ({backend.name})", state=state,
-                         store=store)
+    lock = WorkspaceLock(
+        backend.writer_lock_path(), workspace=f"{workspace} ({backend.name})", state=state, store=store
+    )
     lock.acquire(detached=detached)
     try:
         yield

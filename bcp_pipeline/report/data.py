@@ -23,25 +23,49 @@ class SubmittedCommand:
     source: str  # "recorded at submission" or "re-rendered from the config (not recorded at submission)"
 
 
-def report_data(state: RunState, *, now: float, estimate: PlanEstimate | None = None,
-                actual: dict[str, dict] | None = None, training_logs: dict[str, str] | None = None,
-                commands: dict[str, SubmittedCommand] | None = None, secrets: list[str] | None = None,
-                notes: list[str] | None = None, stage_facts: dict[str, StageFacts] | None = None,
-                cpu_peak_tflops: float | None = None) -> dict:
+def report_data(
+    state: RunState,
+    *,
+    now: float,
+    estimate: PlanEstimate | None = None,
+    actual: dict[str, dict] | None = None,
+    training_logs: dict[str, str] | None = None,
+    commands: dict[str, SubmittedCommand] | None = None,
+    secrets: list[str] | None = None,
+    notes: list[str] | None = None,
+    stage_facts: dict[str, StageFacts] | None = None,
+    cpu_peak_tflops: float | None = None,
+    heldout: dict[str, dict] | None = None,
+) -> dict:
     """Everything the report shows. `training_logs` and `commands` are keyed by job id; `secrets` are redacted from
     every command line; `now` ends the bars of jobs still running. `stage_facts` and `cpu_peak_tflops` turn
-    step times into tokens/s and MFU (report/throughput.py)."""
+    step times into tokens/s and MFU (report/throughput.py). `heldout`: per evaluate stage, the training it
+    evaluates and its held-out losses (report/heldout.py), drawn beside that training's loss."""
     actual = actual or {}
     clock = _Clock(state.created_at, now)
     return {
-        "run": {"run_id": state.run_id, "pipeline": state.pipeline, "backend": state.backend, "status": state.status,
-                "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.created_at)),
-                "elapsed_s": clock.at(_run_end(state, now))},
+        "run": {
+            "run_id": state.run_id,
+            "pipeline": state.pipeline,
+            "backend": state.backend,
+            "status": state.status,
+            "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.created_at)),
+            "elapsed_s": clock.at(_run_end(state, now)),
+        },
         "timeline": [timeline_row(name, job, clock) for name, stage in state.stages.items() for job in stage.jobs],
         "stages": [stage_row(name, stage, actual.get(name) or {}, clock) for name, stage in state.stages.items()],
-        "training": training_series(state, training_logs or {}, clock),
-        "throughput": throughput_series(_logs_by_stage(state, training_logs or {}), stage_facts or {},
-                                        lambda processes: cpu_peak(cpu_peak_tflops, processes)),
+        "watched": [
+            watched_row(name, job, clock)
+            for name, stage in state.stages.items()
+            for job in stage.jobs
+            if job.stall or job.gpu_utilization
+        ],
+        "training": training_series(state, training_logs or {}, clock, heldout or {}),
+        "throughput": throughput_series(
+            _logs_by_stage(state, training_logs or {}),
+            stage_facts or {},
+            lambda processes: cpu_peak(cpu_peak_tflops, processes),
+        ),
         "estimates": estimate_rows(state, estimate, actual) if estimate is not None else [],
         "commands": command_rows(state, commands or {}, secrets or []),
         "notes": list(notes or []),
@@ -74,12 +98,37 @@ def timeline_row(stage: str, job: JobRecord, clock: _Clock) -> dict:
     """
     end = job.ended_at if job.ended_at is not None else clock.now
     start = job.started_at if job.started_at is not None else job.submitted_at
-    return {"stage": stage, "job_id": job.job_id, "kind": job.kind, "attempt": job.attempt,
-            "label": _job_label(stage, job),
-            "state": job.state, "native": job.native, "finished": job.ended_at is not None,
-            "submitted_s": clock.at(job.submitted_at), "started_s": clock.at(start), "ended_s": clock.at(end),
-            "queued_s": round(start - job.submitted_at, 3), "running_s": round(end - start, 3),
-            "start_observed": job.started_at is not None}
+    return {
+        "stage": stage,
+        "job_id": job.job_id,
+        "kind": job.kind,
+        "attempt": job.attempt,
+        "label": _job_label(stage, job),
+        "state": job.state,
+        "native": job.native,
+        "finished": job.ended_at is not None,
+        "submitted_s": clock.at(job.submitted_at),
+        "started_s": clock.at(start),
+        "ended_s": clock.at(end),
+        "queued_s": round(start - job.submitted_at, 3),
+        "running_s": round(end - start, 3),
+        "start_observed": job.started_at is not None,
+    }
+
+
+def watched_row(stage: str, job: JobRecord, clock: _Clock) -> dict:
+    """A training job as the run watched it: the stall guard's reason and the last lines it kept, where it found the
+    job stalled; each replica's GPU utilization as last sampled, where the service measures it (BCP)."""
+    sample = job.gpu_utilization or {}
+    return {
+        "stage": stage,
+        "job_id": job.job_id,
+        "state": job.state,
+        "gpu_utilization": dict(sample.get("replicas") or {}) or None,
+        "sampled_s": clock.at(sample.get("at")),
+        "stall_reason": (job.stall or {}).get("reason"),
+        "last_lines": list((job.stall or {}).get("last_lines") or []),
+    }
 
 
 def _job_label(stage: str, job: JobRecord) -> str:
@@ -92,19 +141,31 @@ def _job_label(stage: str, job: JobRecord) -> str:
 def stage_row(name: str, stage: StageState, rates: dict, clock: _Clock) -> dict:
     """A stage's outcome: status, sharding, attempts, verification counts and its effective throughput."""
     verification = stage.verification or {}
-    return {"stage": name, "status": stage.status.value, "attempts": stage.attempts,
-            "sharding": (f"{stage.sharding['replicas']}x{stage.sharding['processes']}" if stage.sharding else None),
-            "started_s": clock.at(stage.started_at), "finished_s": clock.at(stage.finished_at),
-            "checks": [{"glob": c.get("glob"), "expected": c.get("expected"), "found": c.get("found"),
-                        "bytes": c.get("bytes")} for c in verification.get("checks", [])],
-            "steps": verification.get("steps"), "target_steps": verification.get("target"),
-            "verified": verification.get("ok") if verification else None,
-            "throughput": {key: round(value, 6) for key, value in rates.items()},
-            "summary": stage.extra.get("summary"), "error": stage.error}
+    return {
+        "stage": name,
+        "status": stage.status.value,
+        "attempts": stage.attempts,
+        "sharding": (f"{stage.sharding['replicas']}x{stage.sharding['processes']}" if stage.sharding else None),
+        "started_s": clock.at(stage.started_at),
+        "finished_s": clock.at(stage.finished_at),
+        "checks": [
+            {"glob": c.get("glob"), "expected": c.get("expected"), "found": c.get("found"), "bytes": c.get("bytes")}
+            for c in verification.get("checks", [])
+        ],
+        "steps": verification.get("steps"),
+        "target_steps": verification.get("target"),
+        "verified": verification.get("ok") if verification else None,
+        "throughput": {key: round(value, 6) for key, value in rates.items()},
+        "summary": stage.extra.get("summary"),
+        "error": stage.error,
+    }
 
 
-def training_series(state: RunState, logs: dict[str, str], clock: _Clock) -> list[dict]:
-    """Per training stage, per attempt (stage job): loss and step points parsed from its log.
+def training_series(
+    state: RunState, logs: dict[str, str], clock: _Clock, heldout: dict[str, dict] | None = None
+) -> list[dict]:
+    """Per training stage, per attempt (stage job): loss and step points parsed from its log; with the held-out
+    losses of the evaluate stages that evaluate it ("heldout": [{stage, points: [{step, loss, ...}]}]).
 
     `run_s` puts a point on the run's clock: the job's start plus the time the log gives since its first step
     (the program's start-up before that step is not in the log, so points sit slightly early).
@@ -116,11 +177,24 @@ def training_series(state: RunState, logs: dict[str, str], clock: _Clock) -> lis
             if job.kind != "stage" or job.job_id not in logs:
                 continue
             start = job.started_at if job.started_at is not None else job.submitted_at
-            points = [{**p.as_json(), "run_s": None if p.seconds is None else clock.at(start + p.seconds)}
-                      for p in parse_training_log(logs[job.job_id])]
+            points = [
+                {**p.as_json(), "run_s": None if p.seconds is None else clock.at(start + p.seconds)}
+                for p in parse_training_log(logs[job.job_id])
+            ]
             attempts.append({"job_id": job.job_id, "attempt": job.attempt, "points": points})
+        evaluations = [
+            {
+                "stage": found["stage"],
+                "points": [
+                    {"step": p["step"], "loss": _round(p["loss"]), "perplexity": _round(p.get("perplexity"))}
+                    for p in found["points"]
+                ],
+            }
+            for found in (heldout or {}).values()
+            if found["training"] == name and found["points"]
+        ]
         if any(a["points"] for a in attempts):
-            series.append({"stage": name, "attempts": attempts})
+            series.append({"stage": name, "attempts": attempts, "heldout": evaluations})
     return series
 
 
@@ -131,10 +205,20 @@ def estimate_rows(state: RunState, estimate: PlanEstimate, actual: dict[str, dic
         if s.stage not in state.stages:
             continue
         elapsed = (actual.get(s.stage) or {}).get("elapsed_s")
-        rows.append({"stage": s.stage, "instance": s.instance, "nodes": s.nodes, "basis": s.basis or None,
-                     "modelled": s.modelled, "estimate_s": _round(s.seconds), "actual_s": _round(elapsed),
-                     "actual_over_estimate": (round(elapsed / s.seconds, 3) if elapsed and s.seconds else None),
-                     "node_hours": _round(s.node_hours), "gpu_hours": _round(s.gpu_hours)})
+        rows.append(
+            {
+                "stage": s.stage,
+                "instance": s.instance,
+                "nodes": s.nodes,
+                "basis": s.basis or None,
+                "modelled": s.modelled,
+                "estimate_s": _round(s.seconds),
+                "actual_s": _round(elapsed),
+                "actual_over_estimate": (round(elapsed / s.seconds, 3) if elapsed and s.seconds else None),
+                "node_hours": _round(s.node_hours),
+                "gpu_hours": _round(s.gpu_hours),
+            }
+        )
     return rows
 
 
@@ -144,9 +228,16 @@ def command_rows(state: RunState, commands: dict[str, SubmittedCommand], secrets
     for name, stage in state.stages.items():
         for job in stage.jobs:
             command = commands.get(job.job_id)
-            rows.append({"stage": name, "job_id": job.job_id, "kind": job.kind, "attempt": job.attempt,
-                         "text": redact(command.text, secrets) if command else None,
-                         "source": command.source if command else "not available"})
+            rows.append(
+                {
+                    "stage": name,
+                    "job_id": job.job_id,
+                    "kind": job.kind,
+                    "attempt": job.attempt,
+                    "text": redact(command.text, secrets) if command else None,
+                    "source": command.source if command else "not available",
+                }
+            )
     return rows
 
 

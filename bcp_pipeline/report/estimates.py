@@ -21,13 +21,14 @@ from pathlib import Path
 from bcp_pipeline.config.durations import format_elapsed, parse_duration
 from bcp_pipeline.config.instances import InstanceType
 from bcp_pipeline.config.model import PipelineConfig, StageConfig, expected_count
-from bcp_pipeline.config.training import training_plan
 from bcp_pipeline.config.resources import RankLayout, rank_layout
+from bcp_pipeline.config.training import training_plan
 from bcp_pipeline.engine.state import StageState
-from bcp_pipeline.report.measured import Measurement
+from bcp_pipeline.report.heldout import EVALUATE_PROGRAM
+from bcp_pipeline.report.measured import Measurement, measured_steps
+from bcp_pipeline.report.mfu import Peak, flops_per_token, gpu_peak, params_for_flops, step_seconds_at
 from bcp_pipeline.report.nodes import NodeType, node_type
 from bcp_pipeline.report.schedule import schedule
-from bcp_pipeline.report.mfu import Peak, flops_per_token, gpu_peak, step_seconds_at
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,15 @@ class Throughput:
     unit: str  # "MB/s" (of output written) or "tokens/s"
     threads_option: str | None = None  # the program's option giving cores per process
     default_threads: int | None = 1  # without the option; None: every core of the node
+    engine: str | None = None  # what the rate assumes runs, where the program may run something slower instead
 
 
 DATA_PROGRAMS = {
     "extract.py": Throughput(312.0, "MB/s", "--threads", 2),  # 625 MB/s with --threads 2 on 2 cores, 9.8 GB
     "concat.py": Throughput(976.0, "MB/s"),  # one process, 9.8 GB
-    "preprocess.py": Throughput(1.95e6, "tokens/s", "--workers", None),  # tokens/s per core, 2 workers
+    # Tokens per CPU-second of the stage with gigatoken, 2 workers (--only tokenize, median of 5, 2026-12-01); with
+    # tiktoken (where a job's image cannot install gigatoken) about 1/9 of it.
+    "preprocess.py": Throughput(27.1e6, "tokens/s", "--workers", None, "gigatoken"),
 }
 DOWNLOAD_PROGRAM = "download.py"
 IDX_BYTES_PER_DOCUMENT = 20  # Megatron .idx: int32 size + int64 pointer + int64 document index per document
@@ -99,50 +103,91 @@ class PlanEstimate:
         return sum(s.gpu_hours or 0.0 for s in self.stages)
 
     def as_json(self) -> dict:
-        return {"stages": [s.as_json() for s in self.stages],
-                "total": {"seconds": self.seconds, "node_hours": self.node_hours, "gpu_hours": self.gpu_hours,
-                          "complete": self.complete},
-                "data_preparation": {"seconds": self.data_seconds, "serial_seconds": self.serial_data_seconds},
-                "warnings": self.warnings}
+        return {
+            "stages": [s.as_json() for s in self.stages],
+            "total": {
+                "seconds": self.seconds,
+                "node_hours": self.node_hours,
+                "gpu_hours": self.gpu_hours,
+                "complete": self.complete,
+            },
+            "data_preparation": {"seconds": self.data_seconds, "serial_seconds": self.serial_data_seconds},
+            "warnings": self.warnings,
+        }
 
 
-
-
-def estimate_pipeline(pipeline: PipelineConfig, instances: dict[str, InstanceType],
-                      measured: Measurement | None = None, counted_tokens: dict[str, int] | None = None,
-                      backend: str = "bcp", here: InstanceType | None = None) -> PlanEstimate:
+def estimate_pipeline(
+    pipeline: PipelineConfig,
+    instances: dict[str, InstanceType],
+    measured: Measurement | None = None,
+    counted_tokens: dict[str, int] | None = None,
+    backend: str = "bcp",
+    here: InstanceType | None = None,
+) -> PlanEstimate:
     """Every stage's estimate on `backend`, the total along the DAG's longest path (streamed edges overlapping,
     schedule.py), and warnings. `measured`: a
     profile run's step time, which replaces the declared MFU for its stage when it ran on the same backend,
     instance and nodes. `counted_tokens`: per training stage, the tokens its data holds as counted from the
     preprocess manifests (manifest_tokens), where they exist. `here`: this machine, the local backend's node."""
-    stages = {name: estimate_stage(pipeline, pipeline.stages[name], instances, measured,
-                                   (counted_tokens or {}).get(name), backend, here) for name in pipeline.order()}
-    timing = schedule(pipeline, {name: est.seconds for name, est in stages.items()},
-                      {name: est.items_out for name, est in stages.items()}, backend)
+    stages = {
+        name: estimate_stage(
+            pipeline, pipeline.stages[name], instances, measured, (counted_tokens or {}).get(name), backend, here
+        )
+        for name in pipeline.order()
+    }
+    timing = schedule(
+        pipeline,
+        {name: est.seconds for name, est in stages.items()},
+        {name: est.items_out for name, est in stages.items()},
+        backend,
+    )
     for name, note in timing.notes.items():
         stages[name].notes.append(note)
     warnings = [w for s in stages.values() for w in _warnings(pipeline.stages[s.stage], s)]
-    return PlanEstimate(stages=list(stages.values()), seconds=max(timing.finish.values(), default=0.0),
-                        complete=all(s.seconds is not None for s in stages.values() if s.modelled), warnings=warnings,
-                        data_seconds=timing.data_seconds, serial_data_seconds=timing.serial_data_seconds)
+    return PlanEstimate(
+        stages=list(stages.values()),
+        seconds=max(timing.finish.values(), default=0.0),
+        complete=all(s.seconds is not None for s in stages.values() if s.modelled),
+        warnings=warnings,
+        data_seconds=timing.data_seconds,
+        serial_data_seconds=timing.serial_data_seconds,
+    )
 
 
-def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict[str, InstanceType],
-                   measured: Measurement | None = None, counted_tokens: int | None = None, backend: str = "bcp",
-                   here: InstanceType | None = None) -> StageEstimate:
+def estimate_stage(
+    pipeline: PipelineConfig,
+    stage: StageConfig,
+    instances: dict[str, InstanceType],
+    measured: Measurement | None = None,
+    counted_tokens: int | None = None,
+    backend: str = "bcp",
+    here: InstanceType | None = None,
+) -> StageEstimate:
     layout = rank_layout(stage, backend)  # the job's shape as the backend's renderer makes it (one place for both)
     node = node_type(stage, backend, instances, here)
     instance = node.facts
-    est = StageEstimate(stage=stage.name, instance=node.label, nodes=layout.nodes,
-                        gpus_per_node=instance.gpus if instance else 0, notes=list(node.notes))
+    est = StageEstimate(
+        stage=stage.name,
+        instance=node.label,
+        nodes=layout.nodes,
+        gpus_per_node=instance.gpus if instance else 0,
+        notes=list(node.notes),
+    )
     if stage.verify:
         est.items_out = expected_count(pipeline, stage.name, stage.verify[0])
     upstream = [pipeline.stages[n] for n in stage.needs if pipeline.stages[n].verify]
     if upstream:
         est.items_in = expected_count(pipeline, upstream[0].name, upstream[0].verify[0])
-    size = {key: pipeline.estimates.number(key, pipeline.vars)
-            for key in ("compressed_bytes", "text_bytes", "documents", "tokens")}
+    share = data_share(pipeline, stage)
+    size = {
+        key: None if (value := pipeline.estimates.number(key, pipeline.vars)) is None else value * share
+        for key in ("compressed_bytes", "text_bytes", "documents", "tokens")
+    }
+    if share != 1.0:
+        est.notes.append(
+            f"{share:.2g} of the declared data-set size: the files of its download against the "
+            "largest download's (a held-out split, say)"
+        )
     if stage.engine:
         _estimate_training(pipeline, stage, node, est, size, counted_tokens)
         if measured is not None and measured.stage == stage.name:
@@ -158,14 +203,73 @@ def estimate_stage(pipeline: PipelineConfig, stage: StageConfig, instances: dict
             est.basis = f"{layout.nodes} node(s) x {rate:g} MB/s (declared)"
     elif stage.program in DATA_PROGRAMS:
         _estimate_data(pipeline, stage, instance, est, size, layout)
+    elif stage.export_of in pipeline.stages and training_plan(pipeline.stages[stage.export_of], "bcp"):
+        _estimate_export(pipeline, pipeline.stages[stage.export_of], est)
+    elif measured is not None and measured.stage == stage.name and stage.continuation is not None:  # smoke pretrain
+        est.seconds, est.basis, est.modelled = measured_steps(measured, stage, backend, est, pipeline.vars)
+    elif stage.program == EVALUATE_PROGRAM:
+        # A forward pass over a few batches a checkpoint, beside the training it streams from: it ends with that
+        # training's last checkpoint, plus one evaluation.
+        est.unit_out, est.modelled = "results", False
+        beside = f"beside {stage.streamed[0]} (streamed), " if stage.streamed else ""
+        est.basis = f"{beside}one result per checkpoint; not timed (counted as 0)"
     else:
-        est.modelled = False
-        est.basis = "not modelled (counted as 0)"
+        est.modelled, est.basis = False, "not modelled (counted as 0)"
     return est
 
 
-def _estimate_data(pipeline: PipelineConfig, stage: StageConfig, instance: InstanceType | None,
-                   est: StageEstimate, size: dict[str, float | None], layout: RankLayout) -> None:
+def _estimate_export(pipeline: PipelineConfig, target: StageConfig, est: StageEstimate) -> None:
+    """An export (config/export.py) reads the model's weights out of the checkpoint and writes them once, in bf16
+    (2 bytes a weight: the matrices and the untied input embedding), at the declared storage rate; AutoBridge's
+    conversion on the CPU is not counted."""
+    plan = training_plan(target, "bcp")
+    if plan.shape is None:
+        est.notes.append(f"no model shape for {plan.model!r}: the export's size is unknown")
+        return
+    weights = params_for_flops(plan.shape, plan.tensor_parallel) + plan.shape.vocab_size * plan.shape.hidden_size
+    est.bytes_in = est.bytes_out = 2.0 * weights
+    storage = pipeline.estimates.storage_mb_per_s_per_node
+    if storage is None:
+        est.notes.append("no storage_mb_per_s_per_node declared: the export's time is unknown")
+        return
+    est.seconds = (est.bytes_in + est.bytes_out) / (storage * 1e6)
+    est.basis = f"{short_number(weights)} weights read and written in bf16 at {storage:g} MB/s (declared)"
+
+
+def data_share(pipeline: PipelineConfig, stage: StageConfig) -> float:
+    """The part of the declared data-set size a data stage handles: the files of the download it descends from
+    against the pipeline's largest download (1 for the training data; 8 of 59,166 for a held-out split's 8 files).
+    A training stage, or one without a counted download upstream, takes the whole."""
+    if stage.engine is not None:
+        return 1.0
+    counts = {
+        name: expected_count(pipeline, name, s.verify[0])
+        for name, s in pipeline.stages.items()
+        if s.program == DOWNLOAD_PROGRAM and s.verify
+    }
+    if not counts or not max(counts.values()):
+        return 1.0
+    seen, todo, found = set(), [stage.name], []
+    while todo:  # every download upstream: a stage that reads the training data and a held-out split takes the whole
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in counts:
+            found.append(counts[name])
+        else:
+            todo.extend(pipeline.stages[name].needs)
+    return max(found) / max(counts.values()) if found else 1.0
+
+
+def _estimate_data(
+    pipeline: PipelineConfig,
+    stage: StageConfig,
+    instance: InstanceType | None,
+    est: StageEstimate,
+    size: dict[str, float | None],
+    layout: RankLayout,
+) -> None:
     program = DATA_PROGRAMS[stage.program]
     reads_zst = any(pipeline.stages[n].program == DOWNLOAD_PROGRAM for n in stage.needs)
     if stage.program == "extract.py":
@@ -186,7 +290,8 @@ def _estimate_data(pipeline: PipelineConfig, stage: StageConfig, instance: Insta
     replicas = layout.nodes
     est.seconds = work / (per_core * scale * cores * replicas)
     source = "declared" if stage.program in pipeline.estimates.per_core else "benchmark"
-    est.basis = f"{replicas} x {cores} cores x {short_number(per_core)} {program.unit} ({source})"
+    engine = f", {program.engine}" if program.engine and source == "benchmark" else ""
+    est.basis = f"{replicas} x {cores} cores x {short_number(per_core)} {program.unit} ({source}{engine})"
     storage = pipeline.estimates.storage_mb_per_s_per_node
     io_bytes = max(est.bytes_in or 0.0, est.bytes_out or 0.0)
     if storage is None:
@@ -219,8 +324,14 @@ def token_file_bytes(tokens: float | None, documents: float | None) -> float | N
     return tokens * TOKEN_BYTES + (documents or 0) * IDX_BYTES_PER_DOCUMENT
 
 
-def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, node: NodeType,
-                       est: StageEstimate, size: dict[str, float | None], counted_tokens: int | None) -> None:
+def _estimate_training(
+    pipeline: PipelineConfig,
+    stage: StageConfig,
+    node: NodeType,
+    est: StageEstimate,
+    size: dict[str, float | None],
+    counted_tokens: int | None,
+) -> None:
     instance = node.facts
     model = training_plan(stage)
     shape = model.shape
@@ -237,16 +348,30 @@ def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, node: NodeT
     tokens = model.steps * model.global_batch_size * shape.seq_length
     per_token = flops_per_token(shape, model.tensor_parallel)
     mfu = pipeline.estimates.mfu
-    est.training = {"tokens": tokens, "flops_per_token": per_token, "flops": tokens * per_token, "mfu": mfu,
-                    "steps": model.steps, "global_batch_size": model.global_batch_size,
-                    "seq_length": shape.seq_length, "steps_key": model.steps_key,
-                    "attempts_key": f"{model.engine}.max_attempts"}
+    est.training = {
+        "tokens": tokens,
+        "flops_per_token": per_token,
+        "flops": tokens * per_token,
+        "mfu": mfu,
+        "steps": model.steps,
+        "global_batch_size": model.global_batch_size,
+        "seq_length": shape.seq_length,
+        "steps_key": model.steps_key,
+        "attempts_key": f"{model.engine}.max_attempts",
+    }
     # Epochs: the tokens trained against the tokens the data holds (counted from the manifests once they exist).
-    data_tokens, source = (counted_tokens, "counted in the preprocess manifests") if counted_tokens else \
-        (size["tokens"], "declared: estimates.tokens")
+    data_tokens, source = (
+        (counted_tokens, "counted in the preprocess manifests")
+        if counted_tokens
+        else (size["tokens"], "declared: estimates.tokens")
+    )
     if data_tokens:
-        est.training.update(data_tokens=data_tokens, data_source=source, epochs=tokens / data_tokens,
-                            steps_per_epoch=int(data_tokens // (model.global_batch_size * shape.seq_length)))
+        est.training.update(
+            data_tokens=data_tokens,
+            data_source=source,
+            epochs=tokens / data_tokens,
+            steps_per_epoch=int(data_tokens // (model.global_batch_size * shape.seq_length)),
+        )
     else:
         est.notes.append("the data's size is not declared (estimates.tokens): epochs unknown until it is counted")
     if instance is None:
@@ -258,13 +383,18 @@ def _estimate_training(pipeline: PipelineConfig, stage: StageConfig, node: NodeT
     peak = instance_peak(stage.bcp.instance, gpus, instance)
     est.seconds = tokens * per_token / (peak.flops_per_s * mfu)
     est.basis = f"{gpus} GPUs x {instance.gpu_peak_tflops:g} TFLOP/s x MFU {mfu:g}"
-    est.training.update(peak=peak.source, step_seconds=step_seconds_at(
-        mfu, model.global_batch_size * shape.seq_length, per_token, peak))
+    est.training.update(
+        peak=peak.source, step_seconds=step_seconds_at(mfu, model.global_batch_size * shape.seq_length, per_token, peak)
+    )
     if stage.bcp.total_runtime:
         per_attempt = parse_duration(stage.bcp.total_runtime) - parse_duration(model.time_margin)
         max_attempts = stage.continuation.max_attempts if stage.continuation else model.max_attempts
-        est.training.update(attempt_seconds=per_attempt, attempts=math.ceil(est.seconds / per_attempt),
-                            max_attempts=max_attempts, total_runtime=stage.bcp.total_runtime)
+        est.training.update(
+            attempt_seconds=per_attempt,
+            attempts=math.ceil(est.seconds / per_attempt),
+            max_attempts=max_attempts,
+            total_runtime=stage.bcp.total_runtime,
+        )
 
 
 def _use_measurement(est: StageEstimate, stage: StageConfig, measured: Measurement, backend: str) -> None:
@@ -272,9 +402,11 @@ def _use_measurement(est: StageEstimate, stage: StageConfig, measured: Measureme
     if est.training is None or est.seconds is None:
         return
     if (measured.backend, measured.instance, measured.nodes) != (backend, stage.bcp.instance, est.nodes):
-        est.notes.append(f"{measured.source} ran on {measured.backend} ({measured.nodes} x "
-                         f"{measured.instance or 'no BCP instance'}), not {est.nodes} x {stage.bcp.instance} on "
-                         f"{backend}: its step time is not used")
+        est.notes.append(
+            f"{measured.source} ran on {measured.backend} ({measured.nodes} x "
+            f"{measured.instance or 'no BCP instance'}), not {est.nodes} x {stage.bcp.instance} on "
+            f"{backend}: its step time is not used"
+        )
         return
     est.seconds = est.training["steps"] * measured.step_s
     mfu = f", MFU {measured.mfu:.0%}" if measured.mfu is not None else ""
@@ -300,26 +432,32 @@ def _warnings(stage: StageConfig, est: StageEstimate) -> list[str]:
 def _epoch_warnings(stage: StageConfig, training: dict) -> list[str]:
     if training.get("epochs", 0) <= 1:
         return []
-    return [f"{stage.name}: {training['steps']:,} steps train {short_number(training['tokens'])} tokens, "
-            f"{training['epochs']:.1f} epochs of the data's {short_number(training['data_tokens'])} "
-            f"({training['data_source']}): the model sees every token {training['epochs']:.0f} times. One epoch is "
-            f"{training['steps_per_epoch']:,} steps (--set {stage.name}.{training['steps_key']}="
-            f"{training['steps_per_epoch']}), or give it more data."]
+    return [
+        f"{stage.name}: {training['steps']:,} steps train {short_number(training['tokens'])} tokens, "
+        f"{training['epochs']:.1f} epochs of the data's {short_number(training['data_tokens'])} "
+        f"({training['data_source']}): the model sees every token {training['epochs']:.0f} times. One epoch is "
+        f"{training['steps_per_epoch']:,} steps (--set {stage.name}.{training['steps_key']}="
+        f"{training['steps_per_epoch']}), or give it more data."
+    ]
 
 
 def _runtime_warnings(stage: StageConfig, est: StageEstimate, training: dict) -> list[str]:
     if "attempts" in training:
         if training["attempts"] > training["max_attempts"]:
-            return [f"{stage.name}: training needs {training['attempts']} attempts of {training['total_runtime']} "
-                    f"but max_attempts is {training['max_attempts']}: the stage stops short of "
-                    f"{training['steps']:,} steps. Set {stage.name}.{training['attempts_key']} to "
-                    f"{training['attempts']} or more (--set {stage.name}.{training['attempts_key']}="
-                    f"{training['attempts']}), or give it more nodes."]
+            return [
+                f"{stage.name}: training needs {training['attempts']} attempts of {training['total_runtime']} "
+                f"but max_attempts is {training['max_attempts']}: the stage stops short of "
+                f"{training['steps']:,} steps. Set {stage.name}.{training['attempts_key']} to "
+                f"{training['attempts']} or more (--set {stage.name}.{training['attempts_key']}="
+                f"{training['attempts']}), or give it more nodes."
+            ]
         return []
     runtime = stage.bcp.total_runtime
     if est.seconds is not None and runtime and not stage.continuation and est.seconds > parse_duration(runtime):
-        return [f"{stage.name}: estimated {format_elapsed(est.seconds)} exceeds total_runtime {runtime}: raise "
-                f"{stage.name}.bcp.total_runtime or replicas (a rerun continues from finished items)"]
+        return [
+            f"{stage.name}: estimated {format_elapsed(est.seconds)} exceeds total_runtime {runtime}: raise "
+            f"{stage.name}.bcp.total_runtime or replicas (a rerun continues from finished items)"
+        ]
     return []
 
 

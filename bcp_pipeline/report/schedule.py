@@ -33,18 +33,29 @@ class Schedule:
     notes: dict[str, str]  # stage -> how its streamed edge was counted
 
 
-def schedule(pipeline: PipelineConfig, seconds: dict[str, float | None], groups: dict[str, int | None],
-             backend: str) -> Schedule:
+def schedule(
+    pipeline: PipelineConfig, seconds: dict[str, float | None], groups: dict[str, int | None], backend: str
+) -> Schedule:
     """`seconds`: each stage's estimated time (None counts 0); `groups`: each stage's expected output count."""
     start, finish, notes = _walk(pipeline, seconds, groups, backend, streamed=True)
     _, serial_finish, _ = _walk(pipeline, seconds, groups, backend, streamed=False)
     data = [name for name, stage in pipeline.stages.items() if stage.engine is None and stage.continuation is None]
-    return Schedule(start=start, finish=finish, data_seconds=max((finish[n] for n in data), default=0.0),
-                    serial_data_seconds=max((serial_finish[n] for n in data), default=0.0), notes=notes)
+    return Schedule(
+        start=start,
+        finish=finish,
+        data_seconds=max((finish[n] for n in data), default=0.0),
+        serial_data_seconds=max((serial_finish[n] for n in data), default=0.0),
+        notes=notes,
+    )
 
 
-def _walk(pipeline: PipelineConfig, seconds: dict[str, float | None], groups: dict[str, int | None], backend: str,
-          streamed: bool) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+def _walk(
+    pipeline: PipelineConfig,
+    seconds: dict[str, float | None],
+    groups: dict[str, int | None],
+    backend: str,
+    streamed: bool,
+) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
     start: dict[str, float] = {}
     finish: dict[str, float] = {}
     notes: dict[str, str] = {}
@@ -53,15 +64,20 @@ def _walk(pipeline: PipelineConfig, seconds: dict[str, float | None], groups: di
         own = seconds.get(name) or 0.0
         count = groups.get(name)
         streams = [need for need in stage.streamed if streamed and count]
-        begin = max([finish[need] for need in stage.needs if need not in streams]
-                    + [start[need] + (seconds.get(need) or 0.0) / count for need in streams], default=0.0)
+        begin = max(
+            [finish[need] for need in stage.needs if need not in streams]
+            + [start[need] + (seconds.get(need) or 0.0) / count for need in streams],
+            default=0.0,
+        )
         end = begin + own
         if streams:
             ranks = rank_layout(stage, backend).world_size
             tail = own / math.ceil(count / ranks)
             end = max(end, *(finish[need] + tail for need in streams))
             if own:
-                notes[name] = (f"streams from {', '.join(streams)}: starts as its first of {count} groups lands, ends "
-                               f"{format_elapsed(tail)} after it (one group on one of {ranks} ranks)")
+                notes[name] = (
+                    f"streams from {', '.join(streams)}: starts as its first of {count} groups lands, ends "
+                    f"{format_elapsed(tail)} after it (one group on one of {ranks} ranks)"
+                )
         start[name], finish[name] = begin, end
     return start, finish, notes

@@ -27,8 +27,10 @@ from bcp_pipeline.report.timers import parse_timer_blocks
 from bcp_pipeline.training_log import MEGATRON_STEP, MEGATRON_TFLOPS, MEGATRON_TIMING, NEMO_STEP, NEMO_TIMING, NUMBER
 
 _LOCAL_STEP = re.compile(rf"^step (\d+)/\d+ .* ({NUMBER}) s/step\b")
-_LOCAL_SHAPE = re.compile(r"^model shape: layers (\d+) hidden (\d+) heads \d+ seq_length (\d+) vocab (\d+) "
-                          r"global_batch (\d+) world (\d+) device (\w+)")
+_LOCAL_SHAPE = re.compile(
+    r"^model shape: layers (\d+) hidden (\d+) heads \d+ seq_length (\d+) vocab (\d+) "
+    r"global_batch (\d+) world (\d+) device (\w+)"
+)
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,18 @@ def smoke_facts(text: str) -> TrainingFacts | None:
     for line in re.split(r"[\r\n]+", text):
         if match := _LOCAL_SHAPE.match(line.strip()):
             layers, hidden, seq, vocab, batch, world = map(int, match.groups()[:6])
-            shape = ModelShape(num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden, seq_length=seq,
-                               gated_mlp=False, make_vocab_size_divisible_by=1, vocab_size=vocab)
-            return TrainingFacts(flops_per_token(shape, 1), batch * seq,
-                                 "cpu" if match.group(7) == "cpu" else "gpu", world)
+            shape = ModelShape(
+                num_layers=layers,
+                hidden_size=hidden,
+                ffn_hidden_size=4 * hidden,
+                seq_length=seq,
+                gated_mlp=False,
+                make_vocab_size_divisible_by=1,
+                vocab_size=vocab,
+            )
+            return TrainingFacts(
+                flops_per_token(shape, 1), batch * seq, "cpu" if match.group(7) == "cpu" else "gpu", world
+            )
     return None
 
 
@@ -76,8 +86,9 @@ def step_tflops(text: str) -> dict[int, float]:
     return found
 
 
-def throughput_points(times: dict[int, float], facts: TrainingFacts | None, peak: Peak | None,
-                      tflops: dict[int, float] | None = None) -> list[dict]:
+def throughput_points(
+    times: dict[int, float], facts: TrainingFacts | None, peak: Peak | None, tflops: dict[int, float] | None = None
+) -> list[dict]:
     """Per step: seconds, tokens/s (with facts) and MFU (with a peak: from the step's own TFLOP/s per GPU where the
     log gives it, else from the facts)."""
     points = []
@@ -101,8 +112,12 @@ def summary(points: list[dict], skip_first: int = 1) -> dict | None:
     median = statistics.median(p["step_s"] for p in steady)
     tokens = [p["tokens_per_s"] for p in steady if p["tokens_per_s"] is not None]
     mfus = [p["mfu"] for p in steady if p["mfu"] is not None]
-    return {"steps": len(steady), "step_s": median, "tokens_per_s": statistics.median(tokens) if tokens else None,
-            "mfu": statistics.median(mfus) if mfus else None}
+    return {
+        "steps": len(steady),
+        "step_s": median,
+        "tokens_per_s": statistics.median(tokens) if tokens else None,
+        "mfu": statistics.median(mfus) if mfus else None,
+    }
 
 
 def summary_text(summary: dict) -> str:
@@ -124,8 +139,11 @@ class StageFacts:
     mfu_basis: str  # in words: the peak MFU is held against, or why there is no MFU
 
 
-def throughput_series(logs_by_stage: dict[str, dict[str, str]], stage_facts: dict[str, StageFacts],
-                      cpu_peak_of: Callable[[int], Peak | None]) -> list[dict]:
+def throughput_series(
+    logs_by_stage: dict[str, dict[str, str]],
+    stage_facts: dict[str, StageFacts],
+    cpu_peak_of: Callable[[int], Peak | None],
+) -> list[dict]:
     """Per training stage, per attempt (job id): step time, tokens/s and MFU points, and the timer blocks.
 
     `cpu_peak_of(processes)` is the declared CPU peak for a smoke pretrain that ran on CPU (None: none declared).
@@ -138,15 +156,25 @@ def throughput_series(logs_by_stage: dict[str, dict[str, str]], stage_facts: dic
             facts, peak = given.facts, given.peak
             if facts is None and (facts := smoke_facts(text)) is not None and facts.device == "cpu":
                 peak = cpu_peak_of(facts.devices)
-                basis = (f"MFU against {peak.source} (estimates.cpu_peak_tflops)" if peak else
-                         "no MFU: the smoke pretrain ran on CPU and the pipeline declares no CPU peak "
-                         "(estimates.cpu_peak_tflops)")
+                basis = (
+                    f"MFU against {peak.source} (estimates.cpu_peak_tflops)"
+                    if peak
+                    else "no MFU: the smoke pretrain ran on CPU and the pipeline declares no CPU peak "
+                    "(estimates.cpu_peak_tflops)"
+                )
             points = throughput_points(step_times(text), facts, peak, step_tflops(text))
             timers = [block.as_json() for block in parse_timer_blocks(text)]
             if points or timers:
-                attempts.append({"job_id": job_id, "points": points, "timers": timers, "summary": summary(points),
-                                 "flops_per_token": facts.flops_per_token if facts else None,
-                                 "tokens_per_step": facts.tokens_per_step if facts else None})
+                attempts.append(
+                    {
+                        "job_id": job_id,
+                        "points": points,
+                        "timers": timers,
+                        "summary": summary(points),
+                        "flops_per_token": facts.flops_per_token if facts else None,
+                        "tokens_per_step": facts.tokens_per_step if facts else None,
+                    }
+                )
         if attempts:
             series.append({"stage": stage, "mfu_basis": basis, "attempts": attempts})
     return series

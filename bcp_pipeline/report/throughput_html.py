@@ -13,14 +13,22 @@ def throughput_figures(go, series: dict) -> list[tuple[str, object]]:
     """(chart name, figure) for one stage: step time, tokens/s, MFU (where known), timers (where logged)."""
     stage = series["stage"]
     figures = []
-    for key, title, axis in (("step_s", "step time", "seconds per step"), ("tokens_per_s", "tokens/s", "tokens/s"),
-                             ("mfu", "MFU", "model FLOPs utilisation")):
+    for key, title, axis in (
+        ("step_s", "step time", "seconds per step"),
+        ("tokens_per_s", "tokens/s", "tokens/s"),
+        ("mfu", "MFU", "model FLOPs utilisation"),
+    ):
         figure = go.Figure()
         for attempt in series["attempts"]:
             points = [p for p in attempt["points"] if p[key] is not None]
             if points:
-                figure.add_scatter(name=f"job {attempt['job_id']}", mode="lines+markers", marker_size=4,
-                                   x=[p["step"] for p in points], y=[p[key] for p in points])
+                figure.add_scatter(
+                    name=f"job {attempt['job_id']}",
+                    mode="lines+markers",
+                    marker_size=4,
+                    x=[p["step"] for p in points],
+                    y=[p[key] for p in points],
+                )
         if figure.data:
             figure.update_layout(title=f"{stage}: {title}", xaxis_title="step", yaxis_title=axis, **LAYOUT)
             if key == "mfu":
@@ -42,11 +50,20 @@ def timers_figure(go, series: dict):
     figure = go.Figure()
     steps = [str(block["step"]) if block["step"] is not None else "-" for block in blocks]
     for name in names:
-        figure.add_bar(name=name, x=steps, y=[block["milliseconds"].get(name, 0.0) for block in blocks],
-                       hovertemplate=f"step %{{x}}: {name} %{{y:.1f}} ms<extra></extra>")
-    figure.update_layout(barmode="stack", title=f"{series['stage']}: where each step's time went "
-                                                f"(timers, slowest rank, job {attempts[-1]['job_id']})",
-                         xaxis_title="step", yaxis_title="milliseconds", xaxis_type="category", **LAYOUT)
+        figure.add_bar(
+            name=name,
+            x=steps,
+            y=[block["milliseconds"].get(name, 0.0) for block in blocks],
+            hovertemplate=f"step %{{x}}: {name} %{{y:.1f}} ms<extra></extra>",
+        )
+    figure.update_layout(
+        barmode="stack",
+        title=f"{series['stage']}: where each step's time went (timers, slowest rank, job {attempts[-1]['job_id']})",
+        xaxis_title="step",
+        yaxis_title="milliseconds",
+        xaxis_type="category",
+        **LAYOUT,
+    )
     return figure
 
 
@@ -57,6 +74,7 @@ def throughput_summary(series: dict) -> str:
         summary = attempt["summary"]
         if not summary:
             continue
-        lines.append(f"job {attempt['job_id']}: median of {summary['steps']} step(s) after the first: "
-                     f"{summary_text(summary)}")
+        lines.append(
+            f"job {attempt['job_id']}: median of {summary['steps']} step(s) after the first: {summary_text(summary)}"
+        )
     return "; ".join(lines + [series["mfu_basis"]] if series["mfu_basis"] else lines)

@@ -114,7 +114,7 @@ class PidFile:
         except OSError:
             return False
         # Field 2 is "(comm)" and comm may contain spaces and ')': split at the first '(' and the last ')'.
-        comm, rest = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 1:].split()
+        comm, rest = stat[stat.find("(") + 1 : stat.rfind(")")], stat[stat.rfind(")") + 1 :].split()
         if not rest or rest[0] in ("Z", "X") or (self.comm is not None and comm != self.comm[:15]):
             return False
         if missing := set(self.markers) - argv:
@@ -171,8 +171,7 @@ def spawn_detached(argv: list[str] | tuple[str, ...], log: Path, pid_file: Path)
     in a session of its own so a Ctrl-C in the starting shell does not stop it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as output:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-                                   start_new_session=True)
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=True)
     pid_file.write_text(f"{process.pid}\n")
     return process
 
@@ -209,8 +208,9 @@ def poll(ready: Callable[[], object], timeout: float, interval: float = 0.1) -> 
     return True
 
 
-def wait_for(what: str, ready: Callable[[], object], timeout: float, detail: Callable[[], str] | str = "",
-             interval: float = 0.1) -> None:
+def wait_for(
+    what: str, ready: Callable[[], object], timeout: float, detail: Callable[[], str] | str = "", interval: float = 0.1
+) -> None:
     """poll(), raising "WHAT not ready after N s" (and `detail`: logs, states) on a timeout."""
     if not poll(ready, timeout, interval):
         raise ClusterError(f"{what} not ready after {timeout:.0f} s{detail() if callable(detail) else detail}")
@@ -221,8 +221,9 @@ def missing_programs(names: Iterable[str], also_in: Path | None = None) -> list[
     return [n for n in names if shutil.which(n) is None and not (also_in and (also_in / n).exists())]
 
 
-def apt_install(packages: list[str], timeout: float = 600, env: dict[str, str] | None = None,
-                options: tuple[str, ...] = ()) -> None:
+def apt_install(
+    packages: list[str], timeout: float = 600, env: dict[str, str] | None = None, options: tuple[str, ...] = ()
+) -> None:
     """`apt-get install` Debian packages (no recommends). If that fails, usually for stale or absent package
     lists, refresh them once and retry once. `options` go before the verb (e.g. a dpkg lock timeout)."""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", **(env or {})}

@@ -77,8 +77,9 @@ def cmd_install(args: argparse.Namespace) -> None:
         say("installing Debian's etcd-server")
         common.apt_install(["etcd-server"], options=APT_OPTIONS)
     if shutil.which("openssl") is None:
-        raise ClusterError("openssl is not on PATH (it makes the cluster's CA and certificates): apt-get install "
-                           "openssl")
+        raise ClusterError(
+            "openssl is not on PATH (it makes the cluster's CA and certificates): apt-get install openssl"
+        )
     if not args.packages_only:
         build_all()
 
@@ -104,8 +105,10 @@ def cmd_start(args: argparse.Namespace) -> None:
         started = time.monotonic()
         start_daemons(lay, port, all_daemons)
         nodes = f", nodes {', '.join(lay.node_names)}" if lay.nodes else ""
-        say(f"ready in {time.monotonic() - started:.1f} s: apiserver https://{lay.api_address}:{port}{nodes}, "
-            f"logs in {lay.logs}")
+        say(
+            f"ready in {time.monotonic() - started:.1f} s: apiserver https://{lay.api_address}:{port}{nodes}, "
+            f"logs in {lay.logs}"
+        )
         print(export_line(lay))
 
 
@@ -113,8 +116,10 @@ def prepare(lay: Layout, port: int, fresh: bool) -> None:
     """Free ports, the nodes' network, certificates and kubeconfigs; with `fresh`, no objects of earlier starts."""
     busy = [p for p in range(port, port + 5) if not common.port_free(p)]  # any address: 127.0.0.1 and the bridge
     if busy:
-        raise ClusterError(f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use: choose another --port "
-                           "(the cluster uses PORT..PORT+4)")
+        raise ClusterError(
+            f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use: choose another --port "
+            "(the cluster uses PORT..PORT+4)"
+        )
     if lay.nodes:
         if shutil.which("ip") is None or shutil.which("nsenter") is None:
             raise ClusterError("--nodes needs `ip` (iproute2) and `nsenter` (util-linux), and root")
@@ -131,6 +136,7 @@ def prepare(lay: Layout, port: int, fresh: bool) -> None:
 
 def start_daemons(lay: Layout, port: int, all_daemons: list[Daemon]) -> None:
     """etcd and the apiserver, then the controllers and node agents; on a failure, stop all of it."""
+
     def spawn(daemon: Daemon) -> subprocess.Popen:
         return common.spawn_detached(daemon.argv, lay.log(daemon.name), daemon.pid_file.path)
 
@@ -189,35 +195,65 @@ def cmd_env(args: argparse.Namespace) -> None:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="k8s-cluster", description=__doc__.split("\n\n")[0])
-    top.add_argument("--base", type=Path, default=None, help="the cluster's folder (default: $BCP_K8S_BASE or "
-                     "<repo>/.k8s)")
+    top.add_argument(
+        "--base", type=Path, default=None, help="the cluster's folder (default: $BCP_K8S_BASE or <repo>/.k8s)"
+    )
     verbs = top.add_subparsers(dest="verb", required=True)
     install = verbs.add_parser("install", help="etcd and the control plane (built from source once, then cached)")
-    install.add_argument("--packages-only", action="store_true", help="only the Debian packages (etcd-server, "
-                         "openssl): .ci/run installs them before the tests and builds in the background")
+    install.add_argument(
+        "--packages-only",
+        action="store_true",
+        help="only the Debian packages (etcd-server, "
+        "openssl): .ci/run installs them before the tests and builds in the background",
+    )
     start = verbs.add_parser("start", help="start the control plane; prints `export KUBECONFIG=...`")
-    start.add_argument("--port", type=int, default=None, help=f"the apiserver's port (default {DEFAULT_PORT}, or "
-                       "the last start's); the cluster uses PORT..PORT+4")
+    start.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"the apiserver's port (default {DEFAULT_PORT}, or the last start's); the cluster uses PORT..PORT+4",
+    )
     start.add_argument("--fresh", action="store_true", help="start empty: forget every object of earlier starts")
-    start.add_argument("--nodes", type=int, default=0, help="node agents (kubelet stand-ins), each in its own "
-                       "network namespace (needs root); default 0")
-    start.add_argument("--node-gpus", type=int, default=0, help="nvidia.com/gpu each node offers (a count: no "
-                       "device is behind it); default 0")
-    start.add_argument("--node-efa", type=int, default=0, help="vpc.amazonaws.com/efa each node offers (a count); "
-                       "default 0")
-    start.add_argument("--node-image", action="append", metavar="PATTERN", help="an image the nodes can pull "
-                       "(fnmatch pattern, repeatable); a pod of any other image waits in ErrImagePull and "
-                       "ImagePullBackOff; default: every image")
+    start.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="node agents (kubelet stand-ins), each in its own network namespace (needs root); default 0",
+    )
+    start.add_argument(
+        "--node-gpus",
+        type=int,
+        default=0,
+        help="nvidia.com/gpu each node offers (a count: no device is behind it); default 0",
+    )
+    start.add_argument(
+        "--node-efa", type=int, default=0, help="vpc.amazonaws.com/efa each node offers (a count); default 0"
+    )
+    start.add_argument(
+        "--node-image",
+        action="append",
+        metavar="PATTERN",
+        help="an image the nodes can pull "
+        "(fnmatch pattern, repeatable); a pod of any other image waits in ErrImagePull and "
+        "ImagePullBackOff; default: every image",
+    )
     kill = verbs.add_parser("kill-node", help="SIGKILL one node's agent and its pods' processes")
     kill.add_argument("node")
     verbs.add_parser("status", help="daemons and /readyz; exit 0 running, 3 stopped")
     verbs.add_parser("stop", help="stop the daemons this base folder's start started")
     verbs.add_parser("env", help="print `export KUBECONFIG=...`")
-    workspace = verbs.add_parser("workspace", help="a ReadWriteMany claim on FOLDER for a pipeline's workspace; "
-                                 "prints the `--set` options that run a pipeline on this cluster")
+    workspace = verbs.add_parser(
+        "workspace",
+        help="a ReadWriteMany claim on FOLDER for a pipeline's workspace; "
+        "prints the `--set` options that run a pipeline on this cluster",
+    )
     workspace.add_argument("folder", type=Path, help="where the workspace's files live (made if missing)")
-    workspace.add_argument("--name", default="bcp-pipeline-workspace", help="the claim and its volume (default: "
-                           "bcp-pipeline-workspace, backends.kubernetes.workspace_claim's default)")
+    workspace.add_argument(
+        "--name",
+        default="bcp-pipeline-workspace",
+        help="the claim and its volume (default: "
+        "bcp-pipeline-workspace, backends.kubernetes.workspace_claim's default)",
+    )
     workspace.add_argument("--namespace", default="default", help="the claim's namespace, made if missing")
     workspace.add_argument("--size", default="10Gi", help="the capacity declared (hostPath does not enforce it)")
     return top
@@ -228,8 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.base = (args.base or default_base()).resolve()
     try:
-        handler = {"install": cmd_install, "start": cmd_start, "status": cmd_status, "stop": cmd_stop,
-                   "env": cmd_env, "kill-node": cmd_kill_node, "workspace": cmd_workspace}[args.verb]
+        handler = {
+            "install": cmd_install,
+            "start": cmd_start,
+            "status": cmd_status,
+            "stop": cmd_stop,
+            "env": cmd_env,
+            "kill-node": cmd_kill_node,
+            "workspace": cmd_workspace,
+        }[args.verb]
         return handler(args) or 0
     except ClusterError as exc:
         say(f"error: {exc}")

@@ -60,16 +60,28 @@ def daemons(lay: Layout, port: int, bin_dir: Path, shape: NodeShape = NodeShape(
     """The four daemons in start order (stopped in reverse), each bound to 127.0.0.1 only (the apiserver: to the
     bridge where there are nodes), then the node agents. Ports: the apiserver's, +1 controller-manager,
     +2 scheduler, +3 etcd's clients, +4 etcd's peers."""
-    controller_kubeconfig, scheduler_kubeconfig = (lay.base / f"{user}.kubeconfig"
-                                                   for user in ("controller-manager", "scheduler"))
-    return [daemon(lay, etcd_argv(lay, port), f"--data-dir={lay.base / 'etcd'}"),
-            daemon(lay, apiserver_argv(lay, port, bin_dir), f"--secure-port={port}",
-                   f"--tls-cert-file={lay.pki / 'apiserver.crt'}"),
-            daemon(lay, controller_manager_argv(lay, port, bin_dir), f"--secure-port={port + 1}",
-                   f"--kubeconfig={controller_kubeconfig}"),
-            daemon(lay, scheduler_argv(lay, port, bin_dir), f"--secure-port={port + 2}",
-                   f"--kubeconfig={scheduler_kubeconfig}"),
-            *(node_agent(lay, k, shape) for k in range(1, lay.nodes + 1))]
+    controller_kubeconfig, scheduler_kubeconfig = (
+        lay.base / f"{user}.kubeconfig" for user in ("controller-manager", "scheduler")
+    )
+    return [
+        daemon(lay, etcd_argv(lay, port), f"--data-dir={lay.base / 'etcd'}"),
+        daemon(
+            lay,
+            apiserver_argv(lay, port, bin_dir),
+            f"--secure-port={port}",
+            f"--tls-cert-file={lay.pki / 'apiserver.crt'}",
+        ),
+        daemon(
+            lay,
+            controller_manager_argv(lay, port, bin_dir),
+            f"--secure-port={port + 1}",
+            f"--kubeconfig={controller_kubeconfig}",
+        ),
+        daemon(
+            lay, scheduler_argv(lay, port, bin_dir), f"--secure-port={port + 2}", f"--kubeconfig={scheduler_kubeconfig}"
+        ),
+        *(node_agent(lay, k, shape) for k in range(1, lay.nodes + 1)),
+    ]
 
 
 def etcd_url(port: int) -> str:
@@ -78,52 +90,84 @@ def etcd_url(port: int) -> str:
 
 def etcd_argv(lay: Layout, port: int) -> tuple[str, ...]:
     client_url, peer_url = etcd_url(port), f"http://127.0.0.1:{port + 4}"
-    return ("etcd", f"--name=bcp-k8s-{port}", f"--data-dir={lay.base / 'etcd'}", f"--listen-client-urls={client_url}",
-            f"--advertise-client-urls={client_url}", f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}", f"--initial-cluster=bcp-k8s-{port}={peer_url}",
-            "--listen-metrics-urls=", "--quota-backend-bytes=1073741824")
+    return (
+        "etcd",
+        f"--name=bcp-k8s-{port}",
+        f"--data-dir={lay.base / 'etcd'}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=bcp-k8s-{port}={peer_url}",
+        "--listen-metrics-urls=",
+        "--quota-backend-bytes=1073741824",
+    )
 
 
 def apiserver_argv(lay: Layout, port: int, bin_dir: Path) -> tuple[str, ...]:
     pki = lay.pki
-    return (str(bin_dir / "kube-apiserver"), f"--etcd-servers={etcd_url(port)}",
-            f"--bind-address={lay.api_address}", f"--secure-port={port}",
-            f"--advertise-address={lay.api_address}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}", "--authorization-mode=Node,RBAC",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
-            "--kubelet-preferred-address-types=InternalIP",
-            # No pod talks to the API through the `kubernetes` Service (and with no nodes its endpoint would
-            # be 127.0.0.1, which Endpoints refuse): its endpoint is not kept.
-            "--endpoint-reconciler-type=none", "--profiling=false",
-            # A webhook behind a Service (the training operator's, Kueue's) is dialled at its endpoint, not its
-            # ClusterIP, which no kube-proxy routes here; the certificate is still checked against the Service's name.
-            "--enable-aggregator-routing=true")
+    return (
+        str(bin_dir / "kube-apiserver"),
+        f"--etcd-servers={etcd_url(port)}",
+        f"--bind-address={lay.api_address}",
+        f"--secure-port={port}",
+        f"--advertise-address={lay.api_address}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        "--authorization-mode=Node,RBAC",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+        "--kubelet-preferred-address-types=InternalIP",
+        # No pod talks to the API through the `kubernetes` Service (and with no nodes its endpoint would
+        # be 127.0.0.1, which Endpoints refuse): its endpoint is not kept.
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+        # A webhook behind a Service (the training operator's, Kueue's) is dialled at its endpoint, not its
+        # ClusterIP, which no kube-proxy routes here; the certificate is still checked against the Service's name.
+        "--enable-aggregator-routing=true",
+    )
 
 
 def controller_manager_argv(lay: Layout, port: int, bin_dir: Path) -> tuple[str, ...]:
     kubeconfig, pki = lay.base / "controller-manager.kubeconfig", lay.pki
-    return (str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1", f"--secure-port={port + 1}", "--leader-elect=false",
-            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-            "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # A lost node (its agent killed) is noticed in seconds, not the default 50 s, so the
-            # node-loss tests end soon; the node agents renew their Leases every 2 s.
-            "--node-monitor-period=2s", "--node-monitor-grace-period=12s", "--profiling=false")
+    return (
+        str(bin_dir / "kube-controller-manager"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port + 1}",
+        "--leader-elect=false",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        "--use-service-account-credentials=true",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # A lost node (its agent killed) is noticed in seconds, not the default 50 s, so the
+        # node-loss tests end soon; the node agents renew their Leases every 2 s.
+        "--node-monitor-period=2s",
+        "--node-monitor-grace-period=12s",
+        "--profiling=false",
+    )
 
 
 def scheduler_argv(lay: Layout, port: int, bin_dir: Path) -> tuple[str, ...]:
     kubeconfig = lay.base / "scheduler.kubeconfig"
-    return (str(bin_dir / "kube-scheduler"), f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1", f"--secure-port={port + 2}", "--leader-elect=false", "--profiling=false")
+    return (
+        str(bin_dir / "kube-scheduler"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port + 2}",
+        "--leader-elect=false",
+        "--profiling=false",
+    )
 
 
 def agent_python() -> str:
@@ -136,11 +180,20 @@ def node_agent(lay: Layout, k: int, shape: NodeShape = NodeShape()) -> Daemon:
     """nodeK's agent, started in nodeK's network namespace (its pods' processes inherit it); `shape` changes
     only its arguments after the markers, so stopping it needs none."""
     node, pki, root = f"node{k}", lay.pki, lay.node_root(f"node{k}")
-    argv = (agent_python(), str(NODE_AGENT), f"--kubeconfig={lay.base / f'{node}.kubeconfig'}",
-            f"--dns-kubeconfig={lay.base / 'cluster-dns.kubeconfig'}", f"--node={node}",
-            f"--address={lay.net.address(k)}", f"--port={NODE_AGENT_PORT}", f"--tls-cert={pki / f'{node}.crt'}",
-            f"--tls-key={pki / f'{node}.key'}", f"--client-ca={pki / 'ca.crt'}", f"--root={root}",
-            *shape.argv())
+    argv = (
+        agent_python(),
+        str(NODE_AGENT),
+        f"--kubeconfig={lay.base / f'{node}.kubeconfig'}",
+        f"--dns-kubeconfig={lay.base / 'cluster-dns.kubeconfig'}",
+        f"--node={node}",
+        f"--address={lay.net.address(k)}",
+        f"--port={NODE_AGENT_PORT}",
+        f"--tls-cert={pki / f'{node}.crt'}",
+        f"--tls-key={pki / f'{node}.key'}",
+        f"--client-ca={pki / 'ca.crt'}",
+        f"--root={root}",
+        *shape.argv(),
+    )
     return daemon(lay, tuple(in_namespace(lay.net, k, list(argv))), f"--root={root}", name=node)
 
 
@@ -151,8 +204,9 @@ def admin_context(lay: Layout) -> ssl.SSLContext:
 
 
 def api_get(lay: Layout, port: int, path: str) -> Any:
-    with urllib.request.urlopen(f"https://{lay.api_address}:{port}{path}", context=admin_context(lay),
-                                timeout=5) as response:
+    with urllib.request.urlopen(
+        f"https://{lay.api_address}:{port}{path}", context=admin_context(lay), timeout=5
+    ) as response:
         return json.loads(response.read())
 
 
@@ -174,8 +228,9 @@ def ready_nodes(lay: Layout, port: int) -> set[str]:
 def readyz(lay: Layout, port: int) -> str | None:
     """None when the apiserver answers /readyz with ok, else what it said (or why it did not answer)."""
     try:
-        with urllib.request.urlopen(f"https://{lay.api_address}:{port}/readyz", context=admin_context(lay),
-                                    timeout=5) as response:
+        with urllib.request.urlopen(
+            f"https://{lay.api_address}:{port}/readyz", context=admin_context(lay), timeout=5
+        ) as response:
             body = response.read().decode(errors="replace").strip()
             return None if body == "ok" else body
     except OSError as exc:
@@ -216,8 +271,10 @@ def wait_ready(lay: Layout, port: int, started: dict[str, subprocess.Popen], *, 
         return why[0] is None
 
     if not common.poll(ready, READY_TIMEOUT_S, interval=0.5):
-        raise ClusterError(f"the apiserver was not ready in {READY_TIMEOUT_S:.0f} s ({why[0]}); its log ends:\n"
-                           + tail(lay.log("kube-apiserver")))
+        raise ClusterError(
+            f"the apiserver was not ready in {READY_TIMEOUT_S:.0f} s ({why[0]}); its log ends:\n"
+            + tail(lay.log("kube-apiserver"))
+        )
 
 
 def stop(lay: Layout) -> None:

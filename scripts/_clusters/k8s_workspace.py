@@ -28,9 +28,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 def api_call(lay: Layout, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
     """One call to the apiserver as the cluster's admin: (HTTP status, the JSON answer)."""
-    request = urllib.request.Request(f"https://{lay.api_address}:{lay.saved_port()}{path}", method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"https://{lay.api_address}:{lay.saved_port()}{path}",
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, context=admin_context(lay), timeout=10) as response:
             return response.status, json.loads(response.read() or b"{}")
@@ -51,17 +54,42 @@ def make_workspace(lay: Layout, folder: Path, name: str, namespace: str, size: s
     folder.mkdir(parents=True, exist_ok=True)
     status, volume = api_call(lay, "GET", f"/api/v1/persistentvolumes/{name}")
     if status == 200 and volume["spec"].get("hostPath", {}).get("path") != str(folder):
-        raise ClusterError(f"volume {name} exists on {volume['spec'].get('hostPath', {}).get('path')}, not "
-                           f"{folder}: choose another --name, or remove it")
+        raise ClusterError(
+            f"volume {name} exists on {volume['spec'].get('hostPath', {}).get('path')}, not "
+            f"{folder}: choose another --name, or remove it"
+        )
     create(lay, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    create(lay, "/api/v1/persistentvolumes", {
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
-        "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
-                 "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
-    create(lay, f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}},
-                 "storageClassName": "", "volumeName": name}})
+    create(
+        lay,
+        "/api/v1/persistentvolumes",
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {
+                "capacity": {"storage": size},
+                "accessModes": ["ReadWriteMany"],
+                "hostPath": {"path": str(folder)},
+                "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain",
+            },
+        },
+    )
+    create(
+        lay,
+        f"/api/v1/namespaces/{namespace}/persistentvolumeclaims",
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": size}},
+                "storageClassName": "",
+                "volumeName": name,
+            },
+        },
+    )
     deadline = time.monotonic() + 60
     while True:
         status, claim = api_call(lay, "GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}")
@@ -69,15 +97,22 @@ def make_workspace(lay: Layout, folder: Path, name: str, namespace: str, size: s
         if phase == "Bound":
             return
         if time.monotonic() > deadline:
-            raise ClusterError(f"claim {namespace}/{name} is {phase or 'missing'} after 60 s, not Bound: is the "
-                               "controller-manager running (`scripts/k8s-cluster status`)?")
+            raise ClusterError(
+                f"claim {namespace}/{name} is {phase or 'missing'} after 60 s, not Bound: is the "
+                "controller-manager running (`scripts/k8s-cluster status`)?"
+            )
         time.sleep(0.3)
 
 
 def set_options(lay: Layout, name: str, namespace: str) -> list[str]:
     """The `--set` options that run a pipeline on this cluster, with this claim."""
-    options = {"kubeconfig": str(lay.kubeconfig), "namespace": namespace, "workspace_claim": name,
-               "python": agent_python(), "code_dir": str(REPO / "stages")}
+    options = {
+        "kubeconfig": str(lay.kubeconfig),
+        "namespace": namespace,
+        "workspace_claim": name,
+        "python": agent_python(),
+        "code_dir": str(REPO / "stages"),
+    }
     return [f"--set backends.kubernetes.{key}={value}" for key, value in options.items()]
 
 
@@ -85,7 +120,9 @@ def cmd_workspace(args: Any) -> None:
     lay = Layout.load(args.base)
     folder = args.folder.resolve()
     make_workspace(lay, folder, args.name, args.namespace, args.size)
-    say(f"claim {args.namespace}/{args.name} is Bound to {folder} (ReadWriteMany, every node); run a pipeline "
-        "with the options below (`run ... --backend kubernetes $(scripts/k8s-cluster workspace FOLDER)`):")
+    say(
+        f"claim {args.namespace}/{args.name} is Bound to {folder} (ReadWriteMany, every node); run a pipeline "
+        "with the options below (`run ... --backend kubernetes $(scripts/k8s-cluster workspace FOLDER)`):"
+    )
     print(" ".join(set_options(lay, args.name, args.namespace)))
     sys.stdout.flush()

@@ -34,9 +34,11 @@ MAX_NODES = 254 - NODE_HOST_OFFSET  # .(10+K) must stay inside the cluster's /24
 
 # Run inside a node's namespaces: set the hostname (new UTS namespace) to the node's name, put the cluster's hosts
 # file over /etc/hosts (new mount namespace, so only this node and its jobs see it), then exec the daemon.
-SET_HOSTNAME = ("import os, socket, subprocess, sys; socket.sethostname(sys.argv[1]); "
-                "subprocess.run(['mount', '--bind', sys.argv[2], '/etc/hosts'], check=True); "
-                "os.execvp(sys.argv[3], sys.argv[3:])")
+SET_HOSTNAME = (
+    "import os, socket, subprocess, sys; socket.sethostname(sys.argv[1]); "
+    "subprocess.run(['mount', '--bind', sys.argv[2], '/etc/hosts'], check=True); "
+    "os.execvp(sys.argv[3], sys.argv[3:])"
+)
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,24 @@ def in_namespace(net: Network, k: int, argv: list[str]) -> list[str]:
 def as_node(net: Network, k: int, hostname: str, hosts_file: Path, argv: list[str]) -> list[str]:
     """`argv` run as node K: in its network namespace, with its own host name (UTS namespace) and `hosts_file`
     over /etc/hosts (a private mount namespace: the machine's /etc/hosts is untouched)."""
-    return in_namespace(net, k, ["unshare", "--uts", "--mount", "--propagation", "private", "--", sys.executable,
-                                 "-c", SET_HOSTNAME, hostname, str(hosts_file), *argv])
+    return in_namespace(
+        net,
+        k,
+        [
+            "unshare",
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            sys.executable,
+            "-c",
+            SET_HOSTNAME,
+            hostname,
+            str(hosts_file),
+            *argv,
+        ],
+    )
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -166,8 +184,9 @@ def net_up(net: Network, nodes: int) -> None:
     if nodes > MAX_NODES:  # a node address past .254 would leave the /24, and possibly 198.18.0.0/15
         raise ClusterError(f"{nodes} nodes: at most {MAX_NODES} fit in one /24")
     if clash := address_in_use(net):
-        raise ClusterError(f"{net.subnet} (derived from the base folder {net.base}) overlaps {clash}; "
-                           f"pass another --base")
+        raise ClusterError(
+            f"{net.subnet} (derived from the base folder {net.base}) overlaps {clash}; pass another --base"
+        )
     ip("link", "add", net.bridge, "type", "bridge")
     ip("address", "add", f"{net.host_address}/24", "dev", net.bridge)
     ip("link", "set", net.bridge, "up")

@@ -79,8 +79,10 @@ def cmd_install(args: argparse.Namespace) -> None:
         say("Grid Engine, iproute2 and Open MPI are already installed")
         return
     if shutil.which("apt-get") is None or shutil.which("debconf-set-selections") is None:
-        raise ClusterError("cannot install Grid Engine: apt-get not found; install Son of Grid Engine 8.1.9 "
-                           "(qmaster, execd, client commands) with this system's package manager")
+        raise ClusterError(
+            "cannot install Grid Engine: apt-get not found; install Son of Grid Engine 8.1.9 "
+            "(qmaster, execd, client commands) with this system's package manager"
+        )
     if os.geteuid() != 0:
         raise ClusterError("installing packages needs root; run as root or via sudo")
     preseed_debconf()
@@ -94,9 +96,14 @@ def cmd_install(args: argparse.Namespace) -> None:
 
 def preseed_debconf() -> None:
     """Without these answers the packages' postinst asks on a terminal; the cell they configure is never used."""
-    preseed = "".join(f"gridengine-common shared/{key} {kind} {value}\n" for key, kind, value in (
-        ("gridengineconfig", "boolean", "true"), ("gridenginecell", "string", "default"),
-        ("gridenginemaster", "string", socket.gethostname())))
+    preseed = "".join(
+        f"gridengine-common shared/{key} {kind} {value}\n"
+        for key, kind, value in (
+            ("gridengineconfig", "boolean", "true"),
+            ("gridenginecell", "string", "default"),
+            ("gridenginemaster", "string", socket.gethostname()),
+        )
+    )
     res = subprocess.run(["debconf-set-selections"], input=preseed, text=True, capture_output=True, check=False)
     if res.returncode != 0:
         raise ClusterError(f"debconf-set-selections failed: {res.stderr.strip()}")
@@ -108,8 +115,9 @@ def no_service_starts() -> Iterator[None]:
     "not now" (exit 101), only where none exists, removed afterwards."""
     placed = not POLICY_RC.exists()
     if placed:
-        POLICY_RC.write_text("#!/bin/sh\n# written by bcp-pipeline's scripts/sge-cluster during apt-get install\n"
-                             "exit 101\n")
+        POLICY_RC.write_text(
+            "#!/bin/sh\n# written by bcp-pipeline's scripts/sge-cluster during apt-get install\nexit 101\n"
+        )
         POLICY_RC.chmod(0o755)
     try:
         yield
@@ -121,14 +129,30 @@ def no_service_starts() -> Iterator[None]:
 def spawn_qmaster(lay: Layout) -> None:
     argv = [str(SGE_LIB / "sge_qmaster")]
     if lay.nodes > 1:  # in a private mount namespace with the cell's hosts file, where node2 resolves
-        argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-                'mount --bind "$0" /etc/hosts && exec "$@"', str(lay.hosts_file), *argv]
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            'mount --bind "$0" /etc/hosts && exec "$@"',
+            str(lay.hosts_file),
+            *argv,
+        ]
     res = run(argv, env=cell_env(lay), timeout=30)
     if res.returncode != 0:
-        raise ClusterError(f"sge_qmaster failed to start (exit {res.returncode}): {res.stderr.strip()}\n"
-                           f"{tail(lay.qmaster_spool / 'messages')}")
-    common.wait_for("sge_qmaster", lambda: run(["qstat", "-g", "c"], env=cell_env(lay), timeout=10).returncode == 0,
-                    30, lambda: "\n" + tail(lay.qmaster_spool / "messages"))
+        raise ClusterError(
+            f"sge_qmaster failed to start (exit {res.returncode}): {res.stderr.strip()}\n"
+            f"{tail(lay.qmaster_spool / 'messages')}"
+        )
+    common.wait_for(
+        "sge_qmaster",
+        lambda: run(["qstat", "-g", "c"], env=cell_env(lay), timeout=10).returncode == 0,
+        30,
+        lambda: "\n" + tail(lay.qmaster_spool / "messages"),
+    )
 
 
 def spawn_execd(lay: Layout, host: str) -> None:
@@ -140,16 +164,21 @@ def spawn_execd(lay: Layout, host: str) -> None:
     res = run(argv, env=cell_env(lay), timeout=30)
     if res.returncode != 0:
         raise ClusterError(f"sge_execd@{host} failed to start (exit {res.returncode}): {res.stderr.strip()}")
-    common.wait_for(f"sge_execd@{host}", lambda: lay.execd_pid_file(host).live_pid() is not None, 15,
-                    lambda: "\n" + tail(lay.execd_spool / host / "messages"))
+    common.wait_for(
+        f"sge_execd@{host}",
+        lambda: lay.execd_pid_file(host).live_pid() is not None,
+        15,
+        lambda: "\n" + tail(lay.execd_spool / host / "messages"),
+    )
 
 
 def cmd_start(args: argparse.Namespace) -> None:
     if os.geteuid() != 0:
         raise ClusterError("starting the cell needs root (execd runs jobs as their owners)")
     if missing := missing_binaries():
-        raise ClusterError(f"Grid Engine is not installed (missing: {' '.join(missing)}); run "
-                           "`scripts/sge-cluster install`")
+        raise ClusterError(
+            f"Grid Engine is not installed (missing: {' '.join(missing)}); run `scripts/sge-cluster install`"
+        )
     lay = Layout(args.base, args.nodes, args.site)
     with common.locked(lay.lock):
         old = Layout.load(lay.base)
@@ -174,8 +203,12 @@ def start_cell(lay: Layout, port: int, slots: int, timeout: float) -> None:
     configure(lay, slots)
     for host in lay.hosts:
         spawn_execd(lay, host)
-    common.wait_for("the exec hosts", lambda: (states := queue_states(lay)).keys() == set(lay.hosts)
-                    and not any("u" in s for s in states.values()), timeout, lambda: f": {queue_states(lay)}")
+    common.wait_for(
+        "the exec hosts",
+        lambda: (states := queue_states(lay)).keys() == set(lay.hosts) and not any("u" in s for s in states.values()),
+        timeout,
+        lambda: f": {queue_states(lay)}",
+    )
     say(f"cell up in {time.monotonic() - started:.1f} s: {', '.join(lay.hosts)}")
 
 
@@ -193,8 +226,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def shepherds_of(lay: Layout) -> list[int]:
     """sge_shepherd processes of this cell (their working folder is under its execd spool), which outlive execd."""
-    return common.processes(lambda proc: (proc / "comm").read_text().strip() == "sge_shepherd"
-                            and str(lay.execd_spool) in os.readlink(proc / "cwd"))
+    return common.processes(
+        lambda proc: (
+            (proc / "comm").read_text().strip() == "sge_shepherd" and str(lay.execd_spool) in os.readlink(proc / "cwd")
+        )
+    )
 
 
 def stop(lay: Layout) -> None:
@@ -242,9 +278,12 @@ def start_execd(args: argparse.Namespace) -> None:
 
 def parser(base: Path) -> argparse.ArgumentParser:
     common_args = argparse.ArgumentParser(add_help=False)
-    common_args.add_argument("--base", type=lambda s: Path(s).resolve(), default=base,
-                             help=f"folder holding the whole cell (default: $BCP_SGE_BASE, else "
-                                  f"{common.REPO / '.sge'})")
+    common_args.add_argument(
+        "--base",
+        type=lambda s: Path(s).resolve(),
+        default=base,
+        help=f"folder holding the whole cell (default: $BCP_SGE_BASE, else {common.REPO / '.sge'})",
+    )
     top = argparse.ArgumentParser(prog="sge-cluster", description=__doc__.split("\n")[0])
     sub = top.add_subparsers(dest="command", required=True)
     sub.add_parser("install", help="apt-get install Son of Grid Engine's packages if missing")
@@ -257,11 +296,11 @@ def parser(base: Path) -> argparse.ArgumentParser:
     sub.add_parser("status", parents=[common_args], help="daemons and queue instances; exit 0 running, 3 not")
     sub.add_parser("stop", parents=[common_args], help="delete all jobs, stop the daemons, remove the namespace")
     sub.add_parser("env", parents=[common_args], help="print the export line")
-    kill = sub.add_parser("kill-execd", parents=[common_args],
-                          help="SIGKILL one exec daemon (its jobs' shepherds stay)")
+    kill = sub.add_parser(
+        "kill-execd", parents=[common_args], help="SIGKILL one exec daemon (its jobs' shepherds stay)"
+    )
     kill.add_argument("host")
-    revive = sub.add_parser("start-execd", parents=[common_args],
-                            help="start one exec daemon again after kill-execd")
+    revive = sub.add_parser("start-execd", parents=[common_args], help="start one exec daemon again after kill-execd")
     revive.add_argument("host")
     return top
 
@@ -269,8 +308,15 @@ def parser(base: Path) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     common.set_program("sge-cluster")
     args = parser(default_base()).parse_args(argv)
-    handler = {"install": cmd_install, "start": cmd_start, "status": cmd_status, "stop": cmd_stop, "env": cmd_env,
-               "kill-execd": cmd_kill_execd, "start-execd": start_execd}
+    handler = {
+        "install": cmd_install,
+        "start": cmd_start,
+        "status": cmd_status,
+        "stop": cmd_stop,
+        "env": cmd_env,
+        "kill-execd": cmd_kill_execd,
+        "start-execd": start_execd,
+    }
     try:
         return handler[args.command](args) or 0
     except ClusterError as exc:

@@ -41,8 +41,12 @@ qsort_args         NONE
 """
 # name -> (allocation_rule, job_is_first_task, accounting_summary). pe_node: one slot per host, the job script on
 # the first host is no task of its own (it starts one `qrsh -inherit` per host, its own included).
-PES = {"smp": ("$pe_slots", "TRUE", "TRUE"), "mpi": ("$fill_up", "TRUE", "FALSE"),
-       "make": ("$round_robin", "FALSE", "TRUE"), "pe_node": ("1", "FALSE", "TRUE")}
+PES = {
+    "smp": ("$pe_slots", "TRUE", "TRUE"),
+    "mpi": ("$fill_up", "TRUE", "FALSE"),
+    "make": ("$round_robin", "FALSE", "TRUE"),
+    "pe_node": ("1", "FALSE", "TRUE"),
+}
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,12 @@ class Layout:
             return DEFAULT_PORT
 
     def env(self) -> dict[str, str]:
-        return {"SGE_ROOT": str(self.root), "SGE_CELL": "default", "SGE_QMASTER_PORT": str(self.port()),
-                "SGE_EXECD_PORT": str(self.port() + 1)}
+        return {
+            "SGE_ROOT": str(self.root),
+            "SGE_CELL": "default",
+            "SGE_QMASTER_PORT": str(self.port()),
+            "SGE_EXECD_PORT": str(self.port() + 1),
+        }
 
     def qmaster_pid_file(self) -> PidFile:
         return self.pid_file(self.qmaster_spool / "qmaster.pid", "sge_qmaster")
@@ -128,8 +136,10 @@ class Layout:
 
     def daemons(self) -> dict[str, PidFile]:
         """qmaster's and each execd's pid file, by label."""
-        return {"sge_qmaster": self.qmaster_pid_file(),
-                **{f"sge_execd@{host}": self.execd_pid_file(host) for host in self.hosts}}
+        return {
+            "sge_qmaster": self.qmaster_pid_file(),
+            **{f"sge_execd@{host}": self.execd_pid_file(host) for host in self.hosts},
+        }
 
     def running(self) -> dict[str, int | None]:
         """Live pid (or None) of qmaster and each execd, by label."""
@@ -161,27 +171,46 @@ def in_qmaster_namespace(lay: Layout, argv: list[str]) -> list[str]:
 def admin(lay: Layout, *args: str) -> str:
     res = run(in_qmaster_namespace(lay, ["qconf", *args]), env=cell_env(lay), timeout=30)
     if res.returncode != 0:
-        raise ClusterError(f"`qconf {' '.join(args)}` failed (exit {res.returncode}): "
-                           f"{(res.stderr or res.stdout).strip()}")
+        raise ClusterError(
+            f"`qconf {' '.join(args)}` failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()}"
+        )
     return res.stdout
 
 
 def render_bootstrap(lay: Layout) -> str:
-    return "\n".join([
-        "# Version: 8.1.9", "admin_user none", "default_domain none", "ignore_fqdn true",
-        "spooling_method classic", "spooling_lib libspoolc",
-        f"spooling_params {lay.common};{lay.qmaster_spool}", f"binary_path {lay.root / 'bin'}",
-        f"qmaster_spool_dir {lay.qmaster_spool}", "security_mode none", "listener_threads 2", "worker_threads 2",
-        "scheduler_threads 1", "jvm_threads 0", ""])
+    return "\n".join(
+        [
+            "# Version: 8.1.9",
+            "admin_user none",
+            "default_domain none",
+            "ignore_fqdn true",
+            "spooling_method classic",
+            "spooling_lib libspoolc",
+            f"spooling_params {lay.common};{lay.qmaster_spool}",
+            f"binary_path {lay.root / 'bin'}",
+            f"qmaster_spool_dir {lay.qmaster_spool}",
+            "security_mode none",
+            "listener_threads 2",
+            "worker_threads 2",
+            "scheduler_threads 1",
+            "jvm_threads 0",
+            "",
+        ]
+    )
 
 
 def render_global_config(lay: Layout) -> str:
     """Debian's default global configuration with the settings tests need (see sge.py's docstring)."""
     changes = {
-        "execd_spool_dir": str(lay.execd_spool), "mailer": "/bin/true", "min_uid": "0", "min_gid": "0",
-        "shell_start_mode": "unix_behavior", "load_report_time": "00:00:05", "max_unheard": "00:00:30",
+        "execd_spool_dir": str(lay.execd_spool),
+        "mailer": "/bin/true",
+        "min_uid": "0",
+        "min_gid": "0",
+        "shell_start_mode": "unix_behavior",
+        "load_report_time": "00:00:05",
+        "max_unheard": "00:00:30",
         "reporting_params": "accounting=true reporting=false flush_time=00:00:01 joblog=false sharelog=00:00:00 "
-                            "accounting_flush_time=00:00:00",
+        "accounting_flush_time=00:00:00",
         "execd_params": "KEEP_ACTIVE=FALSE",
         **global_changes(lay.site, lay.base),
     }
@@ -194,8 +223,10 @@ def render_global_config(lay: Layout) -> str:
 
 def render_hosts(lay: Layout) -> str:
     net = lay.net
-    return ("# Written by scripts/sge-cluster for the cell's mount namespaces; rewritten on every start.\n"
-            f"127.0.0.1 localhost\n{net.host_address} {lay.first_host}\n{net.address(1)} {SECOND_HOST}\n")
+    return (
+        "# Written by scripts/sge-cluster for the cell's mount namespaces; rewritten on every start.\n"
+        f"127.0.0.1 localhost\n{net.host_address} {lay.first_host}\n{net.address(1)} {SECOND_HOST}\n"
+    )
 
 
 def prepare(lay: Layout, port: int) -> None:
@@ -238,18 +269,24 @@ def make_tree(lay: Layout, port: int) -> None:
 
 def spool_defaults(lay: Layout, pe_dir: Path) -> None:
     """qmaster's classic spool, filled with the configuration, complexes, usersets, PEs and managers."""
-    steps = [[str(SGE_LIB / "spoolinit"), "classic", "libspoolc", f"{lay.common};{lay.qmaster_spool}", "init"],
-             [str(SGE_LIB / "spooldefaults"), "configuration", str(lay.base / "etc" / "global")],
-             [str(SGE_LIB / "spooldefaults"), "complexes",
-              str(write_complexes(lay.site, SGE_SHARE / "util/resources/centry", lay.base / "etc" / "centry"))],
-             [str(SGE_LIB / "spooldefaults"), "usersets", str(SGE_SHARE / "util/resources/usersets")],
-             [str(SGE_LIB / "spooldefaults"), "pes", str(pe_dir)],
-             [str(SGE_LIB / "spooldefaults"), "managers", "root"]]
+    steps = [
+        [str(SGE_LIB / "spoolinit"), "classic", "libspoolc", f"{lay.common};{lay.qmaster_spool}", "init"],
+        [str(SGE_LIB / "spooldefaults"), "configuration", str(lay.base / "etc" / "global")],
+        [
+            str(SGE_LIB / "spooldefaults"),
+            "complexes",
+            str(write_complexes(lay.site, SGE_SHARE / "util/resources/centry", lay.base / "etc" / "centry")),
+        ],
+        [str(SGE_LIB / "spooldefaults"), "usersets", str(SGE_SHARE / "util/resources/usersets")],
+        [str(SGE_LIB / "spooldefaults"), "pes", str(pe_dir)],
+        [str(SGE_LIB / "spooldefaults"), "managers", "root"],
+    ]
     for argv in steps:
         res = run(argv, env=cell_env(lay), timeout=60)
         if res.returncode != 0:
-            raise ClusterError(f"`{' '.join(argv)}` failed (exit {res.returncode}): "
-                               f"{(res.stderr or res.stdout).strip()}")
+            raise ClusterError(
+                f"`{' '.join(argv)}` failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()}"
+            )
 
 
 def configure(lay: Layout, slots: int) -> None:
@@ -261,10 +298,12 @@ def configure(lay: Layout, slots: int) -> None:
     (work / "sconf").write_text(sconf)
     admin(lay, "-Msconf", str(work / "sconf"))
     for host in lay.hosts:
-        (work / f"exechost-{host}").write_text(f"hostname {host}\nload_scaling NONE\n"
-                                               f"complex_values {host_complex_values(lay.site)}\n"
-                                               "user_lists NONE\nxuser_lists NONE\nprojects NONE\nxprojects NONE\n"
-                                               "usage_scaling NONE\nreport_variables NONE\n")
+        (work / f"exechost-{host}").write_text(
+            f"hostname {host}\nload_scaling NONE\n"
+            f"complex_values {host_complex_values(lay.site)}\n"
+            "user_lists NONE\nxuser_lists NONE\nprojects NONE\nxprojects NONE\n"
+            "usage_scaling NONE\nreport_variables NONE\n"
+        )
         admin(lay, "-Ae", str(work / f"exechost-{host}"))
         if host != lay.first_host:
             admin(lay, "-ah", host)
@@ -279,8 +318,13 @@ def configure_queue(lay: Layout, slots: int) -> None:
     queue = admin(lay, "-sq").replace("hostlist              NONE", f"hostlist {' '.join(lay.hosts)}")
     queue = re.sub(r"^qname\s+.*$", "qname all.q", queue, flags=re.MULTILINE)
     pe_list = " ".join([*PES, *site_pes(lay.site)])
-    for key, value in (("load_thresholds", "NONE"), ("slots", str(slots)), ("pe_list", pe_list),
-                       ("tmpdir", f"/tmp,{tmpdirs}"), ("shell", "/bin/bash")):
+    for key, value in (
+        ("load_thresholds", "NONE"),
+        ("slots", str(slots)),
+        ("pe_list", pe_list),
+        ("tmpdir", f"/tmp,{tmpdirs}"),
+        ("shell", "/bin/bash"),
+    ):
         queue = re.sub(rf"^{key}\s+.*$", f"{key} {value}", queue, flags=re.MULTILINE)
     (work / "all.q").write_text(queue)
     admin(lay, "-Aq", str(work / "all.q"))

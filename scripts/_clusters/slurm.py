@@ -109,8 +109,10 @@ def cmd_start(args: argparse.Namespace) -> None:
         configured = Layout.load(lay.base)
         pids = configured.running()
         if any(pids.values()) and configured.nodes != lay.nodes:
-            raise ClusterError(f"a {configured.nodes}-node cluster is running under {lay.base}; "
-                               f"`scripts/slurm-cluster stop` it first to start {lay.nodes} node(s)")
+            raise ClusterError(
+                f"a {configured.nodes}-node cluster is running under {lay.base}; "
+                f"`scripts/slurm-cluster stop` it first to start {lay.nodes} node(s)"
+            )
         if all(pids.values()):
             wait_ready(lay, args.timeout)
             say(f"already running under {lay.base} (node {node_state(lay)}; to change --cpus or --port, stop first)")
@@ -156,9 +158,12 @@ def start_cluster(lay: Layout, configured: Layout, pids: dict[str, int | None], 
         except ClusterError as cleanup:
             raise ClusterError(f"{failure}\n(and cleaning up after it failed: {cleanup})") from None
         raise
-    where = (f"{lay.nodes} nodes ({', '.join(lay.node_names)}) with {args.cpus} CPUs each on bridge "
-             f"{lay.net.bridge} ({lay.net.subnet}), slurmctld at {lay.net.host_address}:{port}" if lay.multi else
-             f"{NODE} with {args.cpus} CPUs, slurmctld port {port}")
+    where = (
+        f"{lay.nodes} nodes ({', '.join(lay.node_names)}) with {args.cpus} CPUs each on bridge "
+        f"{lay.net.bridge} ({lay.net.subnet}), slurmctld at {lay.net.host_address}:{port}"
+        if lay.multi
+        else f"{NODE} with {args.cpus} CPUs, slurmctld port {port}"
+    )
     say(f"started under {lay.base} in {time.monotonic() - t0:.1f} s: {where}, slurmd port {port + 1}")
 
 
@@ -169,14 +174,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{name:10s} {'running, pid ' + str(pid) if pid else 'not running'}")
     if lay.multi:
         net = lay.net
-        print(f"network    bridge {net.bridge} {net.host_address}/24 "
-              f"{'present' if net_exists(net) else 'absent'}; namespaces: {' '.join(namespaces_of(net)) or 'none'}")
+        print(
+            f"network    bridge {net.bridge} {net.host_address}/24 "
+            f"{'present' if net_exists(net) else 'absent'}; namespaces: {' '.join(namespaces_of(net)) or 'none'}"
+        )
     if not all(pids.values()):
         print(f"cluster under {lay.base}: {'partly running' if any(pids.values()) else 'stopped'}")
         return 3
     print(f"cluster under {lay.base}: running; {export_line(lay)}")
-    print(run(["sinfo", "-N", "-o", "%P %N %t %c %m"] if lay.multi else ["sinfo", "-o", "%P %D %t %c %m"],
-              env=slurm_env(lay)).stdout, end="")
+    print(
+        run(
+            ["sinfo", "-N", "-o", "%P %N %t %c %m"] if lay.multi else ["sinfo", "-o", "%P %D %t %c %m"],
+            env=slurm_env(lay),
+        ).stdout,
+        end="",
+    )
     print(run(["squeue", "-t", "all"], env=slurm_env(lay)).stdout, end="")
     return 0
 
@@ -197,8 +209,10 @@ def cmd_kill_node(args: argparse.Namespace) -> None:
     tasks), with no goodbye to the controller. `start` brings it back."""
     lay = Layout.load(args.base)
     if not lay.multi or args.node not in lay.node_names:
-        raise ClusterError(f"kill-node {args.node}: not a node of a multi-node cluster under {lay.base} "
-                           f"(nodes: {', '.join(lay.node_names) if lay.multi else 'single-node cluster'})")
+        raise ClusterError(
+            f"kill-node {args.node}: not a node of a multi-node cluster under {lay.base} "
+            f"(nodes: {', '.join(lay.node_names) if lay.multi else 'single-node cluster'})"
+        )
     namespace = lay.net.namespace(lay.node_names.index(args.node) + 1)
     if pid := lay.daemon(f"slurmd@{args.node}").live_pid():
         common.signal_pid(pid, signal.SIGKILL)
@@ -215,27 +229,38 @@ def cmd_env(args: argparse.Namespace) -> None:
 
 def parser(base: Path) -> argparse.ArgumentParser:
     common_args = argparse.ArgumentParser(add_help=False)
-    common_args.add_argument("--base", type=lambda s: Path(s).resolve(), default=base,
-                             help=f"folder holding everything of the cluster (default: $BCP_SLURM_BASE, else "
-                                  f"{common.REPO / '.slurm'} if munged accepts it, else a folder in /tmp; here: "
-                                  f"{base})")
+    common_args.add_argument(
+        "--base",
+        type=lambda s: Path(s).resolve(),
+        default=base,
+        help=f"folder holding everything of the cluster (default: $BCP_SLURM_BASE, else "
+        f"{common.REPO / '.slurm'} if munged accepts it, else a folder in /tmp; here: "
+        f"{base})",
+    )
     top = argparse.ArgumentParser(prog="slurm-cluster", description=__doc__.split("\n")[0])
     sub = top.add_subparsers(dest="command", required=True)
     sub.add_parser("install", help="apt-get install the Slurm and munge packages that are missing")
     start = sub.add_parser("start", parents=[common_args], help="configure and start; prints `export SLURM_CONF=...`")
     start.add_argument("--cpus", type=int, default=8, help="CPUs each node advertises (default 8)")
-    start.add_argument("--nodes", type=int, default=1,
-                       help="slurmd count (default 1: node `localhost` on 127.0.0.1; 2 or more: node1..nodeN, each "
-                            "in its own network namespace on a private bridge, see the module docstring)")
-    start.add_argument("--port", type=int, help=f"slurmctld port; slurmd uses port+1 (default: first free pair "
-                                                f"from {DEFAULT_PORT})")
+    start.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="slurmd count (default 1: node `localhost` on 127.0.0.1; 2 or more: node1..nodeN, each "
+        "in its own network namespace on a private bridge, see the module docstring)",
+    )
+    start.add_argument(
+        "--port", type=int, help=f"slurmctld port; slurmd uses port+1 (default: first free pair from {DEFAULT_PORT})"
+    )
     start.add_argument("--timeout", type=float, default=30, help="seconds to wait for the node (default 30)")
     sub.add_parser("status", parents=[common_args], help="daemons, node and queue; exit 0 running, 3 not running")
     sub.add_parser("stop", parents=[common_args], help="cancel all jobs and stop the daemons this script started")
     sub.add_parser("env", parents=[common_args], help="print `export SLURM_CONF=...`")
-    kill = sub.add_parser("kill-node", parents=[common_args], help="multi-node: SIGKILL a node's slurmd and "
-                                                                   "everything running on it (a lost node); `start` "
-                                                                   "brings it back")
+    kill = sub.add_parser(
+        "kill-node",
+        parents=[common_args],
+        help="multi-node: SIGKILL a node's slurmd and everything running on it (a lost node); `start` brings it back",
+    )
     kill.add_argument("node", help="node name, e.g. node2")
     return top
 
@@ -243,8 +268,14 @@ def parser(base: Path) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     common.set_program("slurm-cluster")
     args = parser(default_base()).parse_args(argv)
-    handler = {"install": cmd_install, "start": cmd_start, "status": cmd_status, "stop": cmd_stop, "env": cmd_env,
-               "kill-node": cmd_kill_node}
+    handler = {
+        "install": cmd_install,
+        "start": cmd_start,
+        "status": cmd_status,
+        "stop": cmd_stop,
+        "env": cmd_env,
+        "kill-node": cmd_kill_node,
+    }
     try:
         return handler[args.command](args) or 0
     except ClusterError as exc:

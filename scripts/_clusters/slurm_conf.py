@@ -76,8 +76,10 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 def render_multi_conf(lay: Layout, cpus: int, port: int, mem_mb: int) -> str:
     """slurm.conf for node1..nodeN, each `cpus` CPUs, reached at its namespace's address on the bridge."""
     net = lay.net
-    nodes = "\n".join(f"NodeName={name} NodeAddr={net.address(k)} NodeHostname={name} CPUs={cpus} "
-                      f"RealMemory={mem_mb} State=UNKNOWN" for k, name in enumerate(lay.node_names, start=1))
+    nodes = "\n".join(
+        f"NodeName={name} NodeAddr={net.address(k)} NodeHostname={name} CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN"
+        for k, name in enumerate(lay.node_names, start=1)
+    )
     return f"""\
 # Written by scripts/slurm-cluster; rewritten on every start. {lay.nodes}-node test cluster: each slurmd in its
 # own network namespace on bridge {net.bridge} ({net.subnet}); slurmctld on the host at {net.host_address}.
@@ -164,5 +166,8 @@ def render_hosts(lay: Layout) -> str:
     MASTER_ADDR=$(hostname)), and gloo binds to the address its own host name resolves to (else loopback)."""
     lines = ["127.0.0.1 localhost", f"{lay.net.host_address} slurmctld"]
     lines += [f"{lay.net.address(k)} {name}" for k, name in enumerate(lay.node_names, start=1)]
-    return "# Written by scripts/slurm-cluster for the nodes' mount namespaces; rewritten on every start.\n" + \
-        "\n".join(lines) + "\n"
+    return (
+        "# Written by scripts/slurm-cluster for the nodes' mount namespaces; rewritten on every start.\n"
+        + "\n".join(lines)
+        + "\n"
+    )

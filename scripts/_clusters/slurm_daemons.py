@@ -23,9 +23,18 @@ def daemon_argv(lay: Layout, label: str) -> list[str]:
     """The command that starts one daemon; each forks into the background and writes its pid file."""
     daemon = lay.daemon(label)
     if daemon.name == "munged":
-        return ["runuser", "-u", "munge", "--", "munged", f"--socket={lay.socket}", f"--key-file={lay.key}",
-                f"--pid-file={lay.munge_run / 'munged.pid'}", f"--log-file={lay.log('munged')}",
-                f"--seed-file={lay.munge_dir / 'munged.seed'}"]
+        return [
+            "runuser",
+            "-u",
+            "munge",
+            "--",
+            "munged",
+            f"--socket={lay.socket}",
+            f"--key-file={lay.key}",
+            f"--pid-file={lay.munge_run / 'munged.pid'}",
+            f"--log-file={lay.log('munged')}",
+            f"--seed-file={lay.munge_dir / 'munged.seed'}",
+        ]
     if daemon.name == "slurmctld":
         return ["slurmctld", "-f", str(lay.conf)]
     if not lay.multi:

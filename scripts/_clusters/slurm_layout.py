@@ -131,8 +131,10 @@ class Layout:
         if not self.multi:
             return [daemon("slurmd", self.run / "slurmd.pid", (str(self.conf),), self.log("slurmd"), NODE)]
         # %n in SlurmdPidFile/SlurmdLogFile/SlurmdSpoolDir is the node name: one file or folder per slurmd.
-        return [daemon("slurmd", self.run / f"slurmd-{n}.pid", (str(self.conf), n), self.log(f"slurmd-{n}"), n)
-                for n in self.node_names]
+        return [
+            daemon("slurmd", self.run / f"slurmd-{n}.pid", (str(self.conf), n), self.log(f"slurmd-{n}"), n)
+            for n in self.node_names
+        ]
 
     def daemon(self, label: str) -> Daemon:
         return next(d for d in self.daemons if d.label == label)

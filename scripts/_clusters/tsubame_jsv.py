@@ -51,14 +51,23 @@ def verify(params: dict[str, str]) -> tuple[str, str, list[str]]:
     """(ACCEPT|CORRECT|REJECT, message, PARAM lines to send first) for one job's parameters."""
     hard = requests(params.get("l_hard", ""))
     if "node_f" not in hard:
-        return "REJECT", ("no resource type: request whole nodes with -l node_f=N (this TSUBAME stand-in knows "
-                          "node_f only)"), []
+        return (
+            "REJECT",
+            ("no resource type: request whole nodes with -l node_f=N (this TSUBAME stand-in knows node_f only)"),
+            [],
+        )
     nodes = hard["node_f"]
     if not re.fullmatch(r"[1-9]\d*", nodes):
         return "REJECT", f"-l node_f={nodes}: the number of nodes must be a whole number of 1 or more", []
     if params.get("pe_name"):
-        return "REJECT", (f"-pe {params['pe_name']}: a resource type (node_f) makes the job parallel by itself; "
-                          "do not name a parallel environment"), []
+        return (
+            "REJECT",
+            (
+                f"-pe {params['pe_name']}: a resource type (node_f) makes the job parallel by itself; "
+                "do not name a parallel environment"
+            ),
+            [],
+        )
     if "h_rt" not in hard:
         return "REJECT", "Job is rejected. h_rt must be specified.", []
     limit = seconds(hard["h_rt"])
@@ -67,8 +76,12 @@ def verify(params: dict[str, str]) -> tuple[str, str, list[str]]:
     if not requests(params.get("ac", "")).get("TSUBAME_GROUP") and limit > TRIAL_H_RT_S:
         return "REJECT", "Job is rejected, h_rt can not be longer than 10 mins with this group", []
     hard["node_f"] = "1"  # a slot's share: one slot a host (the PE's allocation_rule 1), so N hosts in all
-    changes = [f"PARAM pe_name {SITE_PE}", f"PARAM pe_min {nodes}", f"PARAM pe_max {nodes}",
-               "PARAM l_hard " + ",".join(f"{name}={value}" if value else name for name, value in hard.items())]
+    changes = [
+        f"PARAM pe_name {SITE_PE}",
+        f"PARAM pe_min {nodes}",
+        f"PARAM pe_max {nodes}",
+        "PARAM l_hard " + ",".join(f"{name}={value}" if value else name for name, value in hard.items()),
+    ]
     return "CORRECT", f"node_f={nodes}: {nodes} whole node(s) over {SITE_PE}", changes
 
 

@@ -7,8 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bcp_pipeline.backends.shared.logs import (LINE_PREFIX, failed_rank_lines, last_traceback, progress_from_logs,
-    why_it_failed)
+from bcp_pipeline.backends.shared.logs import (
+    LINE_PREFIX,
+    failed_rank_lines,
+    last_traceback,
+    progress_from_logs,
+    why_it_failed,
+)
 
 STAGES = Path(__file__).resolve().parents[2] / "stages"
 
@@ -77,8 +82,13 @@ def test_progress_counts_each_rank_once_whatever_the_logs_hold(tmp_path):
     logs = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2"}
-        done = subprocess.run([sys.executable, str(STAGES / "gpt2_files.py"), "--out", str(tmp_path / "bpe")],
-                              capture_output=True, text=True, env=env, timeout=60)
+        done = subprocess.run(
+            [sys.executable, str(STAGES / "gpt2_files.py"), "--out", str(tmp_path / "bpe")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         logs.append(done.stdout)
     found = progress_from_logs(logs)
@@ -100,12 +110,26 @@ def test_the_rank_torchrun_names_first_to_fail_is_found_with_its_last_lines(tmp_
     """A real torchrun (2 ranks, --tee 3 and the `[rankN]:` prefix as the Kubernetes pods run it): rank 1 says why
     and exits 3 without a traceback; torchrun's summary names rank 1, whose lines are taken out of the shared log."""
     script = tmp_path / "rank.sh"
-    script.write_text('echo "rank $RANK starts"; if [ "$RANK" = 1 ]; then echo "no space left on /dev/shm"; exit 3; fi;'
-                      ' sleep 30\n')
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--tee=3",
-                           "--no-python", "--master_port=0", "bash", str(script)],
-                          env={**os.environ, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"},
-                          capture_output=True, text=True, timeout=120)
+    script.write_text(
+        'echo "rank $RANK starts"; if [ "$RANK" = 1 ]; then echo "no space left on /dev/shm"; exit 3; fi; sleep 30\n'
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--tee=3",
+            "--no-python",
+            "--master_port=0",
+            "bash",
+            str(script),
+        ],
+        env={**os.environ, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     log = done.stdout + done.stderr
     assert done.returncode != 0 and "Root Cause" in log, log
     assert failed_rank_lines(log) == (1, "rank 1 starts\nno space left on /dev/shm")
@@ -118,6 +142,7 @@ def test_why_it_failed_shows_the_programs_traceback_else_the_named_ranks_lines_t
     assert crashed[1].startswith("last lines of pod p's log:") and "Root Cause" in crashed[1]
     summary = TORCHRUN_TRACEBACK.replace("  exitcode  : 1", "  rank      : 1 (local_rank: 0)\n  exitcode  : 3")
     exited = why_it_failed("[rank0]:step 3\n[rank1]:step 3\n[rank1]:no space left on device\n" + summary, "pod p's")
-    assert exited[0] == ("the last lines of rank 1, the first to fail, in pod p's log:\n"
-                         "    step 3\n    no space left on device")
+    assert exited[0] == (
+        "the last lines of rank 1, the first to fail, in pod p's log:\n    step 3\n    no space left on device"
+    )
     assert len(why_it_failed("just one line\n", "the job")) == 1  # nothing more to say than the tail

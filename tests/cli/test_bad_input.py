@@ -12,19 +12,31 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
-import zstandard
-
 import download
 import extract
 import preprocess
+import pytest
 import sample
+import zstandard
 from support.cli import cli
 from support.http_faults import FaultServer
-from support.pipeline_fixtures import (CHAIN_CONFIG, stage_status, stall_stage, start_orchestrator, wait_for,
-                                       write_chain_project)
-from support.stage_fixtures import (gpt2_vocab_merges, iter_documents, jsonl_bytes, make_shards, run_as_rank,
-                                    snapshot, temporaries)
+from support.pipeline_fixtures import (
+    CHAIN_CONFIG,
+    stage_status,
+    stall_stage,
+    start_orchestrator,
+    wait_for,
+    write_chain_project,
+)
+from support.stage_fixtures import (
+    gpt2_vocab_merges,
+    iter_documents,
+    jsonl_bytes,
+    make_shards,
+    run_as_rank,
+    snapshot,
+    temporaries,
+)
 
 VOCAB, MERGES = gpt2_vocab_merges()
 GPT2 = ["--vocab", str(VOCAB), "--merges", str(MERGES), "--workers", "1"]
@@ -33,6 +45,7 @@ GPT2 = ["--vocab", str(VOCAB), "--merges", str(MERGES), "--workers", "1"]
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def extract_args(folder: Path, *extra: str) -> list[str]:
     return ["--in", str(folder / "in"), "--out", str(folder / "out"), "--threads", "1", *extra]
@@ -71,19 +84,32 @@ def still_there(before: dict[str, bytes], folder: Path) -> None:
 # extract: compressed inputs that are not whole zstd
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind,message", [
-    ("truncated", "truncated zstd stream (ends inside a frame"),
-    ("gzip", "not valid zstd near compressed byte 35: zstd decompressor error: Unknown frame descriptor "
-             "(it is gzip data, not zstd: recompress it with zstd or download it again)"),
-    ("empty", "empty file, not a zstd stream"),
-    ("uncompressed", "(it is uncompressed JSON data, not zstd: recompress it with zstd or download it again)"),
-])
+
+@pytest.mark.parametrize(
+    "kind,message",
+    [
+        ("truncated", "truncated zstd stream (ends inside a frame"),
+        (
+            "gzip",
+            "not valid zstd near compressed byte 35: zstd decompressor error: Unknown frame descriptor "
+            "(it is gzip data, not zstd: recompress it with zstd or download it again)",
+        ),
+        ("empty", "empty file, not a zstd stream"),
+        ("uncompressed", "(it is uncompressed JSON data, not zstd: recompress it with zstd or download it again)"),
+    ],
+)
 def test_a_bad_zst_fails_by_name_and_keeps_every_good_output(tmp_path, monkeypatch, capsys, kind, message):
     before = extract_with_a_complete_output(tmp_path, monkeypatch)
     bad, good = make_shards(tmp_path / "in", files=2, docs_per_file=5, chunk=2, frames=2)
     expected_good = text_of(good)
-    bad.write_bytes({"truncated": bad.read_bytes()[:-9], "gzip": gzip.compress(b'{"text": "hi"}\n', mtime=0),
-                     "empty": b"", "uncompressed": b'{"text": "hi"}\n'}[kind])
+    bad.write_bytes(
+        {
+            "truncated": bad.read_bytes()[:-9],
+            "gzip": gzip.compress(b'{"text": "hi"}\n', mtime=0),
+            "empty": b"",
+            "uncompressed": b'{"text": "hi"}\n',
+        }[kind]
+    )
     bad_bytes = bad.read_bytes()
     capsys.readouterr()
     assert run_as_rank(extract.main, extract_args(tmp_path), 0, 1, monkeypatch) == 1
@@ -104,14 +130,19 @@ def text_of(path: Path) -> bytes:
 # preprocess: bad lines are skipped and named; a shard with no usable document fails
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("line,reason", [
-    (b'{"text": "unclosed', "invalid JSON"),
-    (b'{"body": "no text key"}', "no 'text' key"),
-    (b'{"text": ["not", "a", "string"]}', "'text' is not a string"),
-    (b'{"text": "caf\xe9 in Latin-1"}', "not valid UTF-8"),
-])
-def test_a_bad_line_is_skipped_by_file_and_line_and_every_good_document_is_kept(tmp_path, monkeypatch, capsys,
-                                                                               line, reason):
+
+@pytest.mark.parametrize(
+    "line,reason",
+    [
+        (b'{"text": "unclosed', "invalid JSON"),
+        (b'{"body": "no text key"}', "no 'text' key"),
+        (b'{"text": ["not", "a", "string"]}', "'text' is not a string"),
+        (b'{"text": "caf\xe9 in Latin-1"}', "not valid UTF-8"),
+    ],
+)
+def test_a_bad_line_is_skipped_by_file_and_line_and_every_good_document_is_kept(
+    tmp_path, monkeypatch, capsys, line, reason
+):
     before = preprocess_with_a_complete_output(tmp_path, monkeypatch)
     head, tail = jsonl_bytes(iter_documents(1, 3)), jsonl_bytes(iter_documents(2, 2))
     (tmp_path / "in" / "train_chunk_0.jsonl").write_bytes(head + line + b"\n" + tail)
@@ -131,10 +162,13 @@ def test_a_bad_line_is_skipped_by_file_and_line_and_every_good_document_is_kept(
     assert manifest["documents"] == 5 and manifest["skipped_lines"] == 1
 
 
-@pytest.mark.parametrize("payload,detail", [
-    (b'{"body": "a"}\n{"body": "b"}\n', "all 2 lines were skipped"),
-    (b"", "all 0 lines were skipped"),
-])
+@pytest.mark.parametrize(
+    "payload,detail",
+    [
+        (b'{"body": "a"}\n{"body": "b"}\n', "all 2 lines were skipped"),
+        (b"", "all 0 lines were skipped"),
+    ],
+)
 def test_a_shard_with_no_usable_document_fails_by_name(tmp_path, monkeypatch, capsys, payload, detail):
     before = preprocess_with_a_complete_output(tmp_path, monkeypatch)
     (tmp_path / "in" / "train_chunk_0.jsonl").write_bytes(payload)
@@ -146,8 +180,10 @@ def test_a_shard_with_no_usable_document_fails_by_name(tmp_path, monkeypatch, ca
     assert not list((tmp_path / "out").glob("train_chunk_0*")) and temporaries(tmp_path / "out") == []
 
 
-@pytest.mark.parametrize("case", ["missing vocab", "vocab is merges", "merges is vocab", "bad merges line",
-                                  "mismatched", "vocab not an object"])
+@pytest.mark.parametrize(
+    "case",
+    ["missing vocab", "vocab is merges", "merges is vocab", "bad merges line", "mismatched", "vocab not an object"],
+)
 def test_missing_or_wrong_vocab_or_merges_exit_2_naming_the_file(tmp_path, monkeypatch, capsys, case):
     before = preprocess_with_a_complete_output(tmp_path, monkeypatch)
     (tmp_path / "in" / "train_chunk_0.jsonl").write_bytes(jsonl_bytes(iter_documents(1, 2)))
@@ -164,13 +200,22 @@ def test_missing_or_wrong_vocab_or_merges_exit_2_naming_the_file(tmp_path, monke
     if case == "bad merges line":
         bad.write_text("\n".join([merges_lines[0], merges_lines[1], "a b c", *merges_lines[2:]]), encoding="utf-8")
     elif case == "mismatched":
-        bad.write_text("\n".join([merges_lines[0], merges_lines[2], merges_lines[1], *merges_lines[3:]]),
-                       encoding="utf-8")
+        bad.write_text(
+            "\n".join([merges_lines[0], merges_lines[2], merges_lines[1], *merges_lines[3:]]), encoding="utf-8"
+        )
     elif case == "vocab not an object":
         bad.write_text('["<|endoftext|>"]')
     capsys.readouterr()
-    argv = ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--vocab", str(vocab),
-            "--merges", str(merges)]
+    argv = [
+        "--in",
+        str(tmp_path / "in"),
+        "--out",
+        str(tmp_path / "out"),
+        "--vocab",
+        str(vocab),
+        "--merges",
+        str(merges),
+    ]
     assert run_as_rank(preprocess.main, argv, 0, 1, monkeypatch) == 2
     assert f"preprocess: {message}" in capsys.readouterr().err
     assert snapshot(tmp_path / "out") == before, "nothing is read or written before the tokenizer loads"
@@ -179,6 +224,7 @@ def test_missing_or_wrong_vocab_or_merges_exit_2_naming_the_file(tmp_path, monke
 # ---------------------------------------------------------------------------------------------------------------
 # extract: a disk that fills up, a read-only output folder
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def test_a_full_disk_fails_naming_the_output_and_keeps_complete_outputs(tmp_path, monkeypatch, capsys, tmpfs):
     tmpfs(tmp_path / "out", size="1m")
@@ -194,8 +240,7 @@ def test_a_full_disk_fails_naming_the_output_and_keeps_complete_outputs(tmp_path
     assert big.exists(), "the source is deleted only after its output is complete"
 
 
-def test_a_read_only_output_folder_fails_naming_it_and_keeps_complete_outputs(tmp_path, monkeypatch, capsys,
-                                                                              tmpfs):
+def test_a_read_only_output_folder_fails_naming_it_and_keeps_complete_outputs(tmp_path, monkeypatch, capsys, tmpfs):
     out = tmpfs(tmp_path / "out")
     before = extract_with_a_complete_output(tmp_path, monkeypatch)
     source = make_shards(tmp_path / "in", files=1, docs_per_file=5, chunk=2)[0]
@@ -212,10 +257,26 @@ def test_a_read_only_output_folder_fails_naming_it_and_keeps_complete_outputs(tm
 # download: a 404 for a shard that should exist
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_a_404_for_an_expected_shard_fails_by_name_and_url_and_keeps_downloaded_files(tmp_path, capsys):
     mirror = tmp_path / "mirror"
-    assert sample.main(["--out", str(mirror), "--chunks", "1", "--files-per-chunk", "4", "--docs-per-file", "3",
-                        "--mean-words", "20"]) == 0
+    assert (
+        sample.main(
+            [
+                "--out",
+                str(mirror),
+                "--chunks",
+                "1",
+                "--files-per-chunk",
+                "4",
+                "--docs-per-file",
+                "3",
+                "--mean-words",
+                "20",
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "out"
     fast = ["--chunks", "1", "--backoff", "0.01", "--max-wait", "0.05", "--timeout", "5", "--workers", "2"]
     missing = "/train/chunk1/example_train_3.jsonl.zst"
@@ -228,17 +289,20 @@ def test_a_404_for_an_expected_shard_fails_by_name_and_url_and_keeps_downloaded_
         assert server.requests[missing] == 1, "a 404 is not retried"
         assert server.requests["/train/chunk1/example_train_0.jsonl.zst"] == 1, "complete files are not fetched again"
     err = capsys.readouterr().err
-    assert (f"  example_train_chunk1_3.jsonl.zst: HTTP 404 Not Found: the file should exist ({server.url}{missing}"
-            in err)
+    assert (
+        f"  example_train_chunk1_3.jsonl.zst: HTTP 404 Not Found: the file should exist ({server.url}{missing}" in err
+    )
     still_there({name: data for name, data in before.items() if not name.startswith(".manifest")}, out)
     assert (out / "example_train_chunk1_2.jsonl.zst").read_bytes() == (
-        mirror / "train/chunk1/example_train_2.jsonl.zst").read_bytes()
+        mirror / "train/chunk1/example_train_2.jsonl.zst"
+    ).read_bytes()
     assert not (out / "example_train_chunk1_3.jsonl.zst").exists() and temporaries(out) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The orchestrator: state.json, the run lock, pipelines.yaml
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def project_with_a_run(root: Path) -> tuple[Path, dict[str, bytes]]:
     """A chain project whose stage `first` ran (the others skipped); returns the config and the workspace."""
@@ -262,12 +326,14 @@ def test_a_corrupt_or_hand_edited_state_json_is_refused_by_name_and_set_aside_by
     variants = {
         # cut short between two keys (not at a fixed offset, which may fall inside a string of the tmp path's
         # length): the JSON error then says where
-        "Expecting": state_path.read_text()[:state_path.read_text().index('"stages"')],
-        "stages.first: 'runing' is not a valid StageStatus":
-            edited(lambda s: s["stages"]["first"].update(status="runing")),
+        "Expecting": state_path.read_text()[: state_path.read_text().index('"stages"')],
+        "stages.first: 'runing' is not a valid StageStatus": edited(
+            lambda s: s["stages"]["first"].update(status="runing")
+        ),
         "missing key 'stages'": edited(lambda s: s.pop("stages")),
-        "stages.first: StageState.__init__() got an unexpected keyword argument 'colour'":
-            edited(lambda s: s["stages"]["first"].update(colour="red")),
+        "stages.first: StageState.__init__() got an unexpected keyword argument 'colour'": edited(
+            lambda s: s["stages"]["first"].update(colour="red")
+        ),
         "state version 7, this tool reads 1": edited(lambda s: s.update(version=7)),
         "'list' object has no attribute 'items'": edited(lambda s: s.update(stages=[])),
     }
@@ -278,8 +344,10 @@ def test_a_corrupt_or_hand_edited_state_json_is_refused_by_name_and_set_aside_by
         for verb in (("resume", run_id), ("status", run_id), ("run", "chain")):
             assert cli(config, *verb) == 1, (verb, reason)
             err = capsys.readouterr().err
-            assert f"run {run_id} is corrupt: its state file could not be read ({reason}" in err or \
-                f"the last run of chain ({run_id}) is corrupt" in err, (verb, err)
+            assert (
+                f"run {run_id} is corrupt: its state file could not be read ({reason}" in err
+                or f"the last run of chain ({run_id}) is corrupt" in err
+            ), (verb, err)
         # Set aside under a name that says so, never rewritten from a guess, and said where.
         aside = next(state_path.parent.glob("state.corrupt-*.json"))
         assert aside.read_text() == text and not state_path.exists()
@@ -292,14 +360,17 @@ def test_a_stale_lock_of_a_dead_orchestrator_is_taken_over_and_a_live_one_is_ref
     stall = stall_stage(tmp_path / "ws/main", "second")
     orchestrator = start_orchestrator(config, "run", "chain")
     try:
-        lock = wait_for(lambda: next((tmp_path / ".bcp-pipeline/runs").glob("*/orchestrator.lock"), None),
-                        what="the run lock")
+        lock = wait_for(
+            lambda: next((tmp_path / ".bcp-pipeline/runs").glob("*/orchestrator.lock"), None), what="the run lock"
+        )
         run_dir = lock.parent
         wait_for(lambda: stage_status(run_dir, "second") == "running", what="stage second to run")
         capsys.readouterr()
         assert cli(config, "resume") == 1
-        assert (f"run {run_dir.name} is being driven by pid {orchestrator.pid}; watch it with `bcp-pipeline status`"
-                in capsys.readouterr().err)
+        assert (
+            f"run {run_dir.name} is being driven by pid {orchestrator.pid}; watch it with `bcp-pipeline status`"
+            in capsys.readouterr().err
+        )
     finally:
         orchestrator.kill()  # SIGKILL: the lock file stays, naming a dead pid
         orchestrator.communicate()
@@ -316,13 +387,21 @@ def test_a_bad_pipelines_yaml_exits_2_naming_file_line_and_key_and_touches_no_ru
     config, workspace = project_with_a_run(tmp_path)
     runs_before = snapshot(tmp_path / ".bcp-pipeline")
     text, line, message = {
-        "tab": (CHAIN_CONFIG.replace('    vars: {count: "6"}', '\tvars: {count: "6"}'), 9,
-                "invalid YAML: found character '\\t' that cannot start any token (YAML indents with spaces only"),
-        "duplicate key": (CHAIN_CONFIG.replace('    vars: {count: "6"}\n', '    vars: {count: "6"}\n'
-                                                                              '    vars: {count: "7"}\n'), 10,
-                          "invalid YAML: duplicate key 'vars' (first on line 9)"),
-        "unknown placeholder": (CHAIN_CONFIG.replace('"${workspace}/third"', '"${workspace}/${thrid}"'), 26,
-                                "pipelines.chain.stages.third.args: unknown placeholder ${thrid}"),
+        "tab": (
+            CHAIN_CONFIG.replace('    vars: {count: "6"}', '\tvars: {count: "6"}'),
+            9,
+            "invalid YAML: found character '\\t' that cannot start any token (YAML indents with spaces only",
+        ),
+        "duplicate key": (
+            CHAIN_CONFIG.replace('    vars: {count: "6"}\n', '    vars: {count: "6"}\n    vars: {count: "7"}\n'),
+            10,
+            "invalid YAML: duplicate key 'vars' (first on line 9)",
+        ),
+        "unknown placeholder": (
+            CHAIN_CONFIG.replace('"${workspace}/third"', '"${workspace}/${thrid}"'),
+            26,
+            "pipelines.chain.stages.third.args: unknown placeholder ${thrid}",
+        ),
     }[case]
     config.write_text(text)
     capsys.readouterr()

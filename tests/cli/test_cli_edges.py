@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import cli
+from support.pipeline_fixtures import write_chain_project
 
 from bcp_pipeline.cli.main import build_parser
 from bcp_pipeline.cli.runs import without_state_lines
 from bcp_pipeline.detach.protocol import SNAPSHOT_PREFIX, snapshot_lines
-from support.cli import cli
-from support.pipeline_fixtures import write_chain_project
 
 
 @pytest.fixture
@@ -39,8 +39,13 @@ def command_into_a_closed_pipe(config: Path, *args: str) -> subprocess.Completed
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        return subprocess.run([sys.executable, "-m", "bcp_pipeline", "--config", str(config), *args],
-                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "bcp_pipeline", "--config", str(config), *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
     finally:
         os.close(write_end)
 
@@ -55,8 +60,12 @@ def test_output_piped_into_a_reader_that_left_ends_quietly(chain):
 def test_every_argument_of_every_verb_has_help():
     parser = build_parser()
     verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    missing = [f"{verb} {action.dest}" for verb, sub in verbs.choices.items() for action in sub._actions
-               if not isinstance(action, argparse._HelpAction) and not action.help]
+    missing = [
+        f"{verb} {action.dest}"
+        for verb, sub in verbs.choices.items()
+        for action in sub._actions
+        if not isinstance(action, argparse._HelpAction) and not action.help
+    ]
     assert missing == []
 
 
@@ -69,8 +78,14 @@ def test_check_help_says_what_check_alone_does(chain, capsys):
     assert "name a pipeline (`bcp-pipeline check PIPELINE`) or a backend" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args", [("logs", "RUN", "first", "--tail", "-1"), ("logs", "RUN", "first", "--tail", "0"),
-                                  ("logs", "RUN", "first", "--rank", "-1")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("logs", "RUN", "first", "--tail", "-1"),
+        ("logs", "RUN", "first", "--tail", "0"),
+        ("logs", "RUN", "first", "--rank", "-1"),
+    ],
+)
 def test_a_count_below_its_least_is_a_usage_error(chain, capsys, args):
     with pytest.raises(SystemExit) as exit_info:
         cli(chain, *args)
@@ -81,11 +96,16 @@ def test_a_count_below_its_least_is_a_usage_error(chain, capsys, args):
 def test_a_driver_log_shows_its_human_lines_and_counts_the_state_lines_it_hides():
     snapshot = snapshot_lines({"run_id": "r", "stages": {f"stage{i}": {"note": "x" * 300} for i in range(30)}}, 1)
     assert len(snapshot) > 1 and all(len(line) > 1000 for line in snapshot[:-1])
-    log = "\n".join(["driver job 7: took the lease", *snapshot, "download: submitted job 8", *snapshot,
-                     "download: succeeded"])
+    log = "\n".join(
+        ["driver job 7: took the lease", *snapshot, "download: submitted job 8", *snapshot, "download: succeeded"]
+    )
     shown = without_state_lines(log, None).splitlines()
-    assert shown == ["driver job 7: took the lease", "download: submitted job 8", "download: succeeded",
-                     f"({2 * len(snapshot)} BCPP-STATE line(s) hidden: --state-lines shows them)"]
+    assert shown == [
+        "driver job 7: took the lease",
+        "download: submitted job 8",
+        "download: succeeded",
+        f"({2 * len(snapshot)} BCPP-STATE line(s) hidden: --state-lines shows them)",
+    ]
     assert without_state_lines(log, 1).splitlines()[0] == "download: succeeded"
     assert not any(line.startswith(SNAPSHOT_PREFIX) for line in shown)
 
@@ -94,8 +114,13 @@ def test_check_slurm_without_slurm_names_the_install_script_and_saves_no_profile
     # No controller to reach: where Slurm's commands are installed (the Slurm tests install them), they are
     # pointed at a slurm.conf that does not exist, and the real scontrol fails as it does without a cluster.
     env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-cluster" / "slurm.conf")}
-    done = subprocess.run([sys.executable, "-m", "bcp_pipeline", "--config", str(chain), "check", "chain",
-                           "--backend", "slurm"], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "bcp_pipeline", "--config", str(chain), "check", "chain", "--backend", "slurm"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     assert "Slurm's controller does not answer" in done.stderr and "`scripts/slurm-cluster install`" in done.stderr
     assert "No profile was saved" in done.stderr and done.stderr.count("\n") == 1

@@ -47,8 +47,9 @@ def project(tmp_path: Path) -> Path:
     (tmp_path / "other.yaml").write_text(OTHER_CONFIG)
     run_dir = tmp_path / ".bcp-pipeline" / "runs" / RUN_ID
     run_dir.mkdir(parents=True)
-    (run_dir / "state.json").write_text(json.dumps({"run_id": RUN_ID, "pipeline": "alpha",
-                                                    "stages": {"fetch": {}, "train": {}}}))
+    (run_dir / "state.json").write_text(
+        json.dumps({"run_id": RUN_ID, "pipeline": "alpha", "stages": {"fetch": {}, "train": {}}})
+    )
     (tmp_path / ".bcp-pipeline" / "runs" / "not-a-run").mkdir()
     return tmp_path
 
@@ -56,8 +57,14 @@ def project(tmp_path: Path) -> Path:
 def complete(folder: Path, line: str, shell: str = "bash") -> tuple[list[str], subprocess.CompletedProcess[str]]:
     """The candidates `bcp-pipeline` answers for `line` (cursor at its end), as the shell functions ask."""
     answer = folder / ".answer"
-    env = dict(os.environ, _ARGCOMPLETE="1", _ARGCOMPLETE_SHELL=shell, COMP_LINE=line, COMP_POINT=str(len(line)),
-               _ARGCOMPLETE_STDOUT_FILENAME=str(answer))
+    env = dict(
+        os.environ,
+        _ARGCOMPLETE="1",
+        _ARGCOMPLETE_SHELL=shell,
+        COMP_LINE=line,
+        COMP_POINT=str(len(line)),
+        _ARGCOMPLETE_STDOUT_FILENAME=str(answer),
+    )
     done = subprocess.run([str(COMMAND)], cwd=folder, env=env, capture_output=True, text=True, timeout=60)
     text = answer.read_text() if answer.exists() else ""
     answer.unlink(missing_ok=True)
@@ -103,15 +110,20 @@ def test_set_offers_the_keys_the_pipeline_writes_with_their_values(project: Path
     assert found["report.local.replicas="] == "now 3" and found["report.local.processes="] == "now 2"
     assert "report.program=" in found and "fetch.description=" in found
     assert found["backends.bcp.driver.total_runtime="] == "the --detach driver job"
-    assert candidates(project, "bcp-pipeline run beta --set report.local.") == ["report.local.processes=",
-                                                                                "report.local.replicas="]
+    assert candidates(project, "bcp-pipeline run beta --set report.local.") == [
+        "report.local.processes=",
+        "report.local.replicas=",
+    ]
 
 
 def test_logs_of_a_detached_run_offer_its_driver(project: Path) -> None:
     run_dir = project / ".bcp-pipeline" / "runs" / "alpha-detached"
     run_dir.mkdir()
-    (run_dir / "state.json").write_text(json.dumps({"run_id": "alpha-detached", "pipeline": "alpha",
-                                                    "detached": {"owner": "driver"}, "stages": {"fetch": {}}}))
+    (run_dir / "state.json").write_text(
+        json.dumps(
+            {"run_id": "alpha-detached", "pipeline": "alpha", "detached": {"owner": "driver"}, "stages": {"fetch": {}}}
+        )
+    )
     assert candidates(project, "bcp-pipeline logs alpha-detached ") == ["fetch", "driver"]
     assert candidates(project, f"bcp-pipeline logs {RUN_ID} ") == ["fetch", "train"]  # not detached: no driver
     assert candidates(project, "bcp-pipeline verify alpha-detached ") == ["fetch"]  # a driver has no verification
@@ -122,10 +134,18 @@ def test_verbs_options_and_choices(project: Path) -> None:
     assert candidates(project, "bcp-pipeline ") == VERBS
     assert candidates(project, "bcp-pipeline l") == ["logs", "list"]
     # --config and --state-dir are taken after the verb too, as ngc takes its global options anywhere.
-    assert set(candidates(project, "bcp-pipeline run alpha --")) == {"--help", "--backend", "--set", "--restart",
-                                                                     "--from", "--only", "--detach", "--config",
-                                                                     "--state-dir"}
-    backends = ["local", "bcp", "slurm", "gridengine", "kubernetes"]
+    assert set(candidates(project, "bcp-pipeline run alpha --")) == {
+        "--help",
+        "--backend",
+        "--set",
+        "--restart",
+        "--from",
+        "--only",
+        "--detach",
+        "--config",
+        "--state-dir",
+    }
+    backends = ["local", "bcp", "slurm", "gridengine", "kubernetes", "lepton"]
     assert candidates(project, "bcp-pipeline plan alpha --backend ") == backends
     assert candidates(project, "bcp-pipeline logs x y --tail ") == []
 
@@ -158,11 +178,18 @@ def test_descriptions_for_zsh(project: Path) -> None:
     assert found == ["alpha:the first pipeline", "beta:"]
 
 
-@pytest.mark.parametrize(("config", "pipelines"), [("pipelines: [not, a, mapping]", []),
-                                                   ("pipelines: {a: {stages: 3}, b: 4}", ["a"]),
-                                                   (": : :\n\t-", []), (None, [])])
-def test_a_broken_or_missing_file_offers_what_it_can_and_prints_nothing(project: Path, config: str | None,
-                                                                        pipelines: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("config", "pipelines"),
+    [
+        ("pipelines: [not, a, mapping]", []),
+        ("pipelines: {a: {stages: 3}, b: 4}", ["a"]),
+        (": : :\n\t-", []),
+        (None, []),
+    ],
+)
+def test_a_broken_or_missing_file_offers_what_it_can_and_prints_nothing(
+    project: Path, config: str | None, pipelines: list[str]
+) -> None:
     if config is None:
         (project / "pipelines.yaml").unlink()
     else:
@@ -174,11 +201,17 @@ def test_a_broken_or_missing_file_offers_what_it_can_and_prints_nothing(project:
 
 
 def test_without_argcomplete_a_request_gets_an_empty_answer(project: Path) -> None:
-    env = dict(os.environ, _ARGCOMPLETE="1", COMP_LINE="bcp-pipeline run ", COMP_POINT="17",
-               _ARGCOMPLETE_STDOUT_FILENAME=str(project / ".answer"))
+    env = dict(
+        os.environ,
+        _ARGCOMPLETE="1",
+        COMP_LINE="bcp-pipeline run ",
+        COMP_POINT="17",
+        _ARGCOMPLETE_STDOUT_FILENAME=str(project / ".answer"),
+    )
     code = "import sys; sys.modules['argcomplete'] = None; from bcp_pipeline.cli.main import main; sys.exit(main())"
-    done = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True, timeout=60
+    )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     assert not (project / ".answer").exists()
 
@@ -197,8 +230,14 @@ for line in "bcp-pipeline " "bcp-pipeline run b" "bcp-pipeline logs $RUN "; do
   echo "${COMPREPLY[*]}"
 done
 """
-    done = subprocess.run(["bash", "-c", script], cwd=project, env=dict(os.environ, **SHELL_ENV, RUN=RUN_ID),
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", "-c", script],
+        cwd=project,
+        env=dict(os.environ, **SHELL_ENV, RUN=RUN_ID),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "-F _python_argcomplete bcp-pipeline" in done.stderr
     assert [line.strip() for line in done.stdout.splitlines()] == [" ".join(VERBS), "beta", "fetch train"]
@@ -235,8 +274,14 @@ for line in "bcp-pipeline run " "bcp-pipeline run beta --from r"; do
   _python_argcomplete
 done
 """
-    done = subprocess.run([zsh, "-f", "-c", script], cwd=project, env=dict(os.environ, **SHELL_ENV),
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [zsh, "-f", "-c", script],
+        cwd=project,
+        env=dict(os.environ, **SHELL_ENV),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "compdef _python_argcomplete bcp-pipeline" in done.stderr
     assert done.stdout.splitlines() == ["alpha:the first pipeline", "beta:", "report:"]

@@ -12,15 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
-
-from bcp_pipeline.backends.shared.logs import follow_files
 from support.cli import cli, latest
 from support.pipeline_fixtures import stall_stage, start_orchestrator, wait_for, write_chain_project
 
+from bcp_pipeline.backends.shared.logs import follow_files
+
 
 def follow(config: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "logs", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bcp_pipeline", "--config", str(config), "logs", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def progress(lines: list[str]) -> list[dict]:
@@ -32,8 +36,11 @@ def test_logs_follow_prints_a_running_jobs_lines_as_they_come_and_ends_with_the_
     held = stall_stage(tmp_path / "ws" / "main", "first")  # its ranks start, then wait before their items
     run = start_orchestrator(config, "run", "chain", "--only", "first")
     try:
-        job = wait_for(lambda: (state := latest(config)) and state.stages["first"].jobs and
-                       state.stages["first"].jobs[0], timeout=60, what="the first stage's job")
+        job = wait_for(
+            lambda: (state := latest(config)) and state.stages["first"].jobs and state.stages["first"].jobs[0],
+            timeout=60,
+            what="the first stage's job",
+        )
         run_id = latest(config).run_id
         logs_dir = config.parent / ".bcp-pipeline" / "runs" / run_id / "logs" / job.job_id
         wait_for(lambda: len(list(logs_dir.glob("rank-*.log"))) == 2, what="both ranks' logs")
@@ -112,8 +119,13 @@ def test_slurm_and_grid_engine_follow_their_rank_log_files_until_squeue_says_the
                 handle.write(f"r1 {state.value}\n")
             return {"42": JobStatus(job_id="42", state=state)}
 
-    backend = PolledStandIn(SlurmOptions(poll_seconds=0.01, poll_max_seconds=0.01), config_dir=tmp_path,
-                            stages_dir=tmp_path, run_dir=tmp_path / "run", workspace_name="main")
+    backend = PolledStandIn(
+        SlurmOptions(poll_seconds=0.01, poll_max_seconds=0.01),
+        config_dir=tmp_path,
+        stages_dir=tmp_path,
+        run_dir=tmp_path / "run",
+        workspace_name="main",
+    )
     assert list(backend.follow_logs("42", rank=1)) == ["r1 a", "r1 running", "r1 running", "r1 succeeded"]
     answers = iter([JobState.SUCCEEDED])
     assert sorted(backend.follow_logs("42", tail=1)) == ["[rank-00000.log] r0 a", "[rank-00001.log] r1 succeeded"]

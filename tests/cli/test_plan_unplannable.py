@@ -17,8 +17,9 @@ def test_plan_shows_the_data_stages_and_why_the_pretrain_cannot_be_planned_then_
     assert cli(BUNDLED, "plan", "slimpajama-8b", "--backend", "gridengine") == 2
     captured = capsys.readouterr()
     out, err = captured.out, captured.err
-    assert out.startswith("# plan: pipeline slimpajama-8b on gridengine; 10 job(s), 1 that cannot be planned; "
-                          "nothing is submitted."), out[:300]
+    assert out.startswith(
+        "# plan: pipeline slimpajama-8b on gridengine; 10 job(s), 1 that cannot be planned; nothing is submitted."
+    ), out[:300]
     for stage in ("download", "extract", "concat", "tokenize-preprocess"):  # each stage's job script is there
         assert f"\n# stage {stage}" in out and f"\n#$ -N slimpajama-8b-RUN.{stage}\n" in out, stage
     refusal = out.split("# stage pretrain: CANNOT BE PLANNED\n", 1)[1].split("\n\n", 1)[0]
@@ -28,8 +29,10 @@ def test_plan_shows_the_data_stages_and_why_the_pretrain_cannot_be_planned_then_
     # On stderr, the refusal as `run` would print it, then the count, last.
     first, last = err.strip().splitlines()[-2:]
     assert first.startswith("bcp-pipeline: error: ") and f"--set {IMAGE_SET}" in first, err
-    assert last == ("bcp-pipeline: error: 1 job(s) of stage(s) pretrain cannot be planned on gridengine (each is "
-                    "shown in the plan where it would be); `run` would refuse them"), err
+    assert last == (
+        "bcp-pipeline: error: 1 job(s) of stage(s) pretrain cannot be planned on gridengine (each is "
+        "shown in the plan where it would be); `run` would refuse them"
+    ), err
 
 
 def test_the_set_the_refusal_names_makes_the_plan_whole(capsys):

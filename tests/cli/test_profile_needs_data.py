@@ -17,6 +17,6 @@ def test_profile_before_the_data_exists_is_refused_naming_the_run_to_make(tmp_pa
     capsys.readouterr()
     assert cli(config, "profile", "demo") == 2
     err = capsys.readouterr().err
-    assert "profile demo trains stage pretrain on what tokenize-preprocess wrote" in err, err
+    assert "profile demo trains stage pretrain on what tokenize-preprocess, tokenize-validation wrote" in err, err
     assert "`bcp-pipeline run demo`" in err and "--data-ready" in err
     assert not list((tmp_path / ".bcp-pipeline" / "profiles").rglob("state.json"))  # no profile run, no job

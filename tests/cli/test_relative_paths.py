@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from bcp_pipeline.engine.state import RunStore
 from support.cli import cli
 from support.pipeline_fixtures import write_chain_project
+
+from bcp_pipeline.engine.state import RunStore
 
 
 @pytest.fixture

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import shutil
 
-from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli, latest
 from support.golden_files import REPO
+
+from bcp_pipeline.engine.state import RunStore, StageStatus
 
 
 def finished_run(tmp_path):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import signal
 
-from bcp_pipeline.engine.state import RunStore
 from support.cli import cli, latest
 from support.pipeline_fixtures import stall_stage, start_orchestrator, wait_for, write_chain_project
+
+from bcp_pipeline.engine.state import RunStore
 
 
 def test_continuing_a_run_whose_stage_failed_says_failed(tmp_path, capsys):
@@ -41,15 +42,19 @@ def test_ctrl_c_names_the_run_it_interrupted(tmp_path):
     stall = stall_stage(tmp_path / "ws/main", "first")
     orchestrator = start_orchestrator(config, "run", "chain")
     try:
-        wait_for(lambda: (state := latest(config)) and state.stages["first"].status.value == "running",
-                 what="the first stage running")
+        wait_for(
+            lambda: (state := latest(config)) and state.stages["first"].status.value == "running",
+            what="the first stage running",
+        )
         orchestrator.send_signal(signal.SIGINT)
         output, _ = orchestrator.communicate(timeout=60)
     finally:
         orchestrator.kill()
     run_id = latest(config).run_id
     assert orchestrator.returncode == 130
-    assert (f"bcp-pipeline: interrupted run {run_id}. Jobs already submitted keep running; `bcp-pipeline resume "
-            f"{run_id}` re-attaches to them, `bcp-pipeline cancel {run_id}` stops them.") in output, output
+    assert (
+        f"bcp-pipeline: interrupted run {run_id}. Jobs already submitted keep running; `bcp-pipeline resume "
+        f"{run_id}` re-attaches to them, `bcp-pipeline cancel {run_id}` stops them."
+    ) in output, output
     stall.unlink()
     assert cli(config, "cancel", run_id) == 0

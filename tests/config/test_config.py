@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from bcp_pipeline.config.model import expected_count
-from bcp_pipeline.config.load import load_config
-from bcp_pipeline.config.durations import format_duration, parse_duration
-from bcp_pipeline.errors import ConfigError
-from bcp_pipeline.config.preflight import load_and_check
 from support.pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
+
+from bcp_pipeline.config.durations import format_duration, parse_duration
+from bcp_pipeline.config.load import load_config
+from bcp_pipeline.config.model import expected_count
+from bcp_pipeline.config.preflight import load_and_check
+from bcp_pipeline.errors import ConfigError
 
 
 def load_text(tmp_path: Path, text: str, overrides: list[str] | None = None):
@@ -40,8 +40,12 @@ def test_bundled_pipelines_load_with_the_guides_numbers():
     assert (download.instance, download.replicas, download.processes) == ("dgxa100.80g.8.norm", 2, 48)
     assert download.image == "nvcr.io/nvaie/nemo-framework-training:23.11"
     assert [(m.name, m.mount, m.mode) for m in download.workspaces] == [("nemo-framework", "/mount_workspace", "RW")]
-    assert (download.priority, download.order, download.preempt, download.result) == \
-        ("NORMAL", 50, "RUNONCE", "/results")
+    assert (download.priority, download.order, download.preempt, download.result) == (
+        "NORMAL",
+        50,
+        "RUNONCE",
+        "/results",
+    )
     assert parse_duration(download.total_runtime) == 10 * 3600
     assert big.stages["extract"].bcp.replicas == 2 and big.stages["tokenize-preprocess"].bcp.replicas == 2
     assert big.stages["concat"].bcp.replicas == 1
@@ -56,8 +60,9 @@ def test_bundled_pipelines_load_with_the_guides_numbers():
     assert small.stages["pretrain"].bcp.replicas == 4 and small.stages["pretrain"].nemo.model == "gpt3/126m"
     assert big.stages["pretrain"].nemo.model == "gpt3/7b_improved"
     # Continuation is derived from the NeMo section: checkpoints of the run, up to the model's max_steps.
-    assert big.stages["pretrain"].continuation.checkpoints == \
-        "${workspace}/results/gpt_8b-${run_id}/results/checkpoints"
+    assert (
+        big.stages["pretrain"].continuation.checkpoints == "${workspace}/results/gpt_8b-${run_id}/results/checkpoints"
+    )
     assert big.stages["pretrain"].continuation.target_steps == 300000
     assert [expected_count(small, "concat", c) for c in small.stages["concat"].verify] == [8]
     fast = config.pipeline("slimpajama-8b-fast")
@@ -105,16 +110,19 @@ def test_unknown_needs(tmp_path):
 
 
 def test_cycle(tmp_path):
-    text = CHAIN_CONFIG.replace("      first:\n        program",
-                                "      first:\n        needs: [third]\n        program")
+    text = CHAIN_CONFIG.replace(
+        "      first:\n        program", "      first:\n        needs: [third]\n        program"
+    )
     message = error_of(tmp_path, text)
     assert "the stages form a cycle: first -> third -> second -> first" in message
     assert f"pipelines.yaml:{line_no(text, 'first:')}:" in message
 
 
 def test_missing_program(tmp_path):
-    text = CHAIN_CONFIG.replace("program: items.py\n        args: [--out, \"${workspace}/third\"",
-                                "program: itemz.py\n        args: [--out, \"${workspace}/third\"")
+    text = CHAIN_CONFIG.replace(
+        'program: items.py\n        args: [--out, "${workspace}/third"',
+        'program: itemz.py\n        args: [--out, "${workspace}/third"',
+    )
     message = error_of(tmp_path, text)
     assert f"pipelines.yaml:{line_no(text, 'itemz.py')}:" in message and "stages.third.program" in message
     assert "'itemz.py' not found" in message
@@ -122,25 +130,30 @@ def test_missing_program(tmp_path):
 
 @pytest.mark.parametrize("bad", ["10x", "10", "h10", "0h"])
 def test_bad_duration(tmp_path, bad):
-    text = CHAIN_CONFIG.replace("local: {replicas: 2, processes: 1}",
-                                f"local: {{replicas: 2, processes: 1}}\n        bcp: {{total_runtime: {bad}}}")
+    text = CHAIN_CONFIG.replace(
+        "local: {replicas: 2, processes: 1}",
+        f"local: {{replicas: 2, processes: 1}}\n        bcp: {{total_runtime: {bad}}}",
+    )
     message = error_of(tmp_path, text)
     assert f"pipelines.yaml:{line_no(text, 'total_runtime')}:" in message
     assert "stages.first.bcp.total_runtime" in message
     assert "e.g. 10h, 5D, 1h30m" in message or "zero" in message
 
 
-@pytest.mark.parametrize("text,seconds,canonical", [("10h", 36000, "10H"), ("5D", 432000, "5D"),
-                                                     ("1h30m", 5400, "1H30M"), ("45M", 2700, "45M")])
+@pytest.mark.parametrize(
+    "text,seconds,canonical",
+    [("10h", 36000, "10H"), ("5D", 432000, "5D"), ("1h30m", 5400, "1H30M"), ("45M", 2700, "45M")],
+)
 def test_durations_like_ngc(text, seconds, canonical):
     assert parse_duration(text) == seconds
     assert format_duration(seconds) == canonical
 
 
 def test_bad_mount_mode(tmp_path):
-    text = CHAIN_CONFIG.replace("local: {replicas: 2, processes: 1}",
-                                "local: {replicas: 2, processes: 1}\n"
-                                "        bcp: {workspaces: [{name: ws, mount: /mnt, mode: rw}]}")
+    text = CHAIN_CONFIG.replace(
+        "local: {replicas: 2, processes: 1}",
+        "local: {replicas: 2, processes: 1}\n        bcp: {workspaces: [{name: ws, mount: /mnt, mode: rw}]}",
+    )
     message = error_of(tmp_path, text)
     assert f"pipelines.yaml:{line_no(text, 'mode: rw')}:" in message
     assert "stages.first.bcp.workspaces[0].mode" in message
@@ -159,14 +172,16 @@ def test_yaml_syntax_error_has_line(tmp_path):
 
 
 def test_duplicate_key_is_an_error(tmp_path):
-    message = error_of(tmp_path, CHAIN_CONFIG.replace("    vars: {count: \"6\"}\n",
-                                                      "    vars: {count: \"6\"}\n    vars: {count: \"7\"}\n"))
+    message = error_of(
+        tmp_path, CHAIN_CONFIG.replace('    vars: {count: "6"}\n', '    vars: {count: "6"}\n    vars: {count: "7"}\n')
+    )
     assert "duplicate key 'vars'" in message
 
 
 def test_multi_replica_bcp_needs_total_runtime(tmp_path):
-    text = CHAIN_CONFIG.replace("local: {replicas: 2, processes: 1}",
-                                "local: {replicas: 2, processes: 1}\n        bcp: {replicas: 2}")
+    text = CHAIN_CONFIG.replace(
+        "local: {replicas: 2, processes: 1}", "local: {replicas: 2, processes: 1}\n        bcp: {replicas: 2}"
+    )
     assert "needs total_runtime" in error_of(tmp_path, text)
 
 
@@ -191,18 +206,27 @@ def test_missing_file_names_it(tmp_path):
 
 def test_a_bad_driver_secret_name_is_refused_with_its_line(tmp_path):
     config = tmp_path / "pipelines.yaml"
-    config.write_text("version: 1\nbackends:\n  bcp: {driver: {secret: 'bad name'}}\n"
-                      "pipelines:\n  x: {workspace: {name: a, mount: /m}, stages: {}}\n")
+    config.write_text(
+        "version: 1\nbackends:\n  bcp: {driver: {secret: 'bad name'}}\n"
+        "pipelines:\n  x: {workspace: {name: a, mount: /m}, stages: {}}\n"
+    )
     with pytest.raises(ConfigError, match=r"pipelines.yaml:3: backends.bcp: driver.secret 'bad name'"):
         load_config(config)
 
 
-@pytest.mark.parametrize("option, message", [("retry_attempts: 0", "retry_attempts must be >= 1, got 0"),
-                                             ("lookup_grace_seconds: -1", "lookup_grace_seconds must be >= 0")])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("retry_attempts: 0", "retry_attempts must be >= 1, got 0"),
+        ("lookup_grace_seconds: -1", "lookup_grace_seconds must be >= 0"),
+    ],
+)
 def test_bad_bcp_retry_and_lookup_options_are_refused_with_their_line(tmp_path, option, message):
     config = tmp_path / "pipelines.yaml"
-    config.write_text(f"version: 1\nbackends:\n  bcp: {{{option}}}\n"
-                      "pipelines:\n  x: {workspace: {name: a, mount: /m}, stages: {}}\n")
+    config.write_text(
+        f"version: 1\nbackends:\n  bcp: {{{option}}}\n"
+        "pipelines:\n  x: {workspace: {name: a, mount: /m}, stages: {}}\n"
+    )
     with pytest.raises(ConfigError, match=rf"pipelines.yaml:3: backends.bcp: {message}"):
         load_config(config)
 
@@ -232,20 +256,37 @@ pipelines:
 
 
 # -- --set errors: one line, naming the --set, exit 2 ----------------------------------------------------------
-@pytest.mark.parametrize("override, wanted", [
-    ("first.local.replicas=-2", "--set first.local.replicas=-2: pipelines.chain.stages.first.local.replicas: "
-                                "must be >= 1, got -2"),
-    ("second.local.processes=0", "--set second.local.processes=0: pipelines.chain.stages.second.local.processes: "
-                                 "must be >= 1, got 0"),
-    ("first.slurm.cpus_per_task=0", "--set first.slurm.cpus_per_task=0: pipelines.chain.stages.first.slurm."
-                                    "cpus_per_task: must be >= 1, got 0"),
-    ("vars.count=-5", "--set vars.count=-5: pipelines.chain.stages.first.verify[0]: expect ${count} must be >= 0, "
-                      "got -5"),
-    ("first.args=[--out, x: y", "--set first.args=[--out, x: y: VALUE '[--out, x: y' is not valid YAML (expected "
-                                "',' or ']', but got '<stream end>')"),
-    ("first.local.replicas={a: 1}", "--set first.local.replicas={a: 1}: pipelines.chain.stages.first.local.replicas: "
-                                    "expected an integer, got a mapping {a: 1}"),
-])
+@pytest.mark.parametrize(
+    "override, wanted",
+    [
+        (
+            "first.local.replicas=-2",
+            "--set first.local.replicas=-2: pipelines.chain.stages.first.local.replicas: must be >= 1, got -2",
+        ),
+        (
+            "second.local.processes=0",
+            "--set second.local.processes=0: pipelines.chain.stages.second.local.processes: must be >= 1, got 0",
+        ),
+        (
+            "first.slurm.cpus_per_task=0",
+            "--set first.slurm.cpus_per_task=0: pipelines.chain.stages.first.slurm.cpus_per_task: must be >= 1, got 0",
+        ),
+        (
+            "vars.count=-5",
+            "--set vars.count=-5: pipelines.chain.stages.first.verify[0]: expect ${count} must be >= 0, got -5",
+        ),
+        (
+            "first.args=[--out, x: y",
+            "--set first.args=[--out, x: y: VALUE '[--out, x: y' is not valid YAML (expected "
+            "',' or ']', but got '<stream end>')",
+        ),
+        (
+            "first.local.replicas={a: 1}",
+            "--set first.local.replicas={a: 1}: pipelines.chain.stages.first.local.replicas: "
+            "expected an integer, got a mapping {a: 1}",
+        ),
+    ],
+)
 def test_a_bad_set_is_one_line_naming_the_set(tmp_path, override, wanted):
     message = error_of(tmp_path, CHAIN_CONFIG, [override])
     assert message.startswith(wanted), message
@@ -253,14 +294,19 @@ def test_a_bad_set_is_one_line_naming_the_set(tmp_path, override, wanted):
 
 
 def test_set_reaches_the_backend_options_of_the_detach_driver(tmp_path):
-    config = load_text(tmp_path, CHAIN_CONFIG, ["backends.bcp.driver.total_runtime=1H30M", "first.local.replicas=3",
-                                                "backends.local.poll_seconds=2"])
+    config = load_text(
+        tmp_path,
+        CHAIN_CONFIG,
+        ["backends.bcp.driver.total_runtime=1H30M", "first.local.replicas=3", "backends.local.poll_seconds=2"],
+    )
     assert config.options["bcp"].driver.total_runtime == "1H30M"
     assert config.options["local"].poll_seconds == 2
     assert config.pipeline("chain").stages["first"].local.replicas == 3
     message = error_of(tmp_path, CHAIN_CONFIG, ["backends.bcp.driver.total_runtime=soon"])
-    assert message.startswith("--set backends.bcp.driver.total_runtime=soon: backends.bcp.driver.total_runtime:"), \
+    assert message.startswith("--set backends.bcp.driver.total_runtime=soon: backends.bcp.driver.total_runtime:"), (
         message
+    )
     message = error_of(tmp_path, CHAIN_CONFIG, ["backends.nope.x=1"])
-    assert message.startswith("--set backends.nope.x=1: expected backends.BACKEND.KEY=VALUE with BACKEND one of "
-                              "local, bcp, slurm"), message
+    assert message.startswith(
+        "--set backends.nope.x=1: expected backends.BACKEND.KEY=VALUE with BACKEND one of local, bcp, slurm"
+    ), message

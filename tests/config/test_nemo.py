@@ -12,18 +12,26 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.golden_files import REPO
 
-from bcp_pipeline.errors import ConfigError
+from bcp_pipeline.backends.bcp.render import commandline, job_files
 from bcp_pipeline.backends.contract import JobRequest
-from bcp_pipeline.config.nemo import (KNOWN_MODELS, KNOWN_SHAPES, launcher_dir, launcher_overrides, launcher_version,
-                                      model_config, time_limits, valid_node_counts)
-from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.config.instances import KNOWN_INSTANCES
+from bcp_pipeline.config.nemo import (
+    KNOWN_MODELS,
+    KNOWN_SHAPES,
+    launcher_dir,
+    launcher_overrides,
+    launcher_version,
+    model_config,
+    time_limits,
+    valid_node_counts,
+)
+from bcp_pipeline.config.preflight import load_and_check
+from bcp_pipeline.config.resources import BcpOptions
+from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.report.estimates import estimate_stage
 from bcp_pipeline.report.mfu import flops_per_token
-from bcp_pipeline.backends.bcp.render import commandline, job_files
-from bcp_pipeline.config.resources import BcpOptions
-from support.golden_files import REPO
 
 CONFIG = REPO / "pipelines.yaml"
 
@@ -50,16 +58,30 @@ def test_invalid_node_count_is_refused_with_the_valid_list():
 def test_unknown_model_needs_its_parallel_sizes():
     with pytest.raises(ConfigError, match="give tensor_parallel, pipeline_parallel"):
         load_and_check(CONFIG, overrides=["pretrain.nemo.model=gpt3/40b"], pipeline="slimpajama-8b")
-    config = load_and_check(CONFIG, pipeline="slimpajama-8b", overrides=[
-        "pretrain.nemo.model=gpt3/40b", "pretrain.nemo.tensor_parallel=8", "pretrain.nemo.pipeline_parallel=4",
-        "pretrain.nemo.global_batch_size=1024", "pretrain.nemo.micro_batch_size=1", "pretrain.nemo.max_steps=1000"])
+    config = load_and_check(
+        CONFIG,
+        pipeline="slimpajama-8b",
+        overrides=[
+            "pretrain.nemo.model=gpt3/40b",
+            "pretrain.nemo.tensor_parallel=8",
+            "pretrain.nemo.pipeline_parallel=4",
+            "pretrain.nemo.global_batch_size=1024",
+            "pretrain.nemo.micro_batch_size=1",
+            "pretrain.nemo.max_steps=1000",
+        ],
+    )
     assert config.pipeline("slimpajama-8b").stages["pretrain"].continuation.target_steps == 1000
 
 
 IMAGE_2308 = "nvcr.io/ea-bignlp/nemofw-training:23.08.03"
-SIZES = ["pretrain.nemo.tensor_parallel=8", "pretrain.nemo.pipeline_parallel=2", "pretrain.nemo.global_batch_size=1024",
-         "pretrain.nemo.micro_batch_size=2", "pretrain.nemo.max_steps=1000",
-         "pretrain.nemo.launcher_dir=/opt/NeMo-Framework-Launcher/launcher_scripts"]  # no release: no known path
+SIZES = [
+    "pretrain.nemo.tensor_parallel=8",
+    "pretrain.nemo.pipeline_parallel=2",
+    "pretrain.nemo.global_batch_size=1024",
+    "pretrain.nemo.micro_batch_size=2",
+    "pretrain.nemo.max_steps=1000",
+    "pretrain.nemo.launcher_dir=/opt/NeMo-Framework-Launcher/launcher_scripts",
+]  # no release: no known path
 
 
 def test_launcher_version_is_the_image_tags_release():
@@ -68,8 +90,13 @@ def test_launcher_version_is_the_image_tags_release():
     assert launcher_version("nvcr.io/nvidia/nemo:24.05.01.framework") == (24, 5)
     assert launcher_version("nvcr.io#nvidia/nemo:24.05") == (24, 5)  # enroot's form on Slurm
     assert launcher_version("registry:5000/nemo:23.11@sha256:00ff") == (23, 11)
-    for image in ("nvcr.io/nvidia/nemo:latest", "registry:5000/nemo", "nemo:23.13", "nemo@sha256:00ff",
-                  "/lustre/containers/nemo-24.01.framework.sqsh"):
+    for image in (
+        "nvcr.io/nvidia/nemo:latest",
+        "registry:5000/nemo",
+        "nemo:23.13",
+        "nemo@sha256:00ff",
+        "/lustre/containers/nemo-24.01.framework.sqsh",
+    ):
         assert launcher_version(image) is None, image
 
 
@@ -97,8 +124,11 @@ def test_the_preflight_checks_the_sizes_of_the_images_release():
     assert message.endswith("valid node counts with 8 GPUs per node: 1, 2, 4, 8, 16, 32, 64, 128")
     # On Slurm the training container's release counts: 23.08 there, 23.11 on BCP.
     with pytest.raises(ConfigError, match="TP 2 / PP 1"):
-        _pretrain("nvcr.io/nvidia/nemo:23.11", "pretrain.slurm.nodes=256",
-                  "pretrain.slurm.container_image=nvcr.io#ea-bignlp/nemofw-training:23.08.03")
+        _pretrain(
+            "nvcr.io/nvidia/nemo:23.11",
+            "pretrain.slurm.nodes=256",
+            "pretrain.slurm.container_image=nvcr.io#ea-bignlp/nemofw-training:23.08.03",
+        )
 
 
 def test_the_estimate_pads_the_vocabulary_for_the_images_tensor_parallel():
@@ -112,10 +142,13 @@ def test_the_estimate_pads_the_vocabulary_for_the_images_tensor_parallel():
     assert per_token[IMAGE_2308] < per_token["nvcr.io/nvidia/nemo:23.11"]
 
 
-@pytest.mark.parametrize("image, why", [
-    ("nvcr.io/nvidia/nemo:latest", "whose tag is no YY.MM release"),
-    ("nvcr.io/nvidia/nemo:23.05", "NeMo launcher 23.05, older than every release with known facts"),
-])
+@pytest.mark.parametrize(
+    "image, why",
+    [
+        ("nvcr.io/nvidia/nemo:latest", "whose tag is no YY.MM release"),
+        ("nvcr.io/nvidia/nemo:23.05", "NeMo launcher 23.05, older than every release with known facts"),
+    ],
+)
 def test_an_image_of_unknown_release_is_refused_naming_it(image, why):
     with pytest.raises(ConfigError) as info:
         _pretrain(image)
@@ -132,11 +165,21 @@ def test_an_image_of_unknown_release_with_declared_sizes_is_accepted_and_they_re
     assert model_config(stage) == model_config(stage, "slurm")
     assert (model_config(stage).tensor_parallel, model_config(stage).pipeline_parallel) == (8, 2)
     assert stage.continuation.target_steps == 1000
-    overrides = launcher_overrides(stage, cluster_type="bcp", nodes="4", runtime="5D",
-                                   values={"workspace": "/mount_workspace", "run_id": "r"})
-    for size in ("training.model.tensor_model_parallel_size=8", "training.model.pipeline_model_parallel_size=2",
-                 "training.model.global_batch_size=1024", "training.model.micro_batch_size=2",
-                 "training.trainer.max_steps=1000"):
+    overrides = launcher_overrides(
+        stage,
+        cluster_type="bcp",
+        backend="bcp",
+        nodes="4",
+        runtime="5D",
+        values={"workspace": "/mount_workspace", "run_id": "r"},
+    )
+    for size in (
+        "training.model.tensor_model_parallel_size=8",
+        "training.model.pipeline_model_parallel_size=2",
+        "training.model.global_batch_size=1024",
+        "training.model.micro_batch_size=2",
+        "training.trainer.max_steps=1000",
+    ):
         assert size in overrides
     # Declared sizes are still checked: 4 nodes x 8 GPUs / (TP 8 x PP 2) = DP 2; 1024 % (2 x 2) == 0. Three are not.
     with pytest.raises(ConfigError, match="3 node"):
@@ -150,10 +193,19 @@ def test_an_image_of_unknown_release_with_declared_sizes_is_accepted_and_they_re
 
 
 def test_a_size_the_verbatim_overrides_set_is_not_rendered_twice():
-    _, stage = _pretrain("nvcr.io/nvidia/nemo:23.11", "pretrain.nemo.tensor_parallel=2",
-                         "pretrain.nemo.overrides=[training.model.tensor_model_parallel_size=2]")
-    overrides = launcher_overrides(stage, cluster_type="bcp", nodes="8", runtime="5D",
-                                   values={"workspace": "/mount_workspace", "run_id": "r"})
+    _, stage = _pretrain(
+        "nvcr.io/nvidia/nemo:23.11",
+        "pretrain.nemo.tensor_parallel=2",
+        "pretrain.nemo.overrides=[training.model.tensor_model_parallel_size=2]",
+    )
+    overrides = launcher_overrides(
+        stage,
+        cluster_type="bcp",
+        backend="bcp",
+        nodes="8",
+        runtime="5D",
+        values={"workspace": "/mount_workspace", "run_id": "r"},
+    )
     assert overrides.count("training.model.tensor_model_parallel_size=2") == 1
 
 
@@ -165,17 +217,22 @@ def test_each_job_trains_its_runtime_minus_the_margin():
     stage.nemo.time_margin = "30m"
     assert time_limits(stage, "10h").per_run == "0:09:30:00"
     with pytest.raises(ConfigError, match="time_margin 6h leaves no training time in the runtime 5h"):
-        load_and_check(CONFIG, pipeline="slimpajama-8b",
-                       overrides=["pretrain.nemo.time_margin=6h", "pretrain.bcp.total_runtime=5h"])
+        load_and_check(
+            CONFIG,
+            pipeline="slimpajama-8b",
+            overrides=["pretrain.nemo.time_margin=6h", "pretrain.bcp.total_runtime=5h"],
+        )
 
 
 def test_bcp_renders_the_per_run_limit_and_no_inert_setting():
     stage = load_and_check(CONFIG).pipeline("slimpajama-8b").stages["pretrain"]
-    bcp = launcher_overrides(stage, cluster_type="bcp", nodes="8", runtime="5D", values={"run_id": "r"})
+    bcp = launcher_overrides(stage, cluster_type="bcp", backend="bcp", nodes="8", runtime="5D", values={"run_id": "r"})
     assert "+training.exp_manager.max_time_per_run=4:23:15:00" in bcp
     # BCP's launcher never reads run.time_limit; trainer.max_time would be a budget over every job of the run.
     assert not [o for o in bcp if o.startswith(("training.run.time_limit", "training.trainer.max_time"))]
-    slurm = launcher_overrides(stage, cluster_type="bcm", nodes="8", runtime="2D", values={"run_id": "r"})
+    slurm = launcher_overrides(
+        stage, cluster_type="bcm", backend="slurm", nodes="8", runtime="2D", values={"run_id": "r"}
+    )
     assert "training.run.time_limit=2-00:00:00" in slurm
     assert "+training.exp_manager.max_time_per_run=1:23:15:00" in slurm
 
@@ -196,15 +253,17 @@ def test_the_launcher_path_follows_the_images_release():
 
 def rendered_script(pipeline, run_id: str = "r") -> str:
     stage = pipeline.stages["pretrain"]
-    request = JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
-                         args=tuple(stage.args))
+    request = JobRequest(
+        run_id=run_id, pipeline=pipeline, stage=stage, kind="stage", program=stage.program, args=tuple(stage.args)
+    )
     [text] = job_files(request, BcpOptions(), REPO / "stages").values()
     return text
 
 
 def test_a_24_07_image_renders_the_new_launcher_path():
-    config = load_and_check(CONFIG, pipeline="slimpajama-8b",
-                            overrides=["pretrain.bcp.image=nvcr.io/nvidia/nemo:24.07"])
+    config = load_and_check(
+        CONFIG, pipeline="slimpajama-8b", overrides=["pretrain.bcp.image=nvcr.io/nvidia/nemo:24.07"]
+    )
     script = rendered_script(config.pipeline("slimpajama-8b"))
     assert "python3 /opt/NeMo-Framework-Launcher/launcher_scripts/main.py" in script
     assert "launcher_scripts_path=/opt/NeMo-Framework-Launcher/launcher_scripts" in script
@@ -215,12 +274,21 @@ def test_the_commandline_is_one_short_line_with_no_quotes():
     config = load_and_check(CONFIG, pipeline="slimpajama-8b")
     pipeline = config.pipeline("slimpajama-8b")
     stage = pipeline.stages["pretrain"]
-    request = JobRequest(run_id="slimpajama-8b-20261125-220000-ab12", pipeline=pipeline, stage=stage, kind="stage",
-                         program=stage.program, args=tuple(stage.args))
+    request = JobRequest(
+        run_id="slimpajama-8b-20261125-220000-ab12",
+        pipeline=pipeline,
+        stage=stage,
+        kind="stage",
+        program=stage.program,
+        args=tuple(stage.args),
+    )
     text = commandline(request, BcpOptions(), REPO / "stages")
     assert len(text) < 200 and "'" not in text and '"' not in text, text
-    assert re.fullmatch(r"bash /mount_workspace/\.bcp-pipeline/jobs/slimpajama-8b-20261125-220000-ab12/"
-                        r"pretrain-[0-9a-f]{12}\.sh /mount_workspace /results", text)
+    assert re.fullmatch(
+        r"bash /mount_workspace/\.bcp-pipeline/jobs/slimpajama-8b-20261125-220000-ab12/"
+        r"pretrain-[0-9a-f]{12}\.sh /mount_workspace /results",
+        text,
+    )
 
 
 def test_the_job_script_runs_the_launcher_in_debug_mode_then_its_training_under_pipefail(tmp_path):
@@ -231,9 +299,16 @@ def test_the_job_script_runs_the_launcher_in_debug_mode_then_its_training_under_
     from support.manifests import chunk_name, fabricate
 
     launcher = REPO / "tests/fakes/nemo_launcher/launcher_scripts"
-    config = load_and_check(CONFIG, pipeline="slimpajama-126m", overrides=[
-        f"pretrain.nemo.launcher_dir={launcher}", "pretrain.bcp.instance=dgxa100.80g.1.norm",
-        "pretrain.nemo.max_steps=12", "pretrain.nemo.overrides=[+training.standin.step_seconds=0]"])
+    config = load_and_check(
+        CONFIG,
+        pipeline="slimpajama-126m",
+        overrides=[
+            f"pretrain.nemo.launcher_dir={launcher}",
+            "pretrain.bcp.instance=dgxa100.80g.1.norm",
+            "pretrain.nemo.max_steps=12",
+            "pretrain.nemo.overrides=[+training.standin.step_seconds=0]",
+        ],
+    )
     pipeline = config.pipeline("slimpajama-126m")
     workspace, results = tmp_path / "ws", tmp_path / "results"
     tokens = [300, 100, 600]
@@ -246,20 +321,31 @@ def test_the_job_script_runs_the_launcher_in_debug_mode_then_its_training_under_
     script = tmp_path / "job.sh"
     script.write_text(script_text)
     results.mkdir()
-    env = {**os.environ, "NGC_ARRAY_SIZE": "4", "NGC_ARRAY_INDEX": "0", "NGC_GPUS_PER_NODE": "1",
-           "PATH": os.pathsep.join([str(REPO / "tests/fakes"), str(Path(sys.executable).parent), os.environ["PATH"]])}
+    env = {
+        **os.environ,
+        "NGC_ARRAY_SIZE": "4",
+        "NGC_ARRAY_INDEX": "0",
+        "NGC_GPUS_PER_NODE": "1",
+        "PATH": os.pathsep.join([str(REPO / "tests/fakes"), str(Path(sys.executable).parent), os.environ["PATH"]]),
+    }
 
     def job(**extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(script), str(workspace), str(results)], env={**env, **extra},
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            ["bash", str(script), str(workspace), str(results)],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     done = job(BCPP_EMU_COMMANDLINE="launcher")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     run = workspace / "results/gpt_126m-r"
     composed = (run / "gpt_126m-r_hydra.yaml").read_text()
     prefixes = re.findall(r"- (\S+train_chunk_\d\.jsonl_text_document)", composed)
-    assert prefixes == [str(workspace / f"data/slimpajama/preprocessed/train_chunk_{i}.jsonl_text_document")
-                        for i in range(3)]
+    assert prefixes == [
+        str(workspace / f"data/slimpajama/preprocessed/train_chunk_{i}.jsonl_text_document") for i in range(3)
+    ]
     assert "max_time_per_run: 0:23:15:00" in composed and "num_nodes: 4" in composed and "devices: 1" in composed
     # The training's progress bar in the job's own output (the job log) and in the result folder's log.
     assert "reduced_train_loss=" in done.stdout and "global_step=11.000" in done.stdout
@@ -271,8 +357,11 @@ def test_the_job_script_runs_the_launcher_in_debug_mode_then_its_training_under_
 
     # A training that crashes fails the job, with its own error lines in the job's output.
     shutil.rmtree(run)  # (a new training, not a resumed one at its max_steps)
-    script.write_text(script_text.replace("+training.standin.step_seconds=0",
-                                          "+training.standin.step_seconds=0\n  +training.standin.crash_at_step=3"))
+    script.write_text(
+        script_text.replace(
+            "+training.standin.step_seconds=0", "+training.standin.step_seconds=0\n  +training.standin.crash_at_step=3"
+        )
+    )
     crashed = job(BCPP_EMU_COMMANDLINE="launcher")
     assert crashed.returncode == 1 and "RuntimeError: CUDA error" in crashed.stdout, crashed.stdout[-2000:]
 
@@ -302,7 +391,10 @@ def test_no_two_bundled_pipelines_share_a_nemo_run_and_a_config_that_would_is_re
     text = CONFIG.read_text().replace(nemo_8b, nemo_8b + "    continue_run: gpt_8b\n")
     shared = tmp_path / "pipelines.yaml"
     shared.write_text(text.replace("stages_dir: stages", f"stages_dir: {REPO / 'stages'}"))
-    with pytest.raises(ConfigError, match="pipeline slimpajama-8b-fast continues NeMo run 'gpt_8b' in "
-                                          r"\$\{workspace\}/results of workspace nemo-framework, and so does "
-                                          "pipeline slimpajama-8b"):
+    with pytest.raises(
+        ConfigError,
+        match="pipeline slimpajama-8b-fast continues NeMo run 'gpt_8b' in "
+        r"\$\{workspace\}/results of workspace nemo-framework, and so does "
+        "pipeline slimpajama-8b",
+    ):
         load_and_check(shared)

@@ -36,8 +36,9 @@ def rendered_overrides(*sets: str) -> list[str]:
     config = load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b", overrides=list(sets))
     pipeline = config.pipeline("slimpajama-8b")
     stage = pipeline.stages["pretrain"]
-    request = JobRequest(run_id="r", pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
-                         args=tuple(stage.args))
+    request = JobRequest(
+        run_id="r", pipeline=pipeline, stage=stage, kind="stage", program=stage.program, args=tuple(stage.args)
+    )
     [script] = job_files(request, BcpOptions(), REPO / "stages").values()
     block = script.split("overrides=(\n", 1)[1].split("\n)\n", 1)[0]
     return [word for line in block.splitlines() for word in shlex.split(line) if not word.startswith("$(")]
@@ -62,8 +63,13 @@ def train(log_dir: Path, trainer: dict, manager: dict) -> dict:
         pytest.fail(f"{NEMO} is missing: scripts/setup --test installs NeMo 1.22.0 and Lightning 2.0.7 there")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(NEMO), str(REPO / "tests/fakes/python")])}
     spec = {"log_dir": str(log_dir), "max_steps": 1_000_000, "trainer": trainer, "exp_manager": manager}
-    done = subprocess.run([sys.executable, str(REPO / "tests/support/real_nemo_train.py"), json.dumps(spec)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests/support/real_nemo_train.py"), json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     started = result["start_step"]  # None: the job stopped before its first step
@@ -78,9 +84,12 @@ def test_every_job_of_a_run_trains_with_the_rendered_time_limits(tmp_path):
     assert f"+training.exp_manager.max_time_per_run=0:00:00:{PER_RUN:02d}" in overrides
     first = train(tmp_path / "run", trainer, manager)
     second = train(tmp_path / "run", trainer, manager)
-    assert first["trained"] > 50 and first["seconds"] < PER_RUN + 5, first
+    # Each job trains until its per-run limit stops it (max_steps is out of reach). How many steps fit in the limit
+    # depends on how loaded the machine is (a CI machine under a cold build: a tenth of a quiet one's), so the
+    # assertions are on what the limit does, not on a rate: the first trains, the second resumes and trains too.
+    assert first["trained"] >= 5 and first["seconds"] < PER_RUN + 60, first
     assert second["start_step"] == first["end_step"], (first, second)  # it resumed the first job's checkpoint
-    assert second["trained"] >= first["trained"] / 2, (first, second)
+    assert second["trained"] >= 1, (first, second)
 
 
 def test_control_a_limit_in_trainer_max_time_alone_stops_the_second_job_at_once(tmp_path):
@@ -89,5 +98,5 @@ def test_control_a_limit_in_trainer_max_time_alone_stops_the_second_job_at_once(
     trainer, manager = {"max_time": f"0:00:00:{PER_RUN:02d}"}, {}
     first = train(tmp_path / "run", trainer, manager)
     second = train(tmp_path / "run", trainer, manager)
-    assert first["trained"] > 50, first
+    assert first["trained"] >= 5, first
     assert second["trained"] == 0 and second["end_step"] == first["end_step"], (first, second)

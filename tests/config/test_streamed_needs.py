@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.pipeline_fixtures import REPO
 
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.errors import ConfigError
-from support.pipeline_fixtures import REPO
 
 STAGES = """\
       download:
@@ -29,8 +29,10 @@ STAGES = """\
 
 
 def config_text(needs: str, stages: str = STAGES) -> str:
-    return (f"version: 1\nstages_dir: {REPO / 'stages'}\npipelines:\n  p:\n    workspace: {{name: w}}\n"
-            f"    stages:\n{stages.replace('NEEDS', needs)}")
+    return (
+        f"version: 1\nstages_dir: {REPO / 'stages'}\npipelines:\n  p:\n    workspace: {{name: w}}\n"
+        f"    stages:\n{stages.replace('NEEDS', needs)}"
+    )
 
 
 def load(tmp_path: Path, text: str):
@@ -62,13 +64,16 @@ def test_the_bundled_fast_pipelines_stream_their_download():
         assert config.pipeline(name).stages["tokenize-preprocess"].streamed == ["download"]
 
 
-@pytest.mark.parametrize("needs, message", [
-    ("[{stage: download, stream: yes please}]", "stream is true or false, got text yes please"),
-    ("[{stage: download, streamed: true}]", "unknown key 'streamed' in a need"),
-    ("[{stream: true}]", "a need written as a mapping names its stage"),
-    ("[{stage: nowhere, stream: true}]", "unknown stage 'nowhere' in needs"),
-    ("[{stage: bpe, stream: true}]", "bpe's program gpt2_files.py does not publish its outputs as they complete"),
-])
+@pytest.mark.parametrize(
+    "needs, message",
+    [
+        ("[{stage: download, stream: yes please}]", "stream is true or false, got text yes please"),
+        ("[{stage: download, streamed: true}]", "unknown key 'streamed' in a need"),
+        ("[{stream: true}]", "a need written as a mapping names its stage"),
+        ("[{stage: nowhere, stream: true}]", "unknown stage 'nowhere' in needs"),
+        ("[{stage: bpe, stream: true}]", "bpe's program gpt2_files.py does not publish its outputs as they complete"),
+    ],
+)
 def test_a_malformed_streamed_need_is_refused_at_its_line(tmp_path, needs, message):
     text = error(tmp_path, config_text(needs))
     assert message in text

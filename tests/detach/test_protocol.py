@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 
-from bcp_pipeline.detach.driver import CappedLines, SnapshotStore, fail
+from bcp_pipeline.detach.driver import CappedLines, SnapshotStore, fail, handover_line
 from bcp_pipeline.detach.protocol import MAX_LINE_BYTES, capped, last_error, last_snapshot, snapshot_lines
 from bcp_pipeline.engine.state import JobRecord, RunState, StageState, StageStatus
 
@@ -15,14 +15,34 @@ def long_run(records: int) -> RunState:
     """A run whose stages went through `records` jobs in all (resubmissions, verifications, continuations)."""
     stages = {}
     for s, name in enumerate(["download", "extract", "concat", "tokenize-preprocess", "pretrain"]):
-        jobs = [JobRecord(job_id=str(4_000_000 + s * 1000 + i), kind="verify" if i % 2 else "stage", attempt=i // 2 + 1,
-                          submitted_at=1.7e9 + i, state="succeeded", native="FINISHED_SUCCESS",
-                          detail="Replica 0 exited with code 0", started_at=1.7e9 + i + 5, ended_at=1.7e9 + i + 50)
-                for i in range(records // 5)]
-        stages[name] = StageState(status=StageStatus.RUNNING, jobs=jobs, attempts=len(jobs) // 2,
-                                  extra={"steps_after_attempt": list(range(0, 30000, 1000))})
-    return RunState(run_id="slimpajama-8b-20261124-101010-abcd", pipeline="slimpajama-8b", backend="bcp",
-                    config_file="/home/me/pipelines.yaml", created_at=1.7e9, stages=stages)
+        jobs = [
+            JobRecord(
+                job_id=str(4_000_000 + s * 1000 + i),
+                kind="verify" if i % 2 else "stage",
+                attempt=i // 2 + 1,
+                submitted_at=1.7e9 + i,
+                state="succeeded",
+                native="FINISHED_SUCCESS",
+                detail="Replica 0 exited with code 0",
+                started_at=1.7e9 + i + 5,
+                ended_at=1.7e9 + i + 50,
+            )
+            for i in range(records // 5)
+        ]
+        stages[name] = StageState(
+            status=StageStatus.RUNNING,
+            jobs=jobs,
+            attempts=len(jobs) // 2,
+            extra={"steps_after_attempt": list(range(0, 30000, 1000))},
+        )
+    return RunState(
+        run_id="slimpajama-8b-20261124-101010-abcd",
+        pipeline="slimpajama-8b",
+        backend="bcp",
+        config_file="/home/me/pipelines.yaml",
+        created_at=1.7e9,
+        stages=stages,
+    )
 
 
 def test_a_run_with_hundreds_of_job_records_prints_no_line_over_4_kib_and_reads_back_whole(tmp_path, capsys):
@@ -34,8 +54,8 @@ def test_a_run_with_hundreds_of_job_records_prints_no_line_over_4_kib_and_reads_
     lines = log.splitlines()
     assert len(json.dumps(state.to_json())) > 20 * MAX_LINE_BYTES  # the point: far over any line limit
     assert max(len(line.encode()) for line in lines) <= MAX_LINE_BYTES < 4096
-    assert all(line.startswith("BCPP-STATE 1 ") for line in lines[:len(lines) // 2])
-    assert all(line.startswith("BCPP-STATE 2 ") for line in lines[len(lines) // 2:])
+    assert all(line.startswith("BCPP-STATE 1 ") for line in lines[: len(lines) // 2])
+    assert all(line.startswith("BCPP-STATE 2 ") for line in lines[len(lines) // 2 :])
     read_back = last_snapshot(log)
     saved = json.loads((tmp_path / "runs" / state.run_id / "state.json").read_text())
     assert read_back["stages"] == saved["stages"] == state.to_json()["stages"]
@@ -73,3 +93,14 @@ def test_the_reason_a_driver_gives_up_is_one_capped_line(capsys):
     out = capsys.readouterr().out
     assert len(out.splitlines()) == 1 and len(out.splitlines()[0].encode()) <= MAX_LINE_BYTES
     assert last_error(out).startswith("the driver cannot call the NGC API: 429 Too Many Requests")
+
+
+def test_the_driver_says_when_it_hands_over_as_a_duration_and_a_time():
+    """Its first line said `hand-over in 430198 s` (issue 50, item 12): a duration and the UTC time it falls at."""
+    line = handover_line("3000010", "demo-20261201-200457-caca", "demo", left=430_198.4, used=75.0, now=1_796_000_000)
+    assert line == (
+        "driver job 3000010: driving run demo-20261201-200457-caca (demo); hand-over in 4d23h, at "
+        "2026-12-05 00:23 UTC (1m15s of its runtime spent before this start)"
+    )
+    short = handover_line("1", "r", "p", left=1_790, used=0, now=0)
+    assert short.endswith("; hand-over in 29m50s, at 1970-01-01 00:29 UTC"), short

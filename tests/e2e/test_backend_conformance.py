@@ -25,8 +25,8 @@ import base64
 import itertools
 import json
 import os
-import shlex
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -37,49 +37,76 @@ from typing import Any
 
 import pytest
 import yaml
+from support.bcp_emulation import jobs_by_stage, needs_ngcsdk, status_calls
+from support.cli import cli, latest
+from support.k8s_cluster import k8s_cluster  # noqa: F401 (the fixtures of the clusters)
+from support.pipeline_fixtures import (
+    CHAIN_CONFIG,
+    DEMO_SPREAD,
+    GE_CHAIN,
+    GE_OPTIONS,
+    K8S_CHAIN,
+    REPO,
+    SLURM_CHAIN,
+    SLURM_WORKSPACE_DIR,
+    bcp_chain_config,
+    stall_stage,
+    start_orchestrator,
+    wait_for,
+    without_training,
+    write_chain_project,
+)
+from support.sge_cluster import sge_cell  # noqa: F401
+from support.slurm_cluster import slurm_cluster  # noqa: F401
 
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunState, StageStatus
-from support.bcp_emulation import jobs_by_stage, needs_ngcsdk, status_calls
-from support.cli import cli, latest
-from support.k8s_cluster import k8s_cluster  # noqa: F401 (the fixtures of the clusters)
-from support.pipeline_fixtures import (CHAIN_CONFIG, DEMO_SPREAD, GE_CHAIN, GE_OPTIONS, K8S_CHAIN, REPO, SLURM_CHAIN,
-                                       SLURM_WORKSPACE_DIR, bcp_chain_config, stall_stage, start_orchestrator,
-                                       wait_for, write_chain_project)
-from support.sge_cluster import sge_cell  # noqa: F401
-from support.slurm_cluster import slurm_cluster  # noqa: F401
 
 CHAIN_JOBS = [f"{stage}{kind}" for stage in ("first", "second", "third") for kind in ("", ".verify")]
 DATA_STAGES = ("sample", "bpe", "download", "extract", "concat", "tokenize-preprocess")
 # Where each data stage of the demo writes, and the name its completion records carry.
-DEMO_OUTPUTS = {"download": ("data/slimpajama/zst", "download"), "extract": ("data/slimpajama/jsonl", "extract"),
-                "concat": ("data/slimpajama/train", "concat"),
-                "tokenize-preprocess": ("data/slimpajama/preprocessed", "preprocess")}
+DEMO_OUTPUTS = {
+    "download": ("data/slimpajama/zst", "download"),
+    "extract": ("data/slimpajama/jsonl", "extract"),
+    "concat": ("data/slimpajama/train", "concat"),
+    "tokenize-preprocess": ("data/slimpajama/preprocessed", "preprocess"),
+}
 
 
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under `root` by relative path, but the completion records (they hold times and hosts), the
     workspace's own `.bcp-pipeline` folder (the BCP code upload) and `results/` (the pretrain's, where it ran)."""
     files = {p.relative_to(root): p for p in sorted(root.rglob("*")) if p.is_file()}
-    return {str(rel): p.read_bytes() for rel, p in files.items()
-            if ".completions" not in rel.parts and ".bcp-pipeline" not in rel.parts and rel.parts[0] != "results"}
+    return {
+        str(rel): p.read_bytes()
+        for rel, p in files.items()
+        if ".completions" not in rel.parts and ".bcp-pipeline" not in rel.parts and rel.parts[0] != "results"
+    }
 
 
-def demo_config(root: Path, backends: dict, stage_sections: dict[str, dict] | None = None, *,
-                pretrain: bool = False) -> Path:
+def demo_config(
+    root: Path, backends: dict, stage_sections: dict[str, dict] | None = None, *, pretrain: bool = False
+) -> Path:
     """The bundled demo (its data stages; with `pretrain`, its pretrain stage too) in a project of its own, with
     these backend options and these extra sections per stage ({stage: {backend: {...}}})."""
     raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
     demo = raw["pipelines"]["demo"]
+    # The evaluate stage runs beside the training with a torch process of its own: its streamed edge is
+    # tests/engine/test_evaluate_stream.py's (local backend); here it would only add that cost on every backend.
+    del demo["stages"]["evaluate"]
     if not pretrain:
-        del demo["stages"]["pretrain"]
+        without_training(demo["stages"])
     for stage, sections in (stage_sections or {}).items():
         for backend, section in sections.items():
             demo["stages"][stage][backend] = {**(demo["stages"][stage].get(backend) or {}), **section}
-    raw = {"version": raw.get("version", 1), "stages_dir": str(REPO / "stages"),
-           "backends": {**(raw.get("backends") or {}), **backends}, "pipelines": {"demo": demo}}
+    raw = {
+        "version": raw.get("version", 1),
+        "stages_dir": str(REPO / "stages"),
+        "backends": {**(raw.get("backends") or {}), **backends},
+        "pipelines": {"demo": demo},
+    }
     root.mkdir(parents=True, exist_ok=True)
     config = root / "pipelines.yaml"
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -93,11 +120,17 @@ def streamed(config: Path) -> Path:
     stages = raw["pipelines"]["demo"]["stages"]
     del stages["extract"], stages["concat"]
     tokenize = stages["tokenize-preprocess"]
-    tokenize["args"] = ["--in", "${data}/zst", "--files-per-output", "4",
-                        *[a for a in tokenize["args"] if a != "${data}/train" and a != "--in"]]
+    tokenize["args"] = [
+        "--in",
+        "${data}/zst",
+        "--files-per-output",
+        "4",
+        *[a for a in tokenize["args"] if a != "${data}/train" and a != "--in"],
+    ]
     tokenize["needs"] = [{"stage": "download", "stream": True}, "bpe"]
-    tokenize["verify"] = [{"glob": check["glob"], "expect_from": "download", "group": 4}
-                          for check in tokenize["verify"]]
+    tokenize["verify"] = [
+        {"glob": check["glob"], "expect_from": "download", "group": 4} for check in tokenize["verify"]
+    ]
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     return config
 
@@ -115,8 +148,11 @@ def with_copies_of_the_first_stage(config: Path, count: int) -> list[str]:
     names = ["first", *(f"first{k}" for k in range(2, count + 1))]
     for name in names[1:]:
         args = [arg.replace("/first", f"/{name}") for arg in stages["first"]["args"]]
-        stages[name] = {**stages["first"], "args": args,
-                        "verify": [{"glob": f"${{workspace}}/{name}/item-*.txt", "expect": "${count}"}]}
+        stages[name] = {
+            **stages["first"],
+            "args": args,
+            "verify": [{"glob": f"${{workspace}}/{name}/item-*.txt", "expect": "${count}"}],
+        }
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     return names
 
@@ -194,9 +230,21 @@ class Driver:
         loaded = load_config(config)
         pipeline = loaded.pipeline("chain")
         backend = make_backend(self.name, loaded, pipeline, config.parent / ".bcp-pipeline" / "runs" / run_id)
-        ids = [backend.submit(backend.render(JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage",
-                                                        program=stage.program, args=tuple(stage.args))))
-               for stage in (pipeline.stages[name] for name in stages)]
+        ids = [
+            backend.submit(
+                backend.render(
+                    JobRequest(
+                        run_id=run_id,
+                        pipeline=pipeline,
+                        stage=stage,
+                        kind="stage",
+                        program=stage.program,
+                        args=tuple(stage.args),
+                    )
+                )
+            )
+            for stage in (pipeline.stages[name] for name in stages)
+        ]
         return backend, ids
 
     def check_poll(self, calls: dict[int, dict], statuses: dict[int, dict]) -> None:
@@ -210,8 +258,11 @@ class CommandDriver(Driver):
 
     def count_status_calls(self, poll, monkeypatch):
         statuses, started = processes_started_by(poll, monkeypatch)
-        return statuses, {"status": sum(name in self.status_commands for name in started), "all": len(started),
-                          "programs": started}
+        return statuses, {
+            "status": sum(name in self.status_commands for name in started),
+            "all": len(started),
+            "programs": started,
+        }
 
 
 class LocalDriver(Driver):
@@ -277,8 +328,9 @@ class BcpDriver(Driver):
 
     def demo_project(self, root):
         self.fake.create_workspace("demo")
-        return demo_config(root, {"bcp": {"transport": self.fake.transport, "poll_min_seconds": 0.1,
-                                          "poll_max_seconds": 0.3}})
+        return demo_config(
+            root, {"bcp": {"transport": self.fake.transport, "poll_min_seconds": 0.1, "poll_max_seconds": 0.3}}
+        )
 
     def demo_workspace(self, config):
         return self.fake.workspace_path("demo")
@@ -298,11 +350,19 @@ class BcpDriver(Driver):
         if self.fake.transport == "cli":
             made = len(self.fake.calls())
         else:
-            made = len([r for r in self.fake.requests(path="/v2/*")
-                        if not (r["path"].endswith("/jobs") and "page-number=" in r["query"])])
-        return statuses, {"status": status_calls(self.fake), "all": made,
-                          "job info": len(self.fake.requests("GET", "/v2/org/*/jobs/*")),
-                          "list pages": len(self.fake.requests("GET", "/v2/org/*/jobs"))}
+            made = len(
+                [
+                    r
+                    for r in self.fake.requests(path="/v2/*")
+                    if not (r["path"].endswith("/jobs") and "page-number=" in r["query"])
+                ]
+            )
+        return statuses, {
+            "status": status_calls(self.fake),
+            "all": made,
+            "job info": len(self.fake.requests("GET", "/v2/org/*/jobs/*")),
+            "list pages": len(self.fake.requests("GET", "/v2/org/*/jobs")),
+        }
 
     def check_poll(self, calls, statuses):
         assert all(s.native == "QUEUED" for polled in statuses.values() for s in polled.values()), statuses
@@ -325,8 +385,12 @@ class SlurmDriver(CommandDriver):
     @staticmethod
     def listed(run_id: str | None = None) -> list[tuple[str, str, str]]:
         """(id, name, state) of every job squeue lists (all states), those of the run when given."""
-        out = subprocess.run(["squeue", "--noheader", "--states=all", "--Format=JobID:|,Name:|,State:|"],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["squeue", "--noheader", "--states=all", "--Format=JobID:|,Name:|,State:|"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         rows = [tuple(line.split("|")[:3]) for line in out.splitlines()]
         return sorted((r for r in rows if run_id is None or r[1].startswith(run_id + ".")), key=lambda r: int(r[0]))
 
@@ -336,7 +400,7 @@ class SlurmDriver(CommandDriver):
     def jobs(self, config, run_id):
         found: dict[str, list[str]] = {}
         for job_id, name, _ in self.listed(run_id):
-            found.setdefault(name[len(run_id) + 1:], []).append(job_id)
+            found.setdefault(name[len(run_id) + 1 :], []).append(job_id)
         return found
 
     demo_run_args = ("--set", "vars.steps=10")
@@ -372,10 +436,17 @@ class GridEngineDriver(CommandDriver):
     @staticmethod
     def queued() -> list[tuple[str, str, str]]:
         """(job id, name, state) of every task qstat lists."""
-        root = ElementTree.fromstring(subprocess.run(["qstat", "-u", "*", "-xml"], capture_output=True, text=True,
-                                                     check=True).stdout)
-        return [(e.findtext("JB_job_number", "").strip(), e.findtext("JB_name", "").strip(),
-                 e.findtext("state", "").strip()) for e in root.iter("job_list")]
+        root = ElementTree.fromstring(
+            subprocess.run(["qstat", "-u", "*", "-xml"], capture_output=True, text=True, check=True).stdout
+        )
+        return [
+            (
+                e.findtext("JB_job_number", "").strip(),
+                e.findtext("JB_name", "").strip(),
+                e.findtext("state", "").strip(),
+            )
+            for e in root.iter("job_list")
+        ]
 
     @staticmethod
     def accounted(run_id: str) -> list[tuple[str, str]]:
@@ -396,13 +467,18 @@ class GridEngineDriver(CommandDriver):
         seen |= set(self.accounted(run_id))
         found: dict[str, list[str]] = {}
         for job_id, name in sorted(seen, key=lambda r: int(r[0])):
-            found.setdefault(name[len(run_id) + 1:], []).append(job_id)
+            found.setdefault(name[len(run_id) + 1 :], []).append(job_id)
         return found
 
     def demo_project(self, root):
-        return demo_config(root, {"gridengine": self.OPTIONS}, {
-            stage: {"gridengine": {"nodes": nodes, "processes_per_node": per_node}}
-            for stage, (nodes, per_node) in self.SPREAD.items()})
+        return demo_config(
+            root,
+            {"gridengine": self.OPTIONS},
+            {
+                stage: {"gridengine": {"nodes": nodes, "processes_per_node": per_node}}
+                for stage, (nodes, per_node) in self.SPREAD.items()
+            },
+        )
 
     def check_demo(self, config, state, capsys, tmp_path):
         workspace = self.demo_workspace(config)
@@ -410,12 +486,13 @@ class GridEngineDriver(CommandDriver):
             nodes, per_node = self.SPREAD[stage]
             assert state.stages[stage].sharding == {"replicas": nodes, "processes": per_node}
             ranks = ranks_of(workspace / folder, program_stage)
-            assert [(r["rank"], r["world_size"]) for r in ranks] == [(rank, nodes * per_node)
-                                                                     for rank in range(nodes * per_node)]
+            assert [(r["rank"], r["world_size"]) for r in ranks] == [
+                (rank, nodes * per_node) for rank in range(nodes * per_node)
+            ]
             # Each array task is one node: its ranks share a host, and the tasks ran on both hosts.
             hosts = [r["ran_on"]["hostname"] for r in ranks]
             assert set(hosts) == set(self.cell.hosts), hosts
-            assert all(len(set(hosts[t * per_node:(t + 1) * per_node])) == 1 for t in range(nodes))
+            assert all(len(set(hosts[t * per_node : (t + 1) * per_node])) == 1 for t in range(nodes))
         capsys.readouterr()
         assert cli(config, "status") == 0
         assert "tokenize-preprocess  succeeded" in capsys.readouterr().out
@@ -456,14 +533,22 @@ class KubernetesDriver(Driver):
         return name, shlex.split(made.stdout)
 
     def options(self, config: Path, folder: Path, **extra: Any) -> dict:
-        return {"kubeconfig": str(self.cluster.kubeconfig), "namespace": K8S_NAMESPACE, "python": sys.executable,
-                "workspace_claim": self.claim(folder)[0], "poll_seconds": 0.3, "poll_max_seconds": 1.0, **extra}
+        return {
+            "kubeconfig": str(self.cluster.kubeconfig),
+            "namespace": K8S_NAMESPACE,
+            "python": sys.executable,
+            "workspace_claim": self.claim(folder)[0],
+            "poll_seconds": 0.3,
+            "poll_max_seconds": 1.0,
+            **extra,
+        }
 
     def chain_project(self, root):
         config = write_chain_project(root, K8S_CHAIN)
         raw = yaml.safe_load(config.read_text())
-        raw["backends"]["kubernetes"] = self.options(config, root / "workspace", image="python:3.11",
-                                                     code_dir=str(config.parent / "stages"))
+        raw["backends"]["kubernetes"] = self.options(
+            config, root / "workspace", image="python:3.11", code_dir=str(config.parent / "stages")
+        )
         config.write_text(yaml.safe_dump(raw, sort_keys=False))
         return config
 
@@ -477,9 +562,12 @@ class KubernetesDriver(Driver):
         return self.client.BatchV1Api(self.api).list_namespaced_job(K8S_NAMESPACE, label_selector=selector).items
 
     def native_state(self, config, job_id):
-        """"running" while one of the Job's pods runs, else its phase ("pending", "succeeded", ...)."""
-        pods = self.client.CoreV1Api(self.api).list_namespaced_pod(
-            K8S_NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job_id}").items
+        """ "running" while one of the Job's pods runs, else its phase ("pending", "succeeded", ...)."""
+        pods = (
+            self.client.CoreV1Api(self.api)
+            .list_namespaced_pod(K8S_NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job_id}")
+            .items
+        )
         phases = {p.status.phase.lower() for p in pods if p.metadata.deletion_timestamp is None}
         return "running" if "running" in phases else (sorted(phases)[0] if phases else None)
 
@@ -497,8 +585,10 @@ class KubernetesDriver(Driver):
         # The demo runs as docs/backends/kubernetes.md's recipe runs it: with the options `workspace` printed.
         _, self.demo_run_args = self.claim(root / "workspace")
         options = {"poll_seconds": 0.3, "poll_max_seconds": 1.0}
-        sections = {stage: {"kubernetes": {"replicas": pods, "processes": processes}}
-                    for stage, (pods, processes) in self.SPREAD.items()}
+        sections = {
+            stage: {"kubernetes": {"replicas": pods, "processes": processes}}
+            for stage, (pods, processes) in self.SPREAD.items()
+        }
         sections["download"]["kubernetes"]["secrets"] = ["hf-token:token:HF_TOKEN"]
         return demo_config(root, {"kubernetes": options}, sections)
 
@@ -506,8 +596,10 @@ class KubernetesDriver(Driver):
         return config.parent / "workspace"
 
     def check_demo(self, config, state, capsys, tmp_path):
-        nodes = {n.metadata.name: next(a.address for a in n.status.addresses if a.type == "InternalIP")
-                 for n in self.client.CoreV1Api(self.api).list_node().items}
+        nodes = {
+            n.metadata.name: next(a.address for a in n.status.addresses if a.type == "InternalIP")
+            for n in self.client.CoreV1Api(self.api).list_node().items
+        }
         for stage, (folder, program_stage) in DEMO_OUTPUTS.items():
             pods, processes = self.SPREAD[stage]
             assert state.stages[stage].sharding == {"replicas": pods, "processes": processes}
@@ -527,7 +619,7 @@ class KubernetesDriver(Driver):
         assert cli(config, "logs", state.run_id, "concat", "--rank", "1") == 0
         assert '"rank": 1' in capsys.readouterr().out  # rank 1's pod log, through pods/log
         for path in (config.parent / ".bcp-pipeline").rglob("*"):  # state, plan records, logs: the secret is only
-            if path.is_file():                                        # ever named, never copied
+            if path.is_file():  # ever named, never copied
                 assert K8S_SECRET not in path.read_bytes(), path
 
     def count_status_calls(self, poll, monkeypatch):
@@ -565,11 +657,11 @@ def local_chain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
 class Conformance:
     """The scenario (see the module's docstring); a subclass per backend gives the `driver` fixture."""
 
-    def test_the_demo_s_data_stages_give_the_local_run_s_bytes(self, driver: Driver, local_demo: dict,
-                                                             tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    def test_the_demo_s_data_stages_give_the_local_run_s_bytes(
+        self, driver: Driver, local_demo: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+    ) -> None:
         config = driver.demo_project(tmp_path / "p")
-        assert cli(config, "run", "demo", "--backend", driver.name, *driver.demo_run_args) == 0, \
-            capsys.readouterr().out
+        assert cli(config, "run", "demo", "--backend", driver.name, *driver.demo_run_args) == 0, capsys.readouterr().out
         state = latest(config)
         assert state.backend == driver.name
         assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
@@ -582,31 +674,39 @@ class Conformance:
         driver.check_demo(config, state, capsys, tmp_path)
 
     def test_a_streamed_edge_tokenizes_beside_the_download_and_gives_the_local_bytes(
-            self, driver: Driver, local_demo: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        self, driver: Driver, local_demo: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+    ) -> None:
         """The demo's data as demo-fast prepares it: tokenize-preprocess straight from the shards, on a streamed
         edge from the download (two jobs at once on the backend); the same .bin/.idx as the local demo."""
         config = streamed(driver.demo_project(tmp_path / "p"))
-        assert cli(config, "run", "demo", "--backend", driver.name, *driver.demo_run_args) == 0, \
-            capsys.readouterr().out
+        assert cli(config, "run", "demo", "--backend", driver.name, *driver.demo_run_args) == 0, capsys.readouterr().out
         state = latest(config)
         assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
         download, tokenize = state.stages["download"], state.stages["tokenize-preprocess"]
         assert tokenize.jobs[0].submitted_at < download.finished_at, "submitted while the download was not done"
         assert tokenize.jobs[-1].kind == "verify" and tokenize.jobs[-1].submitted_at >= download.finished_at
-        made = {name: data for name, data in tree(driver.demo_workspace(config)).items()
-                if name.startswith("data/slimpajama/preprocessed/") and name.endswith((".bin", ".idx"))}
+        made = {
+            name: data
+            for name, data in tree(driver.demo_workspace(config)).items()
+            if name.startswith("data/slimpajama/preprocessed/") and name.endswith((".bin", ".idx"))
+        }
         assert made and made == {name: data for name, data in local_demo.items() if name in made}
 
     @pytest.mark.both_transports
     def test_sigkilled_orchestrator_resumes_without_duplicate_jobs(
-            self, driver: Driver, local_chain: dict, tmp_path: Path) -> None:
+        self, driver: Driver, local_chain: dict, tmp_path: Path
+    ) -> None:
         config = driver.chain_project(tmp_path / "p")
         release = driver.stall(config, "second")
         orchestrator = start_orchestrator(config, "run", "chain", "--backend", driver.name)
         try:
-            job_id = wait_for(lambda: (job := stage_job_of(config, "second")) and
-                              driver.native_state(config, job) in driver.live and job,
-                              timeout=120, what="stage second's job alive")
+            job_id = wait_for(
+                lambda: (
+                    (job := stage_job_of(config, "second")) and driver.native_state(config, job) in driver.live and job
+                ),
+                timeout=120,
+                what="stage second's job alive",
+            )
             orchestrator.kill()  # SIGKILL: no cleanup at all
             orchestrator.wait()
             run_id = latest(config).run_id
@@ -628,6 +728,7 @@ class Conformance:
         state = latest(config)
         assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
         assert state.stages["second"].attempts == 1
+
         # One job for each stage and each verification, in the backend's own records (accounting may lag).
         def every_job_listed() -> dict | None:
             found = driver.jobs(config, run_id)
@@ -640,7 +741,8 @@ class Conformance:
 
     @pytest.mark.both_transports
     def test_a_poll_cycle_makes_one_status_call_whatever_the_number_of_jobs(
-            self, driver: Driver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self, driver: Driver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         config = driver.chain_project(tmp_path / "p")
         stages = with_copies_of_the_first_stage(config, 6)
         releases = [driver.stall(config, stage) for stage in stages]
@@ -650,16 +752,20 @@ class Conformance:
             for count in (1, 6):
                 backend, ids = driver.submit_stalled(config, f"chain-poll-{count}", stages[:count])
                 backends.append((backend, ids))
+
                 def poll(backend=backend, ids=ids):
                     return backend.poll(ids)
 
-                wait_for(lambda poll=poll, count=count: len(poll()) == count, timeout=60,
-                         what=f"the {count} job(s) listed")
+                wait_for(
+                    lambda poll=poll, count=count: len(poll()) == count, timeout=60, what=f"the {count} job(s) listed"
+                )
                 statuses[count], calls[count] = driver.count_status_calls(poll, monkeypatch)
                 assert set(statuses[count]) == set(ids), statuses[count]
                 assert not any(s.state.finished for s in statuses[count].values()), statuses[count]
             assert {count: c["status"] for count, c in calls.items()} == {
-                1: driver.status_calls_per_poll, 6: driver.status_calls_per_poll}, calls
+                1: driver.status_calls_per_poll,
+                6: driver.status_calls_per_poll,
+            }, calls
             driver.check_poll(calls, statuses)
             # Nothing else a poll asks grows with the jobs either.
             assert calls[1]["all"] == calls[6]["all"], calls
@@ -702,8 +808,9 @@ def k8s_namespace(k8s_cluster) -> Iterator[str]:
 
     core = client.CoreV1Api(k8s_cluster.api())
     core.create_namespace({"metadata": {"name": K8S_NAMESPACE}})
-    core.create_namespaced_secret(K8S_NAMESPACE, {"metadata": {"name": "hf-token"},
-                                                  "data": {"token": base64.b64encode(K8S_SECRET).decode()}})
+    core.create_namespaced_secret(
+        K8S_NAMESPACE, {"metadata": {"name": "hf-token"}, "data": {"token": base64.b64encode(K8S_SECRET).decode()}}
+    )
     yield K8S_NAMESPACE
 
 

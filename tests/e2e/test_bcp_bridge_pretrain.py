@@ -10,17 +10,17 @@ of the last rank (on the last node, under bcprun) are in `logs`, `status` and th
 from __future__ import annotations
 
 import pytest
+from support.bcp_emulation import needs_ngcsdk
+from support.cli import cli, latest
+from support.golden_files import REPO
+from support.manifests import chunk_name, fabricate
+from support.pipeline_fixtures import logs_and_status
 
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.engine.selection import open_run
 from bcp_pipeline.engine.state import RunStore, StageStatus
 from bcp_pipeline.report.data import report_data
 from bcp_pipeline.report.gather import training_logs
-from support.bcp_emulation import needs_ngcsdk
-from support.cli import cli, latest
-from support.golden_files import REPO
-from support.manifests import chunk_name, fabricate
-from support.pipeline_fixtures import logs_and_status
 
 pytestmark = needs_ngcsdk
 ONE_TRANSPORT = pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # what a job does: the same on both
@@ -61,12 +61,29 @@ pipelines:
 """
 
 
-def project(tmp_path, fake, *, steps: int = 30, runtime: str = "1h", margin: str = "20m", replicas: int = 1,
-            minute: float = 60, crash: int = 0):
+def project(
+    tmp_path,
+    fake,
+    *,
+    steps: int = 30,
+    runtime: str = "1h",
+    margin: str = "20m",
+    replicas: int = 1,
+    minute: float = 60,
+    crash: int = 0,
+):
     text = CONFIG
-    for key, value in (("@TRANSPORT@", fake.transport), ("@STAND_IN@", STAND_IN), ("@STAGES@", REPO / "stages"),
-                       ("@STEPS@", steps), ("@RUNTIME@", runtime), ("@MARGIN@", margin), ("@REPLICAS@", replicas),
-                       ("@MINUTE@", minute), ("@CRASH@", crash)):
+    for key, value in (
+        ("@TRANSPORT@", fake.transport),
+        ("@STAND_IN@", STAND_IN),
+        ("@STAGES@", REPO / "stages"),
+        ("@STEPS@", steps),
+        ("@RUNTIME@", runtime),
+        ("@MARGIN@", margin),
+        ("@REPLICAS@", replicas),
+        ("@MINUTE@", minute),
+        ("@CRASH@", crash),
+    ):
         text = text.replace(key, str(value))
     config = tmp_path / "project" / "pipelines.yaml"
     config.parent.mkdir(parents=True)
@@ -107,11 +124,16 @@ def test_the_last_rank_s_step_lines_are_in_logs_status_and_the_report(fake, tmp_
     assert stage.verification["steps"] == 30  # the tracker file Bridge writes after its last save
     log, status = logs_and_status(config, state.run_id, "pretrain", capsys)
     assert "iteration       30/      30 |" in log and "throughput per GPU (TFLOP/s/GPU): 123.4" in log
+    if replicas > 1:  # the second replica's ranks waited for the rendezvous at replica 0 (stages/rank_start.py)
+        assert "node 1 waiting up to 300 s for the rendezvous" in log and "answered after" in log, log[-3000:]
     assert f"30/30 steps, loss {stage.progress['loss']:.3g}" in status, status
     assert [p["step"] for p in report_points(config, state.run_id)] == list(range(1, 31))
     run_folder = fake.workspace_path("main") / "results" / f"gpt-{state.run_id}"
     assert sorted(p.name for p in (run_folder / "checkpoints").iterdir()) == [
-        "iter_0000020", "iter_0000030", "latest_checkpointed_iteration.txt"]  # most_recent_k 2
+        "iter_0000020",
+        "iter_0000030",
+        "latest_checkpointed_iteration.txt",
+    ]  # most_recent_k 2
 
 
 @ONE_TRANSPORT

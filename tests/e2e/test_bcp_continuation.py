@@ -7,12 +7,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from support.bcp_emulation import jobs_by_stage, needs_ngcsdk
+from support.golden_files import REPO
+from support.pipeline_fixtures import TRAINER, write_chain_project
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from support.golden_files import REPO
-from support.bcp_emulation import jobs_by_stage, needs_ngcsdk
-from support.pipeline_fixtures import TRAINER, write_chain_project
 
 pytestmark = needs_ngcsdk
 
@@ -39,8 +39,9 @@ pipelines:
 
 
 def project(tmp_path, advance: int, transport: str):
-    config = write_chain_project(tmp_path / "project",
-                                 CONFIG.replace("ADVANCE", str(advance)).replace("TRANSPORT", transport))
+    config = write_chain_project(
+        tmp_path / "project", CONFIG.replace("ADVANCE", str(advance)).replace("TRANSPORT", transport)
+    )
     (config.parent / "stages/trainer.py").write_text(TRAINER)
     return config
 
@@ -56,7 +57,10 @@ def test_run_limit_exceeded_is_resubmitted_with_identical_arguments(fake, tmp_pa
     stage = latest(config).stages["pretrain"]
     assert stage.status is StageStatus.SUCCEEDED and stage.attempts == 3
     assert [j.native for j in stage.jobs if j.kind == "stage"] == [
-        "FAILED_RUN_LIMIT_EXCEEDED", "FAILED_RUN_LIMIT_EXCEEDED", "FINISHED_SUCCESS"]
+        "FAILED_RUN_LIMIT_EXCEEDED",
+        "FAILED_RUN_LIMIT_EXCEEDED",
+        "FINISHED_SUCCESS",
+    ]
     definitions = [job["jobDefinition"] for job in jobs_by_stage(fake)["train.pretrain"]]
     assert len(definitions) == 3
     assert all(d["command"] == definitions[0]["command"] for d in definitions)
@@ -78,8 +82,11 @@ def test_two_attempts_without_progress_stop_with_a_clear_message(fake, tmp_path)
 @pytest.mark.both_transports
 def test_demo_runs_end_to_end_on_emulated_bcp(fake, tmp_path):
     """The bundled demo pipeline, every stage as an emulated `ngc base-command job run`."""
-    missing = [p for p in ("sample", "download", "extract", "concat", "preprocess", "pretrain_local")
-               if not (REPO / "stages" / f"{p}.py").is_file()]
+    missing = [
+        p
+        for p in ("sample", "download", "extract", "concat", "preprocess", "pretrain_local")
+        if not (REPO / "stages" / f"{p}.py").is_file()
+    ]
     if missing:
         pytest.skip(f"stage programs not present: {missing}")
     pytest.importorskip("megatron.core", reason="the demo's smoke pretrain needs the [pretrain] extra")
@@ -87,13 +94,32 @@ def test_demo_runs_end_to_end_on_emulated_bcp(fake, tmp_path):
     shutil.copytree(REPO / "stages", project_dir / "stages", ignore=shutil.ignore_patterns("__pycache__"))
     text = (REPO / "pipelines.yaml").read_text()
     config = project_dir / "pipelines.yaml"
-    config.write_text(text.replace("\nbackends:\n", "\nbackends:\n"
-                                   f"  bcp: {{transport: {fake.transport}, poll_min_seconds: 0.2, "
-                                   "poll_max_seconds: 0.5}\n", 1))
+    config.write_text(
+        text.replace(
+            "\nbackends:\n",
+            f"\nbackends:\n  bcp: {{transport: {fake.transport}, poll_min_seconds: 0.2, poll_max_seconds: 0.5}}\n",
+            1,
+        )
+    )
     fake.create_workspace("demo")
-    assert main(["--config", str(config), "run", "demo", "--backend", "bcp", "--set", "vars.steps=6",
-                 "--set", "pretrain.args=[--data-dir, '${data}/preprocessed', --results, '${workspace}/results', "
-                 "--run-name, '${train_run}', --steps, '${steps}', --checkpoint-every, '3', --hidden, '64']"]) == 0
+    assert (
+        main(
+            [
+                "--config",
+                str(config),
+                "run",
+                "demo",
+                "--backend",
+                "bcp",
+                "--set",
+                "vars.steps=6",
+                "--set",
+                "pretrain.args=[--data-dir, '${data}/preprocessed', --results, '${workspace}/results', "
+                "--run-name, '${train_run}', --steps, '${steps}', --checkpoint-every, '3', --hidden, '64']",
+            ]
+        )
+        == 0
+    )
     state = latest(config)
     assert all(s.status is StageStatus.SUCCEEDED for s in state.stages.values())
     counts = {name: [c["found"] for c in s.verification["checks"]] for name, s in state.stages.items()}

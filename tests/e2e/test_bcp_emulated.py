@@ -14,15 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support.bcp_emulation import jobs_by_stage, needs_ngcsdk
+from support.cli import cli, latest
+from support.pipeline_fixtures import bcp_chain_config, start_orchestrator, wait_for, write_chain_project
+
 from bcp_pipeline.backends.profile import profile_key, save_profile
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
-from bcp_pipeline.errors import BackendCallError
 from bcp_pipeline.engine.state import StageStatus
-from support.cli import cli, latest
-from support.pipeline_fixtures import bcp_chain_config, start_orchestrator, wait_for, write_chain_project
+from bcp_pipeline.errors import BackendCallError
 
 pytestmark = needs_ngcsdk
 
@@ -48,8 +48,14 @@ def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys
     assert code and not any("__pycache__" in str(p) for p in code)
     assert len(fake.requests("GRPC", "DataSetService/Put")) == len(code)
     names = sorted(jobs_by_stage(fake))
-    assert names == ["chain.first", "chain.first-verify", "chain.second", "chain.second-verify", "chain.third",
-                     "chain.third-verify"]
+    assert names == [
+        "chain.first",
+        "chain.first-verify",
+        "chain.second",
+        "chain.second-verify",
+        "chain.third",
+        "chain.third-verify",
+    ]
     labels = fake.jobs()[int(state.stages["second"].jobs[0].job_id)]["job"]["labels"]["userLabels"]["values"]
     assert "bcpp_stage_second" in labels and any(label.startswith("bcpp_run_chain_") for label in labels)
     # Verification jobs mount the workspace read-only on the small instance.
@@ -62,8 +68,11 @@ def test_chain_runs_on_emulated_bcp_with_verification_jobs(fake, project, capsys
     assert status["status"] == "succeeded"
     assert status["stages"]["first"]["jobs"][0]["native"] == "FINISHED_SUCCESS"
     # The API key reached no command line, job definition, log, state file or workspace file.
-    leaks = [p for p in [*project.parent.rglob("*"), *fake.home.rglob("*")]
-             if p.is_file() and fake.api_key.encode() in p.read_bytes()]
+    leaks = [
+        p
+        for p in [*project.parent.rglob("*"), *fake.home.rglob("*")]
+        if p.is_file() and fake.api_key.encode() in p.read_bytes()
+    ]
     assert leaks == []
 
 
@@ -75,10 +84,6 @@ def stage_state(project: Path, stage: str) -> dict | None:
         return json.loads(states[-1].read_text())["stages"][stage]
     except (ValueError, KeyError):
         return None
-
-
-
-
 
 
 @pytest.mark.both_transports
@@ -160,11 +165,18 @@ def test_a_failing_resume_of_a_preempted_job_is_tried_again_next_cycle(fake, pro
 @pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # the poller's path; both transports: tests/check
 @pytest.mark.emulator(variants={"runonce_preemption": "not_resumable"})
 def test_a_preempted_runonce_job_is_submitted_again_where_check_found_bcp_will_not_resume_it(fake, project, capsys):
-    """The profile `check` saves on such a service (tests/check/test_check_preemption.py makes one the real way):
+    """The profile `check` saves on such a service (tests/backends/bcp/test_check_preemption.py makes one the real way):
     the backend asks no `job resume`, the poller kills the preempted job and the submitter submits the stage again."""
-    save_profile(project.parent / ".bcp-pipeline", profile_key("bcpp-test-org", "bcpp-test-ace"),
-                 {"key": "bcpp-test-org-bcpp-test-ace", "checked_at": 0.0, "rows": [],
-                  "facts": {"probe": {"runonce_preemption": "not_resumable"}}})
+    save_profile(
+        project.parent / ".bcp-pipeline",
+        profile_key("bcpp-test-org", "bcpp-test-ace"),
+        {
+            "key": "bcpp-test-org-bcpp-test-ace",
+            "checked_at": 0.0,
+            "rows": [],
+            "facts": {"probe": {"runonce_preemption": "not_resumable"}},
+        },
+    )
     fake.inject("PREEMPTED", name="chain.second", after_seconds=0.2)
     fake.inject("PREEMPTED", name="chain.third-verify", after_seconds=0.2)  # a verification job: the same
     assert cli(project, "run", "chain", "--backend", "bcp") == 0
@@ -178,16 +190,20 @@ def test_a_preempted_runonce_job_is_submitted_again_where_check_found_bcp_will_n
     assert fake.requests("PATCH", "/v2/org/*/jobs/*/resume") == []
     assert [fake.status(int(j)) for j in (preempted, again)] == ["KILLED_BY_USER", "FINISHED_SUCCESS"]
     out = capsys.readouterr().out
-    assert f"second: job {preempted} was preempted and cannot be resumed here; killed it, submitting the stage job " \
-           "again" in out
-    assert f"third: job {third.jobs[1].job_id} was preempted and cannot be resumed here; killed it, submitting the " \
-           "verification job again" in out
+    assert (
+        f"second: job {preempted} was preempted and cannot be resumed here; killed it, submitting the stage job "
+        "again" in out
+    )
+    assert (
+        f"third: job {third.jobs[1].job_id} was preempted and cannot be resumed here; killed it, submitting the "
+        "verification job again" in out
+    )
 
 
 @pytest.mark.both_transports
 def test_transient_api_errors_do_not_fail_stages(fake, project, capsys):
     # 500s: NVIDIA's client waits 5 s after a 502/503/504 before it gives up
-    # (tests/backends/test_ngc_emulator.py has those).
+    # (tests/fakes/test_ngc_emulator.py has those).
     fake.fail_requests(4, method="GET", path="/v2/org/*/jobs", status=500, message="Internal Server Error")
     assert cli(project, "run", "chain", "--backend", "bcp") == 0
     assert [r["status"] for r in fake.requests("GET", "/v2/org/*/jobs")][:4] == [500, 500, 500, 500]
@@ -243,8 +259,11 @@ def with_org_team_ace_in_yaml(config: Path, monkeypatch: pytest.MonkeyPatch) -> 
     """org/team/ACE only in pipelines.yaml, as the README says is enough: none in the environment."""
     for name in ("NGC_CLI_ORG", "NGC_CLI_ACE", "NGC_CLI_TEAM"):
         monkeypatch.delenv(name, raising=False)
-    config.write_text(config.read_text().replace(
-        "  bcp: {transport:", "  bcp: {org: bcpp-test-org, team: bcpp-test-team, ace: bcpp-test-ace, transport:"))
+    config.write_text(
+        config.read_text().replace(
+            "  bcp: {transport:", "  bcp: {org: bcpp-test-org, team: bcpp-test-team, ace: bcpp-test-ace, transport:"
+        )
+    )
 
 
 @pytest.mark.both_transports
@@ -293,16 +312,36 @@ def test_chain_when_the_commandline_runs_once_and_one_replica_jobs_have_no_bcpru
 def test_cancel_kills_only_this_runs_jobs_and_waits_out_the_termination_grace(fake, project):
     config = load_config(project)
     backend = make_backend("bcp", config, config.pipeline("chain"), project.parent / ".bcp-pipeline/runs/chain-x")
-    ours, foreign = (json.loads(fake.ngc(
-        "base-command", "job", "run", "--name", name, "--image", "nvcr.io/nvaie/nemo-framework-training:23.11",
-        "--instance", "dgxa100.80g.1.norm", "--result", "/results", "--commandline", "exec sleep 60",
-        "--label", label, "--format_type", "json").stdout)["job"]["id"] for name, label in
-        (("ours", "bcpp_run_chain_x"), ("foreign", "someone_elses")))
+    ours, foreign = (
+        json.loads(
+            fake.ngc(
+                "base-command",
+                "job",
+                "run",
+                "--name",
+                name,
+                "--image",
+                "nvcr.io/nvaie/nemo-framework-training:23.11",
+                "--instance",
+                "dgxa100.80g.1.norm",
+                "--result",
+                "/results",
+                "--commandline",
+                "exec sleep 60",
+                "--label",
+                label,
+                "--format_type",
+                "json",
+            ).stdout
+        )["job"]["id"]
+        for name, label in (("ours", "bcpp_run_chain_x"), ("foreign", "someone_elses"))
+    )
     for job_id in (ours, foreign):
         fake.wait_for(job_id, {"RUNNING"})
     started = time.monotonic()
-    with pytest.raises(BackendCallError, match=f"job {foreign}: not killed: it does not carry this run's label "
-                                               "bcpp_run_chain_x"):
+    with pytest.raises(
+        BackendCallError, match=f"job {foreign}: not killed: it does not carry this run's label bcpp_run_chain_x"
+    ):
         backend.cancel([str(ours), str(foreign)])
     # The kill went through PENDING_TERMINATION for the ACE's 2 s, and cancel returned only once it had ended.
     assert fake.status(ours) == "KILLED_BY_USER" and time.monotonic() - started > 1.5

@@ -14,29 +14,37 @@ import re
 from pathlib import Path
 
 import pytest
-
 from support.bcp_emulation import needs_ngcsdk
-from bcp_pipeline.engine.state import RunStore, StageStatus
+from support.cli import cli
+from support.nemo_project import fabricate_nemo_data, nemo_pipelines_yaml
+from support.pipeline_fixtures import logs_and_status
+
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.engine.selection import open_run
+from bcp_pipeline.engine.state import RunStore, StageStatus
 from bcp_pipeline.report.data import report_data
 from bcp_pipeline.report.gather import training_logs
-from support.cli import cli
-from support.pipeline_fixtures import logs_and_status
-from support.nemo_project import fabricate_nemo_data, nemo_pipelines_yaml
 
 pytestmark = needs_ngcsdk
 ONE_TRANSPORT = pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # what a job does: the same on both
 
 
-def project(tmp_path: Path, fake, *, steps: int = 30, runtime: str = "1h", margin: str = "45m",
-            extra: str = "") -> Path:
+def project(
+    tmp_path: Path, fake, *, steps: int = 30, runtime: str = "1h", margin: str = "45m", extra: str = ""
+) -> Path:
     # No nemo_dir: on BCP the launcher runs the training itself; the stage's NeMo folder is not read.
     options = f"{{transport: {fake.transport}, poll_min_seconds: 0.1, poll_max_seconds: 0.3, training_log_seconds: 0}}"
-    text = nemo_pipelines_yaml("bcp", options, f"{{replicas: 1, total_runtime: {runtime}, launcher: none}}",
-                               bcp_workspaces="[{name: main, mount: /mount_workspace, mode: RW}]",
-                               bcp_verification="{instance: dgxa100.80g.1.norm}", nemo_dir=False, steps=steps,
-                               margin=margin, extra_overrides=extra)
+    text = nemo_pipelines_yaml(
+        "bcp",
+        options,
+        f"{{replicas: 1, total_runtime: {runtime}, launcher: none}}",
+        bcp_workspaces="[{name: main, mount: /mount_workspace, mode: RW}]",
+        bcp_verification="{instance: dgxa100.80g.1.norm}",
+        nemo_dir=False,
+        steps=steps,
+        margin=margin,
+        extra_overrides=extra,
+    )
     config = tmp_path / "project" / "pipelines.yaml"
     config.parent.mkdir(parents=True)
     config.write_text(text)

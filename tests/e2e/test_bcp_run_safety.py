@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support.bcp_emulation import needs_ngcsdk
-from bcp_pipeline.engine.state import RunStore
 from support.cli import cli
 from support.golden_files import REPO
 from support.pipeline_fixtures import bcp_chain_config, start_orchestrator, wait_for, write_chain_project
+
+from bcp_pipeline.engine.state import RunStore
 
 pytestmark = needs_ngcsdk
 SECRET = "bcp-pipeline-ngc"
@@ -27,14 +27,19 @@ SECRET = "bcp-pipeline-ngc"
 def project(tmp_path, fake):
     fake.set_secret(SECRET, {"api_key": fake.api_key})  # for a driver job (`run --detach`)
     text = bcp_chain_config(fake.transport).replace(
-        "poll_max_seconds: 0.3}", "poll_max_seconds: 0.3, driver: {total_runtime: 1h, handover_before: 10m}}")
+        "poll_max_seconds: 0.3}", "poll_max_seconds: 0.3, driver: {total_runtime: 1h, handover_before: 10m}}"
+    )
     return write_chain_project(tmp_path / "project", text)
 
 
 def second_writer(config: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
     """A second orchestrator as its own process: refused at once, or still running at `timeout`."""
-    return subprocess.run([sys.executable, "-m", "bcp_pipeline", "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bcp_pipeline", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def store(config: Path) -> RunStore:
@@ -42,8 +47,10 @@ def store(config: Path) -> RunStore:
 
 
 def running(fake, stage: str) -> bool:
-    return any(record["job"]["jobDefinition"]["name"] == f"chain.{stage}"
-               and record["job"]["jobStatus"]["status"] == "RUNNING" for record in fake.jobs().values())
+    return any(
+        record["job"]["jobDefinition"]["name"] == f"chain.{stage}" and record["job"]["jobStatus"]["status"] == "RUNNING"
+        for record in fake.jobs().values()
+    )
 
 
 @pytest.mark.parametrize("fake", ["sdk"], indirect=True)
@@ -98,31 +105,44 @@ def test_one_writer_per_bcp_workspace_across_projects_and_a_detached_driver(fake
 def test_a_sample_made_with_another_seed_is_redone_on_bcp(fake, tmp_path, capsys):
     shutil.copytree(REPO / "stages", tmp_path / "demo/stages", ignore=shutil.ignore_patterns("__pycache__"))
     config = tmp_path / "demo/pipelines.yaml"
-    config.write_text((REPO / "pipelines.yaml").read_text().replace(
-        "\nbackends:\n", "\nbackends:\n  bcp: {transport: sdk, poll_min_seconds: 0.2, poll_max_seconds: 0.5}\n", 1))
+    config.write_text(
+        (REPO / "pipelines.yaml")
+        .read_text()
+        .replace(
+            "\nbackends:\n", "\nbackends:\n  bcp: {transport: sdk, poll_min_seconds: 0.2, poll_max_seconds: 0.5}\n", 1
+        )
+    )
     fake.create_workspace("demo")
-    seed = ("sample.args=[--out, '${{mirror}}', --chunks, '2', --files-per-chunk, '4', --docs-per-file, '40', "
-            "--seed, '{}']")
+    seed = (
+        "sample.args=[--out, '${{mirror}}', --chunks, '2', --files-per-chunk, '4', --docs-per-file, '40', "
+        "--seed, '{}', --validation-files, '${{validation_files}}']"
+    )
     mirror = fake.workspace_path("demo") / "mirror"
 
     def sample(value: int) -> dict[str, bytes]:
-        assert cli(config, "run", "demo", "--backend", "bcp", "--only", "sample", "--restart",
-                   "--set", seed.format(value)) == 0
+        assert (
+            cli(config, "run", "demo", "--backend", "bcp", "--only", "sample", "--restart", "--set", seed.format(value))
+            == 0
+        )
         return {str(p.relative_to(mirror)): p.read_bytes() for p in sorted((mirror / "train").rglob("*.zst"))}
 
     before = sample(0)
     after = sample(7)
     assert after.keys() == before.keys() and all(after[k] != before[k] for k in before)
     aside = next(mirror.glob(".superseded-*"))
-    assert {str(p.relative_to(aside)): p.read_bytes() for p in sorted(aside.rglob("*.zst"))} == before
+    assert {str(p.relative_to(aside)): p.read_bytes() for p in sorted((aside / "train").rglob("*.zst"))} == before
     capsys.readouterr()
     assert cli(config, "status") == 0
-    assert "sample: 8 output(s) made by another config" in capsys.readouterr().out
+    assert "sample: 10 output(s) made by another config" in capsys.readouterr().out  # 8 train, 2 held out
 
 
 def test_a_missing_workspace_is_named_before_a_run_is_recorded(fake, tmp_path, capsys):
-    config = write_chain_project(tmp_path / "project", bcp_chain_config(fake.transport).replace(
-        "{name: main, mount: /mount_workspace, mode: RW}", "{name: nowhere, mount: /mount_workspace, mode: RW}"))
+    config = write_chain_project(
+        tmp_path / "project",
+        bcp_chain_config(fake.transport).replace(
+            "{name: main, mount: /mount_workspace, mode: RW}", "{name: nowhere, mount: /mount_workspace, mode: RW}"
+        ),
+    )
     capsys.readouterr()
     assert cli(config, "run", "chain", "--backend", "bcp") == 2
     err = capsys.readouterr().err

@@ -12,14 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from support.bcp_emulation import jobs_by_stage, needs_ngcsdk
+from support.cli import cli, latest
+from support.pipeline_fixtures import bcp_chain_config, start_orchestrator, wait_for, write_chain_project
+
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import StageStatus
-from support.cli import cli, latest
-from support.pipeline_fixtures import bcp_chain_config, start_orchestrator, wait_for, write_chain_project
 
 pytestmark = needs_ngcsdk
 
@@ -39,8 +39,10 @@ def test_a_pipeline_the_ace_would_refuse_is_refused_before_a_run_is_recorded(fak
     assert cli(project, "run", "chain", "--backend", "bcp") == 2
     err = capsys.readouterr().err
     assert "pipeline chain: ACE bcpp-test-ace does not allow" in err, err
-    assert ("\n  stage first: total_runtime 1H (3600 s), but the ACE's maxRuntimeSeconds allows 30M (1800 s); "
-            "--set first.bcp.total_runtime=30M\n") in err
+    assert (
+        "\n  stage first: total_runtime 1H (3600 s), but the ACE's maxRuntimeSeconds allows 30M (1800 s); "
+        "--set first.bcp.total_runtime=30M\n"
+    ) in err
     assert "stage first: replicas 2, but the ACE's maxAllowedReplicas allows 1; --set first.bcp.replicas=1" in err
     assert "stage third (verification): total_runtime 1H" in err and "verification.bcp.total_runtime: 30M" in err
     assert "Nothing was submitted or recorded" in err
@@ -49,8 +51,11 @@ def test_a_pipeline_the_ace_would_refuse_is_refused_before_a_run_is_recorded(fak
     assert cli(project, "plan", "chain", "--backend", "bcp") == 1
     assert "--set first.bcp.total_runtime=30M" in capsys.readouterr().err
     # ... and the fixes it names are enough
-    project.write_text(project.read_text().replace("total_runtime: 1h", "total_runtime: 30M")
-                       .replace("bcp: {replicas: 2, processes: 1}", "bcp: {replicas: 1, processes: 2}"))
+    project.write_text(
+        project.read_text()
+        .replace("total_runtime: 1h", "total_runtime: 30M")
+        .replace("bcp: {replicas: 2, processes: 1}", "bcp: {replicas: 1, processes: 2}")
+    )
     assert cli(project, "plan", "chain", "--backend", "bcp") == 0
     assert "ACE bcpp-test-ace: every job fits its limits" in capsys.readouterr().err
     assert fake.jobs() == {} and no_run_recorded(project)
@@ -69,8 +74,10 @@ def test_detach_is_refused_when_the_ace_leaves_no_room_for_the_driver_and_a_stag
 def test_the_detach_driver_is_checked_against_the_ace_and_its_fix_is_a_set(fake, project, capsys):
     """The driver's default --total-runtime (5D) breaks an ACE of 90 minutes: plan and run say so, with the
     --set that fixes it; that --set is enough (the stage jobs, 1H, fit)."""
-    refusal = ("the --detach driver job: total_runtime 5D (432000 s), but the ACE's maxRuntimeSeconds allows 1H30M "
-               "(5400 s); --set backends.bcp.driver.total_runtime=1H30M")
+    refusal = (
+        "the --detach driver job: total_runtime 5D (432000 s), but the ACE's maxRuntimeSeconds allows 1H30M "
+        "(5400 s); --set backends.bcp.driver.total_runtime=1H30M"
+    )
     assert cli(project, "plan", "chain", "--backend", "bcp", "--detach") == 1
     assert refusal in capsys.readouterr().err
     assert cli(project, "run", "chain", "--backend", "bcp", "--detach") == 2
@@ -97,8 +104,18 @@ def test_plan_without_any_credentials_says_it_did_not_check_the_ace(fake, projec
 def submit_first(backend, project: Path, run_id: str) -> str:
     pipeline = load_config(project).pipeline("chain")
     stage = pipeline.stages["first"]
-    return backend.submit(backend.render(JobRequest(run_id=run_id, pipeline=pipeline, stage=stage, kind="stage",
-                                                    program=stage.program, args=tuple(stage.args))))
+    return backend.submit(
+        backend.render(
+            JobRequest(
+                run_id=run_id,
+                pipeline=pipeline,
+                stage=stage,
+                kind="stage",
+                program=stage.program,
+                args=tuple(stage.args),
+            )
+        )
+    )
 
 
 @pytest.mark.parametrize("skew", [7200, -7200])
@@ -120,8 +137,9 @@ def test_killed_right_after_the_submit_then_resumed_while_the_job_is_not_listed_
     """The service created the job; the orchestrator died before it learnt the id; the list does not show the job
     for the resumed orchestrator's first looks (lag), whose clock is also an hour behind the server's. It looks
     again for backends.bcp.lookup_grace_seconds, finds the job, and submits no second one."""
-    project.write_text(project.read_text().replace("poll_max_seconds: 0.3", "poll_max_seconds: 0.3, "
-                                                   "lookup_grace_seconds: 30"))
+    project.write_text(
+        project.read_text().replace("poll_max_seconds: 0.3", "poll_max_seconds: 0.3, lookup_grace_seconds: 30")
+    )
     fake.delay_requests(30, method="POST", path="/v2/org/*/jobs", after=True)
     process = start_orchestrator(project, "run", "chain", "--backend", "bcp", "--only", "first")
     wait_for(lambda: "chain.first" in jobs_by_stage(fake))

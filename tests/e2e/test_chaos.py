@@ -1,4 +1,4 @@
-"""The chaos run (tests/support/chaos_run.py, scripts/chaos): a short seeded one on the local backend, and its checks
+"""The chaos run (tests/support/chaos_run.py, tests/chaos): a short seeded one on the local backend, and its checks
 failing when what they look for is there.
 
 The short run takes the demo pipeline without its pretrain stage (about 10 s clean on 2 cores) and makes one kill
@@ -28,8 +28,18 @@ DEMO_WITHOUT_PRETRAIN = ["sample", "bpe", "download", "extract", "concat", "toke
 
 
 def test_a_short_seeded_chaos_run_of_the_demo_ends_with_the_clean_run_s_bytes(tmp_path):
-    options = ChaosOptions(pipeline="demo", backend="local", seed=3, kills=4, only=DEMO_WITHOUT_PRETRAIN,
-                           fault_rate=0.35, gap=(0.3, 1.0), workdir=tmp_path, timeout=240, echo=False)
+    options = ChaosOptions(
+        pipeline="demo",
+        backend="local",
+        seed=3,
+        kills=4,
+        only=DEMO_WITHOUT_PRETRAIN,
+        fault_rate=0.35,
+        gap=(0.3, 1.0),
+        workdir=tmp_path,
+        timeout=240,
+        echo=False,
+    )
     report = chaos_run(options)
     text = table(report)
     print(text)
@@ -43,8 +53,17 @@ def test_a_short_seeded_chaos_run_of_the_demo_ends_with_the_clean_run_s_bytes(tm
 def test_a_seeded_chaos_run_of_the_streamed_demo_ends_with_the_clean_run_s_bytes(tmp_path):
     """demo-fast: the tokenize stage takes the download's shards as they land (a streamed edge); kills of every
     kind while both run, the HTTP source faulting, end with the bytes of a clean run."""
-    options = ChaosOptions(pipeline="demo-fast", backend="local", seed=11, kills=4, fault_rate=0.35,
-                           gap=(0.3, 1.0), workdir=tmp_path, timeout=240, echo=False)
+    options = ChaosOptions(
+        pipeline="demo-fast",
+        backend="local",
+        seed=11,
+        kills=4,
+        fault_rate=0.35,
+        gap=(0.3, 1.0),
+        workdir=tmp_path,
+        timeout=240,
+        echo=False,
+    )
     report = chaos_run(options)
     text = table(report)
     print(text)
@@ -96,15 +115,18 @@ def test_one_live_job_check_fails_on_overlapping_jobs_of_one_stage():
 
 
 def test_a_job_whose_supervisor_was_killed_is_lost_and_never_runs_beside_the_next_one(tmp_path):
-    """Found by scripts/chaos: a SIGKILLed local supervisor left its ranks running, the job was reported lost at
+    """Found by tests/chaos: a SIGKILLed local supervisor left its ranks running, the job was reported lost at
     once, and the stage's next job ran beside them (two pretrain jobs writing one checkpoint folder)."""
     config = write_chain_project(tmp_path)
     stall = config.parent / "ws/main/first/STALL"
     stall.parent.mkdir(parents=True)
     stall.touch()
     backend = LocalChaos(config.parent, "chain")
-    first = subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "run", "chain"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "bcp_pipeline", "--config", str(config), "run", "chain"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     wait_for(lambda: len(backend.job_targets("rank")) == 2, what="the ranks of first.1")
     first.kill()  # no orchestrator polls while the supervisor dies
     first.wait()
@@ -114,8 +136,11 @@ def test_a_job_whose_supervisor_was_killed_is_lost_and_never_runs_beside_the_nex
     seen = []
 
     def resume() -> int:
-        process = subprocess.Popen([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "resume"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bcp_pipeline", "--config", str(config), "resume"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         while process.poll() is None:
             seen.append(backend.live_jobs())
             time.sleep(0.02)
@@ -132,30 +157,40 @@ def test_processes_a_dead_supervisor_left_behind_are_stopped_before_its_job_coun
     """The local backend's second line: a recorded rank still alive after its supervisor died (one started before
     ranks died with their supervisor, say) is killed with the supervisor's process group; until it is gone the
     job is still running, so nothing is submitted beside it."""
-    from bcp_pipeline.backends.local.backend import LocalBackend
     from bcp_pipeline.backends.contract import JobState
+    from bcp_pipeline.backends.local.backend import LocalBackend
     from bcp_pipeline.config.resources import LocalOptions
 
-    leader = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    leader = subprocess.Popen(
+        ["bash", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     rank = int(leader.stdout.readline())
     leader.kill()  # the "supervisor" dies; its child lives on in its process group
     leader.wait()
     job_dir = tmp_path / "run" / "jobs" / "first.1"
     job_dir.mkdir(parents=True)
     (job_dir / "spec.json").write_text(json.dumps({"labels": {"run": "r", "stage": "first", "kind": "stage"}}))
-    (job_dir / "status.json").write_text(json.dumps({
-        "pid": leader.pid, "start_ticks": 1, "state": "running", "started_at": 0.0,
-        "ranks": [{"pid": rank, "start_ticks": process_start_ticks(rank)}]}))
-    backend = LocalBackend(LocalOptions(), config_dir=tmp_path, stages_dir=tmp_path, run_dir=tmp_path / "run",
-                           workspace_name="main")
+    (job_dir / "status.json").write_text(
+        json.dumps(
+            {
+                "pid": leader.pid,
+                "start_ticks": 1,
+                "state": "running",
+                "started_at": 0.0,
+                "ranks": [{"pid": rank, "start_ticks": process_start_ticks(rank)}],
+            }
+        )
+    )
+    backend = LocalBackend(
+        LocalOptions(), config_dir=tmp_path, stages_dir=tmp_path, run_dir=tmp_path / "run", workspace_name="main"
+    )
     assert backend.poll(["first.1"])["first.1"].state is JobState.RUNNING
     wait_for(lambda: process_start_ticks(rank) is None, timeout=5, what="the left-behind rank to be killed")
     assert backend.poll(["first.1"])["first.1"].state is JobState.LOST
 
 
 def test_a_completion_record_half_written_by_a_killed_rank_leaves_no_temporary_after_the_rerun(tmp_path):
-    """Found by scripts/chaos on Slurm: a rank killed while writing its completion record left the record's
+    """Found by tests/chaos on Slurm: a rank killed while writing its completion record left the record's
     hidden temporary behind for good (the rerun wrote the record, not the temporary's cleanup)."""
     from _completion import completion_path, write_completion
 
@@ -172,12 +207,19 @@ def test_a_completion_record_half_written_by_a_killed_rank_leaves_no_temporary_a
 
 
 def test_a_command_the_orchestrator_runs_dies_with_it(tmp_path):
-    """Found by scripts/chaos on the emulated BCP: an orchestrator SIGKILLed while `ngc job run` was on its way left
+    """Found by tests/chaos on the emulated BCP: an orchestrator SIGKILLed while `ngc job run` was on its way left
     the call running; it created its job after the resumed orchestrator had looked for one by label, and the stage
     had two live jobs. Commands run through procs.run_command now die with the orchestrator."""
     marker = tmp_path / "created-after-the-caller-died"
-    caller = subprocess.Popen([sys.executable, "-c", "import sys; from bcp_pipeline.procs import run_command; "
-                               "run_command(['sh', '-c', 'sleep 1.5; touch ' + sys.argv[1]])", str(marker)])
+    caller = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from bcp_pipeline.procs import run_command; "
+            "run_command(['sh', '-c', 'sleep 1.5; touch ' + sys.argv[1]])",
+            str(marker),
+        ]
+    )
     wait_for(lambda: children_of(caller.pid), what="the command to start")
     [command] = children_of(caller.pid)
     caller.kill()
@@ -188,12 +230,19 @@ def test_a_command_the_orchestrator_runs_dies_with_it(tmp_path):
 
 
 def test_the_ranks_of_a_local_job_die_with_its_supervisor(tmp_path):
-    """Found by scripts/chaos: a supervisor killed before it had recorded its ranks' pids left ranks no record
+    """Found by tests/chaos: a supervisor killed before it had recorded its ranks' pids left ranks no record
     named, and a download rank wrote a shard back after extract had consumed it. Ranks now die with it."""
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    spec = {"argv": [sys.executable, "-c", "import time; time.sleep(60)"], "env": {}, "replicas": 1, "processes": 2,
-            "cwd": str(tmp_path), "log_dir": str(tmp_path / "logs"), "master_port": 29999}
+    spec = {
+        "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+        "env": {},
+        "replicas": 1,
+        "processes": 2,
+        "cwd": str(tmp_path),
+        "log_dir": str(tmp_path / "logs"),
+        "master_port": 29999,
+    }
     (job_dir / "spec.json").write_text(json.dumps(spec))
     supervisor = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local.supervisor", str(job_dir)])
     ranks = wait_for(lambda: len(children_of(supervisor.pid)) == 2 and children_of(supervisor.pid), what="2 ranks")
@@ -226,7 +275,7 @@ def read_record(path):
 
 
 def test_ranks_left_waiting_for_a_killed_rank_are_stopped_and_the_job_fails(tmp_path):
-    """Found by scripts/chaos (CI, under load): a download rank 0 SIGKILLed before it recorded the output digest
+    """Found by tests/chaos (CI, under load): a download rank 0 SIGKILLed before it recorded the output digest
     left ranks 1-3 waiting for that record for 30 minutes, so download.2 stayed running and the run timed out.
     A rank killed by a signal now gets the others stopped after a grace, and the job fails, to be run again."""
     from bcp_pipeline.backends.contract import JobState
@@ -239,13 +288,21 @@ def test_ranks_left_waiting_for_a_killed_rank_are_stopped_and_the_job_fails(tmp_
     job_dir = tmp_path / "run" / "jobs" / "download.1"
     job_dir.mkdir(parents=True)
     program = DIGEST_WAITER.format(stages=str(REPO / "stages"), out=str(tmp_path / "out"), settled=str(settled))
-    spec = {"argv": [sys.executable, "-c", program], "env": {"BCP_PIPELINE_OUTPUT_DIGEST": "d1"}, "replicas": 1,
-            "processes": 3, "cwd": str(tmp_path), "log_dir": str(tmp_path / "run" / "logs" / "download.1"),
-            "master_port": 29999, "lost_rank_grace_seconds": 0.5,
-            "labels": {"run": "r", "stage": "download", "kind": "stage"}}
+    spec = {
+        "argv": [sys.executable, "-c", program],
+        "env": {"BCP_PIPELINE_OUTPUT_DIGEST": "d1"},
+        "replicas": 1,
+        "processes": 3,
+        "cwd": str(tmp_path),
+        "log_dir": str(tmp_path / "run" / "logs" / "download.1"),
+        "master_port": 29999,
+        "lost_rank_grace_seconds": 0.5,
+        "labels": {"run": "r", "stage": "download", "kind": "stage"},
+    }
     (job_dir / "spec.json").write_text(json.dumps(spec))
-    supervisor = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local.supervisor", str(job_dir)],
-                                  start_new_session=True)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "bcp_pipeline.backends.local.supervisor", str(job_dir)], start_new_session=True
+    )
     try:
         record = wait_for(lambda: (r := read_record(job_dir / "status.json")).get("ranks") and r, what="the ranks")
         wait_for(lambda: (tmp_path / "out" / "waiting-1").exists(), what="rank 1 to wait for rank 0's digest")
@@ -253,11 +310,14 @@ def test_ranks_left_waiting_for_a_killed_rank_are_stopped_and_the_job_fails(tmp_
         assert supervisor.wait(timeout=15) == 0, "the supervisor did not end after its rank 0 was killed"
     finally:
         supervisor.kill()
-    backend = LocalBackend(LocalOptions(), config_dir=tmp_path, stages_dir=tmp_path, run_dir=tmp_path / "run",
-                           workspace_name="main")
+    backend = LocalBackend(
+        LocalOptions(), config_dir=tmp_path, stages_dir=tmp_path, run_dir=tmp_path / "run", workspace_name="main"
+    )
     status = backend.poll(["download.1"])["download.1"]
     assert status.state is JobState.FAILED
-    assert status.detail == ("rank 0 was killed by SIGKILL; the supervisor stopped rank(s) 1 after 0.5 s, as they "
-                             "may wait for it for ever; rank 0 exited -9; rank 1 exited -15"), status.detail
+    assert status.detail == (
+        "rank 0 was killed by SIGKILL; the supervisor stopped rank(s) 1 after 0.5 s, as they "
+        "may wait for it for ever; rank 0 exited -9; rank 1 exited -15"
+    ), status.detail
     assert all(process_start_ticks(rank["pid"]) is None for rank in record["ranks"])
     assert "rank 0 exited -9; last lines of" in backend.failure_detail("download.1", status)

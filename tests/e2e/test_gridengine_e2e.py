@@ -24,22 +24,28 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.cli import cli
+from support.ddp_pretrain import RUN_NAME, assert_trained_like_one_process, data_dir, rank_logs, reference, stage_job  # noqa: F401 (fixtures)
+from support.ddp_pretrain import write_project as write_ddp_project
+from support.fake_sif import write_fake_sif
+from support.ge_nemo import nemo_project
+from support.pipeline_fixtures import DEMO_SPREAD as SPREAD  # (array tasks, ranks per task)
+from support.pipeline_fixtures import (
+    GE_CHAIN,
+    REPO,
+    logs_and_status,
+    start_orchestrator,
+    wait_for,
+    without_training,
+    write_chain_project,
+)
+from support.pipeline_fixtures import GE_OPTIONS as OPTIONS
+from support.sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 
 from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from support.cli import cli
-from support.fake_sif import write_fake_sif
-from support.ge_nemo import nemo_project
-from support.ddp_pretrain import RUN_NAME, assert_trained_like_one_process, rank_logs, stage_job
-from support.ddp_pretrain import write_project as write_ddp_project
-from support.ddp_pretrain import data_dir, reference  # noqa: F401 (fixtures)
-from support.pipeline_fixtures import (GE_CHAIN, REPO, logs_and_status, start_orchestrator, wait_for,
-                                       write_chain_project)
-from support.pipeline_fixtures import DEMO_SPREAD as SPREAD  # (array tasks, ranks per task)
-from support.pipeline_fixtures import GE_OPTIONS as OPTIONS
-from support.sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.usefixtures("sge_cell")
 
@@ -48,12 +54,19 @@ def demo_project(root: Path, backend: str, **stage_extra: dict) -> Path:
     """The bundled demo pipeline without its pretrain stage (data stages only), on `backend`."""
     raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
     demo = raw["pipelines"]["demo"]
-    del demo["stages"]["pretrain"]
+    without_training(demo["stages"])
     for stage, (nodes, per_node) in SPREAD.items():
-        demo["stages"][stage]["gridengine"] = {"nodes": nodes, "processes_per_node": per_node,
-                                               **stage_extra.get(stage, {})}
-    raw = {"version": 1, "stages_dir": str(REPO / "stages"), "backends": {"gridengine": OPTIONS},
-           "pipelines": {"demo": {**demo, "backend": backend}}}
+        demo["stages"][stage]["gridengine"] = {
+            "nodes": nodes,
+            "processes_per_node": per_node,
+            **stage_extra.get(stage, {}),
+        }
+    raw = {
+        "version": 1,
+        "stages_dir": str(REPO / "stages"),
+        "backends": {"gridengine": OPTIONS},
+        "pipelines": {"demo": {**demo, "backend": backend}},
+    }
     root.mkdir(parents=True)
     config = root / "pipelines.yaml"
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -62,8 +75,11 @@ def demo_project(root: Path, backend: str, **stage_extra: dict) -> Path:
 
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under `root` but the completion records (they hold times and hosts), by relative path."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".completions" not in p.parts}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".completions" not in p.parts
+    }
 
 
 # Open MPI refuses to run as root (the test cell's jobs are root's) unless both of these are set: a site's users
@@ -72,9 +88,9 @@ MPIRUN_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
 
 
 @pytest.mark.parametrize("launcher, start_hosts", [("ranks", "qrsh"), ("torchrun", "qrsh"), ("ranks", "mpirun")])
-def test_ddp_pretrain_over_a_parallel_environment_trains_as_one_process(sge_cell: SgeCell, tmp_path: Path,
-                                                                         data_dir: Path, reference: dict,
-                                                                         launcher: str, start_hosts: str) -> None:
+def test_ddp_pretrain_over_a_parallel_environment_trains_as_one_process(
+    sge_cell: SgeCell, tmp_path: Path, data_dir: Path, reference: dict, launcher: str, start_hosts: str
+) -> None:
     """The smoke trainer over both hosts, its ranks started by the job script or (the TSUBAME way, as the NeMo
     training below) by one torchrun a host meeting at the first host (c10d); each host's part started by `qrsh
     -inherit`, or (TSUBAME4's multi-node scripts) by Open MPI's `mpirun -npernode 1 -hostfile`."""
@@ -82,8 +98,13 @@ def test_ddp_pretrain_over_a_parallel_environment_trains_as_one_process(sge_cell
     raw = yaml.safe_load(config.read_text())
     raw["backends"]["gridengine"] = {**OPTIONS, "workspace_dir": "ws", "parallel_environment": "pe_node"}
     raw["pipelines"]["ddp"]["stages"]["pretrain"]["gridengine"] = {
-        "nodes": 2, "processes_per_node": 1, "distributed": True, "launcher": launcher, "start_hosts": start_hosts,
-        **({"env": MPIRUN_AS_ROOT} if start_hosts == "mpirun" else {})}
+        "nodes": 2,
+        "processes_per_node": 1,
+        "distributed": True,
+        "launcher": launcher,
+        "start_hosts": start_hosts,
+        **({"env": MPIRUN_AS_ROOT} if start_hosts == "mpirun" else {}),
+    }
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert cli(config, "run", "ddp", "--backend", "gridengine") == 0
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
@@ -94,8 +115,9 @@ def test_ddp_pretrain_over_a_parallel_environment_trains_as_one_process(sge_cell
     # of $PE_HOSTFILE, one of the cell's two, across the bridge.
     met = re.search(r"^rank 1 of 2: met at (\S+):\d+ \(gloo, cpu\)", logs[1], re.MULTILINE)
     assert met and met.group(1) in sge_cell.hosts, logs[1]
-    assert_trained_like_one_process(config.parent / "ws/main/results" / RUN_NAME / "train_summary.json", logs,
-                                    reference)
+    assert_trained_like_one_process(
+        config.parent / "ws/main/results" / RUN_NAME / "train_summary.json", logs, reference
+    )
     store = RunStore(config.parent / ".bcp-pipeline")
     job_logs = store.run_dir(store.latest().run_id) / "logs"
     assert (job_logs / job / "task-1.exit").read_text() == "0\n"  # the job's own exit record, with either start
@@ -118,26 +140,39 @@ def test_qdel_ends_every_host_s_ranks_started_by_mpirun(sge_cell: SgeCell, tmp_p
     the ranks on both hosts, and Grid Engine's accounting says the job was deleted while running."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    config = demo_project(tmp_path / "p", "gridengine", download={
-        "nodes": 2, "processes_per_node": 2, "distributed": True, "parallel_environment": "pe_node",
-        "start_hosts": "mpirun", "env": MPIRUN_AS_ROOT,
-        "command": ["bash", "-c", f'echo "$$ $(hostname)" > {pids}/rank-$RANK; exec sleep 300']})
+    config = demo_project(
+        tmp_path / "p",
+        "gridengine",
+        download={
+            "nodes": 2,
+            "processes_per_node": 2,
+            "distributed": True,
+            "parallel_environment": "pe_node",
+            "start_hosts": "mpirun",
+            "env": MPIRUN_AS_ROOT,
+            "command": ["bash", "-c", f'echo "$$ $(hostname)" > {pids}/rank-$RANK; exec sleep 300'],
+        },
+    )
     backend, pipeline = backend_for(config)
     from bcp_pipeline.backends.contract import JobRequest
 
     stage = pipeline.stages["download"]
-    request = JobRequest(run_id="manual", pipeline=pipeline, stage=stage, kind="stage", program=stage.program,
-                         args=tuple(stage.args))
+    request = JobRequest(
+        run_id="manual", pipeline=pipeline, stage=stage, kind="stage", program=stage.program, args=tuple(stage.args)
+    )
     job = backend.submit(backend.render(request))
-    wait_for(lambda: len(list(pids.glob("rank-*"))) == 4 and all(p.read_text().endswith("\n")
-                                                                 for p in pids.glob("rank-*")),
-             timeout=90, what="the 4 ranks on both hosts")
+    wait_for(
+        lambda: len(list(pids.glob("rank-*"))) == 4 and all(p.read_text().endswith("\n") for p in pids.glob("rank-*")),
+        timeout=90,
+        what="the 4 ranks on both hosts",
+    )
     started = {p.name: p.read_text().split() for p in pids.glob("rank-*")}
     assert {host for _, host in started.values()} == set(sge_cell.hosts), started
     assert all(alive(int(pid)) for pid, _ in started.values())
     subprocess.run(["qdel", job], check=True, capture_output=True)
-    wait_for(lambda: not any(alive(int(pid)) for pid, _ in started.values()), timeout=30,
-             what="every rank ended by qdel")
+    wait_for(
+        lambda: not any(alive(int(pid)) for pid, _ in started.values()), timeout=30, what="every rank ended by qdel"
+    )
     status = poll_until(backend, job)
     assert status.state is JobState.CANCELLED, status
 
@@ -153,10 +188,20 @@ def submit_sleeper(backend, pipeline, tmp_path: Path, *directives: str) -> str:
     """A bare job script through the backend's own submit (the stage renderer is tested above)."""
     from bcp_pipeline.backends.contract import JobRequest, Submission
 
-    request = JobRequest(run_id="manual", pipeline=pipeline, stage=pipeline.stages["sample"], kind="stage",
-                         program="sample.py", args=())
-    script = "\n".join(["#!/bin/bash", "#$ -N manual.sleeper", "#$ -j y", f"#$ -o {tmp_path}/sleeper.log",
-                        *[f"#$ {d}" for d in directives], "sleep 30", ""])
+    request = JobRequest(
+        run_id="manual", pipeline=pipeline, stage=pipeline.stages["sample"], kind="stage", program="sample.py", args=()
+    )
+    script = "\n".join(
+        [
+            "#!/bin/bash",
+            "#$ -N manual.sleeper",
+            "#$ -j y",
+            f"#$ -o {tmp_path}/sleeper.log",
+            *[f"#$ {d}" for d in directives],
+            "sleep 30",
+            "",
+        ]
+    )
     return backend.submit(Submission(request=request, printable=script))
 
 
@@ -181,8 +226,10 @@ def test_a_job_deleted_while_held_is_cancelled_and_one_deleted_while_running_too
     assert status.state is JobState.CANCELLED and "deleted before it started" in status.detail
 
     running = submit_sleeper(backend, pipeline, tmp_path)
-    wait_for(lambda: backend.poll([running]).get(running) and backend.poll([running])[running].state
-             is JobState.RUNNING, timeout=30)
+    wait_for(
+        lambda: backend.poll([running]).get(running) and backend.poll([running])[running].state is JobState.RUNNING,
+        timeout=30,
+    )
     backend.cancel([running])
     status = poll_until(backend, running)
     assert status.state is JobState.CANCELLED and "failed 100" in status.detail, status
@@ -199,10 +246,10 @@ def test_a_job_grid_engine_cannot_start_is_an_error_with_its_reason_not_pending(
     assert listed.returncode != 0  # deleted, not left in Eqw for ever
 
 
-@pytest.mark.parametrize("directive, words", [("-l node_h=2", "unknown resource"),
-                                              ("-pe no_such_pe 2", "no_such_pe")])
+@pytest.mark.parametrize("directive, words", [("-l node_h=2", "unknown resource"), ("-pe no_such_pe 2", "no_such_pe")])
 def test_requests_the_cell_refuses_fail_the_run_with_grid_engine_s_words(
-        tmp_path: Path, capsys: pytest.CaptureFixture, directive: str, words: str) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture, directive: str, words: str
+) -> None:
     config = demo_project(tmp_path / "p", "gridengine")
     raw = yaml.safe_load(config.read_text())
     raw["pipelines"]["demo"]["stages"]["sample"]["gridengine"] = {"extra_args": [directive]}
@@ -247,29 +294,49 @@ def test_site_set_up_lines_and_scheduling_options_reach_the_cell(tmp_path: Path)
     config = write_chain_project(tmp_path / "ge", GE_CHAIN)
     marker = tmp_path / "setup-ran"
     setup = f"first.gridengine.setup=['echo \"task $SGE_TASK_ID on $(hostname)\" >> {marker}', 'export SITE=ready']"
-    assert cli(config, "run", "chain", "--backend", "gridengine", "--set", setup,
-               "--set", "first.gridengine.reserve=true", "--set", "first.gridengine.priority=-5",
-               "--set", "first.gridengine.array_concurrency=1") == 0
+    assert (
+        cli(
+            config,
+            "run",
+            "chain",
+            "--backend",
+            "gridengine",
+            "--set",
+            setup,
+            "--set",
+            "first.gridengine.reserve=true",
+            "--set",
+            "first.gridengine.priority=-5",
+            "--set",
+            "first.gridengine.array_concurrency=1",
+        )
+        == 0
+    )
     assert sorted(line.split(" on ")[0] for line in marker.read_text().splitlines()) == ["task 1", "task 2"]
     assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
     state = RunStore(config.parent / ".bcp-pipeline").latest()
-    accounting = subprocess.run(["qacct", "-j", state.stages["first"].jobs[0].job_id], capture_output=True,
-                                text=True, check=True).stdout
+    accounting = subprocess.run(
+        ["qacct", "-j", state.stages["first"].jobs[0].job_id], capture_output=True, text=True, check=True
+    ).stdout
     tasks = {}
     for record in accounting.split("=" * 62)[1:]:
         fields = dict(line.split(None, 1) for line in record.strip().splitlines() if len(line.split(None, 1)) == 2)
-        tasks[int(fields["taskid"])] = [time.mktime(time.strptime(fields[key].strip(), "%a %b %d %H:%M:%S %Y"))
-                                        for key in ("start_time", "end_time")]
+        tasks[int(fields["taskid"])] = [
+            time.mktime(time.strptime(fields[key].strip(), "%a %b %d %H:%M:%S %Y"))
+            for key in ("start_time", "end_time")
+        ]
     assert tasks[2][0] >= tasks[1][1] or tasks[1][0] >= tasks[2][1], (tasks, accounting)  # -tc 1: one at a time
 
 
-def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCell, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture) -> None:
+def test_check_probes_both_hosts_and_names_what_the_cell_refuses(
+    sge_cell: SgeCell, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     config = demo_project(tmp_path / "p", "gridengine")
     raw = yaml.safe_load(config.read_text())
     raw["backends"]["gridengine"].update(parallel_environment="pe_node", container="apptainer")
     raw["pipelines"]["demo"]["stages"]["download"]["gridengine"].update(
-        distributed=True, container_image="docker://nvcr.io/nvidia/nemo:24.05")
+        distributed=True, container_image="docker://nvcr.io/nvidia/nemo:24.05"
+    )
     raw["pipelines"]["demo"]["stages"]["extract"]["gridengine"]["resources"] = ["node_h=1"]
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     capsys.readouterr()
@@ -293,14 +360,16 @@ def test_check_probes_both_hosts_and_names_what_the_cell_refuses(sge_cell: SgeCe
 
 
 def test_check_without_a_parallel_environment_probes_with_the_stage_s_own_requests_by_mpirun(
-        sge_cell: SgeCell, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    sge_cell: SgeCell, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     """TSUBAME's set-up: no parallel environment configured; the distributed stage's own requests make the job
     parallel (here its extra_args' `-pe pe_node 2`, as a site's `-l node_f=2` does), and its hosts start by mpirun.
     The probe asks what the stage asks and reaches both hosts the stage's way."""
     config = demo_project(tmp_path / "p", "gridengine")
     raw = yaml.safe_load(config.read_text())
     raw["pipelines"]["demo"]["stages"]["download"]["gridengine"].update(
-        distributed=True, extra_args=["-pe pe_node 2"], start_hosts="mpirun", env=MPIRUN_AS_ROOT)
+        distributed=True, extra_args=["-pe pe_node 2"], start_hosts="mpirun", env=MPIRUN_AS_ROOT
+    )
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     capsys.readouterr()
     cli(config, "check", "demo", "--json")
@@ -310,8 +379,10 @@ def test_check_without_a_parallel_environment_probes_with_the_stage_s_own_reques
     assert "(started by mpirun)" in rows["hosts"]["showed"] and "nhosts=2" in rows["hosts"]["showed"]
     assert set(result["facts"]["hosts"]) == set(sge_cell.hosts)
     assert rows["shared folder"]["verdict"] == "ok", rows["shared folder"]
-    assert any("the 2 hosts stage download asks for (-pe pe_node 2; no parallel environment), started by mpirun"
-               in note for note in result["notes"]), result["notes"]
+    assert any(
+        "the 2 hosts stage download asks for (-pe pe_node 2; no parallel environment), started by mpirun" in note
+        for note in result["notes"]
+    ), result["notes"]
 
 
 def test_a_stage_in_an_apptainer_image_sees_the_workspace_at_mount_workspace(tmp_path: Path) -> None:
@@ -326,20 +397,23 @@ def test_a_stage_in_an_apptainer_image_sees_the_workspace_at_mount_workspace(tmp
     raw["backends"]["gridengine"].update(container="apptainer", python=sys.executable)
     stand_in = REPO / "tests" / "fakes" / "apptainer_bin"
     raw["pipelines"]["chain"]["stages"]["first"]["gridengine"].update(
-        container_image=str(image), env={"PATH": f"{stand_in}:/usr/local/bin:/usr/bin:/bin"})
+        container_image=str(image), env={"PATH": f"{stand_in}:/usr/local/bin:/usr/bin:/bin"}
+    )
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert cli(config, "run", "chain", "--backend", "gridengine", "--only", "first") == 0
     assert tree(config.parent / "ws/main") == tree(reference.parent / "ws/main")
     assert {p.name for p in (config.parent / "ws/main/first").glob("item-*.txt")} == {
-        f"item-{i:04d}.txt" for i in range(6)}
+        f"item-{i:04d}.txt" for i in range(6)
+    }
 
 
 def host_of_task(job_id: str, task: str) -> str:
     """The host an array task runs on, from `qstat -xml` (`queue_name` all.q@HOST of its running entry)."""
     import xml.etree.ElementTree as ElementTree
 
-    root = ElementTree.fromstring(subprocess.run(["qstat", "-u", "*", "-xml"], capture_output=True, text=True,
-                                                 check=True).stdout)
+    root = ElementTree.fromstring(
+        subprocess.run(["qstat", "-u", "*", "-xml"], capture_output=True, text=True, check=True).stdout
+    )
     for entry in root.iter("job_list"):
         fields = {child.tag: (child.text or "").strip() for child in entry}
         if fields.get("JB_job_number") == job_id and fields.get("tasks") == task:
@@ -348,7 +422,8 @@ def host_of_task(job_id: str, task: str) -> str:
 
 
 def test_an_exec_daemon_killed_mid_stage_then_restarted_the_run_goes_on_to_a_local_run_s_result(
-        sge_cell: SgeCell, tmp_path: Path) -> None:
+    sge_cell: SgeCell, tmp_path: Path
+) -> None:
     """Grid Engine's jobs outlive their exec daemon (the shepherd stays); the restarted execd reports what ended
     meanwhile, and the orchestrator, which saw the job running the whole time (never finished), goes on."""
     reference = write_chain_project(tmp_path / "local", GE_CHAIN)
@@ -387,17 +462,25 @@ def test_cancel_deletes_the_run_s_jobs_on_the_cell(tmp_path: Path, capsys: pytes
         if orchestrator.poll() is None:
             orchestrator.kill()
     # Grid Engine no longer lists the job, and its accounting says it was deleted while running.
-    wait_for(lambda: subprocess.run(["qstat", "-j", job], capture_output=True).returncode != 0, timeout=30,
-             what="the job gone from qstat")
+    wait_for(
+        lambda: subprocess.run(["qstat", "-j", job], capture_output=True).returncode != 0,
+        timeout=30,
+        what="the job gone from qstat",
+    )
     # (qacct has the record about a second after qstat lost the job)
-    wait_for(lambda: re.search(r"^failed\s+100", subprocess.run(["qacct", "-j", job], capture_output=True,
-                                                                  text=True).stdout, re.MULTILINE),
-             timeout=30, what="qacct's record: failed 100 (deleted while running)")
+    wait_for(
+        lambda: re.search(
+            r"^failed\s+100", subprocess.run(["qacct", "-j", job], capture_output=True, text=True).stdout, re.MULTILINE
+        ),
+        timeout=30,
+        what="qacct's record: failed 100 (deleted while running)",
+    )
     assert not (first / "item-0005.txt").exists()
 
 
-def test_a_nemo_pretrain_over_both_hosts_trains_and_shows_its_loss(sge_cell: SgeCell, tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture) -> None:
+def test_a_nemo_pretrain_over_both_hosts_trains_and_shows_its_loss(
+    sge_cell: SgeCell, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     config = nemo_project(tmp_path, nodes=2)
     assert cli(config, "run", "nemo", "--backend", "gridengine") == 0
     state = RunStore(config.parent / ".bcp-pipeline").latest()
@@ -410,7 +493,10 @@ def test_a_nemo_pretrain_over_both_hosts_trains_and_shows_its_loss(sge_cell: Sge
     assert composed["trainer"]["num_nodes"] == 2 and composed["trainer"]["devices"] == 1
     assert composed["exp_manager"]["max_time_per_run"] == "0:00:01:00"  # h_rt 2m minus the 1m margin
     assert {p.name.split("-step=")[1].split("-")[0] for p in (run_dir / "results/checkpoints").iterdir()} == {
-        "10", "20", "30"}
+        "10",
+        "20",
+        "30",
+    }
     # Both hosts' torchruns met (c10d at the first host of $PE_HOSTFILE); node 1's went through `qrsh -inherit`.
     logs = config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / stage_job(stage)
     assert "torchrun --nnodes" in (logs / "job.sh").read_text()
@@ -420,8 +506,9 @@ def test_a_nemo_pretrain_over_both_hosts_trains_and_shows_its_loss(sge_cell: Sge
     assert f"30/30 steps, loss {stage.progress['loss']:.3g}" in status, status
 
 
-def test_a_crashed_nemo_training_fails_its_stage_with_its_traceback(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture) -> None:
+def test_a_crashed_nemo_training_fails_its_stage_with_its_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     config = nemo_project(tmp_path, extra=", +training.standin.crash_at_step=12")
     assert cli(config, "run", "nemo", "--backend", "gridengine") == 1
     state = RunStore(config.parent / ".bcp-pipeline").latest()

@@ -16,16 +16,25 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.cli import cli
+from support.pipeline_fixtures import (
+    DEMO_SPREAD,
+    GE_CHAIN,
+    GE_OPTIONS,
+    REPO,
+    TRAINER,
+    start_orchestrator,
+    wait_for,
+    without_training,
+    write_chain_project,
+)
+from support.sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 
 from bcp_pipeline.backends.contract import JobRequest, JobState
 from bcp_pipeline.backends.gridengine.records import PENDING, PENDING_SLOW
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from support.cli import cli
-from support.pipeline_fixtures import (DEMO_SPREAD, GE_CHAIN, GE_OPTIONS, REPO, TRAINER, start_orchestrator,
-                                       wait_for, write_chain_project)
-from support.sge_cluster import SgeCell, sge_cell  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.usefixtures("sge_cell")
 SLOW_QACCT = REPO / "tests" / "fakes" / "slow_qacct"
@@ -38,17 +47,25 @@ def slow_accounting(monkeypatch: pytest.MonkeyPatch):
 
     def lag(seconds: float) -> None:
         monkeypatch.setenv("BCP_FAKE_QACCT_LAG", str(seconds))
+
     return lag
 
 
 def test_the_wrapper_hides_a_record_then_shows_the_real_one(slow_accounting, tmp_path: Path) -> None:
     slow_accounting(6)
-    job = subprocess.run(["qsub", "-terse", "-sync", "y", "-j", "y", "-o", str(tmp_path / "x.log"), "-b", "y",
-                          "/bin/true"], capture_output=True, text=True, check=True).stdout.split()[0]
+    job = subprocess.run(
+        ["qsub", "-terse", "-sync", "y", "-j", "y", "-o", str(tmp_path / "x.log"), "-b", "y", "/bin/true"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
     hidden = subprocess.run(["qacct", "-j", job], capture_output=True, text=True)
     assert hidden.returncode == 1 and f"job id {job} not found" in hidden.stderr, hidden
-    shown = wait_for(lambda: (r := subprocess.run(["qacct", "-j", job], capture_output=True, text=True)).returncode
-                     == 0 and r, timeout=20, what="the record once the lag is over")
+    shown = wait_for(
+        lambda: (r := subprocess.run(["qacct", "-j", job], capture_output=True, text=True)).returncode == 0 and r,
+        timeout=20,
+        what="the record once the lag is over",
+    )
     assert f"jobnumber {job} " in " ".join(shown.stdout.split()) + " ", shown.stdout
 
 
@@ -67,8 +84,12 @@ def test_a_run_finishes_from_its_jobs_own_records_while_accounting_lags(slow_acc
     # The records sit in the run's log folder, none in the workspace beside the stage's outputs.
     first = state.stages["first"].jobs[0].job_id
     logs = config.parent / ".bcp-pipeline/runs" / state.run_id / "logs" / first
-    assert sorted(p.name for p in logs.glob("task-*")) == ["task-1.exit", "task-1.started", "task-2.exit",
-                                                          "task-2.started"]
+    assert sorted(p.name for p in logs.glob("task-*")) == [
+        "task-1.exit",
+        "task-1.started",
+        "task-2.exit",
+        "task-2.started",
+    ]
     assert not [p for p in (config.parent / "ws").rglob("task-*")]
 
 
@@ -84,15 +105,17 @@ def test_a_failing_stage_fails_with_its_exit_status_while_accounting_lags(slow_a
 
 def sleeper_backend(tmp_path: Path, h_rt: str | None = None):
     """The chain's first stage as one plain job running `sleep 60` (its rendered script: the record lines too)."""
-    text = GE_CHAIN.replace("        gridengine: {nodes: 2}\n",
-                            "        gridengine: {nodes: 1, command: [sleep, '60']" +
-                            (f", h_rt: {h_rt}" if h_rt else "") + "}\n")
+    text = GE_CHAIN.replace(
+        "        gridengine: {nodes: 2}\n",
+        "        gridengine: {nodes: 1, command: [sleep, '60']" + (f", h_rt: {h_rt}" if h_rt else "") + "}\n",
+    )
     assert text != GE_CHAIN
     loaded = load_config(write_chain_project(tmp_path / "p", text))
     pipeline = loaded.pipelines["chain"]
     backend = make_backend("gridengine", loaded, pipeline, tmp_path / "p/.bcp-pipeline/runs/manual")
-    request = JobRequest(run_id="manual", pipeline=pipeline, stage=pipeline.stages["first"], kind="stage",
-                         program="items.py", args=())
+    request = JobRequest(
+        run_id="manual", pipeline=pipeline, stage=pipeline.stages["first"], kind="stage", program="items.py", args=()
+    )
     return backend, backend.render(request)
 
 
@@ -110,8 +133,7 @@ def natives_until_finished(backend, job: str, timeout: float) -> tuple[list[str]
     raise AssertionError(f"job {job} did not finish in {timeout} s; natives seen: {seen}")
 
 
-def test_a_running_job_deleted_is_pending_then_slow_until_accounting_answers(slow_accounting,
-                                                                             tmp_path: Path) -> None:
+def test_a_running_job_deleted_is_pending_then_slow_until_accounting_answers(slow_accounting, tmp_path: Path) -> None:
     """qdel of a running job kills it (SIGKILL: no exit record), so only accounting can tell its end."""
     slow_accounting(12)
     backend, submission = sleeper_backend(tmp_path)
@@ -154,7 +176,8 @@ def test_h_rt_expiry_on_the_cell_is_timed_out_and_a_training_is_continued(slow_a
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
     jobs = [job for job in stage.jobs if job.kind == "stage"]
     assert [job.state for job in jobs] == ["timed_out", "timed_out", "succeeded"], [
-        (job.state, job.native, job.detail) for job in jobs]
+        (job.state, job.native, job.detail) for job in jobs
+    ]
     assert all(job.native == "failed 37" and "h_rt" in job.detail for job in jobs[:2]), [j.detail for j in jobs]
     assert stage.status is StageStatus.SUCCEEDED and stage.attempts == 3
     assert sorted(p.name for p in (config.parent / "ws/main/ckpt").iterdir())[-1] == "step=000010-last.pt"
@@ -164,12 +187,16 @@ def demo_data_project(root: Path, backend: str, preprocess: dict) -> Path:
     """The bundled demo's data stages (no pretrain) on `backend`, spread as the conformance test spreads them."""
     raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
     demo = raw["pipelines"]["demo"]
-    del demo["stages"]["pretrain"]
+    without_training(demo["stages"])
     for stage, (nodes, per_node) in DEMO_SPREAD.items():
         demo["stages"][stage]["gridengine"] = {"nodes": nodes, "processes_per_node": per_node}
     demo["stages"]["tokenize-preprocess"]["gridengine"].update(preprocess)
-    raw = {"version": 1, "stages_dir": str(REPO / "stages"), "backends": {"gridengine": GE_OPTIONS},
-           "pipelines": {"demo": {**demo, "backend": backend}}}
+    raw = {
+        "version": 1,
+        "stages_dir": str(REPO / "stages"),
+        "backends": {"gridengine": GE_OPTIONS},
+        "pipelines": {"demo": {**demo, "backend": backend}},
+    }
     root.mkdir(parents=True)
     (root / "pipelines.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     return root / "pipelines.yaml"
@@ -177,20 +204,27 @@ def demo_data_project(root: Path, backend: str, preprocess: dict) -> Path:
 
 def workspace_files(config: Path) -> dict[str, bytes]:
     root = config.parent / ".bcp-pipeline/workspaces/demo"
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".completions" not in p.parts}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".completions" not in p.parts
+    }
 
 
 def test_a_data_stage_with_node_scratch_uses_each_host_s_tmpdir_and_lands_its_outputs_in_the_workspace(
-        sge_cell: SgeCell, tmp_path: Path) -> None:
+    sge_cell: SgeCell, tmp_path: Path
+) -> None:
     """tokenize-preprocess over both hosts with node_scratch: each task's BCP_PIPELINE_SCRATCH is Grid Engine's
     $TMPDIR for the job on its own host (the cell's queue tmpdir per host), gone with the job; the outputs are a
     local run's, byte for byte."""
     marker = tmp_path / "scratch-seen"
     reference = demo_data_project(tmp_path / "local", "local", {})
     assert cli(reference, "run", "demo") == 0
-    config = demo_data_project(tmp_path / "ge", "gridengine", {
-        "node_scratch": True, "setup": [f'echo "$(hostname) $BCP_PIPELINE_SCRATCH" >> {marker}']})
+    config = demo_data_project(
+        tmp_path / "ge",
+        "gridengine",
+        {"node_scratch": True, "setup": [f'echo "$(hostname) $BCP_PIPELINE_SCRATCH" >> {marker}']},
+    )
     assert cli(config, "run", "demo") == 0
     seen = [line.split(" ", 1) for line in marker.read_text().splitlines()]
     assert sorted(host for host, _ in seen) == sorted(sge_cell.hosts), seen
@@ -200,8 +234,7 @@ def test_a_data_stage_with_node_scratch_uses_each_host_s_tmpdir_and_lands_its_ou
     assert workspace_files(config) == workspace_files(reference)
 
 
-def test_a_held_job_shows_held_in_status_and_runs_once_released(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture) -> None:
+def test_a_held_job_shows_held_in_status_and_runs_once_released(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Submitted held (`-h`, as `qhold` leaves a pending job): queued, `status` says held and names `qrls`; a user's
     `qalter` of the pending job and `qrls` are Grid Engine's own, and the run goes on to its end."""
     text = GE_CHAIN.replace("        gridengine: {nodes: 2}\n", "        gridengine: {nodes: 2, extra_args: [-h]}\n")
@@ -209,9 +242,16 @@ def test_a_held_job_shows_held_in_status_and_runs_once_released(tmp_path: Path,
     orchestrator = start_orchestrator(config, "run", "chain", "--backend", "gridengine")
     try:
         store = RunStore(config.parent / ".bcp-pipeline")
-        job = wait_for(lambda: (state := store.latest()) and state.stages["first"].jobs and
-                       "held" in state.stages["first"].jobs[-1].native and state.stages["first"].jobs[-1],
-                       timeout=60, what="the first stage's job seen held")
+        job = wait_for(
+            lambda: (
+                (state := store.latest())
+                and state.stages["first"].jobs
+                and "held" in state.stages["first"].jobs[-1].native
+                and state.stages["first"].jobs[-1]
+            ),
+            timeout=60,
+            what="the first stage's job seen held",
+        )
         assert job.state == "queued" and job.native == f"hqw, held: qrls {job.job_id}", job
         capsys.readouterr()
         assert cli(config, "status") == 0

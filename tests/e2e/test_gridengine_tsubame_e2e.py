@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli
 from support.ge_nemo import nemo_project
-from support.pipeline_fixtures import DEMO_SPREAD, GE_OPTIONS, REPO, logs_and_status
+from support.pipeline_fixtures import DEMO_SPREAD, GE_OPTIONS, REPO, logs_and_status, without_training
 from support.sge_cluster import TSUBAME_GROUP, SgeCell, tsubame_cell  # noqa: F401 (the fixture)
+
+from bcp_pipeline.engine.state import RunStore, StageStatus
 
 pytestmark = pytest.mark.usefixtures("tsubame_cell")
 # Open MPI refuses to run as root (the test cell's jobs are root's) unless both are set: a site's users never need them.
@@ -38,12 +38,22 @@ def qsub(script: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def job_script(tmp_path: Path, *directives: str, body: str = "true") -> str:
-    return "\n".join(["#!/bin/bash", "#$ -S /bin/bash", "#$ -j y", f"#$ -o {tmp_path}/job-$JOB_ID.log",
-                      *[f"#$ {d}" for d in directives], body, ""])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "#$ -S /bin/bash",
+            "#$ -j y",
+            f"#$ -o {tmp_path}/job-$JOB_ID.log",
+            *[f"#$ {d}" for d in directives],
+            body,
+            "",
+        ]
+    )
 
 
 def test_node_f_gives_whole_hosts_without_a_parallel_environment_and_the_site_s_rules_hold(
-        tsubame_cell: SgeCell, tmp_path: Path) -> None:
+    tsubame_cell: SgeCell, tmp_path: Path
+) -> None:
     """`-l node_f=2` alone: the JSV makes the job parallel over both hosts ($PE_HOSTFILE, NHOSTS 2), the group
     given by `qsub -g` reaches it; what TSUBAME4 refuses is refused, in its words, and nothing of it submitted."""
     shown = tmp_path / "shown"
@@ -52,16 +62,28 @@ def test_node_f_gives_whole_hosts_without_a_parallel_environment_and_the_site_s_
     assert ran.returncode == 0, ran.stderr
     assert shown.read_text().split() == ["2", *[w for host in sorted(tsubame_cell.hosts) for w in (host, "1")]]
     refused = {
-        "a #$ -g line": (job_script(tmp_path, f"-g {TSUBAME_GROUP}", "-l node_f=1", "-l h_rt=0:05:00"), [],
-                         "Unknown option: line 5 of the job script"),
-        "another's group": (job_script(tmp_path, "-l node_f=1", "-l h_rt=0:05:00"), ["-g", "tga-other"],
-                            "not a TSUBAME group of yours"),
+        "a #$ -g line": (
+            job_script(tmp_path, f"-g {TSUBAME_GROUP}", "-l node_f=1", "-l h_rt=0:05:00"),
+            [],
+            "Unknown option: line 5 of the job script",
+        ),
+        "another's group": (
+            job_script(tmp_path, "-l node_f=1", "-l h_rt=0:05:00"),
+            ["-g", "tga-other"],
+            "not a TSUBAME group of yours",
+        ),
         "no resource type": (job_script(tmp_path, "-l h_rt=0:05:00"), [], "no resource type"),
-        "a parallel environment": (job_script(tmp_path, "-l node_f=2", "-l h_rt=0:05:00", "-pe pe_node 2"), [],
-                                   "do not name a parallel environment"),
+        "a parallel environment": (
+            job_script(tmp_path, "-l node_f=2", "-l h_rt=0:05:00", "-pe pe_node 2"),
+            [],
+            "do not name a parallel environment",
+        ),
         "no h_rt": (job_script(tmp_path, "-l node_f=1"), [], "Job is rejected. h_rt must be specified."),
-        "a trial run over 10 minutes": (job_script(tmp_path, "-l node_f=1", "-l h_rt=0:11:00"), [],
-                                        "Job is rejected, h_rt can not be longer than 10 mins with this group"),
+        "a trial run over 10 minutes": (
+            job_script(tmp_path, "-l node_f=1", "-l h_rt=0:11:00"),
+            [],
+            "Job is rejected, h_rt can not be longer than 10 mins with this group",
+        ),
     }
     for what, (script, args, words) in refused.items():
         res = qsub(script, *args)
@@ -77,14 +99,19 @@ def demo_data_project(root: Path, backend: str) -> Path:
     2 replicas x 2 processes), the others array jobs of one node a task."""
     raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
     demo = raw["pipelines"]["demo"]
-    del demo["stages"]["pretrain"]
+    without_training(demo["stages"])
     demo["defaults"]["gridengine"] = {"resources": ["node_f=1"], "h_rt": "30m"}  # the verification jobs' too
     for stage, (nodes, per_node) in DEMO_SPREAD.items():
         demo["stages"][stage]["gridengine"] = {"nodes": nodes, "processes_per_node": per_node}
-    demo["stages"]["download"]["gridengine"].update(distributed=True, resources=["node_f=2"], start_hosts="mpirun",
-                                                    env=MPIRUN_AS_ROOT)
-    raw = {"version": 1, "stages_dir": str(REPO / "stages"), "backends": {"gridengine": SITE_OPTIONS},
-           "pipelines": {"demo": {**demo, "backend": backend}}}
+    demo["stages"]["download"]["gridengine"].update(
+        distributed=True, resources=["node_f=2"], start_hosts="mpirun", env=MPIRUN_AS_ROOT
+    )
+    raw = {
+        "version": 1,
+        "stages_dir": str(REPO / "stages"),
+        "backends": {"gridengine": SITE_OPTIONS},
+        "pipelines": {"demo": {**demo, "backend": backend}},
+    }
     root.mkdir(parents=True)
     (root / "pipelines.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     return root / "pipelines.yaml"
@@ -92,12 +119,16 @@ def demo_data_project(root: Path, backend: str) -> Path:
 
 def workspace_files(config: Path) -> dict[str, bytes]:
     root = config.parent / ".bcp-pipeline/workspaces/demo"
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".completions" not in p.parts}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".completions" not in p.parts
+    }
 
 
 def test_the_demo_s_data_stages_with_one_over_both_hosts_by_node_f_match_a_local_run(
-        tsubame_cell: SgeCell, tmp_path: Path) -> None:
+    tsubame_cell: SgeCell, tmp_path: Path
+) -> None:
     reference = demo_data_project(tmp_path / "local", "local")
     assert cli(reference, "run", "demo") == 0
     config = demo_data_project(tmp_path / "ge", "gridengine")
@@ -111,7 +142,8 @@ def test_the_demo_s_data_stages_with_one_over_both_hosts_by_node_f_match_a_local
     script = (logs / job / "job.sh").read_text()
     assert "#$ -l node_f=2" in script and "#$ -pe" not in script and "#$ -g" not in script
     assert sorted((logs / job / "hostfile").read_text().splitlines()) == sorted(
-        f"{host} slots=1" for host in tsubame_cell.hosts)
+        f"{host} slots=1" for host in tsubame_cell.hosts
+    )
     # Accounting lags by minutes here: every job's end was read from its own exit record.
     jobs = [job for stage in state.stages.values() for job in stage.jobs]
     assert all("own exit record" in job.detail for job in jobs), [job.detail for job in jobs]
@@ -154,7 +186,7 @@ def test_check_verifies_each_job_as_the_site_s_jsv_changes_it(tmp_path: Path, ca
     assert cli(config, "check", "demo", "--json") == 0
     rows = {row["topic"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
     assert all(row["verdict"] == "ok" for row in rows.values()), rows
-    assert "12 accepted (through the cell's JSV" in rows["qsub -w v"]["showed"], rows["qsub -w v"]
+    assert "16 accepted (through the cell's JSV" in rows["qsub -w v"]["showed"], rows["qsub -w v"]
     broken = demo_data_project(tmp_path / "q", "gridengine")  # a project of its own: no earlier check's findings
     raw = yaml.safe_load(broken.read_text())
     raw["pipelines"]["demo"]["stages"]["concat"]["gridengine"]["resources"] = ["node_f=3"]

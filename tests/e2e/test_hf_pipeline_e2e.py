@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 from megatron.core.datasets.indexed_dataset import IndexedDataset
+from support.gpt2_reference import EOD, reference_tokenizer
+from support.hf_dataset import HF_REPO as REPO_ID
+from support.hf_dataset import TOKEN, dataset_files
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.selection import RunStore
 from bcp_pipeline.engine.state import StageStatus
-from support.gpt2_reference import EOD, reference_tokenizer
-from support.hf_dataset import HF_REPO as REPO_ID
-from support.hf_dataset import TOKEN, dataset_files
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fakes"))
 from hf_hub import FakeHub  # noqa: E402
@@ -38,15 +38,37 @@ def test_fineweb_edu_pipeline_downloads_and_tokenizes_parquet_from_the_hub_emula
         hub.fault("cdn", "001_00000.parquet", "wrong_body")  # caught by its sha256, then fetched again
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         monkeypatch.setenv("HF_TOKEN", TOKEN)
-        argv = ["--config", str(config), "run", "fineweb-edu-126m", "--backend", "local",
-                "--only", "bpe", "--only", "download", "--only", "tokenize-preprocess",
-                "--set", f"vars.repo={REPO_ID}", "--set", "vars.include=sample/10BT/*.parquet",
-                "--set", "vars.files=3", "--set", "download.local={replicas: 2, processes: 1}",
-                "--set", "tokenize-preprocess.local={replicas: 1, processes: 2}"]
+        argv = [
+            "--config",
+            str(config),
+            "run",
+            "fineweb-edu-126m",
+            "--backend",
+            "local",
+            "--only",
+            "bpe",
+            "--only",
+            "download",
+            "--only",
+            "tokenize-preprocess",
+            "--set",
+            f"vars.repo={REPO_ID}",
+            "--set",
+            "vars.include=sample/10BT/*.parquet",
+            "--set",
+            "vars.files=3",
+            "--set",
+            "download.local={replicas: 2, processes: 1}",
+            "--set",
+            "tokenize-preprocess.local={replicas: 1, processes: 2}",
+        ]
         assert main(argv) == 0, capsys.readouterr().out
     state = RunStore(project / ".bcp-pipeline").latest()
-    counts = {name: [c["found"] for c in s.verification["checks"]] for name, s in state.stages.items()
-              if s.status is StageStatus.SUCCEEDED}
+    counts = {
+        name: [c["found"] for c in s.verification["checks"]]
+        for name, s in state.stages.items()
+        if s.status is StageStatus.SUCCEEDED
+    }
     assert counts == {"bpe": [2], "download": [3], "tokenize-preprocess": [3, 3]}
     data = next(project.rglob("data/fineweb-edu"))
     manifest = json.loads((data / "parquet" / ".manifest" / "download.json").read_text())
@@ -57,8 +79,7 @@ def test_fineweb_edu_pipeline_downloads_and_tokenizes_parquet_from_the_hub_emula
     for index, name in enumerate(manifest["files"]):
         texts = pq.read_table(data / "parquet" / name, columns=["text"]).column(0).to_pylist()
         dataset = IndexedDataset(str(data / "preprocessed" / f"train_chunk_{index}.jsonl_text_document"))
-        assert [dataset[i].tolist() for i in range(len(dataset))] == [reference.encode(t).ids + [EOD]
-                                                                    for t in texts]
+        assert [dataset[i].tolist() for i in range(len(dataset))] == [reference.encode(t).ids + [EOD] for t in texts]
     assert len(hub.requests_to("cdn", "001_00000.parquet")) == 2
     assert TOKEN not in "".join(p.read_text(errors="replace") for p in project.rglob("*.log"))
 
@@ -68,7 +89,8 @@ def test_plan_renders_the_fineweb_edu_pipeline_for_bcp(capsys):
     jobs = {job["name"]: job for job in json.loads(capsys.readouterr().out)["jobs"]}
     command = lambda name: jobs[name]["argv"][jobs[name]["argv"].index("--commandline") + 1]  # noqa: E731
     assert "download.py --hf-dataset HuggingFaceFW/fineweb-edu --revision main --include " in command(
-        "fineweb-edu-126m.download")
+        "fineweb-edu-126m.download"
+    )
     assert "'/mount_workspace/data/fineweb-edu/parquet/*.parquet=14'" in command("fineweb-edu-126m.download-verify")
     assert "--files-per-output 1 --json-key text" in command("fineweb-edu-126m.tokenize-preprocess")
     [script] = jobs["fineweb-edu-126m.pretrain"]["files"].values()  # the job's script, run by its commandline

@@ -16,13 +16,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from bcp_pipeline.engine.state import RunStore
 from support.cli import cli
-from support.k8s_cluster import (shared_claim, K8sCluster, cluster_port, k8s_cluster, skip_unless_required,  # noqa: F401
-                                 training_operator, training_operator_binary)
+from support.k8s_cluster import (  # noqa: F401
+    K8sCluster,
+    cluster_port,
+    k8s_cluster,
+    shared_claim,
+    skip_unless_required,
+    training_operator,
+    training_operator_binary,
+)
 from support.kueue import binary, kueue, make_queue
 from support.pipeline_fixtures import make_stages_dir, start_orchestrator, wait_for
+
+from bcp_pipeline.engine.state import RunStore
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
@@ -69,9 +76,15 @@ def project(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory) -
     config = tmp_path / "pipelines.yaml"
     raw = yaml.safe_load(GANG_CONFIG + "".join(STAGE.format(name=name, queue=QUEUE) for name in ("a", "b")))
     raw["backends"]["kubernetes"] = {
-        "kubeconfig": str(k8s_cluster.kubeconfig), "namespace": NAMESPACE, "image": "python:3.11",
-        "workspace_claim": "ws", "code_dir": str(tmp_path / "stages"), "python": sys.executable,
-        "poll_seconds": 0.3, "poll_max_seconds": 1.0}
+        "kubeconfig": str(k8s_cluster.kubeconfig),
+        "namespace": NAMESPACE,
+        "image": "python:3.11",
+        "workspace_claim": "ws",
+        "code_dir": str(tmp_path / "stages"),
+        "python": sys.executable,
+        "poll_seconds": 0.3,
+        "poll_max_seconds": 1.0,
+    }
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     with contextlib.ExitStack() as running:
         frameworks = ("batch/job",)
@@ -84,8 +97,9 @@ def project(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def stage_pods(api: object, job: str) -> list[client.V1Pod]:
-    return client.CoreV1Api(api).list_namespaced_pod(NAMESPACE,
-                                                     label_selector=f"batch.kubernetes.io/job-name={job}").items
+    return (
+        client.CoreV1Api(api).list_namespaced_pod(NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}").items
+    )
 
 
 def test_check_says_whether_each_stages_queue_exists(project, capsys) -> None:
@@ -133,12 +147,16 @@ def test_a_gang_is_admitted_whole_and_the_next_waits_for_its_quota(k8s_cluster: 
         first = wait_for(admitted, timeout=60, what="Kueue admitting one of the two")
         second = "b" if first == "a" else "a"
         # The first gang whole: both its pods, running; the second none, still suspended in the queue.
-        wait_for(lambda: sum(p.status.phase == "Running" for p in stage_pods(api, jobs[first])) == 2, timeout=60,
-                 what=f"stage {first}'s 2 pods running")
+        wait_for(
+            lambda: sum(p.status.phase == "Running" for p in stage_pods(api, jobs[first])) == 2,
+            timeout=60,
+            what=f"stage {first}'s 2 pods running",
+        )
         assert batch.read_namespaced_job(jobs[second], NAMESPACE).spec.suspend is True
         assert stage_pods(api, jobs[second]) == []
         workloads = client.CustomObjectsApi(api).list_namespaced_custom_object(
-            "kueue.x-k8s.io", "v1beta2", NAMESPACE, "workloads")["items"]
+            "kueue.x-k8s.io", "v1beta2", NAMESPACE, "workloads"
+        )["items"]
         by_owner = {w["metadata"]["ownerReferences"][0]["name"]: w for w in workloads}
         assert by_owner[jobs[first]]["status"]["admission"]["podSetAssignments"][0]["count"] == 2  # all of its pods
 
@@ -156,10 +174,16 @@ def test_a_gang_is_admitted_whole_and_the_next_waits_for_its_quota(k8s_cluster: 
         assert stage_pods(api, jobs[second]) == []
 
         (folder / first / "STALL").unlink()  # the first ends; its quota goes back; the second is admitted
-        wait_for(lambda: batch.read_namespaced_job(jobs[second], NAMESPACE).spec.suspend is False, timeout=60,
-                 what=f"Kueue admitting stage {second} once {first} ended")
-        wait_for(lambda: sum(p.status.phase == "Running" for p in stage_pods(api, jobs[second])) == 2, timeout=60,
-                 what=f"stage {second}'s 2 pods running")
+        wait_for(
+            lambda: batch.read_namespaced_job(jobs[second], NAMESPACE).spec.suspend is False,
+            timeout=60,
+            what=f"Kueue admitting stage {second} once {first} ended",
+        )
+        wait_for(
+            lambda: sum(p.status.phase == "Running" for p in stage_pods(api, jobs[second])) == 2,
+            timeout=60,
+            what=f"stage {second}'s 2 pods running",
+        )
         (folder / second / "STALL").unlink()
         output, _ = orchestrator.communicate(timeout=120)
     finally:
@@ -194,12 +218,14 @@ def test_a_pytorchjob_is_admitted_through_kueues_pytorchjob_integration(k8s_clus
     job = next(j for j in stage.jobs if j.kind == "stage")
     assert job.native == "SUCCEEDED"
     api = k8s_cluster.api()
-    obj = client.CustomObjectsApi(api).get_namespaced_custom_object("kubeflow.org", "v1", NAMESPACE, "pytorchjobs",
-                                                                     job.job_id)
+    obj = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", job.job_id
+    )
     assert obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == QUEUE
     assert obj["spec"]["runPolicy"]["suspend"] is False  # Kueue unsuspended it: admitted
     workloads = client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "kueue.x-k8s.io", "v1beta2", NAMESPACE, "workloads")["items"]
+        "kueue.x-k8s.io", "v1beta2", NAMESPACE, "workloads"
+    )["items"]
     (workload,) = [w for w in workloads if w["metadata"]["ownerReferences"][0]["name"] == job.job_id]
     assert sum(p["count"] for p in workload["status"]["admission"]["podSetAssignments"]) == 2
     assert sorted(p.name for p in (folder / "t").glob("item-*.txt")) == [f"item-{i:04d}.txt" for i in range(4)]

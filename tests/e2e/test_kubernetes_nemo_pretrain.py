@@ -19,14 +19,21 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli
 from support.ddp_pretrain import stage_job
-from support.k8s_cluster import (shared_claim, K8sCluster, cluster_port, k8s_cluster,  # noqa: F401 (the fixture)
-                                 skip_unless_required, training_operator, training_operator_binary)
+from support.k8s_cluster import (  # noqa: F401 (the fixture)
+    K8sCluster,
+    cluster_port,
+    k8s_cluster,
+    shared_claim,
+    skip_unless_required,
+    training_operator,
+    training_operator_binary,
+)
 from support.nemo_project import fabricate_nemo_data, nemo_pipelines_yaml
 from support.pipeline_fixtures import REPO, logs_and_status
+
+from bcp_pipeline.engine.state import RunStore, StageStatus
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
@@ -49,26 +56,39 @@ def workspace(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory)
     return folder
 
 
-def nemo_project(root: Path, cluster: K8sCluster, workspace: Path, name: str, extra: str = "",
-                 launcher: str = "job") -> Path:
+def nemo_project(
+    root: Path, cluster: K8sCluster, workspace: Path, name: str, extra: str = "", launcher: str = "job"
+) -> Path:
     """A one-stage pipeline `nemo` whose data (two fabricated .bin/.idx pairs) lies in the workspace under `name`."""
     fabricate_nemo_data(workspace / name / "preprocessed")
     root.mkdir(parents=True)
     config = root / "pipelines.yaml"
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"  # the "image's" python3 first
-    options = (f"{{kubeconfig: {cluster.kubeconfig}, namespace: {NAMESPACE}, code_dir: {REPO / 'stages'}, "
-               f"python: {sys.executable},\npoll_seconds: 0.5, poll_max_seconds: 2.0}}")
+    options = (
+        f"{{kubeconfig: {cluster.kubeconfig}, namespace: {NAMESPACE}, code_dir: {REPO / 'stages'}, "
+        f"python: {sys.executable},\npoll_seconds: 0.5, poll_max_seconds: 2.0}}"
+    )
     stage = f'{{replicas: 2, gpus: 1, active_deadline: 5m, launcher: {launcher}, env: {{PATH: "{path}"}}}}'
     # The module's tests share one workspace (the PVC): each test's data, BPE and results under its own `name`.
-    config.write_text(nemo_pipelines_yaml(
-        "kubernetes", options, stage, workspace="{name: main, mount: /mount_workspace}",
-        variables=f'{{data: "${{workspace}}/{name}"}}', data="${data}", results="${data}/results", margin="1m",
-        extra_overrides=extra))
+    config.write_text(
+        nemo_pipelines_yaml(
+            "kubernetes",
+            options,
+            stage,
+            workspace="{name: main, mount: /mount_workspace}",
+            variables=f'{{data: "${{workspace}}/{name}"}}',
+            data="${data}",
+            results="${data}/results",
+            margin="1m",
+            extra_overrides=extra,
+        )
+    )
     return config
 
 
 def test_a_nemo_pretrain_in_two_gpu_pods_trains_through_the_launcher_and_torchrun(  # noqa: F811
-        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     config = nemo_project(tmp_path / "p", k8s_cluster, workspace, "trains")
     assert cli(config, "run", "nemo", "--backend", "kubernetes") == 0
     state = RunStore(config.parent / ".bcp-pipeline").latest()
@@ -83,11 +103,17 @@ def test_a_nemo_pretrain_in_two_gpu_pods_trains_through_the_launcher_and_torchru
     assert composed["exp_manager"]["max_time_per_run"] == "0:00:04:00"  # the deadline 5m minus the 1m margin
     assert (run_dir / ".bcp-pipeline-composed").read_text().strip() == stage_job(stage)  # this attempt's mark
     assert {p.name.split("-step=")[1].split("-")[0] for p in (run_dir / "results/checkpoints").iterdir()} == {
-        "10", "20", "30"}
+        "10",
+        "20",
+        "30",
+    }
     # Each pod asked for its GPU, and the scheduler put one on each node; torchrun's 2 nodes met.
     job = stage_job(stage)
-    pods = client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
-        NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}").items
+    pods = (
+        client.CoreV1Api(k8s_cluster.api())
+        .list_namespaced_pod(NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}")
+        .items
+    )
     assert sorted(p.spec.node_name for p in pods) == ["node1", "node2"]
     assert all(p.spec.containers[0].resources.limits[GPU] == "1" for p in pods)
     log, status = logs_and_status(config, state.run_id, "pretrain", capsys)
@@ -96,22 +122,26 @@ def test_a_nemo_pretrain_in_two_gpu_pods_trains_through_the_launcher_and_torchru
 
 
 def test_a_crashed_nemo_training_on_kubernetes_fails_its_stage(  # noqa: F811
-        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    config = nemo_project(tmp_path / "p", k8s_cluster, workspace, "crashes",
-                          extra=", +training.standin.crash_at_step=12")
+    k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    config = nemo_project(
+        tmp_path / "p", k8s_cluster, workspace, "crashes", extra=", +training.standin.crash_at_step=12"
+    )
     assert cli(config, "run", "nemo", "--backend", "kubernetes") == 1
     state = RunStore(config.parent / ".bcp-pipeline").latest()
     stage = state.stages["pretrain"]
     assert stage.status is StageStatus.FAILED and stage.attempts == 1, (stage.status, stage.error)
-    assert "exited 1" in stage.error and "RuntimeError: CUDA error: an illegal memory access" in stage.error, \
+    assert "exited 1" in stage.error and "RuntimeError: CUDA error: an illegal memory access" in stage.error, (
         stage.error
+    )
     capsys.readouterr()
     assert cli(config, "logs", state.run_id, "pretrain") == 0
     assert "RuntimeError: CUDA error" in capsys.readouterr().out
 
 
 def test_a_nemo_pretrain_as_a_pytorchjob_composes_on_the_master_and_trains_on_both(  # noqa: F811
-        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path) -> None:
+    k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path
+) -> None:
     """`launcher: pytorchjob`: the real training operator (v1.8.1) makes the Master and Worker pods; the Master
     (PET_NODE_RANK 0) composes, the Worker waits for it, and torchrun in each takes the operator's PET_* rendezvous."""
     if not training_operator_binary().is_file():
@@ -126,10 +156,16 @@ def test_a_nemo_pretrain_as_a_pytorchjob_composes_on_the_master_and_trains_on_bo
     composed = yaml.safe_load((run_dir / f"gpt-{state.run_id}_hydra.yaml").read_text())
     assert composed["trainer"]["num_nodes"] == 2 and composed["trainer"]["devices"] == 1
     assert {p.name.split("-step=")[1].split("-")[0] for p in (run_dir / "results/checkpoints").iterdir()} == {
-        "10", "20", "30"}
+        "10",
+        "20",
+        "30",
+    }
     job = stage_job(stage)
-    pods = client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
-        NAMESPACE, label_selector=f"training.kubeflow.org/job-name={job}").items
+    pods = (
+        client.CoreV1Api(k8s_cluster.api())
+        .list_namespaced_pod(NAMESPACE, label_selector=f"training.kubeflow.org/job-name={job}")
+        .items
+    )
     assert sorted(p.metadata.labels["training.kubeflow.org/replica-type"] for p in pods) == ["master", "worker"]
     assert sorted(p.spec.node_name for p in pods) == ["node1", "node2"]
     assert all(p.spec.containers[0].resources.limits[GPU] == "1" for p in pods)

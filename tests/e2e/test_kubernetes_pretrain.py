@@ -12,25 +12,36 @@ import sys
 import time
 from pathlib import Path
 
+import _pretrain_checkpoints
 import pytest
 import yaml
+from support.cli import cli
+from support.ddp_pretrain import (  # noqa: F401 (fixtures)
+    RUN_NAME,
+    STEPS,
+    assert_trained_like_one_process,
+    data_dir,
+    reference,
+    stage_job,
+    write_project,
+)
+from support.k8s_cluster import (  # noqa: F401 (the fixture)
+    K8sCluster,
+    cluster_port,
+    k8s_cluster,
+    shared_claim,
+    skip_unless_required,
+    training_operator,
+    training_operator_binary,
+)
+from support.k8s_requests import every_bundled_stage_as_a_pytorchjob
+from support.pipeline_fixtures import REPO, start_orchestrator, wait_for
 
+from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
-from bcp_pipeline.engine.state import RunStore
-from support.k8s_cluster import (shared_claim, K8sCluster, cluster_port, k8s_cluster, training_operator,  # noqa: F401 (the fixture)
-                         skip_unless_required, training_operator_binary)
-from support.pipeline_fixtures import REPO
-from support.cli import cli
-from support.ddp_pretrain import RUN_NAME, STEPS, assert_trained_like_one_process, stage_job, write_project
-from support.ddp_pretrain import data_dir, reference  # noqa: F401 (fixtures)
-from support.pipeline_fixtures import start_orchestrator, wait_for
-from support.k8s_requests import every_bundled_stage_as_a_pytorchjob
+from bcp_pipeline.engine.state import RunStore, StageStatus
 from bcp_pipeline.errors import BackendCallError
-from bcp_pipeline.backends.contract import JobState
-from bcp_pipeline.engine.state import StageStatus
-
-import _pretrain_checkpoints
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client  # noqa: E402
@@ -52,9 +63,14 @@ def kubernetes_project(cluster: K8sCluster, root: Path, data: Path, pretrain: di
     training of its own in the module's workspace (results/RUN_NAME)."""
     config = write_project(root, data)
     raw = yaml.safe_load(config.read_text())
-    raw["backends"]["kubernetes"] = {"kubeconfig": str(cluster.kubeconfig), "namespace": NAMESPACE,
-                                     "code_dir": str(REPO / "stages"), "python": sys.executable,
-                                     "poll_seconds": 0.5, "poll_max_seconds": 2.0}
+    raw["backends"]["kubernetes"] = {
+        "kubeconfig": str(cluster.kubeconfig),
+        "namespace": NAMESPACE,
+        "code_dir": str(REPO / "stages"),
+        "python": sys.executable,
+        "poll_seconds": 0.5,
+        "poll_max_seconds": 2.0,
+    }
     stage = raw["pipelines"]["ddp"]["stages"]["pretrain"]
     stage["kubernetes"] = pretrain
     if run_name != RUN_NAME:
@@ -64,8 +80,13 @@ def kubernetes_project(cluster: K8sCluster, root: Path, data: Path, pretrain: di
     return config
 
 
-def test_kubernetes_two_pods_train_as_one(k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path,  # noqa: F811
-                                          data_dir: Path, reference: dict) -> None:  # noqa: F811
+def test_kubernetes_two_pods_train_as_one(
+    k8s_cluster: K8sCluster,
+    workspace: Path,
+    tmp_path: Path,  # noqa: F811
+    data_dir: Path,
+    reference: dict,
+) -> None:  # noqa: F811
     config = kubernetes_project(k8s_cluster, tmp_path / "p", data_dir, {"replicas": 2, "processes": 1})
     assert cli(config, "run", "ddp", "--backend", "kubernetes") == 0
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
@@ -76,21 +97,30 @@ def test_kubernetes_two_pods_train_as_one(k8s_cluster: K8sCluster, workspace: Pa
     logs = [backend.logs(job, rank=rank) for rank in (0, 1)]  # each rank's pod, through pods/log
     name = job
     assert f"rank 1 of 2: met at {name}-0.{name}:" in logs[1] and "(gloo, cpu)" in logs[1], logs[1]
-    pods = client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
-        NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}").items
+    pods = (
+        client.CoreV1Api(k8s_cluster.api())
+        .list_namespaced_pod(NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}")
+        .items
+    )
     assert sorted(p.spec.node_name for p in pods) == ["node1", "node2"]
     assert_trained_like_one_process(workspace / "results" / RUN_NAME / "train_summary.json", logs, reference)
 
 
 def test_a_pytorchjob_through_the_real_training_operator_trains_as_one(  # noqa: F811
-        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, data_dir: Path, reference: dict) -> None:
+    k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, data_dir: Path, reference: dict
+) -> None:
     """`launcher: pytorchjob`: the Kubeflow training operator v1.8.1 (built from its source, run against the
     cluster's apiserver) makes the Master and Worker pods of the rendered PyTorchJob, with its own RANK,
     WORLD_SIZE and PET_* rendezvous; torchrun in each pod starts the stage program; the losses equal one process."""
     if not training_operator_binary().is_file():
         skip_unless_required(f"no training operator at {training_operator_binary()}: run `scripts/k8s-cluster install`")
-    config = kubernetes_project(k8s_cluster, tmp_path / "p", data_dir,
-                                {"replicas": 2, "processes": 1, "launcher": "pytorchjob"}, run_name="pytorchjob")
+    config = kubernetes_project(
+        k8s_cluster,
+        tmp_path / "p",
+        data_dir,
+        {"replicas": 2, "processes": 1, "launcher": "pytorchjob"},
+        run_name="pytorchjob",
+    )
     with training_operator(k8s_cluster, cluster_port() + 10):
         assert cli(config, "run", "ddp", "--backend", "kubernetes") == 0
         next_attempt_and_cancel_stop_a_running_pytorchjob(k8s_cluster, config)
@@ -100,12 +130,16 @@ def test_a_pytorchjob_through_the_real_training_operator_trains_as_one(  # noqa:
     job = stage_job(stage)
     assert stage.jobs[0].native == "SUCCEEDED"  # the PyTorchJob's own condition
     obj = client.CustomObjectsApi(k8s_cluster.api()).get_namespaced_custom_object(
-        "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", job)
+        "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", job
+    )
     assert obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
-    pods = client.CoreV1Api(k8s_cluster.api()).list_namespaced_pod(
-        NAMESPACE, label_selector=f"training.kubeflow.org/job-name={job}").items
+    pods = (
+        client.CoreV1Api(k8s_cluster.api())
+        .list_namespaced_pod(NAMESPACE, label_selector=f"training.kubeflow.org/job-name={job}")
+        .items
+    )
     assert sorted(p.metadata.labels["training.kubeflow.org/replica-type"] for p in pods) == ["master", "worker"]
-    # cleanPodPolicy Running deletes only pods still running: the Master ended last (master_last.py), so both stay.
+    # cleanPodPolicy Running deletes only pods still running: the Master ended last (master_last.sh), so both stay.
     assert [p.status.phase for p in pods] == ["Succeeded", "Succeeded"]
     assert sorted(p.spec.node_name for p in pods) == ["node1", "node2"]
     loaded = load_config(config, pipeline="ddp")
@@ -179,28 +213,44 @@ def a_failed_worker_and_a_time_limit_end_a_pytorchjob(cluster: K8sCluster, confi
     core = client.CoreV1Api(cluster.api())
     ended = {}
     for label, overrides in {
-            "worker": ["pretrain.kubernetes.command=[bash, -c, 'if [ $RANK = 1 ]; then echo the worker fails; "
-                       "exit 3; fi; sleep 600']"],
-            "limit": ["pretrain.kubernetes.command=[sleep, '600']", "pretrain.kubernetes.active_deadline=3s"]}.items():
+        "worker": [
+            "pretrain.kubernetes.command=[bash, -c, 'if [ $RANK = 1 ]; then echo the worker fails; "
+            "exit 3; fi; sleep 600']"
+        ],
+        "limit": ["pretrain.kubernetes.command=[sleep, '600']", "pretrain.kubernetes.active_deadline=3s"],
+    }.items():
         loaded = load_config(config, pipeline="ddp", overrides=overrides)
         pipeline = loaded.pipeline("ddp")
         backend = make_backend("kubernetes", loaded, pipeline, config.parent / f".bcp-pipeline/runs/ddp-{label}")
         request = next(r for r in planned_requests(pipeline, f"ddp-{label}") if r.stage.name == "pretrain")
         job = backend.submit(backend.render(replace(request, attempt=1)))
-        ended[label] = backend, job, wait_for(lambda backend=backend, job=job: (
-            lambda status: status if status.state.finished else None)(backend.poll([job])[job]),
-            timeout=120, what=f"the {label} PyTorchJob's end")
+        ended[label] = (
+            backend,
+            job,
+            wait_for(
+                lambda backend=backend, job=job: (lambda status: status if status.state.finished else None)(
+                    backend.poll([job])[job]
+                ),
+                timeout=120,
+                what=f"the {label} PyTorchJob's end",
+            ),
+        )
     backend, job, status = ended["worker"]
     assert (status.state, status.native) == (JobState.FAILED, "FAILED"), status
     detail = backend.failure_detail(job, status)
     assert f"pod {job}-worker-0" in detail and "the worker fails" in detail, detail
 
     def pods() -> dict[str, str]:
-        return {p.metadata.name: p.status.phase for p in core.list_namespaced_pod(
-            NAMESPACE, label_selector=f"training.kubeflow.org/job-name={job}").items}
+        return {
+            p.metadata.name: p.status.phase
+            for p in core.list_namespaced_pod(NAMESPACE, label_selector=f"training.kubeflow.org/job-name={job}").items
+        }
 
-    wait_for(lambda: pods() == {f"{job}-worker-0": "Failed"}, timeout=60,
-             what="the failed PyTorchJob's running Master deleted by the operator (cleanPodPolicy Running)")
+    wait_for(
+        lambda: pods() == {f"{job}-worker-0": "Failed"},
+        timeout=60,
+        what="the failed PyTorchJob's running Master deleted by the operator (cleanPodPolicy Running)",
+    )
     backend, job, status = ended["limit"]
     assert (status.state, status.native) == (JobState.TIMED_OUT, "FAILED/TIMELIMIT"), status
     assert f"time limit ran out: pod {job}-" in status.detail and "exited 124" in status.detail, status.detail
@@ -209,28 +259,40 @@ def a_failed_worker_and_a_time_limit_end_a_pytorchjob(cluster: K8sCluster, confi
 
 
 def test_an_evicted_pod_ends_the_attempt_and_the_continuation_resubmits_it_whole(  # noqa: F811
-        k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, data_dir: Path, reference: dict) -> None:
+    k8s_cluster: K8sCluster, workspace: Path, tmp_path: Path, data_dir: Path, reference: dict
+) -> None:
     """Issue 36: a disrupted pod of a 2-pod training (the Eviction API, as a drain or a preemption gives it) fails
     the whole Job by the gang's pod failure policy, read as lost; the stage's continuation submits a second attempt
     of both pods, which trains on from the last checkpoint to a result equal to one process."""
-    config = kubernetes_project(k8s_cluster, tmp_path / "p", data_dir, {"replicas": 2, "processes": 1},
-                                run_name="evicted")
+    config = kubernetes_project(
+        k8s_cluster, tmp_path / "p", data_dir, {"replicas": 2, "processes": 1}, run_name="evicted"
+    )
     raw = yaml.safe_load(config.read_text())
     raw["pipelines"]["ddp"]["stages"]["pretrain"]["continuation"] = {
-        "checkpoints": "${workspace}/results/evicted/checkpoints", "target_steps": STEPS}
+        "checkpoints": "${workspace}/results/evicted/checkpoints",
+        "target_steps": STEPS,
+    }
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     store = RunStore(config.parent / ".bcp-pipeline")
     core = client.CoreV1Api(k8s_cluster.api())
     orchestrator = start_orchestrator(config, "run", "ddp", "--backend", "kubernetes")
     try:
-        wait_for(lambda: _pretrain_checkpoints.latest_checkpoint(workspace / "results/evicted/checkpoints"),
-                 timeout=240, what="a first checkpoint")
+        wait_for(
+            lambda: _pretrain_checkpoints.latest_checkpoint(workspace / "results/evicted/checkpoints"),
+            timeout=240,
+            what="a first checkpoint",
+        )
         job = store.latest().stages["pretrain"].jobs[0].job_id
-        evicted = next(p.metadata.name for p in core.list_namespaced_pod(
-            NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}").items
-            if p.metadata.annotations["batch.kubernetes.io/job-completion-index"] == "1")
-        core.create_namespaced_pod_eviction(evicted, NAMESPACE, {
-            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": evicted, "namespace": NAMESPACE}})
+        evicted = next(
+            p.metadata.name
+            for p in core.list_namespaced_pod(NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={job}").items
+            if p.metadata.annotations["batch.kubernetes.io/job-completion-index"] == "1"
+        )
+        core.create_namespaced_pod_eviction(
+            evicted,
+            NAMESPACE,
+            {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": evicted, "namespace": NAMESPACE}},
+        )
         output, _ = orchestrator.communicate(timeout=300)
     finally:
         orchestrator.kill()
@@ -244,8 +306,9 @@ def test_an_evicted_pod_ends_the_attempt_and_the_continuation_resubmits_it_whole
     logs = [backend.logs(last, rank=rank) for rank in (0, 1)]  # the second attempt's two pods
     resumed = re.search(rf"resuming from .* at step (\d+) of {STEPS}", logs[0])
     assert resumed and 4 <= int(resumed.group(1)) < STEPS, logs[0]
-    assert_trained_like_one_process(workspace / "results/evicted/train_summary.json", logs, reference,
-                                    resumed_from=int(resumed.group(1)))
+    assert_trained_like_one_process(
+        workspace / "results/evicted/train_summary.json", logs, reference, resumed_from=int(resumed.group(1))
+    )
 
 
 def the_operators_webhook_admits_every_bundled_stage_and_refuses_a_bad_name(cluster: K8sCluster) -> None:

@@ -22,17 +22,25 @@ import signal
 import time
 from pathlib import Path
 
+import _pretrain_checkpoints
 import pytest
-
-from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.bcp_emulation import needs_ngcsdk
 from support.cli import cli
-from support.ddp_pretrain import (RUN_NAME, STEPS, TIMEOUT, assert_trained_like_one_process,  # noqa: F401
-                                  data_dir, rank_logs, reference, stage_job, write_project)  # (fixtures)
+from support.ddp_pretrain import (  # noqa: F401
+    RUN_NAME,
+    STEPS,
+    TIMEOUT,
+    assert_trained_like_one_process,
+    data_dir,  # (fixtures)
+    rank_logs,
+    reference,
+    stage_job,
+    write_project,
+)
 from support.pipeline_fixtures import start_orchestrator, wait_for
 from support.slurm_cluster import MultiNodeCluster, two_node_cluster  # noqa: F401 (the fixture)
 
-import _pretrain_checkpoints
+from bcp_pipeline.engine.state import RunStore, StageStatus
 
 RENDEZVOUS_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -50,16 +58,21 @@ def rank_processes(marker: Path) -> dict[int, tuple[int, dict[str, str]]]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (len(argv) > 1 and Path(argv[0].decode()).name.startswith("python") and argv[1].endswith(
-                b"pretrain_local.py") and str(marker).encode() in b" ".join(argv)):
+        if (
+            len(argv) > 1
+            and Path(argv[0].decode()).name.startswith("python")
+            and argv[1].endswith(b"pretrain_local.py")
+            and str(marker).encode() in b" ".join(argv)
+        ):
             env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
             if "RANK" in env:
                 ranks[int(env["RANK"])] = (int(entry.name), {k: env.get(k, "") for k in RENDEZVOUS_KEYS})
     return ranks
 
 
-def kill_rank_after_a_checkpoint(config: Path, results: Path, marker: Path, *args: str,
-                                 expect_env: dict[int, dict[str, str]]) -> tuple[str, float, int]:
+def kill_rank_after_a_checkpoint(
+    config: Path, results: Path, marker: Path, *args: str, expect_env: dict[int, dict[str, str]]
+) -> tuple[str, float, int]:
     """Run the pipeline in a real orchestrator process; once a checkpoint exists, check both ranks' launch
     variables (`expect_env`: rank -> the values known beforehand; both must share MASTER_ADDR and MASTER_PORT),
     then SIGKILL rank 1. Returns the orchestrator's output, the seconds from the kill to its exit, and the checkpoint
@@ -68,8 +81,11 @@ def kill_rank_after_a_checkpoint(config: Path, results: Path, marker: Path, *arg
     checkpoints = results / RUN_NAME / "checkpoints"
     try:
         wait_for(lambda: _pretrain_checkpoints.latest_checkpoint(checkpoints), timeout=120, what="a first checkpoint")
-        ranks = wait_for(lambda: (found := rank_processes(marker)).keys() == {0, 1} and found, timeout=10,
-                         what="both ranks' processes")
+        ranks = wait_for(
+            lambda: (found := rank_processes(marker)).keys() == {0, 1} and found,
+            timeout=10,
+            what="both ranks' processes",
+        )
         envs = {rank: env for rank, (_pid, env) in ranks.items()}
         for rank, expected in expect_env.items():
             assert {k: envs[rank][k] for k in expected} == expected, envs
@@ -103,6 +119,7 @@ def assert_failed_then_resumed(config: Path, results: Path, reference: dict, ste
 
 # ---------------------------------------------------------------- local backend: 1 replica x 2 processes
 
+
 def test_local_two_processes_train_as_one(tmp_path: Path, data_dir: Path, reference: dict) -> None:
     config = write_project(tmp_path / "p", data_dir)
     assert cli(config, "run", "ddp", "--backend", "local") == 0
@@ -110,23 +127,29 @@ def test_local_two_processes_train_as_one(tmp_path: Path, data_dir: Path, refere
     assert stage.sharding == {"replicas": 1, "processes": 2}
     logs = rank_logs(config, stage_job(stage))
     assert "rank 1 of 2: met at 127.0.0.1:" in logs[1]
-    assert_trained_like_one_process(config.parent / "ws/main/results" / RUN_NAME / "train_summary.json", logs,
-                                    reference)
+    assert_trained_like_one_process(
+        config.parent / "ws/main/results" / RUN_NAME / "train_summary.json", logs, reference
+    )
 
 
-def test_local_rank_killed_fails_the_job_and_resume_continues(tmp_path: Path, data_dir: Path,
-                                                              reference: dict) -> None:
+def test_local_rank_killed_fails_the_job_and_resume_continues(tmp_path: Path, data_dir: Path, reference: dict) -> None:
     config = write_project(tmp_path / "p", data_dir)
     results = config.parent / "ws/main/results"
     output, waited, step = kill_rank_after_a_checkpoint(
-        config, results, config.parent, "--backend", "local",
-        expect_env={rank: {"RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1"} for rank in (0, 1)})
+        config,
+        results,
+        config.parent,
+        "--backend",
+        "local",
+        expect_env={rank: {"RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1"} for rank in (0, 1)},
+    )
     assert waited < TIMEOUT + 30, f"the job took {waited:.0f} s to fail after the kill"
     assert "rank 1 exited -9" in output and "another rank died, hangs or cannot be reached" in output, output
     assert_failed_then_resumed(config, results, reference, step, lambda job: rank_logs(config, job))
 
 
 # ---------------------------------------------------------------- emulated BCP: 2 replicas x 1 process (bcprun)
+
 
 def bcp_logs(fake, job_id: str) -> list[str]:
     """Every replica's job log (one per replica; under the launcher model replica 0's holds both ranks)."""
@@ -137,33 +160,43 @@ def bcp_logs(fake, job_id: str) -> list[str]:
 @needs_ngcsdk
 @pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # the transport changes nothing a job sees
 @pytest.mark.parametrize("model", ["per_replica", "launcher"])
-def test_bcp_two_replicas_train_as_one_under_both_commandline_models(fake, model: str, tmp_path: Path,
-                                                                       data_dir: Path, reference: dict) -> None:
+def test_bcp_two_replicas_train_as_one_under_both_commandline_models(
+    fake, model: str, tmp_path: Path, data_dir: Path, reference: dict
+) -> None:
     fake.set_variants(commandline=model)
     config = write_project(tmp_path / "p", data_dir, fake.transport)
     assert cli(config, "run", "ddp", "--backend", "bcp") == 0
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
     job = fake.jobs()[int(stage_job(stage))]["job"]
-    assert job["jobDefinition"]["replicaCount"] == 2 and "bcprun --nnodes 2 --npernode 1" in \
-        job["jobDefinition"]["command"]
+    assert (
+        job["jobDefinition"]["replicaCount"] == 2
+        and "bcprun --nnodes 2 --npernode 1" in job["jobDefinition"]["command"]
+    )
     logs = bcp_logs(fake, stage_job(stage))
     if model == "per_replica":  # each replica's bcprun started its own node's rank
         assert "rank 1 of 2: met at 127.0.0.1:" in logs[1] and "rank 1 of 2" not in logs[0]
     else:  # replica 0's bcprun started both; replica 1 ran nothing
         assert "rank 1 of 2: met at 127.0.0.1:" in logs[0] and logs[1] == ""
-    assert_trained_like_one_process(fake.workspace_path("main") / "results" / RUN_NAME / "train_summary.json", logs,
-                                    reference)
+    assert_trained_like_one_process(
+        fake.workspace_path("main") / "results" / RUN_NAME / "train_summary.json", logs, reference
+    )
 
 
 @needs_ngcsdk
 @pytest.mark.parametrize("fake", ["sdk"], indirect=True)
-def test_bcp_rank_killed_fails_the_job_and_resume_continues(fake, tmp_path: Path, data_dir: Path,
-                                                            reference: dict) -> None:
+def test_bcp_rank_killed_fails_the_job_and_resume_continues(
+    fake, tmp_path: Path, data_dir: Path, reference: dict
+) -> None:
     config = write_project(tmp_path / "p", data_dir, fake.transport)
     results = fake.workspace_path("main") / "results"
     output, waited, step = kill_rank_after_a_checkpoint(  # one rank on each replica: LOCAL_RANK 0 on both
-        config, results, fake.home, "--backend", "bcp",
-        expect_env={rank: {"RANK": str(rank), "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"} for rank in (0, 1)})
+        config,
+        results,
+        fake.home,
+        "--backend",
+        "bcp",
+        expect_env={rank: {"RANK": str(rank), "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"} for rank in (0, 1)},
+    )
     assert waited < TIMEOUT + 45, f"the job took {waited:.0f} s to fail after the kill"
     # The job fails on whichever replica the emulator sees end first: the killed one (137), or its peer, which
     # notices at once that the all-reduce lost its partner (1).
@@ -173,8 +206,10 @@ def test_bcp_rank_killed_fails_the_job_and_resume_continues(fake, tmp_path: Path
 
 # ---------------------------------------------------------------- real two-node Slurm: 2 nodes x 1 task
 
-def test_slurm_two_nodes_train_as_one(two_node_cluster: MultiNodeCluster, tmp_path: Path, data_dir: Path,
-                                      reference: dict) -> None:
+
+def test_slurm_two_nodes_train_as_one(
+    two_node_cluster: MultiNodeCluster, tmp_path: Path, data_dir: Path, reference: dict
+) -> None:
     config = write_project(tmp_path / "p", data_dir)
     assert cli(config, "run", "ddp", "--backend", "slurm") == 0
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
@@ -182,17 +217,24 @@ def test_slurm_two_nodes_train_as_one(two_node_cluster: MultiNodeCluster, tmp_pa
     logs = rank_logs(config, stage_job(stage))
     # Rank 1 ran on node2 and met rank 0 at node1, the job's first node, across the bridge.
     assert "rank 1 of 2: met at node1:" in logs[1] and "(gloo, cpu)" in logs[1]
-    assert_trained_like_one_process(config.parent / "ws/main/results" / RUN_NAME / "train_summary.json", logs,
-                                    reference)
+    assert_trained_like_one_process(
+        config.parent / "ws/main/results" / RUN_NAME / "train_summary.json", logs, reference
+    )
 
 
-def test_slurm_rank_killed_fails_the_job_and_resume_continues(two_node_cluster: MultiNodeCluster, tmp_path: Path,
-                                                              data_dir: Path, reference: dict) -> None:
+def test_slurm_rank_killed_fails_the_job_and_resume_continues(
+    two_node_cluster: MultiNodeCluster, tmp_path: Path, data_dir: Path, reference: dict
+) -> None:
     config = write_project(tmp_path / "p", data_dir)
     results = config.parent / "ws/main/results"
     output, waited, step = kill_rank_after_a_checkpoint(  # one task on each node, meeting at the first node
-        config, results, config.parent, "--backend", "slurm",
-        expect_env={rank: {"RANK": str(rank), "LOCAL_RANK": "0", "MASTER_ADDR": "node1"} for rank in (0, 1)})
+        config,
+        results,
+        config.parent,
+        "--backend",
+        "slurm",
+        expect_env={rank: {"RANK": str(rank), "LOCAL_RANK": "0", "MASTER_ADDR": "node1"} for rank in (0, 1)},
+    )
     assert waited < TIMEOUT + 45, f"the job took {waited:.0f} s to fail after the kill"
     assert "ended FAILED" in output, output
     assert_failed_then_resumed(config, results, reference, step, lambda job: rank_logs(config, job))
@@ -200,17 +242,29 @@ def test_slurm_rank_killed_fails_the_job_and_resume_continues(two_node_cluster: 
 
 @needs_ngcsdk
 @pytest.mark.parametrize("fake", ["sdk"], indirect=True)
-def test_bcp_one_replica_two_processes_meet_on_loopback(fake, tmp_path: Path, data_dir: Path,
-                                                        reference: dict) -> None:
+def test_bcp_one_replica_two_processes_meet_on_loopback(fake, tmp_path: Path, data_dir: Path, reference: dict) -> None:
     """One replica x 2 processes: the job's own shell starts the ranks (no bcprun) and gives them MASTER_ADDR and
     MASTER_PORT; without those they would try NGC_MASTER_ADDR (launcher-svc-<id>), which a one-node job cannot use."""
     config = write_project(tmp_path / "p", data_dir, fake.transport)
-    assert cli(config, "run", "ddp", "--backend", "bcp", "--set", "pretrain.bcp.replicas=1",
-               "--set", "pretrain.bcp.processes=2") == 0
+    assert (
+        cli(
+            config,
+            "run",
+            "ddp",
+            "--backend",
+            "bcp",
+            "--set",
+            "pretrain.bcp.replicas=1",
+            "--set",
+            "pretrain.bcp.processes=2",
+        )
+        == 0
+    )
     stage = RunStore(config.parent / ".bcp-pipeline").latest().stages["pretrain"]
     job = fake.jobs()[int(stage_job(stage))]["job"]["jobDefinition"]
     assert job.get("replicaCount", 1) == 1 and "bcprun" not in job["command"]
     (log,) = bcp_logs(fake, stage_job(stage))
     assert "rank 1 of 2: met at 127.0.0.1:" in log
-    assert_trained_like_one_process(fake.workspace_path("main") / "results" / RUN_NAME / "train_summary.json", [log],
-                                    reference)
+    assert_trained_like_one_process(
+        fake.workspace_path("main") / "results" / RUN_NAME / "train_summary.json", [log], reference
+    )

@@ -17,15 +17,17 @@ import time
 from pathlib import Path
 
 import pytest
-
-from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.chaos_backends import processes
 from support.cli import cli
 from support.pipeline_fixtures import SLURM_CHAIN, stall_stage, start_orchestrator, wait_for, write_chain_project
 from support.pipeline_fixtures import SLURM_WORKSPACE_DIR as WORKSPACE_DIR
 from support.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
+from bcp_pipeline.engine.state import RunStore, StageStatus
+
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
+
+
 def project(root: Path) -> Path:
     return write_chain_project(root, SLURM_CHAIN)
 
@@ -45,14 +47,14 @@ def workspace_files(config: Path) -> dict[str, str]:
 
 def jobs_named(run_id: str) -> list[tuple[str, str, str]]:
     """(id, name, state) of every Slurm job of the run, as squeue lists them: what was really sbatch'd."""
-    out = subprocess.run(["squeue", "--noheader", "--states=all", "--Format=JobID:|,Name:|,State:|"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["squeue", "--noheader", "--states=all", "--Format=JobID:|,Name:|,State:|"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rows = [tuple(line.split("|")[:3]) for line in out.splitlines()]
     return sorted((r for r in rows if r[1].startswith(run_id + ".")), key=lambda r: int(r[0]))
-
-
-
-
 
 
 def stage_job(config: Path, stage: str, state: str = "RUNNING") -> str | None:
@@ -100,8 +102,11 @@ def test_chain_runs_as_slurm_jobs_and_status_shows_their_ids(tmp_path, capsys):
 
 def items_processes(output_folder: str) -> list[int]:
     """The running items.py programs writing into `output_folder` (not the srun and bash around them)."""
-    return [pid for pid, _group, argv in processes()
-            if len(argv) > 3 and argv[1].endswith("/items.py") and argv[2:4] == ["--out", output_folder]]
+    return [
+        pid
+        for pid, _group, argv in processes()
+        if len(argv) > 3 and argv[1].endswith("/items.py") and argv[2:4] == ["--out", output_folder]
+    ]
 
 
 def slurmctld_pid() -> int:
@@ -137,9 +142,11 @@ def test_a_controller_that_stops_answering_stops_the_run_after_its_outage_limit_
     error = output.strip().splitlines()[-1]
     assert error.startswith("bcp-pipeline: error: slurm has not answered a status query for "), error
     assert "calls in a row failed; the last: `squeue` exited " in error
-    assert (f"left its jobs as they are: they may well be running. Once slurm answers, `bcp-pipeline resume "
-            f"{run_id}` re-attaches to them; `backends.slurm.status_outage_limit` in pipelines.yaml sets how long "
-            f"a run waits (now 3S; null: for ever)") in error
+    assert (
+        f"left its jobs as they are: they may well be running. Once slurm answers, `bcp-pipeline resume "
+        f"{run_id}` re-attaches to them; `backends.slurm.status_outage_limit` in pipelines.yaml sets how long "
+        f"a run waits (now 3S; null: for ever)"
+    ) in error
     state = state_of(config)
     assert state.stages["second"].status is StageStatus.RUNNING
     assert [j.job_id for j in state.stages["second"].jobs] == [job_id]
@@ -234,5 +241,8 @@ def test_a_job_too_big_for_the_cluster_fails_at_once_instead_of_pending_forever(
     state = state_of(config)
     job_id = state.stages["first"].jobs[-1].job_id
     assert "can never start" in state.stages["first"].error
-    wait_for(lambda: [r for r in jobs_named(state.run_id) if r[0] == job_id and r[2] == "CANCELLED"],
-             timeout=20, what="the job to be cancelled")
+    wait_for(
+        lambda: [r for r in jobs_named(state.run_id) if r[0] == job_id and r[2] == "CANCELLED"],
+        timeout=20,
+        what="the job to be cancelled",
+    )

@@ -19,11 +19,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.cli import cli
+from support.pipeline_fixtures import (
+    CHAIN_CONFIG,
+    REPO,
+    start_orchestrator,
+    wait_for,
+    without_training,
+    write_chain_project,
+)
+from support.slurm_cluster import MultiNodeCluster, node_addresses, script, two_node_cluster  # noqa: F401 (the fixture)
 
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from support.cli import cli
-from support.pipeline_fixtures import CHAIN_CONFIG, REPO, start_orchestrator, wait_for, write_chain_project
-from support.slurm_cluster import MultiNodeCluster, node_addresses, script, two_node_cluster  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.usefixtures("two_node_cluster")
 SLURM_OPTIONS = {"poll_seconds": 0.2, "poll_max_seconds": 1.0}
@@ -31,8 +38,12 @@ SLURM_OPTIONS = {"poll_seconds": 0.2, "poll_max_seconds": 1.0}
 SPREAD = {"download": (2, 2), "extract": (2, 1), "concat": (2, 1), "tokenize-preprocess": (2, 1)}
 # Per stage: the name its program gives its completion records, and the records' count of items in the rank's
 # shard and of those it produced this time.
-RECORDS = {"download": ("download", "files", "downloaded"), "extract": ("extract", "files", "extracted"),
-           "concat": ("concat", "outputs", "written"), "tokenize-preprocess": ("preprocess", "outputs", "written")}
+RECORDS = {
+    "download": ("download", "files", "downloaded"),
+    "extract": ("extract", "files", "extracted"),
+    "concat": ("concat", "outputs", "written"),
+    "tokenize-preprocess": ("preprocess", "outputs", "written"),
+}
 
 
 def state_of(config: Path):
@@ -41,8 +52,11 @@ def state_of(config: Path):
 
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under `root` but the completion records (they hold times and hosts), by relative path."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".completions" not in p.parts}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".completions" not in p.parts
+    }
 
 
 def records(folder: Path, stage: str) -> list[dict]:
@@ -58,13 +72,16 @@ def demo_project(root: Path, backend: str) -> Path:
     """The bundled demo pipeline without its pretrain stage (data stages only), on `backend`."""
     raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
     demo = raw["pipelines"]["demo"]
-    del demo["stages"]["pretrain"]
+    without_training(demo["stages"])
     for stage, (nodes, tasks) in SPREAD.items():
         demo["stages"][stage]["slurm"] = {"nodes": nodes, "ntasks_per_node": tasks}
     backends = raw.get("backends") or {}
-    raw = {"version": raw.get("version", 1), "stages_dir": str(REPO / "stages"),
-           "backends": {**backends, "slurm": {**(backends.get("slurm") or {}), **SLURM_OPTIONS}},
-           "pipelines": {"demo": {**demo, "backend": backend}}}
+    raw = {
+        "version": raw.get("version", 1),
+        "stages_dir": str(REPO / "stages"),
+        "backends": {**backends, "slurm": {**(backends.get("slurm") or {}), **SLURM_OPTIONS}},
+        "pipelines": {"demo": {**demo, "backend": backend}},
+    }
     root.mkdir(parents=True)
     config = root / "pipelines.yaml"
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -82,8 +99,12 @@ def test_demo_data_stages_spread_over_two_nodes_match_a_local_run(two_node_clust
 
     workspace = config.parent / ".bcp-pipeline/workspaces/demo"
     data = workspace / "data/slimpajama"
-    outputs = {"download": (data / "zst", 8), "extract": (data / "jsonl", 8), "concat": (data / "train", 2),
-               "tokenize-preprocess": (data / "preprocessed", 2)}
+    outputs = {
+        "download": (data / "zst", 8),
+        "extract": (data / "jsonl", 8),
+        "concat": (data / "train", 2),
+        "tokenize-preprocess": (data / "preprocessed", 2),
+    }
     for stage, (folder, total) in outputs.items():
         nodes, tasks = SPREAD[stage]
         world = nodes * tasks
@@ -102,15 +123,22 @@ def test_demo_data_stages_spread_over_two_nodes_match_a_local_run(two_node_clust
     assert len(list((data / "preprocessed").glob("*.bin"))) == 2
 
 
-NODE_CHAIN = (CHAIN_CONFIG
-              .replace("  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
-                       "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
-                       "  slurm: {workspace_dir: ws, poll_seconds: 0.2, poll_max_seconds: 1}\n")
-              .replace('--count, "${count}", --name, first]', '--count, "${count}", --name, first, --sleep, "1.5"]')
-              .replace("        local: {replicas: 2, processes: 1}\n",
-                       "        local: {replicas: 2, processes: 1}\n        slurm: {nodes: 2, ntasks_per_node: 1}\n")
-              .replace("        local: {replicas: 1, processes: 3}\n",
-                       "        local: {replicas: 1, processes: 3}\n        slurm: {nodes: 1, ntasks_per_node: 3}\n"))
+NODE_CHAIN = (
+    CHAIN_CONFIG.replace(
+        "  local: {workspace_dir: ws, poll_seconds: 0.05}\n",
+        "  local: {workspace_dir: ws, poll_seconds: 0.05}\n"
+        "  slurm: {workspace_dir: ws, poll_seconds: 0.2, poll_max_seconds: 1}\n",
+    )
+    .replace('--count, "${count}", --name, first]', '--count, "${count}", --name, first, --sleep, "1.5"]')
+    .replace(
+        "        local: {replicas: 2, processes: 1}\n",
+        "        local: {replicas: 2, processes: 1}\n        slurm: {nodes: 2, ntasks_per_node: 1}\n",
+    )
+    .replace(
+        "        local: {replicas: 1, processes: 3}\n",
+        "        local: {replicas: 1, processes: 3}\n        slurm: {nodes: 1, ntasks_per_node: 3}\n",
+    )
+)
 
 
 def items(config: Path) -> dict[str, bytes]:
@@ -185,8 +213,9 @@ def test_a_second_two_node_cluster_is_private_and_its_stale_remains_are_cleaned(
     conf = short_base / "etc/slurm.conf"
     nodes = node_addresses(conf)
     namespaces = {line.split()[0] for line in ip_lines("netns", "list")}
-    assert len(nodes) == 2 and all(ipaddress.ip_address(a) in ipaddress.ip_network("198.18.0.0/15")
-                                   for a in nodes.values())
+    assert len(nodes) == 2 and all(
+        ipaddress.ip_address(a) in ipaddress.ip_network("198.18.0.0/15") for a in nodes.values()
+    )
     status = script("status", "--base", str(short_base)).stdout
     own = status.split("namespaces: ")[1].split()[:2]
     assert len(own) == 2 and set(own) <= namespaces
@@ -206,10 +235,27 @@ def test_a_second_two_node_cluster_is_private_and_its_stale_remains_are_cleaned(
     res = script("start", "--base", str(short_base), "--nodes", "2", "--cpus", "1", timeout=120)
     assert res.returncode == 0 and "left behind by an earlier cluster" in res.stderr, res.stderr
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    job = subprocess.run(["sbatch", "--parsable", "--wait", "--nodes", "2", "--ntasks-per-node", "1", "--chdir",
-                          str(short_base), "--output", "job.out", "--wrap",
-                          "srun bash -c 'echo $SLURM_PROCID $(hostname) $SLURMD_NODENAME'"],
-                         env=env, capture_output=True, text=True, timeout=120)
+    job = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--wait",
+            "--nodes",
+            "2",
+            "--ntasks-per-node",
+            "1",
+            "--chdir",
+            str(short_base),
+            "--output",
+            "job.out",
+            "--wrap",
+            "srun bash -c 'echo $SLURM_PROCID $(hostname) $SLURMD_NODENAME'",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert job.returncode == 0, job.stderr
     assert sorted((short_base / "job.out").read_text().splitlines()) == ["0 node1 node1", "1 node2 node2"]
 

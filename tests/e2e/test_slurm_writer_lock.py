@@ -11,13 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.pipeline_fixtures import SLURM_CHAIN, start_orchestrator, wait_for, write_chain_project
+from support.pipeline_fixtures import SLURM_WORKSPACE_DIR as WORKSPACE_DIR
+from support.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore
-from support.pipeline_fixtures import start_orchestrator, wait_for
-from support.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
-from support.pipeline_fixtures import SLURM_CHAIN, write_chain_project
-from support.pipeline_fixtures import SLURM_WORKSPACE_DIR as WORKSPACE_DIR
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -42,10 +41,24 @@ def test_a_second_writer_of_a_slurm_workspace_is_refused_until_the_first_is_kill
     try:
         wait_for(lambda: slurm_job_running(config, "first"), timeout=120, what="the first run's sbatch job running")
         holder = RunStore(config.parent / ".bcp-pipeline").latest().run_id
-        for args in (["--restart"], ["--restart", "--only", "third"],
-                     ["--state-dir", str(tmp_path / "other state")]):
-            refused = subprocess.run([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "run", "chain",
-                                      "--backend", "slurm", *args], capture_output=True, text=True, timeout=90)
+        for args in (["--restart"], ["--restart", "--only", "third"], ["--state-dir", str(tmp_path / "other state")]):
+            refused = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bcp_pipeline",
+                    "--config",
+                    str(config),
+                    "run",
+                    "chain",
+                    "--backend",
+                    "slurm",
+                    *args,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
             assert refused.returncode == 1, (args, refused.stderr)
             assert f"workspace main (slurm) is being written by run {holder}" in refused.stderr, refused.stderr
     finally:

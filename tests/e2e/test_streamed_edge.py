@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from support.chaos_run import make_project
 from support.http_faults import Fault, FaultServer
 from support.pipeline_fixtures import REPO, wait_for
@@ -95,10 +94,12 @@ def test_tokenize_starts_on_the_landed_shards_and_writes_the_serial_bytes(tmp_pa
     tokenize = state.stages["tokenize-preprocess"].jobs[0]
     assert tokenize.submitted_at < download.ended_at, "the tokenize job was submitted while the download ran"
     shards = sorted((workspace(config) / "data" / "slimpajama" / "zst").glob("*.jsonl.zst"))
-    first_output = workspace(config) / "data" / "slimpajama" / "preprocessed" / \
-        "train_chunk_0.jsonl_text_document.manifest.json"
-    assert first_output.stat().st_mtime < max(p.stat().st_mtime for p in shards), \
+    first_output = (
+        workspace(config) / "data" / "slimpajama" / "preprocessed" / "train_chunk_0.jsonl_text_document.manifest.json"
+    )
+    assert first_output.stat().st_mtime < max(p.stat().st_mtime for p in shards), (
         "chunk 0 was tokenized before the last shard landed"
+    )
     verification = state.stages["tokenize-preprocess"].jobs[-1]
     # Its verification waited for the download's: the shards were counted complete before its outputs were.
     assert verification.kind == "verify" and verification.submitted_at >= state.stages["download"].finished_at
@@ -130,13 +131,16 @@ def test_a_failed_download_stops_the_tokenize_job_and_a_resume_finishes_both(tmp
 def test_the_orchestrator_killed_while_both_stages_run_resumes_to_the_same_bytes(tmp_path, serial_outputs):
     config = project(tmp_path / "streamed")
     with serve(config) as server:
-        orchestrator = subprocess.Popen(run_args(config, server.url), cwd=config.parent, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
+        orchestrator = subprocess.Popen(
+            run_args(config, server.url), cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
+
             def both_running() -> bool:
                 state = latest(config)
                 return state is not None and all(
-                    state.stages[name].status.value == "running" for name in ("download", "tokenize-preprocess"))
+                    state.stages[name].status.value == "running" for name in ("download", "tokenize-preprocess")
+                )
 
             wait_for(both_running, timeout=120, what="download and tokenize-preprocess running at once")
             orchestrator.send_signal(signal.SIGKILL)

@@ -6,9 +6,10 @@ and exits 0, as NeMo does when `trainer.max_time` is reached before `max_steps`.
 
 from __future__ import annotations
 
+from support.pipeline_fixtures import TRAINER, write_chain_project
+
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from support.pipeline_fixtures import TRAINER, write_chain_project
 
 CONFIG = """\
 version: 1

@@ -12,10 +12,11 @@ import os
 import time
 from pathlib import Path
 
-from bcp_pipeline.cli.main import main
-from bcp_pipeline.engine.state import RunStore, StageStatus
 from support.cli import cli
 from support.pipeline_fixtures import CHAIN_CONFIG, stall_stage, start_orchestrator, wait_for, write_chain_project
+
+from bcp_pipeline.cli.main import main
+from bcp_pipeline.engine.state import RunStore, StageStatus
 
 
 def state_of(config: Path):
@@ -25,10 +26,6 @@ def state_of(config: Path):
 def workspace_files(config: Path) -> dict[str, str]:
     root = config.parent / "ws" / "main"
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("item-*.txt"))}
-
-
-
-
 
 
 def stage_status(config: Path, stage: str) -> str | None:
@@ -50,8 +47,11 @@ def test_chain_runs_in_order_and_verifies(tmp_path, capsys):
     assert state.stages["first"].sharding == {"replicas": 2, "processes": 1}
     assert state.stages["second"].sharding == {"replicas": 1, "processes": 3}
     assert state.stages["third"].verification["checks"][0] == {
-        "glob": str(tmp_path / "ws/main/third/item-*.txt"), "expected": 3, "found": 3,
-        "bytes": state.stages["third"].verification["checks"][0]["bytes"]}
+        "glob": str(tmp_path / "ws/main/third/item-*.txt"),
+        "expected": 3,
+        "found": 3,
+        "bytes": state.stages["third"].verification["checks"][0]["bytes"],
+    }
     files = workspace_files(config)
     assert len(files) == 15
     # Ranks got RANK/WORLD_SIZE the way bcprun sets them: 2 replicas x 1 process shard the first stage by 2.
@@ -66,20 +66,42 @@ def test_chain_runs_in_order_and_verifies(tmp_path, capsys):
 
 
 def test_rank_environment_matches_bcprun(tmp_path):
-    text = CHAIN_CONFIG.replace("items.py\n        args: [--out, \"${workspace}/first\"",
-                                "env.py\n        args: [--out, \"${workspace}/first\"")
+    text = CHAIN_CONFIG.replace(
+        'items.py\n        args: [--out, "${workspace}/first"', 'env.py\n        args: [--out, "${workspace}/first"'
+    )
     config = write_chain_project(tmp_path, text)
     (config.parent / "stages" / "env.py").write_text(
         "import json, os, sys\nfrom pathlib import Path\n"
         "out = Path(sys.argv[sys.argv.index('--out') + 1]); out.mkdir(parents=True, exist_ok=True)\n"
         "keys = ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'NGC_ARRAY_INDEX', 'NGC_ARRAY_SIZE']\n"
         "rank = int(os.environ['RANK'])\n"
-        "(out / f\"item-{rank:04d}.txt\").write_text(json.dumps({k: os.environ[k] for k in keys}))\n")
-    main(["--config", str(config), "run", "chain", "--only", "first", "--set", "first.local.processes=3",
-          "--set", "vars.count=6"])
+        '(out / f"item-{rank:04d}.txt").write_text(json.dumps({k: os.environ[k] for k in keys}))\n'
+    )
+    main(
+        [
+            "--config",
+            str(config),
+            "run",
+            "chain",
+            "--only",
+            "first",
+            "--set",
+            "first.local.processes=3",
+            "--set",
+            "vars.count=6",
+        ]
+    )
     seen = [json.loads(p.read_text()) for p in sorted((config.parent / "ws/main/first").glob("item-*.txt"))]
-    assert seen == [{"RANK": str(r), "WORLD_SIZE": "6", "LOCAL_RANK": str(r % 3), "NGC_ARRAY_INDEX": str(r // 3),
-                     "NGC_ARRAY_SIZE": "2"} for r in range(6)]
+    assert seen == [
+        {
+            "RANK": str(r),
+            "WORLD_SIZE": "6",
+            "LOCAL_RANK": str(r % 3),
+            "NGC_ARRAY_INDEX": str(r // 3),
+            "NGC_ARRAY_SIZE": "2",
+        }
+        for r in range(6)
+    ]
 
 
 def test_failed_replica_fails_stage_and_run_continues_from_it(tmp_path, capsys):
@@ -111,8 +133,9 @@ def test_failed_replica_fails_stage_and_run_continues_from_it(tmp_path, capsys):
 
 
 def test_verification_shortfall_fails_with_expected_vs_found_and_stops(tmp_path, capsys):
-    config = write_chain_project(tmp_path, CHAIN_CONFIG.replace('--count, "${count}", --name, second',
-                                                               '--count, "5", --name, second'))
+    config = write_chain_project(
+        tmp_path, CHAIN_CONFIG.replace('--count, "${count}", --name, second', '--count, "5", --name, second')
+    )
     assert cli(config, "run", "chain") == 1
     state = state_of(config)
     second = state.stages["second"]
@@ -158,8 +181,14 @@ def test_crash_between_submit_and_record_adopts_the_job_even_after_it_ended(tmp_
     monkeypatch.setattr(LocalBackend, "submit", submit_then_die)
     assert cli(config, "run", "chain") == 130
     run_dir = next((config.parent / ".bcp-pipeline/runs").iterdir())
-    wait_for(lambda: json.loads((run_dir / "jobs/first.1/status.json").read_text()).get("state") == "succeeded"
-             if (run_dir / "jobs/first.1/status.json").is_file() else False, what="the orphan job to end")
+    wait_for(
+        lambda: (
+            json.loads((run_dir / "jobs/first.1/status.json").read_text()).get("state") == "succeeded"
+            if (run_dir / "jobs/first.1/status.json").is_file()
+            else False
+        ),
+        what="the orphan job to end",
+    )
     monkeypatch.setattr(LocalBackend, "submit", real_submit)
     assert cli(config, "resume") == 0
     state = state_of(config)
@@ -169,7 +198,8 @@ def test_crash_between_submit_and_record_adopts_the_job_even_after_it_ended(tmp_
 
 
 def test_a_restart_waits_the_lookup_grace_only_for_a_job_that_a_submit_call_may_have_created(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     """A stage awaiting its verification job when the orchestrator stopped (a driver handing over between two
     cycles) gets it at once; only a verification whose submit call was under way is looked for over the grace."""
     from bcp_pipeline.backends.local.backend import LocalBackend
@@ -291,9 +321,12 @@ def test_corrupt_state_file_is_an_error_not_a_guess(tmp_path, capsys):
 
 
 def test_status_lists_stages_in_pipeline_order(tmp_path, capsys):
-    config = write_chain_project(tmp_path, CHAIN_CONFIG.replace("      first:", "      zfirst:")
-                                 .replace("needs: [first]", "needs: [zfirst]").replace("expect_from: first",
-                                                                                     "expect_from: zfirst"))
+    config = write_chain_project(
+        tmp_path,
+        CHAIN_CONFIG.replace("      first:", "      zfirst:")
+        .replace("needs: [first]", "needs: [zfirst]")
+        .replace("expect_from: first", "expect_from: zfirst"),
+    )
     assert cli(config, "run", "chain") == 0
     capsys.readouterr()
     assert cli(config, "status") == 0
@@ -302,7 +335,7 @@ def test_status_lists_stages_in_pipeline_order(tmp_path, capsys):
 
 
 def test_resume_of_a_run_started_with_only_keeps_the_other_stages_skipped(tmp_path):
-    # Found by scripts/chaos: `resume` after a failure reset the stages left out with --only and ran them.
+    # Found by tests/chaos: `resume` after a failure reset the stages left out with --only and ran them.
     config = write_chain_project(tmp_path)
     first = config.parent / "ws/main/first"
     first.mkdir(parents=True)

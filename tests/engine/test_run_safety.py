@@ -16,13 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from bcp_pipeline.engine.selection import RunRequest, Selection, choose_run, continue_run
-from bcp_pipeline.engine.state import RUN_ID, RunStore, StageStatus, new_run_id, store_for
 from support.cli import cli
 from support.pipeline_fixtures import CHAIN_CONFIG, stall_stage, start_orchestrator, wait_for, write_chain_project
 
-TWO_PIPELINES = CHAIN_CONFIG + """\
+from bcp_pipeline.engine.selection import RunRequest, Selection, choose_run, continue_run
+from bcp_pipeline.engine.state import RUN_ID, RunStore, StageStatus, new_run_id, store_for
+
+TWO_PIPELINES = (
+    CHAIN_CONFIG
+    + """\
   other:
     workspace: {name: elsewhere}
     stages:
@@ -32,12 +34,17 @@ TWO_PIPELINES = CHAIN_CONFIG + """\
         verify:
           - {glob: "${workspace}/only/item-*.txt", expect: 2}
 """
+)
 
 
 def second_writer(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """`bcp-pipeline --config CONFIG ARGS` as its own process: refused at once, or still running at `timeout`."""
-    return subprocess.run([sys.executable, "-m", "bcp_pipeline", "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bcp_pipeline", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def store(config: Path) -> RunStore:
@@ -100,7 +107,6 @@ def test_continuing_a_pipeline_whose_last_run_is_corrupt_is_refused_not_guessed(
     assert cli(config, "run", "chain", "--restart", "--only", "first") == 0
 
 
-
 def test_run_ids_sort_in_creation_order_within_one_second():
     """Run ids are compared to find a pipeline's newest run (a corrupt one has only its id): runs made within one
     second must sort as they were made. With a random suffix the test above failed when its two runs shared a
@@ -112,6 +118,7 @@ def test_run_ids_sort_in_creation_order_within_one_second():
     assert all(RUN_ID.match(run_id) for run_id in ids)
     assert ids[0].endswith("-0000") and ids[3].endswith("-8000") and ids[5].endswith("-ffff")
 
+
 # -- Break 2: two writers of one workspace --------------------------------------------------------------------
 def test_a_second_writer_of_a_workspace_is_refused_whatever_the_flag_until_the_first_is_killed(tmp_path):
     config = write_chain_project(tmp_path)
@@ -121,8 +128,11 @@ def test_a_second_writer_of_a_workspace_is_refused_whatever_the_flag_until_the_f
         wait_for(lambda: recorded_job(config, "first", "running"), what="the first run's job running")
         holder = store(config).latest().run_id
         other_state = tmp_path / "elsewhere-state"  # another orchestrator's runs, the same workspace folder
-        for args in (["run", "chain", "--restart"], ["run", "chain", "--restart", "--only", "third"],
-                     ["run", "chain", "--state-dir", str(other_state)]):
+        for args in (
+            ["run", "chain", "--restart"],
+            ["run", "chain", "--restart", "--only", "third"],
+            ["run", "chain", "--state-dir", str(other_state)],
+        ):
             refused = second_writer(config, *args)
             assert refused.returncode == 1, (args, refused.stdout, refused.stderr)
             assert f"workspace main (local) is being written by run {holder}" in refused.stderr, refused.stderr
@@ -195,11 +205,12 @@ def test_a_stage_cancelled_while_verified_is_verified_again_not_run_again(tmp_pa
 # -- Names that would leave their folder --------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["../../etc", "a b", ".hidden", "ws:main"])
 def test_a_workspace_name_bcp_would_not_accept_is_refused_by_its_line(tmp_path, capsys, name):
-    config = write_chain_project(tmp_path, CHAIN_CONFIG.replace("workspace: {name: main,",
-                                                                f"workspace: {{name: {json.dumps(name)},"))
+    config = write_chain_project(
+        tmp_path, CHAIN_CONFIG.replace("workspace: {name: main,", f"workspace: {{name: {json.dumps(name)},")
+    )
     assert cli(config, "plan", "chain") == 2
     err = capsys.readouterr().err
-    line = CHAIN_CONFIG.splitlines().index('    workspace: {name: main, mount: /mount_workspace}') + 1
+    line = CHAIN_CONFIG.splitlines().index("    workspace: {name: main, mount: /mount_workspace}") + 1
     assert f"pipelines.yaml:{line}" in err and f"workspace name {name!r}" in err
     assert cli(config, "run", "chain", "--set", "first.args=[--out, x, --count, '1']") == 2
     assert not (tmp_path / "etc").exists() and not (tmp_path / ".bcp-pipeline").exists()

@@ -6,11 +6,11 @@ The runs here are chosen, never driven: each test sets stored state by hand and 
 from __future__ import annotations
 
 import pytest
+from support.pipeline_fixtures import write_chain_project
 
 from bcp_pipeline.engine.selection import ChosenRun, RunRequest, choose_resume, choose_run, open_run
 from bcp_pipeline.engine.state import StageStatus, store_for
 from bcp_pipeline.errors import ConfigError, StateError
-from support.pipeline_fixtures import write_chain_project
 
 
 @pytest.fixture

@@ -10,14 +10,14 @@ from __future__ import annotations
 import time
 
 import pytest
+from support.cli import cli
+from support.pipeline_fixtures import CHAIN_CONFIG, stall_stage, write_chain_project
 
 from bcp_pipeline.backends.local.backend import LocalBackend
 from bcp_pipeline.backends.registry import make_backend
 from bcp_pipeline.config.load import load_config
-from bcp_pipeline.errors import BackendCallError, ConfigError
 from bcp_pipeline.engine.state import RunStore, StageStatus
-from support.cli import cli
-from support.pipeline_fixtures import CHAIN_CONFIG, stall_stage, write_chain_project
+from bcp_pipeline.errors import BackendCallError, ConfigError
 
 
 def failing_once_second_runs(real_poll, calls: list[float]):
@@ -26,6 +26,7 @@ def failing_once_second_runs(real_poll, calls: list[float]):
             calls.append(time.monotonic())
             raise BackendCallError("the scheduler did not answer: connection refused", unreachable=True)
         return real_poll(self, job_ids)
+
     return poll
 
 
@@ -41,14 +42,18 @@ def test_failing_status_queries_stop_the_run_after_the_limit_and_leave_the_job(t
     state = RunStore(tmp_path / ".bcp-pipeline").latest()
     assert len(calls) >= 3 and calls[-1] - calls[0] >= 2  # never on one failure; only past the limit
     assert calls[-2] - calls[0] < 2  # ... and at the first failure past it
-    assert ("status query failed 3 times in a row, still retrying (for 2S at most): the scheduler did not answer"
-            in printed.out)
+    assert (
+        "status query failed 3 times in a row, still retrying (for 2S at most): the scheduler did not answer"
+        in printed.out
+    )
     message = err.strip().splitlines()[-1]
     assert message.startswith("bcp-pipeline: error: local has not answered a status query for "), message
-    assert (f"({len(calls)} calls in a row failed; the last: the scheduler did not answer: connection refused). "
-            f"The run stopped waiting and left its jobs as they are: they may well be running. Once local answers, "
-            f"`bcp-pipeline resume {state.run_id}` re-attaches to them; `backends.local.status_outage_limit` in "
-            f"pipelines.yaml sets how long a run waits (now 2S; null: for ever)") in message
+    assert (
+        f"({len(calls)} calls in a row failed; the last: the scheduler did not answer: connection refused). "
+        f"The run stopped waiting and left its jobs as they are: they may well be running. Once local answers, "
+        f"`bcp-pipeline resume {state.run_id}` re-attaches to them; `backends.local.status_outage_limit` in "
+        f"pipelines.yaml sets how long a run waits (now 2S; null: for ever)"
+    ) in message
     second = state.stages["second"]
     assert second.status is StageStatus.RUNNING and [j.job_id for j in second.jobs] == ["second.1"]
 
@@ -93,8 +98,11 @@ def test_the_limit_is_a_duration_or_null(tmp_path, backend):
     config.write_text(with_limit(backend, "null"))
     assert load_config(config).options[backend].status_outage_limit is None
     config.write_text(with_limit(backend, "soon"))
-    with pytest.raises(ConfigError, match=rf"pipelines.yaml:4: backends.{backend}.status_outage_limit: 'soon' is not "
-                                          r"a duration"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"pipelines.yaml:4: backends.{backend}.status_outage_limit: 'soon' is not "
+        r"a duration",
+    ):
         load_config(config)
 
 
@@ -102,6 +110,8 @@ def test_defaults_an_hour_on_the_clusters_for_ever_on_bcp_and_local(tmp_path):
     """A cluster's scheduler that is gone for an hour ends the run; a detached BCP driver waits (nobody would resume
     it), and so does the local backend (its statuses are files)."""
     config = load_config(write_chain_project(tmp_path))
-    limits = {name: make_backend(name, config, config.pipeline("chain"), tmp_path / "run").status_outage_seconds
-              for name in ("local", "bcp", "slurm", "gridengine", "kubernetes")}
+    limits = {
+        name: make_backend(name, config, config.pipeline("chain"), tmp_path / "run").status_outage_seconds
+        for name in ("local", "bcp", "slurm", "gridengine", "kubernetes")
+    }
     assert limits == {"local": None, "bcp": None, "slurm": 3600.0, "gridengine": 3600.0, "kubernetes": 3600.0}

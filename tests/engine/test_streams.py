@@ -5,26 +5,34 @@ from __future__ import annotations
 
 import time
 
+from support.pipeline_fixtures import REPO
+
 from bcp_pipeline.backends.contract import JobState
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.state import JobRecord, RunState, StageState, StageStatus
 from bcp_pipeline.engine.streams import Streams
 from bcp_pipeline.engine.submitter import Submitter, job_request
-from support.pipeline_fixtures import REPO
 
 PIPELINE = load_and_check(REPO / "pipelines.yaml").pipeline("slimpajama-8b-fast")
 
 
 def state(**statuses: StageStatus) -> RunState:
-    stages = {name: StageState(status=statuses.get(name.replace("-", "_"), StageStatus.PENDING))
-              for name in PIPELINE.stages}
-    return RunState(run_id="r", pipeline=PIPELINE.name, backend="local", config_file="x", created_at=0.0,
-                    stages=stages)
+    stages = {
+        name: StageState(status=statuses.get(name.replace("-", "_"), StageStatus.PENDING)) for name in PIPELINE.stages
+    }
+    return RunState(run_id="r", pipeline=PIPELINE.name, backend="local", config_file="x", created_at=0.0, stages=stages)
 
 
 def due(run: RunState, name: str) -> str | None:
-    submitter = Submitter(pipeline=PIPELINE, backend=None, store=None, state=run, progress=None, outcomes=None,
-                          selected=set(PIPELINE.stages))
+    submitter = Submitter(
+        pipeline=PIPELINE,
+        backend=None,
+        store=None,
+        state=run,
+        progress=None,
+        outcomes=None,
+        selected=set(PIPELINE.stages),
+    )
     return submitter.due(name)
 
 
@@ -67,8 +75,9 @@ class Recorder:
 
 def test_a_failed_upstream_cancels_the_running_downstream_naming_why():
     run = state(bpe=StageStatus.SUCCEEDED, download=StageStatus.RUNNING, tokenize_preprocess=StageStatus.RUNNING)
-    run.stages["tokenize-preprocess"].jobs.append(JobRecord(job_id="t1", kind="stage", attempt=1,
-                                                            submitted_at=time.time()))
+    run.stages["tokenize-preprocess"].jobs.append(
+        JobRecord(job_id="t1", kind="stage", attempt=1, submitted_at=time.time())
+    )
     recorder = Recorder()
     streams = Streams(pipeline=PIPELINE, backend=recorder, store=recorder, state=run, progress=recorder)
     assert streams.stop_orphans() is False and recorder.cancelled == []  # the download still runs

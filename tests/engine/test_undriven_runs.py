@@ -14,8 +14,9 @@ def test_status_and_list_say_a_killed_orchestrators_run_has_no_driver_and_a_driv
     stall = stall_stage(tmp_path / "ws/main", "second")
     orchestrator = start_orchestrator(config, "run", "chain")
     try:
-        run_dir = wait_for(lambda: next((tmp_path / ".bcp-pipeline/runs").glob("*/state.json"), None),
-                           what="the run's state").parent
+        run_dir = wait_for(
+            lambda: next((tmp_path / ".bcp-pipeline/runs").glob("*/state.json"), None), what="the run's state"
+        ).parent
         run_id = run_dir.name
         wait_for(lambda: stage_status(run_dir, "second") == "running", what="stage second to run")
         capsys.readouterr()

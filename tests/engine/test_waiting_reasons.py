@@ -3,11 +3,12 @@ as it changes, while the job's state stays queued; on the local backend, its `po
 
 from __future__ import annotations
 
+from support.cli import cli
+from support.pipeline_fixtures import CHAIN_CONFIG, stall_stage, write_chain_project
+
 from bcp_pipeline.backends.contract import JobState, JobStatus
 from bcp_pipeline.backends.local.backend import LocalBackend
 from bcp_pipeline.engine.state import RunStore
-from support.cli import cli
-from support.pipeline_fixtures import CHAIN_CONFIG, stall_stage, write_chain_project
 
 
 def test_a_queued_jobs_new_reason_reaches_the_state_file_while_its_state_stays(tmp_path, monkeypatch):
@@ -25,12 +26,11 @@ def test_a_queued_jobs_new_reason_reaches_the_state_file_while_its_state_stays(t
             record = next(j for j in store.latest().stages["second"].jobs if j.job_id == "second.1")
             saw.append(record.detail)
             reason = reasons[min(len(saw) // 2, len(reasons) - 1)]
-            statuses["second.1"] = JobStatus(job_id="second.1", state=JobState.QUEUED, native="PENDING",
-                                             detail=reason)
+            statuses["second.1"] = JobStatus(job_id="second.1", state=JobState.QUEUED, native="PENDING", detail=reason)
             if len(saw) == 2 * len(reasons):
                 stall.unlink()  # then the real status again: it runs and ends
         return statuses
 
     monkeypatch.setattr(LocalBackend, "poll", poll)
     assert cli(config, "run", "chain") == 0
-    assert reasons[0] in saw and reasons[1] in saw[saw.index(reasons[0]):], saw  # each saved in its turn
+    assert reasons[0] in saw and reasons[1] in saw[saw.index(reasons[0]) :], saw  # each saved in its turn

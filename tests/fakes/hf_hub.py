@@ -56,8 +56,9 @@ def git_blob_id(data: bytes) -> str:
 class FakeHub:
     """The hub and its CDN, two threaded HTTP servers on loopback; a context manager starts and stops them."""
 
-    def __init__(self, page_size: int = 100, token: str | None = None,
-                 lfs_suffixes: tuple[str, ...] = LFS_SUFFIXES) -> None:
+    def __init__(
+        self, page_size: int = 100, token: str | None = None, lfs_suffixes: tuple[str, ...] = LFS_SUFFIXES
+    ) -> None:
         self.page_size, self.token, self.lfs_suffixes = page_size, token, lfs_suffixes
         self.repos: dict[str, _Repo] = {}
         self.seen: list[tuple[str, str, str | None]] = []
@@ -107,8 +108,9 @@ class FakeHub:
 
     def __enter__(self) -> FakeHub:
         for server in self._servers.values():
-            thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
-                                      name=f"fake-hf-{server.name}")
+            thread = threading.Thread(
+                target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name=f"fake-hf-{server.name}"
+            )
             thread.start()
             self._threads.append(thread)
         return self
@@ -144,8 +146,9 @@ class FakeHub:
         """Every folder and file below `under`, sorted by path, in the Hub's entry shapes."""
         files = self.repos[repo].commits[commit]
         folders = {"/".join(path.split("/")[:depth]) for path in files for depth in range(1, path.count("/") + 1)}
-        entries = [{"type": "directory", "oid": hashlib.sha1(f.encode()).hexdigest(), "size": 0, "path": f}
-                   for f in folders]
+        entries = [
+            {"type": "directory", "oid": hashlib.sha1(f.encode()).hexdigest(), "size": 0, "path": f} for f in folders
+        ]
         for path, data in files.items():
             entry = {"type": "file", "oid": git_blob_id(data), "size": len(data), "path": path}
             if self.is_lfs(path):
@@ -226,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
         entries = hub.tree_entries(repo, commit, under)
         if under and not entries:
             return self._send_json({"error": f"Entry not found: {under}"}, 404)
-        page = entries[start:start + hub.page_size]
+        page = entries[start : start + hub.page_size]
         headers = {}
         if start + hub.page_size < len(entries):
             base = f"{hub.url}/api/datasets/{repo}/tree/{quote(revision, safe='')}"

@@ -83,12 +83,28 @@ PULL_BACKOFF_S, PULL_BACKOFF_MAX_S = 10.0, 300.0
 # An image reference as the container runtime parses it (distribution's reference grammar, simplified): what fails
 # it is InvalidImageName, never pulled.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-IMAGE_REFERENCE = re.compile(rf"^(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
-                             r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z]"
-                             r"[A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+IMAGE_REFERENCE = re.compile(
+    rf"^(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z]"
+    r"[A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
 QUANTITY = re.compile(r"^([0-9.]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
-QUANTITY_FACTORS = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-                    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+QUANTITY_FACTORS = {
+    None: 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
 # Runs first in the pod's new UTS + mount namespaces: host name, /etc/hosts, the volumes, then the command.
 POD_INIT = """
 import json, os, socket, subprocess, sys
@@ -135,11 +151,11 @@ def expand(text: str, values: dict[str, str]) -> str:
             out.append("$")
             i += 2
         elif follow == "(" and (end := text.find(")", i + 2)) != -1:
-            name = text[i + 2:end]
+            name = text[i + 2 : end]
             out.append(values.get(name, f"$({name})"))
             i = end + 1
         else:  # an operator that begins no reference (or an unclosed one): kept as written
-            out.append(text[i:i + 2])
+            out.append(text[i : i + 2])
             i += 2
     return "".join(out)
 
@@ -189,24 +205,47 @@ class Agent:
     # -- the Node, its Lease and its Ready condition ---------------------------------------------------------
     def ready_condition(self) -> dict[str, Any]:
         stamp = now().isoformat()
-        return {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": stamp,
-                "lastTransitionTime": stamp, "message": "k8s_node_agent (kubelet stand-in) is posting ready status"}
+        return {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "lastHeartbeatTime": stamp,
+            "lastTransitionTime": stamp,
+            "message": "k8s_node_agent (kubelet stand-in) is posting ready status",
+        }
 
     def register(self) -> None:
         capacity = self.capacity()
-        body = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node,
-                                                            "kubernetes.io/os": "linux"}},
-                "status": {"capacity": capacity, "allocatable": capacity,
-                           "addresses": [{"type": "InternalIP", "address": self.address},
-                                         {"type": "Hostname", "address": self.node}],
-                           "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
-                           "nodeInfo": {"kubeletVersion": "v0.0.0-k8s-node-agent", "operatingSystem": "linux",
-                                        "architecture": "amd64", "containerRuntimeVersion": "none://stand-in",
-                                        "kernelVersion": os.uname().release, "osImage": "k8s_node_agent",
-                                        "kubeProxyVersion": "", "machineID": "", "systemUUID": "",
-                                        "bootID": str(time.time_ns())},
-                           "conditions": [self.ready_condition()]}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.node,
+                "labels": {"kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux"},
+            },
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "addresses": [
+                    {"type": "InternalIP", "address": self.address},
+                    {"type": "Hostname", "address": self.node},
+                ],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
+                "nodeInfo": {
+                    "kubeletVersion": "v0.0.0-k8s-node-agent",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                    "containerRuntimeVersion": "none://stand-in",
+                    "kernelVersion": os.uname().release,
+                    "osImage": "k8s_node_agent",
+                    "kubeProxyVersion": "",
+                    "machineID": "",
+                    "systemUUID": "",
+                    "bootID": str(time.time_ns()),
+                },
+                "conditions": [self.ready_condition()],
+            },
+        }
         try:
             self.core.create_node(body)
         except ApiException as exc:
@@ -221,8 +260,12 @@ class Agent:
         """CPU, memory and pods; GPUs and EFA devices as the device plugins advertise them, where this node has
         some (an EKS p4de: 8 and 4), so the real scheduler counts them as it does on EKS."""
         extended = {GPU: self.gpus, EFA: self.efa}
-        return {"cpu": self.cpu, "memory": self.memory, "pods": "110",
-                **{name: str(count) for name, count in extended.items() if count}}
+        return {
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "pods": "110",
+            **{name: str(count) for name, count in extended.items() if count},
+        }
 
     def refresh_status(self) -> None:
         self.core.patch_node_status(self.node, {"status": {"conditions": [self.ready_condition()]}})
@@ -235,9 +278,14 @@ class Agent:
             self.core.patch_node(self.node, {"spec": {"taints": kept}})
 
     def renew_lease(self) -> None:
-        body = {"metadata": {"name": self.node, "namespace": "kube-node-lease"},
-                "spec": {"holderIdentity": self.node, "leaseDurationSeconds": 40,
-                         "renewTime": now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
+        body = {
+            "metadata": {"name": self.node, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": self.node,
+                "leaseDurationSeconds": 40,
+                "renewTime": now().strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            },
+        }
         try:
             self.coordination.patch_namespaced_lease(self.node, "kube-node-lease", body)
         except ApiException as exc:
@@ -286,15 +334,23 @@ class Agent:
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOSTNAME": pod.spec.hostname or pod.metadata.name}
 
     def field_value(self, pod: client.V1Pod, path: str) -> str:
-        simple = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
-                  "metadata.uid": pod.metadata.uid, "spec.nodeName": self.node, "status.podIP": self.address,
-                  "status.hostIP": self.address, "spec.serviceAccountName": pod.spec.service_account_name or ""}
+        simple = {
+            "metadata.name": pod.metadata.name,
+            "metadata.namespace": pod.metadata.namespace,
+            "metadata.uid": pod.metadata.uid,
+            "spec.nodeName": self.node,
+            "status.podIP": self.address,
+            "status.hostIP": self.address,
+            "spec.serviceAccountName": pod.spec.service_account_name or "",
+        }
         if path in simple:
             return simple[path]
-        for prefix, values in (("metadata.annotations", pod.metadata.annotations),
-                               ("metadata.labels", pod.metadata.labels)):
+        for prefix, values in (
+            ("metadata.annotations", pod.metadata.annotations),
+            ("metadata.labels", pod.metadata.labels),
+        ):
             if path.startswith(prefix + "['") and path.endswith("']"):
-                return (values or {}).get(path[len(prefix) + 2:-2], "")
+                return (values or {}).get(path[len(prefix) + 2 : -2], "")
         raise ValueError(f"fieldRef {path!r} is not supported by the node agent stand-in")
 
     def volume_sources(self, pod: client.V1Pod) -> dict[str, dict[str, Any]]:
@@ -313,7 +369,8 @@ class Agent:
                 sources[volume.name] = {"source": str(folder)}
             elif volume.persistent_volume_claim is not None:
                 claim = self.core.read_namespaced_persistent_volume_claim(
-                    volume.persistent_volume_claim.claim_name, pod.metadata.namespace)
+                    volume.persistent_volume_claim.claim_name, pod.metadata.namespace
+                )
                 if not claim.spec.volume_name:
                     raise ValueError(f"PVC {claim.metadata.name} is not bound to a PersistentVolume")
                 pv = self.core.read_persistent_volume(claim.spec.volume_name)
@@ -323,8 +380,10 @@ class Agent:
                 Path(local.path).mkdir(parents=True, exist_ok=True)
                 sources[volume.name] = {"source": local.path}
             elif volume.empty_dir is not None and volume.empty_dir.medium == "Memory":
-                sources[volume.name] = {"tmpfs_bytes": self.memory_volume_bytes(pod, volume.empty_dir.size_limit),
-                                        "mode": "0777"}
+                sources[volume.name] = {
+                    "tmpfs_bytes": self.memory_volume_bytes(pod, volume.empty_dir.size_limit),
+                    "mode": "0777",
+                }
             elif volume.empty_dir is not None:
                 folder = self.pod_dir(pod.metadata.uid) / "volumes" / volume.name
                 folder.mkdir(parents=True, exist_ok=True)
@@ -337,8 +396,11 @@ class Agent:
         """A memory emptyDir's tmpfs size as the kubelet sets it (pkg/volume/emptydir, SizeMemoryBackedVolumes):
         the pod's memory limit (its containers' limits summed; none: the node's allocatable memory), or the
         volume's sizeLimit where that is smaller."""
-        limits = [quantity_bytes(c.resources.limits["memory"]) for c in pod.spec.containers
-                  if c.resources and c.resources.limits and "memory" in c.resources.limits]
+        limits = [
+            quantity_bytes(c.resources.limits["memory"])
+            for c in pod.spec.containers
+            if c.resources and c.resources.limits and "memory" in c.resources.limits
+        ]
         size = sum(limits) if limits else quantity_bytes(self.memory)
         return min(size, quantity_bytes(size_limit)) if size_limit else size
 
@@ -346,24 +408,35 @@ class Agent:
         """What the pod's mount namespace gets, in order: its own /dev/shm (a tmpfs of the runtime's 64 MiB, as a
         container runtime gives every pod), then the container's volumeMounts (a memory emptyDir at /dev/shm
         mounted over it, as on a real node)."""
-        mounts = [{"name": "shm", "target": "/dev/shm", "tmpfs_bytes": SHM_DEFAULT_BYTES, "mode": "1777",
-                   "read_only": False}]
+        mounts = [
+            {"name": "shm", "target": "/dev/shm", "tmpfs_bytes": SHM_DEFAULT_BYTES, "mode": "1777", "read_only": False}
+        ]
         for mount in container.volume_mounts or []:
             if mount.name in sources:
-                mounts.append({"name": mount.name, "target": mount.mount_path, "read_only": bool(mount.read_only),
-                               **sources[mount.name]})
+                mounts.append(
+                    {
+                        "name": mount.name,
+                        "target": mount.mount_path,
+                        "read_only": bool(mount.read_only),
+                        **sources[mount.name],
+                    }
+                )
         return mounts
 
     def image_problem(self, image: str) -> tuple[str, str] | None:
         """(reason, message) where the container runtime would not have the image: a name it cannot parse
         (InvalidImageName, never retried), or one this node cannot pull (ErrImagePull: not among --images)."""
         if not IMAGE_REFERENCE.match(image):
-            return "InvalidImageName", (f'Failed to apply default image tag "{image}": couldn\'t parse image name '
-                                        f'"{image}": invalid reference format')
+            return "InvalidImageName", (
+                f'Failed to apply default image tag "{image}": couldn\'t parse image name '
+                f'"{image}": invalid reference format'
+            )
         if not any(fnmatch.fnmatchcase(image, pattern) for pattern in self.images):
-            return "ErrImagePull", (f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": '
-                                    f"k8s_node_agent (kubelet stand-in): not among the images this node can pull "
-                                    f"({', '.join(self.images)})")
+            return "ErrImagePull", (
+                f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": '
+                f"k8s_node_agent (kubelet stand-in): not among the images this node can pull "
+                f"({', '.join(self.images)})"
+            )
         return None
 
     def start_pod(self, pod: client.V1Pod) -> None:
@@ -373,8 +446,17 @@ class Agent:
         folder = self.pod_dir(uid)
         folder.mkdir(parents=True, exist_ok=True)
         log_path = folder / f"{container.name}.log"
-        running = RunningPod(uid, pod.metadata.namespace, pod.metadata.name, container.name, None, log_path, now(),
-                             hostname=pod.spec.hostname or pod.metadata.name, image=container.image or "")
+        running = RunningPod(
+            uid,
+            pod.metadata.namespace,
+            pod.metadata.name,
+            container.name,
+            None,
+            log_path,
+            now(),
+            hostname=pod.spec.hostname or pod.metadata.name,
+            image=container.image or "",
+        )
         self.pods[uid] = running
         if self.pull_image(running):
             return
@@ -384,16 +466,35 @@ class Agent:
             argv = [expand(word, env) for word in [*(container.command or []), *(container.args or [])]]
             if not argv:
                 raise ValueError("the container has no command: the node agent pulls no image to take one from")
-            spec = {"hostname": pod.spec.hostname or pod.metadata.name, "hosts": str(self.root / "hosts"),
-                    "mounts": self.pod_mounts(container, sources), "workdir": container.working_dir or "/",
-                    "argv": argv, "env": {**self.runtime_env(pod), **env}}
+            spec = {
+                "hostname": pod.spec.hostname or pod.metadata.name,
+                "hosts": str(self.root / "hosts"),
+                "mounts": self.pod_mounts(container, sources),
+                "workdir": container.working_dir or "/",
+                "argv": argv,
+                "env": {**self.runtime_env(pod), **env},
+            }
             self.patch_running(pod, container, running.started)
             self.write_hosts()
             with open(log_path, "ab") as output:
                 running.process = subprocess.Popen(
-                    ["unshare", "--uts", "--mount", "--propagation", "private", "--", sys.executable, "-c", POD_INIT,
-                     json.dumps(spec)], stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-                    start_new_session=True)
+                    [
+                        "unshare",
+                        "--uts",
+                        "--mount",
+                        "--propagation",
+                        "private",
+                        "--",
+                        sys.executable,
+                        "-c",
+                        POD_INIT,
+                        json.dumps(spec),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=output,
+                    start_new_session=True,
+                )
         except (ValueError, KeyError, ApiException, OSError) as exc:
             log_path.write_text(f"k8s_node_agent: cannot start the container: {exc}\n")
             self.patch_terminated(running, 128, "StartError", str(exc))
@@ -422,8 +523,9 @@ class Agent:
         if running.backoff_at is not None and clock >= running.backoff_at:
             running.backoff_at = None
             _, message = self.image_problem(running.image) or ("", "")
-            self.patch_waiting(running, "ImagePullBackOff", f'Back-off pulling image "{running.image}": '
-                                                            f"ErrImagePull: {message}")
+            self.patch_waiting(
+                running, "ImagePullBackOff", f'Back-off pulling image "{running.image}": ErrImagePull: {message}'
+            )
         elif running.next_pull_at is not None and clock >= running.next_pull_at:
             self.pull_image(running)
 
@@ -431,24 +533,54 @@ class Agent:
         """A pod whose container waits (Pending, started on its node: startTime set, not ready)."""
         stamp = running.started.isoformat()
         unready = f"containers with unready status: [{running.container}]"
-        conditions = [{"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": stamp},
-                      {"type": "Initialized", "status": "True", "lastTransitionTime": stamp},
-                      *({"type": kind, "status": "False", "reason": "ContainersNotReady", "message": unready,
-                         "lastTransitionTime": stamp} for kind in ("ContainersReady", "Ready"))]
+        conditions = [
+            {"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": stamp},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": stamp},
+            *(
+                {
+                    "type": kind,
+                    "status": "False",
+                    "reason": "ContainersNotReady",
+                    "message": unready,
+                    "lastTransitionTime": stamp,
+                }
+                for kind in ("ContainersReady", "Ready")
+            ),
+        ]
         try:
-            self.core.patch_namespaced_pod_status(running.name, running.namespace, {"status": {
-                "phase": "Pending", "hostIP": self.address, "hostIPs": [{"ip": self.address}],
-                "podIP": self.address, "podIPs": [{"ip": self.address}], "startTime": stamp,
-                "conditions": conditions,
-                "containerStatuses": [{"name": running.container, "image": running.image, "imageID": "",
-                                       "ready": False, "started": False, "restartCount": 0,
-                                       "state": {"waiting": {"reason": reason, "message": message}}}]}})
+            self.core.patch_namespaced_pod_status(
+                running.name,
+                running.namespace,
+                {
+                    "status": {
+                        "phase": "Pending",
+                        "hostIP": self.address,
+                        "hostIPs": [{"ip": self.address}],
+                        "podIP": self.address,
+                        "podIPs": [{"ip": self.address}],
+                        "startTime": stamp,
+                        "conditions": conditions,
+                        "containerStatuses": [
+                            {
+                                "name": running.container,
+                                "image": running.image,
+                                "imageID": "",
+                                "ready": False,
+                                "started": False,
+                                "restartCount": 0,
+                                "state": {"waiting": {"reason": reason, "message": message}},
+                            }
+                        ],
+                    }
+                },
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
 
-    def pod_inputs(self, pod: client.V1Pod, container: client.V1Container
-                   ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    def pod_inputs(
+        self, pod: client.V1Pod, container: client.V1Container
+    ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
         """The pod's environment and volumes. The apiserver's Node authorizer learns of a new binding a moment after
         the scheduler made it (its graph), so a 403 is retried for a while, as the kubelet does."""
         deadline = time.monotonic() + AUTHORIZER_LAG_S
@@ -462,24 +594,65 @@ class Agent:
 
     def patch_running(self, pod: client.V1Pod, container: client.V1Container, started: datetime.datetime) -> None:
         stamp = started.isoformat()
-        conditions = [{"type": kind, "status": "True", "lastTransitionTime": stamp}
-                      for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")]
-        self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
-            "phase": "Running", "hostIP": self.address, "hostIPs": [{"ip": self.address}], "podIP": self.address,
-            "podIPs": [{"ip": self.address}], "startTime": stamp, "conditions": conditions,
-            "containerStatuses": [{"name": container.name, "image": container.image or "", "imageID": "",
-                                   "ready": True, "started": True, "restartCount": 0,
-                                   "state": {"running": {"startedAt": stamp}}}]}})
+        conditions = [
+            {"type": kind, "status": "True", "lastTransitionTime": stamp}
+            for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+        ]
+        self.core.patch_namespaced_pod_status(
+            pod.metadata.name,
+            pod.metadata.namespace,
+            {
+                "status": {
+                    "phase": "Running",
+                    "hostIP": self.address,
+                    "hostIPs": [{"ip": self.address}],
+                    "podIP": self.address,
+                    "podIPs": [{"ip": self.address}],
+                    "startTime": stamp,
+                    "conditions": conditions,
+                    "containerStatuses": [
+                        {
+                            "name": container.name,
+                            "image": container.image or "",
+                            "imageID": "",
+                            "ready": True,
+                            "started": True,
+                            "restartCount": 0,
+                            "state": {"running": {"startedAt": stamp}},
+                        }
+                    ],
+                }
+            },
+        )
 
     def patch_terminated(self, running: RunningPod, code: int, reason: str, message: str = "") -> None:
         stamp = now().isoformat()
-        status = {"phase": "Succeeded" if code == 0 else "Failed", "conditions": [
-            {"type": kind, "status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
-            for kind in ("ContainersReady", "Ready")],
-            "containerStatuses": [{"name": running.container, "image": "", "imageID": "", "ready": False,
-                                   "started": False, "restartCount": 0, "state": {"terminated": {
-                                       "exitCode": code, "reason": reason, "message": message,
-                                       "startedAt": running.started.isoformat(), "finishedAt": stamp}}}]}
+        status = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "conditions": [
+                {"type": kind, "status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
+                for kind in ("ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {
+                    "name": running.container,
+                    "image": "",
+                    "imageID": "",
+                    "ready": False,
+                    "started": False,
+                    "restartCount": 0,
+                    "state": {
+                        "terminated": {
+                            "exitCode": code,
+                            "reason": reason,
+                            "message": message,
+                            "startedAt": running.started.isoformat(),
+                            "finishedAt": stamp,
+                        }
+                    },
+                }
+            ],
+        }
         try:
             self.core.patch_namespaced_pod_status(running.name, running.namespace, {"status": status})
         except ApiException as exc:
@@ -510,8 +683,13 @@ class Agent:
                 # The kubelet's last word on a deleted pod: its containers are gone, so the object may go too.
                 try:
                     # The grace period in the body: with a body, the apiserver reads the options from it alone.
-                    self.core.delete_namespaced_pod(running.name, running.namespace, body=client.V1DeleteOptions(
-                        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=running.uid)))
+                    self.core.delete_namespaced_pod(
+                        running.name,
+                        running.namespace,
+                        body=client.V1DeleteOptions(
+                            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=running.uid)
+                        ),
+                    )
                     log.info("pod %s/%s removed", running.namespace, running.name)
                 except ApiException as exc:
                     if exc.status not in (404, 409):  # 409: the uid differs, a new pod of the same name
@@ -532,8 +710,15 @@ class Agent:
             running = self.pods.get(uid)
             if pod.metadata.deletion_timestamp is not None:
                 if running is None:
-                    running = RunningPod(uid, pod.metadata.namespace, pod.metadata.name,
-                                         pod.spec.containers[0].name, None, Path("/dev/null"), now())
+                    running = RunningPod(
+                        uid,
+                        pod.metadata.namespace,
+                        pod.metadata.name,
+                        pod.spec.containers[0].name,
+                        None,
+                        Path("/dev/null"),
+                        now(),
+                    )
                     running.reported = True
                     self.pods[uid] = running
                 if not running.deleting:
@@ -554,9 +739,12 @@ class Agent:
                 listed = self.core.list_pod_for_all_namespaces(field_selector=selector)
                 for pod in listed.items:
                     self.on_pod(pod)
-                for event in watch.Watch().stream(self.core.list_pod_for_all_namespaces, field_selector=selector,
-                                                  resource_version=listed.metadata.resource_version,
-                                                  timeout_seconds=60):
+                for event in watch.Watch().stream(
+                    self.core.list_pod_for_all_namespaces,
+                    field_selector=selector,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=60,
+                ):
                     if event["type"] in ("ADDED", "MODIFIED"):
                         self.on_pod(event["object"])
             except Exception as exc:  # noqa: BLE001 - a watch ends or fails; list again, as the kubelet does
@@ -612,8 +800,9 @@ class Agent:
     # -- logs ---------------------------------------------------------------------------------------------------
     def find_log(self, namespace: str, name: str) -> RunningPod | None:
         with self.lock:
-            return next((p for p in self.pods.values() if p.namespace == namespace and p.name == name), None) or \
-                self.find_finished_log(namespace, name)
+            return next(
+                (p for p in self.pods.values() if p.namespace == namespace and p.name == name), None
+            ) or self.find_finished_log(namespace, name)
 
     def find_finished_log(self, namespace: str, name: str) -> RunningPod | None:
         try:
@@ -621,8 +810,11 @@ class Agent:
         except ApiException:
             return None
         path = self.pod_dir(pod.metadata.uid) / f"{pod.spec.containers[0].name}.log"
-        return RunningPod(pod.metadata.uid, namespace, name, pod.spec.containers[0].name, None, path, now()) \
-            if path.is_file() else None
+        return (
+            RunningPod(pod.metadata.uid, namespace, name, pod.spec.containers[0].name, None, path, now())
+            if path.is_file()
+            else None
+        )
 
 
 def log_handler(agent: Agent) -> type[http.server.BaseHTTPRequestHandler]:
@@ -643,8 +835,11 @@ def log_handler(agent: Agent) -> type[http.server.BaseHTTPRequestHandler]:
                 return
             if pod.process is None and not pod.reported and agent.image_problem(pod.image) is not None:
                 # The kubelet's answer for a container that never started (the apiserver passes it on).
-                self.send_error(400, f'container "{pod.container}" in pod "{pod.name}" is waiting to start: '
-                                     "trying and failing to pull image")
+                self.send_error(
+                    400,
+                    f'container "{pod.container}" in pod "{pod.name}" is waiting to start: '
+                    "trying and failing to pull image",
+                )
                 return
             text = whole = pod.log_path.read_bytes() if pod.log_path.is_file() else b""
             if "tailLines" in query:
@@ -686,23 +881,46 @@ def serve_logs(agent: Agent, cert: str, key: str, client_ca: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="kubelet stand-in: one Node of the test cluster")
-    for name in ("--kubeconfig", "--dns-kubeconfig", "--node", "--address", "--tls-cert", "--tls-key", "--client-ca",
-                 "--root"):
+    for name in (
+        "--kubeconfig",
+        "--dns-kubeconfig",
+        "--node",
+        "--address",
+        "--tls-cert",
+        "--tls-key",
+        "--client-ca",
+        "--root",
+    ):
         parser.add_argument(name, required=True)
     parser.add_argument("--port", type=int, default=10250)
     parser.add_argument("--cpu", default="8")
     parser.add_argument("--memory", default="16Gi")
     parser.add_argument("--gpus", type=int, default=0, help=f"{GPU} capacity (no device behind it)")
     parser.add_argument("--efa", type=int, default=0, help=f"{EFA} capacity (no device behind it)")
-    parser.add_argument("--images", action="append", default=None, metavar="PATTERN",
-                        help="an image this node can pull (fnmatch pattern; repeatable; default: every image)")
+    parser.add_argument(
+        "--images",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="an image this node can pull (fnmatch pattern; repeatable; default: every image)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api = config.new_client_from_config(config_file=args.kubeconfig)
-    agent = Agent(node=args.node, address=args.address, port=args.port, root=Path(args.root), cpu=args.cpu,
-                  memory=args.memory, core=client.CoreV1Api(api), coordination=client.CoordinationV1Api(api),
-                  discovery=client.DiscoveryV1Api(config.new_client_from_config(config_file=args.dns_kubeconfig)),
-                  gpus=args.gpus, efa=args.efa, images=tuple(args.images or ("*",)))
+    agent = Agent(
+        node=args.node,
+        address=args.address,
+        port=args.port,
+        root=Path(args.root),
+        cpu=args.cpu,
+        memory=args.memory,
+        core=client.CoreV1Api(api),
+        coordination=client.CoordinationV1Api(api),
+        discovery=client.DiscoveryV1Api(config.new_client_from_config(config_file=args.dns_kubeconfig)),
+        gpus=args.gpus,
+        efa=args.efa,
+        images=tuple(args.images or ("*",)),
+    )
     agent.root.mkdir(parents=True, exist_ok=True)
     agent.write_hosts()
     serve_logs(agent, args.tls_cert, args.tls_key, args.client_ca)

@@ -6,7 +6,7 @@ It serves HTTPS on 127.0.0.1 with a certificate made for the test run (NVIDIA's 
 and the storage service's gRPC ``DataSetService/Put`` that ``workspace upload`` streams files to (trusted
 through ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``). Answers follow ngcsdk's API data classes
 (``basecommand/data/api/*``), which NVIDIA's client parses and prints: ``job run/info/list/log/kill/resume/
-preempt`` and ``workspace create/info/upload`` all run NVIDIA's own code end to end.
+preempt/telemetry`` and ``workspace create/info/upload`` all run NVIDIA's own code end to end.
 
 Jobs run on this machine (tests/fakes/ngc_jobs.py: a supervisor process per job, replicas as processes, the
 local ``bcprun`` stand-in). State, test controls and the request log live in ``$NGC_FAKE_HOME``
@@ -35,15 +35,16 @@ import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 FAKES_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(FAKES_DIR))
 import ngc_control as nc  # noqa: E402
 import ngc_jobs as jobs  # noqa: E402
+import ngc_telemetry as telemetry  # noqa: E402
 from ngc_jobs import ApiError  # noqa: E402
 
 DEFAULT_PAGE_SIZE = 100
@@ -68,8 +69,15 @@ def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
 class Request:
     """One API request as a handler sees it."""
 
-    def __init__(self, server: ApiServer, method: str, path: str, query: dict[str, list[str]], body: bytes,
-                 params: dict[str, str]) -> None:
+    def __init__(
+        self,
+        server: ApiServer,
+        method: str,
+        path: str,
+        query: dict[str, list[str]],
+        body: bytes,
+        params: dict[str, str],
+    ) -> None:
         self.server = server
         self.home = server.home
         self.method = method
@@ -110,9 +118,14 @@ def caller_info(request: Request) -> dict[str, Any]:
     org = variants["key_org"] or request.server.org
     info: dict[str, Any] = {"type": variants["key_type"], "orgName": org, "products": [{"name": "base-command"}]}
     if variants["key_type"] != "SERVICE_KEY":
-        info["user"] = {"id": jobs.USER_ID, "name": jobs.USER, "roles": [
-            {"org": {"name": org}, "orgRoles": ["BASE_COMMAND_USER"]},
-            {"org": {"name": org}, "team": {"name": TEAM}, "orgRoles": [], "teamRoles": ["BASE_COMMAND_USER"]}]}
+        info["user"] = {
+            "id": jobs.USER_ID,
+            "name": jobs.USER,
+            "roles": [
+                {"org": {"name": org}, "orgRoles": ["BASE_COMMAND_USER"]},
+                {"org": {"name": org}, "team": {"name": TEAM}, "orgRoles": [], "teamRoles": ["BASE_COMMAND_USER"]},
+            ],
+        }
     return info
 
 
@@ -124,19 +137,36 @@ def products(request: Request) -> dict[str, Any]:
 @route("GET", r"/v2/users/me")
 def users_me(request: Request) -> dict[str, Any]:
     org = request.server.org
-    return {"user": {"id": jobs.USER_ID, "name": jobs.USER, "email": "emulated.user@example.invalid",
-                     "roles": [{"org": {"name": org, "displayName": org},
-                                "orgRoles": ["BASE_COMMAND_USER", "REGISTRY_USER"]},
-                               {"org": {"name": org, "displayName": org}, "team": {"name": TEAM}, "orgRoles": [],
-                                "teamRoles": ["BASE_COMMAND_USER"]}]},
-            "requestStatus": _ok()}
+    return {
+        "user": {
+            "id": jobs.USER_ID,
+            "name": jobs.USER,
+            "email": "emulated.user@example.invalid",
+            "roles": [
+                {"org": {"name": org, "displayName": org}, "orgRoles": ["BASE_COMMAND_USER", "REGISTRY_USER"]},
+                {
+                    "org": {"name": org, "displayName": org},
+                    "team": {"name": TEAM},
+                    "orgRoles": [],
+                    "teamRoles": ["BASE_COMMAND_USER"],
+                },
+            ],
+        },
+        "requestStatus": _ok(),
+    }
 
 
 @route("GET", r"/v2/orgs/(?P<org>[^/]+)")
 def org_detail(request: Request) -> dict[str, Any]:
     # isDatasetServiceEnabled false: workspaces and results go through the ACE's storage service (gRPC).
-    return {"organizations": {"name": request.params["org"], "displayName": request.params["org"],
-                              "isDatasetServiceEnabled": False}, "requestStatus": _ok()}
+    return {
+        "organizations": {
+            "name": request.params["org"],
+            "displayName": request.params["org"],
+            "isDatasetServiceEnabled": False,
+        },
+        "requestStatus": _ok(),
+    }
 
 
 @route("GET", r"/v2/orgs")
@@ -162,23 +192,56 @@ def aces(request: Request) -> dict[str, Any]:
 def ace_detail(request: Request) -> dict[str, Any]:
     name = unquote(request.params["ace"])
     limits = nc.read_variants(request.home)["ace"]
-    ace_level = {key: limits[key] for key in ("maxRuntimeSeconds", "maxActiveJobsPerUser", "maxAllowedReplicas",
-                                              "terminationGracePeriodSeconds") if limits[key] is not None}
-    per_instance = {"allowMultinode": bool(limits["allowMultinode"]),
-                    "multiNodeSupportedArrayTypes": list(limits["multiNodeSupportedArrayTypes"])}
-    return {"ace": {"id": jobs.ACE_ID, "name": name, **ace_level, "grpcEnabled": False,
-                    "instances": [{"name": instance, "type": "GPU", **per_instance,
-                                   **({"gpus": gpus} if (gpus := jobs.instance_gpus(instance)) else {})}
-                                  for instance in INSTANCES],
-                    "storageServiceConfig": [{"isDefault": True, "type": "NFS", "grpcPort": request.server.grpc_port,
-                                              "storageClusterUuid": STORAGE_CLUSTER}]},
-            "requestStatus": _ok()}
+    ace_level = {
+        key: limits[key]
+        for key in ("maxRuntimeSeconds", "maxActiveJobsPerUser", "maxAllowedReplicas", "terminationGracePeriodSeconds")
+        if limits[key] is not None
+    }
+    per_instance = {
+        "allowMultinode": bool(limits["allowMultinode"]),
+        "multiNodeSupportedArrayTypes": list(limits["multiNodeSupportedArrayTypes"]),
+    }
+    return {
+        "ace": {
+            "id": jobs.ACE_ID,
+            "name": name,
+            **ace_level,
+            "grpcEnabled": False,
+            "instances": [
+                {
+                    "name": instance,
+                    "type": "GPU",
+                    **per_instance,
+                    **({"gpus": gpus} if (gpus := jobs.instance_gpus(instance)) else {}),
+                }
+                for instance in INSTANCES
+            ],
+            "storageServiceConfig": [
+                {
+                    "isDefault": True,
+                    "type": "NFS",
+                    "grpcPort": request.server.grpc_port,
+                    "storageClusterUuid": STORAGE_CLUSTER,
+                }
+            ],
+        },
+        "requestStatus": _ok(),
+    }
 
 
 @route("GET", r"/v2/org/(?P<org>[^/]+)/users/(?P<user>\d+)/quota")
 def storage_quota(request: Request) -> dict[str, Any]:
-    return {"userStorageQuotas": [{"storageClusterUuid": STORAGE_CLUSTER, "available": 1 << 50, "quota": 1 << 50,
-                                   "aceName": request.arg("ace-name")}], "requestStatus": _ok()}
+    return {
+        "userStorageQuotas": [
+            {
+                "storageClusterUuid": STORAGE_CLUSTER,
+                "available": 1 << 50,
+                "quota": 1 << 50,
+                "aceName": request.arg("ace-name"),
+            }
+        ],
+        "requestStatus": _ok(),
+    }
 
 
 @route("GET", r"/v2/org/(?P<org>[^/]+)(?:/team/(?P<team>[^/]+))?/repos/(?P<repo>[^/]+)")
@@ -190,8 +253,10 @@ def repo_detail(request: Request) -> dict[str, Any]:
 def repo_images(request: Request) -> dict[str, Any]:
     tag = request.params.get("tag") or "latest"
     _refuse_missing_image(request, tag)
-    return {"images": [{"tag": tag, "architectureVariants": [{"architecture": "amd64", "os": "linux"}]}],
-            "requestStatus": _ok()}
+    return {
+        "images": [{"tag": tag, "architectureVariants": [{"architecture": "amd64", "os": "linux"}]}],
+        "requestStatus": _ok(),
+    }
 
 
 @route("GET", r"/v2/org/(?P<org>[^/]+)(?:/team/(?P<team>[^/]+))?/repos/(?P<repo>[^/]+)/tags/(?P<tag>[^/]+)")
@@ -200,9 +265,14 @@ def repo_tag(request: Request) -> dict[str, Any]:
     tag = unquote(request.params["tag"])
     _refuse_missing_image(request, tag)
     digest = "sha256:" + hashlib.sha256(f"{request.path}".encode()).hexdigest()
-    return {"tag": tag, "digest": digest, "size": 20 << 30, "isMultiArchitecture": False,
-            "architectureVariants": [{"architecture": "amd64", "os": "linux", "digest": digest}],
-            "requestStatus": _ok()}
+    return {
+        "tag": tag,
+        "digest": digest,
+        "size": 20 << 30,
+        "isMultiArchitecture": False,
+        "architectureVariants": [{"architecture": "amd64", "os": "linux", "digest": digest}],
+        "requestStatus": _ok(),
+    }
 
 
 def _refuse_missing_image(request: Request, tag: str) -> None:
@@ -219,8 +289,11 @@ def user_secrets(request: Request) -> dict[str, Any]:
     `?name=N` narrows to one secret (`secret info`). Values never leave the emulator through the API."""
     known = nc.read_json(request.home / "secrets.json", {})
     wanted = request.arg("name")
-    items = [{"name": name, "description": "", "enabled": True, "kv": [{"key": key} for key in sorted(values)]}
-             for name, values in sorted(known.items()) if wanted in (None, name)]
+    items = [
+        {"name": name, "description": "", "enabled": True, "kv": [{"key": key} for key in sorted(values)]}
+        for name, values in sorted(known.items())
+        if wanted in (None, name)
+    ]
     return {"secrets": items, "version": "1", "requestStatus": _ok()}
 
 
@@ -244,8 +317,11 @@ def submit_job(request: Request) -> dict[str, Any]:
 def list_jobs(request: Request) -> dict[str, Any]:
     """``orderBy=CREATED_DATE_DESC``, dates, status, labels; paged by ``page-size``/``page-number``."""
     org = request.params["org"]
-    selected = [entry["job"] for entry in nc.read_state(request.home)["jobs"].values()
-                if entry["job"].get("orgName") == org and jobs.list_matches(entry["job"], request.query)]
+    selected = [
+        entry["job"]
+        for entry in nc.read_state(request.home)["jobs"].values()
+        if entry["job"].get("orgName") == org and jobs.list_matches(entry["job"], request.query)
+    ]
     if request.arg("page-number") in (None, "0"):  # a list call (its later pages follow the first one's view)
         request.server.lagging = _lagging(request, selected)
     selected = [job for job in selected if job["id"] not in request.server.lagging]
@@ -301,6 +377,18 @@ def resume_job(request: Request) -> dict[str, Any]:
     _job_entry(request)
     jobs.resume(request.home, int(request.params["id"]))
     return {"requestStatus": _ok()}
+
+
+@route("GET", r"/v2/org/(?P<org>[^/]+)/jobs/(?P<id>\d+)(?:/replicas/(?P<replica>\d+))?/telemetry")
+def job_telemetry(request: Request) -> dict[str, Any]:
+    """`job telemetry ID[:R]`: a MeasurementResultListResponse (tests/fakes/ngc_telemetry.py says what is in it)."""
+    replica = request.params.get("replica")
+    return {
+        **telemetry.telemetry(
+            request.home, _job_entry(request), None if replica is None else int(replica), request.arg("q")
+        ),
+        "requestStatus": _ok(),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -365,8 +453,13 @@ def workspace_info(request: Request) -> dict[str, Any]:
 def _workspace_view(request: Request, name: str, workspace: dict[str, Any]) -> dict[str, Any]:
     folder = request.home / "workspaces" / name
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    return {**workspace, "aceName": workspace.get("aceName") or request.server.ace, "sizeInBytes": size,
-            "creatorUserId": jobs.USER_ID, "aceStorageServiceUrl": "https://127.0.0.1"}
+    return {
+        **workspace,
+        "aceName": workspace.get("aceName") or request.server.ace,
+        "sizeInBytes": size,
+        "creatorUserId": jobs.USER_ID,
+        "aceStorageServiceUrl": "https://127.0.0.1",
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -383,14 +476,25 @@ def _page(request: Request, key: str, items: list[Any], extra: dict[str, Any] | 
     size = max(1, min(int(request.arg("page-size") or DEFAULT_PAGE_SIZE), int(control.get("page_size") or 10**9)))
     number = int(request.arg("page-number") or 0)
     total_pages = max(1, -(-len(items) // size))
-    return {key: items[number * size:(number + 1) * size], **(extra or {}), "requestStatus": _ok(),
-            "paginationInfo": {"index": number, "size": size, "totalResults": len(items), "totalPages": total_pages}}
+    return {
+        key: items[number * size : (number + 1) * size],
+        **(extra or {}),
+        "requestStatus": _ok(),
+        "paginationInfo": {"index": number, "size": size, "totalResults": len(items), "totalPages": total_pages},
+    }
 
 
 def _error_body(status: int, message: str) -> bytes:
     code = {400: "INVALID_REQUEST", 401: "UNAUTHORIZED", 404: "NOT_FOUND", 409: "CONFLICT"}.get(status, "ERROR")
-    return json.dumps({"requestStatus": {"statusCode": code, "statusDescription": message,
-                                         "requestId": f"emu-{secrets.token_hex(6)}"}}).encode()
+    return json.dumps(
+        {
+            "requestStatus": {
+                "statusCode": code,
+                "statusDescription": message,
+                "requestId": f"emu-{secrets.token_hex(6)}",
+            }
+        }
+    ).encode()
 
 
 class _HttpHandler(http.server.BaseHTTPRequestHandler):
@@ -498,16 +602,18 @@ class ApiServer:
         elif header not in self.bearer_headers:
             raise ApiError(401, "Missing or expired bearer token")
         elif self.scoped_key and "/repos/" not in path:  # such a key has one org: another org's jobs,
-            org = re.match(r"^/v2/orgs?/([^/]+)", path)      # ACEs... are not its to see (images may be public)
+            org = re.match(r"^/v2/orgs?/([^/]+)", path)  # ACEs... are not its to see (images may be public)
             key_org = nc.read_variants(self.home)["key_org"] or self.org
             if org and unquote(org.group(1)) != key_org:
                 raise ApiError(403, f"Forbidden: the API key has no access to org '{unquote(org.group(1))}'")
 
     def take_fault(self, method: str, path: str) -> dict[str, Any]:
         """The first matching test fault (``fail_requests`` / ``delay_requests``), consumed; {} when none."""
+
         def matches(fault: dict[str, Any]) -> bool:
-            return method in (fault.get("method") or method).split(",") \
-                and fnmatch.fnmatchcase(path, fault.get("path") or "*")
+            return method in (fault.get("method") or method).split(",") and fnmatch.fnmatchcase(
+                path, fault.get("path") or "*"
+            )
 
         if not any(map(matches, nc.read_json(self.home / "control.json", {}).get("faults", []))):
             return {}  # the common case, answered without taking the lock
@@ -520,8 +626,14 @@ class ApiServer:
         return {}
 
     def log_request(self, method: str, path: str, query: str, status: int, seconds: float) -> None:
-        record = {"method": method, "path": path, "query": query, "status": status,
-                  "duration_s": round(seconds, 4), "ts": nc.iso_now()}
+        record = {
+            "method": method,
+            "path": path,
+            "query": query,
+            "status": status,
+            "duration_s": round(seconds, 4),
+            "ts": nc.iso_now(),
+        }
         with self._log_lock, open(self.home / "requests.jsonl", "a", encoding="utf-8") as log:
             log.write(json.dumps(record) + "\n")
 
@@ -529,8 +641,10 @@ class ApiServer:
         """Serve HTTPS and gRPC until SIGTERM/SIGINT; announce the addresses in api.json."""
         grpc_server = start_grpc(self)
         url = f"https://127.0.0.1:{self.http.server_address[1]}"
-        nc.write_json(self.home / "api.json", {"url": url, "grpc": f"127.0.0.1:{self.grpc_port}",
-                                                "ca": str(self.tls["cert"]), "pid": os.getpid()})
+        nc.write_json(
+            self.home / "api.json",
+            {"url": url, "grpc": f"127.0.0.1:{self.grpc_port}", "ca": str(self.tls["cert"]), "pid": os.getpid()},
+        )
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -579,8 +693,9 @@ def start_grpc(api: ApiServer) -> Any:
                         os.replace(temporary, target)
                         handle = None
                         api.log_request("GRPC", "DataSetService/Put", f"workspace={name}", 200, 0.0)
-                        yield upload_pb2.PutResponse(status=finished, totalTransfered=written,
-                                                     fileName=str(target.relative_to(root)))
+                        yield upload_pb2.PutResponse(
+                            status=finished, totalTransfered=written, fileName=str(target.relative_to(root))
+                        )
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     upload_pb2_grpc.add_DataSetServiceServicer_to_server(UploadService(), server)
@@ -606,31 +721,45 @@ def make_certificate(folder: Path) -> dict[str, Path]:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bcp-pipeline NGC API emulator")])
     now = datetime.datetime.now(datetime.timezone.utc)
     certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(private.public_key())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=7))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                    x509.DNSName("localhost")]), critical=False)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=7))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(private, hashes.SHA256())
     )
-    key.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     return {"cert": cert, "key": key}
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: ngc_api.py HOME   (env: NGC_FAKE_API_KEY, NGC_FAKE_ORG, NGC_FAKE_ACE, NGC_FAKE_TLS_DIR)",
-              file=sys.stderr)
+        print(
+            "usage: ngc_api.py HOME   (env: NGC_FAKE_API_KEY, NGC_FAKE_ORG, NGC_FAKE_ACE, NGC_FAKE_TLS_DIR)",
+            file=sys.stderr,
+        )
         return 2
     home = Path(argv[0])
     home.mkdir(parents=True, exist_ok=True)
-    server = ApiServer(home, api_key=os.environ["NGC_FAKE_API_KEY"],
-                       org=os.environ.get("NGC_FAKE_ORG", "bcpp-test-org"),
-                       ace=os.environ.get("NGC_FAKE_ACE", "bcpp-test-ace"),
-                       tls_dir=Path(os.environ.get("NGC_FAKE_TLS_DIR") or home / "tls"))
+    server = ApiServer(
+        home,
+        api_key=os.environ["NGC_FAKE_API_KEY"],
+        org=os.environ.get("NGC_FAKE_ORG", "bcpp-test-org"),
+        ace=os.environ.get("NGC_FAKE_ACE", "bcpp-test-ace"),
+        tls_dir=Path(os.environ.get("NGC_FAKE_TLS_DIR") or home / "tls"),
+    )
     server.serve()
     return 0
 

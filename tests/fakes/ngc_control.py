@@ -31,10 +31,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 FAKES_DIR = Path(__file__).resolve().parent
 SERVER_PID_FILES = ("api-server.pid", "ngc-forkserver.pid")  # in HOME: the servers FakeNgc.start last started
@@ -253,8 +253,15 @@ def signal_groups(pgids: list[int], sig: int) -> None:
             os.killpg(pgid, sig)
 
 
-def stop_job(home: Path, job_id: int | str, status: str, *, details: str | None = None,
-             only_from: frozenset[str] | None = None, grace: bool = True) -> str | None:
+def stop_job(
+    home: Path,
+    job_id: int | str,
+    status: str,
+    *,
+    details: str | None = None,
+    only_from: frozenset[str] | None = None,
+    grace: bool = True,
+) -> str | None:
     """Set a non-terminal job to ``status`` and SIGTERM its processes; returns the previous status.
 
     The supervisor sees the job is no longer RUNNING, escalates to SIGKILL after a grace period and never
@@ -268,14 +275,20 @@ def stop_job(home: Path, job_id: int | str, status: str, *, details: str | None 
         if entry is None:
             return None
         previous = entry["job"]["jobStatus"]["status"]
-        if previous in TERMINAL_STATES or previous == "PENDING_TERMINATION" \
-                or (only_from is not None and previous not in only_from):
+        if (
+            previous in TERMINAL_STATES
+            or previous == "PENDING_TERMINATION"
+            or (only_from is not None and previous not in only_from)
+        ):
             raise ValueError(f"job {job_id} is {previous}")
         if status in TERMINAL_STATES and status.startswith("KILLED"):
             entry["job"]["terminationRequestedDate"] = iso_now()
             if period and entry["emu"].get("pgids"):
-                entry["emu"]["terminating"] = {"status": status, "details": details,
-                                               "until": time.time() + float(period)}
+                entry["emu"]["terminating"] = {
+                    "status": status,
+                    "details": details,
+                    "until": time.time() + float(period),
+                }
                 status, details = "PENDING_TERMINATION", None
         set_status(entry, status, details=details)
         pgids = list(entry["emu"].get("pgids", []))
@@ -298,9 +311,16 @@ class FakeNgc:
 
     API_KEY = "emulated-api-key-not-a-secret"  # what the emulator accepts at the token exchange
 
-    def __init__(self, home: Path | str, *, org: str = "bcpp-test-org", ace: str = "bcpp-test-ace",
-                 api_key: str | None = None, tls_dir: Path | None = None,
-                 variants: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path | str,
+        *,
+        org: str = "bcpp-test-org",
+        ace: str = "bcpp-test-ace",
+        api_key: str | None = None,
+        tls_dir: Path | None = None,
+        variants: dict[str, Any] | None = None,
+    ) -> None:
         """``tls_dir``: where the server's certificate is kept (default HOME/tls). Share one across a test
         session: gRPC reads its CA roots once per process. ``variants``: see :meth:`set_variants`.
         ``api_key`` starting with ``nvapi-`` makes it a personal/service key (used directly as the bearer)."""
@@ -326,17 +346,28 @@ class FakeNgc:
         self.shutdown()
 
     # -- the API server ----------------------------------------------------------------------------------------
-    def start(self, timeout: float = 30) -> FakeNgc:
-        """Start the API emulator (tests/fakes/ngc_api.py) as a process; returns once it listens."""
+    def start(self, timeout: float = 180) -> FakeNgc:
+        """Start the API emulator (tests/fakes/ngc_api.py) as a process; returns once it listens. The timeout is
+        an upper bound only: the fork server imports NVIDIA's CLI, which on a loaded 2-core machine (CI's, beside
+        a cold build) has taken more than 30 s."""
         announce = self.home / "api.json"
         announce.unlink(missing_ok=True)
         env = self._base_env()
-        env.update(NGC_FAKE_API_KEY=self.api_key, NGC_FAKE_ORG=self.org, NGC_FAKE_ACE=self.ace,
-                   NGC_FAKE_TLS_DIR=str(self.tls_dir))
+        env.update(
+            NGC_FAKE_API_KEY=self.api_key,
+            NGC_FAKE_ORG=self.org,
+            NGC_FAKE_ACE=self.ace,
+            NGC_FAKE_TLS_DIR=str(self.tls_dir),
+        )
         with open(self.home / "api-server.log", "ab") as log:
             self._server = subprocess.Popen(  # pylint: disable=consider-using-with
-                [sys.executable, str(FAKES_DIR / "ngc_api.py"), str(self.home)], env=env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [sys.executable, str(FAKES_DIR / "ngc_api.py"), str(self.home)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while not announce.exists():
             if self._server.poll() is not None or time.monotonic() > deadline:
@@ -354,8 +385,13 @@ class FakeNgc:
         socket_path.unlink(missing_ok=True)
         with open(self.home / "ngc-forkserver.log", "ab") as log:
             self._forkserver = subprocess.Popen(  # pylint: disable=consider-using-with
-                [sys.executable, str(NGC_EMULATOR), "__forkserver__", str(socket_path)], env=self.env(),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [sys.executable, str(NGC_EMULATOR), "__forkserver__", str(socket_path)],
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         (self.home / SERVER_PID_FILES[1]).write_text(f"{self._forkserver.pid}\n")
         while not socket_path.exists():
             if self._forkserver.poll() is not None or time.monotonic() > deadline:
@@ -411,16 +447,26 @@ class FakeNgc:
         """Run ``ngc`` (NVIDIA's CLI code, tests/fakes/ngc) with ``args``; output captured, any exit code."""
         return subprocess.run(
             [sys.executable, str(NGC_EMULATOR), *args],
-            env=env or self.env(), capture_output=True, text=True, timeout=timeout, check=False,
+            env=env or self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
-    def set_timing(self, *, queued_seconds: float = 0.05, starting_seconds: float = 0.05,
-                   max_job_seconds: float = 3600) -> None:
+    def set_timing(
+        self, *, queued_seconds: float = 0.05, starting_seconds: float = 0.05, max_job_seconds: float = 3600
+    ) -> None:
         """How long new jobs stay QUEUED and STARTING, and when a forgotten job is ended KILLED_BY_SYSTEM."""
         with locked(self.home):
-            write_json(self.home / "timing.json", {"queued_seconds": queued_seconds,
-                                                   "starting_seconds": starting_seconds,
-                                                   "max_job_seconds": max_job_seconds})
+            write_json(
+                self.home / "timing.json",
+                {
+                    "queued_seconds": queued_seconds,
+                    "starting_seconds": starting_seconds,
+                    "max_job_seconds": max_job_seconds,
+                },
+            )
 
     def set_variants(self, **settings: Any) -> None:
         """Emulate another plausible variant of the real service (README.md "Variants"); keys of
@@ -435,8 +481,9 @@ class FakeNgc:
         if settings.get("commandline", "per_replica") not in COMMANDLINE_MODELS:
             raise ValueError(f"commandline must be one of {COMMANDLINE_MODELS}, not {settings['commandline']!r}")
         if settings.get("runonce_preemption", "resumable") not in RUNONCE_PREEMPTION:
-            raise ValueError(f"runonce_preemption must be one of {RUNONCE_PREEMPTION}, "
-                             f"not {settings['runonce_preemption']!r}")
+            raise ValueError(
+                f"runonce_preemption must be one of {RUNONCE_PREEMPTION}, not {settings['runonce_preemption']!r}"
+            )
         with locked(self.home):
             stored = read_json(self.home / "variants.json", {})
             ace = {**(stored.get("ace") or {}), **(settings.pop("ace", None) or {})}
@@ -462,8 +509,16 @@ class FakeNgc:
             write_json(self.home / "secrets.json", secrets)
 
     # -- job rules ----------------------------------------------------------------------------------------------
-    def inject(self, status: str, *, name: str | None = None, label: str | None = None,
-               after_seconds: float | None = None, times: int | None = 1, details: str | None = None) -> None:
+    def inject(
+        self,
+        status: str,
+        *,
+        name: str | None = None,
+        label: str | None = None,
+        after_seconds: float | None = None,
+        times: int | None = 1,
+        details: str | None = None,
+    ) -> None:
         """Make the next matching job(s) end with ``status`` (FAILED, FAILED_RUN_LIMIT_EXCEEDED, KILLED_BY_SYSTEM,
         TASK_LOST, PREEMPTED).
 
@@ -474,8 +529,17 @@ class FakeNgc:
         """
         if status not in INJECTABLE:
             raise ValueError(f"status must be one of {sorted(INJECTABLE)}, not {status!r}")
-        self._add_rule({"action": "status", "status": status, "name": name, "label": label,
-                        "after_seconds": after_seconds, "times": times, "details": details})
+        self._add_rule(
+            {
+                "action": "status",
+                "status": status,
+                "name": name,
+                "label": label,
+                "after_seconds": after_seconds,
+                "times": times,
+                "details": details,
+            }
+        )
 
     def hold_queued(self, *, name: str | None = None, label: str | None = None, times: int | None = 1) -> None:
         """Keep the next matching job(s) QUEUED until :meth:`release`."""
@@ -509,18 +573,27 @@ class FakeNgc:
             control.setdefault("rules", []).append(rule)
 
     # -- API faults, the request log and the CLI call log ----------------------------------------------------
-    def fail_requests(self, count: int, *, method: str | None = None, path: str | None = None, status: int = 503,
-                      message: str | None = None) -> None:
+    def fail_requests(
+        self,
+        count: int,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        status: int = 503,
+        message: str | None = None,
+    ) -> None:
         """Make the next ``count`` API requests matching ``method`` (e.g. "GET", "GET,POST") and the fnmatch
         ``path`` (e.g. "*/jobs") fail with HTTP ``status``, as a transient error of the service would."""
         self._add_fault({"count": count, "method": method, "path": path, "status": status, "message": message})
 
-    def delay_requests(self, seconds: float, *, count: int = 1, method: str | None = None,
-                       path: str | None = None, after: bool = False) -> None:
+    def delay_requests(
+        self, seconds: float, *, count: int = 1, method: str | None = None, path: str | None = None, after: bool = False
+    ) -> None:
         """Make the next ``count`` matching API requests wait ``seconds``: before they are carried out, or with
         ``after`` once they are carried out and before the answer (the job exists; the client does not know)."""
-        self._add_fault({"count": count, "method": method, "path": path, "status": None, "delay_seconds": seconds,
-                         "after": after})
+        self._add_fault(
+            {"count": count, "method": method, "path": path, "status": None, "delay_seconds": seconds, "after": after}
+        )
 
     def _add_fault(self, fault: dict[str, Any]) -> None:
         with update_control(self.home) as control:
@@ -531,6 +604,19 @@ class FakeNgc:
         with update_control(self.home) as control:
             control["missing_images"] = list(images)
 
+    def set_gpu_utilization(
+        self, percent: float | None, job_id: int | str | None = None, replica: int | None = None
+    ) -> None:
+        """A TEST-SET GPU utilization that `job telemetry` reports (for one job's replica, one job, or every job:
+        `job_id` None) in place of the emulator's model (ngc_telemetry.py); None takes it back."""
+        key = "*" if job_id is None else f"{job_id}:{replica}" if replica is not None else str(job_id)
+        with update_control(self.home) as control:
+            values = control.setdefault("gpu_utilization", {})
+            if percent is None:
+                values.pop(key, None)
+            else:
+                values[key] = float(percent)
+
     def set_page_size(self, size: int | None) -> None:
         """Cap the page size of every paged answer (``job list``...), so clients must follow the pages."""
         with update_control(self.home) as control:
@@ -539,8 +625,11 @@ class FakeNgc:
     def requests(self, method: str | None = None, path: str | None = None) -> list[dict[str, Any]]:
         """API requests the emulator answered, oldest first: ``{"method", "path", "query", "status", ...}``."""
         records = _read_jsonl(self.home / "requests.jsonl")
-        return [r for r in records if (method is None or r["method"] == method)
-                and (path is None or fnmatch.fnmatchcase(r["path"], path))]
+        return [
+            r
+            for r in records
+            if (method is None or r["method"] == method) and (path is None or fnmatch.fnmatchcase(r["path"], path))
+        ]
 
     def calls(self, command: str | None = None) -> list[dict[str, Any]]:
         """Logged invocations, oldest first; ``command`` filters on the normalized name, e.g. 'job list'."""

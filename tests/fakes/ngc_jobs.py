@@ -67,8 +67,9 @@ def create_job(home: Path, request: dict[str, Any], *, org: str, team: str | Non
     return entry
 
 
-def _new_entry(home: Path, state: dict[str, Any], job_id: int, request: dict[str, Any], *, org: str,
-               team: str | None) -> dict[str, Any]:
+def _new_entry(
+    home: Path, state: dict[str, Any], job_id: int, request: dict[str, Any], *, org: str, team: str | None
+) -> dict[str, Any]:
     now = nc.iso_now()
     mounts, workspace_mounts = _resolve_workspaces(home, state, request.get("workspaceMounts") or [])
     for dataset in request.get("datasetMounts") or []:
@@ -106,8 +107,16 @@ def _new_entry(home: Path, state: dict[str, Any], job_id: int, request: dict[str
     entry = {
         "job": job,
         "jobStatusHistory": [],
-        "emu": {"attempt": 0, "held": False, "inject": None, "mounts": mounts, "pgids": [], "supervisorPids": [],
-                "resultMount": request.get("resultContainerMountPoint"), "request": request},
+        "emu": {
+            "attempt": 0,
+            "held": False,
+            "inject": None,
+            "mounts": mounts,
+            "pgids": [],
+            "supervisorPids": [],
+            "resultMount": request.get("resultContainerMountPoint"),
+            "request": request,
+        },
     }
     nc.set_status(entry, "CREATED")
     return entry
@@ -157,9 +166,12 @@ def check_ace_limits(request: dict[str, Any], limits: dict[str, Any]) -> None:
     if replicas > 1 and not limits.get("allowMultinode"):
         raise ApiError(400, f"Instance '{request.get('aceInstance')}' does not allow multinode jobs in this ACE.")
     if replicas > 1 and request.get("arrayType") not in (limits.get("multiNodeSupportedArrayTypes") or []):
-        raise ApiError(400, f"Array type '{request.get('arrayType')}' is not supported for multinode jobs on "
-                            f"instance '{request.get('aceInstance')}' (supported: "
-                            f"{', '.join(limits.get('multiNodeSupportedArrayTypes') or []) or 'none'}).")
+        raise ApiError(
+            400,
+            f"Array type '{request.get('arrayType')}' is not supported for multinode jobs on "
+            f"instance '{request.get('aceInstance')}' (supported: "
+            f"{', '.join(limits.get('multiNodeSupportedArrayTypes') or []) or 'none'}).",
+        )
 
 
 def _labels(request: dict[str, Any]) -> dict[str, Any]:
@@ -235,10 +247,14 @@ def kill(home: Path, job_id: int, reason: str | None) -> None:
 
 
 # The real service's words for these refusals are unknown (ngcsdk and NVIDIA's scripts show none): ours, marked so.
-RUNONCE_NOT_PREEMPTABLE = ("Job '{job_id}' has preempt class RUNONCE and cannot be preempted. (emulator, variant "
-                           "runonce_preemption=refused: the real wording is unknown)")
-RUNONCE_NOT_RESUMABLE = ("Job '{job_id}' has preempt class RUNONCE and cannot be resumed; submit it again. (emulator, "
-                         "variant runonce_preemption=not_resumable: the real wording is unknown)")
+RUNONCE_NOT_PREEMPTABLE = (
+    "Job '{job_id}' has preempt class RUNONCE and cannot be preempted. (emulator, variant "
+    "runonce_preemption=refused: the real wording is unknown)"
+)
+RUNONCE_NOT_RESUMABLE = (
+    "Job '{job_id}' has preempt class RUNONCE and cannot be resumed; submit it again. (emulator, "
+    "variant runonce_preemption=not_resumable: the real wording is unknown)"
+)
 
 
 def preempt_class(entry: dict[str, Any]) -> str | None:
@@ -248,8 +264,11 @@ def preempt_class(entry: dict[str, Any]) -> str | None:
 
 def _runonce_refuses(home: Path, entry: dict[str, Any] | None, refusing: str, message: str) -> None:
     """A 400 when the job is RUNONCE and the ``runonce_preemption`` variant is ``refusing``."""
-    if entry is not None and preempt_class(entry) == "RUNONCE" \
-            and nc.read_variants(home)["runonce_preemption"] == refusing:
+    if (
+        entry is not None
+        and preempt_class(entry) == "RUNONCE"
+        and nc.read_variants(home)["runonce_preemption"] == refusing
+    ):
         raise ApiError(400, message.format(job_id=entry["job"]["id"]))
 
 
@@ -257,8 +276,13 @@ def preempt(home: Path, job_id: int) -> None:
     """`job preempt` (a request: the test control FakeNgc.preempt, the system's preemption, skips this)."""
     _runonce_refuses(home, nc.entry_of(nc.read_state(home), job_id), "refused", RUNONCE_NOT_PREEMPTABLE)
     try:
-        found = nc.stop_job(home, job_id, "PREEMPTED", details="Preempted by user",
-                            only_from=frozenset({"CREATED", "QUEUED", "STARTING", "RUNNING"}))
+        found = nc.stop_job(
+            home,
+            job_id,
+            "PREEMPTED",
+            details="Preempted by user",
+            only_from=frozenset({"CREATED", "QUEUED", "STARTING", "RUNNING"}),
+        )
     except ValueError as why:
         raise ApiError(400, str(why)) from None
     if found is None:
@@ -317,8 +341,12 @@ def start_supervisor(home: Path, job_id: int) -> int:
     with open(job_dir / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(  # pylint: disable=consider-using-with
             [sys.executable, str(Path(__file__).resolve()), "__supervise__", str(home), str(job_id)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True, close_fds=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
         )
     return proc.pid
 
@@ -350,8 +378,9 @@ def supervise(home: Path, job_id: int) -> int:
     return _monitor(home, job_id, procs, limit) if procs else 0
 
 
-def _transition(home: Path, job_id: int, from_states: set[str], to: str, details: str | None = None,
-                may_start: bool = False) -> bool:
+def _transition(
+    home: Path, job_id: int, from_states: set[str], to: str, details: str | None = None, may_start: bool = False
+) -> bool:
     with nc.update_state(home) as state:
         entry = nc.entry_of(state, job_id)
         if entry is None or entry["job"]["jobStatus"]["status"] not in from_states:
@@ -376,8 +405,10 @@ def _slot_free(state: dict[str, Any], job_id: int, limit: int | None) -> bool:
         return True
     entries = state["jobs"].values()
     active = sum(1 for e in entries if e["job"]["jobStatus"]["status"] in ACTIVE)
-    older_waiting = any(e["job"]["id"] < job_id and e["job"]["jobStatus"]["status"] == "QUEUED"
-                        and not e["emu"]["held"] for e in entries)
+    older_waiting = any(
+        e["job"]["id"] < job_id and e["job"]["jobStatus"]["status"] == "QUEUED" and not e["emu"]["held"]
+        for e in entries
+    )
     return active < int(limit) and not older_waiting
 
 
@@ -398,8 +429,10 @@ def _start_replicas(home: Path, job_id: int) -> list[subprocess.Popen] | None:
         model = nc.read_variants(home)["commandline"]
         entry["emu"]["commandlineModel"] = model
         try:
-            procs = [_spawn_replica(home, entry, replica, run=replica == 0 or model == "per_replica")
-                     for replica in range(_replicas(entry))]
+            procs = [
+                _spawn_replica(home, entry, replica, run=replica == 0 or model == "per_replica")
+                for replica in range(_replicas(entry))
+            ]
             procs = [proc for proc in procs if proc is not None]
         except (OSError, ApiError) as error:
             nc.set_status(entry, "FAILED", details=f"emulator could not start the job: {error}")
@@ -430,8 +463,14 @@ def _spawn_replica(home: Path, entry: dict[str, Any], replica: int, run: bool = 
     env = _replica_env(home, entry, replica, str(results), mounts)
     with open(results / "joblog.log", "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(  # pylint: disable=consider-using-with
-            ["bash", "-c", command], cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+            ["bash", "-c", command],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
         )
 
 
@@ -447,8 +486,9 @@ def substitute_mounts(text: str, mounts: list[tuple[str, str]]) -> str:
     return pattern.sub(lambda match: table[match.group(1)], text)
 
 
-def _replica_env(home: Path, entry: dict[str, Any], replica: int, results: str,
-                 mounts: list[tuple[str, str]]) -> dict[str, str]:
+def _replica_env(
+    home: Path, entry: dict[str, Any], replica: int, results: str, mounts: list[tuple[str, str]]
+) -> dict[str, str]:
     job = entry["job"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(PRIVATE_ENV_PREFIXES)}
     variants = nc.read_variants(home)
@@ -496,9 +536,14 @@ def _network_env(home: Path, work: Path) -> dict[str, str]:
     api = nc.read_json(home / "api.json", {})
     if not api:
         return {}
-    return {"NGC_CLI_API_URL": api["url"], "NGC_CLI_AUTH_URL": api["url"], "REQUESTS_CA_BUNDLE": api["ca"],
-            "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": api["ca"], "NGC_CLI_TRACE_DISABLE": "1",
-            "NGC_CLI_HOME": str(work / ".ngc-home")}
+    return {
+        "NGC_CLI_API_URL": api["url"],
+        "NGC_CLI_AUTH_URL": api["url"],
+        "REQUESTS_CA_BUNDLE": api["ca"],
+        "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": api["ca"],
+        "NGC_CLI_TRACE_DISABLE": "1",
+        "NGC_CLI_HOME": str(work / ".ngc-home"),
+    }
 
 
 def _injected_details(inject: dict[str, Any]) -> str:

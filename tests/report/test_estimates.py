@@ -6,17 +6,17 @@ import json
 import math
 
 import pytest
+from support.pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
 
 from bcp_pipeline.cli.main import main
-from bcp_pipeline.config.load import load_config
-from bcp_pipeline.errors import ConfigError
 from bcp_pipeline.config.instances import KNOWN_INSTANCES, instances_table
-from bcp_pipeline.report.estimates import actual_rates, estimate_pipeline
-from bcp_pipeline.report.mfu import flops_per_token, params_for_flops
+from bcp_pipeline.config.load import load_config
 from bcp_pipeline.config.nemo import KNOWN_SHAPES
 from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.state import StageState, StageStatus
-from support.pipeline_fixtures import CHAIN_CONFIG, REPO, write_chain_project
+from bcp_pipeline.errors import ConfigError
+from bcp_pipeline.report.estimates import actual_rates, estimate_pipeline
+from bcp_pipeline.report.mfu import flops_per_token, params_for_flops
 
 BUNDLED = REPO / "pipelines.yaml"
 
@@ -24,14 +24,14 @@ BUNDLED = REPO / "pipelines.yaml"
 def test_7b_improved_flops_per_token_by_hand():
     # 32 layers x (4 x 4096^2 attention + 3 x 4096 x 10880 swiglu FFN) + output layer 50688 x 4096, where 50688 is
     # 50257 padded to a multiple of 128 x TP 4.
-    n = 32 * (4 * 4096 ** 2 + 3 * 4096 * 10880) + 50688 * 4096
+    n = 32 * (4 * 4096**2 + 3 * 4096 * 10880) + 50688 * 4096
     assert params_for_flops(KNOWN_SHAPES["gpt3/7b_improved"], 4) == n == 6_633_291_776
     assert flops_per_token(KNOWN_SHAPES["gpt3/7b_improved"], 4) == 6 * n + 12 * 32 * 2048 * 4096
 
 
 def test_126m_parameters_by_hand():
     # 12 layers x 12 x 768^2 (4 h^2 attention + 8 h^2 FFN of 4h) + 50304 x 768 (50257 padded to 128 x TP 1)
-    assert params_for_flops(KNOWN_SHAPES["gpt3/126m"], 1) == 12 * 12 * 768 ** 2 + 50304 * 768
+    assert params_for_flops(KNOWN_SHAPES["gpt3/126m"], 1) == 12 * 12 * 768**2 + 50304 * 768
 
 
 def test_slimpajama_8b_training_time_and_attempts():
@@ -83,31 +83,37 @@ def test_plan_text_and_json_carry_the_same_estimates(capsys):
 def test_data_stage_time_is_cpu_or_storage_bound():
     pipeline = load_and_check(BUNDLED).pipeline("slimpajama-8b")
     stages = {s.stage: s for s in estimate_pipeline(pipeline, KNOWN_INSTANCES).stages}
-    # tokenize-preprocess: 627e9 tokens / (2 nodes x 37 processes x 3 workers x 1.95e6 tokens/s per core)
-    assert stages["tokenize-preprocess"].seconds == pytest.approx(627e9 / (2 * 111 * 1.95e6))
+    # tokenize-preprocess: 627e9 tokens / (2 nodes x 37 processes x 3 workers x 27.1e6 tokens/s per core with
+    # gigatoken) is 104 s, under the 2.6 TB it reads through the declared 1000 MB/s of storage on 2 nodes
+    assert 627e9 / (2 * 111 * 27.1e6) < 2.6e12 / 2e9
+    assert stages["tokenize-preprocess"].seconds == pytest.approx(2.6e12 / 2e9)
+    assert stages["tokenize-preprocess"].basis == "2 node(s) x 1000 MB/s storage (declared)"
     # concat on one node: 2.6 TB through the declared 1000 MB/s of storage beats 48 cores x 976 MB/s
     assert stages["concat"].seconds == pytest.approx(2.6e12 / 1e9)
     assert stages["download"].seconds == pytest.approx(895e9 / (2 * 200e6))
 
 
 def test_declared_instances_extend_the_known_ones(tmp_path):
-    text = CHAIN_CONFIG.replace("backends:\n", "backends:\n  bcp: {instances: {big.1.norm: {gpus: 1, cpu_cores: 4, "
-                                "gpu_peak_tflops: 100}}}\n")
+    text = CHAIN_CONFIG.replace(
+        "backends:\n", "backends:\n  bcp: {instances: {big.1.norm: {gpus: 1, cpu_cores: 4, gpu_peak_tflops: 100}}}\n"
+    )
     config = load_config(write_chain_project(tmp_path, text))
     table = instances_table(config.options["bcp"].instances)
     assert table["big.1.norm"].cpu_cores == 4 and "dgxh100.80g.8.norm" in table
     assert table["dgxh100.80g.8.norm"].gpu_peak_tflops == 989.0
 
 
-@pytest.mark.parametrize("estimates, key, message", [
-    ("{mfu: 1.5}", "estimates.mfu", "fraction of peak"),
-    ("{tokens: lots}", "estimates.tokens", "'lots' is not a number"),
-    ("{tokens: 1e9, mfu_typo: 0.4}", "estimates.mfu_typo", "unknown key 'mfu_typo'; valid keys: compressed_bytes"),
-    ("{per_core: {extract.py: 100}}", "estimates.per_core.extract.py", "no stage of this pipeline runs"),
-])
+@pytest.mark.parametrize(
+    "estimates, key, message",
+    [
+        ("{mfu: 1.5}", "estimates.mfu", "fraction of peak"),
+        ("{tokens: lots}", "estimates.tokens", "'lots' is not a number"),
+        ("{tokens: 1e9, mfu_typo: 0.4}", "estimates.mfu_typo", "unknown key 'mfu_typo'; valid keys: compressed_bytes"),
+        ("{per_core: {extract.py: 100}}", "estimates.per_core.extract.py", "no stage of this pipeline runs"),
+    ],
+)
 def test_bad_declaration_names_file_line_and_key(tmp_path, estimates, key, message):
-    text = CHAIN_CONFIG.replace("    vars: {count: \"6\"}\n",
-                                f"    vars: {{count: \"6\"}}\n    estimates: {estimates}\n")
+    text = CHAIN_CONFIG.replace('    vars: {count: "6"}\n', f'    vars: {{count: "6"}}\n    estimates: {estimates}\n')
     config = write_chain_project(tmp_path, text)
     with pytest.raises(ConfigError) as info:
         load_config(config)
@@ -117,9 +123,13 @@ def test_bad_declaration_names_file_line_and_key(tmp_path, estimates, key, messa
 
 def test_tokens_per_core_from_the_bin_bytes_of_a_finished_stage():
     pipeline = load_and_check(BUNDLED).pipeline("slimpajama-8b")
-    state = StageState(status=StageStatus.SUCCEEDED, sharding={"replicas": 2, "processes": 37}, started_at=0.0,
-                       finished_at=100.0, verification={"ok": True, "checks": [
-                           {"glob": "x", "expected": 74, "found": 74, "bytes": 2 * 222_000_000}]})
+    state = StageState(
+        status=StageStatus.SUCCEEDED,
+        sharding={"replicas": 2, "processes": 37},
+        started_at=0.0,
+        finished_at=100.0,
+        verification={"ok": True, "checks": [{"glob": "x", "expected": 74, "found": 74, "bytes": 2 * 222_000_000}]},
+    )
     rates = actual_rates(pipeline.stages["tokenize-preprocess"], state, now=1e9)
     # 222 M tokens (uint16 ids) in 100 s over 2 x 37 x 3 cores
     assert rates["tokens_per_s_per_core"] == pytest.approx(222e6 / 100 / 222)
@@ -152,9 +162,11 @@ def test_plan_speaks_of_epochs_and_warns_above_one(capsys):
     assert main(["--config", str(BUNDLED), "plan", "fineweb-edu-126m", "--set", "pretrain.nemo.max_steps=600000"]) == 0
     out = capsys.readouterr().out
     assert "31.46 epoch(s)" in out
-    assert ("WARNING: pretrain: 600,000 steps train 315 G tokens, 31.5 epochs of the data's 10 G (declared: "
-            "estimates.tokens)") in out
-    assert f"One epoch is {10 ** 10 // (256 * 2048):,} steps (--set pretrain.nemo.max_steps=19073)" in out
+    assert (
+        "WARNING: pretrain: 600,000 steps train 315 G tokens, 31.5 epochs of the data's 10 G (declared: "
+        "estimates.tokens)"
+    ) in out
+    assert f"One epoch is {10**10 // (256 * 2048):,} steps (--set pretrain.nemo.max_steps=19073)" in out
 
 
 def test_epochs_come_from_the_manifests_once_the_data_exists(tmp_path, capsys):
@@ -183,9 +195,18 @@ def test_estimates_use_the_rank_layout_of_the_backend_planned(capsys):
     # The EKS example (docs/backends/kubernetes.md): 4 p4de pods of 8 GPUs train, not the 8 DGX of the BCP section
     # (Megatron-Bridge: the NeMo launcher does not run on Kubernetes).
     p4de = "{node.kubernetes.io/instance-type: p4de.24xlarge}"
-    eks = plan_estimates(capsys, "slimpajama-8b-bridge", "--backend", "kubernetes",
-                         "--set", "pretrain.kubernetes.replicas=4", "--set", "pretrain.kubernetes.gpus=8",
-                         "--set", f"pretrain.kubernetes.node_selector={p4de}")
+    eks = plan_estimates(
+        capsys,
+        "slimpajama-8b-bridge",
+        "--backend",
+        "kubernetes",
+        "--set",
+        "pretrain.kubernetes.replicas=4",
+        "--set",
+        "pretrain.kubernetes.gpus=8",
+        "--set",
+        f"pretrain.kubernetes.node_selector={p4de}",
+    )
     on_bcp = plan_estimates(capsys, "slimpajama-8b-bridge", "--backend", "bcp")["pretrain"]
     pretrain = eks["pretrain"]
     assert (pretrain["nodes"], pretrain["gpus_per_node"], pretrain["instance"]) == (4, 8, "p4de.24xlarge")
@@ -195,20 +216,38 @@ def test_estimates_use_the_rank_layout_of_the_backend_planned(capsys):
     assert pretrain["gpu_hours"] == pytest.approx(pretrain["seconds"] / 3600 * 32)
     assert eks["download"]["gpus_per_node"] == 0  # a data pod asks for no GPU
     # Grid Engine, TSUBAME-like: 4 hosts x 1 rank (one GPU each) of a distributed job.
-    sge = plan_estimates(capsys, "slimpajama-8b", "--backend", "gridengine",
-                         "--set", "pretrain.gridengine.nodes=4",
-                         "--set", "pretrain.gridengine.processes_per_node=1",
-                         "--set", "pretrain.gridengine.distributed=true",
-                         "--set", "pretrain.gridengine.container_image=/images/nemo.sif")
+    sge = plan_estimates(
+        capsys,
+        "slimpajama-8b",
+        "--backend",
+        "gridengine",
+        "--set",
+        "pretrain.gridengine.nodes=4",
+        "--set",
+        "pretrain.gridengine.processes_per_node=1",
+        "--set",
+        "pretrain.gridengine.distributed=true",
+        "--set",
+        "pretrain.gridengine.container_image=/images/nemo.sif",
+    )
     assert (sge["pretrain"]["nodes"], sge["pretrain"]["gpus_per_node"]) == (4, 1)
     assert sge["pretrain"]["seconds"] == pytest.approx(tokens * per_token / (4 * 312e12 * 0.40))
     # One host of 4 ranks (no `distributed`: a one-host training needs none): 4 GPUs, as the job starts 4 ranks;
     # a data stage's ranks there are no GPUs.
-    one_host = plan_estimates(capsys, "slimpajama-8b", "--backend", "gridengine",
-                              "--set", "pretrain.gridengine.nodes=1",
-                              "--set", "pretrain.gridengine.processes_per_node=4",
-                              "--set", "pretrain.gridengine.container_image=/images/nemo.sif",
-                              "--set", "download.gridengine.distributed=true")
+    one_host = plan_estimates(
+        capsys,
+        "slimpajama-8b",
+        "--backend",
+        "gridengine",
+        "--set",
+        "pretrain.gridengine.nodes=1",
+        "--set",
+        "pretrain.gridengine.processes_per_node=4",
+        "--set",
+        "pretrain.gridengine.container_image=/images/nemo.sif",
+        "--set",
+        "download.gridengine.distributed=true",
+    )
     assert (one_host["pretrain"]["nodes"], one_host["pretrain"]["gpus_per_node"]) == (1, 4)
     assert one_host["download"]["gpus_per_node"] == 0
     # Local: each stage's replicas on this machine, with no GPU and so no training time.
@@ -216,7 +255,8 @@ def test_estimates_use_the_rank_layout_of_the_backend_planned(capsys):
     demo = load_and_check(BUNDLED).pipeline("demo")
     assert {s["instance"] for s in local.values()} == {"this machine"}
     assert {name: s["nodes"] for name, s in local.items()} == {
-        name: stage.local.replicas for name, stage in demo.stages.items()}
+        name: stage.local.replicas for name, stage in demo.stages.items()
+    }
     assert plan_estimates(capsys, "slimpajama-8b", "--backend", "local")["pretrain"]["nodes"] == 1  # BCP: 8
     assert local["pretrain"]["gpu_hours"] in (0, None) and local["pretrain"]["seconds"] is None
     # The same pipeline planned for BCP keeps its DGX shape.

@@ -5,16 +5,22 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.pipeline_fixtures import REPO
 
 from bcp_pipeline.cli.main import main
+from bcp_pipeline.config.instances import KNOWN_INSTANCES
 from bcp_pipeline.config.nemo import KNOWN_SHAPES
 from bcp_pipeline.config.preflight import load_and_check
-from bcp_pipeline.config.instances import KNOWN_INSTANCES
 from bcp_pipeline.report.gather import stage_facts
 from bcp_pipeline.report.measured import Measurement, save_measurement
-from bcp_pipeline.report.mfu import (cpu_peak, flops_per_token, gpu_peak, model_flops_utilization, step_seconds_at,
-    tokens_per_second)
-from support.pipeline_fixtures import REPO
+from bcp_pipeline.report.mfu import (
+    cpu_peak,
+    flops_per_token,
+    gpu_peak,
+    model_flops_utilization,
+    step_seconds_at,
+    tokens_per_second,
+)
 
 
 def test_7b_improved_on_eight_dgx_a100_nodes_by_hand():
@@ -48,41 +54,99 @@ def test_an_unknown_gpu_has_only_a_declared_peak_and_a_cpu_none_unless_declared(
 def test_plan_names_its_mfu_assumption_and_the_step_time_it_means(capsys):
     assert main(["--config", str(REPO / "pipelines.yaml"), "plan", "slimpajama-8b", "--backend", "bcp"]) == 0
     out = capsys.readouterr().out
-    assert ("pretrain: MFU 40% assumed (estimates.mfu, declared, not measured) = 5.65 s/step on 64 x A100 BF16 dense "
-            "(312 TFLOP/s each, datasheet)") in out
+    assert (
+        "pretrain: MFU 40% assumed (estimates.mfu, declared, not measured) = 5.65 s/step on 64 x A100 BF16 dense "
+        "(312 TFLOP/s each, datasheet)"
+    ) in out
 
 
 def test_plan_uses_a_profile_runs_measured_step_time_on_the_same_instance_and_nodes(tmp_path, capsys):
-    measured = Measurement(run_id="slimpajama-8b-20261125-120000-abcd", stage="pretrain", backend="bcp",
-                           instance="dgxa100.80g.8.norm", nodes=8, step_s=11.2, mfu=0.2017)
+    measured = Measurement(
+        run_id="slimpajama-8b-20261125-120000-abcd",
+        stage="pretrain",
+        backend="bcp",
+        instance="dgxa100.80g.8.norm",
+        nodes=8,
+        step_s=11.2,
+        mfu=0.2017,
+    )
     save_measurement(tmp_path, "slimpajama-8b", measured)
-    argv = ["--config", str(REPO / "pipelines.yaml"), "--state-dir", str(tmp_path), "plan", "slimpajama-8b",
-            "--backend", "bcp", "--json"]
+    argv = [
+        "--config",
+        str(REPO / "pipelines.yaml"),
+        "--state-dir",
+        str(tmp_path),
+        "plan",
+        "slimpajama-8b",
+        "--backend",
+        "bcp",
+        "--json",
+    ]
     assert main(argv) == 0
     pretrain = {s["stage"]: s for s in json.loads(capsys.readouterr().out)["estimates"]["stages"]}["pretrain"]
     assert pretrain["seconds"] == pytest.approx(300_000 * 11.2)  # 38.9 days instead of 19.6 at the declared 0.40
     assert pretrain["basis"] == "from profile run slimpajama-8b-20261125-120000-abcd: 11.2 s/step, MFU 20%"
     assert pretrain["training"]["attempts"] == 8  # ceil(3,360,000 s / (5 days - 45 min))
     assert main(argv[:-1]) == 0
-    assert ("pretrain: time from profile run slimpajama-8b-20261125-120000-abcd: 11.2 s/step, MFU 20% (measured; "
-            "the declared MFU 40% is not used)") in capsys.readouterr().out
+    assert (
+        "pretrain: time from profile run slimpajama-8b-20261125-120000-abcd: 11.2 s/step, MFU 20% (measured; "
+        "the declared MFU 40% is not used)"
+    ) in capsys.readouterr().out
 
-    save_measurement(tmp_path, "slimpajama-8b",
-                     Measurement(**{**measured.__dict__, "nodes": 2}))
+    save_measurement(tmp_path, "slimpajama-8b", Measurement(**{**measured.__dict__, "nodes": 2}))
     assert main(argv[:-1]) == 0
     out = capsys.readouterr().out
     assert "MFU 40% assumed" in out and "ran on bcp (2 x dgxa100.80g.8.norm), not 8 x dgxa100.80g.8.norm" in out
 
 
 def test_the_report_holds_a_nemo_stage_against_its_instances_gpus():
-    stage = load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b").pipeline("slimpajama-8b") \
-        .stages["pretrain"]
+    stage = (
+        load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b").pipeline("slimpajama-8b").stages["pretrain"]
+    )
     given = stage_facts(stage, "bcp", KNOWN_INSTANCES)
-    assert (given.facts.flops_per_token, given.facts.tokens_per_step, given.facts.devices) == \
-        (43_020_976_128, 1_048_576, 64)
+    assert (given.facts.flops_per_token, given.facts.tokens_per_step, given.facts.devices) == (
+        43_020_976_128,
+        1_048_576,
+        64,
+    )
     assert given.peak.flops_per_s == 64 * 312e12
     assert given.mfu_basis == "MFU against 64 x A100 BF16 dense (312 TFLOP/s each, datasheet)"
     assert stage_facts(stage, "slurm", KNOWN_INSTANCES).mfu_basis.endswith(
-        "(the stage's BCP instance; the run is on slurm)")
-    assert stage_facts(stage, "bcp", {}).mfu_basis == \
-        "no MFU: instance 'dgxa100.80g.8.norm' is not known (backends.bcp.instances)"
+        "(the stage's BCP instance; the run is on slurm)"
+    )
+    assert (
+        stage_facts(stage, "bcp", {}).mfu_basis
+        == "no MFU: instance 'dgxa100.80g.8.norm' is not known (backends.bcp.instances)"
+    )
+
+
+def test_the_report_reads_a_nemo_stage_with_the_image_of_the_backend_it_ran_on():
+    """The launcher's release, and so its parallel sizes, come from the image the run's backend used: 23.08's
+    7b_improved is TP 2, the bundled bcp.image's TP 4 (a Grid Engine or Kubernetes stage was read with BCP's)."""
+    older = "nvcr.io/nvidia/nemo:23.08"
+    stage = (
+        load_and_check(
+            REPO / "pipelines.yaml",
+            pipeline="slimpajama-8b",
+            overrides=[
+                f"pretrain.kubernetes.image={older}",
+                f"pretrain.gridengine.container_image=docker://{older}",
+                f"pretrain.slurm.container_image={older}",
+            ],
+        )
+        .pipeline("slimpajama-8b")
+        .stages["pretrain"]
+    )
+    shape = KNOWN_SHAPES["gpt3/7b_improved"]
+    by_backend = {
+        backend: stage_facts(stage, backend, KNOWN_INSTANCES).facts.flops_per_token
+        for backend in ("bcp", "local", "slurm", "gridengine", "kubernetes")
+    }
+    assert by_backend == {
+        "bcp": flops_per_token(shape, 4),
+        "local": flops_per_token(shape, 4),
+        "slurm": flops_per_token(shape, 2),
+        "gridengine": flops_per_token(shape, 2),
+        "kubernetes": flops_per_token(shape, 2),
+    }
+    assert flops_per_token(shape, 2) != flops_per_token(shape, 4)  # TP pads the vocabulary: the sizes tell apart

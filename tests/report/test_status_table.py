@@ -13,20 +13,35 @@ STAGES = ("sample", "bpe", "download", "extract", "concat", "tokenize-preprocess
 
 def kubernetes_job(run_id: str, stage: str, kind: str, attempt: int) -> JobRecord:
     request = SimpleNamespace(run_id=run_id, stage=SimpleNamespace(name=stage), kind=kind, attempt=attempt)
-    return JobRecord(job_id=job_name(request), kind=kind, attempt=attempt, submitted_at=0.0, state="succeeded",
-                     native="Complete")
+    return JobRecord(
+        job_id=job_name(request), kind=kind, attempt=attempt, submitted_at=0.0, state="succeeded", native="Complete"
+    )
 
 
 def test_kubernetes_status_table_fits_a_wide_terminal():
     run_id = new_run_id("demo")
     stages = {}
     for stage in STAGES:  # a stage that failed once: three jobs in its cell, as the trial's 285-character table had
-        jobs = [kubernetes_job(run_id, stage, "stage", 1), kubernetes_job(run_id, stage, "stage", 2),
-                kubernetes_job(run_id, stage, "verify", 2)]
-        stages[stage] = StageState(status=StageStatus.SUCCEEDED, sharding={"replicas": 2, "processes": 2},
-                                   attempts=2, jobs=jobs, progress={"done": 8, "total": 8, "unit": "files"})
-    state = RunState(run_id=run_id, pipeline="demo", backend="kubernetes", config_file="pipelines.yaml",
-                     created_at=0.0, stages=stages)
+        jobs = [
+            kubernetes_job(run_id, stage, "stage", 1),
+            kubernetes_job(run_id, stage, "stage", 2),
+            kubernetes_job(run_id, stage, "verify", 2),
+        ]
+        stages[stage] = StageState(
+            status=StageStatus.SUCCEEDED,
+            sharding={"replicas": 2, "processes": 2},
+            attempts=2,
+            jobs=jobs,
+            progress={"done": 8, "total": 8, "unit": "files"},
+        )
+    state = RunState(
+        run_id=run_id,
+        pipeline="demo",
+        backend="kubernetes",
+        config_file="pipelines.yaml",
+        created_at=0.0,
+        stages=stages,
+    )
     text = render_status(state)
     assert max(len(line) for line in text.splitlines()) <= 150, text  # was 285 with whole names
     row = next(line for line in text.splitlines() if line.startswith("tokenize-preprocess "))

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from bcp_pipeline.report.throughput import TrainingFacts, step_times, summary, throughput_points
 from bcp_pipeline.report.mfu import gpu_peak
+from bcp_pipeline.report.throughput import TrainingFacts, step_times, summary, throughput_points
 from bcp_pipeline.report.timers import parse_timer_blocks
 
 
@@ -23,19 +23,31 @@ def megatron_line(name: str, value: str) -> str:
 
 
 def nemo_bar(step: int, timing: float) -> str:
-    return (f"Epoch 0: :   0%|          | {step}/300000 [00:{step:02d}<8:00:00, reduced_train_loss=10.80, "
-            f"global_step={step}.000, consumed_samples={512 * (step + 1)}.0, train_step_timing in s={timing}]")
+    return (
+        f"Epoch 0: :   0%|          | {step}/300000 [00:{step:02d}<8:00:00, reduced_train_loss=10.80, "
+        f"global_step={step}.000, consumed_samples={512 * (step + 1)}.0, train_step_timing in s={timing}]"
+    )
 
 
 def test_the_three_layouts_of_megatron_timers_as_nemo_logs_them():
-    max_block = "max time across ranks (ms):" + megatron_line("forward-backward", "1234.56") + \
-        megatron_line("optimizer", "45.10")
+    max_block = (
+        "max time across ranks (ms):"
+        + megatron_line("forward-backward", "1234.56")
+        + megatron_line("optimizer", "45.10")
+    )
     minmax = "(min, max) time across ranks (ms):" + megatron_line("forward-backward", "(1200.01, 1240.50)")
     all_ranks = "times across ranks (ms):\n  forward-backward:\n     rank  0: 1210.00\n     rank  1: 1250.25"
-    log = "\r".join([nemo_bar(9, 1.3), f"[NeMo I 2024-01-10 12:00:00 megatron_base_model:1121] \n {max_block}",
-                     nemo_bar(10, 1.29), f"[NeMo I 2024-01-10 12:00:01 megatron_base_model:1121] \n {minmax}",
-                     nemo_bar(11, 1.31), f"[NeMo I 2024-01-10 12:00:02 megatron_base_model:1121] \n {all_ranks}",
-                     nemo_bar(12, 1.28)])
+    log = "\r".join(
+        [
+            nemo_bar(9, 1.3),
+            f"[NeMo I 2024-01-10 12:00:00 megatron_base_model:1121] \n {max_block}",
+            nemo_bar(10, 1.29),
+            f"[NeMo I 2024-01-10 12:00:01 megatron_base_model:1121] \n {minmax}",
+            nemo_bar(11, 1.31),
+            f"[NeMo I 2024-01-10 12:00:02 megatron_base_model:1121] \n {all_ranks}",
+            nemo_bar(12, 1.28),
+        ]
+    )
     blocks = parse_timer_blocks(log)
     assert [(b.step, b.option) for b in blocks] == [(9, "max"), (10, "minmax"), (11, "all")]
     assert blocks[0].milliseconds == {"forward-backward": 1234.56, "optimizer": 45.10}
@@ -57,8 +69,10 @@ def test_nemo_step_times_become_tokens_per_second_and_mfu():
 def test_megatron_lm_iteration_lines_give_step_times():
     # megatron/training/training.py training_log: ' iteration {:8d}/{:8d} |' then
     # ' elapsed time per iteration (ms): {:.1f} |'.
-    line = (" [2024-01-10 12:00:00] iteration       10/  500000 | consumed samples:         5120 | elapsed time per "
-            "iteration (ms): 11234.5 | learning rate: 1.500E-04 | global batch size:   512 | lm loss: 1.080E+01 |")
+    line = (
+        " [2024-01-10 12:00:00] iteration       10/  500000 | consumed samples:         5120 | elapsed time per "
+        "iteration (ms): 11234.5 | learning rate: 1.500E-04 | global batch size:   512 | lm loss: 1.080E+01 |"
+    )
     assert step_times(line) == {10: 11.2345}
 
 

@@ -64,8 +64,9 @@ def test_a_pid_file_is_trusted_only_for_our_live_daemon(tmp_path: Path) -> None:
 
 
 def test_terminate_sends_sigkill_to_a_daemon_that_ignores_sigterm(tmp_path: Path) -> None:
-    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
-            "time.sleep(60)")
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    )
     process = subprocess.Popen([sys.executable, "-c", code, "--stubborn"], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "ready"
     pid_file = tmp_path / "stubborn.pid"
@@ -78,8 +79,15 @@ def test_terminate_sends_sigkill_to_a_daemon_that_ignores_sigterm(tmp_path: Path
         process.wait()
 
 
-@pytest.mark.parametrize("base", [Path("/"), Path("/tmp/bcp-pipeline-slurm-1234abcd"), REPO / ".slurm",
-                                  *(Path(f"/tmp/base-{i}") for i in range(100))])
+@pytest.mark.parametrize(
+    "base",
+    [
+        Path("/"),
+        Path("/tmp/bcp-pipeline-slurm-1234abcd"),
+        REPO / ".slurm",
+        *(Path(f"/tmp/base-{i}") for i in range(100)),
+    ],
+)
 def test_the_network_uses_only_198_18_0_0_15(base: Path) -> None:
     net = netns.Network.of(base)
     benchmark = ipaddress.ip_network("198.18.0.0/15")
@@ -87,8 +95,7 @@ def test_the_network_uses_only_198_18_0_0_15(base: Path) -> None:
     addresses = [net.host_address, *(net.address(k) for k in range(1, netns.MAX_NODES + 1))]
     assert all(ipaddress.ip_address(a) in net.subnet for a in addresses)
     assert len(set(addresses)) == len(addresses)
-    names = [net.bridge, net.namespace(netns.MAX_NODES), net.veth_host(netns.MAX_NODES),
-             net.veth_node(netns.MAX_NODES)]
+    names = [net.bridge, net.namespace(netns.MAX_NODES), net.veth_host(netns.MAX_NODES), net.veth_node(netns.MAX_NODES)]
     assert all(len(n.encode()) <= 15 for n in names)  # Linux interface names
     assert net.tag == hashlib.sha1(str(base).encode()).hexdigest()[:6]  # as tests/sge_cluster.py names them
 
@@ -113,14 +120,18 @@ def test_the_scripts_are_thin_shims_over_the_package(shim: str) -> None:
     text = (SCRIPTS / shim).read_text()
     assert len(text.splitlines()) <= 12 and "from _clusters import" in text
     assert os.access(SCRIPTS / shim, os.X_OK)
-    res = subprocess.run([sys.executable, str(SCRIPTS / shim), "--help"], capture_output=True, text=True, timeout=60,
-                         check=False)
+    res = subprocess.run(
+        [sys.executable, str(SCRIPTS / shim), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert res.returncode == 0 and f"usage: {shim}" in res.stdout, res.stderr
 
 
 def test_no_script_is_loaded_from_a_file_and_no_module_is_long() -> None:
-    sources = [*(SCRIPTS / "_clusters").glob("*.py"), *(SCRIPTS / s for s in SHIMS),
-               REPO / "tests" / "fakes" / "k8s_node_agent.py"]
+    sources = [
+        *(SCRIPTS / "_clusters").glob("*.py"),
+        *(SCRIPTS / s for s in SHIMS),
+        REPO / "tests" / "fakes" / "k8s_node_agent.py",
+    ]
     assert not [p for p in sources if "SourceFileLoader" in p.read_text()]
     assert not [p.name for p in (SCRIPTS / "_clusters").glob("*.py") if len(p.read_text().splitlines()) > 400]
 
@@ -130,10 +141,12 @@ def test_the_test_clusters_default_ports_do_not_overlap():
     and execd took the Kubernetes controller-manager's and scheduler's)."""
     from _clusters import k8s_layout, sge_cell, slurm_layout
 
-    ranges = {"kubernetes": range(k8s_layout.DEFAULT_PORT, k8s_layout.DEFAULT_PORT + 5),  # apiserver .. etcd peers
-              "gridengine": range(sge_cell.DEFAULT_PORT, sge_cell.DEFAULT_PORT + 2),  # qmaster, execd
-              "slurm": range(slurm_layout.DEFAULT_PORT, slurm_layout.DEFAULT_PORT + 2)}  # slurmctld, slurmd
+    ranges = {
+        "kubernetes": range(k8s_layout.DEFAULT_PORT, k8s_layout.DEFAULT_PORT + 5),  # apiserver .. etcd peers
+        "gridengine": range(sge_cell.DEFAULT_PORT, sge_cell.DEFAULT_PORT + 2),  # qmaster, execd
+        "slurm": range(slurm_layout.DEFAULT_PORT, slurm_layout.DEFAULT_PORT + 2),
+    }  # slurmctld, slurmd
     names = sorted(ranges)
     for i, first in enumerate(names):
-        for second in names[i + 1:]:
+        for second in names[i + 1 :]:
             assert not set(ranges[first]) & set(ranges[second]), (first, second)

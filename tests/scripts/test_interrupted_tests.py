@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support.golden_files import REPO
 from support.pipeline_fixtures import wait_for
 
@@ -60,13 +59,32 @@ def test_an_interrupted_test_session_leaves_no_emulator(tmp_path, how):
     pids_file = tmp_path / "pids.json"
     workers = ["-n", "2"] if how == "ctrl-c" else ["-n", "0"]  # Ctrl-C as the README's command runs: with xdist
     pytest_run = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(session),
-         *workers, str(session / "test_hold.py")],
-        cwd=session, env={**os.environ, "PIDS_FILE": str(pids_file)}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            os.devnull,
+            "--rootdir",
+            str(session),
+            *workers,
+            str(session / "test_hold.py"),
+        ],
+        cwd=session,
+        env={**os.environ, "PIDS_FILE": str(pids_file)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
-        wait_for(lambda: pids_file.exists() and pids_file.read_text(), timeout=120,
-                 what="the inner session's emulator started")
+        wait_for(
+            lambda: pids_file.exists() and pids_file.read_text(),
+            timeout=120,
+            what="the inner session's emulator started",
+        )
         pids = json.loads(pids_file.read_text())
         assert len(pids) == 2 and all(alive(pid) for pid in pids), pids  # the API server and the fork server
         if how == "ctrl-c":  # the terminal sends SIGINT to the whole foreground process group
@@ -74,8 +92,11 @@ def test_an_interrupted_test_session_leaves_no_emulator(tmp_path, how):
         else:
             pytest_run.kill()
         pytest_run.wait(timeout=120)
-        wait_for(lambda: not any(alive(pid) for pid in pids), timeout=60,
-                 what=f"the emulator's processes {pids} gone after {how}")
+        wait_for(
+            lambda: not any(alive(pid) for pid in pids),
+            timeout=60,
+            what=f"the emulator's processes {pids} gone after {how}",
+        )
     finally:
         if pytest_run.poll() is None:
             os.killpg(pytest_run.pid, signal.SIGKILL)

@@ -15,8 +15,10 @@ RELEASE = k8s_cluster.SCRIPT.parent / "k8s-control-plane" / "go.mod"
 
 def hold_lock(lock: Path, seconds: float) -> subprocess.Popen:
     """Another process holding the build lock, as `scripts/k8s-cluster install` does while `go build` runs."""
-    code = (f"import fcntl, sys, time; f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
-            f"print('held', flush=True); time.sleep({seconds})")
+    code = (
+        f"import fcntl, sys, time; f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+        f"print('held', flush=True); time.sleep({seconds})"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder

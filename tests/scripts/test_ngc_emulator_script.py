@@ -1,4 +1,4 @@
-"""scripts/ngc-emulator: the NGC API EMULATOR (tests/fakes/ngc_api.py, a fake, named so) started alone, as a user
+"""tests/fakes/ngc-emulator: the NGC API EMULATOR (tests/fakes/ngc_api.py, a fake, named so) started alone, as a user
 trying BCP mode without an account would start it; the environment it prints is what NVIDIA's client and
 bcp-pipeline then use, and it stops (its jobs killed) on SIGTERM as on Ctrl-C."""
 
@@ -18,7 +18,7 @@ from support.bcp_emulation import needs_ngcsdk
 from support.golden_files import REPO
 
 pytestmark = needs_ngcsdk
-SCRIPT = REPO / "scripts" / "ngc-emulator"
+SCRIPT = REPO / "tests" / "fakes" / "ngc-emulator"
 
 
 def exported(lines: list[str]) -> dict[str, str]:
@@ -33,9 +33,21 @@ def test_the_emulator_starts_alone_prints_its_environment_and_stops_on_sigterm(t
     shutil.copytree(REPO / "stages", project / "stages", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pipelines.yaml", project / "pipelines.yaml")
     home = tmp_path / "emulator"
-    process = subprocess.Popen([sys.executable, str(SCRIPT), "--home", str(home), "--workspace", "demo",
-                                "--ace-limit", "maxRuntimeSeconds=5400"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--home",
+            str(home),
+            "--workspace",
+            "demo",
+            "--ace-limit",
+            "maxRuntimeSeconds=5400",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = [process.stdout.readline().rstrip("\n") for _ in range(10)]
         assert all(line.startswith("export ") for line in lines), (lines, process.stderr.read())
@@ -46,16 +58,27 @@ def test_the_emulator_starts_alone_prints_its_environment_and_stops_on_sigterm(t
         base = {key: value for key, value in os.environ.items() if not key.startswith("NGC_CLI_")}
 
         def bcp_pipeline(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "bcp_pipeline", *args], cwd=project, env={**base, **env},
-                                  capture_output=True, text=True, timeout=120)
+            return subprocess.run(
+                [sys.executable, "-m", "bcp_pipeline", *args],
+                cwd=project,
+                env={**base, **env},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
 
         plan = bcp_pipeline("plan", "demo", "--backend", "bcp")
         assert plan.returncode == 0, plan.stderr
         assert "ACE bcpp-test-ace: every job fits its limits" in plan.stderr  # the ACE was read from the emulator
         detached = bcp_pipeline("plan", "demo", "--backend", "bcp", "--detach")
         assert detached.returncode == 1 and "maxRuntimeSeconds allows 1H30M (5400 s)" in detached.stderr
-        info = subprocess.run(["ngc", "workspace", "info", "demo", "--format_type", "json"], env={**base, **env},
-                              capture_output=True, text=True, timeout=120)
+        info = subprocess.run(
+            ["ngc", "workspace", "info", "demo", "--format_type", "json"],
+            env={**base, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert info.returncode == 0 and '"name": "demo"' in info.stdout, info.stderr
     finally:
         process.send_signal(signal.SIGTERM)
@@ -76,21 +99,24 @@ def test_run_detach_works_on_the_emulator_as_the_readme_says(tmp_path):
     shutil.copytree(REPO / "stages", project / "stages", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pipelines.yaml", project / "pipelines.yaml")
     home = tmp_path / "emulator"
-    process = subprocess.Popen([sys.executable, str(SCRIPT), "--home", str(home)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--home", str(home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         env = exported([process.stdout.readline().rstrip("\n") for _ in range(10)])
         base = {key: value for key, value in os.environ.items() if not key.startswith("NGC_CLI_")}
 
         def run(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run(list(args), cwd=project, env={**base, **env}, capture_output=True, text=True,
-                                  timeout=180)
+            return subprocess.run(
+                list(args), cwd=project, env={**base, **env}, capture_output=True, text=True, timeout=180
+            )
 
         listed = run("ngc", "user", "secret", "list", "--format_type", "json")
         assert listed.returncode == 0 and "bcp-pipeline-ngc" in listed.stdout, listed.stderr
         assert env["NGC_CLI_API_KEY"] not in listed.stdout  # names and key names only, never a value
-        detached = run(sys.executable, "-m", "bcp_pipeline", "run", "demo", "--backend", "bcp", "--detach",
-                       "--only", "sample")
+        detached = run(
+            sys.executable, "-m", "bcp_pipeline", "run", "demo", "--backend", "bcp", "--detach", "--only", "sample"
+        )
         assert detached.returncode == 0, detached.stderr
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -105,7 +131,11 @@ def test_run_detach_works_on_the_emulator_as_the_readme_says(tmp_path):
 
 
 def test_an_unknown_ace_limit_is_refused_by_name(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--home", str(tmp_path / "emulator"), "--ace-limit",
-                           "maxRuntme=5"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--home", str(tmp_path / "emulator"), "--ace-limit", "maxRuntme=5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "unknown ACE limit(s) ['maxRuntme']" in done.stderr, done.stderr
     assert done.stdout == ""

@@ -12,10 +12,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PIP_QUIET = REPO / "scripts" / "pip-quiet"
-MISSING_INDEX = ("WARNING: Location 'file:///opt/pypi/simple/torch/' is ignored: it is neither a file nor a "
-                 "directory.")
-MISSING_LINKS = ("WARNING: Location 'wheels-here' is ignored: it is either a non-existing path or lacks a "
-                 "specific scheme.")
+MISSING_INDEX = "WARNING: Location 'file:///opt/pypi/simple/torch/' is ignored: it is neither a file nor a directory."
+MISSING_LINKS = (
+    "WARNING: Location 'wheels-here' is ignored: it is either a non-existing path or lacks a specific scheme."
+)
 REAL_WARNING = "WARNING: Retrying (Retry(total=4)) after connection broken by 'ReadTimeoutError'"
 REAL_ERROR = "ERROR: Could not find a version that satisfies the requirement torch==0.0.1"
 
@@ -39,8 +39,15 @@ def test_missing_configured_locations_are_not_shown(tmp_path: Path) -> None:
     python = fake_python(tmp_path, [MISSING_INDEX, MISSING_LINKS, MISSING_INDEX], 0)
     done = pip_quiet(python, "install", "-e", ".[test]")
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
-    assert (tmp_path / "argv").read_text().split() == ["-m", "pip", "--quiet", "--disable-pip-version-check",
-                                                       "install", "-e", ".[test]"]
+    assert (tmp_path / "argv").read_text().split() == [
+        "-m",
+        "pip",
+        "--quiet",
+        "--disable-pip-version-check",
+        "install",
+        "-e",
+        ".[test]",
+    ]
 
 
 def test_real_warnings_and_errors_show_and_fail(tmp_path: Path) -> None:

@@ -18,8 +18,17 @@ from pathlib import Path
 import pytest
 from support.slurm_cluster import SCRIPT, SlurmCluster, script, slurm_cluster, unavailable_reason  # noqa: F401
 
-FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
-            "DEADLINE"}
+FINISHED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def sbatch(*args: str) -> str:
@@ -30,8 +39,12 @@ def sbatch(*args: str) -> str:
 
 def states(ids: list[str]) -> dict[str, str]:
     """State of many jobs in one call, as the Slurm backend polls them."""
-    res = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(ids), "-O", "JobID:|,State:|"],
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        ["squeue", "-h", "-r", "-t", "all", "-j", ",".join(ids), "-O", "JobID:|,State:|"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     return dict(line.split("|")[:2] for line in res.stdout.splitlines())
 
@@ -51,8 +64,18 @@ def show_job(job: str) -> dict[str, str]:
 
 
 def test_srun_tasks_see_their_rank_and_world_size(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    job = sbatch("--nodes", "1", "--ntasks-per-node", "4", "--chdir", str(tmp_path), "--output", "batch-%j.out",
-                 "--wrap", "srun --output task-%t.out bash -c 'echo rank=$SLURM_PROCID world=$SLURM_NTASKS'")
+    job = sbatch(
+        "--nodes",
+        "1",
+        "--ntasks-per-node",
+        "4",
+        "--chdir",
+        str(tmp_path),
+        "--output",
+        "batch-%j.out",
+        "--wrap",
+        "srun --output task-%t.out bash -c 'echo rank=$SLURM_PROCID world=$SLURM_NTASKS'",
+    )
     assert wait_for([job], FINISHED) == {job: "COMPLETED"}
     assert show_job(job)["ExitCode"] == "0:0"
     for rank in range(4):
@@ -111,8 +134,13 @@ def test_status_and_stop_of_a_cluster_that_never_ran(tmp_path: Path) -> None:
 
 
 def test_install_without_apt_says_so(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, str(SCRIPT), "install"], env={"PATH": str(tmp_path)},
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "install"],
+        env={"PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1
     assert "apt-get not found" in res.stderr
 

@@ -17,8 +17,9 @@ WRAPPER = REPO / "tests" / "fakes" / "tsubame_qsub" / "qsub"
 def verified(params: dict[str, str]) -> list[str]:
     """The JSV's answer lines for one job, after START (STARTED first), as qmaster reads them."""
     lines = ["START", *[f"PARAM {name} {value}" for name, value in params.items()], "BEGIN", "QUIT", ""]
-    res = subprocess.run([sys.executable, str(JSV)], input="\n".join(lines), capture_output=True, text=True,
-                         timeout=30, check=True)
+    res = subprocess.run(
+        [sys.executable, str(JSV)], input="\n".join(lines), capture_output=True, text=True, timeout=30, check=True
+    )
     answer = res.stdout.splitlines()
     assert answer[0] == "STARTED", answer
     return answer[1:]
@@ -26,8 +27,12 @@ def verified(params: dict[str, str]) -> list[str]:
 
 def test_the_jsv_turns_node_f_into_whole_hosts_of_the_site_s_parallel_environment() -> None:
     assert verified({"l_hard": "h_rt=3600,node_f=2", "ac": "TSUBAME_GROUP=tga-x", "N": "demo.download"}) == [
-        "PARAM pe_name site_node_f", "PARAM pe_min 2", "PARAM pe_max 2", "PARAM l_hard h_rt=3600,node_f=1",
-        "RESULT STATE CORRECT node_f=2: 2 whole node(s) over site_node_f"]
+        "PARAM pe_name site_node_f",
+        "PARAM pe_min 2",
+        "PARAM pe_max 2",
+        "PARAM l_hard h_rt=3600,node_f=1",
+        "RESULT STATE CORRECT node_f=2: 2 whole node(s) over site_node_f",
+    ]
 
 
 def test_the_jsv_refuses_what_tsubame_refuses_in_its_words() -> None:
@@ -47,8 +52,9 @@ def test_the_jsv_refuses_what_tsubame_refuses_in_its_words() -> None:
     assert verified({"l_hard": "node_f=1,h_rt=600"})[-1].startswith("RESULT STATE CORRECT")
 
 
-def wrapped(tmp_path: Path, *args: str, script: str | None = None,
-            groups: str = "tga-x") -> tuple[subprocess.CompletedProcess, list[str], str]:
+def wrapped(
+    tmp_path: Path, *args: str, script: str | None = None, groups: str = "tga-x"
+) -> tuple[subprocess.CompletedProcess, list[str], str]:
     """The wrapper run with a recorder as the cell's qsub ($SGE_ROOT/bin/lx-amd64/qsub): (its result, the argv
     the real qsub got, the script it read on stdin)."""
     real = tmp_path / "root" / "bin" / "lx-amd64" / "qsub"
@@ -58,8 +64,9 @@ def wrapped(tmp_path: Path, *args: str, script: str | None = None,
     for name in ("argv", "stdin"):
         (tmp_path / name).unlink(missing_ok=True)
     env = {**os.environ, "SGE_ROOT": str(tmp_path / "root"), "BCP_FAKE_TSUBAME_GROUPS": groups}
-    res = subprocess.run([sys.executable, str(WRAPPER), *args], input=script, capture_output=True, text=True,
-                         env=env, timeout=30)
+    res = subprocess.run(
+        [sys.executable, str(WRAPPER), *args], input=script, capture_output=True, text=True, env=env, timeout=30
+    )
     argv = (tmp_path / "argv").read_text().splitlines() if (tmp_path / "argv").exists() else []
     stdin = (tmp_path / "stdin").read_text() if (tmp_path / "stdin").exists() else ""
     return res, argv, stdin

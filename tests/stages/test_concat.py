@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import _durable
 import concat
-from support.stage_fixtures import (completion_records, iter_documents, jsonl_bytes, kill_when, run_as_rank, run_stage,
-                                    snapshot, stage_command, temporaries)
+import pytest
+from support.stage_fixtures import (
+    completion_records,
+    iter_documents,
+    jsonl_bytes,
+    kill_when,
+    run_as_rank,
+    run_stage,
+    snapshot,
+    stage_command,
+    temporaries,
+)
 
 
 def write_inputs(folder: Path, count: int, docs: int = 4, repeat: int = 1) -> dict[str, bytes]:
@@ -27,8 +35,10 @@ def expected_outputs(contents: dict[str, bytes], per_output: int) -> dict[str, b
     names = sorted(contents)
     outputs = {}
     for index, start in enumerate(range(0, len(names), per_output)):
-        parts = [contents[n] + (b"\n" if contents[n] and not contents[n].endswith(b"\n") else b"")
-                 for n in names[start:start + per_output]]
+        parts = [
+            contents[n] + (b"\n" if contents[n] and not contents[n].endswith(b"\n") else b"")
+            for n in names[start : start + per_output]
+        ]
         outputs[f"train_chunk_{index}.jsonl"] = b"".join(parts)
     return outputs
 

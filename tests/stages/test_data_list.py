@@ -8,11 +8,11 @@ import random
 from decimal import Decimal
 from pathlib import Path
 
-import pytest
-
 import data_list
+import pytest
 from data_list import DataListError
 from support.manifests import chunk_name, fabricate
+
 
 @pytest.fixture
 def guide_folder(tmp_path: Path) -> tuple[Path, list[int]]:
@@ -67,13 +67,15 @@ def test_blend_and_renderers(tmp_path: Path) -> None:
     assert flat == [0.25, "/ws/data/a_text_document", 0.75, "/ws/data/b_text_document"]
     assert data_list.split_blend(flat) == (["/ws/data/a_text_document", "/ws/data/b_text_document"], [0.25, 0.75])
     assert data_list.render_hydra(flat) == (
-        "model.data.data_prefix=[0.25,/ws/data/a_text_document,0.75,/ws/data/b_text_document]")
+        "model.data.data_prefix=[0.25,/ws/data/a_text_document,0.75,/ws/data/b_text_document]"
+    )
     nested = data_list.render_hydra(flat, key="training.model.data.data_prefix")
     assert nested.startswith("training.model.data.data_prefix=[0.25,")
     assert json.loads(data_list.render_json(flat)) == flat
     assert data_list.render_yaml(flat) == (
         "model:\n  data:\n    data_prefix:\n"
-        '      - 0.25\n      - "/ws/data/a_text_document"\n      - 0.75\n      - "/ws/data/b_text_document"\n')
+        '      - 0.25\n      - "/ws/data/a_text_document"\n      - 0.75\n      - "/ws/data/b_text_document"\n'
+    )
 
 
 def test_yaml_reads_back_with_pyyaml(tmp_path: Path) -> None:
@@ -128,8 +130,12 @@ def test_zero_tokens_and_bad_manifests(tmp_path: Path) -> None:
     with pytest.raises(DataListError, match="unreadable manifest"):
         data_list.build_data_list(tmp_path / "broken")
     fabricate(tmp_path / "mixed", "a_text_document", 10)
-    fabricate(tmp_path / "mixed", "b_text_document", 10, tokenizer={"kind": "hf-tokenizer-json",
-                                                                    "vocab_size": 32000, "eod": 2})
+    fabricate(
+        tmp_path / "mixed",
+        "b_text_document",
+        10,
+        tokenizer={"kind": "hf-tokenizer-json", "vocab_size": 32000, "eod": 2},
+    )
     with pytest.raises(DataListError, match="same tokenizer"):
         data_list.build_data_list(tmp_path / "mixed")
 
@@ -138,12 +144,17 @@ def test_cli_writes_file_atomically(tmp_path: Path, capsys: pytest.CaptureFixtur
     fabricate(tmp_path / "data", "a_text_document", 1)
     fabricate(tmp_path / "data", "b_text_document", 2)
     out = tmp_path / "conf" / "data.yaml"
-    assert data_list.main(["--data-dir", str(tmp_path / "data"), "--render-dir", "/d", "--format", "yaml",
-                           "--out", str(out)]) == 0
+    assert (
+        data_list.main(
+            ["--data-dir", str(tmp_path / "data"), "--render-dir", "/d", "--format", "yaml", "--out", str(out)]
+        )
+        == 0
+    )
     assert "- 0.333333\n" in out.read_text() and "- 0.666667\n" in out.read_text()
     assert sorted(p.name for p in out.parent.iterdir()) == ["data.yaml"]
     assert data_list.main(["--data-dir", str(tmp_path / "data"), "--render-dir", "/d"]) == 0
     assert capsys.readouterr().out == (
-        "model.data.data_prefix=[0.333333,/d/a_text_document,0.666667,/d/b_text_document]\n")
+        "model.data.data_prefix=[0.333333,/d/a_text_document,0.666667,/d/b_text_document]\n"
+    )
     assert data_list.main(["--data-dir", str(tmp_path / "empty")]) == 1
     assert "not a folder" in capsys.readouterr().err

@@ -11,13 +11,12 @@ import time
 from email.utils import formatdate
 from pathlib import Path
 
-import pytest
-import zstandard
-
 import _fetch_attempt
 import _slimpajama_files
 import download
+import pytest
 import sample
+import zstandard
 from support.http_faults import Fault, FaultServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,13 +30,30 @@ TOKEN = "hf_TESTsecretTOKEN0123456789"
 def mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small SlimPajama-shaped mirror; one file is rewritten as three zstd frames (valid, and must stay so)."""
     root = tmp_path_factory.mktemp("mirror")
-    assert sample.main(["--out", str(root), "--chunks", str(CHUNKS), "--files-per-chunk", str(PER_CHUNK),
-                        "--docs-per-file", "40", "--mean-words", "150", "--seed", "7"]) == 0
+    assert (
+        sample.main(
+            [
+                "--out",
+                str(root),
+                "--chunks",
+                str(CHUNKS),
+                "--files-per-chunk",
+                str(PER_CHUNK),
+                "--docs-per-file",
+                "40",
+                "--mean-words",
+                "150",
+                "--seed",
+                "7",
+            ]
+        )
+        == 0
+    )
     multi = root / "train" / "chunk1" / "example_train_1.jsonl.zst"
     text = zstandard.ZstdDecompressor().stream_reader(multi.read_bytes()).read()
     third = len(text) // 3
     compressor = zstandard.ZstdCompressor(level=3)
-    multi.write_bytes(b"".join(compressor.compress(text[i:i + third]) for i in range(0, len(text), third)))
+    multi.write_bytes(b"".join(compressor.compress(text[i : i + third]) for i in range(0, len(text), third)))
     return root
 
 
@@ -61,16 +77,32 @@ def assert_complete_copy(out: Path, mirror: Path) -> None:
 
 
 def run_stage(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def args_for(base: str, out: Path, *extra: str) -> list[str]:
-    return ["--base-url", base, "--out", str(out), "--chunks", f"1-{CHUNKS}", "--files-per-chunk", str(PER_CHUNK),
-            *FAST, *extra]
+    return [
+        "--base-url",
+        base,
+        "--out",
+        str(out),
+        "--chunks",
+        f"1-{CHUNKS}",
+        "--files-per-chunk",
+        str(PER_CHUNK),
+        *FAST,
+        *extra,
+    ]
 
 
 # --- pure parts -----------------------------------------------------------------------------------------------
+
 
 def test_expected_items_use_the_real_counts_and_caps() -> None:
     assert len(_slimpajama_files.expected_items("train", list(range(1, 11)), None, None)) == 59166
@@ -87,8 +119,13 @@ def test_expected_items_use_the_real_counts_and_caps() -> None:
 
 
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
-    for bad in (["--chunks", "11"], ["--chunks", "x"], ["--base-url", "ftp://h"], ["--workers", "0"],
-                ["--split", "validation"]):
+    for bad in (
+        ["--chunks", "11"],
+        ["--chunks", "x"],
+        ["--base-url", "ftp://h"],
+        ["--workers", "0"],
+        ["--split", "validation"],
+    ):
         with pytest.raises(SystemExit) as exc:
             download.main(["--out", str(tmp_path), *bad])
         assert exc.value.code == 2
@@ -114,7 +151,7 @@ def test_zstd_check_detects_truncated_and_corrupt_streams() -> None:
     for piece in (1, 7, 4096, len(stream)):  # whole stream fed in pieces of any size passes
         check = _fetch_attempt.ZstdStreamCheck()
         for start in range(0, len(stream), piece):
-            check.feed(stream[start:start + piece])
+            check.feed(stream[start : start + piece])
         check.finish()
         assert check.frames == 2 and check.decompressed_bytes == 53_000 + 13 * 999
     for cut in (1, 10, len(stream) // 3, len(stream) - 200, len(stream) - 1):  # cut inside either frame
@@ -142,6 +179,7 @@ def test_failed_validation_leaves_no_file(tmp_path: Path) -> None:
 
 # --- against the real server ----------------------------------------------------------------------------------
 
+
 def test_ranks_survive_every_fault(mirror: Path, tmp_path: Path) -> None:
     """Acceptance: 3 concurrent ranks, every file hit by 429/500/503/drops/short bodies: 0 missing, 0 corrupt."""
     scripts = [
@@ -154,7 +192,7 @@ def test_ranks_survive_every_fault(mirror: Path, tmp_path: Path) -> None:
         (Fault.error(502), Fault.truncate()),
         (Fault.error(503, Retry_After=formatdate(time.time() - 5, usegmt=True)),),
         (Fault.drop(), Fault.drop(), Fault.error(500), Fault.short()),
-        (None, ),  # served on the first try
+        (None,),  # served on the first try
         (Fault.error(429, RateLimit_Reset="0"), Fault.drop()),
         (Fault.short(), Fault.too_many(retry_after="0"), Fault.truncate()),
     ]
@@ -162,9 +200,16 @@ def test_ranks_survive_every_fault(mirror: Path, tmp_path: Path) -> None:
     with FaultServer(mirror) as server:
         for (chunk, index), faults in zip(all_items(), scripts):
             server.script(url_path(chunk, index), *faults)
-        procs = [subprocess.Popen([sys.executable, str(SCRIPT), *args_for(server.url, out, "--workers", "3")],
-                                  env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "3"},
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(3)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT), *args_for(server.url, out, "--workers", "3")],
+                env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "3"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for rank in range(3)
+        ]
         results = [(proc.wait(timeout=60), *proc.communicate()) for proc in procs]
         for rank, (code, stdout, stderr) in enumerate(results):
             assert code == 0, f"rank {rank}: {stderr}"
@@ -201,8 +246,9 @@ def test_permanent_failures_are_named_and_token_never_printed(mirror: Path, tmp_
     assert len(list(out.glob("*.jsonl.zst"))) == 10 and not list(out.glob(".*.tmp-*"))
 
 
-def test_token_is_not_sent_after_a_redirect_to_another_host(mirror: Path, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_token_is_not_sent_after_a_redirect_to_another_host(
+    mirror: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Hugging Face redirects file downloads to a CDN host: the token must stay with huggingface.co."""
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     with FaultServer(mirror) as server:
@@ -255,8 +301,19 @@ def test_rerun_fetches_only_what_is_missing_over_pooled_connections(mirror: Path
 def test_file_urls_work_offline_and_missing_files_fail(mirror: Path, tmp_path: Path) -> None:
     assert download.main(args_for(mirror.as_uri(), tmp_path / "ok")) == 0
     assert_complete_copy(tmp_path / "ok", mirror)
-    result = run_stage(["--base-url", mirror.as_uri(), "--out", str(tmp_path / "bad"), "--chunks", "1-2",
-                        "--files-per-chunk", str(PER_CHUNK + 1), *FAST])
+    result = run_stage(
+        [
+            "--base-url",
+            mirror.as_uri(),
+            "--out",
+            str(tmp_path / "bad"),
+            "--chunks",
+            "1-2",
+            "--files-per-chunk",
+            str(PER_CHUNK + 1),
+            *FAST,
+        ]
+    )
     assert result.returncode == 1
     assert "example_train_chunk1_6.jsonl.zst: not found" in result.stderr
     assert "example_train_chunk2_6.jsonl.zst: not found" in result.stderr
@@ -278,8 +335,11 @@ def test_sigkill_at_several_points_then_rerun_is_byte_identical(mirror: Path, tm
         finals = lambda: len(list(killed.glob("example_*.jsonl.zst")))  # noqa: E731
         temps = lambda: bool(list(killed.glob(".*.tmp-*")))  # noqa: E731
         for point in (temps, lambda: finals() >= 3, lambda: finals() >= 7):
-            proc = subprocess.Popen([sys.executable, str(SCRIPT), *args_for(server.url, killed, "--workers", "2")],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [sys.executable, str(SCRIPT), *args_for(server.url, killed, "--workers", "2")],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             wait_for(point, proc)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -287,7 +347,13 @@ def test_sigkill_at_several_points_then_rerun_is_byte_identical(mirror: Path, tm
                 assert done.read_bytes() == (clean / done.name).read_bytes()
         assert finals() < 12
         assert run_stage(args_for(server.url, killed, "--workers", "2")).returncode == 0
-    tree = lambda root: {p.relative_to(root): p.read_bytes() for p in root.rglob("*")  # noqa: E731
-                         if p.is_file() and ".completions" not in p.parts}
+
+    def tree(root):
+        return {
+            p.relative_to(root): p.read_bytes()
+            for p in root.rglob("*")  # noqa: E731
+            if p.is_file() and ".completions" not in p.parts
+        }
+
     assert tree(killed) == tree(clean)
     assert_complete_copy(killed, mirror)

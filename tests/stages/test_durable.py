@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import random
 
-import pytest
-
 import _durable
+import pytest
 
 BLOCK = 8192  # small blocks: a few KB of data crosses several whole blocks and leaves a tail
 
@@ -26,12 +25,12 @@ def payload(size: int, seed: int = 0) -> bytes:
 def test_writes_and_appends_in_any_pieces_give_exact_bytes(tmp_path, writers, size, direct):
     data = payload(size, seed=size)
     source = tmp_path / "source"
-    source.write_bytes(data[size // 3:])
+    source.write_bytes(data[size // 3 :])
     out = _durable.DurableFile(tmp_path / "out", writers, direct=direct)
     rng, at = random.Random(1), 0
     while at < size // 3:  # the first third in pieces of odd sizes, the rest read straight from a file
         piece = rng.randint(1, 3 * BLOCK)
-        out.write(data[at:min(at + piece, size // 3)])
+        out.write(data[at : min(at + piece, size // 3)])
         at = min(at + piece, size // 3)
     with open(source, "rb") as handle:
         out.append_from(handle.fileno(), size - size // 3)

@@ -5,13 +5,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-import zstandard
-
 import _durable
 import extract
-from support.stage_fixtures import (completion_records, compress, iter_documents, jsonl_bytes, kill_when, make_shards,
-                                    run_as_rank, run_stage, snapshot, stage_command, temporaries)
+import pytest
+import zstandard
+from support.stage_fixtures import (
+    completion_records,
+    compress,
+    iter_documents,
+    jsonl_bytes,
+    kill_when,
+    make_shards,
+    run_as_rank,
+    run_stage,
+    snapshot,
+    stage_command,
+    temporaries,
+)
 
 
 def expected_text(path: Path) -> bytes:
@@ -41,8 +51,10 @@ def test_in_place_extract_keeps_sources_when_asked(tmp_path, monkeypatch):
     assert all(p.exists() for p in sources)
     assert run_as_rank(extract.main, argv[:-1], 0, 1, monkeypatch) == 0  # rerun: complete outputs, sources go now
     assert not any(p.exists() for p in sources)
-    assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == ["example_train_chunk1_0.jsonl",
-                                                               "example_train_chunk1_1.jsonl"]
+    assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == [
+        "example_train_chunk1_0.jsonl",
+        "example_train_chunk1_1.jsonl",
+    ]
 
 
 def test_corrupt_truncated_and_empty_inputs_fail_by_name(tmp_path, monkeypatch, capsys):
@@ -69,23 +81,34 @@ def test_download_manifest_fixes_the_items_and_a_missing_file_fails(tmp_path, mo
     names = ["example_train_chunk1_0.jsonl.zst", "example_train_chunk1_1.jsonl.zst", "example_train_chunk1_2.jsonl.zst"]
     manifest.write_text(json.dumps({"stage": "download", "count": 3, "files": names}))
     assert extract.list_stems(tmp_path / "in", tmp_path / "out") == [n[: -len(".jsonl.zst")] for n in names]
-    assert run_as_rank(extract.main, ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "out")], 0, 1,
-                       monkeypatch) == 1
+    assert (
+        run_as_rank(extract.main, ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "out")], 0, 1, monkeypatch)
+        == 1
+    )
     assert "example_train_chunk1_2.jsonl.zst: example_train_chunk1_2.jsonl.zst is missing" in capsys.readouterr().err
 
 
 def test_validate_json_reports_bad_lines_and_keeps_the_file_exact(tmp_path, monkeypatch, capsys):
     good = jsonl_bytes(iter_documents(1, 3))
-    payload = (good + b'{"text": "ok"}\nnot json\n\n{"meta": {}}\n{"text": 7}\n[1, 2]\n{"text": "caf\xe9"}\n'
-               + b'{"text": "last line without newline"}')
+    payload = (
+        good
+        + b'{"text": "ok"}\nnot json\n\n{"meta": {}}\n{"text": 7}\n[1, 2]\n{"text": "caf\xe9"}\n'
+        + b'{"text": "last line without newline"}'
+    )
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl.zst").write_bytes(compress(payload, frames=3))
     argv = ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--validate-json"]
     assert run_as_rank(extract.main, argv, 0, 1, monkeypatch) == 0
     assert (tmp_path / "out" / "a.jsonl").read_bytes() == payload
     err = capsys.readouterr().err
-    for line, reason in ((5, "invalid JSON"), (6, "empty line"), (7, "no 'text' key"), (8, "'text' is not a string"),
-                         (9, "not a JSON object"), (10, "not valid UTF-8")):
+    for line, reason in (
+        (5, "invalid JSON"),
+        (6, "empty line"),
+        (7, "no 'text' key"),
+        (8, "'text' is not a string"),
+        (9, "not a JSON object"),
+        (10, "not valid UTF-8"),
+    ):
         assert f"a.jsonl:{line}: {reason}" in err
     record = json.loads((tmp_path / "out" / ".completions" / "extract-00000-of-00001.json").read_text())
     assert record["bad_lines"] == 6 and record["lines"] == 11

@@ -8,11 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 import _slimpajama_files
 import download
 import hf_listing
+import pytest
 from support.hf_dataset import HF_REPO as REPO
 from support.hf_dataset import TOKEN, dataset_files
 from support.stage_fixtures import iter_documents, jsonl_bytes, run_as_rank, temporaries
@@ -22,8 +21,23 @@ from hf_hub import FakeHub  # noqa: E402
 
 
 def args(out: Path, *extra: str) -> list[str]:
-    return ["--hf-dataset", REPO, "--include", "sample/10BT/*", "--out", str(out), "--workers", "2",
-            "--backoff", "0.01", "--max-wait", "2", "--timeout", "10", *extra]
+    return [
+        "--hf-dataset",
+        REPO,
+        "--include",
+        "sample/10BT/*",
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--backoff",
+        "0.01",
+        "--max-wait",
+        "2",
+        "--timeout",
+        "10",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -137,8 +151,9 @@ def test_unknown_repo_or_revision_fails_with_its_name(hub, tmp_path, monkeypatch
     assert f"cannot list {REPO} at revision 'v9'" in err and "HTTP 404" in err
     other = ["--hf-dataset", REPO, "--include", "sample/*/*.csv", "--out", str(tmp_path / "other")]
     assert run_as_rank(download.main, other, 0, 1, monkeypatch) == 1
-    assert "no file matches --include ['sample/*/*.csv'] --exclude [] (4 files in the revision)" in \
-        capsys.readouterr().err
+    assert (
+        "no file matches --include ['sample/*/*.csv'] --exclude [] (4 files in the revision)" in capsys.readouterr().err
+    )
     missing = ["--hf-dataset", REPO, "--include", "nothing/*", "--out", str(tmp_path / "other"), "--attempts", "1"]
     assert run_as_rank(download.main, missing, 0, 1, monkeypatch) == 1
     assert "/tree/" in capsys.readouterr().err
@@ -159,11 +174,15 @@ def test_names_selection_and_bad_listings():
     assert hf_listing.listing_root(["sample/10BT/*.parquet", "sample/100BT/a.parquet"]) == "sample"
     assert hf_listing.listing_root(["*.md", "data/x"]) == "" and hf_listing.listing_root([]) == ""
     item = lambda path: hf_listing.HubItem("", path, 1)  # noqa: E731
-    named = hf_listing.named(hf_listing.select(
-        [item("a/b/x.parquet"), item("a/b/c/y.parquet"), item("a/.cache/z"), item("a/b/.gitattributes")], [], []))
+    named = hf_listing.named(
+        hf_listing.select(
+            [item("a/b/x.parquet"), item("a/b/c/y.parquet"), item("a/.cache/z"), item("a/b/.gitattributes")], [], []
+        )
+    )
     assert [i.name for i in named] == ["c__y.parquet", "x.parquet"]  # below the common folder a/b
-    slim = hf_listing.named([item("train/chunk1/example_train_0.jsonl.zst"),
-                             item("train/chunk10/example_train_12.jsonl.zst")])
+    slim = hf_listing.named(
+        [item("train/chunk1/example_train_0.jsonl.zst"), item("train/chunk10/example_train_12.jsonl.zst")]
+    )
     assert [i.name for i in slim] == ["example_train_chunk10_12.jsonl.zst", "example_train_chunk1_0.jsonl.zst"]
     with pytest.raises(hf_listing.ListingError, match="would both be saved as 'x__y'"):
         hf_listing.named([item("d/x__y"), item("d/x/y")])
@@ -175,23 +194,27 @@ def test_names_selection_and_bad_listings():
         hf_listing.parse_commit({"sha": "main"}, "URL")
 
 
-def test_slimpajama_through_the_listing_keeps_its_names_and_checks_zstd_and_sha256(hub, tmp_path, monkeypatch,
-                                                                                    capsys):
+def test_slimpajama_through_the_listing_keeps_its_names_and_checks_zstd_and_sha256(hub, tmp_path, monkeypatch, capsys):
     """The slimpajama-* pipelines' download args (pipelines.yaml) against a SlimPajama-shaped repo."""
     from support.stage_fixtures import compress
 
     from bcp_pipeline.config.load import load_config
 
     shard = lambda seed: compress(jsonl_bytes(iter_documents(seed, 5)))  # noqa: E731
-    files = {f"{split}/chunk{c}/{stem}_{i}.jsonl.zst": shard(100 * c + i)
-             for split, stem in (("train", "example_train"), ("validation", "example_holdout"))
-             for c in (1, 2) for i in range(3)}
+    files = {
+        f"{split}/chunk{c}/{stem}_{i}.jsonl.zst": shard(100 * c + i)
+        for split, stem in (("train", "example_train"), ("validation", "example_holdout"))
+        for c in (1, 2)
+        for i in range(3)
+    }
     files["README.md"] = b"# SlimPajama-627B\n"
     hub.commit("cerebras/SlimPajama-627B", files)
     hub.fault("cdn", "train/chunk1/example_train_2.jsonl.zst", "cut")
     pipeline = load_config(Path(__file__).resolve().parents[2] / "pipelines.yaml").pipeline("slimpajama-126m")
-    argv = [arg.replace("${include}", stage_vars(pipeline)["include"]).replace("${data}", str(tmp_path))
-            for arg in pipeline.stages["download"].args] + ["--backoff", "0.01"]
+    argv = [
+        arg.replace("${include}", stage_vars(pipeline)["include"]).replace("${data}", str(tmp_path))
+        for arg in pipeline.stages["download"].args
+    ] + ["--backoff", "0.01"]
     assert "--hf-dataset" in argv and "train/chunk1/*.jsonl.zst" in argv
     assert run_as_rank(download.main, argv, 0, 1, monkeypatch) == 0
     out = tmp_path / "zst"

@@ -12,15 +12,15 @@ import shutil
 import threading
 from pathlib import Path
 
-import pytest
-
 import _completion
+import pytest
 from _stage_error import StageError
+from support.golden_files import REPO
+
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.engine.output_digest import output_digest
 from bcp_pipeline.engine.state import RunStore
-from support.golden_files import REPO
 
 
 def env(digest: str, policy: str = "redo") -> dict[str, str]:
@@ -40,8 +40,10 @@ def made(folder: Path, digest: str, count: int = 2) -> None:
 
 def test_outputs_of_the_same_digest_are_kept_and_another_digests_are_set_aside_then_redone(tmp_path, capsys):
     made(tmp_path, "aaaa")
-    assert _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("aaaa")) == {"outputs": "same",
-                                                                                          "digest": "aaaa"}
+    assert _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("aaaa")) == {
+        "outputs": "same",
+        "digest": "aaaa",
+    }
     found = _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 0, env("bbbb"))
     assert found["outputs"] == "redone" and found["count"] == 2 and found["previous_digest"] == "aaaa"
     aside = Path(found["set_aside"])
@@ -72,8 +74,9 @@ def test_outputs_without_a_recorded_digest_count_as_another_configs(tmp_path):
 def test_other_ranks_wait_for_rank_0_before_they_skip_anything(tmp_path):
     made(tmp_path, "aaaa")
     waited: list[dict] = []
-    other = threading.Thread(target=lambda: waited.append(
-        _completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 1, env("bbbb"))))
+    other = threading.Thread(
+        target=lambda: waited.append(_completion.claim_outputs(tmp_path, "make", outputs(tmp_path), 1, env("bbbb")))
+    )
     other.start()
     other.join(0.5)
     assert other.is_alive()  # rank 1 must not go on while the old outputs are still there
@@ -96,8 +99,10 @@ def test_the_digest_follows_args_program_image_and_upstream_stages(tmp_path):
         return {name: output_digest(pipeline, name) for name in pipeline.stages}
 
     base = digests()
-    seeded = digests("sample.args=[--out, '${mirror}', --chunks, '2', --files-per-chunk, '4', --docs-per-file, "
-                     "'400', --seed, '7']")
+    seeded = digests(
+        "sample.args=[--out, '${mirror}', --chunks, '2', --files-per-chunk, '4', --docs-per-file, '400', --seed, '7', "
+        "--validation-files, '${validation_files}']"
+    )
     assert seeded["sample"] != base["sample"] and seeded["download"] != base["download"]  # and below it
     assert seeded["bpe"] == base["bpe"]  # not below sample
     assert digests("extract.bcp.image=nvcr.io/nvidia/other:1")["extract"] != base["extract"]
@@ -108,7 +113,10 @@ def test_the_digest_follows_args_program_image_and_upstream_stages(tmp_path):
 
 
 # -- through the orchestrator: the demo's sample stage -----------------------------------------------------------
-SEED = "sample.args=[--out, '${{mirror}}', --chunks, '2', --files-per-chunk, '4', --docs-per-file, '40', --seed, '{}']"
+SEED = (
+    "sample.args=[--out, '${{mirror}}', --chunks, '2', --files-per-chunk, '4', --docs-per-file, '40', --seed, '{}', "
+    "--validation-files, '${{validation_files}}']"
+)
 
 
 def demo_project(root: Path) -> Path:
@@ -124,8 +132,9 @@ def mirror_bytes(root: Path) -> dict[str, bytes]:
 
 
 def run_sample(config: Path, seed: int, *extra: str) -> int:
-    return main(["--config", str(config), "run", "demo", "--only", "sample", "--restart", "--set", SEED.format(seed),
-                 *extra])
+    return main(
+        ["--config", str(config), "run", "demo", "--only", "sample", "--restart", "--set", SEED.format(seed), *extra]
+    )
 
 
 def test_a_sample_made_with_another_seed_is_redone_refused_or_reused_and_status_says_which(tmp_path, capsys):
@@ -138,11 +147,13 @@ def test_a_sample_made_with_another_seed_is_redone_refused_or_reused_and_status_
     second = mirror_bytes(tmp_path)
     assert second.keys() == first.keys() and all(second[k] != first[k] for k in first)  # not the old mirror
     aside = next((tmp_path / ".bcp-pipeline/workspaces/demo/mirror").glob(".superseded-*"))
-    assert {str(p.relative_to(aside / "train")): p.read_bytes() for p in sorted(aside.rglob("*.zst"))} == first
+    assert {
+        str(p.relative_to(aside / "train")): p.read_bytes() for p in sorted((aside / "train").rglob("*.zst"))
+    } == first
     capsys.readouterr()
     assert main(["--config", str(config), "status"]) == 0
     out = capsys.readouterr().out
-    assert "sample: 8 output(s) made by another config" in out and f"redone; the old ones are kept in {aside}" in out
+    assert "sample: 10 output(s) made by another config" in out and f"redone; the old ones are kept in {aside}" in out
 
     assert run_sample(config, 8, "--set", "sample.other_outputs=refuse") == 1
     assert mirror_bytes(tmp_path) == second
@@ -155,6 +166,7 @@ def test_a_sample_made_with_another_seed_is_redone_refused_or_reused_and_status_
     assert mirror_bytes(tmp_path) == second
     state = RunStore(tmp_path / ".bcp-pipeline").latest()
     assert state.stages["sample"].extra["outputs"]["outputs"] == "reused"
-    record = json.loads(next((tmp_path / ".bcp-pipeline/workspaces/demo/mirror/.completions").glob("sample-*.json"))
-                        .read_text())
+    record = json.loads(
+        next((tmp_path / ".bcp-pipeline/workspaces/demo/mirror/.completions").glob("sample-*.json")).read_text()
+    )
     assert record["output_digest"] == state.stages["sample"].extra["outputs"]["digest"]  # the completion record's

@@ -7,19 +7,28 @@ import io
 import json
 from pathlib import Path
 
-import numpy as np
-import pytest
-from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-import concat
 import _preprocess_batches
+import concat
 import extract
 import megatron_index
+import numpy as np
 import preprocess
+import pytest
 import tokenizers_gpt2
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 from support.gpt2_reference import EOD, GPT2, MERGES, SPECIAL_TEXTS, VOCAB, read_dataset, reference_tokenizer
-from support.stage_fixtures import (completion_records, iter_documents, jsonl_bytes, kill_when,
-                                    make_shards, run_as_rank, run_stage, snapshot, stage_command, temporaries)
+from support.stage_fixtures import (
+    completion_records,
+    iter_documents,
+    jsonl_bytes,
+    kill_when,
+    make_shards,
+    run_as_rank,
+    run_stage,
+    snapshot,
+    stage_command,
+    temporaries,
+)
 
 
 def write_chunk(folder: Path, index: int, payload: bytes) -> Path:
@@ -85,8 +94,9 @@ def test_index_writer_streams_in_chunks(tmp_path, monkeypatch):
         writer.write_index(idx_out)
     assert read_dataset(tmp_path / "d") == [d.tolist() for d in documents]
     dataset = IndexedDataset(str(tmp_path / "d"))
-    assert dataset.index.sequence_pointers.tolist() == [2 * int(x) for x in
-                                                        np.cumsum([0] + [len(d) for d in documents[:-1]])]
+    assert dataset.index.sequence_pointers.tolist() == [
+        2 * int(x) for x in np.cumsum([0] + [len(d) for d in documents[:-1]])
+    ]
     assert megatron_index.dtype_for_vocab(50257) == np.uint16 and megatron_index.dtype_for_vocab(65500) == np.int32
 
 
@@ -106,13 +116,38 @@ def test_ranks_and_workers_give_the_same_bytes(tmp_path, monkeypatch):
 
 def test_zst_groups_match_extract_then_concat(tmp_path, monkeypatch):
     make_shards(tmp_path / "zst", files=5, docs_per_file=25, frames=2)
-    assert run_as_rank(extract.main, ["--in", str(tmp_path / "zst"), "--out", str(tmp_path / "jsonl"),
-                                      "--keep-source"], 0, 1, monkeypatch) == 0
-    assert run_as_rank(concat.main, ["--in", str(tmp_path / "jsonl"), "--out", str(tmp_path / "chunks"),
-                                     "--files-per-output", "2"], 0, 1, monkeypatch) == 0
+    assert (
+        run_as_rank(
+            extract.main,
+            ["--in", str(tmp_path / "zst"), "--out", str(tmp_path / "jsonl"), "--keep-source"],
+            0,
+            1,
+            monkeypatch,
+        )
+        == 0
+    )
+    assert (
+        run_as_rank(
+            concat.main,
+            ["--in", str(tmp_path / "jsonl"), "--out", str(tmp_path / "chunks"), "--files-per-output", "2"],
+            0,
+            1,
+            monkeypatch,
+        )
+        == 0
+    )
     slow = ["--in", str(tmp_path / "chunks"), "--out", str(tmp_path / "slow"), *GPT2, "--workers", "1"]
-    fast = ["--in", str(tmp_path / "zst"), "--out", str(tmp_path / "fast"), *GPT2, "--files-per-output", "2",
-            "--workers", "2"]
+    fast = [
+        "--in",
+        str(tmp_path / "zst"),
+        "--out",
+        str(tmp_path / "fast"),
+        *GPT2,
+        "--files-per-output",
+        "2",
+        "--workers",
+        "2",
+    ]
     assert run_as_rank(preprocess.main, slow, 0, 1, monkeypatch) == 0
     assert run_as_rank(preprocess.main, fast, 0, 1, monkeypatch) == 0
     slow_files, fast_files = snapshot(tmp_path / "slow"), snapshot(tmp_path / "fast")
@@ -131,8 +166,13 @@ def test_malformed_lines_are_skipped_and_reported_by_file_and_line(tmp_path, mon
     argv = ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "out"), *GPT2, "--workers", "2"]
     assert run_as_rank(preprocess.main, argv, 0, 1, monkeypatch) == 0
     err = capsys.readouterr().err
-    for line, reason in ((3, "invalid JSON"), (4, "no 'text' key"), (5, "empty line"), (6, "'text' is not a string"),
-                         (7, "not valid UTF-8")):
+    for line, reason in (
+        (3, "invalid JSON"),
+        (4, "no 'text' key"),
+        (5, "empty line"),
+        (6, "'text' is not a string"),
+        (7, "not valid UTF-8"),
+    ):
         assert f"train_chunk_0.jsonl:{line}: {reason}" in err
     manifest = json.loads((tmp_path / "out" / "train_chunk_0.jsonl_text_document.manifest.json").read_text())
     assert manifest["skipped_lines"] == 5 and manifest["documents"] == 3  # the unterminated last line counts
@@ -142,6 +182,7 @@ def test_malformed_lines_are_skipped_and_reported_by_file_and_line(tmp_path, mon
 @pytest.mark.parametrize("batch_bytes", [1, 7, 100, 1 << 20])
 def test_batches_tile_each_source_in_whole_lines(tmp_path, monkeypatch, batch_bytes):
     from support.stage_fixtures import compress
+
     monkeypatch.setattr(_preprocess_batches, "PROBE_BYTES", 5)  # lines longer than a probe window, too
     payload = b'{"text": "a"}\n\n' + b"x" * 300 + b"\n\n\nlast line without newline"
     (tmp_path / "a.jsonl").write_bytes(payload)
@@ -169,6 +210,7 @@ def test_line_numbers_survive_small_batches(tmp_path, monkeypatch, capsys):
 
 def test_bad_lines_in_zst_groups_name_the_zst_file(tmp_path, monkeypatch, capsys):
     from support.stage_fixtures import compress
+
     (tmp_path / "zst").mkdir()
     (tmp_path / "zst" / "a.jsonl.zst").write_bytes(compress(jsonl_bytes(iter_documents(1, 3))))
     (tmp_path / "zst" / "b.jsonl.zst").write_bytes(compress(b'{"text": "x"}\n{"text": "y"}\n{oops\n'))
@@ -180,8 +222,9 @@ def test_bad_lines_in_zst_groups_name_the_zst_file(tmp_path, monkeypatch, capsys
 def test_failures_are_named_and_leave_no_completion(tmp_path, monkeypatch):
     shards = make_shards(tmp_path / "zst", files=4, docs_per_file=10)
     shards[3].write_bytes(shards[3].read_bytes()[:-7])
-    result = run_stage("preprocess", ["--in", str(tmp_path / "zst"), "--out", str(tmp_path / "out"), *GPT2,
-                                      "--files-per-output", "2"])
+    result = run_stage(
+        "preprocess", ["--in", str(tmp_path / "zst"), "--out", str(tmp_path / "out"), *GPT2, "--files-per-output", "2"]
+    )
     assert result.returncode == 1
     assert "train_chunk_1.jsonl_text_document: example_train_chunk1_3.jsonl.zst: truncated zstd stream" in result.stderr
     assert (tmp_path / "out" / "train_chunk_0.jsonl_text_document.manifest.json").exists()
@@ -189,12 +232,24 @@ def test_failures_are_named_and_leave_no_completion(tmp_path, monkeypatch):
     assert not (tmp_path / "out" / ".completions").exists() and temporaries(tmp_path / "out") == []
 
     write_chunk(tmp_path / "in", 0, jsonl_bytes(iter_documents(1, 3)))
-    wrong_key = run_stage("preprocess", ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "o2"), *GPT2,
-                                         "--json-key", "body"])
+    wrong_key = run_stage(
+        "preprocess", ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "o2"), *GPT2, "--json-key", "body"]
+    )
     assert wrong_key.returncode == 1 and "no usable documents: all 3 lines were skipped" in wrong_key.stderr
     assert not list((tmp_path / "o2").glob("train_chunk_0*"))
-    missing = run_stage("preprocess", ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "o3"),
-                                       "--vocab", str(tmp_path / "nope.json"), "--merges", str(MERGES)])
+    missing = run_stage(
+        "preprocess",
+        [
+            "--in",
+            str(tmp_path / "in"),
+            "--out",
+            str(tmp_path / "o3"),
+            "--vocab",
+            str(tmp_path / "nope.json"),
+            "--merges",
+            str(MERGES),
+        ],
+    )
     assert missing.returncode == 2 and "nope.json: no such file" in missing.stderr
     no_tokenizer = run_stage("preprocess", ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "o3")])
     assert no_tokenizer.returncode == 2 and "give --vocab and --merges" in no_tokenizer.stderr
@@ -210,8 +265,16 @@ def test_hf_tokenizer_json_gives_the_same_ids_for_gpt2(tmp_path, monkeypatch):
     write_chunk(tmp_path / "in", 0, jsonl_bytes(iter_documents(5, 30)) + jsonl_bytes({"text": t} for t in texts))
     base = ["--in", str(tmp_path / "in"), "--workers", "2"]
     assert run_as_rank(preprocess.main, base + ["--out", str(tmp_path / "bpe"), *GPT2], 0, 1, monkeypatch) == 0
-    assert run_as_rank(preprocess.main, base + ["--out", str(tmp_path / "hf"), "--tokenizer-json",
-                                                str(tmp_path / "tokenizer.json")], 0, 1, monkeypatch) == 0
+    assert (
+        run_as_rank(
+            preprocess.main,
+            base + ["--out", str(tmp_path / "hf"), "--tokenizer-json", str(tmp_path / "tokenizer.json")],
+            0,
+            1,
+            monkeypatch,
+        )
+        == 0
+    )
     prefix = "train_chunk_0.jsonl_text_document"
     for suffix in (".bin", ".idx"):
         assert (tmp_path / "hf" / (prefix + suffix)).read_bytes() == (tmp_path / "bpe" / (prefix + suffix)).read_bytes()

@@ -6,14 +6,13 @@ from __future__ import annotations
 import gzip
 import json
 
+import doc_sources
+import preprocess
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-import doc_sources
-import preprocess
-from support.stage_fixtures import compress, iter_documents, jsonl_bytes, run_as_rank, snapshot
 from support.gpt2_reference import EOD, GPT2, SPECIAL_TEXTS, read_dataset, reference_tokenizer
+from support.stage_fixtures import compress, iter_documents, jsonl_bytes, run_as_rank, snapshot
 
 TEXTS = SPECIAL_TEXTS + [r["text"] for r in iter_documents(21, 50)]
 
@@ -26,7 +25,7 @@ def write_parquet(path, texts, column="text", row_group_size=7) -> None:
 def write_gzip(path, payload: bytes, members: int = 2) -> None:
     """Several gzip members back to back (as `cat a.gz b.gz` makes): every member must be read."""
     cut = len(payload) // members
-    pieces = [payload[i * cut:(i + 1) * cut if i < members - 1 else len(payload)] for i in range(members)]
+    pieces = [payload[i * cut : (i + 1) * cut if i < members - 1 else len(payload)] for i in range(members)]
     path.write_bytes(b"".join(gzip.compress(piece) for piece in pieces))
 
 
@@ -59,8 +58,19 @@ def test_parquet_groups_follow_the_download_manifest_and_nulls_are_reported(tmp_
     for i, name in enumerate(names):
         write_parquet(folder / name, [f"doc {i} {j}" for j in range(5)] + [None], column="content")
     (folder / ".manifest" / "download.json").write_text(json.dumps({"files": names}))
-    argv = ["--in", str(folder), "--out", str(tmp_path / "out"), *GPT2, "--files-per-output", "2",
-            "--json-key", "content", "--workers", "1"]
+    argv = [
+        "--in",
+        str(folder),
+        "--out",
+        str(tmp_path / "out"),
+        *GPT2,
+        "--files-per-output",
+        "2",
+        "--json-key",
+        "content",
+        "--workers",
+        "1",
+    ]
     assert run_as_rank(preprocess.main, argv, 0, 1, monkeypatch) == 0
     first = json.loads((tmp_path / "out" / "train_chunk_0.jsonl_text_document.manifest.json").read_text())
     assert first["sources"] == names[:2] and first["documents"] == 10 and first["skipped_lines"] == 2
@@ -77,15 +87,37 @@ def test_unusable_parquet_and_gzip_inputs_fail_by_name(tmp_path, monkeypatch, ca
     data = gzip.compress(jsonl_bytes([{"text": "whole"}] * 200))
     (folder / "c.jsonl.gz").write_bytes(data[: len(data) - 9])
     (folder / "d.parquet").write_bytes(b"PAR1 not really")
-    argv = ["--in", str(folder), "--out", str(tmp_path / "out"), *GPT2, "--files-per-output", "1",
-            "--json-key", "text", "--workers", "1"]
+    argv = [
+        "--in",
+        str(folder),
+        "--out",
+        str(tmp_path / "out"),
+        *GPT2,
+        "--files-per-output",
+        "1",
+        "--json-key",
+        "text",
+        "--workers",
+        "1",
+    ]
     assert run_as_rank(preprocess.main, argv, 0, 1, monkeypatch) == 1
     err = capsys.readouterr().err
     assert "train_chunk_1.jsonl_text_document: b.parquet: column 'text' holds int64, not text" in err
     assert "c.jsonl.gz: truncated gzip stream" in err and "d.parquet: not a readable parquet file" in err
     assert (tmp_path / "out" / "train_chunk_0.jsonl_text_document.bin").exists()
-    wrong = ["--in", str(folder), "--out", str(tmp_path / "o2"), *GPT2, "--files-per-output", "1",
-             "--json-key", "body", "--workers", "1"]
+    wrong = [
+        "--in",
+        str(folder),
+        "--out",
+        str(tmp_path / "o2"),
+        *GPT2,
+        "--files-per-output",
+        "1",
+        "--json-key",
+        "body",
+        "--workers",
+        "1",
+    ]
     assert run_as_rank(preprocess.main, wrong, 0, 1, monkeypatch) == 1
     assert "a.parquet: no column 'body' (its columns: id, text)" in capsys.readouterr().err
 

@@ -23,8 +23,17 @@ def gpt2_args() -> list[str]:
 
 
 def argv(in_dir: Path, out: Path) -> list[str]:
-    return ["--in", str(in_dir), "--out", str(out), "--files-per-output", str(PER_OUTPUT), *gpt2_args(),
-            "--workers", "1"]
+    return [
+        "--in",
+        str(in_dir),
+        "--out",
+        str(out),
+        "--files-per-output",
+        str(PER_OUTPUT),
+        *gpt2_args(),
+        "--workers",
+        "1",
+    ]
 
 
 def publish_upstream(folder: Path, names: list[str], digest: str = DIGEST, manifest_digest: str | None = DIGEST):
@@ -47,8 +56,13 @@ def land(source: Path, folder: Path) -> None:
 
 def start(in_dir: Path, out: Path, **extra_env: str) -> subprocess.Popen:
     env = {**stage_env(), "BCP_PIPELINE_STREAM_DIGESTS": f"ffffffffffffffff,{DIGEST}", **extra_env}
-    return subprocess.Popen(stage_command("preprocess", argv(in_dir, out)), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        stage_command("preprocess", argv(in_dir, out)),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_until(predicate, timeout: float = 60.0) -> None:
@@ -66,8 +80,12 @@ def test_outputs_are_made_as_their_inputs_land_and_match_a_run_after_the_downloa
     for shard in shards:
         shutil.copy(shard, serial_in)
     publish_upstream(serial_in, names, manifest_digest=None)
-    done = subprocess.run(stage_command("preprocess", argv(serial_in, tmp_path / "serial")), env=stage_env(),
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        stage_command("preprocess", argv(serial_in, tmp_path / "serial")),
+        env=stage_env(),
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
 
     streamed_in = tmp_path / "streamed-in"

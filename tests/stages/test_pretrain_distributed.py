@@ -14,15 +14,14 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-import torch
-
 import _pretrain_checkpoints
 import _ranks
+import pytest
+import torch
 from _stage_error import StageError
-from support.ddp_pretrain import (LOSS_RTOL, STEPS, TIMEOUT, command, data_dir,  # noqa: F401 (fixtures)
-                                  reference, run_one)
+from support.ddp_pretrain import LOSS_RTOL, STEPS, TIMEOUT, command, data_dir, reference, run_one  # noqa: F401 (fixtures)
 from support.smoke_pretrain import child_env, logged_steps, summary
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -33,10 +32,23 @@ def free_port() -> int:
 def start_ranks(cmd: list[str], world: int = 2) -> list[subprocess.Popen]:
     """`world` processes with the variables torchrun sets, one CPU thread each (2 cores here)."""
     port = str(free_port())
-    return [subprocess.Popen(cmd + ["--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=child_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                                           LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-            for rank in range(world)]
+    return [
+        subprocess.Popen(
+            cmd + ["--threads", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(
+                RANK=str(rank),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+            ),
+        )
+        for rank in range(world)
+    ]
 
 
 def finish(ranks: list[subprocess.Popen], timeout: float = 180) -> list[tuple[int, str, str]]:
@@ -69,8 +81,10 @@ def wait_for_step(proc: subprocess.Popen, step: int, timeout: float = 120) -> st
 
 # ---------------------------------------------------------------- training on 2 ranks
 
-def test_two_ranks_hold_equal_weights_and_follow_the_one_process_curve(data_dir: Path, tmp_path: Path,
-                                                                       reference: dict) -> None:
+
+def test_two_ranks_hold_equal_weights_and_follow_the_one_process_curve(
+    data_dir: Path, tmp_path: Path, reference: dict
+) -> None:
     (code0, out0, err0), (code1, out1, err1) = finish(start_ranks(command(data_dir, tmp_path, "two")))
     assert code0 == 0 and code1 == 0, err0 + err1
     assert "2 rank(s), global batch 4 = micro batch 2 x 2 rank(s) x 1 accumulation step(s)" in out0
@@ -88,8 +102,9 @@ def test_two_ranks_hold_equal_weights_and_follow_the_one_process_curve(data_dir:
 
 
 @pytest.mark.parametrize("how, victim", [("killed", 1), ("hung", 1), ("killed", 0)])
-def test_a_dead_or_hung_rank_fails_the_job_within_the_timeout(data_dir: Path, tmp_path: Path, how: str,
-                                                              victim: int) -> None:
+def test_a_dead_or_hung_rank_fails_the_job_within_the_timeout(
+    data_dir: Path, tmp_path: Path, how: str, victim: int
+) -> None:
     """SIGKILL (connection reset: at once) or SIGSTOP (silence: --collective-timeout) of one rank; rank 0 also
     serves the rendezvous store, so its death is a case of its own."""
     ranks = start_ranks(command(data_dir, tmp_path, how, "--steps", "2000", "--checkpoint-every", "1000"))
@@ -131,8 +146,13 @@ def test_resume_across_world_sizes(data_dir: Path, tmp_path: Path, reference: di
     assert two_then_one["resumed_from_step"] == stopped_at and two_then_one["steps"] == STEPS
     assert two_then_one["losses"] == pytest.approx(reference["losses"], rel=LOSS_RTOL)
 
-    one = subprocess.Popen(command(data_dir, tmp_path, "one-then-two") + ["--threads", "2"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, env=child_env())
+    one = subprocess.Popen(
+        command(data_dir, tmp_path, "one-then-two") + ["--threads", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
     try:
         wait_for_step(one, 3)
         one.send_signal(signal.SIGTERM)
@@ -142,8 +162,9 @@ def test_resume_across_world_sizes(data_dir: Path, tmp_path: Path, reference: di
     assert one.returncode == 1
     stopped_at = int(_pretrain_checkpoints.latest_checkpoint(tmp_path / "one-then-two" / "checkpoints").name[5:11])
     # On 2 ranks with 1 sample per forward: 2 accumulation steps per rank, still the same samples per step.
-    (code0, out0, err0), (code1, out1, err1) = finish(start_ranks(
-        command(data_dir, tmp_path, "one-then-two", "--micro-batch-size", "1")))
+    (code0, out0, err0), (code1, out1, err1) = finish(
+        start_ranks(command(data_dir, tmp_path, "one-then-two", "--micro-batch-size", "1"))
+    )
     assert code0 == code1 == 0, err0 + err1
     assert f"at step {stopped_at} of {STEPS}" in out0 and "micro batch 1 x 2 rank(s) x 2 accumulation step(s)" in out0
     assert logged_steps(out0) == list(range(stopped_at + 1, STEPS + 1))
@@ -153,38 +174,59 @@ def test_resume_across_world_sizes(data_dir: Path, tmp_path: Path, reference: di
 
 
 def test_a_world_size_that_does_not_split_the_batch_is_refused(data_dir: Path, tmp_path: Path) -> None:
-    done = subprocess.run(command(data_dir, tmp_path, "three"), capture_output=True, text=True, timeout=60,
-                          env=child_env(RANK="0", WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"))
+    done = subprocess.run(
+        command(data_dir, tmp_path, "three"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(RANK="0", WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"),
+    )
     assert done.returncode == 1
-    assert "--global-batch-size 4 does not split over 3 ranks; run on a world size that divides it (1, 2, 4)" in \
-        done.stderr
+    assert (
+        "--global-batch-size 4 does not split over 3 ranks; run on a world size that divides it (1, 2, 4)"
+        in done.stderr
+    )
     assert not (tmp_path / "three").exists()
 
 
 # ---------------------------------------------------------------- rendezvous
 
+
 def test_rendezvous_torchrun() -> None:
-    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "198.18.0.7", "MASTER_PORT": "29555",
-           "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "other[1-2]", "NGC_MASTER_ADDR": "x"}
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "198.18.0.7",
+        "MASTER_PORT": "29555",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_NODELIST": "other[1-2]",
+        "NGC_MASTER_ADDR": "x",
+    }
     assert _ranks.rendezvous(env) == _ranks.Rendezvous(3, 8, 1, "198.18.0.7", 29555)  # torchrun's win
 
 
 def test_rendezvous_slurm_reads_the_job_nodelist() -> None:
     base = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456"}
     port = 20000 + 123456 % 20000  # the port the Slurm backend's batch script exports
-    assert _ranks.rendezvous({**base, "SLURM_JOB_NODELIST": "gpu-node[07-08]"}) == \
-        _ranks.Rendezvous(5, 8, 1, "gpu-node07", port)
+    assert _ranks.rendezvous({**base, "SLURM_JOB_NODELIST": "gpu-node[07-08]"}) == _ranks.Rendezvous(
+        5, 8, 1, "gpu-node07", port
+    )
     assert _ranks.rendezvous({**base, "SLURM_NODELIST": "alpha,beta"}).master_addr == "alpha"
     assert _ranks.rendezvous({**base, "SLURM_JOB_NODELIST": "n1", "MASTER_PORT": "4000"}).master_port == 4000
 
 
-@pytest.mark.parametrize("hostlist, hosts", [
-    ("node[1-2]", ["node1", "node2"]),
-    ("node1,node2", ["node1", "node2"]),
-    ("node[01-03,7],gpu5", ["node01", "node02", "node03", "node7", "gpu5"]),
-    ("rack[1-2]-n[3-4]", ["rack1-n3", "rack1-n4", "rack2-n3", "rack2-n4"]),
-    ("a-b.c[9-10]", ["a-b.c9", "a-b.c10"]),
-])
+@pytest.mark.parametrize(
+    "hostlist, hosts",
+    [
+        ("node[1-2]", ["node1", "node2"]),
+        ("node1,node2", ["node1", "node2"]),
+        ("node[01-03,7],gpu5", ["node01", "node02", "node03", "node7", "gpu5"]),
+        ("rack[1-2]-n[3-4]", ["rack1-n3", "rack1-n4", "rack2-n3", "rack2-n4"]),
+        ("a-b.c[9-10]", ["a-b.c9", "a-b.c10"]),
+    ],
+)
 def test_expand_slurm_hostlist(hostlist: str, hosts: list[str]) -> None:
     assert _ranks.expand_hostlist(hostlist) == hosts
 
@@ -209,8 +251,15 @@ def test_unreadable_nodelist_falls_back_to_scontrol(tmp_path: Path, monkeypatch:
 
 def test_rendezvous_bcp_replica() -> None:
     """bcprun's torchrun-style ranks; a replica that has NGC_MASTER_ADDR but no MASTER_ADDR meets there."""
-    env = {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "NGC_ARRAY_INDEX": "1", "NGC_ARRAY_SIZE": "2",
-           "NGC_MASTER_ADDR": "launcher-svc-4242", "NGC_JOB_ID": "4242"}
+    env = {
+        "RANK": "9",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "1",
+        "NGC_ARRAY_INDEX": "1",
+        "NGC_ARRAY_SIZE": "2",
+        "NGC_MASTER_ADDR": "launcher-svc-4242",
+        "NGC_JOB_ID": "4242",
+    }
     assert _ranks.rendezvous(env) == _ranks.Rendezvous(9, 16, 1, "launcher-svc-4242", 29500)
     assert _ranks.rendezvous({**env, "MASTER_ADDR": "198.18.0.9", "MASTER_PORT": "6000"}).master_addr == "198.18.0.9"
 

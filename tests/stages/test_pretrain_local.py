@@ -14,14 +14,22 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 import _pretrain_checkpoints
 import _pretrain_data
 import _smoke_gpt
-from support.smoke_pretrain import (SCRIPT, STEPS, child_env, command, data_dir,  # noqa: F401 (data_dir: a fixture)
-                                    english_like_documents, logged_steps, run_to_end, summary)
+import numpy as np
+import pytest
+from support.smoke_pretrain import (  # noqa: F401 (data_dir: a fixture)
+    SCRIPT,
+    STEPS,
+    child_env,
+    command,
+    data_dir,
+    english_like_documents,
+    logged_steps,
+    run_to_end,
+    summary,
+)
 from support.stage_fixtures import gpt2_vocab_merges
 
 EOD = 50256
@@ -36,17 +44,20 @@ def gpt2_encoding():
 
     vocab, merges = gpt2_vocab_merges()
     ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(merges), str(vocab))
-    return tiktoken.Encoding("gpt2-offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": EOD})
+    return tiktoken.Encoding(
+        "gpt2-offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": EOD}
+    )
 
 
 # ---------------------------------------------------------------- helpers
 
+
 def checkpoint_step(path: Path | None) -> int:
-    return -1 if path is None else int(path.name[len("step="):len("step=") + 6])
+    return -1 if path is None else int(path.name[len("step=") : len("step=") + 6])
 
 
 # ---------------------------------------------------------------- tests
+
 
 def test_preprocessed_data_reads_with_megatron_indexed_dataset(data_dir: Path) -> None:
     from megatron.core.datasets.indexed_dataset import IndexedDataset
@@ -90,15 +101,17 @@ def test_uninterrupted_run_logs_progress_and_loss_falls(straight_run: tuple[Path
     assert names == ["step=000008.pt", "step=000012.pt", "step=000016-last.pt"]  # --keep-checkpoints 3
 
 
-def test_stop_kill_and_resume_matches_uninterrupted_run(data_dir: Path, tmp_path: Path,
-                                                        straight_run: tuple[Path, str]) -> None:
+def test_stop_kill_and_resume_matches_uninterrupted_run(
+    data_dir: Path, tmp_path: Path, straight_run: tuple[Path, str]
+) -> None:
     """SIGTERM (clean stop, off-schedule checkpoint), then SIGKILL, then run to the end: same result."""
     reference = summary(straight_run[0], "straight")
     results = tmp_path / "results"
     ckpt_dir = results / "killed" / "checkpoints"
 
-    stopped = subprocess.Popen(command(data_dir, results, "killed"), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=child_env())
+    stopped = subprocess.Popen(
+        command(data_dir, results, "killed"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
+    )
     try:
         wait_for(lambda: (stopped.stdout.readline() or "").startswith("step 2/"), stopped)
         stopped.send_signal(signal.SIGTERM)
@@ -109,8 +122,13 @@ def test_stop_kill_and_resume_matches_uninterrupted_run(data_dir: Path, tmp_path
     stopped_at = checkpoint_step(_pretrain_checkpoints.latest_checkpoint(ckpt_dir))
     assert 2 <= stopped_at < STEPS and f"checkpoint saved: {ckpt_dir}" in stop_out
 
-    killed = subprocess.Popen(command(data_dir, results, "killed"), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=child_env())
+    killed = subprocess.Popen(
+        command(data_dir, results, "killed"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(),
+    )
     try:
         wait_for(lambda: checkpoint_step(_pretrain_checkpoints.latest_checkpoint(ckpt_dir)) > stopped_at, killed)
         killed.send_signal(signal.SIGKILL)
@@ -138,8 +156,7 @@ def test_stop_kill_and_resume_matches_uninterrupted_run(data_dir: Path, tmp_path
     assert final["last_loss"] == reference["last_loss"]
 
 
-def test_rerun_of_finished_run_trains_nothing(data_dir: Path, tmp_path: Path,
-                                             straight_run: tuple[Path, str]) -> None:
+def test_rerun_of_finished_run_trains_nothing(data_dir: Path, tmp_path: Path, straight_run: tuple[Path, str]) -> None:
     results = straight_run[0]
     before = summary(results, "straight")
     moved = shutil.copytree(data_dir, tmp_path / "moved")  # data compared by names and weights, not paths
@@ -150,16 +167,26 @@ def test_rerun_of_finished_run_trains_nothing(data_dir: Path, tmp_path: Path,
 
 
 def test_changed_model_refuses_to_resume(data_dir: Path, straight_run: tuple[Path, str]) -> None:
-    clash = subprocess.run(command(data_dir, straight_run[0], "straight", "--hidden", "128"), capture_output=True,
-                           text=True, timeout=180, env=child_env())
+    clash = subprocess.run(
+        command(data_dir, straight_run[0], "straight", "--hidden", "128"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=child_env(),
+    )
     assert clash.returncode == 1 and "hidden: checkpoint 64, now 128" in clash.stderr
     assert "another --run-name" in clash.stderr
 
 
 def test_missing_data_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    done = subprocess.run(command(tmp_path / "empty", tmp_path / "results", "r"), capture_output=True, text=True,
-                          timeout=60, env=child_env())
+    done = subprocess.run(
+        command(tmp_path / "empty", tmp_path / "results", "r"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
     assert done.returncode == 1 and "run the preprocess stage first" in done.stderr
 
 
@@ -207,12 +234,42 @@ def test_bf16_mixed_runs_the_forward_in_bfloat16_and_keeps_fp32_weights_and_loss
 
 
 def test_precision_is_in_the_shape_line_and_an_unknown_one_is_refused(data_dir: Path, tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, str(SCRIPT), "--data-dir", str(data_dir), "--results", str(tmp_path),
-                          "--precision", "fp16"], capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--data-dir", str(data_dir), "--results", str(tmp_path), "--precision", "fp16"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert run.returncode == 2 and "--precision" in run.stderr and "bf16-mixed" in run.stderr
-    run = subprocess.run([sys.executable, str(SCRIPT), "--data-dir", str(data_dir), "--results", str(tmp_path),
-                          "--steps", "1", "--seq-length", "16", "--hidden", "16", "--heads", "2", "--layers", "1",
-                          "--global-batch-size", "2", "--precision", "bf16-mixed", "--no-checkpoints",
-                          "--device", "cpu"], capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--data-dir",
+            str(data_dir),
+            "--results",
+            str(tmp_path),
+            "--steps",
+            "1",
+            "--seq-length",
+            "16",
+            "--hidden",
+            "16",
+            "--heads",
+            "2",
+            "--layers",
+            "1",
+            "--global-batch-size",
+            "2",
+            "--precision",
+            "bf16-mixed",
+            "--no-checkpoints",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
     assert "device cpu precision bf16-mixed" in run.stdout

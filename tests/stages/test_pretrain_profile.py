@@ -9,17 +9,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.smoke_pretrain import command, data_dir, run_to_end  # noqa: F401 (data_dir is a fixture)
 
 from bcp_pipeline.report.throughput import smoke_facts, step_times
 from bcp_pipeline.report.timers import parse_timer_blocks
-from support.smoke_pretrain import command, data_dir, run_to_end  # noqa: F401 (data_dir is a fixture)
 
 pytest.importorskip("megatron.core", reason="the smoke pretrain reads its data with megatron-core")
 
 
 def test_profile_window_writes_a_chrome_trace_a_table_and_timers(data_dir: Path, tmp_path: Path) -> None:
-    done = run_to_end(command(data_dir, tmp_path, "prof", "--steps", "5", "--profile-steps", "2:3", "--timers",
-                              "--no-checkpoints"))
+    done = run_to_end(
+        command(data_dir, tmp_path, "prof", "--steps", "5", "--profile-steps", "2:3", "--timers", "--no-checkpoints")
+    )
     profile = tmp_path / "prof" / "profile"
     trace = json.loads((profile / "trace_rank0.json").read_text())
     names = {event.get("name") for event in trace["traceEvents"]}
@@ -44,7 +45,8 @@ def test_profile_window_writes_a_chrome_trace_a_table_and_timers(data_dir: Path,
 
 
 def test_a_bad_window_is_one_clear_line(data_dir: Path, tmp_path: Path) -> None:
-    done = subprocess.run(command(data_dir, tmp_path, "bad", "--profile-steps", "3-5"), capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        command(data_dir, tmp_path, "bad", "--profile-steps", "3-5"), capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert "--profile-steps '3-5': give A:B, the first and last step to profile (e.g. 5:8)" in done.stderr

@@ -11,25 +11,40 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-import zstandard
-
 import gpt2_files
+import pytest
 import sample
+import zstandard
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "stages" / "sample.py"
 
 
 def generate(out: Path, *extra: str, chunks: int = 2, files: int = 3, docs: int = 60) -> int:
-    return sample.main(["--out", str(out), "--chunks", str(chunks), "--files-per-chunk", str(files),
-                        "--docs-per-file", str(docs), "--mean-words", "200", *extra])
+    return sample.main(
+        [
+            "--out",
+            str(out),
+            "--chunks",
+            str(chunks),
+            "--files-per-chunk",
+            str(files),
+            "--docs-per-file",
+            str(docs),
+            "--mean-words",
+            "200",
+            *extra,
+        ]
+    )
 
 
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under root but the completion records (they hold a timestamp)."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".completions" not in p.parts}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".completions" not in p.parts
+    }
 
 
 def read_docs(path: Path) -> list[dict]:
@@ -53,8 +68,11 @@ def test_layout_and_document_shape(tmp_path: Path) -> None:
     assert max(set(sources), key=sources.count) == "RedPajamaCommonCrawl"
     texts = [doc["text"] for doc in docs]
     assert sum(not t.isascii() for t in texts) > len(texts) // 10
-    assert any("def " in d["text"] and "return" in d["text"] for d in docs
-               if d["meta"]["redpajama_set_name"] == "RedPajamaGithub")
+    assert any(
+        "def " in d["text"] and "return" in d["text"]
+        for d in docs
+        if d["meta"]["redpajama_set_name"] == "RedPajamaGithub"
+    )
     assert any("\\section{" in d["text"] for d in docs if d["meta"]["redpajama_set_name"] == "RedPajamaArXiv")
     lengths = sorted(len(t) for t in texts)
     assert lengths[-1] > 5 * lengths[len(lengths) // 2] and lengths[len(lengths) // 2] > 3 * lengths[0]
@@ -95,11 +113,15 @@ def test_rerun_skips_complete_files_and_clears_stale_temporaries(tmp_path: Path)
 def test_fast_enough(tmp_path: Path) -> None:
     """About 50 MB of text in a few seconds: here ~15 MB must take well under 5 s on one core."""
     started = time.monotonic()
-    assert sample.main(["--out", str(tmp_path), "--chunks", "1", "--files-per-chunk", "1",
-                        "--docs-per-file", "3400"]) == 0
+    assert (
+        sample.main(["--out", str(tmp_path), "--chunks", "1", "--files-per-chunk", "1", "--docs-per-file", "3400"]) == 0
+    )
     elapsed = time.monotonic() - started
-    size = zstandard.ZstdDecompressor().stream_reader(
-        (tmp_path / "train/chunk1/example_train_0.jsonl.zst").read_bytes()).read()
+    size = (
+        zstandard.ZstdDecompressor()
+        .stream_reader((tmp_path / "train/chunk1/example_train_0.jsonl.zst").read_bytes())
+        .read()
+    )
     assert len(size) > 12_000_000
     assert elapsed < 5, f"{len(size) / elapsed / 1e6:.1f} MB/s"
 
@@ -110,8 +132,11 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path) -> None:
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     assert sample.main(["--out", str(clean), *args]) == 0
     for done in (0, 2):
-        proc = subprocess.Popen([sys.executable, str(SCRIPT), "--out", str(killed), *args],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--out", str(killed), *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         while len(list(killed.rglob("example_*.jsonl.zst"))) < done or not list(killed.rglob(".*.tmp-*")):
             assert proc.poll() is None, "finished before the kill point"
             time.sleep(0.002)
@@ -130,17 +155,20 @@ def test_bpe_files_are_gpt2s(tmp_path: Path) -> None:
     tiktoken_load = pytest.importorskip("tiktoken.load")
     import tiktoken
 
-    ranks = tiktoken_load.data_gym_to_mergeable_bpe_ranks(str(tmp_path / "bpe" / "merges.txt"),
-                                                          str(tmp_path / "bpe" / "vocab.json"))
+    ranks = tiktoken_load.data_gym_to_mergeable_bpe_ranks(
+        str(tmp_path / "bpe" / "merges.txt"), str(tmp_path / "bpe" / "vocab.json")
+    )
     gpt2_pattern = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-    encoding = tiktoken.Encoding("gpt2-local", pat_str=gpt2_pattern,
-                                 mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256})
+    encoding = tiktoken.Encoding(
+        "gpt2-local", pat_str=gpt2_pattern, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )
     assert encoding.encode_ordinary("Hello world") == [15496, 995]
     assert encoding.n_vocab == 50257
 
 
-def test_bpe_files_come_from_the_unpacked_wheel_without_the_package(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bpe_files_come_from_the_unpacked_wheel_without_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """scripts/setup unpacks the wheel instead of installing it: the bpe stage reads that copy, sha256 checked."""
     unpacked = tmp_path / "share" / "data"
     unpacked.mkdir(parents=True)
@@ -158,8 +186,9 @@ def test_bpe_files_come_from_the_unpacked_wheel_without_the_package(tmp_path: Pa
     assert not (tmp_path / "bpe" / "merges.txt").exists()
 
 
-def test_bpe_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_bpe_errors_name_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(gpt2_files, "GPT2_FILES", (("encoder.json", "vocab.json", "0" * 64),))
     assert generate(tmp_path, "--bpe-out", str(tmp_path / "bpe"), files=1, docs=1) == 1
     assert "sha256" in capsys.readouterr().err

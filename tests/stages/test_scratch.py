@@ -28,8 +28,9 @@ def test_a_temporary_goes_to_scratch_where_the_job_has_some_else_next_to_its_fil
     assert scratch_path_for(target).parent == tmp_path / "scratch"
 
 
-def test_preprocess_spills_to_scratch_and_its_outputs_are_the_same_bytes_in_the_workspace(tmp_path,
-                                                                                          monkeypatch) -> None:
+def test_preprocess_spills_to_scratch_and_its_outputs_are_the_same_bytes_in_the_workspace(
+    tmp_path, monkeypatch
+) -> None:
     for index in range(2):
         write_chunk(tmp_path / "in", index, jsonl_bytes(iter_documents(10 + index, 30)) * 4)
     monkeypatch.delenv(SCRATCH_ENV, raising=False)

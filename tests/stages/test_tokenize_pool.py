@@ -12,9 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 import _tokenize_workers as workers
+import pytest
 from _preprocess_batches import Batch
 from support.gpt2_reference import MERGES, VOCAB
 from support.stage_fixtures import iter_documents, jsonl_bytes
@@ -89,8 +88,10 @@ def test_large_batches_do_not_deadlock_the_pipes(pool):
     big = [Batch(source=0, data=jsonl_bytes(iter_documents(seed, 1500, mean_words=400))) for seed in range(6)]
     assert all(len(b.data) > 2 << 20 for b in big)
     received: list[tuple] = []
-    reader = threading.Thread(target=lambda: received.extend(
-        as_tuple(r) for r in workers.ordered_results(iter(big), pool, window=6)), daemon=True)
+    reader = threading.Thread(
+        target=lambda: received.extend(as_tuple(r) for r in workers.ordered_results(iter(big), pool, window=6)),
+        daemon=True,
+    )
     reader.start()
     reader.join(timeout=120)
     if reader.is_alive():  # deadlocked: free the stuck thread before failing
@@ -137,11 +138,25 @@ def alive(pid: int) -> bool:
 # Infinity, an out-of-range float, lone surrogates escaped or encoded, a byte-order mark), what both refuse, and
 # ordinary UTF-8 text.
 JSON_LINES = [
-    b'{"text": "a", "text": "b"}', b'{"text": "x", "n": NaN}', b'{"text": "x", "n": Infinity}',
-    b'{"text": "x", "n": 1e400}', b'{"text": "\\ud800x"}', b'{"text": "\xed\xa0\x80"}', b'\xef\xbb\xbf{"text": "bom"}',
-    b'{"text": "x", "n": 123456789012345678901234567890}', b'{"text": "caf\xc3\xa9 \xf0\x9f\x98\x80"}',
-    b'{"text": "a\tb"}', b'{"text": "x",}', b'{"text": "\xff"}', b'{"text": 5}', b'{"body": "x"}', b'["text"]',
-    b'{"text": "x"}\r', b' {"text": "lead"} ', b'{"text": "x"} trailing', b'{"text": "\\u0000\\/\\n"}',
+    b'{"text": "a", "text": "b"}',
+    b'{"text": "x", "n": NaN}',
+    b'{"text": "x", "n": Infinity}',
+    b'{"text": "x", "n": 1e400}',
+    b'{"text": "\\ud800x"}',
+    b'{"text": "\xed\xa0\x80"}',
+    b'\xef\xbb\xbf{"text": "bom"}',
+    b'{"text": "x", "n": 123456789012345678901234567890}',
+    b'{"text": "caf\xc3\xa9 \xf0\x9f\x98\x80"}',
+    b'{"text": "a\tb"}',
+    b'{"text": "x",}',
+    b'{"text": "\xff"}',
+    b'{"text": 5}',
+    b'{"body": "x"}',
+    b'["text"]',
+    b'{"text": "x"}\r',
+    b' {"text": "lead"} ',
+    b'{"text": "x"} trailing',
+    b'{"text": "\\u0000\\/\\n"}',
 ]
 
 

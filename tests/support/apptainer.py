@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from support.golden_files import REPO
 
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.gridengine.backend import GridEngineBackend
 from bcp_pipeline.config.load import load_config
-from support.golden_files import REPO
 
 STAND_IN = REPO / "tests" / "fakes" / "apptainer_bin" / "apptainer"
 
@@ -35,21 +35,35 @@ def container_backend(tmp_path: Path, *sets: str) -> tuple[GridEngineBackend, Jo
     """The demo's pretrain stage in an Apptainer image, distributed over a parallel environment."""
     raw = yaml.safe_load((REPO / "pipelines.yaml").read_text())
     raw["stages_dir"] = str(REPO / "stages")
-    raw.setdefault("backends", {})["gridengine"] = {"container": "apptainer", "python": "python3",
-                                                    "parallel_environment": "pe_node"}
+    raw.setdefault("backends", {})["gridengine"] = {
+        "container": "apptainer",
+        "python": "python3",
+        "parallel_environment": "pe_node",
+    }
     config_file = tmp_path / "pipelines.yaml"
     config_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    sets = ("pretrain.gridengine.container_image=/images/nemo framework 24.05.sif",
-            "pretrain.gridengine.container_binds=[/data:/data:ro]", "pretrain.gridengine.distributed=true",
-            "pretrain.gridengine.resources=[node_f=1]", "pretrain.gridengine.project=tga-lab",
-            "pretrain.gridengine.nodes=2", *sets)
+    sets = (
+        "pretrain.gridengine.container_image=/images/nemo framework 24.05.sif",
+        "pretrain.gridengine.container_binds=[/data:/data:ro]",
+        "pretrain.gridengine.distributed=true",
+        "pretrain.gridengine.resources=[node_f=1]",
+        "pretrain.gridengine.project=tga-lab",
+        "pretrain.gridengine.nodes=2",
+        *sets,
+    )
     config = load_config(config_file, list(sets), pipeline="demo")
     pipeline = config.pipelines["demo"]
     stage = pipeline.stages["pretrain"]
-    backend = GridEngineBackend(config.options["gridengine"], config_dir=tmp_path, stages_dir=REPO / "stages",
-                                run_dir=tmp_path / "runs/demo-RUN", workspace_name="demo")
-    return backend, JobRequest(run_id="demo-RUN", pipeline=pipeline, stage=stage, kind="stage",
-                               program=stage.program, args=tuple(stage.args))
+    backend = GridEngineBackend(
+        config.options["gridengine"],
+        config_dir=tmp_path,
+        stages_dir=REPO / "stages",
+        run_dir=tmp_path / "runs/demo-RUN",
+        workspace_name="demo",
+    )
+    return backend, JobRequest(
+        run_id="demo-RUN", pipeline=pipeline, stage=stage, kind="stage", program=stage.program, args=tuple(stage.args)
+    )
 
 
 # Apptainer's own documentation of `apptainer exec` (https://apptainer.org/docs/user/latest/cli/apptainer_exec.html),
@@ -107,8 +121,9 @@ def documented_exec(argv: list[str]) -> DocumentedExec:
                 assert eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key), f"--env {part!r} is not NAME=VALUE"
             else:
                 pieces = part.split(":")
-                assert 1 <= len(pieces) <= 3 and all(p.startswith("/") for p in pieces[:2]), \
+                assert 1 <= len(pieces) <= 3 and all(p.startswith("/") for p in pieces[:2]), (
                     f"bind {part!r} is not src[:dest[:opts]] of absolute paths"
+                )
                 assert len(pieces) < 3 or pieces[2] in ("ro", "rw"), f"bind {part!r}: opts must be ro or rw"
         options.append((name, value))
     assert len(rest) >= 2, f"apptainer exec needs <container> <command>: {argv}"

@@ -1,9 +1,10 @@
 """Fixtures for tests on the emulated BCP: NVIDIA's client (ngc CLI code, or ngcsdk in-process) against the NGC API
 EMULATOR on loopback (tests/fakes/ngc_api.py, a fake, named so).
 
-Which transports a `fake` test runs on (`transports_for`): both where the transport is what is tested (every test
-under tests/backends/, and tests marked `@pytest.mark.both_transports`: the demo end to end, submit/kill/resume by
-label, logs, transient API errors, credentials and org); else one, `SINGLE_TRANSPORT`, since the engine above the
+Which transports a `fake` test runs on (`transports_for`): both where the transport is what is tested (tests marked
+`@pytest.mark.both_transports`, a module's `pytestmark` included: the BCP backend's transports, retries and telemetry,
+the emulator itself, the demo end to end, submit/kill/resume by label, logs, transient API errors, credentials and
+org); else one, `SINGLE_TRANSPORT`, since the engine above the
 transport is the same code whichever it is. `BCP_TEST_TRANSPORTS=cli,sdk` runs every `fake` test on both."""
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support import ngc_parser
 from support.golden_files import REPO
-
 from support.reaper import shutdown_emulator_when_gone
 
 sys.path.insert(0, str(REPO / "tests" / "fakes"))
@@ -49,8 +48,7 @@ def transports_for(metafunc: pytest.Metafunc) -> tuple[str, ...] | None:
             return None
     if forced := os.environ.get("BCP_TEST_TRANSPORTS"):
         return tuple(t.strip() for t in forced.split(",") if t.strip())
-    under_backends = Path(str(metafunc.definition.path)).parent.name == "backends"
-    if under_backends or metafunc.definition.get_closest_marker("both_transports"):
+    if metafunc.definition.get_closest_marker("both_transports"):
         return TRANSPORTS
     return (SINGLE_TRANSPORT,)
 

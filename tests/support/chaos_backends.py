@@ -16,13 +16,13 @@ import json
 import os
 import signal
 import subprocess
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 from support.chaos_monkey import Target
 
-from bcp_pipeline.procs import is_alive
 from bcp_pipeline.engine.state import RunStore
+from bcp_pipeline.procs import is_alive
 
 FINAL_LOCAL_STATES = {"succeeded", "failed", "cancelled"}
 
@@ -142,16 +142,22 @@ class LocalChaos(ChaosBackend):
         (a rank can outlive a killed supervisor: it is still that job's work, touching that stage's files)."""
         live: dict[str, set[str]] = {}
         for job_id, stage, _labels, record in self._jobs():
-            supervising = record.get("state") not in FINAL_LOCAL_STATES and "pid" in record and is_alive(
-                record["pid"], record.get("start_ticks"))
+            supervising = (
+                record.get("state") not in FINAL_LOCAL_STATES
+                and "pid" in record
+                and is_alive(record["pid"], record.get("start_ticks"))
+            )
             ranks = any(is_alive(r["pid"], r.get("start_ticks")) for r in record.get("ranks", []))
             if supervising or ranks:
                 live.setdefault(stage, set()).add(job_id)
         return live
 
     def job_intervals(self) -> list[tuple[str, str, float, float]]:
-        return [(stage, job_id, record["started_at"], record["ended_at"]) for job_id, stage, _labels, record
-                in self._jobs() if "started_at" in record and "ended_at" in record]
+        return [
+            (stage, job_id, record["started_at"], record["ended_at"])
+            for job_id, stage, _labels, record in self._jobs()
+            if "started_at" in record and "ended_at" in record
+        ]
 
 
 def processes() -> list[tuple[int, int, list[str]]]:
@@ -165,7 +171,7 @@ def processes() -> list[tuple[int, int, list[str]]]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if fields[0] != "Z":
             found.append((int(entry.name), int(fields[2]), [a.decode(errors="replace") for a in argv if a]))
     return found

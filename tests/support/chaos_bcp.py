@@ -25,8 +25,9 @@ class BcpChaos(ChaosBackend):
     kinds = ("rank", "verify", "system-kill", "preempt", "lost")
     # lookup_grace_seconds: the emulator lists a new job at once (no lag variant here), so a resumed orchestrator
     # need not wait the default minute for a job that a kill before the submit call never created
-    config_options = {"bcp": {"transport": "cli", "poll_min_seconds": 0.2, "poll_max_seconds": 0.5,
-                              "lookup_grace_seconds": 2}}
+    config_options = {
+        "bcp": {"transport": "cli", "poll_min_seconds": 0.2, "poll_max_seconds": 0.5, "lookup_grace_seconds": 2}
+    }
     sample_seconds = 0.05
     SERVICE_ENDS = {"system-kill": "KILLED_BY_SYSTEM", "lost": "TASK_LOST"}
 
@@ -77,8 +78,14 @@ class BcpChaos(ChaosBackend):
     def _processes(self, entry: dict) -> list[int]:
         """The stage program processes of a job's replicas (python running a .py of the uploaded stages)."""
         groups = set(entry["emu"].get("pgids", []))
-        return [pid for pid, pgid, argv in processes() if pgid in groups and "/.bcp-pipeline/code/" in " ".join(argv)
-                and any(a.endswith(".py") for a in argv) and "bcprun" not in " ".join(argv[:2])]
+        return [
+            pid
+            for pid, pgid, argv in processes()
+            if pgid in groups
+            and "/.bcp-pipeline/code/" in " ".join(argv)
+            and any(a.endswith(".py") for a in argv)
+            and "bcprun" not in " ".join(argv[:2])
+        ]
 
     def job_targets(self, kind: str) -> list[Target]:
         targets = []
@@ -87,22 +94,37 @@ class BcpChaos(ChaosBackend):
             if status != "RUNNING":
                 continue
             if kind in ("rank", "verify") and (kind == "verify") == (job_kind == "verify"):
-                targets += [Target(kind, f"job {job_id} ({stage} {job_kind}) pid {pid}", sigkill(pid))
-                            for pid in self._processes(entry)]
+                targets += [
+                    Target(kind, f"job {job_id} ({stage} {job_kind}) pid {pid}", sigkill(pid))
+                    for pid in self._processes(entry)
+                ]
             elif kind == "preempt":
-                targets.append(Target(kind, f"job {job_id} ({stage} {job_kind})",
-                                      lambda job_id=job_id: self._end(job_id, "PREEMPTED")))
+                targets.append(
+                    Target(
+                        kind, f"job {job_id} ({stage} {job_kind})", lambda job_id=job_id: self._end(job_id, "PREEMPTED")
+                    )
+                )
             elif kind in self.SERVICE_ENDS:
-                targets.append(Target(kind, f"job {job_id} ({stage} {job_kind})",
-                                      lambda job_id=job_id, kind=kind: self._end(job_id, self.SERVICE_ENDS[kind])))
+                targets.append(
+                    Target(
+                        kind,
+                        f"job {job_id} ({stage} {job_kind})",
+                        lambda job_id=job_id, kind=kind: self._end(job_id, self.SERVICE_ENDS[kind]),
+                    )
+                )
         return targets
 
     def _end(self, job_id: int, status: str) -> None:
         from ngc_control import stop_job
 
         try:
-            stop_job(self.project / "ngc", job_id, status, details=f"ended by scripts/chaos ({status})",
-                     only_from=frozenset({"RUNNING"}))
+            stop_job(
+                self.project / "ngc",
+                job_id,
+                status,
+                details=f"ended by tests/chaos ({status})",
+                only_from=frozenset({"RUNNING"}),
+            )
         except ValueError:
             raise ProcessLookupError(job_id) from None  # it ended first: the monkey tries again
 
@@ -139,7 +161,7 @@ def _bcp_labels(job: dict) -> dict[str, str]:
     for text in job.get("labels", {}).get("userLabels", {}).get("values", []):
         for prefix in ("bcpp_stage_", "bcpp_kind_", "bcpp_run_"):
             if text.startswith(prefix):
-                labels[prefix] = text[len(prefix):]
+                labels[prefix] = text[len(prefix) :]
     return labels
 
 

@@ -61,15 +61,24 @@ def check_outputs(clean: Path, chaos: Path, ignore: list[str]) -> tuple[Check, C
     indexed = sorted(name for name in want if name.endswith((".bin", ".idx")))
     bad_indexed = [n for n in indexed if n in differ or n in missing]
     extra_indexed = [n for n in extra if n.endswith((".bin", ".idx"))]
-    bin_idx = Check(".bin/.idx byte-identical to the clean run", not bad_indexed and not extra_indexed,
-                    f"{len(indexed) - len(bad_indexed)} of {len(indexed)} files"
-                    + ("" if indexed else " (the stages run write none)"),
-                    [f"differs or missing: {n}" for n in bad_indexed]
-                    + [f"not in the clean run: {n}" for n in extra_indexed])
-    problems = ([f"differs: {n}" for n in differ] + [f"missing: {n}" for n in missing]
-                + [f"not in the clean run: {n}" for n in extra])
-    finals = Check("every final name complete (identical to the clean run)", not problems,
-                   f"{len(got)} files compared; {len(temporaries(chaos))} hidden temporaries left", problems)
+    bin_idx = Check(
+        ".bin/.idx byte-identical to the clean run",
+        not bad_indexed and not extra_indexed,
+        f"{len(indexed) - len(bad_indexed)} of {len(indexed)} files"
+        + ("" if indexed else " (the stages run write none)"),
+        [f"differs or missing: {n}" for n in bad_indexed] + [f"not in the clean run: {n}" for n in extra_indexed],
+    )
+    problems = (
+        [f"differs: {n}" for n in differ]
+        + [f"missing: {n}" for n in missing]
+        + [f"not in the clean run: {n}" for n in extra]
+    )
+    finals = Check(
+        "every final name complete (identical to the clean run)",
+        not problems,
+        f"{len(got)} files compared; {len(temporaries(chaos))} hidden temporaries left",
+        problems,
+    )
     return bin_idx, finals
 
 
@@ -93,8 +102,11 @@ def check_verification(clean: RunState, chaos: RunState) -> Check:
             problems.append(f"{name}: {stage.status.value}: {stage.error}")
     want, got = verification_counts(clean), verification_counts(chaos)
     for name, checks in got.items():
-        problems += [f"{name}: {glob}: expected {expected}, found {found}" for glob, expected, found in checks
-                     if found != expected]
+        problems += [
+            f"{name}: {glob}: expected {expected}, found {found}"
+            for glob, expected, found in checks
+            if found != expected
+        ]
         if checks != want.get(name):
             problems.append(f"{name}: counts {checks} differ from the clean run's {want.get(name)}")
     total = sum(len(c) for c in got.values())
@@ -112,5 +124,9 @@ def check_one_live_job(samples: int, overlaps: list[str], intervals: list[tuple[
         for (_start_a, end_a, job_a), (start_b, _end_b, job_b) in zip(spans, spans[1:]):
             if start_b < end_a:
                 problems.append(f"{stage}: {job_b} started {end_a - start_b:.3f} s before {job_a} ended")
-    return Check("at most one live job per stage", not problems,
-                 f"{samples} samples of the backend's records, {len(intervals)} finished jobs' intervals", problems)
+    return Check(
+        "at most one live job per stage",
+        not problems,
+        f"{samples} samples of the backend's records, {len(intervals)} finished jobs' intervals",
+        problems,
+    )

@@ -12,9 +12,9 @@ import collections
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 
 from support.http_faults import Fault, FaultServer
 

@@ -1,6 +1,6 @@
 """A pipeline run to completion under a seeded chaos monkey, checked against a clean run of the same pipeline.
 
-`scripts/chaos` is the command-line entry point; `tests/e2e/test_chaos.py` runs a short seeded run in CI. The steps:
+`tests/chaos` is the command-line entry point; `tests/e2e/test_chaos.py` runs a short seeded run in CI. The steps:
 1. a clean run of the pipeline in its own project folder (kept under --workdir and reused while the config, the
    stage programs and the options are the same), for the reference bytes and counts;
 2. the chaos run in a fresh project folder: the orchestrator runs as a subprocess, and while it runs the monkey
@@ -127,7 +127,7 @@ def http_mirror(backend: ChaosBackend, options: ChaosOptions) -> tuple[Path, lis
         index = args.index("--base-url") + 1
         if not args[index].startswith("file://"):
             continue
-        roots.add(backend.host_path(substitute(args[index][len("file://"):], values)))
+        roots.add(backend.host_path(substitute(args[index][len("file://") :], values)))
         stages.append((name, args, index))
     if not stages:
         return None
@@ -139,7 +139,7 @@ def http_mirror(backend: ChaosBackend, options: ChaosOptions) -> tuple[Path, lis
 def url_overrides(stages: list[tuple[str, list[str], int]], url: str) -> list[str]:
     overrides = []
     for name, args, index in stages:
-        args = [*args[:index], url, *args[index + 1:]]
+        args = [*args[:index], url, *args[index + 1 :]]
         overrides.append(f"{name}.args={json.dumps(args)}")  # JSON is YAML: every value stays a quoted string
     return overrides
 
@@ -176,8 +176,9 @@ class Sampler(threading.Thread):
                     self.overlaps.append(f"{stage}: jobs {', '.join(sorted(jobs))} alive at once")
 
 
-def drive(backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, fault_rate: float,
-          label: str) -> RunRecord:
+def drive(
+    backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, fault_rate: float, label: str
+) -> RunRecord:
     """Run the pipeline in `backend.project` to its end (resuming after every stop), under `monkey` if given."""
     backend.start()
     record = RunRecord(project=backend.project, workspace=backend.workspace())
@@ -203,8 +204,14 @@ def drive(backend: ChaosBackend, options: ChaosOptions, monkey: Monkey | None, f
                 record.rounds += 1
                 log.write(f"\n### round {record.rounds}: {' '.join(argv[3:])}\n".encode())
                 log.flush()
-                process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           cwd=backend.project, env=backend.env())
+                process = subprocess.Popen(
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=backend.project,
+                    env=backend.env(),
+                )
                 backend.orchestrator = process
                 while process.poll() is None:
                     if monkey is not None and (kill := monkey.tick(backend.targets)) is not None:
@@ -290,17 +297,21 @@ def chaos_run(options: ChaosOptions) -> ChaosReport:
     options.workdir.mkdir(parents=True, exist_ok=True)
     clean, cached = clean_run(options)
     if not finished(clean.state):
-        raise SystemExit(f"chaos: the clean run of {options.pipeline} did not succeed; see "
-                         f"{clean.project / 'orchestrator.log'}")
+        raise SystemExit(
+            f"chaos: the clean run of {options.pipeline} did not succeed; see {clean.project / 'orchestrator.log'}"
+        )
     stamp = time.strftime("%H%M%S")
-    backend = open_backend(options.workdir / f"chaos-{options.pipeline}-{options.backend}-seed{options.seed}-{stamp}",
-                           options, fresh=True)
+    backend = open_backend(
+        options.workdir / f"chaos-{options.pipeline}-{options.backend}-seed{options.seed}-{stamp}", options, fresh=True
+    )
     try:
         kinds = options.kinds or [*backend.kinds, "orchestrator"]
         unknown = sorted(set(kinds) - {*backend.kinds, "orchestrator"})
         if unknown:
-            raise SystemExit(f"chaos: the {backend.name} backend has no target of kind {', '.join(unknown)}; "
-                             f"kinds: {', '.join([*backend.kinds, 'orchestrator'])}")
+            raise SystemExit(
+                f"chaos: the {backend.name} backend has no target of kind {', '.join(unknown)}; "
+                f"kinds: {', '.join([*backend.kinds, 'orchestrator'])}"
+            )
         monkey = Monkey(rng=random.Random(options.seed), kinds=sorted(kinds), total=options.kills, gap=options.gap)
         chaos = drive(backend, options, monkey, options.fault_rate, "chaos")
         chaos.faults.update(backend.faults())
@@ -311,18 +322,32 @@ def chaos_run(options: ChaosOptions) -> ChaosReport:
 
 def checks(options: ChaosOptions, clean: RunRecord, chaos: RunRecord) -> list[Check]:
     kills = sum(chaos.kills.values())
-    done = Check("run finished", finished(chaos.state) and not chaos.timed_out,
-                 f"{chaos.rounds} rounds" + (", timed out" if chaos.timed_out else ""),
-                 [] if finished(chaos.state) else [f"{n}: {s.status.value}" for n, s in chaos.state.stages.items()
-                                                   if not s.status.done] if chaos.state else ["no run state"])
-    asked = Check("kills as asked", kills >= options.kills, f"{kills} of {options.kills}",
-                  [] if kills >= options.kills else ["the run ended before every kill was made"])
+    done = Check(
+        "run finished",
+        finished(chaos.state) and not chaos.timed_out,
+        f"{chaos.rounds} rounds" + (", timed out" if chaos.timed_out else ""),
+        []
+        if finished(chaos.state)
+        else [f"{n}: {s.status.value}" for n, s in chaos.state.stages.items() if not s.status.done]
+        if chaos.state
+        else ["no run state"],
+    )
+    asked = Check(
+        "kills as asked",
+        kills >= options.kills,
+        f"{kills} of {options.kills}",
+        [] if kills >= options.kills else ["the run ended before every kill was made"],
+    )
     assert clean.workspace is not None and chaos.workspace is not None
     bin_idx, finals = check_outputs(clean.workspace, chaos.workspace, options.ignore)
-    counts = check_verification(clean.state, chaos.state) if chaos.state else Check(
-        "verification counts exact", False, "no run state")
-    overlaps = list(chaos.overlaps) + [f"{stage}: {', '.join(jobs)} still alive after the run"
-                                       for stage, jobs in chaos.left_alive.items()]
+    counts = (
+        check_verification(clean.state, chaos.state)
+        if chaos.state
+        else Check("verification counts exact", False, "no run state")
+    )
+    overlaps = list(chaos.overlaps) + [
+        f"{stage}: {', '.join(jobs)} still alive after the run" for stage, jobs in chaos.left_alive.items()
+    ]
     live = check_one_live_job(chaos.samples, overlaps, chaos.intervals)
     return [done, asked, bin_idx, counts, live, finals]
 
@@ -344,15 +369,24 @@ def table(report: ChaosReport) -> str:
     stages = ", ".join(options.only) if options.only else "all"
     rows = [
         ("pipeline / backend / seed", f"{options.pipeline} / {options.backend} / {options.seed} (stages: {stages})"),
-        ("rounds (orchestrator runs)", f"{chaos.rounds} (exit codes: " + ", ".join(
-            f"{code} x{n}" for code, n in sorted(chaos.exits.items())) + ")"),
+        (
+            "rounds (orchestrator runs)",
+            f"{chaos.rounds} (exit codes: "
+            + ", ".join(f"{code} x{n}" for code, n in sorted(chaos.exits.items()))
+            + ")",
+        ),
         ("kills by target", f"{sum(chaos.kills.values())}: {kills}"),
         ("faults injected", f"{sum(chaos.faults.values())}: {faults}"),
-        ("retries", f"{stage_retries} stage job(s) resubmitted, {verify_retries} verification job(s) rerun, "
-                    f"{chaos.http_retried} HTTP request(s) repeated of {chaos.http_requests}"),
+        (
+            "retries",
+            f"{stage_retries} stage job(s) resubmitted, {verify_retries} verification job(s) rerun, "
+            f"{chaos.http_retried} HTTP request(s) repeated of {chaos.http_requests}",
+        ),
         ("resumes", str(chaos.resumes)),
-        ("wall time", f"{chaos.wall:.1f} s (clean run: {clean.wall:.1f} s" + (", reused" if report.clean_cached else "")
-         + ")"),
+        (
+            "wall time",
+            f"{chaos.wall:.1f} s (clean run: {clean.wall:.1f} s" + (", reused" if report.clean_cached else "") + ")",
+        ),
     ]
     rows += [(f"check: {c.name}", ("ok" if c.ok else "FAILED") + f" ({c.detail})") for c in report.checks]
     rows.append(("result", "PASS" if report.ok else "FAIL"))

@@ -60,8 +60,9 @@ class SlurmChaos(ChaosBackend):
         state = RunStore(self.project / ".bcp-pipeline").latest()
         if state is None:
             return []
-        listing = subprocess.run(["squeue", "--noheader", "--format=%i|%j|%T"], capture_output=True, text=True,
-                                 env=self.env(), timeout=30)
+        listing = subprocess.run(
+            ["squeue", "--noheader", "--format=%i|%j|%T"], capture_output=True, text=True, env=self.env(), timeout=30
+        )
         if listing.returncode != 0:
             raise RuntimeError(f"squeue failed: {listing.stderr.strip()}")
         prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", state.run_id) + "."
@@ -69,7 +70,7 @@ class SlurmChaos(ChaosBackend):
         for line in listing.stdout.splitlines():
             job_id, name, status = line.split("|")
             if name.startswith(prefix) and status not in SLURM_ENDED:
-                rest = name[len(prefix):]
+                rest = name[len(prefix) :]
                 kind = "verify" if rest.endswith(".verify") else "stage"
                 jobs.append((job_id, rest.removesuffix(".verify").split(".")[0], kind, status))
         return jobs
@@ -77,12 +78,21 @@ class SlurmChaos(ChaosBackend):
     def job_targets(self, kind: str) -> list[Target]:
         jobs = self._queue()
         if kind == "scancel":
-            return [Target(kind, f"job {job_id} ({stage} {job_kind}, {status})",
-                           lambda job_id=job_id: self._scancel(job_id)) for job_id, stage, job_kind, status in jobs]
-        running = {job_id: (stage, job_kind) for job_id, stage, job_kind, status in jobs
-                   if status == "RUNNING" and (kind == "verify") == (job_kind == "verify")}
-        return [Target(kind, f"job {job_id} ({running[job_id][0]} {running[job_id][1]}) task pid {pid}", sigkill(pid))
-                for pid, job_id in _slurm_tasks(set(running))]
+            return [
+                Target(
+                    kind, f"job {job_id} ({stage} {job_kind}, {status})", lambda job_id=job_id: self._scancel(job_id)
+                )
+                for job_id, stage, job_kind, status in jobs
+            ]
+        running = {
+            job_id: (stage, job_kind)
+            for job_id, stage, job_kind, status in jobs
+            if status == "RUNNING" and (kind == "verify") == (job_kind == "verify")
+        }
+        return [
+            Target(kind, f"job {job_id} ({running[job_id][0]} {running[job_id][1]}) task pid {pid}", sigkill(pid))
+            for pid, job_id in _slurm_tasks(set(running))
+        ]
 
     def _scancel(self, job_id: str) -> None:
         done = subprocess.run(["scancel", job_id], capture_output=True, text=True, env=self.env(), timeout=30)
@@ -97,8 +107,19 @@ class SlurmChaos(ChaosBackend):
 
 
 # squeue keeps ended jobs listed for a while; these have ended (COMPLETING has not: its tasks are being stopped).
-SLURM_ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-               "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+SLURM_ENDED = {
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "SPECIAL_EXIT",
+    "REVOKED",
+}
 
 
 def _slurm_tasks(job_ids: set[str]) -> list[tuple[int, str]]:
@@ -111,7 +132,7 @@ def _slurm_tasks(job_ids: set[str]) -> list[tuple[int, str]]:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        job = next((e[len(b"SLURM_JOB_ID="):].decode() for e in environ if e.startswith(b"SLURM_JOB_ID=")), None)
+        job = next((e[len(b"SLURM_JOB_ID=") :].decode() for e in environ if e.startswith(b"SLURM_JOB_ID=")), None)
         if job in job_ids and any(e.startswith(b"SLURM_PROCID=") for e in environ):
             found.append((pid, job))
     return found

@@ -28,9 +28,14 @@ def project(root: Path, extra_backends: str = "") -> Path:
 
 def check(config: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, dict, str]:
     """`bcp-pipeline check ARGS --json` as a real subprocess: exit code, the JSON, stderr."""
-    res = subprocess.run([sys.executable, "-m", "bcp_pipeline", "--config", str(config), "check", *args, "--json"],
-                         capture_output=True, text=True, timeout=timeout, env=env or dict(os.environ),
-                         cwd=config.parent)
+    res = subprocess.run(
+        [sys.executable, "-m", "bcp_pipeline", "--config", str(config), "check", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or dict(os.environ),
+        cwd=config.parent,
+    )
     try:
         payload = json.loads(res.stdout)
     except ValueError:
@@ -46,7 +51,16 @@ def checked(tmp_path: Path, fake, *args: str, jobs: bool = True, detach: bool = 
     """`check` of the demo on the emulated BCP, in this process: (config, its rows by topic, the result)."""
     fake.create_workspace("demo")
     config = project(tmp_path / "project", f"  bcp: {{transport: {fake.transport}}}\n")
-    result, _ = run_check(CheckRequest(config_file=config, state_root=tmp_path / "project" / ".bcp-pipeline",
-                                       pipeline="demo", backend="bcp", jobs=jobs, detach=detach,
-                                       overrides=list(overrides)), dict(os.environ))
+    result, _ = run_check(
+        CheckRequest(
+            config_file=config,
+            state_root=tmp_path / "project" / ".bcp-pipeline",
+            pipeline="demo",
+            backend="bcp",
+            jobs=jobs,
+            detach=detach,
+            overrides=list(overrides),
+        ),
+        dict(os.environ),
+    )
     return config, {row.topic: row for row in result.rows}, result

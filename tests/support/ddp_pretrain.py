@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.smoke_pretrain import child_env, data_dir, summary  # noqa: F401 (data_dir: a fixture)
 
 from bcp_pipeline.engine.state import RunStore
-from support.smoke_pretrain import child_env, data_dir, summary  # noqa: F401 (data_dir: a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "stages" / "pretrain_local.py"
@@ -28,18 +28,50 @@ STEPS = 12
 LOSS_RTOL = 1e-4
 # As the one-process smoke run's (support/smoke_pretrain.py: hidden 64, sequence 64) with a global batch of 4:
 # 2 samples per rank on 2 ranks.
-ARGS = ["--steps", str(STEPS), "--checkpoint-every", "4", "--seq-length", "64", "--global-batch-size", "4",
-        "--hidden", "64", "--heads", "4", "--lr", "3e-3", "--seed", "7"]
+ARGS = [
+    "--steps",
+    str(STEPS),
+    "--checkpoint-every",
+    "4",
+    "--seq-length",
+    "64",
+    "--global-batch-size",
+    "4",
+    "--hidden",
+    "64",
+    "--heads",
+    "4",
+    "--lr",
+    "3e-3",
+    "--seed",
+    "7",
+]
 TIMEOUT = 8  # --collective-timeout of these runs (s): how long a rank waits for a dead peer
 RUN_NAME = "ddp"
 DIGEST = re.compile(r"^rank (\d+) of (\d+): weights_sha256 ([0-9a-f]{64})$", re.M)
-BCP_DEFAULTS = {"image": "nvcr.io/nvaie/nemo-framework-training:23.11", "instance": "dgxa100.80g.8.norm",
-                "total_runtime": "1h", "workspaces": [{"name": "main", "mount": "/mount_workspace", "mode": "RW"}]}
+BCP_DEFAULTS = {
+    "image": "nvcr.io/nvaie/nemo-framework-training:23.11",
+    "instance": "dgxa100.80g.8.norm",
+    "total_runtime": "1h",
+    "workspaces": [{"name": "main", "mount": "/mount_workspace", "mode": "RW"}],
+}
 
 
 def command(data: Path, results: Path, run_name: str, *extra: str) -> list[str]:
-    return [sys.executable, str(SCRIPT), "--data-dir", str(data), "--results", str(results), "--run-name", run_name,
-            *ARGS, "--collective-timeout", str(TIMEOUT), *extra]
+    return [
+        sys.executable,
+        str(SCRIPT),
+        "--data-dir",
+        str(data),
+        "--results",
+        str(results),
+        "--run-name",
+        run_name,
+        *ARGS,
+        "--collective-timeout",
+        str(TIMEOUT),
+        *extra,
+    ]
 
 
 def run_one(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -60,21 +92,41 @@ def write_project(root: Path, data: Path, transport: str = "sdk") -> Path:
     """A one-stage pipeline `ddp`: pretrain_local.py on 2 ranks, shaped for each backend."""
     stage = {
         "program": "pretrain_local.py",
-        "args": ["--data-dir", str(data), "--results", "${workspace}/results", "--run-name", RUN_NAME, *ARGS,
-                 "--collective-timeout", str(TIMEOUT), "--threads", "1"],
+        "args": [
+            "--data-dir",
+            str(data),
+            "--results",
+            "${workspace}/results",
+            "--run-name",
+            RUN_NAME,
+            *ARGS,
+            "--collective-timeout",
+            str(TIMEOUT),
+            "--threads",
+            "1",
+        ],
         "local": {"replicas": 1, "processes": 2},
         "slurm": {"nodes": 2, "ntasks_per_node": 1},
         "bcp": {"replicas": 2, "processes": 1},
         "verify": [{"glob": f"${{workspace}}/results/{RUN_NAME}/train_summary.json", "expect": 1}],
     }
-    raw = {"version": 1, "stages_dir": str(REPO / "stages"),
-           "backends": {"local": {"workspace_dir": "ws", "poll_seconds": 0.1},
-                        "slurm": {"workspace_dir": "ws", "poll_seconds": 0.2, "poll_max_seconds": 1},
-                        "bcp": {"transport": transport, "poll_min_seconds": 0.1, "poll_max_seconds": 0.3}},
-           "pipelines": {"ddp": {"workspace": {"name": "main", "mount": "/mount_workspace"},
-                                 "defaults": {"bcp": BCP_DEFAULTS},
-                                 "verification": {"bcp": {**BCP_DEFAULTS, "instance": "dgxa100.80g.1.norm"}},
-                                 "stages": {"pretrain": stage}}}}
+    raw = {
+        "version": 1,
+        "stages_dir": str(REPO / "stages"),
+        "backends": {
+            "local": {"workspace_dir": "ws", "poll_seconds": 0.1},
+            "slurm": {"workspace_dir": "ws", "poll_seconds": 0.2, "poll_max_seconds": 1},
+            "bcp": {"transport": transport, "poll_min_seconds": 0.1, "poll_max_seconds": 0.3},
+        },
+        "pipelines": {
+            "ddp": {
+                "workspace": {"name": "main", "mount": "/mount_workspace"},
+                "defaults": {"bcp": BCP_DEFAULTS},
+                "verification": {"bcp": {**BCP_DEFAULTS, "instance": "dgxa100.80g.1.norm"}},
+                "stages": {"pretrain": stage},
+            }
+        },
+    }
     root.mkdir(parents=True)
     config = root / "pipelines.yaml"
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -98,8 +150,9 @@ def rank_logs(config: Path, job_id: str) -> list[str]:
     return [p.read_text(errors="replace") for p in sorted((run_dir / "logs" / job_id).glob("rank-*.log"))]
 
 
-def assert_trained_like_one_process(summary_file: Path, logs: list[str], reference: dict,
-                                    resumed_from: int = 0) -> None:
+def assert_trained_like_one_process(
+    summary_file: Path, logs: list[str], reference: dict, resumed_from: int = 0
+) -> None:
     summary = json.loads(summary_file.read_text())
     assert summary["world_size"] == 2 and summary["steps"] == STEPS
     assert summary["resumed_from_step"] == resumed_from

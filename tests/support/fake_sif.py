@@ -30,14 +30,34 @@ PAYLOAD_KEY = "bcp_pipeline_fake_image"  # marks the JSON as this fake's, not an
 def header(*, data_size: int, arch: bytes | None = None, magic: bytes = MAGIC, version: bytes = VERSION) -> bytes:
     """The 128-byte SIF global header of an image with no descriptors and `data_size` bytes of data."""
     arch = arch if arch is not None else ARCH.get(platform.machine(), b"00")
-    return (LAUNCH.ljust(32, b"\0") + magic.ljust(10, b"\0")[:10] + version.ljust(3, b"\0") + arch.ljust(3, b"\0")
-            + uuid.uuid4().bytes
-            + struct.pack("<8q", 1_700_000_000, 1_700_000_000, DESCRIPTORS_TOTAL, DESCRIPTORS_TOTAL,
-                          DESCRIPTORS_OFFSET, 0, DATA_OFFSET, data_size))
+    return (
+        LAUNCH.ljust(32, b"\0")
+        + magic.ljust(10, b"\0")[:10]
+        + version.ljust(3, b"\0")
+        + arch.ljust(3, b"\0")
+        + uuid.uuid4().bytes
+        + struct.pack(
+            "<8q",
+            1_700_000_000,
+            1_700_000_000,
+            DESCRIPTORS_TOTAL,
+            DESCRIPTORS_TOTAL,
+            DESCRIPTORS_OFFSET,
+            0,
+            DATA_OFFSET,
+            data_size,
+        )
+    )
 
 
-def write_fake_sif(path: Path, *, contents: list[str] = (), env: dict[str, str] | None = None,
-                   arch: bytes | None = None, magic: bytes = MAGIC) -> Path:
+def write_fake_sif(
+    path: Path,
+    *,
+    contents: list[str] = (),
+    env: dict[str, str] | None = None,
+    arch: bytes | None = None,
+    magic: bytes = MAGIC,
+) -> Path:
     """A fake .sif at `path`: a valid SIF header; `contents` (this machine's paths the stand-in plays as the image's
     files, read-only in the container) and `env` (the image's own environment) as the fake's payload."""
     payload = json.dumps({PAYLOAD_KEY: {"contents": [str(p) for p in contents], "env": env or {}}}).encode()

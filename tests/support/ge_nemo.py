@@ -18,21 +18,30 @@ from support.pipeline_fixtures import REPO
 # Apptainer are STAND-INS (tests/fakes/README.md): the stand-in apptainer runs the command on this machine with the
 # binds applied and Apptainer's clean PATH, so the image's python3 and torchrun are this environment's because the
 # fake image says so (its own PATH, as a NeMo image's ENV PATH does; its files read-only), never the job's PATH.
-GRIDENGINE_OPTIONS = ("{workspace_dir: ws, container: apptainer, parallel_environment: pe_node, poll_seconds: 0.3,\n"
-                      "poll_max_seconds: 1, accounting_grace_seconds: 3}")
+GRIDENGINE_OPTIONS = (
+    "{workspace_dir: ws, container: apptainer, parallel_environment: pe_node, poll_seconds: 0.3,\n"
+    "poll_max_seconds: 1, accounting_grace_seconds: 3}"
+)
 
 
-def nemo_project(root: Path, *, nodes: int = 1, steps: int = 30, runtime: str = "2m", margin: str = "1m",
-                 extra: str = "") -> Path:
+def nemo_project(
+    root: Path, *, nodes: int = 1, steps: int = 30, runtime: str = "2m", margin: str = "1m", extra: str = ""
+) -> Path:
     """`root`/pipelines.yaml: the pipeline `nemo` on `nodes` hosts of the cell, one torchrun each, in the fake
     image `root`/images/nemo-24.05.sif; its data list in the workspace `root`/ws/main."""
-    image = write_fake_sif(root / "images" / "nemo-24.05.sif", contents=[sys.prefix, str(NEMO_STAND_IN)],
-                           env={"PATH": str(Path(sys.executable).parent)})
+    image = write_fake_sif(
+        root / "images" / "nemo-24.05.sif",
+        contents=[sys.prefix, str(NEMO_STAND_IN)],
+        env={"PATH": str(Path(sys.executable).parent)},
+    )
     path = f"{REPO / 'tests/fakes/apptainer_bin'}:/usr/local/bin:/usr/bin:/bin"  # the job's: finds apptainer only
-    stage = (f"{{nodes: {nodes}, processes_per_node: 1, h_rt: {runtime}, container_image: {image},\n"
-             f'env: {{PATH: "{path}"}}}}')
+    stage = (
+        f"{{nodes: {nodes}, processes_per_node: 1, h_rt: {runtime}, container_image: {image},\n"
+        f'env: {{PATH: "{path}"}}}}'
+    )
     config = root / "pipelines.yaml"
-    config.write_text(nemo_pipelines_yaml("gridengine", GRIDENGINE_OPTIONS, stage, steps=steps, margin=margin,
-                                          extra_overrides=extra))
+    config.write_text(
+        nemo_pipelines_yaml("gridengine", GRIDENGINE_OPTIONS, stage, steps=steps, margin=margin, extra_overrides=extra)
+    )
     fabricate_nemo_data(root / "ws/main/data/preprocessed")
     return config

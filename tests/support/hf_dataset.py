@@ -7,7 +7,6 @@ import io
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from support.stage_fixtures import iter_documents
 
 TOKEN = "hf_secretTOKEN123"
@@ -17,8 +16,13 @@ HF_REPO = "org/web-edu"  # the dataset's repository on the Hub
 def parquet_bytes(seed: int, rows: int, row_group_size: int = 16) -> bytes:
     """A small parquet file written by pyarrow: FineWeb's columns (text, id, score), several row groups."""
     docs = list(iter_documents(seed, rows, mean_words=40))
-    table = pa.table({"text": [d["text"] for d in docs], "id": [f"doc-{seed}-{i}" for i in range(rows)],
-                      "score": [float(i % 5) for i in range(rows)]})
+    table = pa.table(
+        {
+            "text": [d["text"] for d in docs],
+            "id": [f"doc-{seed}-{i}" for i in range(rows)],
+            "score": [float(i % 5) for i in range(rows)],
+        }
+    )
     sink = io.BytesIO()
     pq.write_table(table, sink, row_group_size=row_group_size)
     return sink.getvalue()

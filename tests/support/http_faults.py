@@ -116,8 +116,9 @@ class FaultServer:
         self._every.append((nth, fault))
 
     def start(self) -> FaultServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fault-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fault-server", daemon=True
+        )
         self._thread.start()
         return self
 

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from support.reaper import run_when_gone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,19 +76,38 @@ class K8sCluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
-def shared_claim(cluster: K8sCluster, namespace: str, claim: str, volume: str, folder: Path,
-                 storage: str = "1Gi") -> str:
+def shared_claim(
+    cluster: K8sCluster, namespace: str, claim: str, volume: str, folder: Path, storage: str = "1Gi"
+) -> str:
     """A ReadWriteMany claim `claim` in `namespace`, bound to the hostPath PV `volume` on `folder` (a folder every
     node sees, as FSx would be), waited for until Bound (60 s at most); returns the claim's name."""
     from kubernetes import client
 
     core = client.CoreV1Api(cluster.api())
-    core.create_persistent_volume({"metadata": {"name": volume}, "spec": {
-        "capacity": {"storage": storage}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": str(folder)},
-        "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain"}})
-    core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": claim}, "spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": storage}}, "storageClassName": "",
-        "volumeName": volume}})
+    core.create_persistent_volume(
+        {
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": storage},
+                "accessModes": ["ReadWriteMany"],
+                "hostPath": {"path": str(folder)},
+                "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain",
+            },
+        }
+    )
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": claim},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": storage}},
+                "storageClassName": "",
+                "volumeName": volume,
+            },
+        },
+    )
     deadline = time.monotonic() + 60
     while core.read_namespaced_persistent_volume_claim(claim, namespace).status.phase != "Bound":
         assert time.monotonic() < deadline, f"claim {claim} did not bind to {volume}"
@@ -149,8 +167,10 @@ def install_pytorchjob_crd(api: Any) -> None:
     extensions = client.ApiextensionsV1Api(api)
     extensions.create_custom_resource_definition(crd)
     deadline = time.monotonic() + 30
-    while not any(c.type == "Established" and c.status == "True" for c in
-                  extensions.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []):
+    while not any(
+        c.type == "Established" and c.status == "True"
+        for c in extensions.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []
+    ):
         assert time.monotonic() < deadline, "the PyTorchJob CRD was not Established in 30 s"
         time.sleep(0.2)
 
@@ -186,12 +206,26 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[K8sCluster]:
     assert stale.returncode == 0, f"stopping a stale cluster under {base} failed:\n{stale.stderr}"
     disarm = run_when_gone([sys.executable, str(SCRIPT), "--base", str(base), "stop"])  # Ctrl-C, kill -9: stopped
     try:
-        res = script("--base", str(base), "start", "--fresh", "--nodes", str(NODES), "--port", str(cluster_port()),
-                     "--node-gpus", str(NODE_GPUS), "--node-efa", str(NODE_EFA),
-                     *(f"--node-image={pattern}" for pattern in PULLABLE_IMAGES))
+        res = script(
+            "--base",
+            str(base),
+            "start",
+            "--fresh",
+            "--nodes",
+            str(NODES),
+            "--port",
+            str(cluster_port()),
+            "--node-gpus",
+            str(NODE_GPUS),
+            "--node-efa",
+            str(NODE_EFA),
+            *(f"--node-image={pattern}" for pattern in PULLABLE_IMAGES),
+        )
         if res.returncode != 0:
-            pytest.fail(f"scripts/k8s-cluster start --nodes {NODES} failed (exit {res.returncode}):\n{res.stderr}",
-                        pytrace=False)
+            pytest.fail(
+                f"scripts/k8s-cluster start --nodes {NODES} failed (exit {res.returncode}):\n{res.stderr}",
+                pytrace=False,
+            )
         kubeconfig = Path(res.stdout.strip().splitlines()[-1].split("=", 1)[1])
         yield K8sCluster(base=base, kubeconfig=kubeconfig, nodes=tuple(f"node{k}" for k in range(1, NODES + 1)))
     finally:
@@ -217,16 +251,42 @@ OPERATOR_WEBHOOK_PATH = "/validate-kubeflow-org-v1-pytorchjob"  # v1.8.1's (pkg/
 def operator_webhook(core: Any, address: str, port: int) -> dict:
     """The operator's PyTorchJob webhook as its manifests register it (through the Service kubeflow/training-operator,
     made here with one endpoint: `address`:`port`, where its webhook server listens on every address)."""
-    core.create_namespaced_service("kubeflow", {"metadata": {"name": "training-operator"}, "spec": {
-        "ports": [{"name": "webhook", "port": 443, "targetPort": port}]}})
-    core.create_namespaced_endpoints("kubeflow", {"metadata": {"name": "training-operator"}, "subsets": [
-        {"addresses": [{"ip": address}], "ports": [{"name": "webhook", "port": port}]}]})
-    return {"name": "validator.pytorchjob.training-operator.kubeflow.org", "admissionReviewVersions": ["v1"],
-            "sideEffects": "None", "failurePolicy": "Fail",
-            "clientConfig": {"service": {"namespace": "kubeflow", "name": "training-operator",
-                                         "path": OPERATOR_WEBHOOK_PATH, "port": 443}},
-            "rules": [{"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                       "resources": ["pytorchjobs"]}]}
+    core.create_namespaced_service(
+        "kubeflow",
+        {
+            "metadata": {"name": "training-operator"},
+            "spec": {"ports": [{"name": "webhook", "port": 443, "targetPort": port}]},
+        },
+    )
+    core.create_namespaced_endpoints(
+        "kubeflow",
+        {
+            "metadata": {"name": "training-operator"},
+            "subsets": [{"addresses": [{"ip": address}], "ports": [{"name": "webhook", "port": port}]}],
+        },
+    )
+    return {
+        "name": "validator.pytorchjob.training-operator.kubeflow.org",
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "clientConfig": {
+            "service": {
+                "namespace": "kubeflow",
+                "name": "training-operator",
+                "path": OPERATOR_WEBHOOK_PATH,
+                "port": 443,
+            }
+        },
+        "rules": [
+            {
+                "apiGroups": ["kubeflow.org"],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["pytorchjobs"],
+            }
+        ],
+    }
 
 
 @contextlib.contextmanager
@@ -241,6 +301,7 @@ def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
     server certificate against the Service's DNS name, as on a real cluster. On a cluster without nodes (its
     apiserver on loopback, which Endpoints refuse), no webhook is registered; the CRD's schema still validates."""
     import base64
+
     from kubernetes import client
 
     api = cluster.api()
@@ -252,7 +313,8 @@ def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
     webhooks = [] if host == "127.0.0.1" else [operator_webhook(core, host, port + 1)]
     admission = client.AdmissionregistrationV1Api(api)
     admission.create_validating_webhook_configuration(
-        {"metadata": {"name": OPERATOR_WEBHOOK_CONFIGURATION}, "webhooks": webhooks})
+        {"metadata": {"name": OPERATOR_WEBHOOK_CONFIGURATION}, "webhooks": webhooks}
+    )
     log_path = cluster.base / "log" / "training-operator.log"
     offset = log_path.stat().st_size if log_path.is_file() else 0  # what this start writes, not an earlier one
 
@@ -262,11 +324,19 @@ def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
             return handle.read()
 
     with open(log_path, "ab") as log:
-        process = subprocess.Popen([str(training_operator_binary()), f"--kubeconfig={cluster.kubeconfig}",
-                                    "--enable-scheme=pytorchjob", "--metrics-bind-address=0",
-                                    f"--health-probe-bind-address=127.0.0.1:{port}",
-                                    f"--webhook-server-port={port + 1}"],
-                                   env={**os.environ, "MY_POD_NAMESPACE": "kubeflow"}, stdout=log, stderr=log)
+        process = subprocess.Popen(
+            [
+                str(training_operator_binary()),
+                f"--kubeconfig={cluster.kubeconfig}",
+                "--enable-scheme=pytorchjob",
+                "--metrics-bind-address=0",
+                f"--health-probe-bind-address=127.0.0.1:{port}",
+                f"--webhook-server-port={port + 1}",
+            ],
+            env={**os.environ, "MY_POD_NAMESPACE": "kubeflow"},
+            stdout=log,
+            stderr=log,
+        )
     try:
         deadline = time.monotonic() + 60
         while b'"controller": "pytorchjob-controller", "worker count"' not in said():
@@ -278,8 +348,12 @@ def training_operator(cluster: K8sCluster, port: int) -> Iterator[None]:
                 for key, value in data.items():
                     (OPERATOR_CERT_DIR / key).write_bytes(base64.b64decode(value))
             time.sleep(0.5)
-        while webhooks and not admission.read_validating_webhook_configuration(
-                OPERATOR_WEBHOOK_CONFIGURATION).webhooks[0].client_config.ca_bundle:
+        while (
+            webhooks
+            and not admission.read_validating_webhook_configuration(OPERATOR_WEBHOOK_CONFIGURATION)
+            .webhooks[0]
+            .client_config.ca_bundle
+        ):
             assert time.monotonic() < deadline, "the operator's cert rotator did not patch its webhook's caBundle"
             time.sleep(0.5)
         yield

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from support.k8s_cluster import K8sCluster
 
 RELEASE = "v0.17.0"  # scripts/_clusters/k8s_build.py KUEUE
@@ -56,8 +55,10 @@ def install_crds(api: Any) -> None:
         names.append(crd["metadata"]["name"])
     deadline = time.monotonic() + 60
     for name in names:
-        while not any(c.type == "Established" and c.status == "True"
-                      for c in extensions.read_custom_resource_definition(name).status.conditions or []):
+        while not any(
+            c.type == "Established" and c.status == "True"
+            for c in extensions.read_custom_resource_definition(name).status.conditions or []
+        ):
             assert time.monotonic() < deadline, f"Kueue's CRD {name} was not Established in 60 s"
             time.sleep(0.2)
 
@@ -65,9 +66,28 @@ def install_crds(api: Any) -> None:
 def self_signed(folder: Path, name: str) -> None:
     """tls.crt and tls.key, a self-signed certificate for `name`, in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}",
-                    "-addext", f"subjectAltName=DNS:{name}", "-keyout", str(folder / "tls.key"),
-                    "-out", str(folder / "tls.crt")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={name}",
+            "-addext",
+            f"subjectAltName=DNS:{name}",
+            "-keyout",
+            str(folder / "tls.key"),
+            "-out",
+            str(folder / "tls.crt"),
+        ],
+        check=True,
+        capture_output=True,
+    )
 
 
 @contextlib.contextmanager
@@ -85,20 +105,29 @@ def kueue(cluster: K8sCluster, port: int, frameworks: tuple[str, ...] = ("batch/
     assert not METRICS_CERT_DIR.exists(), f"{METRICS_CERT_DIR} exists: another Kueue runs on this machine?"
     self_signed(METRICS_CERT_DIR, f"kueue-controller-manager-metrics-service.{NAMESPACE}.svc")
     config = folder / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration", "namespace": NAMESPACE,
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{port}"},
-        "metrics": {"bindAddress": "0"},
-        "webhook": {"port": port + 1, "host": "127.0.0.1", "certDir": str(folder / "webhook-certs")},
-        "leaderElection": {"leaderElect": False},
-        "internalCertManagement": {"enable": False},
-        "integrations": {"frameworks": list(frameworks)},
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+                "kind": "Configuration",
+                "namespace": NAMESPACE,
+                "health": {"healthProbeBindAddress": f"127.0.0.1:{port}"},
+                "metrics": {"bindAddress": "0"},
+                "webhook": {"port": port + 1, "host": "127.0.0.1", "certDir": str(folder / "webhook-certs")},
+                "leaderElection": {"leaderElect": False},
+                "internalCertManagement": {"enable": False},
+                "integrations": {"frameworks": list(frameworks)},
+            }
+        )
+    )
     log_path = cluster.base / "log" / "kueue.log"
     with open(log_path, "ab") as log:
-        process = subprocess.Popen([str(binary()), f"--config={config}", "--feature-gates=VisibilityOnDemand=false",
-                                    "--zap-log-level=2"],
-                                   env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=log, stderr=log)
+        process = subprocess.Popen(
+            [str(binary()), f"--config={config}", "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2"],
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+            stdout=log,
+            stderr=log,
+        )
     try:
         deadline = time.monotonic() + 90
         while not ready(port):
@@ -135,18 +164,49 @@ def make_queue(api: Any, namespace: str, name: str, *, cpu: str) -> None:
 
     objects = client.CustomObjectsApi(api)
     group, version = "kueue.x-k8s.io", "v1beta2"
-    objects.create_cluster_custom_object(group, version, "resourceflavors", {
-        "apiVersion": f"{group}/{version}", "kind": "ResourceFlavor", "metadata": {"name": "default"}})
-    objects.create_cluster_custom_object(group, version, "clusterqueues", {
-        "apiVersion": f"{group}/{version}", "kind": "ClusterQueue", "metadata": {"name": f"{name}-cq"},
-        "spec": {"namespaceSelector": {}, "resourceGroups": [{
-            "coveredResources": ["cpu"],
-            "flavors": [{"name": "default", "resources": [{"name": "cpu", "nominalQuota": cpu}]}]}]}})
-    objects.create_namespaced_custom_object(group, version, namespace, "localqueues", {
-        "apiVersion": f"{group}/{version}", "kind": "LocalQueue", "metadata": {"name": name, "namespace": namespace},
-        "spec": {"clusterQueue": f"{name}-cq"}})
+    objects.create_cluster_custom_object(
+        group,
+        version,
+        "resourceflavors",
+        {"apiVersion": f"{group}/{version}", "kind": "ResourceFlavor", "metadata": {"name": "default"}},
+    )
+    objects.create_cluster_custom_object(
+        group,
+        version,
+        "clusterqueues",
+        {
+            "apiVersion": f"{group}/{version}",
+            "kind": "ClusterQueue",
+            "metadata": {"name": f"{name}-cq"},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu"],
+                        "flavors": [{"name": "default", "resources": [{"name": "cpu", "nominalQuota": cpu}]}],
+                    }
+                ],
+            },
+        },
+    )
+    objects.create_namespaced_custom_object(
+        group,
+        version,
+        namespace,
+        "localqueues",
+        {
+            "apiVersion": f"{group}/{version}",
+            "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterQueue": f"{name}-cq"},
+        },
+    )
     deadline = time.monotonic() + 30
-    while not any(c["type"] == "Active" and c["status"] == "True" for c in objects.get_namespaced_custom_object(
-            group, version, namespace, "localqueues", name).get("status", {}).get("conditions", [])):
+    while not any(
+        c["type"] == "Active" and c["status"] == "True"
+        for c in objects.get_namespaced_custom_object(group, version, namespace, "localqueues", name)
+        .get("status", {})
+        .get("conditions", [])
+    ):
         assert time.monotonic() < deadline, f"LocalQueue {name} did not become Active in 30 s"
         time.sleep(0.3)

@@ -1,5 +1,6 @@
-"""The markers tests/conftest.py sets from what a test uses, so that `-m` can select by them (the fast loop:
-`-m "not cluster and not e2e"`) and the parallel schedule can group by them (tests/support/parallel.py).
+"""The markers tests/conftest.py sets from what a test uses, so that `-m` can select by them (`-m "not cluster and
+not e2e"`; the inner loop's `fast` is tests/support/fast.py's) and the parallel schedule can group by them
+(tests/support/parallel.py).
 
 * `cluster`: the test uses one of this machine's clusters, the fixtures `slurm_cluster`, `two_node_cluster`,
   `sge_cell`, `tsubame_cell` or `k8s_cluster`, directly or through another fixture (pytest's closure of the
@@ -23,13 +24,13 @@ E2E_FOLDER = Path(__file__).resolve().parents[1] / "e2e"
 
 DESCRIPTIONS = {
     "cluster": "set by tests/conftest.py on every test that uses a cluster of this machine: the fixtures "
-               "slurm_cluster, two_node_cluster, sge_cell, tsubame_cell or k8s_cluster, directly or through another "
-               "fixture (item.fixturenames); run these only one checkout at a time (docs/testing.md)",
+    "slurm_cluster, two_node_cluster, sge_cell, tsubame_cell or k8s_cluster, directly or through another "
+    "fixture (item.fixturenames); run these only one checkout at a time (docs/testing.md)",
     "emulator": "emulator(api_key=None, variants=None): set by tests/conftest.py on every test that uses the NGC "
-                "API emulator fixture `fake`, directly or through another fixture; with arguments, start `fake` as "
-                "another variant of the service (tests/fakes/README.md)",
+    "API emulator fixture `fake`, directly or through another fixture; with arguments, start `fake` as "
+    "another variant of the service (tests/fakes/README.md)",
     "e2e": "set by tests/conftest.py on every test whose module is under tests/e2e/ (an end-to-end run of a "
-           "pipeline on a backend), and on no other",
+    "pipeline on a backend), and on no other",
 }
 
 

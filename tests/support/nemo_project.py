@@ -2,7 +2,7 @@
 `pretrain` stage is a `nemo:` pretrain of gpt3/126m through the NeMo launcher stand-in (tests/fakes/nemo_launcher,
 tests/fakes/README.md), and the data list it trains on. What is the backend's own (its `backends:` options and the
 stage's section, where the workspace is, the job's image) each caller passes in: tests/support/ge_nemo.py (Grid
-Engine), tests/backends/test_kubernetes_nemo.py, tests/e2e/test_kubernetes_nemo_pretrain.py and
+Engine), tests/backends/kubernetes/test_nemo.py, tests/e2e/test_kubernetes_nemo_pretrain.py and
 tests/e2e/test_bcp_nemo_pretrain.py."""
 
 from __future__ import annotations
@@ -25,12 +25,23 @@ def flow(indent: int, key: str, value: str) -> str:
     return lead + value.replace("\n", "\n" + " " * (len(lead) + 1))
 
 
-def nemo_pipelines_yaml(backend: str, backend_options: str, stage_options: str, *, pipeline: str = "nemo",
-                        workspace: str = "{name: main}", variables: str | None = None,
-                        bcp_workspaces: str | None = None, bcp_verification: str | None = None,
-                        data: str = "${workspace}/data", results: str = "${workspace}/results",
-                        nemo_dir: bool = True, steps: int = 30, margin: str | None = None,
-                        extra_overrides: str | None = None) -> str:
+def nemo_pipelines_yaml(
+    backend: str,
+    backend_options: str,
+    stage_options: str,
+    *,
+    pipeline: str = "nemo",
+    workspace: str = "{name: main}",
+    variables: str | None = None,
+    bcp_workspaces: str | None = None,
+    bcp_verification: str | None = None,
+    data: str = "${workspace}/data",
+    results: str = "${workspace}/results",
+    nemo_dir: bool = True,
+    steps: int = 30,
+    margin: str | None = None,
+    extra_overrides: str | None = None,
+) -> str:
     """The text of a pipelines.yaml: `backends: {backend: backend_options}` and the pipeline `pipeline`, whose one
     stage `pretrain` trains gpt3/126m for `steps` steps with the NeMo launcher stand-in, its data list and BPE files
     in `data` (preprocessed/, bpe/), its NeMo runs in `results` (paths in the workspace), and has the section
@@ -43,17 +54,32 @@ def nemo_pipelines_yaml(backend: str, backend_options: str, stage_options: str, 
     none more). `nemo_dir=False` leaves `nemo_dir:` out (its default, the image's /opt/NeMo), as a backend whose
     launcher runs the training itself (BCP) does not read it."""
     bcp_defaults = BCP_DEFAULTS + (f",\nworkspaces: {bcp_workspaces}" if bcp_workspaces is not None else "")
-    lines = ["version: 1", f"stages_dir: {REPO / 'stages'}", "backends:", flow(2, backend, backend_options),
-             "pipelines:", f"  {pipeline}:", f"    workspace: {workspace}"]
+    lines = [
+        "version: 1",
+        f"stages_dir: {REPO / 'stages'}",
+        "backends:",
+        flow(2, backend, backend_options),
+        "pipelines:",
+        f"  {pipeline}:",
+        f"    workspace: {workspace}",
+    ]
     if variables is not None:
         lines.append(f"    vars: {variables}")
     lines += ["    defaults:", flow(6, "bcp", "{" + bcp_defaults + "}")]
     if bcp_verification is not None:
         lines += ["    verification:", f"      bcp: {bcp_verification}"]
-    lines += ["    stages:", "      pretrain:", "        program: pretrain_local.py", "        nemo:",
-              "          model: gpt3/126m", "          run_name: gpt", f"          data_dir: {data}/preprocessed",
-              f"          bpe_dir: {data}/bpe", f"          results_dir: {results}",
-              f"          launcher_dir: {NEMO_STAND_IN}/launcher_scripts"]
+    lines += [
+        "    stages:",
+        "      pretrain:",
+        "        program: pretrain_local.py",
+        "        nemo:",
+        "          model: gpt3/126m",
+        "          run_name: gpt",
+        f"          data_dir: {data}/preprocessed",
+        f"          bpe_dir: {data}/bpe",
+        f"          results_dir: {results}",
+        f"          launcher_dir: {NEMO_STAND_IN}/launcher_scripts",
+    ]
     if nemo_dir:
         lines.append(f"          nemo_dir: {NEMO_STAND_IN}/NeMo")
     lines.append(f"          max_steps: {steps}")

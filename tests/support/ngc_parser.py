@@ -21,7 +21,7 @@ API (everything raises :class:`NgcRejected` when the real CLI would refuse the a
 ``--org``/``--ace``/``--team`` in argv override them, as in the real CLI. The user's ``~/.ngc/config`` is
 never read (``NGC_CLI_HOME`` points at an empty private folder), so results do not depend on the machine.
 
-Findings (ngcsdk 4.19.1, checked by tests/backends/test_ngc_parser.py; details in tests/fakes/README.md):
+Findings (ngcsdk 4.19.1, checked by tests/fakes/test_ngc_parser.py; details in tests/fakes/README.md):
 
 - ``--total-runtime``/``--min-timeslice``: ``[nD][nH][nM][nS]``, case-insensitive (upper-cased, then read as
   ISO-8601 ``P{n}DT{rest}``). Accepted: ``10h``, ``10H``, ``5D``, ``5d``, ``1h30m``, ``90m``, ``36000s``, ``1D12H``,
@@ -67,10 +67,10 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 STUBS = Path(__file__).resolve().parents[1] / "fakes" / "ngc_stubs"
 DEFAULT_ORG = "bcpp-test-org"
@@ -300,8 +300,8 @@ def run_request(
     loaded = _load()  # first: imports need the stand-ins on sys.path and the env set
     # pylint: disable=import-outside-toplevel
     from basecommand.api.utils import check_batch_run_args, check_multinode_job_args
-    from basecommand.command.batch import Batch
     from basecommand.command.args_validation import check_shell_support
+    from basecommand.command.batch import Batch
     from ngcbase.errors import NgcException
 
     argv = _strip_program(argv)

@@ -123,8 +123,9 @@ class GroupScheduling(LoadScopeScheduling):
         if nodeid not in self._groups:
             # Cannot happen while the workers write their groups before they report their collection; a test
             # with no group would run beside the clusters' tests, so say so rather than guess quietly.
-            raise RuntimeError(f"no group for {nodeid}: no worker wrote one to {self._folder} "
-                               f"(tests/support/parallel.py)")
+            raise RuntimeError(
+                f"no group for {nodeid}: no worker wrote one to {self._folder} (tests/support/parallel.py)"
+            )
         return self._groups[nodeid]
 
 

@@ -17,10 +17,9 @@ import warnings
 
 import pytorch_lightning as pl
 import torch
+from nemo.utils.exp_manager import exp_manager
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset
-
-from nemo.utils.exp_manager import exp_manager
 
 
 class Endless(Dataset):
@@ -65,21 +64,46 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     warnings.filterwarnings("ignore")
     first = FirstStep()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec["max_steps"], logger=False, callbacks=[first],
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         **spec["trainer"])
-    checkpoints = {"save_last": True, "every_n_train_steps": 100, "monitor": "step", "mode": "max", "save_top_k": 1,
-                   "always_save_nemo": False, "save_nemo_on_train_end": False, "every_n_epochs": None}
-    config = OmegaConf.create({"explicit_log_dir": spec["log_dir"], "resume_if_exists": True,
-                               "resume_ignore_no_checkpoint": True, "create_tensorboard_logger": False,
-                               "checkpoint_callback_params": checkpoints,
-                               **spec["exp_manager"]})
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=spec["max_steps"],
+        logger=False,
+        callbacks=[first],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **spec["trainer"],
+    )
+    checkpoints = {
+        "save_last": True,
+        "every_n_train_steps": 100,
+        "monitor": "step",
+        "mode": "max",
+        "save_top_k": 1,
+        "always_save_nemo": False,
+        "save_nemo_on_train_end": False,
+        "every_n_epochs": None,
+    }
+    config = OmegaConf.create(
+        {
+            "explicit_log_dir": spec["log_dir"],
+            "resume_if_exists": True,
+            "resume_ignore_no_checkpoint": True,
+            "create_tensorboard_logger": False,
+            "checkpoint_callback_params": checkpoints,
+            **spec["exp_manager"],
+        }
+    )
     exp_manager(trainer, config)
     model = Tiny()
     started = time.monotonic()
     trainer.fit(model, DataLoader(Endless(spec["max_steps"] * 4), batch_size=4, num_workers=0))
-    print(json.dumps({"start_step": first.step, "end_step": trainer.global_step,
-                      "seconds": round(time.monotonic() - started, 2)}))
+    print(
+        json.dumps(
+            {"start_step": first.step, "end_step": trainer.global_step, "seconds": round(time.monotonic() - started, 2)}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -18,16 +18,23 @@ from collections.abc import Callable
 
 DISARM = b"disarm\n"
 # Reads one line: the fixture's "disarm" (nothing to do), or end of file (the test process is gone: clean up).
-WATCHER = ("import subprocess, sys\n"
-           "if sys.stdin.buffer.readline() != b'disarm\\n':\n"
-           "    subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,"
-           " stderr=subprocess.DEVNULL, timeout=300)\n")
+WATCHER = (
+    "import subprocess, sys\n"
+    "if sys.stdin.buffer.readline() != b'disarm\\n':\n"
+    "    subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,"
+    " stderr=subprocess.DEVNULL, timeout=300)\n"
+)
 
 
 def run_when_gone(argv: list[str]) -> Callable[[], None]:
     """Run `argv` once this process has exited without calling the returned function (which ends the watcher)."""
-    watcher = subprocess.Popen([sys.executable, "-c", WATCHER, *argv], stdin=subprocess.PIPE,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", WATCHER, *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
     def disarm() -> None:
         try:
@@ -47,6 +54,8 @@ def shutdown_emulator_when_gone(fake) -> Callable[[], None]:
     """run_when_gone for a started FakeNgc: its jobs killed and its servers stopped (whichever it runs then)."""
     from ngc_control import FAKES_DIR
 
-    code = (f"import sys; sys.path.insert(0, {str(FAKES_DIR)!r}); from ngc_control import shutdown_abandoned; "
-            f"shutdown_abandoned({str(fake.home)!r})")
+    code = (
+        f"import sys; sys.path.insert(0, {str(FAKES_DIR)!r}); from ngc_control import shutdown_abandoned; "
+        f"shutdown_abandoned({str(fake.home)!r})"
+    )
     return run_when_gone([sys.executable, "-c", code])

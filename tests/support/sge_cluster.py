@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from support.reaper import run_when_gone
 from support.slurm_cluster import _skip
 
@@ -113,11 +112,13 @@ def running_cell(config: pytest.Config, *start_args: str) -> Iterator[SgeCell]:
     assert stale.returncode == 0, f"stopping a stale cell under {base} failed:\n{stale.stderr}"
     disarm = run_when_gone([sys.executable, str(SCRIPT), "stop", "--base", str(base)])  # Ctrl-C, kill -9: stopped
     try:
-        res = script("start", "--base", str(base), "--nodes", "2", "--slots", "4", "--port", str(port),
-                     *start_args, timeout=180)
+        res = script(
+            "start", "--base", str(base), "--nodes", "2", "--slots", "4", "--port", str(port), *start_args, timeout=180
+        )
         if res.returncode != 0:
-            pytest.fail(f"scripts/sge-cluster start --nodes 2 failed (exit {res.returncode}):\n{res.stderr}",
-                        pytrace=False)
+            pytest.fail(
+                f"scripts/sge-cluster start --nodes 2 failed (exit {res.returncode}):\n{res.stderr}", pytrace=False
+            )
         exports = [line for line in res.stdout.splitlines() if line.startswith("export ")]
         assert exports, res.stdout
         for pair in exports[-1].split()[1:]:

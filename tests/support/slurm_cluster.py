@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from support.reaper import run_when_gone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,8 +175,9 @@ def two_node_cluster(request: pytest.FixtureRequest) -> Iterator[MultiNodeCluste
     try:
         res = script("start", "--base", str(base), "--nodes", "2", "--cpus", "4", timeout=120)
         if res.returncode != 0:
-            pytest.fail(f"scripts/slurm-cluster start --nodes 2 failed (exit {res.returncode}):\n{res.stderr}",
-                        pytrace=False)
+            pytest.fail(
+                f"scripts/slurm-cluster start --nodes 2 failed (exit {res.returncode}):\n{res.stderr}", pytrace=False
+            )
         conf = base / "etc" / "slurm.conf"
         os.environ["SLURM_CONF"] = str(conf)
         yield MultiNodeCluster(base=base, conf=conf, nodes=node_addresses(conf))

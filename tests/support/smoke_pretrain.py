@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support.stage_fixtures import gpt2_vocab_merges
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,8 +19,26 @@ SCRIPT = REPO / "stages" / "pretrain_local.py"
 # Small enough for 2 cores: a run of 16 steps takes a few seconds after the ~5 s of torch + megatron imports.
 # Hidden 64 halves the cost of the 50257-token embedding (its update dominates a step at this size).
 STEPS = 16
-TRAIN_ARGS = ["--steps", str(STEPS), "--checkpoint-every", "4", "--seq-length", "64", "--micro-batch-size", "4",
-              "--hidden", "64", "--heads", "4", "--threads", "2", "--lr", "3e-3", "--seed", "7"]
+TRAIN_ARGS = [
+    "--steps",
+    str(STEPS),
+    "--checkpoint-every",
+    "4",
+    "--seq-length",
+    "64",
+    "--micro-batch-size",
+    "4",
+    "--hidden",
+    "64",
+    "--heads",
+    "4",
+    "--threads",
+    "2",
+    "--lr",
+    "3e-3",
+    "--seed",
+    "7",
+]
 
 SUBJECTS = ["the farmer", "a young girl", "the old king", "my brother", "the small dog", "our teacher", "the city"]
 VERBS = ["walked to", "looked at", "talked about", "found", "remembered", "built", "painted", "carried"]
@@ -34,8 +51,10 @@ def english_like_documents(count: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     docs = []
     for _ in range(count):
-        sentences = [f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.choice(OBJECTS)} "
-                     f"{rng.choice(ENDINGS)}." for _ in range(rng.randint(3, 12))]
+        sentences = [
+            f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(ENDINGS)}."
+            for _ in range(rng.randint(3, 12))
+        ]
         docs.append(" ".join(sentences))
     return docs
 
@@ -45,15 +64,41 @@ def make_dataset(folder: Path, chunks: tuple[int, ...] = (120, 60)) -> Path:
     source = folder / "jsonl"
     source.mkdir(parents=True)
     for i, count in enumerate(chunks):
-        lines = [json.dumps({"text": text, "meta": {"redpajama_set_name": "RedPajamaC4"}})
-                 for text in english_like_documents(count, seed=i)]
+        lines = [
+            json.dumps({"text": text, "meta": {"redpajama_set_name": "RedPajamaC4"}})
+            for text in english_like_documents(count, seed=i)
+        ]
         (source / f"train_chunk_{i}.jsonl").write_text("\n".join(lines) + "\n")
+    return preprocess(source, folder / "out")
+
+
+def preprocess(source: Path, out: Path, *extra: str) -> Path:
+    """The real tokenize-preprocess stage over `source` into `out` (GPT-2's BPE, one worker); `extra` adds its
+    options (e.g. `--output-stem`)."""
     vocab, merges = gpt2_vocab_merges()
-    done = subprocess.run([sys.executable, str(REPO / "stages" / "preprocess.py"), "--in", str(source), "--out",
-                           str(folder / "out"), "--vocab", str(vocab), "--merges", str(merges), "--workers", "1"],
-                          capture_output=True, text=True, timeout=120, env=child_env())
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "stages" / "preprocess.py"),
+            "--in",
+            str(source),
+            "--out",
+            str(out),
+            *extra,
+            "--vocab",
+            str(vocab),
+            "--merges",
+            str(merges),
+            "--workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    return folder / "out"
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +107,18 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def command(data: Path, results: Path, run_name: str, *extra: str) -> list[str]:
-    return [sys.executable, str(SCRIPT), "--data-dir", str(data), "--results", str(results), "--run-name", run_name,
-            *TRAIN_ARGS, *extra]
+    return [
+        sys.executable,
+        str(SCRIPT),
+        "--data-dir",
+        str(data),
+        "--results",
+        str(results),
+        "--run-name",
+        run_name,
+        *TRAIN_ARGS,
+        *extra,
+    ]
 
 
 def run_to_end(cmd: list[str]) -> subprocess.CompletedProcess:

@@ -15,27 +15,80 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 import zstandard
 
-SET_NAMES = ("RedPajamaCommonCrawl", "RedPajamaC4", "RedPajamaGithub", "RedPajamaBook", "RedPajamaArXiv",
-             "RedPajamaWikipedia", "RedPajamaStackExchange")
-COMMON = ("the of and to a in is that for it as was with be by on not he this are or his from at which but have an "
-          "they you were her she there been one all we their has would when if so what out up more about into them "
-          "some could time him only its other new than then two may first any like now my these over such our man "
-          "me even most made after also did many before must through back years where much your way well down "
-          "should because each just those people how too little state good very make world still own see men work "
-          "long get here between both life being under never day same another know while last might us great old "
-          "year off come since against go came right used take three system data model training language network "
-          "water history government company development research university city music film energy").split()
-NON_ASCII = ("café", "naïve", "Zürich", "São", "Paulo", "東京", "データ", "Ελλάδα", "Москва", "—", "“quoted”",
-             "½", "€200", "😀", "façade", "coöperate", "Øresund")
-SYLLABLES = ("qua", "zor", "bel", "tri", "mon", "vex", "lin", "dra", "pho", "sten", "ul", "kai", "ment", "ism", "ox",
-             "grav", "nith", "ept", "yr", "cul")
-CODE_LINES = ("def main(argv):", "    return {\"key\": value}  # comment", "for (int i = 0; i < n; ++i) {",
-              "    x += y[i] * 2;", "}", "import numpy as np", "SELECT id, name FROM users WHERE id = 42;")
+SET_NAMES = (
+    "RedPajamaCommonCrawl",
+    "RedPajamaC4",
+    "RedPajamaGithub",
+    "RedPajamaBook",
+    "RedPajamaArXiv",
+    "RedPajamaWikipedia",
+    "RedPajamaStackExchange",
+)
+COMMON = (
+    "the of and to a in is that for it as was with be by on not he this are or his from at which but have an "
+    "they you were her she there been one all we their has would when if so what out up more about into them "
+    "some could time him only its other new than then two may first any like now my these over such our man "
+    "me even most made after also did many before must through back years where much your way well down "
+    "should because each just those people how too little state good very make world still own see men work "
+    "long get here between both life being under never day same another know while last might us great old "
+    "year off come since against go came right used take three system data model training language network "
+    "water history government company development research university city music film energy"
+).split()
+NON_ASCII = (
+    "café",
+    "naïve",
+    "Zürich",
+    "São",
+    "Paulo",
+    "東京",
+    "データ",
+    "Ελλάδα",
+    "Москва",
+    "—",
+    "“quoted”",
+    "½",
+    "€200",
+    "😀",
+    "façade",
+    "coöperate",
+    "Øresund",
+)
+SYLLABLES = (
+    "qua",
+    "zor",
+    "bel",
+    "tri",
+    "mon",
+    "vex",
+    "lin",
+    "dra",
+    "pho",
+    "sten",
+    "ul",
+    "kai",
+    "ment",
+    "ism",
+    "ox",
+    "grav",
+    "nith",
+    "ept",
+    "yr",
+    "cul",
+)
+CODE_LINES = (
+    "def main(argv):",
+    '    return {"key": value}  # comment',
+    "for (int i = 0; i < n; ++i) {",
+    "    x += y[i] * 2;",
+    "}",
+    "import numpy as np",
+    "SELECT id, name FROM users WHERE id = 42;",
+)
 
 
 def _word(rng: random.Random) -> str:
@@ -90,12 +143,20 @@ def compress(payload: bytes, frames: int = 1, level: int = 3) -> bytes:
     """zstd-compress `payload`, split into `frames` concatenated frames (valid zstd; tests read_across_frames)."""
     compressor = zstandard.ZstdCompressor(level=level, write_checksum=True)
     step = max(1, -(-len(payload) // max(1, frames)))
-    parts = [payload[i:i + step] for i in range(0, len(payload), step)] or [b""]
+    parts = [payload[i : i + step] for i in range(0, len(payload), step)] or [b""]
     return b"".join(compressor.compress(part) for part in parts)
 
 
-def make_shards(folder: Path, files: int, docs_per_file: int, seed: int = 0, frames: int = 1,
-                mean_words: int = 120, chunk: int = 1, repeat: int = 1) -> list[Path]:
+def make_shards(
+    folder: Path,
+    files: int,
+    docs_per_file: int,
+    seed: int = 0,
+    frames: int = 1,
+    mean_words: int = 120,
+    chunk: int = 1,
+    repeat: int = 1,
+) -> list[Path]:
     """Write `example_train_chunk{chunk}_{i}.jsonl.zst` files (download.py's flat layout); return their paths.
 
     `repeat` > 1 repeats each file's documents that many times: big files quickly (for tests that must catch a
@@ -172,8 +233,11 @@ def temporaries(folder: Path) -> list[str]:
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every output file under `folder` by relative path. Completion records are left out: their counts of
     "already complete" items legitimately differ after a resume; tests check them separately."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and ".completions" not in p.parts}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and ".completions" not in p.parts
+    }
 
 
 def completion_records(folder: Path, stage: str) -> list[dict]:

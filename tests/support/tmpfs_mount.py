@@ -21,8 +21,9 @@ def tmpfs():
         if os.geteuid() != 0 or shutil.which("mount") is None:
             pytest.skip("needs root and mount(8) to mount a small tmpfs")
         folder.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+        )
         if result.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip() or result.returncode}")
         mounted.append(folder)

@@ -13,9 +13,11 @@ from bcp_pipeline.config.resources import BcpOptions
 def account_of(options: BcpOptions, environ: Mapping[str, str]) -> tuple[str | None, str | None, str | None]:
     """org, team, ACE as jobs get them: pipelines.yaml, else NGC_CLI_ORG/TEAM/ACE, else ngc's config file."""
     saved = read_ngc_config(dict(environ))
-    return (options.org or environ.get("NGC_CLI_ORG") or saved.get("org") or None,
-            options.team or environ.get("NGC_CLI_TEAM") or saved.get("team") or None,
-            options.ace or environ.get("NGC_CLI_ACE") or saved.get("ace") or None)
+    return (
+        options.org or environ.get("NGC_CLI_ORG") or saved.get("org") or None,
+        options.team or environ.get("NGC_CLI_TEAM") or saved.get("team") or None,
+        options.ace or environ.get("NGC_CLI_ACE") or saved.get("ace") or None,
+    )
 
 
 def profile_key_of(options: BcpOptions, environ: Mapping[str, str]) -> str | None:

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -18,16 +19,33 @@ from typing import Any
 
 from bcp_pipeline.atomic import atomic_write_json, atomic_write_text
 from bcp_pipeline.backends.bcp.account import account_of, profile_key_of
+from bcp_pipeline.backends.bcp.admission import profile_refusals
 from bcp_pipeline.backends.bcp.connect import make_transport, read_ngc_config
 from bcp_pipeline.backends.bcp.driver import driver_job_shape
 from bcp_pipeline.backends.bcp.paths import UPLOAD_EXCLUDES, code_destination
-from bcp_pipeline.backends.bcp.refusals import profile_refusals
-from bcp_pipeline.backends.bcp.render import (NO_REDIRECT, JobSpec, job_files, job_rendezvous, job_run_argv, job_spec,
-    label, upload_argv)
+from bcp_pipeline.backends.bcp.render import (
+    NO_REDIRECT,
+    JobSpec,
+    job_files,
+    job_rendezvous,
+    job_run_argv,
+    job_spec,
+    label,
+    upload_argv,
+)
 from bcp_pipeline.backends.bcp.states import labels_of, status_of
+from bcp_pipeline.backends.bcp.telemetry import INTERVAL_TIME, INTERVAL_UNIT, TelemetryReader
+from bcp_pipeline.backends.bcp.telemetry import TYPE as TELEMETRY_TYPE
 from bcp_pipeline.backends.bcp.transport import Transport, retry_policy
-from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobStatus, PreparedAction, Submission,
-    outage_seconds)
+from bcp_pipeline.backends.contract import (
+    Backend,
+    JobProgress,
+    JobRequest,
+    JobStatus,
+    PreparedAction,
+    Submission,
+    outage_seconds,
+)
 from bcp_pipeline.backends.profile import load_profile
 from bcp_pipeline.backends.retries import with_retries
 from bcp_pipeline.backends.shared.command import shell_join
@@ -49,9 +67,18 @@ class BcpBackend(Backend):
     name = "bcp"
     detachable = True  # `run --detach`: a driver job in the ACE drives the run (detach/)
 
-    def __init__(self, options: BcpOptions, *, pipeline: PipelineConfig, config_dir: Path, stages_dir: Path,
-                 run_dir: Path, workspace_name: str, mounted_workspace: Path | None = None,
-                 profile: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        options: BcpOptions,
+        *,
+        pipeline: PipelineConfig,
+        config_dir: Path,
+        stages_dir: Path,
+        run_dir: Path,
+        workspace_name: str,
+        mounted_workspace: Path | None = None,
+        profile: dict[str, Any] | None = None,
+    ) -> None:
         self.options = options
         self.pipeline = pipeline
         self.stages_dir = stages_dir
@@ -70,6 +97,7 @@ class BcpBackend(Backend):
         self.has_profile = profile is not None
         self._progress_read: dict[str, tuple[float, JobProgress | None]] = {}  # job id -> (when read, what)
         self._replica_counts: dict[str, int] = {}  # job id -> its replicas (a job's definition never changes)
+        self._telemetry = TelemetryReader(options.telemetry_seconds)
         lag = self.probe_fact("list_lag_seconds")
         if isinstance(lag, (int, float)) and lag >= 1:  # the list index lags here: look a job up that long, twice over
             self.lookup_grace_seconds = 2 * float(lag) + LIST_LAG_MARGIN_SECONDS
@@ -82,26 +110,35 @@ class BcpBackend(Backend):
         options = config.options["bcp"]
         key = profile_key_of(options, os.environ)
         profile = load_profile(run_dir.parent.parent, key) if key else None
-        return cls(options, pipeline=pipeline, profile=profile, config_dir=config.file.parent.resolve(),
-                   stages_dir=config.stages_dir, run_dir=run_dir, workspace_name=pipeline.workspace.name)
+        return cls(
+            options,
+            pipeline=pipeline,
+            profile=profile,
+            config_dir=config.file.parent.resolve(),
+            stages_dir=config.stages_dir,
+            run_dir=run_dir,
+            workspace_name=pipeline.workspace.name,
+        )
 
     @classmethod
     def check_ready(cls, config: Config, pipeline: PipelineConfig | None) -> None:
-        from bcp_pipeline.backends.bcp import ready  # the ACE's and the look-ups' code loads only for `run`
+        from bcp_pipeline.backends.bcp import admission as ready  # would BCP refuse the run? (admission.py)
 
         ready.check_ready(config, pipeline)
 
     @classmethod
-    def check_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
-                     detach: bool = False) -> None:
-        from bcp_pipeline.backends.bcp import ready
+    def check_limits(
+        cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *, detach: bool = False
+    ) -> None:
+        from bcp_pipeline.backends.bcp import admission as ready
 
         ready.check_limits(config, pipeline, requests, detach=detach)
 
     @classmethod
-    def describe_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
-                        detach: bool = False) -> Any:
-        from bcp_pipeline.backends.bcp import ready
+    def describe_limits(
+        cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *, detach: bool = False
+    ) -> Any:
+        from bcp_pipeline.backends.bcp import admission as ready
 
         return ready.describe_limits(config, pipeline, requests, detach=detach)
 
@@ -143,30 +180,43 @@ class BcpBackend(Backend):
 
     def render(self, request: JobRequest) -> Submission:
         spelling = self.probe_fact("bcprun", "no_redirect_spelling")
-        spec = job_spec(request, self.options, self.stages_dir,
-                        no_redirect=spelling if spelling in ("-no_redirect", "--no_redirect") else NO_REDIRECT)
+        spec = job_spec(
+            request,
+            self.options,
+            self.stages_dir,
+            no_redirect=spelling if spelling in ("-no_redirect", "--no_redirect") else NO_REDIRECT,
+        )
         argv = job_run_argv(spec)
-        return Submission(request=request, printable=shell_join(argv), payload={"argv": argv, "spec": asdict(spec)},
-                          rendezvous=job_rendezvous(request),
-                          files=job_files(request, self.options, self.stages_dir))
+        return Submission(
+            request=request,
+            printable=shell_join(argv),
+            payload={"argv": argv, "spec": asdict(spec)},
+            rendezvous=job_rendezvous(request),
+            files=job_files(request, self.options, self.stages_dir),
+        )
 
     def prepare(self, pipeline: PipelineConfig, execute: bool) -> list[PreparedAction]:
         """Upload stages/ into the workspace once per content hash (recorded in the run folder's parent)."""
         destination = code_destination(self.options, self.stages_dir)
         argv = upload_argv(self.options, self.workspace_name, self.stages_dir, destination)
-        action = PreparedAction(description=f"upload stages/ to workspace {self.workspace_name} at {destination} "
-                                            "(once per content hash)", printable=shell_join(argv))
+        action = PreparedAction(
+            description=f"upload stages/ to workspace {self.workspace_name} at {destination} (once per content hash)",
+            printable=shell_join(argv),
+        )
         if execute and self.mounted_workspace is not None:
             copy_code(self.stages_dir, self.mounted_workspace / destination)
         elif execute:
             uploads = self.run_dir.parent.parent / "bcp-uploads"
             marker = uploads / f"{self.workspace_name}-{destination.replace('/', '_')}"
             if not marker.is_file():
-                with_retries(lambda: self.transport.upload(self.workspace_name, self.stages_dir, destination,
-                                                           UPLOAD_EXCLUDES),
-                             f"uploading stages/ to workspace {self.workspace_name}", self.retry_policy)
-                atomic_write_json(marker, {"workspace": self.workspace_name, "destination": destination,
-                                           "uploaded_at": time.time()})
+                with_retries(
+                    lambda: self.transport.upload(self.workspace_name, self.stages_dir, destination, UPLOAD_EXCLUDES),
+                    f"uploading stages/ to workspace {self.workspace_name}",
+                    self.retry_policy,
+                )
+                atomic_write_json(
+                    marker, {"workspace": self.workspace_name, "destination": destination, "uploaded_at": time.time()}
+                )
         return [action]
 
     # -- through the transport -------------------------------------------------------------------------
@@ -188,9 +238,13 @@ class BcpBackend(Backend):
             staging = self.run_dir / "job-files" / Path(relative).parent.name
             atomic_write_text(staging / Path(relative).name, text)
             folder = str(Path(relative).parent)
-            with_retries(lambda staging=staging, folder=folder: self.transport.upload(
-                self.workspace_name, staging, folder, UPLOAD_EXCLUDES),
-                         f"uploading {relative} to workspace {self.workspace_name}", self.retry_policy)
+            with_retries(
+                lambda staging=staging, folder=folder: self.transport.upload(
+                    self.workspace_name, staging, folder, UPLOAD_EXCLUDES
+                ),
+                f"uploading {relative} to workspace {self.workspace_name}",
+                self.retry_policy,
+            )
             atomic_write_text(marker, "")
 
     def poll(self, job_ids: list[str]) -> dict[str, JobStatus]:
@@ -257,6 +311,15 @@ class BcpBackend(Backend):
         self._progress_read[job_id] = (now, found)
         return found
 
+    def gpu_utilization(self, job_id: str) -> dict[int, float] | None:
+        """Each replica's GPU utilization from the job's telemetry (a `job telemetry` call per replica, at most every
+        `telemetry_seconds` a job: bcp/telemetry.py)."""
+        return self._telemetry.read(
+            job_id,
+            self._replicas(job_id),
+            lambda replica: self.transport.telemetry(job_id, replica, [TELEMETRY_TYPE], INTERVAL_UNIT, INTERVAL_TIME),
+        )
+
     def cancel(self, job_ids: list[str]) -> None:
         """Kill every job of this run, then wait until BCP reports them ended (a kill passes through
         PENDING_TERMINATION for the ACE's termination grace period). A job that does not carry this run's label,
@@ -268,8 +331,10 @@ class BcpBackend(Backend):
             try:
                 labels = labels_of(self.transport.job(job_id))
                 if own not in labels:
-                    failures.append(f"job {job_id}: not killed: it does not carry this run's label {own} "
-                                    f"(its labels: {', '.join(labels) or 'none'})")
+                    failures.append(
+                        f"job {job_id}: not killed: it does not carry this run's label {own} "
+                        f"(its labels: {', '.join(labels) or 'none'})"
+                    )
                     continue
                 self.transport.kill(job_id)
                 killed.append(job_id)
@@ -303,7 +368,8 @@ class BcpBackend(Backend):
                     f"job(s) {', '.join(pending)} were killed but are still "
                     f"{', '.join(sorted({statuses[j].native for j in pending}))} after the ACE's termination grace "
                     f"period ({grace or 0:.0f} s) and {KILL_MARGIN_SECONDS:.0f} s more; check them with "
-                    "`ngc base-command job info`")
+                    "`ngc base-command job info`"
+                )
             time.sleep(delay)
             delay = min(delay * 2, self.poll_max_seconds)
 
@@ -355,9 +421,15 @@ class BcpBackend(Backend):
         return profile_refusals(self.profile, submissions, self.options, self.stages_dir, driver, detach=detach)
 
     def job_url(self, job_id: str) -> str | None:
-        if not self.options.ui_url:
-            return None
+        if not self.options.ui_url or (self.options.ui_url == BcpOptions.ui_url and not _nvidia_api()):
+            return None  # NVIDIA's UI has no page of a job another service (the emulator) ran
         return self.options.ui_url.format(job_id=job_id, org=self.options.org or "", team=self.options.team or "")
+
+
+def _nvidia_api() -> bool:
+    """NVIDIA's client talks to NVIDIA's service: the API URL it is given (NGC_CLI_API_URL), if any, is NVIDIA's."""
+    host = urllib.parse.urlsplit(os.environ.get("NGC_CLI_API_URL") or "https://api.ngc.nvidia.com").hostname or ""
+    return host == "nvidia.com" or host.endswith(".nvidia.com")
 
 
 def copy_code(source: Path, target: Path) -> None:

@@ -9,6 +9,8 @@ replica 0, whose bcprun starts every node's ranks, or on every replica, each bcp
 Output goes, under pipefail, to the job's log and to a log in the job's result folder; the job ends with the
 training's exit status. Bridge's step line comes from the LAST rank only: in replica 0's log in the first model, in
 the last replica's in the second; the backend's `training_log` reads whichever has it, and `check` shows which.
+Each rank starts through stages/rank_start.py, which binds it to its GPU's NUMA node and, on the later replicas of
+a multi-node job, first waits for the rendezvous at replica 0 to answer (NVIDIA's launcher's BCP step).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from bcp_pipeline.config import bridge
 from bcp_pipeline.config.resources import BcpOptions
 
 NO_REDIRECT = "-no_redirect"  # NVIDIA's launcher's spelling; a `check` profile may show this ACE's bcprun wants another
+# A multi-node job's ranks on the later replicas first wait (at most this long) for the rendezvous at replica 0 to
+# answer, as NVIDIA's launcher's BCP step pause_and_prime_dns_connections does (its 300 s): a replica's DNS name of
+# the master can lag its start (stages/rank_start.py).
+RENDEZVOUS_WAIT_SECONDS = 300
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,13 +53,19 @@ def bridge_job(request: JobRequest, options: BcpOptions, stages_dir: Path, no_re
     stage, resources = request.stage, request.resources("bcp")
     code = f"{WORKSPACE}/{code_destination(options, stages_dir)}"
     values = placeholder_values(request, workspace=WORKSPACE, results=RESULTS, code=code, python=options.python)
+    replicas = request.rank_layout("bcp").nodes
+    wait = RENDEZVOUS_WAIT_SECONDS if replicas > 1 else None
     return BridgeJob(
         title=f"stage {stage.name} of pipeline {request.pipeline.name}, run {request.run_id}",
-        python=options.python, rank_argv=rank_argv(request, "bcp", values, resources.total_runtime),
-        data_list_argv=data_list_argv(request, values), run_dir=bridge.run_dir(stage, values, request.run_id),
+        python=options.python,
+        rank_argv=rank_argv(request, "bcp", values, resources.total_runtime, wait_for_master=wait),
+        data_list_argv=data_list_argv(request, values),
+        run_dir=bridge.run_dir(stage, values, request.run_id),
         log_file=f"{RESULTS}/{bridge.run_name(stage, request.run_id)}.log",
-        replicas=request.rank_layout("bcp").nodes, gpus_per_node=gpus_per_node(request, "bcp"),
-        no_redirect=no_redirect)
+        replicas=replicas,
+        gpus_per_node=gpus_per_node(request, "bcp"),
+        no_redirect=no_redirect,
+    )
 
 
 def render(job: BridgeJob) -> str:
@@ -65,8 +77,8 @@ def render(job: BridgeJob) -> str:
         "# Rendered by bcp_pipeline/backends/bcp/bridge_job.py (`bcp-pipeline plan` prints it); arguments: the",
         "# workspace's and the job result folder's mount points.",
         "set -euo pipefail",
-        'workspace=${1:?usage: SCRIPT WORKSPACE_MOUNT RESULT_MOUNT} results=${2:?usage: SCRIPT WORKSPACE_MOUNT '
-        'RESULT_MOUNT}',
+        "workspace=${1:?usage: SCRIPT WORKSPACE_MOUNT RESULT_MOUNT} results=${2:?usage: SCRIPT WORKSPACE_MOUNT "
+        "RESULT_MOUNT}",
     ]
     if job.replicas > 1:
         lines += [
@@ -81,7 +93,8 @@ def render(job: BridgeJob) -> str:
         f"# {bridge.DATA_PATH_KEY}=[weight,prefix,...] in the run's folder, where every rank reads it.",
         " ".join(shell_word(word) for word in job.data_list_argv),
         "",
-        "# Each rank's command: this project's entry program (stages/bridge_pretrain.py), the recipe, the overrides.",
+        "# Each rank's command: this project's entry program (stages/bridge_pretrain.py), the recipe, the overrides,",
+        "# started by stages/rank_start.py (its NUMA binding; on a later replica, first the wait for the rendezvous).",
         "rank=(",
         "  " + " ".join(shell_word(word) for word in job.rank_argv[:head]),
         *[f"  {shell_word(word)}" for word in job.rank_argv[head:]],
@@ -100,7 +113,11 @@ def launch(job: BridgeJob) -> str:
     """What starts the ranks: bcprun over the job's replicas (their count as BCP tells it), or torchrun on its one
     node (`--standalone`: a rendezvous on this node; the rank's command past `python3 -u`)."""
     if job.replicas > 1:
-        return (f'bcprun --nnodes "${{NGC_ARRAY_SIZE:-1}}" --npernode {job.gpus_per_node} {job.no_redirect} '
-                '--cmd "${rank[*]@Q}"')
-    return (f"{shell_word(job.python)} -m torch.distributed.run --standalone --nproc-per-node {job.gpus_per_node} "
-            '"${rank[@]:2}"')
+        return (
+            f'bcprun --nnodes "${{NGC_ARRAY_SIZE:-1}}" --npernode {job.gpus_per_node} {job.no_redirect} '
+            '--cmd "${rank[*]@Q}"'
+        )
+    return (
+        f"{shell_word(job.python)} -m torch.distributed.run --standalone --nproc-per-node {job.gpus_per_node} "
+        '"${rank[@]:2}"'
+    )

@@ -1,8 +1,8 @@
 """Checks of a Base Command Platform org and ACE: first a few look-ups through the configured transport (NVIDIA's
-ngc CLI or ngcsdk), all that `--no-jobs` does; then, by default, the probe jobs of bcp_probe.py.
+ngc CLI or ngcsdk), all that `--no-jobs` does; then, by default, the probe jobs of probe.py.
 
 Credentials and the key's org; the team; the ACE, and every job of the pipeline against its instances and limits
-(policy.py, the driver too with --detach); each image; each workspace with the user's quota; the secrets the jobs
+(admission.py, the driver too with --detach); each image; each workspace with the user's quota; the secrets the jobs
 name (names and key names only); the client's version. A look-up that fails for a reason other than "not there" or
 "refused" is "could not check", with the reason.
 """
@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, replace
 
 from bcp_pipeline.backends.bcp.account import account_of
+from bcp_pipeline.backends.bcp.admission import PlannedJob, planned_jobs, rendered_jobs, violations
 from bcp_pipeline.backends.bcp.connect import SCOPED_KEY_PREFIX, configured_api_key, make_transport, scoped_key_org
-from bcp_pipeline.backends.bcp.policy import PlannedJob, planned_jobs, rendered_jobs, violations
 from bcp_pipeline.backends.bcp.transport import CONFIG_HINT, SDK_VERSION, Transport
 from bcp_pipeline.backends.checks import CheckInput, CheckOutcome, Row, different, ok, unchecked
 from bcp_pipeline.backends.contract import job_label
@@ -44,25 +44,36 @@ def check_bcp(ctx: CheckInput) -> CheckOutcome:
     transport = make_transport(ctx.config.options["bcp"])
     jobs = planned_jobs(rendered_jobs(ctx.submissions()), ctx.detach_driver if ctx.detach else None)
     credentials, answer = credentials_row(transport, who, configured_api_key(ctx.environ))
-    rows: list[Row] = [credentials]
     if credentials.verdict.value == "different":
-        return outcome(target, rows)  # every other call in that org would be refused the same way
-    rows.append(team_row(who, answer))
+        return outcome(target, [credentials])  # every other call in that org would be refused the same way
+    rows: list[Row | None] = [credentials, team_row(who, answer)]  # a row is None where it does not apply
     ace_row_, ace_data = ace_row(transport, who)
     rows.append(ace_row_)
     facts: dict = {"transport": transport.name}
     if ace_data is not None:
         rows += policy_rows(ace_data, jobs, ctx.detach)
         facts.update(ace_facts(ace_data))
-    rows += [image_row(transport, jobs), workspace_row(transport, jobs, who.ace), secrets_row(transport, jobs),
-             version_row(transport)]
+    rows += [
+        image_row(transport, jobs),
+        workspace_row(transport, jobs, who.ace),
+        secrets_row(transport, jobs),
+        version_row(transport),
+    ]
     notes: list[str] = []
-    blocking = [r.topic for r in rows if r is not None and r.topic in ("credentials", "image", "workspace")
-                and r.verdict.value == "different"]
+    blocking = [
+        r.topic
+        for r in rows
+        if r is not None and r.topic in ("credentials", "image", "workspace") and r.verdict.value == "different"
+    ]
     if ctx.jobs and blocking:
-        rows.append(unchecked("probe job", "a probe job shows how jobs run here",
-                              f"not submitted: it would fail on what the {', '.join(blocking)} row(s) show",
-                              "fix those, then run `check` again"))
+        rows.append(
+            unchecked(
+                "probe job",
+                "a probe job shows how jobs run here",
+                f"not submitted: it would fail on what the {', '.join(blocking)} row(s) show",
+                "fix those, then run `check` again",
+            )
+        )
     elif ctx.jobs and ace_data is not None:
         from bcp_pipeline.backends.bcp.probe import run_probes
 
@@ -74,11 +85,13 @@ def check_bcp(ctx: CheckInput) -> CheckOutcome:
     return outcome(target, [r for r in rows if r is not None], facts, notes)
 
 
-def outcome(target: dict[str, str], rows: list[Row], facts: dict | None = None,
-            notes: list[str] | None = None) -> CheckOutcome:
+def outcome(
+    target: dict[str, str], rows: list[Row], facts: dict | None = None, notes: list[str] | None = None
+) -> CheckOutcome:
     """The check of an org's ACE: its profile is named after both."""
-    return CheckOutcome(target=target, profile_parts=(target["org"], target["ace"]), rows=rows, facts=facts or {},
-                        notes=notes or [])
+    return CheckOutcome(
+        target=target, profile_parts=(target["org"], target["ace"]), rows=rows, facts=facts or {}, notes=notes or []
+    )
 
 
 MASKED_KEY = re.compile(r"\s*Using API key: '[^']*'[^.]*\.?", re.I)  # ngcsdk shows the key's last characters
@@ -111,42 +124,59 @@ def credentials_row(transport: Transport, who: Account, key: str) -> tuple[Row, 
     except BackendCallError as exc:
         if is_refused_credentials(exc):  # ngcsdk refuses an org the key has no role in before any call
             key_org = scoped_key_org(key) if scoped else None
-            return different("credentials", assumes, f"{'an nvapi- key' if scoped else 'the key'}: refused: "
-                             f"{_reason(exc)}", _other_org_fix(who.org, key_org)), None
+            return different(
+                "credentials",
+                assumes,
+                f"{'an nvapi- key' if scoped else 'the key'}: refused: {_reason(exc)}",
+                _other_org_fix(who.org, key_org),
+            ), None
         return unchecked("credentials", assumes, f"`user who` failed: {_reason(exc)}"), None
-    user = answer.get("user") if isinstance(answer.get("user"), dict) else {}
+    user = found if isinstance(found := answer.get("user"), dict) else {}
     if scoped:
         return _scoped_key_row(assumes, who, key, answer, user), answer
     orgs = sorted({str((r.get("org") or {}).get("name")) for r in user.get("roles") or [] if isinstance(r, dict)})
     showed = f"key of user {user.get('name', '?')}; its orgs: {', '.join(orgs) or 'none listed'}"
     if who.org in orgs:
         return ok("credentials", assumes, showed), answer
-    return different("credentials", assumes, showed,
-                     f"every call in org {who.org} would be refused: set backends.bcp.org (or NGC_CLI_ORG) to one of "
-                     f"{', '.join(orgs) or 'the key’s orgs'}, or use a key of {who.org}; nothing else was checked"), \
-        answer
+    return different(
+        "credentials",
+        assumes,
+        showed,
+        f"every call in org {who.org} would be refused: set backends.bcp.org (or NGC_CLI_ORG) to one of "
+        f"{', '.join(orgs) or 'the key’s orgs'}, or use a key of {who.org}; nothing else was checked",
+    ), answer
 
 
 def _scoped_key_row(assumes: str, who: Account, key: str, answer: dict, user: dict) -> Row:
     personal = answer.get("type") == "PERSONAL_KEY" or (answer.get("type") is None and bool(user))
     key_org = str(answer.get("orgName") or "") or scoped_key_org(key)
-    showed = (f"a personal key (nvapi-) of user {user.get('name', '?')}" if personal else
-              "a service key (nvapi-), of no user") + f", made for org {key_org or '(not stated)'}"
+    showed = (
+        f"a personal key (nvapi-) of user {user.get('name', '?')}" if personal else "a service key (nvapi-), of no user"
+    ) + f", made for org {key_org or '(not stated)'}"
     if key_org is None:
-        return unchecked("credentials", assumes, showed, "such a key works in one org: the ACE row shows whether "
-                         f"it is {who.org}")
+        return unchecked(
+            "credentials", assumes, showed, f"such a key works in one org: the ACE row shows whether it is {who.org}"
+        )
     if key_org != who.org:
         return different("credentials", assumes, showed, _other_org_fix(who.org, key_org))
-    return ok("credentials", assumes, showed, "" if personal else
-              "a service key has no user: the team row and the storage quota cannot be read for it")
+    return ok(
+        "credentials",
+        assumes,
+        showed,
+        "" if personal else "a service key has no user: the team row and the storage quota cannot be read for it",
+    )
 
 
 def _other_org_fix(org: str, key_org: str | None) -> str:
     if key_org and key_org != org:
-        return (f"the key works in org {key_org} only: set backends.bcp.org: {key_org} (or NGC_CLI_ORG={key_org}), "
-                f"or use a key made in org {org}; nothing else was checked")
-    return ("set a key of that org (NGC_CLI_API_KEY or `ngc config set`), or set backends.bcp.org (or NGC_CLI_ORG) "
-            "to the key's org; nothing else was checked")
+        return (
+            f"the key works in org {key_org} only: set backends.bcp.org: {key_org} (or NGC_CLI_ORG={key_org}), "
+            f"or use a key made in org {org}; nothing else was checked"
+        )
+    return (
+        "set a key of that org (NGC_CLI_API_KEY or `ngc config set`), or set backends.bcp.org (or NGC_CLI_ORG) "
+        "to the key's org; nothing else was checked"
+    )
 
 
 def team_row(who: Account, answer: dict | None) -> Row:
@@ -157,15 +187,27 @@ def team_row(who: Account, answer: dict | None) -> Row:
         return unchecked("team", assumes, "`user who` failed (the credentials row)")
     user = answer.get("user") if isinstance(answer.get("user"), dict) else None
     if user is None:
-        return unchecked("team", assumes, f"team {who.team}; the key has no user whose roles would name teams (a "
-                         "service key)", "a job in a team the key may not use is refused at submission")
-    teams = sorted({str((r.get("team") or {}).get("name")) for r in user.get("roles") or []
-                    if isinstance(r, dict) and isinstance(r.get("team"), dict)})
+        return unchecked(
+            "team",
+            assumes,
+            f"team {who.team}; the key has no user whose roles would name teams (a service key)",
+            "a job in a team the key may not use is refused at submission",
+        )
+    teams = sorted(
+        {
+            str((r.get("team") or {}).get("name"))
+            for r in user.get("roles") or []
+            if isinstance(r, dict) and isinstance(r.get("team"), dict)
+        }
+    )
     if who.team in teams:
         return ok("team", assumes, f"team {who.team} is among the key's teams")
-    return different("team", assumes, f"team {who.team}; the key's roles name teams: {', '.join(teams) or 'none'}",
-                     "jobs and workspaces of that team may be refused: set backends.bcp.team to one of those, "
-                     "or leave it unset")
+    return different(
+        "team",
+        assumes,
+        f"team {who.team}; the key's roles name teams: {', '.join(teams) or 'none'}",
+        "jobs and workspaces of that team may be refused: set backends.bcp.team to one of those, or leave it unset",
+    )
 
 
 def ace_row(transport: Transport, who: Account) -> tuple[Row, dict | None]:
@@ -174,17 +216,21 @@ def ace_row(transport: Transport, who: Account) -> tuple[Row, dict | None]:
         data = transport.ace(who.ace)
     except BackendCallError as exc:
         if is_not_found(exc) or is_refused_credentials(exc):
-            return different("ace", assumes, _reason(exc), "set backends.bcp.ace (or NGC_CLI_ACE) to an ACE of "
-                             "the org: `ngc base-command ace list`"), None
+            return different(
+                "ace",
+                assumes,
+                _reason(exc),
+                "set backends.bcp.ace (or NGC_CLI_ACE) to an ACE of the org: `ngc base-command ace list`",
+            ), None
         return unchecked("ace", assumes, f"`ace info` failed: {_reason(exc)}"), None
-    ace = data.get("ace") if isinstance(data.get("ace"), dict) else data
+    ace = found if isinstance(found := data.get("ace"), dict) else data
     instances = [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]
     return ok("ace", assumes, f"ACE {ace.get('name', who.ace)}: {len(instances)} instance type(s)"), ace
 
 
 def ace_facts(ace: dict) -> dict:
     """The ACE as `ace info` answered (limits and instances; not its storage endpoints), for the backend to hold
-    jobs against (policy.py) and to wait out its termination grace without asking again."""
+    jobs against (admission.py) and to wait out its termination grace without asking again."""
     return {"ace": {key: value for key, value in ace.items() if key not in ("storageServiceConfig",)}}
 
 
@@ -192,30 +238,48 @@ INSTANCE_LIMITS = ("instances", "allowMultinode", "allowMultinodePreemptable", "
 
 
 def policy_rows(ace: dict, jobs: list[PlannedJob], detach: bool) -> list[Row]:
-    """policy.py's violations of this ACE, as two rows: the instances (multi-node, array types) and the limits
+    """admission.py's violations of this ACE, as two rows: the instances (multi-node, array types) and the limits
     (runtime, replicas, active jobs; the driver's needs with --detach)."""
     if not jobs:
         return []
     found = violations(ace, [replace(j, continues=False) for j in jobs], detach=detach)
     offered = [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]
     used = sorted({job.spec.instance for job in jobs})
-    limits = {key: ace.get(key) for key in ("maxRuntimeSeconds", "maxAllowedReplicas", "maxActiveJobsPerUser")
-              if ace.get(key) is not None}
+    limits = {
+        key: ace.get(key)
+        for key in ("maxRuntimeSeconds", "maxAllowedReplicas", "maxActiveJobsPerUser")
+        if ace.get(key) is not None
+    }
     rows = []
     for topic, instance_kind, assumes, showed_ok, todo in (
-            ("instances", True,
-             "every job's instance is in the ACE, multi-node (and its array type) allowed where replicas > 1",
-             f"{', '.join(used)}: in the ACE, as each job uses it", "the jobs are refused at submission"),
-            ("ace limits", False, "every job fits the ACE's maxRuntimeSeconds, maxAllowedReplicas and "
-             "maxActiveJobsPerUser" + (" (with the --detach driver)" if detach else "")
-             + (" (a streamed edge's jobs at once)" if any(j.streams_from for j in jobs) else ""),
-             "; ".join(f"{k} {v}" for k, v in limits.items()) or "the ACE states no limits",
-             "NVIDIA's client or the scheduler refuses (or never starts) them")):
+        (
+            "instances",
+            True,
+            "every job's instance is in the ACE, multi-node (and its array type) allowed where replicas > 1",
+            f"{', '.join(used)}: in the ACE, as each job uses it",
+            "the jobs are refused at submission",
+        ),
+        (
+            "ace limits",
+            False,
+            "every job fits the ACE's maxRuntimeSeconds, maxAllowedReplicas and "
+            "maxActiveJobsPerUser"
+            + (" (with the --detach driver)" if detach else "")
+            + (" (a streamed edge's jobs at once)" if any(j.streams_from for j in jobs) else ""),
+            "; ".join(f"{k} {v}" for k, v in limits.items()) or "the ACE states no limits",
+            "NVIDIA's client or the scheduler refuses (or never starts) them",
+        ),
+    ):
         mine = [v for v in found if (v.limit in INSTANCE_LIMITS) == instance_kind]
         if mine:
-            rows.append(different(topic, assumes, _grouped(mine) + (f" (the ACE offers: {', '.join(offered)})"
-                                                                    if instance_kind else ""),
-                                  f"{todo}: " + "; ".join(dict.fromkeys(_fix_of(v) for v in mine))))
+            rows.append(
+                different(
+                    topic,
+                    assumes,
+                    _grouped(mine) + (f" (the ACE offers: {', '.join(offered)})" if instance_kind else ""),
+                    f"{todo}: " + "; ".join(dict.fromkeys(_fix_of(v) for v in mine)),
+                )
+            )
         else:
             rows.append(ok(topic, assumes, showed_ok))
     return rows
@@ -231,7 +295,7 @@ def _grouped(found: list) -> str:
 
 
 def _fix_of(v) -> str:
-    """policy.py's fix, without its explanation in brackets (kept in `run`'s refusal)."""
+    """admission.py's fix, without its explanation in brackets (kept in `run`'s refusal)."""
     return re.sub(r"\s*\([^)]*\)$", "", v.fix)
 
 
@@ -240,18 +304,23 @@ def image_row(transport: Transport, jobs: list[PlannedJob]) -> Row | None:
     if not images:
         return None
     assumes = "every job's image exists in the registry and this key may pull it"
-    found, missing, unknown = [], [], []
+    found: list[str] = []
+    missing: list[str] = []
+    unknown: list[str] = []
     for name in images:
         try:
             info = transport.image(name)
             size = info.get("size")
             found.append(name + (f" ({int(size) / 1e9:.1f} GB)" if isinstance(size, (int, float)) else ""))
         except BackendCallError as exc:
-            (missing if is_not_found(exc) or is_refused_credentials(exc) else unknown).append(
-                f"{name}: {_reason(exc)}")
+            (missing if is_not_found(exc) or is_refused_credentials(exc) else unknown).append(f"{name}: {_reason(exc)}")
     if missing:
-        return different("image", assumes, "; ".join(missing + found), "jobs with it fail to start: fix the stage's "
-                         "bcp.image, or ask the image's owner for access")
+        return different(
+            "image",
+            assumes,
+            "; ".join(missing + found),
+            "jobs with it fail to start: fix the stage's bcp.image, or ask the image's owner for access",
+        )
     if unknown:
         return unchecked("image", assumes, "; ".join(unknown + found), "`ngc registry image info` could not answer")
     return ok("image", assumes, "; ".join(found))
@@ -262,7 +331,9 @@ def workspace_row(transport: Transport, jobs: list[PlannedJob], ace: str) -> Row
     if not names:
         return None
     assumes = "every workspace the jobs mount exists (its size, and the user's storage quota where the service says)"
-    shown, missing, unknown = [], [], []
+    shown: list[str] = []
+    missing: list[str] = []
+    unknown: list[str] = []
     for name in names:
         try:
             info = transport.workspace(name)
@@ -273,8 +344,12 @@ def workspace_row(transport: Transport, jobs: list[PlannedJob], ace: str) -> Row
             (missing if is_not_found(exc) else unknown).append(f"{name}: {_reason(exc)}")
     quota = quota_text(transport, ace)
     if missing:
-        return different("workspace", assumes, "; ".join(missing + shown) + f"; {quota}",
-                         "create it before the first run: `ngc workspace create --name NAME`")
+        return different(
+            "workspace",
+            assumes,
+            "; ".join(missing + shown) + f"; {quota}",
+            "create it before the first run: `ngc workspace create --name NAME`",
+        )
     if unknown:
         return unchecked("workspace", assumes, "; ".join(unknown + shown) + f"; {quota}")
     return ok("workspace", assumes, "; ".join(shown) + f"; {quota}")
@@ -311,10 +386,14 @@ def secrets_row(transport: Transport, jobs: list[PlannedJob]) -> Row | None:
             problems.append(f"secret {name} does not exist")
         elif key and key not in have[name]:
             problems.append(f"secret {name} has no key {key} (it has: {', '.join(have[name]) or 'none'})")
-    names = ", ".join(sorted({s.split(':')[0] for s in wanted}))
+    names = ", ".join(sorted({s.split(":")[0] for s in wanted}))
     if problems:
-        return different("secrets", assumes, "; ".join(problems), "`job run` refuses those jobs: create them with "
-                         "`ngc user secret create NAME --pair KEY:VALUE`")
+        return different(
+            "secrets",
+            assumes,
+            "; ".join(problems),
+            "`job run` refuses those jobs: create them with `ngc user secret create NAME --pair KEY:VALUE`",
+        )
     return ok("secrets", assumes, f"{names}: present")
 
 
@@ -329,11 +408,19 @@ def version_row(transport: Transport) -> Row:
         version = transport.client_version()
     except (BackendCallError, PipelineError) as exc:
         if NO_VERSION_COMMAND in str(exc):  # argparse's refusal of the verb: ngcsdk's CLI code has no `version`
-            return unchecked("client version", assumes, "this `ngc` has no `version` command (ngcsdk's CLI code, as "
-                             "on the emulator; NVIDIA's standalone CLI has one), so its version is not recorded",
-                             "nothing to do: the look-ups above show it has base-command")
+            return unchecked(
+                "client version",
+                assumes,
+                "this `ngc` has no `version` command (ngcsdk's CLI code, as "
+                "on the emulator; NVIDIA's standalone CLI has one), so its version is not recorded",
+                "nothing to do: the look-ups above show it has base-command",
+            )
         return unchecked("client version", assumes, f"`ngc version info` failed: {_answer(exc)}")
     if version == f"ngcsdk {SDK_VERSION}" or (transport.name == "cli" and VERSION.search(version)):
         return ok("client version", assumes, version)
-    return different("client version", assumes, version, f"untested with this client: if calls fail, use ngcsdk "
-                     f"{SDK_VERSION} (backends.bcp.transport: sdk)")
+    return different(
+        "client version",
+        assumes,
+        version,
+        f"untested with this client: if calls fail, use ngcsdk {SDK_VERSION} (backends.bcp.transport: sdk)",
+    )

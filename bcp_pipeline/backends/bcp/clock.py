@@ -18,8 +18,10 @@ from bcp_pipeline.errors import BackendCallError
 
 TOLERANCE_SECONDS = 60.0  # clocks kept by NTP agree far better; a larger gap is worth a line in the table
 
-ASSUMES = (f"the service's clock is within {TOLERANCE_SECONDS:.0f} s of this machine's (it stamps a job's "
-           "createdDate; `job list` windows are set by ours)")
+ASSUMES = (
+    f"the service's clock is within {TOLERANCE_SECONDS:.0f} s of this machine's (it stamps a job's "
+    "createdDate; `job list` windows are set by ours)"
+)
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ def submitted_clock(transport: Transport, job_id: str, before: float, after: flo
 
 def created_of(job: dict) -> float | None:
     """A job's createdDate (NGC's `2024-01-31T12:00:00.123Z`, UTC) as epoch seconds; None when absent or not a date."""
-    status = job.get("jobStatus") if isinstance(job.get("jobStatus"), dict) else {}
+    status = found if isinstance(found := job.get("jobStatus"), dict) else {}
     text = job.get("createdDate") or status.get("createdDate")
     if not isinstance(text, str):
         return None
@@ -61,23 +63,43 @@ def measured_skew(before: float, after: float, created: float) -> float:
 def clock_check(before: float, after: float, created: float | None) -> ClockCheck:
     """Pure: the row for a job submitted between `before` and `after` whose createdDate is `created`."""
     if created is None:
-        return ClockCheck(unchecked("clock", ASSUMES, "the probe job's createdDate is not in `job info`'s answer"),
-                          None)
+        return ClockCheck(
+            unchecked("clock", ASSUMES, "the probe job's createdDate is not in `job info`'s answer"), None
+        )
     skew = measured_skew(before, after, created)
-    showed = (f"the probe's createdDate falls within its `job run` call ({after - before:.1f} s) on this machine's "
-              "clock" if skew == 0 else f"the probe's createdDate is {abs(skew):.0f} s "
-              f"{'ahead of' if skew > 0 else 'behind'} this machine's clock at its `job run`")
+    showed = (
+        f"the probe's createdDate falls within its `job run` call ({after - before:.1f} s) on this machine's clock"
+        if skew == 0
+        else f"the probe's createdDate is {abs(skew):.0f} s "
+        f"{'ahead of' if skew > 0 else 'behind'} this machine's clock at its `job run`"
+    )
     if abs(skew) <= TOLERANCE_SECONDS:
         return ClockCheck(ok("clock", ASSUMES, showed), skew)
     ahead = LIST_WINDOW_AHEAD.total_seconds()
     if skew > ahead:
-        return ClockCheck(different("clock", ASSUMES, showed, f"`job list` windows reach {ahead / 3600:.0f} h past "
-                                    "this machine's clock, not that far: the poller and crash recovery would miss new "
-                                    "jobs and submit stages twice. Set this machine's clock (NTP)"), skew)
-    return ClockCheck(different("clock", ASSUMES, showed,
-                                f"`job list` windows reach {ahead / 3600:.0f} h past this machine's clock, so new jobs "
-                                "are still listed (the labels row); set this machine's clock (NTP) if it is the one "
-                                "that is off" if skew > 0 else
-                                "the service's dates lie in this machine's past, inside every `job list` window, so "
-                                "new jobs are still listed (the labels row); set this machine's clock (NTP) if it is "
-                                "the one that is off"), skew)
+        return ClockCheck(
+            different(
+                "clock",
+                ASSUMES,
+                showed,
+                f"`job list` windows reach {ahead / 3600:.0f} h past "
+                "this machine's clock, not that far: the poller and crash recovery would miss new "
+                "jobs and submit stages twice. Set this machine's clock (NTP)",
+            ),
+            skew,
+        )
+    return ClockCheck(
+        different(
+            "clock",
+            ASSUMES,
+            showed,
+            f"`job list` windows reach {ahead / 3600:.0f} h past this machine's clock, so new jobs "
+            "are still listed (the labels row); set this machine's clock (NTP) if it is the one "
+            "that is off"
+            if skew > 0
+            else "the service's dates lie in this machine's past, inside every `job list` window, so "
+            "new jobs are still listed (the labels row); set this machine's clock (NTP) if it is "
+            "the one that is off",
+        ),
+        skew,
+    )

@@ -21,9 +21,12 @@ from bcp_pipeline.config.model import PipelineConfig
 from bcp_pipeline.config.resources import BcpOptions
 from bcp_pipeline.errors import BackendCallError, ConfigError, is_not_found
 
+INSTALL_HINT = (
+    "install one of: NVIDIA's ngc CLI (https://org.ngc.nvidia.com/setup/installers/cli, then put `ngc` "
+    f'on PATH or set backends.bcp.ngc), or ngcsdk {SDK_VERSION}: pip install "bcp-pipeline[bcp]"'
+)
 
-INSTALL_HINT = ("install one of: NVIDIA's ngc CLI (https://org.ngc.nvidia.com/setup/installers/cli, then put `ngc` "
-                f"on PATH or set backends.bcp.ngc), or ngcsdk {SDK_VERSION}: pip install \"bcp-pipeline[bcp]\"")
+
 # -- choosing one ----------------------------------------------------------------------------------------------
 def sdk_available() -> bool:
     return importlib.util.find_spec("ngcsdk") is not None and importlib.util.find_spec("basecommand") is not None
@@ -41,13 +44,18 @@ def choose_transport(options: BcpOptions) -> str:
     if wanted in ("sdk", "auto") and sdk_available():
         return "sdk"
     if wanted == "cli":
-        raise ConfigError(f"backends.bcp.transport is cli, but the ngc CLI {options.ngc!r} is not on PATH; "
-                          f"{INSTALL_HINT} (and set transport: sdk or auto)")
+        raise ConfigError(
+            f"backends.bcp.transport is cli, but the ngc CLI {options.ngc!r} is not on PATH; "
+            f"{INSTALL_HINT} (and set transport: sdk or auto)"
+        )
     if wanted == "sdk":
-        raise ConfigError(f"backends.bcp.transport is sdk, but ngcsdk {SDK_VERSION} cannot be imported: "
-                          f"pip install \"bcp-pipeline[bcp]\"")
-    raise ConfigError(f"the BCP backend needs NVIDIA's ngc CLI or ngcsdk {SDK_VERSION}, and neither is here: "
-                      f"{INSTALL_HINT}")
+        raise ConfigError(
+            f"backends.bcp.transport is sdk, but ngcsdk {SDK_VERSION} cannot be imported: "
+            f'pip install "bcp-pipeline[bcp]"'
+        )
+    raise ConfigError(
+        f"the BCP backend needs NVIDIA's ngc CLI or ngcsdk {SDK_VERSION}, and neither is here: {INSTALL_HINT}"
+    )
 
 
 def make_transport(options: BcpOptions) -> Transport:
@@ -58,8 +66,9 @@ NOTHING_DONE = "Nothing was submitted or recorded"  # how `run` ends a refusal m
 SCOPED_KEY_PREFIX = "nvapi-"  # personal and service keys (ngcbase.constants): the bearer itself, one org each
 
 
-def check_credentials(options: BcpOptions, environ: dict[str, str] | None = None,
-                      transport: Transport | None = None) -> None:
+def check_credentials(
+    options: BcpOptions, environ: dict[str, str] | None = None, transport: Transport | None = None
+) -> None:
     """Before a run is recorded: an API key and an ACE must be configured (names what is missing, and where).
 
     A personal or service key (`nvapi-...`) works in the one org it was made for, so with one the org is checked
@@ -89,8 +98,9 @@ def configured_api_key(environ: Mapping[str, str]) -> str:
     return environ.get("NGC_CLI_API_KEY") or read_ngc_config(dict(environ)).get("apikey") or ""
 
 
-def _setting(value: str | None, name: str, env: dict[str, str], env_name: str, config: dict[str, str],
-             config_key: str) -> tuple[str, str] | None:
+def _setting(
+    value: str | None, name: str, env: dict[str, str], env_name: str, config: dict[str, str], config_key: str
+) -> tuple[str, str] | None:
     """(value, where it was set) in NGC's order of precedence for our calls: pipelines.yaml, env, `ngc config`."""
     for found, where in ((value, name), (env.get(env_name), env_name), (config.get(config_key), "ngc config")):
         if found:
@@ -105,10 +115,11 @@ def _check_key_org(transport: Transport, key: str, org: tuple[str, str], ace: st
         key_org = scoped_key_org(key)
         if key_org is None or key_org == org[0]:
             raise
-        raise ConfigError(f"{exc}\n  The NGC API key (an nvapi- key) belongs to org {key_org!r}, but this run uses "
-                          f"org {org[0]!r} (set in {org[1]}). Set backends.bcp.org: {key_org} in pipelines.yaml "
-                          f"(or NGC_CLI_ORG={key_org}), or use a key made in org {org[0]!r}. {NOTHING_DONE}"
-                          ) from None
+        raise ConfigError(
+            f"{exc}\n  The NGC API key (an nvapi- key) belongs to org {key_org!r}, but this run uses "
+            f"org {org[0]!r} (set in {org[1]}). Set backends.bcp.org: {key_org} in pipelines.yaml "
+            f"(or NGC_CLI_ORG={key_org}), or use a key made in org {org[0]!r}. {NOTHING_DONE}"
+        ) from None
 
 
 def scoped_key_org(key: str) -> str | None:
@@ -136,8 +147,7 @@ def read_ngc_config(environ: dict[str, str]) -> dict[str, str]:
     return dict(parser["CURRENT"]) if parser.has_section("CURRENT") else {}
 
 
-def check_workspaces_exist(options: BcpOptions, pipeline: PipelineConfig,
-                           transport: Transport | None = None) -> None:
+def check_workspaces_exist(options: BcpOptions, pipeline: PipelineConfig, transport: Transport | None = None) -> None:
     """Every workspace the pipeline's jobs mount exists, or a ConfigError naming it and `ngc workspace create`:
     found before a run is recorded, not as a failed first submission. Only "not found" refuses: another failure of
     the look-up is left to the submission, which reports it with its own hint."""
@@ -151,6 +161,8 @@ def check_workspaces_exist(options: BcpOptions, pipeline: PipelineConfig,
         except BackendCallError as exc:
             if is_not_found(exc):
                 ace = f" --ace {options.ace}" if options.ace else ""
-                raise ConfigError(f"BCP workspace {name!r} (pipeline {pipeline.name}) does not exist in this org: "
-                                  f"create it with `ngc workspace create --name {name}{ace}`, or name an existing "
-                                  "one (`ngc workspace list`). Nothing was submitted or recorded") from None
+                raise ConfigError(
+                    f"BCP workspace {name!r} (pipeline {pipeline.name}) does not exist in this org: "
+                    f"create it with `ngc workspace create --name {name}{ace}`, or name an existing "
+                    "one (`ngc workspace list`). Nothing was submitted or recorded"
+                ) from None

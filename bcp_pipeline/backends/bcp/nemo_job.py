@@ -26,8 +26,14 @@ def nemo_launcher_overrides(request: JobRequest, options: BcpOptions, stages_dir
     resources: BcpResources = request.resources("bcp")
     values = {**job_values(request, options, stages_dir), "run_id": "RUN"}
     try:
-        return launcher_overrides(request.stage, cluster_type="bcp", nodes=str(request.rank_layout("bcp").nodes),
-                                  runtime=resources.total_runtime, values=values)
+        return launcher_overrides(
+            request.stage,
+            cluster_type="bcp",
+            nodes=str(request.rank_layout("bcp").nodes),
+            runtime=resources.total_runtime,
+            values=values,
+            backend="bcp",
+        )
     except ValueError as exc:
         raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
 
@@ -37,12 +43,22 @@ def training_job(request: JobRequest, options: BcpOptions, stages_dir: Path) -> 
     from bcp_pipeline.config.nemo import DATA_LIST_FILE, launcher_dir, launcher_overrides, nemo_run_name
 
     stage, resources = request.stage, request.resources("bcp")
-    values = placeholder_values(request, workspace=training_script.WORKSPACE, results=training_script.RESULTS,
-                                code=f"{training_script.WORKSPACE}/{code_destination(options, stages_dir)}",
-                                python=options.python)
+    values = placeholder_values(
+        request,
+        workspace=training_script.WORKSPACE,
+        results=training_script.RESULTS,
+        code=f"{training_script.WORKSPACE}/{code_destination(options, stages_dir)}",
+        python=options.python,
+    )
     try:
-        overrides = launcher_overrides(stage, cluster_type="bcp", nodes=training_script.NODES,
-                                       runtime=resources.total_runtime, values=values)
+        overrides = launcher_overrides(
+            stage,
+            cluster_type="bcp",
+            nodes=training_script.NODES,
+            runtime=resources.total_runtime,
+            values=values,
+            backend="bcp",
+        )
         launcher = launcher_dir(stage, "bcp")
     except ValueError as exc:
         raise SubmissionError(f"stage {stage.name}: {exc}") from None
@@ -50,12 +66,26 @@ def training_job(request: JobRequest, options: BcpOptions, stages_dir: Path) -> 
     run_name = nemo_run_name(stage, request.run_id)
     return TrainingJob(
         title=f"stage {stage.name} of pipeline {request.pipeline.name}, run {request.run_id}",
-        launcher_dir=launcher, overrides=overrides, data_list_file=data_list_file,
-        data_list_argv=["python3", f"{values['code']}/data_list.py", "--data-dir", substitute(stage.nemo.data_dir,
-                        values), "--format", "hydra", "--key", "training.model.data.data_prefix", "--out",
-                        data_list_file],
-        results_dir=substitute(stage.nemo.results_dir, values).rstrip("/"), run_name=run_name,
-        log_file=f"{training_script.RESULTS}/{run_name}.log", replicas=request.rank_layout("bcp").nodes)
+        launcher_dir=launcher,
+        overrides=overrides,
+        data_list_file=data_list_file,
+        data_list_argv=[
+            "python3",
+            f"{values['code']}/data_list.py",
+            "--data-dir",
+            substitute(stage.nemo.data_dir, values),
+            "--format",
+            "hydra",
+            "--key",
+            "training.model.data.data_prefix",
+            "--out",
+            data_list_file,
+        ],
+        results_dir=substitute(stage.nemo.results_dir, values).rstrip("/"),
+        run_name=run_name,
+        log_file=f"{training_script.RESULTS}/{run_name}.log",
+        replicas=request.rank_layout("bcp").nodes,
+    )
 
 
 def nemo_overrides_digest(image: str, overrides: list[str]) -> str:

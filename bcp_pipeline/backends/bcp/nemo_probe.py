@@ -30,13 +30,22 @@ CFG = "BCPP-NEMO-CFG"  # each line the launcher printed
 DATA = "BCPP-NEMO-DATA"  # the data-list override as the job's shell passed it
 EXIT = "BCPP-NEMO-EXIT"
 # What plan assumed, by the composed key (under `training`) that must show it.
-COMPARED = (("model.tensor_model_parallel_size", "TP"), ("model.pipeline_model_parallel_size", "PP"),
-            ("model.global_batch_size", "global batch"), ("model.micro_batch_size", "micro batch"),
-            ("trainer.num_nodes", "num_nodes"), ("trainer.max_steps", "max_steps"),
-            ("exp_manager.max_time_per_run", "per-run time limit"))
-FIX_KEY = {"model.tensor_model_parallel_size": "tensor_parallel", "model.pipeline_model_parallel_size":
-           "pipeline_parallel", "model.global_batch_size": "global_batch_size",
-           "model.micro_batch_size": "micro_batch_size", "trainer.max_steps": "max_steps"}
+COMPARED = (
+    ("model.tensor_model_parallel_size", "TP"),
+    ("model.pipeline_model_parallel_size", "PP"),
+    ("model.global_batch_size", "global batch"),
+    ("model.micro_batch_size", "micro batch"),
+    ("trainer.num_nodes", "num_nodes"),
+    ("trainer.max_steps", "max_steps"),
+    ("exp_manager.max_time_per_run", "per-run time limit"),
+)
+FIX_KEY = {
+    "model.tensor_model_parallel_size": "tensor_parallel",
+    "model.pipeline_model_parallel_size": "pipeline_parallel",
+    "model.global_batch_size": "global_batch_size",
+    "model.micro_batch_size": "micro_batch_size",
+    "trainer.max_steps": "max_steps",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,31 +79,42 @@ def plan_nemo_probes(ctx: CheckInput) -> list[NemoProbe]:
         values = job_values(request, options, backend.stages_dir)  # as the renderer resolves them
         data_dir = substitute(stage.nemo.data_dir, values).rstrip("/")
         flat = [item for prefix in SAMPLE_PREFIXES for item in ("0.5", f"{data_dir}/{prefix}")]
-        expected = {"model.tensor_model_parallel_size": model.tensor_parallel,
-                    "model.pipeline_model_parallel_size": model.pipeline_parallel,
-                    "model.global_batch_size": model.global_batch_size,
-                    "model.micro_batch_size": model.micro_batch_size,
-                    "trainer.num_nodes": request.rank_layout("bcp").nodes, "trainer.max_steps": model.max_steps,
-                    "exp_manager.max_time_per_run": time_limits(stage, resources.total_runtime).per_run}
-        probes.append(NemoProbe(stage=stage.name, image=submission.payload["spec"]["image"],
-                                launcher=f"{launcher_dir(stage, 'bcp')}/main.py", overrides=overrides,
-                                data_list=f"{DATA_KEY}=[{','.join(flat)}]",
-                                expected={key: str(value) for key, value in expected.items()}))
+        expected = {
+            "model.tensor_model_parallel_size": model.tensor_parallel,
+            "model.pipeline_model_parallel_size": model.pipeline_parallel,
+            "model.global_batch_size": model.global_batch_size,
+            "model.micro_batch_size": model.micro_batch_size,
+            "trainer.num_nodes": request.rank_layout("bcp").nodes,
+            "trainer.max_steps": model.max_steps,
+            "exp_manager.max_time_per_run": time_limits(stage, resources.total_runtime).per_run,
+        }
+        probes.append(
+            NemoProbe(
+                stage=stage.name,
+                image=submission.payload["spec"]["image"],
+                launcher=f"{launcher_dir(stage, 'bcp')}/main.py",
+                overrides=overrides,
+                data_list=f"{DATA_KEY}=[{','.join(flat)}]",
+                expected={key: str(value) for key, value in expected.items()},
+            )
+        )
     return probes
 
 
 def nemo_commandline(probe: NemoProbe) -> str:
     """Print the data-list override as the job's shell passes it, then the launcher's composed `training`."""
     launcher = shlex.join(["python3", probe.launcher, *probe.overrides])
-    return "\n".join([
-        f"data={shlex.quote(probe.data_list)}",
-        f'echo "{DATA} $data"',
-        'out=$(mktemp)',
-        f'{launcher} "$data" --cfg job --package training --resolve > "$out" 2>&1; status=$?',
-        f"sed 's/^/{CFG} /' \"$out\"",
-        f'echo "{EXIT} $status"',
-        'rm -f "$out"',
-    ])
+    return "\n".join(
+        [
+            f"data={shlex.quote(probe.data_list)}",
+            f'echo "{DATA} $data"',
+            "out=$(mktemp)",
+            f'{launcher} "$data" --cfg job --package training --resolve > "$out" 2>&1; status=$?',
+            f"sed 's/^/{CFG} /' \"$out\"",
+            f'echo "{EXIT} $status"',
+            'rm -f "$out"',
+        ]
+    )
 
 
 # -- reading what the job printed (pure) ------------------------------------------------------------------------
@@ -141,31 +161,50 @@ def _same_list(composed: Any, given: list[str]) -> bool:
 def nemo_row(probe: NemoProbe, log: str | None, ended) -> tuple[Row, dict[str, Any]]:
     """The row of one stage's probe, and its fact for the profile (composed: True/False/None, what differed)."""
     topic = f"nemo config ({probe.stage})"
-    assumes = (f"the launcher in {probe.image} composes stage {probe.stage}'s training config from the overrides "
-               f"`run` passes, with " + ", ".join(f"{name} {probe.expected[key]}" for key, name in COMPARED)
-               + " and the data list as built")
+    assumes = (
+        f"the launcher in {probe.image} composes stage {probe.stage}'s training config from the overrides "
+        f"`run` passes, with "
+        + ", ".join(f"{name} {probe.expected[key]}" for key, name in COMPARED)
+        + " and the data list as built"
+    )
     fact: dict[str, Any] = {"stage": probe.stage, "image": probe.image, "digest": probe.digest, "composed": None}
     if ended is None:
-        return unchecked(topic, assumes, "the probe job had not ended in time (killed)",
-                         "a NeMo image is large: its first pull can take long; run `check` again"), fact
+        return unchecked(
+            topic,
+            assumes,
+            "the probe job had not ended in time (killed)",
+            "a NeMo image is large: its first pull can take long; run `check` again",
+        ), fact
     exits = lines_of(log or "", EXIT)
     if not exits:
-        return unchecked(topic, assumes, f"the probe job ended {ended.native} without the launcher's answer in its "
-                         "log", "its log says why (`ngc base-command job log`)"), fact
+        return unchecked(
+            topic,
+            assumes,
+            f"the probe job ended {ended.native} without the launcher's answer in its log",
+            "its log says why (`ngc base-command job log`)",
+        ), fact
     printed = lines_of(log or "", CFG)
     if exits[-1].strip() != "0":
         # Hydra's error ends its output; its closing hint about HYDRA_FULL_ERROR says nothing about this stage.
         said = [line.strip() for line in printed if line.strip() and "HYDRA_FULL_ERROR" not in line][-6:]
         fact.update(composed=False, error=" | ".join(said)[-600:])
-        return different(topic, assumes, f"the launcher refused (exit {exits[-1].strip()}): {fact['error']}",
-                         f"stage {probe.stage} would fail as it starts: fix the key Hydra names (the stage's "
-                         f"nemo: section, its overrides, or nemo.launcher_dir for this image); `run` refuses it "
-                         f"while this profile stands"), fact
+        return different(
+            topic,
+            assumes,
+            f"the launcher refused (exit {exits[-1].strip()}): {fact['error']}",
+            f"stage {probe.stage} would fail as it starts: fix the key Hydra names (the stage's "
+            f"nemo: section, its overrides, or nemo.launcher_dir for this image); `run` refuses it "
+            f"while this profile stands",
+        ), fact
     try:
         tree = yaml.load("\n".join(printed), Loader=yaml.BaseLoader)  # every value a string: no YAML 1.1 guesses
     except yaml.YAMLError as exc:
-        return different(topic, assumes, f"the launcher's output is not YAML: {exc}"[:300],
-                         "the image's launcher prints its config differently: report it"), fact
+        return different(
+            topic,
+            assumes,
+            f"the launcher's output is not YAML: {exc}"[:300],
+            "the image's launcher prints its config differently: report it",
+        ), fact
     missing = _missing(tree)
     differences = []
     for key, name in COMPARED:
@@ -175,21 +214,42 @@ def nemo_row(probe: NemoProbe, log: str | None, ended) -> tuple[Row, dict[str, A
     given = _flat_list((lines_of(log or "", DATA) or [""])[0])
     data_ok = given is not None and _same_list(_select(tree, "model.data.data_prefix"), given)
     composed = ", ".join(f"{name} {_select(tree, key)}" for key, name in COMPARED)
-    showed = f"composed: {composed}; data list " + ("as given" if data_ok else
-                                                    f"{_select(tree, 'model.data.data_prefix')!r}, given {given!r}")
-    fact.update(composed=True, values={key: _select(tree, key) for key, _ in COMPARED}, data_list_as_given=data_ok,
-                missing=missing, differences=[key for key, _, _ in differences])
+    showed = f"composed: {composed}; data list " + (
+        "as given" if data_ok else f"{_select(tree, 'model.data.data_prefix')!r}, given {given!r}"
+    )
+    fact.update(
+        composed=True,
+        values={key: _select(tree, key) for key, _ in COMPARED},
+        data_list_as_given=data_ok,
+        missing=missing,
+        differences=[key for key, _, _ in differences],
+    )
     if missing:
-        row = different(topic, assumes, showed + f"; missing values (???): {', '.join(missing[:8])}",
-                        "the launcher stops on these when it reads them: give them in the stage's nemo.overrides")
+        row = different(
+            topic,
+            assumes,
+            showed + f"; missing values (???): {', '.join(missing[:8])}",
+            "the launcher stops on these when it reads them: give them in the stage's nemo.overrides",
+        )
         return row, fact
     if differences or not data_ok:
         fixes = [f"--set {probe.stage}.nemo.{FIX_KEY[key]}={got}" for key, _, got in differences if key in FIX_KEY]
-        meaning = ("plan's node counts, estimates and continuation used the values it assumed: declare what this "
-                   "image's launcher has" + (f" ({' '.join(fixes)})" if fixes else "") if differences else "")
+        meaning = (
+            "plan's node counts, estimates and continuation used the values it assumed: declare what this "
+            "image's launcher has" + (f" ({' '.join(fixes)})" if fixes else "")
+            if differences
+            else ""
+        )
         if not data_ok:
-            meaning = (meaning + "; " if meaning else "") + ("the launcher changed the data list: training would read "
-                                                             "other data than preprocessing wrote; report it")
-        return different(topic, assumes, showed + "; differs: " + "; ".join(
-            f"{name} {got} (plan assumed {probe.expected[key]})" for key, name, got in differences), meaning), fact
+            meaning = (meaning + "; " if meaning else "") + (
+                "the launcher changed the data list: training would read other data than preprocessing wrote; report it"
+            )
+        return different(
+            topic,
+            assumes,
+            showed
+            + "; differs: "
+            + "; ".join(f"{name} {got} (plan assumed {probe.expected[key]})" for key, name, got in differences),
+            meaning,
+        ), fact
     return ok(topic, assumes, showed), fact

@@ -11,7 +11,6 @@ from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.shared.command import placeholder_values
 from bcp_pipeline.config.resources import BcpOptions, BcpResources
 
-
 UPLOAD_EXCLUDES = ("*__pycache__*",)  # what of stages/ is never uploaded (nor hashed: code_hash)
 
 
@@ -27,8 +26,12 @@ def code_hash(stages_dir: Path) -> str:
 
 def uploaded_files(stages_dir: Path) -> list[Path]:
     """The files of stages/ the upload takes: every one, in every folder, but those UPLOAD_EXCLUDES matches."""
-    return sorted(path for path in stages_dir.rglob("*") if path.is_file() and not any(
-        fnmatch.fnmatch(path.relative_to(stages_dir).as_posix(), pattern) for pattern in UPLOAD_EXCLUDES))
+    return sorted(
+        path
+        for path in stages_dir.rglob("*")
+        if path.is_file()
+        and not any(fnmatch.fnmatch(path.relative_to(stages_dir).as_posix(), pattern) for pattern in UPLOAD_EXCLUDES)
+    )
 
 
 def code_destination(options: BcpOptions, stages_dir: Path) -> str:
@@ -39,5 +42,10 @@ def code_destination(options: BcpOptions, stages_dir: Path) -> str:
 def job_values(request: JobRequest, options: BcpOptions, stages_dir: Path) -> dict[str, str]:
     mount = request.pipeline.workspace.mount.rstrip("/")
     resources: BcpResources = request.resources("bcp")
-    return placeholder_values(request, workspace=mount, results=resources.result,
-                              code=f"{mount}/{code_destination(options, stages_dir)}", python=options.python)
+    return placeholder_values(
+        request,
+        workspace=mount,
+        results=resources.result,
+        code=f"{mount}/{code_destination(options, stages_dir)}",
+        python=options.python,
+    )

@@ -20,9 +20,27 @@ import time
 
 from bcp_pipeline.backends.bcp.clock import submitted_clock
 from bcp_pipeline.backends.bcp.nemo_probe import nemo_commandline, nemo_row, plan_nemo_probes
-from bcp_pipeline.backends.bcp.probe_findings import (WAIT_SECONDS, Preemption, ProbePlan, bcprun_facts, bcprun_row,
-    env_row, history_row, kill_row, killed_running, labels_row, last_rank_row, logs_row, nsys_names_row,
-    preemption_row, python_row, replicas_row, runs_on, started_again, workspace_row)
+from bcp_pipeline.backends.bcp.probe_findings import (
+    WAIT_SECONDS,
+    Preemption,
+    ProbePlan,
+    bcprun_facts,
+    bcprun_row,
+    env_row,
+    history_row,
+    kill_row,
+    killed_running,
+    labels_row,
+    last_rank_row,
+    logs_row,
+    nsys_names_row,
+    preemption_row,
+    python_row,
+    replicas_row,
+    runs_on,
+    started_again,
+    workspace_row,
+)
 from bcp_pipeline.backends.bcp.render import JobSpec, label
 from bcp_pipeline.backends.bcp.states import status_of
 from bcp_pipeline.backends.bcp.transport import Transport
@@ -42,11 +60,13 @@ STATUS_WAIT_SECONDS = 60.0  # for one answer of `job info` (a busy API is asked 
 
 def smallest_instance(ace: dict, known: dict) -> str | None:
     """The ACE's instance with the fewest GPUs (the known table's, else the count in its name: dgxa100.80g.1.norm)."""
+
     def gpus(name: str) -> int:
         if name in known:
             return known[name].gpus
         parts = name.split(".")
         return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 1 << 10
+
     names = [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]
     return min(names, key=lambda n: (gpus(n), n)) if names else None
 
@@ -55,10 +75,13 @@ def rendered_bcprun_flags(ctx: CheckInput, replicas: int) -> list[str]:
     """The flags the pipeline's rendered jobs give bcprun (its first multi-node job): the same processes per node
     and spelling, on the probe's replicas."""
     for submission in ctx.submissions():
-        words = shlex.split(submission.payload["spec"]["commandline"]) if "bcprun" in \
-            submission.payload["spec"]["commandline"] else []
+        words = (
+            shlex.split(submission.payload["spec"]["commandline"])
+            if "bcprun" in submission.payload["spec"]["commandline"]
+            else []
+        )
         if words[:1] == ["bcprun"] and "--cmd" in words:
-            flags = words[1:words.index("--cmd")]
+            flags = words[1 : words.index("--cmd")]
             for i, word in enumerate(flags[:-1]):
                 if word in ("--nnodes", "-n"):
                     flags[i + 1] = str(replicas)
@@ -74,19 +97,27 @@ def plan_probe(ctx: CheckInput, ace: dict) -> ProbePlan | None:
     replicas = 1 if entry.get("allowMultinode") is False else 2
     pipeline = ctx.pipeline
     image = (pipeline.verification.bcp.image if pipeline else None) or next(
-        (s.payload["spec"]["image"] for s in ctx.submissions()), None)
+        (s.payload["spec"]["image"] for s in ctx.submissions()), None
+    )
     if image is None:
         return None
     mount = pipeline.workspace.mount.rstrip("/") if pipeline else None
-    return ProbePlan(instance=instance, replicas=replicas, image=image, mount=mount,
-                     workspace=f"{pipeline.workspace.name}:{mount}:RW" if pipeline else None,
-                     bcprun_flags=rendered_bcprun_flags(ctx, replicas))
+    return ProbePlan(
+        instance=instance,
+        replicas=replicas,
+        image=image,
+        mount=mount,
+        workspace=f"{pipeline.workspace.name}:{mount}:RW" if pipeline else None,
+        bcprun_flags=rendered_bcprun_flags(ctx, replicas),
+    )
 
 
 def probe_commandline(plan: ProbePlan) -> str:
-    rank_cmd = ('echo "BCPP-RANK rank=${RANK-unset} world=${WORLD_SIZE-unset} local=${LOCAL_RANK-unset} '
-                'master=${MASTER_ADDR-unset} replica=${NGC_ARRAY_INDEX-unset} '
-                'slurm=${SLURM_JOB_ID-unset}/${SLURM_NODEID-unset}/${SLURM_PROCID-unset}"')
+    rank_cmd = (
+        'echo "BCPP-RANK rank=${RANK-unset} world=${WORLD_SIZE-unset} local=${LOCAL_RANK-unset} '
+        "master=${MASTER_ADDR-unset} replica=${NGC_ARRAY_INDEX-unset} "
+        'slurm=${SLURM_JOB_ID-unset}/${SLURM_NODEID-unset}/${SLURM_PROCID-unset}"'
+    )
     lines = [
         'echo "BCPP-PROBE replica=${NGC_ARRAY_INDEX-unset} size=${NGC_ARRAY_SIZE-unset} job=${NGC_JOB_ID-unset} '
         'type=${NGC_ARRAY_TYPE-unset} shell=$(readlink /proc/$$/exe 2>/dev/null || echo "$0")"',
@@ -95,50 +126,77 @@ def probe_commandline(plan: ProbePlan) -> str:
         "if command -v bcprun >/dev/null 2>&1; then",
         '  echo "BCPP-BCPRUN present $(command -v bcprun)"',
         "  bcprun --help 2>&1 | head -n 40 | sed 's/^/BCPP-BCPRUN-HELP /'",
-        f"  bcprun {shlex.join(plan.bcprun_flags)} --cmd {shlex.quote(rank_cmd)} 2>&1; "
-        'echo "BCPP-BCPRUN-EXIT $?"',
+        f'  bcprun {shlex.join(plan.bcprun_flags)} --cmd {shlex.quote(rank_cmd)} 2>&1; echo "BCPP-BCPRUN-EXIT $?"',
         'else echo "BCPP-BCPRUN absent"; fi',
-        "echo \"BCPP-PYTHON $(python3 -c 'import sys; print(\"%d.%d.%d\" % sys.version_info[:3])' 2>&1 | head -n 1)\"",
+        'echo "BCPP-PYTHON $(python3 -c \'import sys; print("%d.%d.%d" % sys.version_info[:3])\' 2>&1 | head -n 1)"',
         'echo "BCPP-PIP $(python3 -m pip --version 2>&1 | head -n 1)"',
     ]
     if plan.mount:
         target = shlex.quote(f"{plan.mount}/{plan.marker}")
-        lines.append(f'if [ "${{NGC_ARRAY_INDEX-0}}" = 0 ]; then echo {plan.token} > {target} && '
-                     'echo "BCPP-MARKER written"; fi')
+        lines.append(
+            f'if [ "${{NGC_ARRAY_INDEX-0}}" = 0 ]; then echo {plan.token} > {target} && echo "BCPP-MARKER written"; fi'
+        )
     return "\n".join(lines)
 
 
 def kill_commandline(plan: ProbePlan) -> str:
-    reads = (f"echo \"BCPP-SEEN $(cat {shlex.quote(f'{plan.mount}/{plan.marker}')} 2>&1)\"; "
-             f"rm -f {shlex.quote(f'{plan.mount}/{plan.marker}')}; ") if plan.mount else ""
-    return ('echo "BCPP-SINGLE bcprun=$(command -v bcprun || echo absent)"; ' + reads +
-            'echo "BCPP-WAITING"; sleep 900')
+    reads = (
+        (
+            f'echo "BCPP-SEEN $(cat {shlex.quote(f"{plan.mount}/{plan.marker}")} 2>&1)"; '
+            f"rm -f {shlex.quote(f'{plan.mount}/{plan.marker}')}; "
+        )
+        if plan.mount
+        else ""
+    )
+    return 'echo "BCPP-SINGLE bcprun=$(command -v bcprun || echo absent)"; ' + reads + 'echo "BCPP-WAITING"; sleep 900'
 
 
-def spec_for(ctx: CheckInput, plan: ProbePlan, name: str, commandline: str, replicas: int,
-             image: str | None = None) -> JobSpec:
+def spec_for(
+    ctx: CheckInput, plan: ProbePlan, name: str, commandline: str, replicas: int, image: str | None = None
+) -> JobSpec:
     options = ctx.config.options["bcp"]
-    return JobSpec(name=name, image=image or plan.image, instance=plan.instance, result="/results",
-                   commandline=commandline,
-                   workspaces=(plan.workspace,) if plan.workspace else (), replicas=replicas,
-                   array_type="PYTORCH" if replicas > 1 else None, total_runtime=PROBE_RUNTIME,
-                   labels=(label("check", plan.token),), org=options.org, team=options.team, ace=options.ace)
+    return JobSpec(
+        name=name,
+        image=image or plan.image,
+        instance=plan.instance,
+        result="/results",
+        commandline=commandline,
+        workspaces=(plan.workspace,) if plan.workspace else (),
+        replicas=replicas,
+        array_type="PYTORCH" if replicas > 1 else None,
+        total_runtime=PROBE_RUNTIME,
+        labels=(label("check", plan.token),),
+        org=options.org,
+        team=options.team,
+        ace=options.ace,
+    )
 
 
 def run_probes(ctx: CheckInput, transport: Transport, ace: dict, notes: list[str]) -> tuple[list[Row], dict]:
     """The probe rows and facts; `notes` gets what they cost (announced before the first submission)."""
     plan = plan_probe(ctx, ace)
     if plan is None:
-        return [unchecked("probe job", "a probe job can run", "the ACE lists no instance, or no image is configured",
-                          "name a pipeline with a bcp image")], {}
+        return [
+            unchecked(
+                "probe job",
+                "a probe job can run",
+                "the ACE lists no instance, or no image is configured",
+                "name a pipeline with a bcp image",
+            )
+        ], {}
     nemo_probes = plan_nemo_probes(ctx)
-    nemo_note = "".join(f", 1 job of 1 x {plan.instance} in {p.image} (its NeMo launcher composes stage {p.stage}'s "
-                        f"config; nothing trains)" for p in nemo_probes)
+    nemo_note = "".join(
+        f", 1 job of 1 x {plan.instance} in {p.image} (its NeMo launcher composes stage {p.stage}'s "
+        f"config; nothing trains)"
+        for p in nemo_probes
+    )
     most = plan.instance_minutes() + 10 * len(nemo_probes)
-    notes.append(f"probe jobs: 1 job of {plan.replicas} x {plan.instance}, then 1 job of 1 x {plan.instance} "
-                 f"preempted, resumed (where BCP lets it) and killed once it runs{nemo_note}: at most {most} "
-                 f"instance-minutes (their --total-runtime {PROBE_RUNTIME}); a few in practice. All are killed when "
-                 f"check ends.")
+    notes.append(
+        f"probe jobs: 1 job of {plan.replicas} x {plan.instance}, then 1 job of 1 x {plan.instance} "
+        f"preempted, resumed (where BCP lets it) and killed once it runs{nemo_note}: at most {most} "
+        f"instance-minutes (their --total-runtime {PROBE_RUNTIME}); a few in practice. All are killed when "
+        f"check ends."
+    )
     ctx.announce(notes[-1])
     ids: list[str] = []
 
@@ -158,14 +216,16 @@ def run_probes(ctx: CheckInput, transport: Transport, ace: dict, notes: list[str
 
     with always_cleaned_up(kill_leftovers):
         before = time.time()
-        probe_id = transport.submit(spec_for(ctx, plan, "bcp-pipeline.check", probe_commandline(plan),
-                                             plan.replicas))
+        probe_id = transport.submit(spec_for(ctx, plan, "bcp-pipeline.check", probe_commandline(plan), plan.replicas))
         ids.append(probe_id)
         clock = submitted_clock(transport, probe_id, before, time.time())
         nemo_ids = []
         for nemo in nemo_probes:  # submitted now: a NeMo image's pull runs while the other probes do
-            nemo_ids.append(transport.submit(spec_for(ctx, plan, "bcp-pipeline.check-nemo", nemo_commandline(nemo),
-                                                      1, image=nemo.image)))
+            nemo_ids.append(
+                transport.submit(
+                    spec_for(ctx, plan, "bcp-pipeline.check-nemo", nemo_commandline(nemo), 1, image=nemo.image)
+                )
+            )
             ids.append(nemo_ids[-1])
         ended = wait_until(transport, probe_id, lambda s: s.state.finished, WAIT_SECONDS)
         logs = {r: _log(transport, probe_id, r, None) for r in range(plan.replicas)}
@@ -174,15 +234,21 @@ def run_probes(ctx: CheckInput, transport: Transport, ace: dict, notes: list[str
         kill_id = transport.submit(spec_for(ctx, plan, "bcp-pipeline.check-kill", kill_commandline(plan), 1))
         ids.append(kill_id)
         lag = listed_after(transport, label("check", plan.token), kill_id)
-        running = wait_until(transport, kill_id, lambda s: "BCPP-WAITING" in (_log(transport, kill_id, 0, None)
-                                                                                  or "") or s.state.finished,
-                             WAIT_SECONDS)
+        running = wait_until(
+            transport,
+            kill_id,
+            lambda s: "BCPP-WAITING" in (_log(transport, kill_id, 0, None) or "") or s.state.finished,
+            WAIT_SECONDS,
+        )
         kill_log = _log(transport, kill_id, 0, None) or ""
         preemption = probe_preemption(transport, kill_id) if running and not running.state.finished else None
         before_kill = wait_until(transport, kill_id, lambda s: True, STATUS_WAIT_SECONDS) if preemption else None
         killed_from = before_kill.native if before_kill else None
-        kill_seconds, kill_states = timed_kill(transport, kill_id) \
-            if preemption and not (before_kill and before_kill.state.finished) else (None, [])
+        kill_seconds, kill_states = (
+            timed_kill(transport, kill_id)
+            if preemption and not (before_kill and before_kill.state.finished)
+            else (None, [])
+        )
         timed = killed_running(killed_from)  # only the kill of a running job tells `cancel` how long one takes
         nemo_results = []
         for nemo, nemo_id in zip(nemo_probes, nemo_ids):
@@ -190,18 +256,34 @@ def run_probes(ctx: CheckInput, transport: Transport, ace: dict, notes: list[str
             nemo_results.append(nemo_row(nemo, _log(transport, nemo_id, 0, None), nemo_ended))
         listed = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token)])}
         stranger = {str(j.get("id")) for j in transport.list_jobs([label("check", plan.token + "x")])}
-    rows = [replicas_row(plan, logs, ended), env_row(plan, logs, probe_id), bcprun_row(plan, logs, kill_log),
-            last_rank_row(plan, logs), nsys_names_row(logs),
-            python_row(logs), workspace_row(plan, logs, kill_log), labels_row(set(ids), listed, stranger, lag),
-            history_row(history), logs_row(plan, logs, tail), kill_row(kill_seconds, kill_states, killed_from),
-            preemption_row(preemption), *(row for row, _ in nemo_results)]
-    facts = {"probe": {"instance": plan.instance, "replicas": plan.replicas,
-                       "commandline_runs": runs_on(plan, logs), "bcprun": bcprun_facts(plan, logs, kill_log),
-                       "kill_seconds": kill_seconds if timed else None,
-                       "pending_termination": "PENDING_TERMINATION" in kill_states if timed else None,
-                       "runonce_preemption": preemption.answer if preemption else None,
-                       "list_lag_seconds": None if lag is None else round(lag, 1)},
-             **({"nemo": [fact for _, fact in nemo_results]} if nemo_results else {})}
+    rows = [
+        replicas_row(plan, logs, ended),
+        env_row(plan, logs, probe_id),
+        bcprun_row(plan, logs, kill_log),
+        last_rank_row(plan, logs),
+        nsys_names_row(logs),
+        python_row(logs),
+        workspace_row(plan, logs, kill_log),
+        labels_row(set(ids), listed, stranger, lag),
+        history_row(history),
+        logs_row(plan, logs, tail),
+        kill_row(kill_seconds, kill_states, killed_from),
+        preemption_row(preemption),
+        *(row for row, _ in nemo_results),
+    ]
+    facts = {
+        "probe": {
+            "instance": plan.instance,
+            "replicas": plan.replicas,
+            "commandline_runs": runs_on(plan, logs),
+            "bcprun": bcprun_facts(plan, logs, kill_log),
+            "kill_seconds": kill_seconds if timed else None,
+            "pending_termination": "PENDING_TERMINATION" in kill_states if timed else None,
+            "runonce_preemption": preemption.answer if preemption else None,
+            "list_lag_seconds": None if lag is None else round(lag, 1),
+        },
+        **({"nemo": [fact for _, fact in nemo_results]} if nemo_results else {}),
+    }
     rows.append(clock.row)
     facts["probe"]["clock_skew_seconds"] = None if clock.skew_seconds is None else round(clock.skew_seconds, 1)
     return rows, facts
@@ -269,37 +351,54 @@ def probe_preemption(transport: Transport, job_id: str) -> Preemption:
     steps: list[str] = []
 
     def outcome(answer: str | None) -> Preemption:
-        return Preemption(answer=answer, steps=tuple(steps),
-                          statuses=tuple((_history(transport, job_id) or [])[before:]))
+        return Preemption(
+            answer=answer, steps=tuple(steps), statuses=tuple((_history(transport, job_id) or [])[before:])
+        )
 
     try:
         transport.preempt(job_id)
     except BackendCallError as exc:  # refused only while the job still runs: not one that had ended meanwhile
-        return outcome("refused" if refused_in(steps, "`job preempt`", exc, transport, job_id, JobState.RUNNING)
-                       else None)
-    preempted = wait_until(transport, job_id, lambda s: s.state is JobState.PREEMPTED or s.state.finished,
-                           PREEMPT_WAIT_SECONDS)
+        return outcome(
+            "refused" if refused_in(steps, "`job preempt`", exc, transport, job_id, JobState.RUNNING) else None
+        )
+    preempted = wait_until(
+        transport, job_id, lambda s: s.state is JobState.PREEMPTED or s.state.finished, PREEMPT_WAIT_SECONDS
+    )
     if preempted is None or preempted.state is not JobState.PREEMPTED:
-        steps.append("`job preempt` accepted, but the job " + (
-            f"ended {preempted.native}" if preempted else f"was not PREEMPTED after {PREEMPT_WAIT_SECONDS:.0f} s"))
+        steps.append(
+            "`job preempt` accepted, but the job "
+            + (f"ended {preempted.native}" if preempted else f"was not PREEMPTED after {PREEMPT_WAIT_SECONDS:.0f} s")
+        )
         return outcome(None)
     steps.append(f"`job preempt` accepted: {preempted.native}")
     log_before = _log(transport, job_id, 0, None) or ""
     try:
         transport.resume(job_id)
     except BackendCallError as exc:  # not resumable only while it waits PREEMPTED: not one that went on by itself
-        return outcome("not_resumable" if refused_in(steps, "`job resume`", exc, transport, job_id, JobState.PREEMPTED)
-                       else None)
+        return outcome(
+            "not_resumable" if refused_in(steps, "`job resume`", exc, transport, job_id, JobState.PREEMPTED) else None
+        )
     again = wait_until(transport, job_id, lambda s: s.native == "RUNNING" or s.state.finished, RESUME_WAIT_SECONDS)
     if again is None or again.native != "RUNNING":
-        steps.append("`job resume` accepted, but the job " + (
-            f"ended {again.native}" if again else f"was not RUNNING again after {RESUME_WAIT_SECONDS:.0f} s"))
+        steps.append(
+            "`job resume` accepted, but the job "
+            + (f"ended {again.native}" if again else f"was not RUNNING again after {RESUME_WAIT_SECONDS:.0f} s")
+        )
         return outcome(None)
-    restarted = wait_until(transport, job_id, lambda s: s.state.finished or started_again(
-        log_before, _log(transport, job_id, 0, None)), RESTART_LOG_WAIT_SECONDS)
-    steps.append("`job resume` accepted: RUNNING again" + (
-        "; its log shows the commandline started again" if restarted and not restarted.state.finished else
-        f"; its log did not show the commandline starting again within {RESTART_LOG_WAIT_SECONDS:.0f} s"))
+    restarted = wait_until(
+        transport,
+        job_id,
+        lambda s: s.state.finished or started_again(log_before, _log(transport, job_id, 0, None)),
+        RESTART_LOG_WAIT_SECONDS,
+    )
+    steps.append(
+        "`job resume` accepted: RUNNING again"
+        + (
+            "; its log shows the commandline started again"
+            if restarted and not restarted.state.finished
+            else f"; its log did not show the commandline starting again within {RESTART_LOG_WAIT_SECONDS:.0f} s"
+        )
+    )
     return outcome("resumable")
 
 
@@ -312,8 +411,9 @@ def refusal(exc: BackendCallError) -> bool:
     return exc.http_status is not None and 400 <= exc.http_status < 500 and exc.http_status not in REFUSAL_EXCEPT
 
 
-def refused_in(steps: list[str], call: str, exc: BackendCallError, transport: Transport, job_id: str,
-               expected: JobState) -> bool:
+def refused_in(
+    steps: list[str], call: str, exc: BackendCallError, transport: Transport, job_id: str, expected: JobState
+) -> bool:
     """Whether the failed `call` was the service refusing it while the job was still in the `expected` state (as
     read right after); what happened is added to `steps`."""
     now = wait_until(transport, job_id, lambda s: True, STATUS_WAIT_SECONDS)

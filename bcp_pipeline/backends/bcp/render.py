@@ -22,6 +22,7 @@ from bcp_pipeline.backends.bcp.nemo_job import training_job
 from bcp_pipeline.backends.bcp.paths import UPLOAD_EXCLUDES, job_values
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.shared import nemo_script as training_script
+from bcp_pipeline.backends.shared import templates
 from bcp_pipeline.backends.shared.command import rendezvous, resolved_env, shell_join, stage_command
 from bcp_pipeline.config.bridge import training_layout
 from bcp_pipeline.config.durations import format_duration, parse_duration
@@ -33,6 +34,7 @@ LABEL_PREFIX = "bcpp"
 # A one-replica job's own ranks meet on loopback at a port from the job id (29500 is torchrun's default), so
 # concurrent jobs sharing a machine (the emulator's, a shared node) do not collide.
 LOCAL_MASTER_PORT_EXPR = "29500 + ${NGC_JOB_ID:-0} % 1000"
+LOCAL_RANKS = templates.load(__package__, "local_ranks.sh", one_line=True)  # a job's ranks on its one node
 
 
 def label(kind: str, value: str) -> str:
@@ -51,8 +53,9 @@ def trains(request: JobRequest) -> str | None:
     return None
 
 
-def job_files(request: JobRequest, options: BcpOptions, stages_dir: Path, *,
-              no_redirect: str = NO_REDIRECT) -> dict[str, str]:
+def job_files(
+    request: JobRequest, options: BcpOptions, stages_dir: Path, *, no_redirect: str = NO_REDIRECT
+) -> dict[str, str]:
     """Files the job needs in the workspace besides stages/ (path under the workspace -> text): a training's
     script, under a name made from its content; {} for any other job."""
     engine = trains(request)
@@ -80,8 +83,9 @@ def commandline(request: JobRequest, options: BcpOptions, stages_dir: Path, *, n
     inner = shell_join(program)
     layout = request.rank_layout("bcp")
     if resources.launcher == "bcprun" and layout.nodes > 1:
-        return shell_join(["bcprun", "--nnodes", str(layout.nodes), "--npernode", str(layout.per_node),
-                           no_redirect, "--cmd", inner])
+        return shell_join(
+            ["bcprun", "--nnodes", str(layout.nodes), "--npernode", str(layout.per_node), no_redirect, "--cmd", inner]
+        )
     if resources.launcher == "bcprun" and layout.per_node > 1:
         return local_ranks(inner, layout.per_node)
     return inner
@@ -93,11 +97,13 @@ def local_ranks(inner: str, processes: int) -> str:
     (all ranks share the node; without them a distributed program has no rendezvous); the job exits with the first
     failing rank's status, after every rank has ended (stage programs are idempotent: a rerun redoes only what is
     missing)."""
-    script = (f"export MASTER_ADDR=127.0.0.1 MASTER_PORT=$(({LOCAL_MASTER_PORT_EXPR})); "
-              f"pids=(); for rank in $(seq 0 {processes - 1}); do RANK=$rank WORLD_SIZE={processes} "
-              f"LOCAL_RANK=$rank LOCAL_WORLD_SIZE={processes} {inner} & pids+=($!); done; status=0; "
-              'for pid in "${pids[@]}"; do wait "$pid" || { code=$?; [ "$status" = 0 ] && status=$code; }; done; '
-              'exit "$status"')
+    script = templates.fill(
+        LOCAL_RANKS,
+        PORT_EXPRESSION=LOCAL_MASTER_PORT_EXPR,
+        LAST_RANK=str(processes - 1),
+        PROCESSES=str(processes),
+        PROGRAM=inner,
+    )
     return shell_join(["bash", "-c", script])
 
 
@@ -120,8 +126,11 @@ def job_rendezvous(request: JobRequest) -> dict | None:
             layout = RankLayout(*training_layout(request.stage, "bcp"))
         except ValueError as exc:
             raise SubmissionError(f"stage {request.stage.name}: {exc}") from None
-        return rendezvous(layout, "set by bcprun" if layout.nodes > 1 else "127.0.0.1 (torchrun --standalone)",
-                          "set by bcprun" if layout.nodes > 1 else "torchrun's own")
+        return rendezvous(
+            layout,
+            "set by bcprun" if layout.nodes > 1 else "127.0.0.1 (torchrun --standalone)",
+            "set by bcprun" if layout.nodes > 1 else "torchrun's own",
+        )
     if request.kind == "stage" and (res.command or res.launcher == "none"):
         return rendezvous(layout, "the command's own", "the command's own")
     if layout.nodes > 1:  # bcprun's variables; a replica without them has NGC_MASTER_ADDR (stages/_common.py)
@@ -143,11 +152,13 @@ def check_stage_resources(pipeline: PipelineConfig) -> None:
 
 def missing_instance_error(job: str, section: str) -> ConfigError:
     """A BCP job without an instance or image: a config error (exit 2) naming where to set them."""
-    where = "the pipeline's verification: bcp: section" if section == "verification" else \
-        f"defaults: bcp: or stage {section}'s bcp: (or --set {section}.bcp.instance=INSTANCE --set " \
+    where = (
+        "the pipeline's verification: bcp: section"
+        if section == "verification"
+        else f"defaults: bcp: or stage {section}'s bcp: (or --set {section}.bcp.instance=INSTANCE --set "
         f"{section}.bcp.image=IMAGE)"
-    return ConfigError(f"{job}: a BCP job needs an `instance` and an `image`: set them in pipelines.yaml under "
-                       f"{where}")
+    )
+    return ConfigError(f"{job}: a BCP job needs an `instance` and an `image`: set them in pipelines.yaml under {where}")
 
 
 def check_stage(stage: StageConfig) -> None:
@@ -156,22 +167,31 @@ def check_stage(stage: StageConfig) -> None:
     are rank 0 of 1."""
     res: BcpResources = stage.resources("bcp")
     if res.replicas > 1 and res.preempt == "RESTARTABLE":
-        raise _stage_error(stage, f"stage {stage.name}: preempt RESTARTABLE is refused for a job with replicas > 1 "
-                                  "(ngc allows only RUNONCE or RESUMABLE for multi-node jobs); set "
-                                  f"`--set {stage.name}.bcp.preempt=RESUMABLE` (or RUNONCE)")
+        raise _stage_error(
+            stage,
+            f"stage {stage.name}: preempt RESTARTABLE is refused for a job with replicas > 1 "
+            "(ngc allows only RUNONCE or RESUMABLE for multi-node jobs); set "
+            f"`--set {stage.name}.bcp.preempt=RESUMABLE` (or RUNONCE)",
+        )
     if res.launcher == "none" and res.replicas > 1 and not stage.engine and not res.command:
         # Without bcprun no replica gets RANK/WORLD_SIZE, and deriving them from NGC_ARRAY_INDEX is wrong in one
         # of the two ways BCP may run the commandline: once on replica 0 only, rank 0 would wait for ranks that
         # never start. So a stage program on several replicas always starts under bcprun (right under both).
-        raise _stage_error(stage, f"stage {stage.name}: launcher none with replicas > 1 runs {stage.program} with "
-                                  "no rank variables (RANK/WORLD_SIZE come from bcprun), so every replica would "
-                                  "take all items as rank 0 of 1, or only replica 0 would run; set "
-                                  f"`--set {stage.name}.bcp.launcher=bcprun`, or a `command` that starts its ranks")
+        raise _stage_error(
+            stage,
+            f"stage {stage.name}: launcher none with replicas > 1 runs {stage.program} with "
+            "no rank variables (RANK/WORLD_SIZE come from bcprun), so every replica would "
+            "take all items as rank 0 of 1, or only replica 0 would run; set "
+            f"`--set {stage.name}.bcp.launcher=bcprun`, or a `command` that starts its ranks",
+        )
     if res.array_type == "MPI" and res.replicas > 1 and res.launcher == "bcprun":
-        raise _stage_error(stage, f"stage {stage.name}: array_type MPI is not supported: bcprun in an MPIJob gives "
-                                  "its processes Open MPI's rank variables, not the RANK/WORLD_SIZE the stage "
-                                  "programs read, so every process would take all items as rank 0 of 1; set "
-                                  f"`--set {stage.name}.bcp.array_type=PYTORCH`")
+        raise _stage_error(
+            stage,
+            f"stage {stage.name}: array_type MPI is not supported: bcprun in an MPIJob gives "
+            "its processes Open MPI's rank variables, not the RANK/WORLD_SIZE the stage "
+            "programs read, so every process would take all items as rank 0 of 1; set "
+            f"`--set {stage.name}.bcp.array_type=PYTORCH`",
+        )
 
 
 def _stage_error(stage: StageConfig, message: str) -> ConfigError:
@@ -218,23 +238,44 @@ def job_spec(request: JobRequest, options: BcpOptions, stages_dir: Path, *, no_r
         check_stage(request.stage)
     values = job_values(request, options, stages_dir)
     return JobSpec(
-        name=request.job_name, image=res.image, instance=res.instance, result=res.result,
+        name=request.job_name,
+        image=res.image,
+        instance=res.instance,
+        result=res.result,
         commandline=commandline(request, options, stages_dir, no_redirect=no_redirect),
         workspaces=tuple(f"{m.name}:{m.mount}:{m.mode}" for m in res.workspaces),
-        replicas=(nodes := request.rank_layout("bcp").nodes), array_type=res.array_type if nodes > 1 else None,
+        replicas=(nodes := request.rank_layout("bcp").nodes),
+        array_type=res.array_type if nodes > 1 else None,
         total_runtime=format_duration(parse_duration(res.total_runtime)) if res.total_runtime else None,
         min_timeslice=format_duration(parse_duration(res.min_timeslice)) if res.min_timeslice else None,
-        preempt=res.preempt, priority=res.priority, order=res.order,
-        labels=(*job_labels(request), *res.labels), secrets=tuple(res.secrets),
+        preempt=res.preempt,
+        priority=res.priority,
+        order=res.order,
+        labels=(*job_labels(request), *res.labels),
+        secrets=tuple(res.secrets),
         env=tuple(f"{key}:{value}" for key, value in resolved_env(request, "bcp", values).items()),
-        org=options.org, team=options.team, ace=options.ace,
+        org=options.org,
+        team=options.team,
+        ace=options.ace,
     )
 
 
 def job_run_argv(spec: JobSpec) -> list[str]:
     """The full argv of `ngc base-command job run` for `spec`."""
-    argv = ["ngc", "base-command", "job", "run", "--name", spec.name, "--image", spec.image,
-            "--instance", spec.instance, "--result", spec.result]
+    argv = [
+        "ngc",
+        "base-command",
+        "job",
+        "run",
+        "--name",
+        spec.name,
+        "--image",
+        spec.image,
+        "--instance",
+        spec.instance,
+        "--result",
+        spec.result,
+    ]
     for mount in spec.workspaces:
         argv += ["--workspace", mount]
     if spec.replicas > 1:
@@ -263,8 +304,9 @@ def global_flags(org: str | None, team: str | None, ace: str | None, *, json_out
     return [*flags, "--format_type", "json"] if json_output else flags
 
 
-def upload_argv(options: BcpOptions, workspace: str, source: Path, destination: str,
-                exclude: tuple[str, ...] = UPLOAD_EXCLUDES) -> list[str]:
+def upload_argv(
+    options: BcpOptions, workspace: str, source: Path, destination: str, exclude: tuple[str, ...] = UPLOAD_EXCLUDES
+) -> list[str]:
     """`ngc workspace upload`: the contents of folder `source` to `destination` in the workspace."""
     argv = ["ngc", "workspace", "upload", workspace, "--source", str(source), "--destination", destination]
     for pattern in exclude:

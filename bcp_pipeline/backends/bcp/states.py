@@ -6,7 +6,6 @@ from typing import Any
 
 from bcp_pipeline.backends.contract import JobState, JobStatus, map_native_state
 
-
 # All 25 BCP job statuses, as `ngc base-command job info` names them in `.job.jobStatus.status` (ngcsdk 4.19.1).
 # PREEMPTED waits for `job resume`; unknown ones are "not finished".
 STATE_MAP: dict[str, JobState] = {
@@ -50,5 +49,9 @@ def labels_of(job: dict[str, Any]) -> list[str]:
 def status_of(job: dict[str, Any]) -> JobStatus:
     status = job.get("jobStatus") or {}
     native = str(status.get("status") or "")
-    return JobStatus(job_id=str(job.get("id")), state=map_native_state(native, STATE_MAP), native=native,
-                     detail=str(status.get("statusDetails") or ""))
+    return JobStatus(
+        job_id=str(job.get("id")),
+        state=map_native_state(native, STATE_MAP),
+        native=native,
+        detail=str(status.get("statusDetails") or ""),
+    )

@@ -22,7 +22,6 @@ from bcp_pipeline.config.durations import format_duration, parse_duration
 from bcp_pipeline.config.resources import BcpOptions
 from bcp_pipeline.errors import BackendCallError
 
-
 SDK_VERSION = "4.19.1"  # the last ngcsdk with Base Command in it
 CONFIG_HINT = "check `ngc config current` (API key, org, ACE) or NGC_CLI_API_KEY / NGC_CLI_ORG / NGC_CLI_ACE"
 
@@ -50,6 +49,13 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def log(self, job_id: str, replica: int | None, tail: int | None) -> str:
         """Replica `replica`'s log (replica 0 when None); the last `tail` lines when given."""
+
+    @abc.abstractmethod
+    def telemetry(
+        self, job_id: str, replica: int, types: list[str], interval_unit: str, interval_time: int
+    ) -> list[dict[str, Any]]:
+        """`job telemetry ID:R --type T...`: the replica's measurements since the job started, as NVIDIA's printer
+        has them in JSON (a list of MeasurementResult: `{"series": [...]}`; backends/bcp/telemetry.py reads them)."""
 
     @abc.abstractmethod
     def kill(self, job_id: str) -> None: ...
@@ -111,8 +117,11 @@ class Transport(abc.ABC):
         items = (data.get("secrets") or []) if isinstance(data, dict) else None
         if not isinstance(items, list):
             raise BackendCallError(f"`user secret list` answered no list of secrets: {str(data)[:200]}")
-        return {str(s.get("name")): [str(kv.get("key")) for kv in s.get("kv") or [] if isinstance(kv, dict)]
-                for s in items if isinstance(s, dict)}
+        return {
+            str(s.get("name")): [str(kv.get("key")) for kv in s.get("kv") or [] if isinstance(kv, dict)]
+            for s in items
+            if isinstance(s, dict)
+        }
 
     def job_history(self, job_id: str) -> list[str]:
         """The statuses a job went through, oldest first (`job info`'s jobStatusHistory)."""
@@ -159,5 +168,8 @@ def as_dict(value: Any) -> dict[str, Any]:
 
 def retry_policy(options: BcpOptions) -> RetryPolicy:
     """How the calls that must survive a busy API (uploads, a driver's start and hand-over) are retried."""
-    return RetryPolicy(attempts=options.retry_attempts, backoff=options.retry_backoff_seconds,
-                       max_wait=max(options.retry_backoff_seconds, 60.0))
+    return RetryPolicy(
+        attempts=options.retry_attempts,
+        backoff=options.retry_backoff_seconds,
+        max_wait=max(options.retry_backoff_seconds, 60.0),
+    )

@@ -13,8 +13,9 @@ from bcp_pipeline.backends.bcp.transport import CONFIG_HINT, Transport, as_dict,
 from bcp_pipeline.errors import BackendCallError, CommandError
 from bcp_pipeline.procs import run_command
 
-
 NO_USER = "User not found in specified org/team."  # NVIDIA's printer, when `user who` has no user to show
+
+
 # -- the ngc CLI ---------------------------------------------------------------------------------------------
 class CliTransport(Transport):
     """NVIDIA's `ngc` CLI, one subprocess per call, `--format_type json`."""
@@ -42,13 +43,13 @@ class CliTransport(Transport):
         try:
             return str(first_json(output)["job"]["id"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise BackendCallError(f"`ngc base-command job run` printed no job id ({exc}); output: "
-                                   f"{output[:500]}") from None
+            raise BackendCallError(
+                f"`ngc base-command job run` printed no job id ({exc}); output: {output[:500]}"
+            ) from None
 
     def list_jobs(self, labels: list[str]) -> list[dict[str, Any]]:
         end, duration = list_window(self.options.list_duration)
-        args = ["base-command", "job", "list", "--end-time", end.strftime("%Y-%m-%d::%H:%M:%S"),
-                "--duration", duration]
+        args = ["base-command", "job", "list", "--end-time", end.strftime("%Y-%m-%d::%H:%M:%S"), "--duration", duration]
         for name in labels:
             args += ["--label", name]
         data = first_json(self.run_ngc(args + self.global_flags()))
@@ -63,8 +64,27 @@ class CliTransport(Transport):
         args = ["base-command", "job", "log", f"{job_id}:{replica}" if replica is not None else job_id]
         if tail:
             args += ["--tail", "--lines", str(tail)]
-        return self.run_ngc(args + global_flags(self.options.org, self.options.team, self.options.ace,
-                                                json_output=False))
+        return self.run_ngc(
+            args + global_flags(self.options.org, self.options.team, self.options.ace, json_output=False)
+        )
+
+    def telemetry(
+        self, job_id: str, replica: int, types: list[str], interval_unit: str, interval_time: int
+    ) -> list[dict[str, Any]]:
+        args = [
+            "base-command",
+            "job",
+            "telemetry",
+            f"{job_id}:{replica}",
+            "--interval-unit",
+            interval_unit,
+            "--interval-time",
+            str(interval_time),
+        ]
+        for name in types:
+            args += ["--type", name]
+        data = self._json(args)
+        return [as_dict(item) for item in (data if isinstance(data, list) else [])]
 
     def kill(self, job_id: str) -> None:
         # `job kill` exits 0 even when the kill fails: its error is the JSON on stderr.
@@ -130,12 +150,17 @@ def printed_json(output: str, args: list[str]) -> Any:
 # NVIDIA's client words an HTTP failure as "Client Error: 429 Response: ..." / "Server Error: 503 ..." (NgcAPIError),
 # "Error (unexpected format) : 429 : ..." (the token exchange), "Error 429 Response: ..." or requests' own
 # "429 Client Error: Too Many Requests for url: ..."; a refused key as "Invalid apikey".
-_STATUS_PATTERNS = (re.compile(r"\b(?:Client|Server) Error: (\d{3})\b"),
-                    re.compile(r"\bError \(unexpected format\) : (\d{3})\b"),
-                    re.compile(r"\bError (\d{3}) Response\b"),
-                    re.compile(r"\b(\d{3}) (?:Client|Server) Error\b"))
-_UNREACHABLE = re.compile(r"is not reachable|Max retries exceeded|Connection (?:refused|reset|aborted)|"
-                          r"timed out|Read timeout|Name or service not known|RemoteDisconnected", re.IGNORECASE)
+_STATUS_PATTERNS = (
+    re.compile(r"\b(?:Client|Server) Error: (\d{3})\b"),
+    re.compile(r"\bError \(unexpected format\) : (\d{3})\b"),
+    re.compile(r"\bError (\d{3}) Response\b"),
+    re.compile(r"\b(\d{3}) (?:Client|Server) Error\b"),
+)
+_UNREACHABLE = re.compile(
+    r"is not reachable|Max retries exceeded|Connection (?:refused|reset|aborted)|"
+    r"timed out|Read timeout|Name or service not known|RemoteDisconnected",
+    re.IGNORECASE,
+)
 
 
 def http_status_in(text: str) -> int | None:

@@ -37,8 +37,9 @@ class SdkTransport(Transport):
         # is passed even where it comes from NGC_CLI_ORG or ngc's config: given none, ngcsdk silently takes an
         # nvapi- key's own org, so every call would go to another org than the CLI's (and `check`'s) under the
         # same settings; given one, it refuses a key of another org ("doesn't match organization").
-        client.configure(org_name=self.options.org or client.config.org_name, team_name=self.options.team,
-                         ace_name=self.options.ace)
+        client.configure(
+            org_name=self.options.org or client.config.org_name, team_name=self.options.team, ace_name=self.options.ace
+        )
         return client
 
     def call(self, what: str, operation: Callable[[Any], Any]) -> Any:
@@ -52,8 +53,11 @@ class SdkTransport(Transport):
         except Exception as exc:  # ngcsdk raises NgcException, requests' errors, ValueError for bad config...
             message = " ".join(str(exc).split()) or type(exc).__name__
             status = sdk_http_status(exc, message)
-            raise BackendCallError(f"ngcsdk {what}: {message}\n  {CONFIG_HINT}", http_status=status,
-                                   unreachable=status is None and sdk_unreachable(exc, message)) from None
+            raise BackendCallError(
+                f"ngcsdk {what}: {message}\n  {CONFIG_HINT}",
+                http_status=status,
+                unreachable=status is None and sdk_unreachable(exc, message),
+            ) from None
 
     def submit(self, spec: JobSpec) -> str:
         kwargs = sdk_run_kwargs(spec)
@@ -62,8 +66,9 @@ class SdkTransport(Transport):
     def list_jobs(self, labels: list[str]) -> list[dict[str, Any]]:
         end, duration = list_window(self.options.list_duration)
         span = timedelta(seconds=parse_duration(duration))
-        jobs = self.call("basecommand.jobs.list",
-                          lambda c: c.basecommand.jobs.list(labels=list(labels), end_time=end, duration=span))
+        jobs = self.call(
+            "basecommand.jobs.list", lambda c: c.basecommand.jobs.list(labels=list(labels), end_time=end, duration=span)
+        )
         return [job.toDict() for job in jobs or []]
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -71,14 +76,37 @@ class SdkTransport(Transport):
         return job.toDict()
 
     def log(self, job_id: str, replica: int | None, tail: int | None) -> str:
-        lines = self.call("basecommand.jobs.log", lambda c: list(c.basecommand.jobs.log(
-            int(job_id), replica_id=replica, tail=bool(tail) or None, lines=tail or None)))
+        lines = self.call(
+            "basecommand.jobs.log",
+            lambda c: list(
+                c.basecommand.jobs.log(int(job_id), replica_id=replica, tail=bool(tail) or None, lines=tail or None)
+            ),
+        )
         return "".join(lines)
+
+    def telemetry(
+        self, job_id: str, replica: int, types: list[str], interval_unit: str, interval_time: int
+    ) -> list[dict[str, Any]]:
+        measurements, _job = self.call(
+            "basecommand.jobs.telemetry",
+            lambda c: c.basecommand.jobs.telemetry(
+                job_id=int(job_id),
+                replica_id=replica,
+                types=list(types),
+                interval_unit=interval_unit,
+                interval_time=interval_time,
+            ),
+        )
+        return [as_dict(item) for item in measurements or [] if item is not None]
 
     def kill(self, job_id: str) -> None:
         # kill_job, not jobs.kill: the latter prints its errors instead of raising them.
-        self.call("basecommand.jobs.kill", lambda c: c.basecommand.jobs.kill_job(
-            self.options.org or c.config.org_name, int(job_id), team_name=self.options.team or c.config.team_name))
+        self.call(
+            "basecommand.jobs.kill",
+            lambda c: c.basecommand.jobs.kill_job(
+                self.options.org or c.config.org_name, int(job_id), team_name=self.options.team or c.config.team_name
+            ),
+        )
 
     def preempt(self, job_id: str) -> None:
         self.call("basecommand.jobs.preempt", lambda c: c.basecommand.jobs.preempt(int(job_id)))
@@ -87,8 +115,12 @@ class SdkTransport(Transport):
         self.call("basecommand.jobs.resume", lambda c: c.basecommand.jobs.resume(int(job_id)))
 
     def upload(self, workspace: str, source: Path, destination: str, exclude: tuple[str, ...]) -> None:
-        self.call("basecommand.workspace.upload", lambda c: c.basecommand.workspace.upload(
-            workspace, source=str(source), destination=destination, exclude=list(exclude)))
+        self.call(
+            "basecommand.workspace.upload",
+            lambda c: c.basecommand.workspace.upload(
+                workspace, source=str(source), destination=destination, exclude=list(exclude)
+            ),
+        )
 
     def ace(self, name: str) -> dict[str, Any]:
         return self.call("basecommand.aces.info", lambda c: c.basecommand.aces.info(name).toDict())
@@ -116,6 +148,7 @@ class SdkTransport(Transport):
     def storage_quota(self) -> list[dict[str, Any]]:
         def quota(c: Any) -> Any:
             return c.users.storage_quota(user_id=c.users.user_who().user.id)[0]
+
         return [as_dict(item) for item in self.call("users.storage_quota", quota) or [] if item is not None]
 
 
@@ -147,11 +180,21 @@ def sdk_run_kwargs(spec: JobSpec) -> dict[str, Any]:
     coschedules replicas (minAvailability = replicas); the Python API leaves that to us.
     """
     kwargs: dict[str, Any] = {
-        "name": spec.name, "image": spec.image, "instance": spec.instance, "result": spec.result,
-        "commandline": spec.commandline, "workspace": list(spec.workspaces) or None,
-        "preempt": spec.preempt, "priority": spec.priority, "order": spec.order,
-        "label": list(spec.labels) or None, "secret": [tuple(s.split(":")) for s in spec.secrets] or None,
-        "env_var": list(spec.env) or None, "org": spec.org, "team": spec.team, "ace": spec.ace,
+        "name": spec.name,
+        "image": spec.image,
+        "instance": spec.instance,
+        "result": spec.result,
+        "commandline": spec.commandline,
+        "workspace": list(spec.workspaces) or None,
+        "preempt": spec.preempt,
+        "priority": spec.priority,
+        "order": spec.order,
+        "label": list(spec.labels) or None,
+        "secret": [tuple(s.split(":")) for s in spec.secrets] or None,
+        "env_var": list(spec.env) or None,
+        "org": spec.org,
+        "team": spec.team,
+        "ace": spec.ace,
     }
     if spec.replicas > 1:
         kwargs.update(replicas=spec.replicas, array_type=spec.array_type, coscheduling=True)

@@ -22,8 +22,7 @@ from typing import Any
 
 from bcp_pipeline.backends.contract import JobRequest, JobState, JobStatus, Submission, map_native_state
 from bcp_pipeline.backends.gridengine.client import HINT, qacct, qstat_jobs
-from bcp_pipeline.backends.gridengine.records import (PENDING, PENDING_SLOW, Evidence, confirmed, covers,
-    read_evidence)
+from bcp_pipeline.backends.gridengine.records import PENDING, PENDING_SLOW, Evidence, confirmed, covers, read_evidence
 from bcp_pipeline.backends.gridengine.render import job_rendezvous, job_script, qsub_argv, shape
 from bcp_pipeline.backends.gridengine.states import STATE_MAP, Listed, accounting_status
 from bcp_pipeline.backends.shared.batch import BatchBackend, job_name
@@ -36,10 +35,12 @@ from bcp_pipeline.procs import run_command
 class GridEngineBackend(BatchBackend):
     name = "gridengine"
 
-    def __init__(self, options: GridEngineOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
-                 workspace_name: str) -> None:
-        super().__init__(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
-                         workspace_name=workspace_name)
+    def __init__(
+        self, options: GridEngineOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path, workspace_name: str
+    ) -> None:
+        super().__init__(
+            options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir, workspace_name=workspace_name
+        )
         self.accounting_grace_seconds = options.accounting_grace_seconds
         self._finished: dict[str, JobStatus] = {}  # from qacct: it never changes once written
         self._unlisted_since: dict[str, float] = {}  # left qstat, no accounting record yet
@@ -50,11 +51,18 @@ class GridEngineBackend(BatchBackend):
         return {"replicas": size.nodes, "processes": size.per_node}
 
     def render(self, request: JobRequest) -> Submission:
-        return Submission(request=request, printable=job_script(request, self.options, self.paths), payload={
-            "submit_with": "qsub", "job_name": job_name(request.run_id, request.stage.name, request.kind),
-            # shown by `plan` where the site's arguments make it more than `qsub -terse`
-            **({"submit_argv": qsub_argv(self.options, "-terse")} if self.options.submit_args else {}),
-            **self.sharding(request)}, rendezvous=job_rendezvous(request, self.options))
+        return Submission(
+            request=request,
+            printable=job_script(request, self.options, self.paths),
+            payload={
+                "submit_with": "qsub",
+                "job_name": job_name(request.run_id, request.stage.name, request.kind),
+                # shown by `plan` where the site's arguments make it more than `qsub -terse`
+                **({"submit_argv": qsub_argv(self.options, "-terse")} if self.options.submit_args else {}),
+                **self.sharding(request),
+            },
+            rendezvous=job_rendezvous(request, self.options),
+        )
 
     # -- side effects ------------------------------------------------------------------------------------
     def submit(self, submission: Submission) -> str:
@@ -93,15 +101,25 @@ class GridEngineBackend(BatchBackend):
         states = [(map_native_state(entry.state, STATE_MAP), entry.state) for entry in entries]
         for state, native in states:
             if state is JobState.FAILED:
-                return JobStatus(job_id=job_id, state=state, native=native, detail=(
-                    f"Grid Engine cannot start it ({native}): {self._error_reason(job_id)}; it was deleted"))
+                return JobStatus(
+                    job_id=job_id,
+                    state=state,
+                    native=native,
+                    detail=(f"Grid Engine cannot start it ({native}): {self._error_reason(job_id)}; it was deleted"),
+                )
         for wanted in (JobState.RUNNING, JobState.UNKNOWN, JobState.QUEUED):
             for state, native in states:
                 if state is wanted and state is JobState.QUEUED and "h" in native.lower():
                     # qhold, `qsub -h` or a hold of the site's: it waits for `qrls`, which status names
-                    return JobStatus(job_id=job_id, state=state, native=f"{native}, held: qrls {job_id}", detail=(
-                        f"job {job_id} is held ({native}): Grid Engine starts it only once `qrls {job_id}` "
-                        "releases it"))
+                    return JobStatus(
+                        job_id=job_id,
+                        state=state,
+                        native=f"{native}, held: qrls {job_id}",
+                        detail=(
+                            f"job {job_id} is held ({native}): Grid Engine starts it only once `qrls {job_id}` "
+                            "releases it"
+                        ),
+                    )
                 if state is wanted:
                     return JobStatus(job_id=job_id, state=state, native=native)
         return JobStatus(job_id=job_id, state=JobState.UNKNOWN, native="")
@@ -138,24 +156,38 @@ class GridEngineBackend(BatchBackend):
         grace = self.accounting_grace_seconds
         if evidence.started:
             slow = waited >= grace  # status shows it: on a busy site accounting can lag by minutes
-            return JobStatus(job_id=job_id, state=JobState.RUNNING, native=PENDING_SLOW if slow else PENDING,
-                             detail=f"job {job_id} started (its start record) and left qstat {waited:.0f} s ago; "
-                                    "Grid Engine's accounting has no record of it yet" + (
-                                        f", over accounting_grace_seconds ({grace:.0f} s): accounting is slow "
-                                        "here" if slow else ""))
+            return JobStatus(
+                job_id=job_id,
+                state=JobState.RUNNING,
+                native=PENDING_SLOW if slow else PENDING,
+                detail=f"job {job_id} started (its start record) and left qstat {waited:.0f} s ago; "
+                "Grid Engine's accounting has no record of it yet"
+                + (f", over accounting_grace_seconds ({grace:.0f} s): accounting is slow here" if slow else ""),
+            )
         if not asked or waited < grace:
             return None  # qacct failed this time, or its record may still come: ask again next cycle
-        status = JobStatus(job_id=job_id, state=JobState.CANCELLED, native="DELETED", detail=(
-            f"Grid Engine no longer lists job {job_id}, it left no start record and accounting has no record of it "
-            f"after {grace:.0f} s: it was deleted before it started (`qdel` while pending or held)"))
+        status = JobStatus(
+            job_id=job_id,
+            state=JobState.CANCELLED,
+            native="DELETED",
+            detail=(
+                f"Grid Engine no longer lists job {job_id}, it left no start record and accounting has no record of it "
+                f"after {grace:.0f} s: it was deleted before it started (`qdel` while pending or held)"
+            ),
+        )
         self._finished[job_id] = status
         return status
 
     def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
         """This user's unfinished jobs named RUN.STAGE[.verify]."""
         name = job_name(run_id, stage, kind)
-        return list(dict.fromkeys(entry.job_id for entry in qstat_jobs() if entry.name == name
-                                  and not map_native_state(entry.state, STATE_MAP).finished))
+        return list(
+            dict.fromkeys(
+                entry.job_id
+                for entry in qstat_jobs()
+                if entry.name == name and not map_native_state(entry.state, STATE_MAP).finished
+            )
+        )
 
     def scheduler_logs(self, job_id: str) -> list[Path]:
         return sorted(self.logs_dir.glob(f"sge-{job_id}.log")) + sorted(self.logs_dir.glob(f"sge-{job_id}.*.log"))

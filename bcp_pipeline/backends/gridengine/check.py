@@ -22,8 +22,17 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bcp_pipeline.backends.checks import (CheckInput, CheckOutcome, ProbeJob, Row, different, ok, poll_until,
-    removed_at_exit, unchecked)
+from bcp_pipeline.backends.checks import (
+    CheckInput,
+    CheckOutcome,
+    ProbeJob,
+    Row,
+    different,
+    ok,
+    poll_until,
+    removed_at_exit,
+    unchecked,
+)
 from bcp_pipeline.backends.gridengine.client import HINT
 from bcp_pipeline.backends.gridengine.render import job_values, qsub_argv, site_setup, start_hosts
 from bcp_pipeline.backends.gridengine.training import FIND_QRSH
@@ -44,12 +53,21 @@ def check_gridengine(ctx: CheckInput) -> CheckOutcome:
         run_command(["qstat", "-g", "c"], timeout=60, hint=HINT)
         environments = run_command(["qconf", "-spl"], timeout=60, hint=HINT).stdout.split()
     except CommandError as exc:
-        row = different("qmaster", "Grid Engine's qmaster answers (qstat, qconf)", str(exc).splitlines()[0],
-                        "set SGE_ROOT/SGE_CELL (and a private cell's ports); nothing else could be checked")
+        row = different(
+            "qmaster",
+            "Grid Engine's qmaster answers (qstat, qconf)",
+            str(exc).splitlines()[0],
+            "set SGE_ROOT/SGE_CELL (and a private cell's ports); nothing else could be checked",
+        )
         return CheckOutcome(target={"cell": "unreachable"}, profile_parts=("gridengine", "unreachable"), rows=[row])
     cell = cell_name()
-    rows = [ok("qmaster", "Grid Engine's qmaster answers (qstat, qconf)", f"cell {cell}"), verify_row(ctx),
-            requests_row(ctx), environments_row(ctx, environments), image_row(ctx)]
+    rows = [
+        ok("qmaster", "Grid Engine's qmaster answers (qstat, qconf)", f"cell {cell}"),
+        verify_row(ctx),
+        requests_row(ctx),
+        environments_row(ctx, environments),
+        image_row(ctx),
+    ]
     facts: dict = {"parallel_environments": environments}
     notes = []
     shape = probe_shape(ctx) if ctx.jobs else None
@@ -60,12 +78,20 @@ def check_gridengine(ctx: CheckInput) -> CheckOutcome:
         rows += probe_rows
         facts.update(probe_facts)
     else:
-        why = "--no-jobs: no probe job submitted" if not ctx.jobs else \
-            "no parallel environment and no stage over several hosts to probe (set backends.gridengine." \
+        why = (
+            "--no-jobs: no probe job submitted"
+            if not ctx.jobs
+            else "no parallel environment and no stage over several hosts to probe (set backends.gridengine."
             "parallel_environment)"
+        )
         rows += [unchecked("hosts", hosts_assumption(), why), unchecked("shared folder", shared_assumption(), why)]
-    return CheckOutcome(target={"cell": cell}, profile_parts=("gridengine", cell.replace("/", "-")),
-                        rows=[r for r in rows if r is not None], facts=facts, notes=notes)
+    return CheckOutcome(
+        target={"cell": cell},
+        profile_parts=("gridengine", cell.replace("/", "-")),
+        rows=[r for r in rows if r is not None],
+        facts=facts,
+        notes=notes,
+    )
 
 
 def cell_name() -> str:
@@ -83,7 +109,7 @@ def requested(ctx: CheckInput) -> tuple[dict[str, set[str]], dict[str, set[str]]
     options = ctx.config.options["gridengine"]
     resources: dict[str, set[str]] = {}
     queues: dict[str, set[str]] = {}
-    for name, stage in (ctx.pipeline.stages.items() if ctx.pipeline else []):
+    for name, stage in ctx.pipeline.stages.items() if ctx.pipeline else []:
         res = stage.gridengine
         asked = [*res.resources, *[arg.split(None, 1)[1] for arg in res.extra_args if arg.startswith("-l ")]]
         for words in asked:
@@ -116,17 +142,28 @@ def requests_row(ctx: CheckInput) -> Row | None:
         if len(fields) >= 5 and not line.startswith("#"):
             for key in fields[:2]:
                 requestable[key] = fields[4].upper() in ("YES", "FORCED")
-    problems = [f"{name} ({', '.join(sorted(stages))}): " + ("not requestable" if name in requestable else
-                                                               "no such complex")
-                for name, stages in sorted(resources.items()) if not requestable.get(name)]
-    problems += [f"queue {queue} ({', '.join(sorted(stages))}): no such queue"
-                 for queue, stages in sorted(queues.items()) if queue not in known_queues]
-    fine = sorted(name for name in resources if requestable.get(name)) + \
-        [f"queue {queue}" for queue in sorted(queues) if queue in known_queues]
+    problems = [
+        f"{name} ({', '.join(sorted(stages))}): " + ("not requestable" if name in requestable else "no such complex")
+        for name, stages in sorted(resources.items())
+        if not requestable.get(name)
+    ]
+    problems += [
+        f"queue {queue} ({', '.join(sorted(stages))}): no such queue"
+        for queue, stages in sorted(queues.items())
+        if queue not in known_queues
+    ]
+    fine = sorted(name for name in resources if requestable.get(name)) + [
+        f"queue {queue}" for queue in sorted(queues) if queue in known_queues
+    ]
     showed = "; ".join(problems + [f"requestable: {', '.join(fine)}" if fine else "nothing requestable asked"])
     if problems:
-        return different("requested resources", assumes, showed, "qsub refuses those jobs: name the cell's own "
-                         "complexes and queues (`qconf -sc`, `qconf -sql`), or ask the site which to request")
+        return different(
+            "requested resources",
+            assumes,
+            showed,
+            "qsub refuses those jobs: name the cell's own "
+            "complexes and queues (`qconf -sc`, `qconf -sql`), or ask the site which to request",
+        )
     return ok("requested resources", assumes, showed)
 
 
@@ -135,12 +172,13 @@ def environments_row(ctx: CheckInput, environments: list[str]) -> Row | None:
     assumes = "each distributed stage's parallel environment gives one slot per host (allocation_rule 1)"
     options = ctx.config.options["gridengine"]
     wanted = {}
-    for name, stage in (ctx.pipeline.stages.items() if ctx.pipeline else []):
+    for name, stage in ctx.pipeline.stages.items() if ctx.pipeline else []:
         if stage.gridengine.distributed or over_hosts_training(stage):
             wanted[name] = stage.gridengine.parallel_environment or options.parallel_environment
     if not wanted:
-        return ok("parallel environments", assumes, f"the cell has {', '.join(environments) or 'none'}; no "
-                  "distributed stage")
+        return ok(
+            "parallel environments", assumes, f"the cell has {', '.join(environments) or 'none'}; no distributed stage"
+        )
     problems, fine = [], []
     for stage, pe in wanted.items():
         if pe is None:
@@ -152,8 +190,13 @@ def environments_row(ctx: CheckInput, environments: list[str]) -> Row | None:
             (fine if rule == "1" else problems).append(f"{stage}: {pe} (allocation_rule {rule})")
     showed = "; ".join(problems + fine)
     if problems:
-        return different("parallel environments", assumes, showed, "a distributed stage needs one host per node: "
-                         "name a parallel environment with allocation_rule 1 (gridengine.parallel_environment)")
+        return different(
+            "parallel environments",
+            assumes,
+            showed,
+            "a distributed stage needs one host per node: "
+            "name a parallel environment with allocation_rule 1 (gridengine.parallel_environment)",
+        )
     return ok("parallel environments", assumes, showed)
 
 
@@ -170,8 +213,11 @@ def container_stages(ctx: CheckInput) -> dict[str, str]:
     options = ctx.config.options["gridengine"]
     if options.container != "apptainer" or ctx.pipeline is None:
         return {}
-    return {name: stage.gridengine.container_image for name, stage in ctx.pipeline.stages.items()
-            if stage.gridengine.container_image}
+    return {
+        name: stage.gridengine.container_image
+        for name, stage in ctx.pipeline.stages.items()
+        if stage.gridengine.container_image
+    }
 
 
 def image_row(ctx: CheckInput) -> Row | None:
@@ -182,9 +228,14 @@ def image_row(ctx: CheckInput) -> Row | None:
     pulled = sorted({image for image in images.values() if "://" in image})
     showed = "; ".join(f"{stage}: {image}" for stage, image in images.items())
     if pulled:
-        return ok("container images", assumes, showed, "a docker:// (or other URI) image is pulled on every host "
-                  "of every job (Apptainer converts it to a .sif in its cache first): `apptainer pull` it once to a "
-                  ".sif on the shared file system to avoid that")
+        return ok(
+            "container images",
+            assumes,
+            showed,
+            "a docker:// (or other URI) image is pulled on every host "
+            "of every job (Apptainer converts it to a .sif in its cache first): `apptainer pull` it once to a "
+            ".sif on the shared file system to avoid that",
+        )
     return ok("container images", assumes, showed)
 
 
@@ -214,8 +265,9 @@ def probe_shape(ctx: CheckInput) -> ProbeShape | None:
     one (TSUBAME: a site resource such as `-l node_f=N` makes the job parallel), the first stage over several hosts'
     own requests, expecting its nodes. Either way its hosts are started as that stage starts them (start_hosts)."""
     options = ctx.config.options["gridengine"]
-    submission = next((s for s in ctx.submissions() if s.request.kind == "stage" and spans_hosts(s.request.stage)),
-                      None)
+    submission = next(
+        (s for s in ctx.submissions() if s.request.kind == "stage" and spans_hosts(s.request.stage)), None
+    )
     start, prelude = options.start_hosts, []
     if submission is not None:
         request = submission.request
@@ -225,16 +277,29 @@ def probe_shape(ctx: CheckInput) -> ProbeShape | None:
             prelude = [*shell_exports(request, "gridengine", values, request.label), *site_setup(request)]
     pe = probe_environment(ctx) or options.parallel_environment
     if pe:
-        return ProbeShape(requests=[f"-pe {pe} {PROBE_HOSTS}"], hosts=PROBE_HOSTS, start_hosts=start,
-                          prelude=prelude, said=f"{PROBE_HOSTS} hosts of parallel environment {pe}, started by {start}")
+        return ProbeShape(
+            requests=[f"-pe {pe} {PROBE_HOSTS}"],
+            hosts=PROBE_HOSTS,
+            start_hosts=start,
+            prelude=prelude,
+            said=f"{PROBE_HOSTS} hosts of parallel environment {pe}, started by {start}",
+        )
     if submission is None:
         return None
-    requests = [line[3:] for line in submission.printable.splitlines()
-                if line.startswith("#$ ") and not line[3:].startswith(OWN_DIRECTIVES)]
+    requests = [
+        line[3:]
+        for line in submission.printable.splitlines()
+        if line.startswith("#$ ") and not line[3:].startswith(OWN_DIRECTIVES)
+    ]
     nodes = rank_layout(submission.request.stage, "gridengine").nodes
-    return ProbeShape(requests=requests, hosts=nodes, start_hosts=start, prelude=prelude,
-                      said=f"the {nodes} hosts stage {submission.request.stage.name} asks for "
-                           f"({' '.join(requests) or 'no request'}; no parallel environment), started by {start}")
+    return ProbeShape(
+        requests=requests,
+        hosts=nodes,
+        start_hosts=start,
+        prelude=prelude,
+        said=f"the {nodes} hosts stage {submission.request.stage.name} asks for "
+        f"({' '.join(requests) or 'no request'}; no parallel environment), started by {start}",
+    )
 
 
 def spans_hosts(stage) -> bool:
@@ -242,29 +307,33 @@ def spans_hosts(stage) -> bool:
 
 
 def probe_environment(ctx: CheckInput) -> str | None:
-    for stage in (ctx.pipeline.stages.values() if ctx.pipeline else []):
+    for stage in ctx.pipeline.stages.values() if ctx.pipeline else []:
         if (stage.gridengine.distributed or over_hosts_training(stage)) and stage.gridengine.parallel_environment:
             return stage.gridengine.parallel_environment
     return None
 
 
 def hosts_assumption() -> str:
-    return ("a job over several hosts (the parallel environment's slots, or a stage's own requests) gets them in "
-            "$PE_HOSTFILE, and `qrsh -inherit` (or the stage's mpirun) starts a command on each")
+    return (
+        "a job over several hosts (the parallel environment's slots, or a stage's own requests) gets them in "
+        "$PE_HOSTFILE, and `qrsh -inherit` (or the stage's mpirun) starts a command on each"
+    )
 
 
 def shared_assumption() -> str:
     return "the workspace folder and the state folder are the same files on every exec host as here"
 
 
-HOST_PART = ('echo "BCPP-HOST host=$(hostname) apptainer=$(command -v apptainer || echo none) '
-             'nvidia=$(command -v nvidia-smi >/dev/null && echo yes || echo no) marker=$(cat "$1" 2>/dev/null)"')
+HOST_PART = (
+    'echo "BCPP-HOST host=$(hostname) apptainer=$(command -v apptainer || echo none) '
+    'nvidia=$(command -v nvidia-smi >/dev/null && echo yes || echo no) marker=$(cat "$1" 2>/dev/null)"'
+)
 
 
 # mpirun's start of the probe's part on each host, as a stage's (training.py's MPIRUN): one process a host.
-MPIRUN_PART = r'''awk '{print $1 " slots=1"}' "$PE_HOSTFILE" > @HOSTFILE@
+MPIRUN_PART = r"""awk '{print $1 " slots=1"}' "$PE_HOSTFILE" > @HOSTFILE@
 if [ -z "${ARC:-}" ] && [ -n "${arch:-}" ]; then export ARC="$arch"; fi
-mpirun -np "$NHOSTS" -npernode 1 -hostfile @HOSTFILE@ --bind-to none /bin/bash @PART@ @MARKER@'''
+mpirun -np "$NHOSTS" -npernode 1 -hostfile @HOSTFILE@ --bind-to none /bin/bash @PART@ @MARKER@"""
 
 
 def probe_script(name: str, output: Path, part: Path, marker_path: Path, marker: str, shape: ProbeShape) -> str:
@@ -274,16 +343,29 @@ def probe_script(name: str, output: Path, part: Path, marker_path: Path, marker:
         words = {"@HOSTFILE@": f"{part}.hostfile", "@PART@": str(part), "@MARKER@": str(marker_path)}
         start = [*shape.prelude, re.sub("|".join(words), lambda m: shlex.quote(words[m.group()]), MPIRUN_PART)]
     else:
-        start = ["for host in $(awk '{print $1}' \"$PE_HOSTFILE\"); do",
-                 f"  \"$qrsh\" -inherit -nostdin \"$host\" /bin/bash {shlex.quote(str(part))} "
-                 f"{shlex.quote(str(marker_path))} &", "done", "wait"]
-    return "\n".join([
-        "#!/bin/bash", f"#$ -N {name}", "#$ -S /bin/bash", "#$ -j y", f"#$ -o {output}", "#$ -l h_rt=0:05:00",
-        *[f"#$ {line}" for line in shape.requests],
-        'echo "BCPP-PE nhosts=$NHOSTS hostfile=$(awk \'{print $1}\' "$PE_HOSTFILE" | paste -sd,)"',
-        f"mkdir -p {shlex.quote(str(marker_path.parent))} && echo {marker} > {shlex.quote(str(marker_path))}",
-        f"printf '%s\\n' {shlex.quote(HOST_PART)} > {shlex.quote(str(part))}",
-        FIND_QRSH, *start, ""])
+        start = [
+            "for host in $(awk '{print $1}' \"$PE_HOSTFILE\"); do",
+            f'  "$qrsh" -inherit -nostdin "$host" /bin/bash {shlex.quote(str(part))} {shlex.quote(str(marker_path))} &',
+            "done",
+            "wait",
+        ]
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"#$ -N {name}",
+            "#$ -S /bin/bash",
+            "#$ -j y",
+            f"#$ -o {output}",
+            "#$ -l h_rt=0:05:00",
+            *[f"#$ {line}" for line in shape.requests],
+            'echo "BCPP-PE nhosts=$NHOSTS hostfile=$(awk \'{print $1}\' "$PE_HOSTFILE" | paste -sd,)"',
+            f"mkdir -p {shlex.quote(str(marker_path.parent))} && echo {marker} > {shlex.quote(str(marker_path))}",
+            f"printf '%s\\n' {shlex.quote(HOST_PART)} > {shlex.quote(str(part))}",
+            FIND_QRSH,
+            *start,
+            "",
+        ]
+    )
 
 
 def probe(ctx: CheckInput, shape: ProbeShape) -> tuple[list[Row], dict]:
@@ -293,9 +375,16 @@ def probe(ctx: CheckInput, shape: ProbeShape) -> tuple[list[Row], dict]:
     folder.mkdir(parents=True, exist_ok=True)
     output, part = folder / f"{token}.out", folder / f"{token}.sh"
     if ctx.pipeline is not None:
-        workspace = Path(paths_for(options, config_dir=ctx.config.file.parent.resolve(),
-                                   stages_dir=ctx.config.stages_dir, run_dir=folder,
-                                   workspace_name=ctx.pipeline.workspace.name, orchestrator_python="").workspace)
+        workspace = Path(
+            paths_for(
+                options,
+                config_dir=ctx.config.file.parent.resolve(),
+                stages_dir=ctx.config.stages_dir,
+                run_dir=folder,
+                workspace_name=ctx.pipeline.workspace.name,
+                orchestrator_python="",
+            ).workspace
+        )
     else:
         workspace = folder
     marker = f".{token}"
@@ -307,15 +396,24 @@ def probe(ctx: CheckInput, shape: ProbeShape) -> tuple[list[Row], dict]:
         seconds = time.monotonic() - started
     if not finished:
         why = f"job {job.id} had not ended after {PROBE_WAIT_SECONDS:.0f} s (deleted)"
-        return [different("hosts", hosts_assumption(), why, "is the queue full, or the parallel environment too "
-                          "small? `qstat -f`, `qstat -j ID`"), unchecked("shared folder", shared_assumption(), why)], {}
+        return [
+            different(
+                "hosts",
+                hosts_assumption(),
+                why,
+                "is the queue full, or the parallel environment too small? `qstat -f`, `qstat -j ID`",
+            ),
+            unchecked("shared folder", shared_assumption(), why),
+        ], {}
     text = output.read_text(errors="replace") if output.is_file() else ""
     hosts = [dict(p.split("=", 1) for p in line.split() if "=" in p) for line in PROBE_LINE.findall(text)]
     rows = [hosts_row(text, hosts, shape), shared_row(output, hosts, marker, shape.hosts), apptainer_row(ctx, hosts)]
     for leftover in (workspace / marker, output, part, Path(f"{part}.hostfile")):
         leftover.unlink(missing_ok=True)
-    return [r for r in rows if r is not None], {"probe_seconds": round(seconds, 1),
-                                                "hosts": [h.get("host", "?") for h in hosts]}
+    return [r for r in rows if r is not None], {
+        "probe_seconds": round(seconds, 1),
+        "hosts": [h.get("host", "?") for h in hosts],
+    }
 
 
 def hosts_row(text: str, hosts: list[dict], shape: ProbeShape) -> Row:
@@ -324,20 +422,31 @@ def hosts_row(text: str, hosts: list[dict], shape: ProbeShape) -> Row:
     showed = f"{pe_line[8:]}; answered from: {', '.join(names) or 'no host'} (started by {shape.start_hosts})"
     if len(names) == shape.hosts:
         return ok("hosts", hosts_assumption(), showed)
-    return different("hosts", hosts_assumption(), showed + f"; the job's output ends: {text.strip()[-200:]!r}",
-                     "a distributed stage would not reach its other hosts: check the parallel environment "
-                     "(control_slaves TRUE) and that qrsh -inherit (or mpirun) works between the exec hosts")
+    return different(
+        "hosts",
+        hosts_assumption(),
+        showed + f"; the job's output ends: {text.strip()[-200:]!r}",
+        "a distributed stage would not reach its other hosts: check the parallel environment "
+        "(control_slaves TRUE) and that qrsh -inherit (or mpirun) works between the exec hosts",
+    )
 
 
 def shared_row(output: Path, hosts: list[dict], marker: str, expected: int) -> Row:
     seen = sorted(h.get("host", "?") for h in hosts if h.get("marker") == marker)
-    showed = (f"the job's output {'is' if output.is_file() else 'is NOT'} here ({output.parent}); the marker "
-              f"written on the first host is seen on: {', '.join(seen) or 'no host'}")
+    showed = (
+        f"the job's output {'is' if output.is_file() else 'is NOT'} here ({output.parent}); the marker "
+        f"written on the first host is seen on: {', '.join(seen) or 'no host'}"
+    )
     if output.is_file() and len(seen) == len(hosts) == expected:
         return ok("shared folder", shared_assumption(), showed)
-    return different("shared folder", shared_assumption(), showed, "stages' outputs and logs would be invisible "
-                     "here or on the other hosts: put backends.gridengine.workspace_dir and the state folder on a "
-                     "file system every exec host mounts")
+    return different(
+        "shared folder",
+        shared_assumption(),
+        showed,
+        "stages' outputs and logs would be invisible "
+        "here or on the other hosts: put backends.gridengine.workspace_dir and the state folder on a "
+        "file system every exec host mounts",
+    )
 
 
 def apptainer_row(ctx: CheckInput, hosts: list[dict]) -> Row | None:
@@ -346,21 +455,34 @@ def apptainer_row(ctx: CheckInput, hosts: list[dict]) -> Row | None:
     assumes = "every exec host has apptainer, and the NVIDIA driver its --nv binds in"
     showed = "; ".join(f"{h.get('host')}: apptainer {h.get('apptainer')}, nvidia-smi {h.get('nvidia')}" for h in hosts)
     if any(h.get("apptainer") in (None, "none") for h in hosts):
-        return different("apptainer", assumes, showed, "container stages fail on those hosts: install Apptainer "
-                         "there, or drop the stages' container_image")
+        return different(
+            "apptainer",
+            assumes,
+            showed,
+            "container stages fail on those hosts: install Apptainer there, or drop the stages' container_image",
+        )
     if any(h.get("nvidia") != "yes" for h in hosts):
-        return different("apptainer", assumes, showed, "--nv finds no NVIDIA driver on those hosts: GPU stages "
-                         "see no GPU there (CPU stages still run)")
+        return different(
+            "apptainer",
+            assumes,
+            showed,
+            "--nv finds no NVIDIA driver on those hosts: GPU stages see no GPU there (CPU stages still run)",
+        )
     return ok("apptainer", assumes, showed)
 
 
 def deleted_at_exit(name: str) -> AbstractContextManager[ProbeJob]:
     """Whatever ends the block, the probe is deleted: by id where qsub answered, by name where it had not."""
-    return removed_at_exit(lambda job: subprocess.run(["qdel", job.id or name], capture_output=True, timeout=60,
-                                                      check=False))
+    return removed_at_exit(
+        lambda job: subprocess.run(["qdel", job.id or name], capture_output=True, timeout=60, check=False)
+    )
 
 
 def wait_gone(job_id: str, timeout: float) -> bool:
     """Until qstat no longer knows the job (it ended); False at the timeout."""
-    return bool(poll_until(lambda: subprocess.run(["qstat", "-j", job_id], capture_output=True,
-                                                  timeout=60).returncode != 0 or None, timeout))
+    return bool(
+        poll_until(
+            lambda: subprocess.run(["qstat", "-j", job_id], capture_output=True, timeout=60).returncode != 0 or None,
+            timeout,
+        )
+    )

@@ -11,9 +11,10 @@ from bcp_pipeline.backends.gridengine.states import Accounting, Listed, parse_qa
 from bcp_pipeline.errors import CommandError, SubmissionError
 from bcp_pipeline.procs import run_command
 
-
-HINT = ("is the Grid Engine cell reachable from here? try `qstat`; its clients need SGE_ROOT, SGE_CELL (and a "
-        "private cell's SGE_QMASTER_PORT) in the environment")
+HINT = (
+    "is the Grid Engine cell reachable from here? try `qstat`; its clients need SGE_ROOT, SGE_CELL (and a "
+    "private cell's SGE_QMASTER_PORT) in the environment"
+)
 
 
 def qstat_jobs() -> list[Listed]:
@@ -27,8 +28,14 @@ def qstat_jobs() -> list[Listed]:
     for entry in root.iter("job_list"):
         text = {child.tag: (child.text or "").strip() for child in entry}
         if text.get("JB_job_number"):
-            found.append(Listed(job_id=text["JB_job_number"], state=text.get("state", ""),
-                                name=text.get("JB_name", ""), tasks=text.get("tasks", "")))
+            found.append(
+                Listed(
+                    job_id=text["JB_job_number"],
+                    state=text.get("state", ""),
+                    name=text.get("JB_name", ""),
+                    tasks=text.get("tasks", ""),
+                )
+            )
     return found
 
 

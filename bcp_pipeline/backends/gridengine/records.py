@@ -10,7 +10,7 @@ Grid Engine's answers alone. So each job script (each array task; a parallel job
                              h_rt, or `qdel` of a running job, for which accounting is the only witness)
 
 each written to a temporary name and renamed (atomic: a reader sees all of it or none). `SCRIPT` renders the
-lines (pure); `read_evidence` and `Evidence` read them back for the backend's poll.
+lines (pure; records.sh); `read_evidence` and `Evidence` read them back for the backend's poll.
 """
 
 from __future__ import annotations
@@ -21,23 +21,14 @@ from pathlib import Path
 
 from bcp_pipeline.backends.contract import JobState, JobStatus
 from bcp_pipeline.backends.gridengine.states import Accounting
+from bcp_pipeline.backends.shared import templates
 
-# Shell text, after `logs=` is set. `${1:-}`: a parallel job's hosts rerun the script as `--node`; only the batch
-# script's own run (the job's exit status in accounting) records. `sync FILE` fsyncs it before the rename.
-SCRIPT = r'''# The job's own start and exit records (logs/ID/task-N.*), read before Grid Engine's accounting, which lags
-# on a busy site (bcp_pipeline/backends/gridengine/records.py); not by a parallel job's `--node` parts.
-bcp_record() { printf '%s\n' "$2" > "$record.$1.tmp$$" && sync "$record.$1.tmp$$" &&
-  mv -f "$record.$1.tmp$$" "$record.$1" || echo "bcp-pipeline: cannot write $record.$1" >&2; }
-if [ "${1:-}" != --node ]; then
-  record="$logs/$JOB_ID/task-${SGE_TASK_ID/undefined/1}"
-  mkdir -p "$logs/$JOB_ID" && bcp_record started "host=$(hostname) time=$(date +%s) tasks=TASKS"
-  trap 'bcp_record exit "$?"' EXIT
-fi'''
+SCRIPT = templates.load(__package__, "records.sh")  # shell text, after `logs=` is set
 
 
 def script(tasks: int) -> list[str]:
     """The record lines of a job of `tasks` array tasks (1: a plain or parallel job)."""
-    return SCRIPT.replace("TASKS", str(tasks)).splitlines()
+    return templates.fill(SCRIPT, TASKS=str(tasks)).splitlines()
 
 
 @dataclass(frozen=True)
@@ -62,8 +53,13 @@ class Evidence:
             return JobStatus(job_id=job_id, state=JobState.SUCCEEDED, native="done", exit_code=0, detail=said)
         task, code = next(iter(failed.items()))
         where = f"task {task}: " if self.tasks and self.tasks > 1 else ""
-        return JobStatus(job_id=job_id, state=JobState.FAILED, native="exited", exit_code=code,
-                         detail=f"{where}exit status {code}, {said}")
+        return JobStatus(
+            job_id=job_id,
+            state=JobState.FAILED,
+            native="exited",
+            exit_code=code,
+            detail=f"{where}exit status {code}, {said}",
+        )
 
     def worst_exit(self) -> int | None:
         """The highest exit status the tasks recorded (None: none recorded one)."""

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from bcp_pipeline.backends.contract import JobState, JobStatus
 
-
 # Every qstat state code (the letters Grid Engine combines). Unlisted ones map to UNKNOWN: "not finished".
 STATE_MAP: dict[str, JobState] = {
     "QW": JobState.QUEUED,  # pending
@@ -75,9 +74,15 @@ def parse_qacct(text: str) -> list[Accounting]:
         if "jobnumber" not in fields:
             continue
         failed_code, _, failed_text = fields.get("failed", "0").partition(":")
-        records.append(Accounting(job_id=fields["jobnumber"], task=fields.get("taskid", "undefined"),
-                                  failed=int(failed_code.strip() or 0), failed_text=failed_text.strip(),
-                                  exit_status=int(fields.get("exit_status", "0").split()[0])))
+        records.append(
+            Accounting(
+                job_id=fields["jobnumber"],
+                task=fields.get("taskid", "undefined"),
+                failed=int(failed_code.strip() or 0),
+                failed_text=failed_text.strip(),
+                exit_status=int(fields.get("exit_status", "0").split()[0]),
+            )
+        )
     return records
 
 
@@ -96,10 +101,20 @@ def record_status(job_id: str, record: Accounting) -> JobStatus:
     task = f"task {record.task}: " if record.task not in ("undefined", "0") else ""
     if record.failed:
         state = FAILED_CODES.get(record.failed, JobState.FAILED)
-        return JobStatus(job_id=job_id, state=state, native=f"failed {record.failed}", exit_code=record.exit_status,
-                         detail=f"{task}Grid Engine: failed {record.failed} ({record.failed_text}), exit status "
-                                f"{record.exit_status}")
+        return JobStatus(
+            job_id=job_id,
+            state=state,
+            native=f"failed {record.failed}",
+            exit_code=record.exit_status,
+            detail=f"{task}Grid Engine: failed {record.failed} ({record.failed_text}), exit status "
+            f"{record.exit_status}",
+        )
     if record.exit_status:
-        return JobStatus(job_id=job_id, state=JobState.FAILED, native="exited", exit_code=record.exit_status,
-                         detail=f"{task}exit status {record.exit_status}")
+        return JobStatus(
+            job_id=job_id,
+            state=JobState.FAILED,
+            native="exited",
+            exit_code=record.exit_status,
+            detail=f"{task}exit status {record.exit_status}",
+        )
     return JobStatus(job_id=job_id, state=JobState.SUCCEEDED, native="done", exit_code=0)

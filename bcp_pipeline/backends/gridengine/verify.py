@@ -25,8 +25,10 @@ from bcp_pipeline.procs import run_command
 TOPIC = "qsub -w v"
 START_AHEAD_S = 24 * 3600  # the verified job's start (`qsub -a`): never reached, as it is deleted at once
 AS_WRITTEN = "qsub accepts every rendered job script (`qsub -w v`: verified, nothing submitted)"
-THROUGH_JSV = ("the cell's JSV accepts every rendered job and Grid Engine can place it as the JSV changed it (each "
-               "job's `#$` lines submitted to start a day later, `qalter -w v`, deleted at once)")
+THROUGH_JSV = (
+    "the cell's JSV accepts every rendered job and Grid Engine can place it as the JSV changed it (each "
+    "job's `#$` lines submitted to start a day later, `qalter -w v`, deleted at once)"
+)
 
 
 def server_jsv() -> str | None:
@@ -46,8 +48,12 @@ def verify_row(ctx: CheckInput) -> Row | None:
     options = ctx.config.options["gridengine"]
     jsv = server_jsv()
     if jsv and not ctx.jobs:
-        return unchecked(TOPIC, THROUGH_JSV, f"--no-jobs: the cell's server-side JSV ({jsv}) changes each job after "
-                         "`qsub -w v` has looked at it, so only a submitted job shows what it makes of it")
+        return unchecked(
+            TOPIC,
+            THROUGH_JSV,
+            f"--no-jobs: the cell's server-side JSV ({jsv}) changes each job after "
+            "`qsub -w v` has looked at it, so only a submitted job shows what it makes of it",
+        )
     refused, accepted = [], 0
     for submission in ctx.submissions():
         problem = (through_jsv if jsv else as_written)(options, submission.printable)
@@ -56,12 +62,20 @@ def verify_row(ctx: CheckInput) -> Row | None:
         else:
             refused.append(f"{submission.request.label}: {problem[:200]}")
     assumes = THROUGH_JSV if jsv else AS_WRITTEN
-    showed = (f"{accepted} accepted" + (f"; {len(refused)} refused: " + "; ".join(refused) if refused else "")
-              + (f" (through the cell's JSV, {jsv})" if jsv else ""))
+    showed = (
+        f"{accepted} accepted"
+        + (f"; {len(refused)} refused: " + "; ".join(refused) if refused else "")
+        + (f" (through the cell's JSV, {jsv})" if jsv else "")
+    )
     if refused:
-        return different(TOPIC, assumes, showed, "`run` fails at these stages: fix the resource, parallel "
-                         "environment or queue qsub names (`qconf -sc`, `qconf -spl`, `qconf -sql` list what the "
-                         "cell has; `plan --backend gridengine` prints each script)")
+        return different(
+            TOPIC,
+            assumes,
+            showed,
+            "`run` fails at these stages: fix the resource, parallel "
+            "environment or queue qsub names (`qconf -sc`, `qconf -spl`, `qconf -sql` list what the "
+            "cell has; `plan --backend gridengine` prints each script)",
+        )
     return ok(TOPIC, assumes, showed)
 
 
@@ -84,8 +98,12 @@ def through_jsv(options: GridEngineOptions, script: str) -> str | None:
     requests = [line for line in script.splitlines() if line.startswith(("#!", "#$"))]
     start = time.strftime("%Y%m%d%H%M", time.localtime(time.time() + START_AHEAD_S))
     try:
-        output = run_command(qsub_argv(options, "-terse", "-a", start), input_text="\n".join([*requests, "true", ""]),
-                             timeout=60, hint=HINT).stdout
+        output = run_command(
+            qsub_argv(options, "-terse", "-a", start),
+            input_text="\n".join([*requests, "true", ""]),
+            timeout=60,
+            hint=HINT,
+        ).stdout
     except CommandError as exc:
         return said(exc)
     job_id = output.strip().splitlines()[-1].split(".")[0] if output.strip() else ""

@@ -21,17 +21,30 @@ from typing import Any
 
 from bcp_pipeline.backends.contract import Backend, JobProgress, JobRequest, JobStatus, Submission, outage_seconds
 from bcp_pipeline.backends.kubernetes.client import api_client, api_error, create_object
-from bcp_pipeline.backends.kubernetes.kueue import check_queue, suspended_in_a_queue, workload_messages
-from bcp_pipeline.backends.kubernetes.render import (LABEL_JOB, is_pytorchjob,
-    label_value, manifests, selector_labels, shape)
 from bcp_pipeline.backends.kubernetes.describe import job_rendezvous, what_it_runs
-from bcp_pipeline.backends.kubernetes.manifest_yaml import printable
-from bcp_pipeline.backends.kubernetes.states import (REPLICA_TYPE_LABEL, completion_index, job_condition,
-    pytorchjob_status, ready_node_names, status_of)
-from bcp_pipeline.config.durations import parse_duration
+from bcp_pipeline.backends.kubernetes.kueue import check_queue, suspended_in_a_queue, workload_messages
+from bcp_pipeline.backends.kubernetes.log_stream import followed_lines, stream_pod_log
+from bcp_pipeline.backends.kubernetes.render import (
+    LABEL_JOB,
+    is_pytorchjob,
+    label_value,
+    manifests,
+    printable,
+    selector_labels,
+    shape,
+)
+from bcp_pipeline.backends.kubernetes.states import (
+    REPLICA_TYPE_LABEL,
+    completion_index,
+    job_condition,
+    pytorchjob_status,
+    ready_node_names,
+    status_of,
+)
+from bcp_pipeline.backends.kubernetes.training_checks import check_stages_in_image, efa_warning
 from bcp_pipeline.backends.shared.locks import user_writer_lock
 from bcp_pipeline.backends.shared.logs import last_lines, progress_from_logs, rank_lines, why_it_failed
-from bcp_pipeline.backends.kubernetes.log_stream import followed_lines, stream_pod_log
+from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.model import Config, PipelineConfig
 from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError, SubmissionError
@@ -45,8 +58,9 @@ FOLLOW_DRAIN_SECONDS = 10.0  # ... and, once it ended, each pod's stream given t
 class KubernetesBackend(Backend):
     name = "kubernetes"
 
-    def __init__(self, options: KubernetesOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
-                 workspace_name: str) -> None:
+    def __init__(
+        self, options: KubernetesOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path, workspace_name: str
+    ) -> None:
         self.options = options
         self.config_dir = config_dir
         self.run_id = run_dir.name  # run_dir is STATE/runs/RUN
@@ -70,13 +84,15 @@ class KubernetesBackend(Backend):
             raise api_error("the version look-up before the run", exc) from None
 
     @classmethod
-    def check_limits(cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *,
-                     detach: bool = False) -> None:
+    def check_limits(
+        cls, config: Config, pipeline: PipelineConfig, requests: Sequence[JobRequest], *, detach: bool = False
+    ) -> None:
         """What this backend never renders, refused before a run is recorded rather than when its stage is due:
         a Kueue queue named badly or through `labels` (kueue.check_queue); `kubernetes.processes` on a training
         engine's stage other than its ranks a pod (one a GPU), which would otherwise be silently overruled."""
         for request in requests:
             check_queue(request)
+            check_stages_in_image(request, config.options[cls.name], shape(request, config.options[cls.name]).image)
             given = request.resources("kubernetes").processes
             if request.kind == "stage" and request.stage.engine and given is not None:
                 ranks = shape(request, config.options[cls.name]).processes
@@ -84,12 +100,13 @@ class KubernetesBackend(Backend):
                     raise SubmissionError(
                         f"{request.label}: kubernetes.processes is {given}, but its {request.stage.engine} training "
                         f"runs one rank a GPU, {ranks} a pod (kubernetes.gpus, else the BCP instance's GPUs): drop "
-                        f"kubernetes.processes or make it {ranks}")
+                        f"kubernetes.processes or make it {ranks}"
+                    )
 
     # -- rendering (pure) ------------------------------------------------------------------------------
     def writer_lock_path(self) -> Path:
         """The workspace is a volume claim of a cluster: locked in this user's state folder, by cluster context,
-        namespace and claim (common.user_writer_lock)."""
+        namespace and claim (shared/locks.py user_writer_lock)."""
         context = self.options.context or os.environ.get("KUBECONFIG") or "default-kubeconfig"
         return user_writer_lock(f"kubernetes-{context}", f"{self.options.namespace}.{self.options.workspace_claim}")
 
@@ -100,9 +117,15 @@ class KubernetesBackend(Backend):
     def render(self, request: JobRequest) -> Submission:
         objects = manifests(request, self.options)
         runs = f"# runs: {what_it_runs(request, self.options)}\n"  # a YAML comment: the text still loads as submitted
-        return Submission(request=request, printable=runs + printable(objects),
-                          payload={"manifests": objects, **self.sharding(request)},
-                          rendezvous=job_rendezvous(request, self.options))
+        size = shape(request, self.options)
+        if said := efa_warning(request, size.processes if request.stage.engine else request.resources(self.name).gpus):
+            runs += f"# warning: {said}\n"
+        return Submission(
+            request=request,
+            printable=runs + printable(objects),
+            payload={"manifests": objects, **self.sharding(request)},
+            rendezvous=job_rendezvous(request, self.options),
+        )
 
     # -- the API -----------------------------------------------------------------------------------------
     def api(self) -> Any:
@@ -144,13 +167,21 @@ class KubernetesBackend(Backend):
         the next attempt's is created: it would otherwise run, or replace its pod once the node is removed, beside
         the new attempt. Ended ones stay, with their pods' logs."""
         if is_pytorchjob(request):
-            earlier = [obj["metadata"]["name"] for obj in self._list_pytorchjobs(request.stage.name, request.kind)
-                       if obj["metadata"]["name"] != name and not obj["metadata"].get("deletionTimestamp")
-                       and not pytorchjob_status(obj).state.finished]
+            earlier = [
+                obj["metadata"]["name"]
+                for obj in self._list_pytorchjobs(request.stage.name, request.kind)
+                if obj["metadata"]["name"] != name
+                and not obj["metadata"].get("deletionTimestamp")
+                and not pytorchjob_status(obj).state.finished
+            ]
         else:
-            earlier = [job.metadata.name for job in self._list_jobs(request.stage.name, request.kind)
-                       if job.metadata.name != name and job.metadata.deletion_timestamp is None
-                       and not (job_condition(job) or ("",))[0].startswith(("COMPLETE", "SUCCESS", "FAILED/"))]
+            earlier = [
+                job.metadata.name
+                for job in self._list_jobs(request.stage.name, request.kind)
+                if job.metadata.name != name
+                and job.metadata.deletion_timestamp is None
+                and not (job_condition(job) or ("",))[0].startswith(("COMPLETE", "SUCCESS", "FAILED/"))
+            ]
         if earlier:
             self.cancel(earlier)
 
@@ -167,36 +198,50 @@ class KubernetesBackend(Backend):
             return {}
         wanted = set(job_ids)
         jobs = [job for job in self._list_jobs() if job.metadata.name in wanted]
-        pytorchjobs = [obj for obj in self._list_pytorchjobs() if obj["metadata"]["name"] in wanted] \
-            if wanted - {job.metadata.name for job in jobs} else []  # `launcher: pytorchjob`: not a batch/v1 Job
+        pytorchjobs = (
+            [obj for obj in self._list_pytorchjobs() if obj["metadata"]["name"] in wanted]
+            if wanted - {job.metadata.name for job in jobs}
+            else []
+        )  # `launcher: pytorchjob`: not a batch/v1 Job
         pods_and_nodes = self._pods_and_nodes(jobs)  # once a poll, not once a Job
         said = workload_messages(self.api(), self.options.namespace, suspended_in_a_queue(jobs, pytorchjobs))
-        found = {job.metadata.name: self._status(job, *pods_and_nodes[job.metadata.name],
-                                                 kueue_message=said.get(job.metadata.name)) for job in jobs}
+        found = {
+            job.metadata.name: self._status(
+                job, *pods_and_nodes[job.metadata.name], kueue_message=said.get(job.metadata.name)
+            )
+            for job in jobs
+        }
         found.update(self._pytorchjob_statuses(pytorchjobs, said))
         return found
 
-    def _status(self, job: Any, pods: list[Any], ready_nodes: set[str] | None, *,
-                kueue_message: str | None = None) -> JobStatus:
+    def _status(
+        self, job: Any, pods: list[Any], ready_nodes: set[str] | None, *, kueue_message: str | None = None
+    ) -> JobStatus:
         return status_of(job, pods, ready_nodes, image_pull_grace=self.image_pull_grace, kueue_message=kueue_message)
 
     def _pytorchjob_statuses(self, objects: list[dict[str, Any]], kueue_said: dict[str, str]) -> dict[str, JobStatus]:
         """Each PyTorchJob's status; a failed one's pods are listed (once a poll, by the run's label) to tell a
         time limit's exit from a failure."""
-        statuses = {(name := obj["metadata"]["name"]): pytorchjob_status(obj, kueue_message=kueue_said.get(name))
-                    for obj in objects}
+        statuses = {
+            (name := obj["metadata"]["name"]): pytorchjob_status(obj, kueue_message=kueue_said.get(name))
+            for obj in objects
+        }
         if not any(status.native == "FAILED" for status in statuses.values()):
             return statuses
         try:
-            pods = self._core().list_namespaced_pod(self.options.namespace,
-                                                    label_selector=selector_labels(self.run_id)).items
+            pods = (
+                self._core()
+                .list_namespaced_pod(self.options.namespace, label_selector=selector_labels(self.run_id))
+                .items
+            )
         except Exception as exc:  # noqa: BLE001
             raise api_error("list pods", exc) from None
         for obj in objects:
             name = obj["metadata"]["name"]
             if statuses[name].native == "FAILED":
-                statuses[name] = pytorchjob_status(obj, [p for p in pods if (p.metadata.labels or {}).get(LABEL_JOB)
-                                                         == name])
+                statuses[name] = pytorchjob_status(
+                    obj, [p for p in pods if (p.metadata.labels or {}).get(LABEL_JOB) == name]
+                )
         return statuses
 
     def _pods_and_nodes(self, jobs: list[Any]) -> dict[str, tuple[list[Any], set[str] | None]]:
@@ -209,8 +254,11 @@ class KubernetesBackend(Backend):
         if not open_jobs:
             return {job.metadata.name: ([], None) for job in jobs}
         try:
-            pods = self._core().list_namespaced_pod(self.options.namespace,
-                                                    label_selector=selector_labels(self.run_id)).items
+            pods = (
+                self._core()
+                .list_namespaced_pod(self.options.namespace, label_selector=selector_labels(self.run_id))
+                .items
+            )
         except Exception as exc:  # noqa: BLE001
             raise api_error("list pods", exc) from None
         ready: set[str] | None
@@ -233,8 +281,12 @@ class KubernetesBackend(Backend):
 
         try:
             return client.CustomObjectsApi(self.api()).list_namespaced_custom_object(
-                "kubeflow.org", "v1", self.options.namespace, "pytorchjobs",
-                label_selector=selector_labels(self.run_id, stage, kind))["items"]
+                "kubeflow.org",
+                "v1",
+                self.options.namespace,
+                "pytorchjobs",
+                label_selector=selector_labels(self.run_id, stage, kind),
+            )["items"]
         except ApiException as exc:
             if exc.status == 404:  # no training operator (its CRD) on this cluster
                 return []
@@ -257,8 +309,9 @@ class KubernetesBackend(Backend):
         """The job's pods (an Indexed Job's or a PyTorchJob's: both carry the job's own label), by completion index
         (the latest pod of an index last)."""
         try:
-            pods = self._core().list_namespaced_pod(self.options.namespace,
-                                                    label_selector=f"{LABEL_JOB}={job_id}").items
+            pods = (
+                self._core().list_namespaced_pod(self.options.namespace, label_selector=f"{LABEL_JOB}={job_id}").items
+            )
         except Exception as exc:  # noqa: BLE001
             raise api_error("list pods", exc) from None
         return sorted(pods, key=lambda p: (completion_index(p), p.metadata.creation_timestamp))
@@ -266,8 +319,13 @@ class KubernetesBackend(Backend):
     def _pod_log(self, pod: Any, tail: int | None = None) -> str:
         try:
             # Unparsed: the client would otherwise read a log that happens to be JSON ("67108864") as a value.
-            return self._core().read_namespaced_pod_log(pod.metadata.name, self.options.namespace, tail_lines=tail,
-                                                        _preload_content=False).data.decode("utf-8", "replace")
+            return (
+                self._core()
+                .read_namespaced_pod_log(
+                    pod.metadata.name, self.options.namespace, tail_lines=tail, _preload_content=False
+                )
+                .data.decode("utf-8", "replace")
+            )
         except Exception as exc:  # noqa: BLE001
             return f"(no log: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
 
@@ -296,12 +354,14 @@ class KubernetesBackend(Backend):
         roles = {(p.metadata.labels or {}).get(REPLICA_TYPE_LABEL) for p in pods}
         if "worker" in roles and "master" not in roles:
             return list(by_index.values())
-        processes = int(next((e.value for e in pods[0].spec.containers[0].env or []
-                              if e.name == "BCP_PIPELINE_PROCESSES"), "1"))
+        processes = int(
+            next((e.value for e in pods[0].spec.containers[0].env or [] if e.name == "BCP_PIPELINE_PROCESSES"), "1")
+        )
         pod = by_index.get(rank // processes)
         if pod is None:
-            raise SubmissionError(f"job {job_id} has no pod for rank {rank} ({processes} rank(s) a pod; pod indexes "
-                                  f"{sorted(by_index)})")
+            raise SubmissionError(
+                f"job {job_id} has no pod for rank {rank} ({processes} rank(s) a pod; pod indexes {sorted(by_index)})"
+            )
         return [pod]
 
     def follow_logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> Iterator[str]:
@@ -320,8 +380,11 @@ class KubernetesBackend(Backend):
                     name = pod.metadata.name
                     if name not in streams:
                         streams[name] = threading.Thread(
-                            target=stream_pod_log, daemon=True, name=f"log-{name}",
-                            args=(self._core(), self.options.namespace, name, tail, lines, stop))
+                            target=stream_pod_log,
+                            daemon=True,
+                            name=f"log-{name}",
+                            args=(self._core(), self.options.namespace, name, tail, lines, stop),
+                        )
                         streams[name].start()
                 if ended:
                     for stream in streams.values():  # each ends with its container (which has ended)
@@ -351,8 +414,12 @@ class KubernetesBackend(Backend):
                 if terminated is not None and terminated.exit_code != 0:
                     failed.append((pod, terminated))
         if failed:
-            lines.append("; ".join(f"pod {pod.metadata.name} on {pod.spec.node_name} exited {t.exit_code} "
-                                   f"({t.reason})" for pod, t in failed))
+            lines.append(
+                "; ".join(
+                    f"pod {pod.metadata.name} on {pod.spec.node_name} exited {t.exit_code} ({t.reason})"
+                    for pod, t in failed
+                )
+            )
             name, log = failed[0][0].metadata.name, self._pod_log(failed[0][0], FAILURE_LOG_LINES)
             lines += why_it_failed(log, f"{name}'s")
         return "\n".join(lines)
@@ -365,11 +432,15 @@ class KubernetesBackend(Backend):
 
         def delete_pytorchjob(name: str, namespace: str, **options: Any) -> Any:
             return client.CustomObjectsApi(self.api()).delete_namespaced_custom_object(
-                "kubeflow.org", "v1", namespace, "pytorchjobs", name, **options)
+                "kubeflow.org", "v1", namespace, "pytorchjobs", name, **options
+            )
 
         for name in job_ids:
-            for delete in (self._batch().delete_namespaced_job, self._core().delete_namespaced_service,
-                           delete_pytorchjob):
+            for delete in (
+                self._batch().delete_namespaced_job,
+                self._core().delete_namespaced_service,
+                delete_pytorchjob,
+            ):
                 try:
                     delete(name, self.options.namespace, propagation_policy="Foreground")
                 except ApiException as exc:

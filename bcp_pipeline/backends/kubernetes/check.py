@@ -3,7 +3,7 @@ the namespace, the workspace PVC and its access mode, GPUs on the nodes, each st
 allocatable of the nodes its nodeSelector matches (fit.py), the training operator's CRD, each Kueue LocalQueue a
 stage names (`kubernetes.queue`), and every
 rendered manifest of the pipeline through the apiserver's admission with a server-side dry run (nothing stored),
-and a probe Job shaped as the first stage's (check/kubernetes_probe.py: RANK per pod, the mount, kill timing).
+and a probe Job shaped as the first stage's (probe.py: RANK per pod, the mount, kill timing).
 """
 
 from __future__ import annotations
@@ -20,9 +20,16 @@ from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError, ConfigError
 
 # (verb, group, resource, subresource): what `run`, `logs` and `cancel` do.
-RIGHTS = [("create", "batch", "jobs", ""), ("list", "batch", "jobs", ""), ("delete", "batch", "jobs", ""),
-          ("list", "", "pods", ""), ("get", "", "pods", "log"), ("create", "", "services", ""),
-          ("delete", "", "services", ""), ("get", "", "secrets", "")]
+RIGHTS = [
+    ("create", "batch", "jobs", ""),
+    ("list", "batch", "jobs", ""),
+    ("delete", "batch", "jobs", ""),
+    ("list", "", "pods", ""),
+    ("get", "", "pods", "log"),
+    ("create", "", "services", ""),
+    ("delete", "", "services", ""),
+    ("get", "", "secrets", ""),
+]
 # A stage with launcher: pytorchjob also creates, lists and deletes (cancel, a next attempt) PyTorchJobs.
 PYTORCHJOB_RIGHTS = [(verb, "kubeflow.org", "pytorchjobs", "") for verb in ("create", "list", "delete")]
 OPERATOR_CRD = "pytorchjobs.kubeflow.org"
@@ -36,17 +43,41 @@ def check_kubernetes(ctx: CheckInput) -> CheckOutcome:
         api = api_client(options, ctx.config.file.parent.resolve())
         version = client.VersionApi(api).get_code()
     except ConfigError as exc:
-        return outcome("unconfigured", [different("api", "a kubeconfig that names a reachable cluster", str(exc),
-                                                  "fix the kubeconfig; nothing else was checked")])
+        return outcome(
+            "unconfigured",
+            [
+                different(
+                    "api",
+                    "a kubeconfig that names a reachable cluster",
+                    str(exc),
+                    "fix the kubeconfig; nothing else was checked",
+                )
+            ],
+        )
     except Exception as exc:  # noqa: BLE001
         error = api_error("version", exc)
-        return outcome("unreachable", [different("api", "the API server answers", str(error),
-                                                 "fix the kubeconfig or the network; nothing else was checked")])
+        return outcome(
+            "unreachable",
+            [
+                different(
+                    "api",
+                    "the API server answers",
+                    str(error),
+                    "fix the kubeconfig or the network; nothing else was checked",
+                )
+            ],
+        )
     server = api.configuration.host
-    rows = [ok("api", "the API server answers", f"{server}, Kubernetes {version.git_version}"),
-            whoami_row(api), rights_row(api, options.namespace, uses_pytorchjobs(ctx)),
-            namespace_row(api, options.namespace),
-            claim_row(ctx, api, options), gpu_row(ctx, api), operator_row(ctx, api), *queue_rows(ctx, api, options)]
+    rows = [
+        ok("api", "the API server answers", f"{server}, Kubernetes {version.git_version}"),
+        whoami_row(api),
+        rights_row(api, options.namespace, uses_pytorchjobs(ctx)),
+        namespace_row(api, options.namespace),
+        claim_row(ctx, api, options),
+        gpu_row(ctx, api),
+        operator_row(ctx, api),
+        *queue_rows(ctx, api, options),
+    ]
     rows += fit_rows(ctx, api)
     rows += dry_run_rows(ctx, api)
     facts = {"server": server, "version": version.git_version}
@@ -57,8 +88,9 @@ def check_kubernetes(ctx: CheckInput) -> CheckOutcome:
 
 
 def outcome(cluster: str, rows: list[Row], facts: dict | None = None) -> CheckOutcome:
-    return CheckOutcome(target={"cluster": cluster}, profile_parts=("kubernetes", cluster), rows=rows,
-                        facts=facts or {})
+    return CheckOutcome(
+        target={"cluster": cluster}, profile_parts=("kubernetes", cluster), rows=rows, facts=facts or {}
+    )
 
 
 def whoami_row(api: Any) -> Row:
@@ -66,8 +98,9 @@ def whoami_row(api: Any) -> Row:
 
     assumes = "the kubeconfig's user is known to the cluster"
     try:
-        review = client.AuthenticationV1Api(api).create_self_subject_review({"apiVersion": "authentication.k8s.io/v1",
-                                                                             "kind": "SelfSubjectReview"})
+        review = client.AuthenticationV1Api(api).create_self_subject_review(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        )
         info = review.status.user_info
         return ok("who am i", assumes, f"{info.username} (groups {', '.join(info.groups or [])})")
     except Exception as exc:  # noqa: BLE001
@@ -81,22 +114,39 @@ def uses_pytorchjobs(ctx: CheckInput) -> bool:
 def rights_row(api: Any, namespace: str, pytorchjobs: bool = False) -> Row:
     from kubernetes import client
 
-    assumes = (f"may create/list/delete jobs, list pods, read pods/log, create/delete services, read secrets"
-               f"{', create/list/delete pytorchjobs' if pytorchjobs else ''} in {namespace}")
+    assumes = (
+        f"may create/list/delete jobs, list pods, read pods/log, create/delete services, read secrets"
+        f"{', create/list/delete pytorchjobs' if pytorchjobs else ''} in {namespace}"
+    )
     missing = []
     try:
         for verb, group, resource, sub in RIGHTS + (PYTORCHJOB_RIGHTS if pytorchjobs else []):
-            review = client.AuthorizationV1Api(api).create_self_subject_access_review({
-                "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                "spec": {"resourceAttributes": {"namespace": namespace, "verb": verb, "group": group,
-                                                "resource": resource, "subresource": sub}}})
+            review = client.AuthorizationV1Api(api).create_self_subject_access_review(
+                {
+                    "apiVersion": "authorization.k8s.io/v1",
+                    "kind": "SelfSubjectAccessReview",
+                    "spec": {
+                        "resourceAttributes": {
+                            "namespace": namespace,
+                            "verb": verb,
+                            "group": group,
+                            "resource": resource,
+                            "subresource": sub,
+                        }
+                    },
+                }
+            )
             if not review.status.allowed:
                 missing.append(f"{verb} {resource}{'/' + sub if sub else ''}")
     except Exception as exc:  # noqa: BLE001
         return unchecked("rights", assumes, str(api_error("access review", exc)))
     if missing:
-        return different("rights", assumes, "denied: " + ", ".join(missing),
-                         "ask the cluster's admin for a Role with these verbs in the namespace")
+        return different(
+            "rights",
+            assumes,
+            "denied: " + ", ".join(missing),
+            "ask the cluster's admin for a Role with these verbs in the namespace",
+        )
     return ok("rights", assumes, "all allowed")
 
 
@@ -126,17 +176,25 @@ def claim_row(ctx: CheckInput, api: Any, options: KubernetesOptions) -> Row:
         pvc = client.CoreV1Api(api).read_namespaced_persistent_volume_claim(claim, options.namespace)
     except ApiException as exc:
         if exc.status == 404:
-            return different("workspace claim", assumes, "not found",
-                             "create the PVC (EKS: an FSx for Lustre claim, ReadWriteMany) or set "
-                             "backends.kubernetes.workspace_claim")
+            return different(
+                "workspace claim",
+                assumes,
+                "not found",
+                "create the PVC (EKS: an FSx for Lustre claim, ReadWriteMany) or set "
+                "backends.kubernetes.workspace_claim",
+            )
         return unchecked("workspace claim", assumes, str(api_error("read pvc", exc)))
     modes = pvc.status.access_modes or pvc.spec.access_modes or []
     showed = f"{pvc.status.phase}, {', '.join(modes) or 'no access modes'}"
     if pvc.status.phase != "Bound":
         return different("workspace claim", assumes, showed, "the claim is not bound to a volume yet")
     if multi and "ReadWriteMany" not in modes:
-        return different("workspace claim", assumes, showed, "pods on several nodes cannot all mount it: use a "
-                         "ReadWriteMany volume (FSx for Lustre, EFS, NFS)")
+        return different(
+            "workspace claim",
+            assumes,
+            showed,
+            "pods on several nodes cannot all mount it: use a ReadWriteMany volume (FSx for Lustre, EFS, NFS)",
+        )
     return ok("workspace claim", assumes, showed)
 
 
@@ -152,8 +210,13 @@ def gpu_row(ctx: CheckInput, api: Any) -> Row | None:
     counts = sorted(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) for n in nodes)
     showed = f"{len(nodes)} node(s), GPUs per node {counts or 'none'}"
     if wanted and (not counts or counts[-1] < wanted):
-        return different("gpus", assumes, showed, "no node fits the stage's pods: add a GPU node group (and the "
-                         "NVIDIA device plugin) or lower kubernetes.gpus")
+        return different(
+            "gpus",
+            assumes,
+            showed,
+            "no node fits the stage's pods: add a GPU node group (and the "
+            "NVIDIA device plugin) or lower kubernetes.gpus",
+        )
     return ok("gpus", assumes, showed)
 
 
@@ -168,8 +231,12 @@ def operator_row(ctx: CheckInput, api: Any) -> Row:
     except ApiException as exc:
         if exc.status == 404:
             if uses:
-                return different("training operator", assumes, "not installed",
-                                 "install the Kubeflow training operator, or use launcher: job")
+                return different(
+                    "training operator",
+                    assumes,
+                    "not installed",
+                    "install the Kubeflow training operator, or use launcher: job",
+                )
             return ok("training operator", assumes, "not installed (not needed: no stage uses launcher: pytorchjob)")
         return unchecked("training operator", assumes, str(api_error("read crd", exc)))
     return ok("training operator", assumes, "installed")
@@ -190,15 +257,28 @@ def queue_rows(ctx: CheckInput, api: Any, options: KubernetesOptions) -> list[Ro
         assumes = f"the Kueue LocalQueue {queue} exists in {options.namespace} and is active ({', '.join(labels)})"
         try:
             found = client.CustomObjectsApi(api).get_namespaced_custom_object(
-                "kueue.x-k8s.io", "v1beta2", options.namespace, "localqueues", queue)
+                "kueue.x-k8s.io", "v1beta2", options.namespace, "localqueues", queue
+            )
         except ApiException as exc:
             if exc.status == 404 and named_in(exc.body, queue):  # else: no such API (no Kueue)
-                rows.append(different("kueue queue", assumes, "not found",
-                                      f"create the LocalQueue {queue} in {options.namespace} (pointing at a "
-                                      "ClusterQueue), or set the stage's kubernetes.queue to one that exists"))
+                rows.append(
+                    different(
+                        "kueue queue",
+                        assumes,
+                        "not found",
+                        f"create the LocalQueue {queue} in {options.namespace} (pointing at a "
+                        "ClusterQueue), or set the stage's kubernetes.queue to one that exists",
+                    )
+                )
             elif exc.status == 404:
-                rows.append(different("kueue queue", assumes, "Kueue is not installed (no kueue.x-k8s.io/v1beta2 API)",
-                                      "install Kueue (0.15 or later), or remove kubernetes.queue"))
+                rows.append(
+                    different(
+                        "kueue queue",
+                        assumes,
+                        "Kueue is not installed (no kueue.x-k8s.io/v1beta2 API)",
+                        "install Kueue (0.15 or later), or remove kubernetes.queue",
+                    )
+                )
             else:
                 rows.append(unchecked("kueue queue", assumes, str(api_error("read localqueue", exc))))
             continue
@@ -206,8 +286,14 @@ def queue_rows(ctx: CheckInput, api: Any, options: KubernetesOptions) -> list[Ro
         cluster_queue = found.get("spec", {}).get("clusterQueue", "?")
         if active is None or active.get("status") != "True":
             said = active.get("message", "") if active else "no Active condition yet"
-            rows.append(different("kueue queue", assumes, f"not active (ClusterQueue {cluster_queue}): {said}",
-                                  f"create or fix the ClusterQueue {cluster_queue} (its flavors must exist)"))
+            rows.append(
+                different(
+                    "kueue queue",
+                    assumes,
+                    f"not active (ClusterQueue {cluster_queue}): {said}",
+                    f"create or fix the ClusterQueue {cluster_queue} (its flavors must exist)",
+                )
+            )
             continue
         rows.append(ok("kueue queue", assumes, f"exists and is active (ClusterQueue {cluster_queue})"))
     return rows
@@ -231,8 +317,14 @@ def dry_run_rows(ctx: CheckInput, api: Any) -> list[Row]:
             for obj in submission.payload["manifests"]:
                 create_object(api, obj, dry_run=True)
         except BackendCallError as exc:
-            rows.append(different("manifests", assumes, str(exc).split("; the Kubernetes API answers")[0],
-                                  "fix the stage's kubernetes: section (`plan --backend kubernetes` shows them)"))
+            rows.append(
+                different(
+                    "manifests",
+                    assumes,
+                    str(exc).split("; the Kubernetes API answers")[0],
+                    "fix the stage's kubernetes: section (`plan --backend kubernetes` shows them)",
+                )
+            )
             continue
         rows.append(ok("manifests", assumes, "accepted"))
     return rows

@@ -10,9 +10,10 @@ from typing import Any
 from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError, ConfigError, SubmissionError
 
-HINT = ("the Kubernetes API answers at the kubeconfig's server (backends.kubernetes.kubeconfig/context, else "
-        "$KUBECONFIG or ~/.kube/config): `kubectl get nodes` shows whether this machine reaches it")
-
+HINT = (
+    "the Kubernetes API answers at the kubeconfig's server (backends.kubernetes.kubeconfig/context, else "
+    "$KUBECONFIG or ~/.kube/config): `kubectl get nodes` shows whether this machine reaches it"
+)
 
 
 def api_client(options: KubernetesOptions, config_dir: Path) -> Any:
@@ -21,18 +22,26 @@ def api_client(options: KubernetesOptions, config_dir: Path) -> Any:
     try:
         from kubernetes import config
     except ImportError:
-        raise ConfigError("the kubernetes backend needs the `kubernetes` package: pip install 'kubernetes==35.0.0' "
-                          "(scripts/setup installs it)") from None
-    path = (config_dir / options.kubeconfig) if options.kubeconfig else Path(
-        os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0]).expanduser()
+        raise ConfigError(
+            "the kubernetes backend needs the `kubernetes` package: pip install 'kubernetes==35.0.0' "
+            "(scripts/setup installs it)"
+        ) from None
+    path = (
+        (config_dir / options.kubeconfig)
+        if options.kubeconfig
+        else Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0]).expanduser()
+    )
     if not path.is_file():
-        raise ConfigError(f"no kubeconfig at {path}: set backends.kubernetes.kubeconfig (or $KUBECONFIG) to the "
-                          "cluster's kubeconfig (`aws eks update-kubeconfig` writes one for EKS)")
+        raise ConfigError(
+            f"no kubeconfig at {path}: set backends.kubernetes.kubeconfig (or $KUBECONFIG) to the "
+            "cluster's kubeconfig (`aws eks update-kubeconfig` writes one for EKS)"
+        )
     try:
         return config.new_client_from_config(config_file=str(path), context=options.context)
     except Exception as exc:  # noqa: BLE001 - a bad kubeconfig raises ConfigException, ValueError, ...
-        raise ConfigError(f"{path}: cannot use this kubeconfig"
-                          f"{f' (context {options.context!r})' if options.context else ''}: {exc}") from None
+        raise ConfigError(
+            f"{path}: cannot use this kubeconfig{f' (context {options.context!r})' if options.context else ''}: {exc}"
+        ) from None
 
 
 def create_object(api: Any, obj: dict[str, Any], *, dry_run: bool = False) -> None:
@@ -48,8 +57,9 @@ def create_object(api: Any, obj: dict[str, Any], *, dry_run: bool = False) -> No
         elif kind == "Job":
             client.BatchV1Api(api).create_namespaced_job(namespace, obj, **extra)
         elif kind == "PyTorchJob":
-            client.CustomObjectsApi(api).create_namespaced_custom_object("kubeflow.org", "v1", namespace,
-                                                                         "pytorchjobs", obj, **extra)
+            client.CustomObjectsApi(api).create_namespaced_custom_object(
+                "kubeflow.org", "v1", namespace, "pytorchjobs", obj, **extra
+            )
         else:
             raise SubmissionError(f"cannot create a {kind}: the backend renders only Service, Job and PyTorchJob")
     except SubmissionError:
@@ -71,6 +81,8 @@ def api_error(what: str, exc: Exception) -> BackendCallError:
         except (ValueError, AttributeError):
             pass
     status = getattr(exc, "status", None)
-    return BackendCallError(f"Kubernetes API, {what}: {message}; {HINT}",
-                            http_status=status if isinstance(status, int) and status else None,
-                            unreachable=not isinstance(status, int) or not status)
+    return BackendCallError(
+        f"Kubernetes API, {what}: {message}; {HINT}",
+        http_status=status if isinstance(status, int) and status else None,
+        unreachable=not isinstance(status, int) or not status,
+    )

@@ -25,12 +25,16 @@ def check_queue(request: JobRequest) -> None:
     not installed, its pods started before any admission, so it is refused with the key to use instead."""
     res: KubernetesResources = request.resources("kubernetes")
     if QUEUE_LABEL in res.labels:
-        raise SubmissionError(f"{request.label}: kubernetes.labels sets {QUEUE_LABEL}: name the Kueue LocalQueue with "
-                              f"kubernetes.queue: {res.labels[QUEUE_LABEL]} instead (it also creates the job suspended "
-                              "until Kueue admits it)")
+        raise SubmissionError(
+            f"{request.label}: kubernetes.labels sets {QUEUE_LABEL}: name the Kueue LocalQueue with "
+            f"kubernetes.queue: {res.labels[QUEUE_LABEL]} instead (it also creates the job suspended "
+            "until Kueue admits it)"
+        )
     if res.queue is not None and not (len(res.queue) <= 63 and DNS_LABEL.match(res.queue)):
-        raise SubmissionError(f"{request.label}: kubernetes.queue {res.queue!r} is not a Kueue LocalQueue name (a DNS "
-                              "label: at most 63 of a-z, 0-9 and -, starting and ending alphanumeric)")
+        raise SubmissionError(
+            f"{request.label}: kubernetes.queue {res.queue!r} is not a Kueue LocalQueue name (a DNS "
+            "label: at most 63 of a-z, 0-9 and -, starting and ending alphanumeric)"
+        )
 
 
 def kueue_wait(queue: str | None, suspended: bool, workload_message: str | None = None) -> tuple[str, str] | None:
@@ -69,7 +73,8 @@ def workload_messages(api: Any, namespace: str, owners: set[str]) -> dict[str, s
     for version in KUEUE_VERSIONS:
         try:
             workloads = client.CustomObjectsApi(api).list_namespaced_custom_object(
-                "kueue.x-k8s.io", version, namespace, "workloads")["items"]
+                "kueue.x-k8s.io", version, namespace, "workloads"
+            )["items"]
         except ApiException as exc:
             if exc.status == 404:
                 continue
@@ -78,14 +83,19 @@ def workload_messages(api: Any, namespace: str, owners: set[str]) -> dict[str, s
             raise api_error("list workloads", exc) from None
         except Exception as exc:  # noqa: BLE001
             raise api_error("list workloads", exc) from None
-        return {owner["name"]: message for workload in workloads
-                for owner in workload["metadata"].get("ownerReferences", [])
-                if owner.get("name") in owners and (message := workload_message(workload))}
+        return {
+            owner["name"]: message
+            for workload in workloads
+            for owner in workload["metadata"].get("ownerReferences", [])
+            if owner.get("name") in owners and (message := workload_message(workload))
+        }
     return {}
 
 
 def suspended_in_a_queue(jobs: list[Any], pytorchjobs: list[dict[str, Any]]) -> set[str]:
     """The names of the jobs (batch/v1 Job objects, PyTorchJob dicts) that wait suspended in a Kueue queue."""
-    return ({job.metadata.name for job in jobs if job.spec.suspend and QUEUE_LABEL in (job.metadata.labels or {})}
-            | {obj["metadata"]["name"] for obj in pytorchjobs if obj["spec"].get("runPolicy", {}).get("suspend")
-               and QUEUE_LABEL in obj["metadata"].get("labels", {})})
+    return {job.metadata.name for job in jobs if job.spec.suspend and QUEUE_LABEL in (job.metadata.labels or {})} | {
+        obj["metadata"]["name"]
+        for obj in pytorchjobs
+        if obj["spec"].get("runPolicy", {}).get("suspend") and QUEUE_LABEL in obj["metadata"].get("labels", {})
+    }

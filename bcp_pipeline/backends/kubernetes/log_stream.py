@@ -26,20 +26,22 @@ def followed_lines(lines: queue.Queue, rank: int | None, *, several: bool, until
         if rank is not None:
             match = RANK_LINE_PREFIX.match(line)
             if match and int(match.group(1)) == rank:
-                yield line[match.end():]
+                yield line[match.end() :]
         else:
             yield f"[pod/{pod}] {line}" if several else line
 
 
-def stream_pod_log(core: Any, namespace: str, pod: str, tail: int | None, lines: queue.Queue,
-                   stop: threading.Event) -> None:
+def stream_pod_log(
+    core: Any, namespace: str, pod: str, tail: int | None, lines: queue.Queue, stop: threading.Event
+) -> None:
     """One pod's log, followed, each line put on `lines` as (pod, line): retried while its container has not
     started (the API answers 400 "waiting to start"), read to its end once it has (the stream ends with the
     container). `core`: a CoreV1Api."""
     while not stop.is_set():
         try:
-            response = core.read_namespaced_pod_log(pod, namespace, follow=True, tail_lines=tail,
-                                                    _preload_content=False)
+            response = core.read_namespaced_pod_log(
+                pod, namespace, follow=True, tail_lines=tail, _preload_content=False
+            )
         except Exception:  # noqa: BLE001 - not started yet (400), gone (404), a passing API error: retried
             stop.wait(RETRY_SECONDS)
             continue

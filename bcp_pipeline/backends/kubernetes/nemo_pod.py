@@ -93,7 +93,7 @@ def render(pod: NemoPod) -> str:
         f'{COMPOSE_WAIT_SECONDS} s ($mark)" >&2',
         "      exit 1",
         "    fi",
-        '    sleep 2; waited=$((waited + 2))',
+        "    sleep 2; waited=$((waited + 2))",
         "  done",
         "fi",
         "# The training: this pod's ranks, a rank a GPU; the pod's status is torchrun's.",
@@ -116,8 +116,17 @@ def gpus_per_pod(request: JobRequest) -> int:
         raise SubmissionError(f"{request.label}: {exc}; or set kubernetes.gpus") from None
 
 
-def nemo_pod(request: JobRequest, values: dict[str, str], *, job: str, pods: int, gpus: int,
-             deadline_seconds: int | None, torchrun: str, node_index: str) -> tuple[NemoPod, list[str]]:
+def nemo_pod(
+    request: JobRequest,
+    values: dict[str, str],
+    *,
+    job: str,
+    pods: int,
+    gpus: int,
+    deadline_seconds: int | None,
+    torchrun: str,
+    node_index: str,
+) -> tuple[NemoPod, list[str]]:
     """The pod's script inputs and its args (the training) for the stage's job `job` of `pods` pods x `gpus`;
     `values`: the backend's ${...} values as the pod sees them."""
     stage = request.stage
@@ -125,19 +134,45 @@ def nemo_pod(request: JobRequest, values: dict[str, str], *, job: str, pods: int
     assert section is not None
     runtime = None if deadline_seconds is None else f"{deadline_seconds}s"
     try:
-        overrides = nemo.launcher_overrides(stage, cluster_type="bcp", nodes=str(pods), runtime=runtime,
-                                            values=values, backend="kubernetes", devices=str(gpus))
+        overrides = nemo.launcher_overrides(
+            stage,
+            cluster_type="bcp",
+            nodes=str(pods),
+            runtime=runtime,
+            values=values,
+            backend="kubernetes",
+            devices=str(gpus),
+        )
         launcher = nemo.launcher_dir(stage, "kubernetes")
     except ValueError as exc:
         raise SubmissionError(f"{request.label}: {exc}") from None
-    config_dir, config_name = nemo.composed_config(substitute(section.results_dir, values),
-                                                   nemo.nemo_run_name(stage, request.run_id))
+    config_dir, config_name = nemo.composed_config(
+        substitute(section.results_dir, values), nemo.nemo_run_name(stage, request.run_id)
+    )
     data_list_file = f"{values['results']}/{nemo.DATA_LIST_FILE}"
-    data_list_argv = [values["python"], f"{values['code']}/data_list.py", "--data-dir",
-                      substitute(section.data_dir, values), "--format", "hydra", "--key",
-                      "training.model.data.data_prefix", "--out", data_list_file]
-    pod = NemoPod(title=f"run {request.run_id}, stage {stage.name}", job=job, node_index=node_index,
-                  data_list_argv=data_list_argv, data_list_file=data_list_file, launcher_dir=launcher,
-                  overrides=overrides, config_dir=config_dir, config_name=config_name, torchrun=torchrun)
+    data_list_argv = [
+        values["python"],
+        f"{values['code']}/data_list.py",
+        "--data-dir",
+        substitute(section.data_dir, values),
+        "--format",
+        "hydra",
+        "--key",
+        "training.model.data.data_prefix",
+        "--out",
+        data_list_file,
+    ]
+    pod = NemoPod(
+        title=f"run {request.run_id}, stage {stage.name}",
+        job=job,
+        node_index=node_index,
+        data_list_argv=data_list_argv,
+        data_list_file=data_list_file,
+        launcher_dir=launcher,
+        overrides=overrides,
+        config_dir=config_dir,
+        config_name=config_name,
+        torchrun=torchrun,
+    )
     trainer = f"{section.nemo_dir.rstrip('/')}/{nemo.PRETRAINING_SCRIPT}"
     return pod, trainer_args(trainer, config_dir, config_name)

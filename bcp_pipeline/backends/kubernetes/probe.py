@@ -21,6 +21,7 @@ from typing import Any
 from bcp_pipeline.backends.checks import CheckInput, Row, always_cleaned_up, different, ok, poll_until, unchecked
 from bcp_pipeline.backends.kubernetes.client import api_error, create_object
 from bcp_pipeline.backends.kubernetes.render import CONTAINER, LABEL_JOB, LABEL_KIND, MANAGED_BY
+from bcp_pipeline.backends.shared import templates
 from bcp_pipeline.config.resources import KubernetesOptions
 from bcp_pipeline.errors import BackendCallError
 
@@ -28,16 +29,7 @@ PODS = 2
 START_SECONDS = 120.0  # for both pods to print their lines (scheduled, started)
 KILL_OK_SECONDS = 30.0  # the default grace period: a pod still there after it was killed, not stopped
 GONE_SECONDS = 90.0
-# $1: the marker's path on the workspace mount; $2: the marker. Index 0 writes it, the others wait for it.
-PROBE_SCRIPT = r'''
-RANK=$((JOB_COMPLETION_INDEX * ${BCP_PIPELINE_PROCESSES:-1}))
-if [ "$JOB_COMPLETION_INDEX" = 0 ]; then echo "$2" > "$1.tmp" && mv "$1.tmp" "$1"; fi
-for i in $(seq 1 150); do [ -f "$1" ] && break; sleep 0.2; done
-echo "BCPP-POD index=$JOB_COMPLETION_INDEX rank=$RANK node=$BCPP_NODE host=$(hostname) marker=$(cat "$1" 2>/dev/null)"
-trap 'echo BCPP-TERM; exit 0' TERM
-echo BCPP-WAITING
-sleep 600 & wait
-'''
+PROBE_SCRIPT = templates.load(__package__, "probe.sh")  # $1 the marker's path, $2 the marker (probe.sh)
 POD_LINE = re.compile(r"^BCPP-POD (.*)$", re.M)
 
 
@@ -56,20 +48,36 @@ def kill_assumption() -> str:
 def probe_rows(ctx: CheckInput, api: Any, options: KubernetesOptions) -> tuple[list[Row], dict]:
     """The probe's three rows (unchecked where no probe could run) and its facts."""
     mount = ctx.pipeline.workspace.mount.rstrip("/") if ctx.pipeline is not None else "the workspace mount"
-    job = next((obj for s in ctx.submissions() if s.request.kind == "stage"
-                for obj in s.payload["manifests"] if obj["kind"] == "Job"), None)
-    why = ("--no-jobs: no probe job submitted" if not ctx.jobs else
-           "no pipeline named, or none of its stages is a batch/v1 Job: nothing to shape a probe on" if job is None
-           else None)
+    job = next(
+        (
+            obj
+            for s in ctx.submissions()
+            if s.request.kind == "stage"
+            for obj in s.payload["manifests"]
+            if obj["kind"] == "Job"
+        ),
+        None,
+    )
+    why = (
+        "--no-jobs: no probe job submitted"
+        if not ctx.jobs
+        else "no pipeline named, or none of its stages is a batch/v1 Job: nothing to shape a probe on"
+        if job is None
+        else None
+    )
     if why is not None:
-        return [unchecked("probe ranks", ranks_assumption(), why), unchecked("probe mount", mount_assumption(mount),
-                                                                             why),
-                unchecked("kill timing", kill_assumption(), why)], {}
+        return [
+            unchecked("probe ranks", ranks_assumption(), why),
+            unchecked("probe mount", mount_assumption(mount), why),
+            unchecked("kill timing", kill_assumption(), why),
+        ], {}
     token = f"bcpp-check-{secrets.token_hex(4)}"
     marker = f"{mount}/.{token}"
     objects = probe_manifests(job, token, marker)
-    ctx.announce(f"probe job: {PODS} pods of {token} in namespace {options.namespace} for a few seconds "
-                 "(deleted when check ends)")
+    ctx.announce(
+        f"probe job: {PODS} pods of {token} in namespace {options.namespace} for a few seconds "
+        "(deleted when check ends)"
+    )
     probe = Probe(api, options.namespace, token)
     with always_cleaned_up(probe.delete):
         try:
@@ -79,15 +87,23 @@ def probe_rows(ctx: CheckInput, api: Any, options: KubernetesOptions) -> tuple[l
             killed = probe.kill_and_time() if lines is not None else None
         except BackendCallError as exc:
             why = str(exc).split("; the Kubernetes API answers")[0]
-            return [different("probe ranks", ranks_assumption(), why, "the probe could not run: see the row's "
-                              "words"), unchecked("probe mount", mount_assumption(mount), why),
-                    unchecked("kill timing", kill_assumption(), why)], {}
+            return [
+                different("probe ranks", ranks_assumption(), why, "the probe could not run: see the row's words"),
+                unchecked("probe mount", mount_assumption(mount), why),
+                unchecked("kill timing", kill_assumption(), why),
+            ], {}
     if lines is None:
         why = f"both pods had not printed their lines after {START_SECONDS:.0f} s: {probe.stuck()}"
-        return [different("probe ranks", ranks_assumption(), why, "are the nodes full, or the image not pulled? "
-                          f"`kubectl -n {options.namespace} describe pod`"),
-                unchecked("probe mount", mount_assumption(mount), why), unchecked("kill timing", kill_assumption(),
-                                                                                   why)], {}
+        return [
+            different(
+                "probe ranks",
+                ranks_assumption(),
+                why,
+                f"are the nodes full, or the image not pulled? `kubectl -n {options.namespace} describe pod`",
+            ),
+            unchecked("probe mount", mount_assumption(mount), why),
+            unchecked("kill timing", kill_assumption(), why),
+        ], {}
     pods = [dict(part.split("=", 1) for part in line.split() if "=" in part) for line in lines]
     rows = [ranks_row(pods), mount_row(pods, mount, token), kill_row(killed)]
     return rows, {"probe_pods": pods, "kill_seconds": killed[0] if killed else None}
@@ -110,19 +126,28 @@ def probe_manifests(job: dict[str, Any], token: str, marker: str) -> list[dict[s
     spec["template"]["metadata"] = {"labels": labels}
     pod = spec["template"]["spec"]
     pod["subdomain"] = token
-    pod["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                         "whenUnsatisfiable": "ScheduleAnyway",
-                                         "labelSelector": {"matchLabels": {LABEL_JOB: token}}}]
+    pod["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {LABEL_JOB: token}},
+        }
+    ]
     container = next(c for c in pod["containers"] if c["name"] == CONTAINER)
     container["command"] = ["bash", "-c", PROBE_SCRIPT, "bcpp-probe", marker, token]
     container["args"] = []
     container["env"] = [e for e in container["env"] if "secretKeyRef" not in e.get("valueFrom", {})] + [
-        {"name": "BCPP_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+        {"name": "BCPP_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    ]
     for mount in container.get("volumeMounts", []):
         mount["readOnly"] = False  # index 0 writes the marker
-    service = {"apiVersion": "v1", "kind": "Service",
-               "metadata": {"name": token, "namespace": namespace, "labels": labels},
-               "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {LABEL_JOB: token}}}
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": token, "namespace": namespace, "labels": labels},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {LABEL_JOB: token}},
+    }
     return [service, job]
 
 
@@ -149,6 +174,7 @@ class Probe:
 
     def wait_for_lines(self) -> list[str] | None:
         """Each pod's BCPP-POD line once every pod waits (printed BCPP-WAITING); None at the timeout."""
+
         def ask() -> list[str] | None:
             logs = [self.log(pod) for pod in self.pods() if pod.status.phase == "Running"]
             if len(logs) == PODS and all("BCPP-WAITING" in text for text in logs):
@@ -190,12 +216,18 @@ class Probe:
 
 
 def ranks_row(pods: list[dict[str, str]]) -> Row:
-    shown = "; ".join(f"index {p.get('index')}: RANK {p.get('rank')} on {p.get('node')} (host {p.get('host')})"
-                      for p in sorted(pods, key=lambda p: p.get("index", "")))
+    shown = "; ".join(
+        f"index {p.get('index')}: RANK {p.get('rank')} on {p.get('node')} (host {p.get('host')})"
+        for p in sorted(pods, key=lambda p: p.get("index", ""))
+    )
     nodes = {p.get("node") for p in pods}
     if sorted(p.get("index") for p in pods) != [str(i) for i in range(PODS)]:
-        return different("probe ranks", ranks_assumption(), shown, "the pods' completion indexes are wrong: is the "
-                         "cluster older than Kubernetes 1.24 (Indexed Jobs)?")
+        return different(
+            "probe ranks",
+            ranks_assumption(),
+            shown,
+            "the pods' completion indexes are wrong: is the cluster older than Kubernetes 1.24 (Indexed Jobs)?",
+        )
     note = "" if len(nodes) == PODS else f" (all on one node: {', '.join(sorted(map(str, nodes)))})"
     return ok("probe ranks", ranks_assumption(), shown + note)
 
@@ -205,18 +237,29 @@ def mount_row(pods: list[dict[str, str]], mount: str, token: str) -> Row:
     shown = f"the marker index 0 wrote at {mount} is seen by index(es) {', '.join(seen) or 'none'}"
     if len(seen) == PODS:
         return ok("probe mount", mount_assumption(mount), shown)
-    return different("probe mount", mount_assumption(mount), shown, "the pods do not share the workspace: use a "
-                     "ReadWriteMany claim (FSx for Lustre, EFS, NFS) as backends.kubernetes.workspace_claim")
+    return different(
+        "probe mount",
+        mount_assumption(mount),
+        shown,
+        "the pods do not share the workspace: use a "
+        "ReadWriteMany claim (FSx for Lustre, EFS, NFS) as backends.kubernetes.workspace_claim",
+    )
 
 
 def kill_row(killed: tuple[float, bool] | None) -> Row:
     if killed is None:
-        return different("kill timing", kill_assumption(), f"pods still there {GONE_SECONDS:.0f} s after the delete",
-                         "a cancelled stage's processes may keep running: look for stuck nodes or finalizers")
+        return different(
+            "kill timing",
+            kill_assumption(),
+            f"pods still there {GONE_SECONDS:.0f} s after the delete",
+            "a cancelled stage's processes may keep running: look for stuck nodes or finalizers",
+        )
     seconds, termed = killed
     shown = f"the pods were gone {seconds:.1f} s after the delete" + (
-        " (a pod saw SIGTERM and exited)" if termed else "")
+        " (a pod saw SIGTERM and exited)" if termed else ""
+    )
     if seconds > KILL_OK_SECONDS:
-        return different("kill timing", kill_assumption(), shown, "cancel and resume wait that long for a stage's "
-                         "pods to end")
+        return different(
+            "kill timing", kill_assumption(), shown, "cancel and resume wait that long for a stage's pods to end"
+        )
     return ok("kill timing", kill_assumption(), shown)

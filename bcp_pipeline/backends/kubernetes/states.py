@@ -1,17 +1,17 @@
 """The kubernetes backend's one map from what the API says of a job to JobState (pure: model objects in, states
 out; no I/O). An Indexed Job is judged by its conditions, then its pods and the nodes they are on; a Kubeflow
-PyTorchJob by its own conditions. Unit-tested in tests/backends/test_kubernetes_states.py, on the real control
+PyTorchJob by its own conditions. Unit-tested in tests/backends/kubernetes/test_states.py, on the real control
 plane in tests/e2e/test_kubernetes_e2e.py."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from bcp_pipeline.backends.contract import JobState, JobStatus, map_native_state
 from bcp_pipeline.backends.kubernetes.kueue import QUEUE_LABEL, kueue_wait
-from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION
-from bcp_pipeline.backends.kubernetes.time_limit import TIME_LIMIT_EXIT
+from bcp_pipeline.backends.kubernetes.render import INDEX_ANNOTATION, TIME_LIMIT_EXIT
 
 # The one map from what the API says of a stage's Job to JobState. A native state is built, in this order, from:
 # 1. the Job's first true terminal condition (Complete, SuccessCriteriaMet, Failed with its reason), or its
@@ -36,7 +36,7 @@ STATE_MAP: dict[str, JobState] = {
     # ... the gang rule (render.is_gang): a pod of a training was disrupted, so the attempt ended whole; lost, as a
     # lost node is: a continuation resubmits it (its default resubmit_on), else resume runs it again.
     "FAILED/DISRUPTED": JobState.LOST,
-    # ... the time-limit rule: a pod's own timer (time_limit.TIME_LIMITER) ended it at the stage's runtime, counted from
+    # ... the time-limit rule: a pod's own timer (time_limiter.sh) ended it at the stage's runtime, counted from
     # its container's start; a per-job stop, continued like BCP's and Slurm's time limits.
     "FAILED/TIMELIMIT": JobState.TIMED_OUT,
     # retries_per_index (backoffLimitPerIndex): an index used up its retries; its Job failed once every index had
@@ -83,11 +83,15 @@ IMAGE_PULL_WAITING = ("ErrImagePull", "ImagePullBackOff")
 IMAGE_NEVER = ("InvalidImageName", "ErrImageNeverPull")  # nothing the kubelet retries can fix
 # A PyTorchJob's conditions (kubeflow.org/v1 JobConditionType), the last true one deciding.
 PYTORCHJOB_STATE_MAP: dict[str, JobState] = {
-    "CREATED": JobState.QUEUED, "RUNNING": JobState.RUNNING, "RESTARTING": JobState.RUNNING,
-    "SUCCEEDED": JobState.SUCCEEDED, "FAILED": JobState.FAILED, "SUSPENDED": JobState.QUEUED,
+    "CREATED": JobState.QUEUED,
+    "RUNNING": JobState.RUNNING,
+    "RESTARTING": JobState.RUNNING,
+    "SUCCEEDED": JobState.SUCCEEDED,
+    "FAILED": JobState.FAILED,
+    "SUSPENDED": JobState.QUEUED,
     "PENDING/KUEUE": JobState.QUEUED,  # runPolicy.suspend in a Kueue queue, not admitted yet (as a Job's)
     "FAILED/DEADLINEEXCEEDED": JobState.TIMED_OUT,  # runPolicy.activeDeadlineSeconds ran out (one rendered so)
-    "FAILED/TIMELIMIT": JobState.TIMED_OUT,  # a pod's own timer (time_limit.TIME_LIMITER) ended it at the limit
+    "FAILED/TIMELIMIT": JobState.TIMED_OUT,  # a pod's own timer (time_limiter.sh) ended it at the limit
 }
 # The training operator's one word for that (common/pkg/controller.v1/common/job.go, pastActiveDeadline): its Failed
 # condition's reason names only the kind, the message says why.
@@ -127,7 +131,6 @@ def with_failed_indexes(job: Any, message: str) -> str:
     return f"{message} (failed indexes: {failed})" if failed else message
 
 
-
 def pod_trouble(pods: list[Any], ready_nodes: set[str] | None) -> tuple[str, str] | None:
     """NODE-LOST when a pod that has not ended is bound to a node not in `ready_nodes` (None: nodes unknown, not
     judged); else DISRUPTED when a pod carries a true DisruptionTarget condition; else None."""
@@ -135,13 +138,17 @@ def pod_trouble(pods: list[Any], ready_nodes: set[str] | None) -> tuple[str, str
     if ready_nodes is not None:
         for pod in live:
             if pod.spec.node_name and pod.spec.node_name not in ready_nodes:
-                return "NODE-LOST", (f"pod {pod.metadata.name} is on node {pod.spec.node_name}, which is not Ready "
-                                     "(its kubelet stopped reporting): the pod's processes are gone or unreachable")
+                return "NODE-LOST", (
+                    f"pod {pod.metadata.name} is on node {pod.spec.node_name}, which is not Ready "
+                    "(its kubelet stopped reporting): the pod's processes are gone or unreachable"
+                )
     for pod in newest_per_index(pods):  # a disrupted pod already replaced is past trouble
         for condition in (pod.status.conditions if pod.status else None) or []:
             if condition.type == "DisruptionTarget" and condition.status == "True":
-                return "DISRUPTED", (f"pod {pod.metadata.name} was disrupted ({condition.reason}: "
-                                     f"{condition.message or 'no message'}); the Job replaces it")
+                return "DISRUPTED", (
+                    f"pod {pod.metadata.name} was disrupted ({condition.reason}: "
+                    f"{condition.message or 'no message'}); the Job replaces it"
+                )
     return None
 
 
@@ -166,8 +173,11 @@ def pod_waiting(pods: list[Any], now: float, grace: float = IMAGE_PULL_GRACE_SEC
                 since = status.start_time or pod.metadata.creation_timestamp
                 waited = max(0.0, now - since.timestamp()) if since else 0.0
                 if waited > grace:
-                    return "FAILED/IMAGEPULL", f"{said} (for {waited:.0f} s: the image cannot be pulled; check its " \
-                                               "name and the registry's credentials, kubernetes image_pull_secrets)"
+                    return (
+                        "FAILED/IMAGEPULL",
+                        f"{said} (for {waited:.0f} s: the image cannot be pulled; check its "
+                        "name and the registry's credentials, kubernetes image_pull_secrets)",
+                    )
                 return "PENDING/IMAGEPULL", f"{said} (for {waited:.0f} s; the stage fails after {grace:.0f} s)"
     return None
 
@@ -190,9 +200,14 @@ def newest_per_index(pods: list[Any]) -> list[Any]:
     return list(newest.values())
 
 
-def native_state(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None,
-                 now: float | None = None, image_pull_grace: float = IMAGE_PULL_GRACE_SECONDS,
-                 kueue_message: str | None = None) -> tuple[str, str]:
+def native_state(
+    job: Any,
+    pods: Sequence[Any] = (),
+    ready_nodes: set[str] | None = None,
+    now: float | None = None,
+    image_pull_grace: float = IMAGE_PULL_GRACE_SECONDS,
+    kueue_message: str | None = None,
+) -> tuple[str, str]:
     """(STATE_MAP key, detail) of a batch/v1 Job object and its pods (see STATE_MAP for the order); `now`: the
     time an image pull's wait is measured to (default: the clock's); `image_pull_grace`: how long it may last;
     `kueue_message`: what Kueue says of the Job's Workload (workload_message)."""
@@ -217,14 +232,17 @@ def native_state(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = 
 def ready_node_names(nodes: list[Any]) -> set[str]:
     """The Nodes whose Ready condition is True (a lost kubelet's node turns Unknown within the node monitor's
     grace period)."""
-    return {node.metadata.name for node in nodes
-            if any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))}
+    return {
+        node.metadata.name
+        for node in nodes
+        if any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+    }
 
 
-def pytorchjob_status(obj: dict[str, Any], pods: list[Any] = (), kueue_message: str | None = None) -> JobStatus:
+def pytorchjob_status(obj: dict[str, Any], pods: Sequence[Any] = (), kueue_message: str | None = None) -> JobStatus:
     """A PyTorchJob (a dict from the custom-objects API): its last true condition decides, but for one not ended that
     waits suspended in a Kueue queue (kueue_wait); a failed one whose pod exited by its time limit
-    (time_limit.TIME_LIMITER: the operator's condition names only failed replicas, so the pods' exit codes tell)
+    (time_limiter.sh: the operator's condition names only failed replicas, so the pods' exit codes tell)
     timed out."""
     conditions = [c for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"]
     native = conditions[-1]["type"].upper() if conditions else "CREATED"
@@ -239,8 +257,13 @@ def pytorchjob_status(obj: dict[str, Any], pods: list[Any] = (), kueue_message: 
         queue = obj["metadata"].get("labels", {}).get(QUEUE_LABEL)
         native, detail = kueue_wait(queue, suspended, kueue_message) or (native, detail)
     state = map_native_state(native, PYTORCHJOB_STATE_MAP)
-    return JobStatus(job_id=obj["metadata"]["name"], state=state, native=native, detail=detail,
-                     exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
+    return JobStatus(
+        job_id=obj["metadata"]["name"],
+        state=state,
+        native=native,
+        detail=detail,
+        exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None,
+    )
 
 
 def exit_code(pod: Any) -> int | None:
@@ -252,10 +275,20 @@ def exit_code(pod: Any) -> int | None:
     return None
 
 
-def status_of(job: Any, pods: list[Any] = (), ready_nodes: set[str] | None = None,
-              now: float | None = None, image_pull_grace: float = IMAGE_PULL_GRACE_SECONDS,
-              kueue_message: str | None = None) -> JobStatus:
+def status_of(
+    job: Any,
+    pods: Sequence[Any] = (),
+    ready_nodes: set[str] | None = None,
+    now: float | None = None,
+    image_pull_grace: float = IMAGE_PULL_GRACE_SECONDS,
+    kueue_message: str | None = None,
+) -> JobStatus:
     native, detail = native_state(job, pods, ready_nodes, now, image_pull_grace, kueue_message)
     state = map_native_state(native, STATE_MAP)
-    return JobStatus(job_id=job.metadata.name, state=state, native=native, detail=detail,
-                     exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None)
+    return JobStatus(
+        job_id=job.metadata.name,
+        state=state,
+        native=native,
+        detail=detail,
+        exit_code=(0 if state is JobState.SUCCEEDED else 1) if state.finished else None,
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,13 +20,27 @@ from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.atomic import atomic_write_json
-from bcp_pipeline.backends.contract import (Backend, JobProgress, JobRequest, JobState, JobStatus, Submission,
-    outage_seconds)
+from bcp_pipeline.backends.contract import (
+    Backend,
+    JobProgress,
+    JobRequest,
+    JobState,
+    JobStatus,
+    Submission,
+    outage_seconds,
+)
 from bcp_pipeline.backends.local.states import STATE_MAP
 from bcp_pipeline.backends.local.supervisor import LOST_RANK_GRACE_SECONDS
 from bcp_pipeline.backends.shared.command import placeholder_values, rendezvous, resolved_env, shell_join, stage_command
-from bcp_pipeline.backends.shared.logs import (follow_files, indent, job_running, joined_logs, last_lines,
-    progress_from_logs, read_tail)
+from bcp_pipeline.backends.shared.logs import (
+    follow_files,
+    indent,
+    job_running,
+    joined_logs,
+    last_lines,
+    progress_from_logs,
+    read_tail,
+)
 from bcp_pipeline.config.resources import LocalOptions
 from bcp_pipeline.errors import SubmissionError
 from bcp_pipeline.procs import is_alive, process_start_ticks, signal_group
@@ -39,8 +54,9 @@ MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 20000  # a job's MASTER_PORT: BASE +
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, options: LocalOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
-                 workspace_name: str) -> None:
+    def __init__(
+        self, options: LocalOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path, workspace_name: str
+    ) -> None:
         self.options = options
         self.stages_dir = stages_dir
         self.run_dir = run_dir.absolute()  # the supervisor runs in the workspace: a relative path names nothing there
@@ -53,9 +69,13 @@ class LocalBackend(Backend):
 
     # -- rendering (pure) ------------------------------------------------------------------------------
     def values(self, request: JobRequest) -> dict[str, str]:
-        return placeholder_values(request, workspace=str(self.workspace_dir),
-                                  results=str(self.run_dir / "results" / request.stage.name),
-                                  code=str(self.stages_dir), python=self.options.python or sys.executable)
+        return placeholder_values(
+            request,
+            workspace=str(self.workspace_dir),
+            results=str(self.run_dir / "results" / request.stage.name),
+            code=str(self.stages_dir),
+            python=self.options.python or sys.executable,
+        )
 
     def sharding(self, request: JobRequest) -> dict[str, int]:
         layout = request.rank_layout("local")
@@ -67,23 +87,37 @@ class LocalBackend(Backend):
         sharding = self.sharding(request)
         if sharding["replicas"] < 1 or sharding["processes"] < 1:
             raise SubmissionError(f"stage {request.stage.name}: replicas and processes must be >= 1, got {sharding}")
-        env = {"BCP_PIPELINE_RUN_ID": request.run_id, "BCP_PIPELINE_STAGE": request.stage.name,
-               **resolved_env(request, "local", values)}
+        env = {
+            "BCP_PIPELINE_RUN_ID": request.run_id,
+            "BCP_PIPELINE_STAGE": request.stage.name,
+            **resolved_env(request, "local", values),
+        }
         world = sharding["replicas"] * sharding["processes"]
         env_text = " ".join(f"{k}={shell_join([v])}" for k, v in env.items())
-        stands_in = (f"# the local stand-in for the stage's {STANDING_IN[request.stage.engine]}: "
-                     f"{request.program} here, not the real training\n"
-                     if request.kind == "stage" and request.stage.engine and not request.resources("local").command
-                     else "")
-        printable = (f"{stands_in}# {sharding['replicas']} replica(s) x {sharding['processes']} process(es): "
-                     f"RANK 0..{world - 1} of WORLD_SIZE {world}; workspace {self.workspace_dir}\n"
-                     f"{env_text} {shell_join(argv)}")
-        payload = {"argv": argv, "env": env, **sharding,
-                   "labels": {"run": request.run_id, "stage": request.stage.name, "kind": request.kind}}
+        stands_in = (
+            f"# the local stand-in for the stage's {STANDING_IN[request.stage.engine]}: "
+            f"{request.program} here, not the real training\n"
+            if request.kind == "stage" and request.stage.engine and not request.resources("local").command
+            else ""
+        )
+        printable = (
+            f"{stands_in}# {sharding['replicas']} replica(s) x {sharding['processes']} process(es): "
+            f"RANK 0..{world - 1} of WORLD_SIZE {world}; workspace {self.workspace_dir}\n"
+            f"{env_text} {shell_join(argv)}"
+        )
+        payload = {
+            "argv": argv,
+            "env": env,
+            **sharding,
+            "labels": {"run": request.run_id, "stage": request.stage.name, "kind": request.kind},
+        }
         # Every replica is a group of processes on this machine, so they all meet on loopback; the port is fixed
         # at submit time (supervisor.py rank_environment), when the job id it derives from exists.
-        meet = rendezvous(request.rank_layout("local"), "127.0.0.1",
-                          f"{MASTER_PORT_BASE} + crc32(RUN/JOB_ID) % {MASTER_PORT_SPAN}, fixed at submit")
+        meet = rendezvous(
+            request.rank_layout("local"),
+            "127.0.0.1",
+            f"{MASTER_PORT_BASE} + crc32(RUN/JOB_ID) % {MASTER_PORT_SPAN}, fixed at submit",
+        )
         return Submission(request=request, printable=printable, payload=payload, rendezvous=meet)
 
     # -- side effects ------------------------------------------------------------------------------------
@@ -91,22 +125,49 @@ class LocalBackend(Backend):
         request = submission.request
         self.workspace_dir.mkdir(parents=True, exist_ok=True)
         job_id, job_dir = self._claim_job_dir(request)
-        spec = {**submission.payload, "job_id": job_id, "cwd": str(self.workspace_dir),
-                "log_dir": str(self.run_dir / "logs" / job_id),
-                # A per-job port keeps concurrent local jobs from colliding if a program opens one.
-                "master_port": MASTER_PORT_BASE
-                + zlib.crc32(f"{request.run_id}/{job_id}".encode()) % MASTER_PORT_SPAN,
-                "lost_rank_grace_seconds": LOST_RANK_GRACE_SECONDS}
+        try:
+            return self._start(submission, job_id, job_dir)
+        except OSError:
+            # Half made (a full disk): undone, so that no restart adopts a job whose supervisor could not run.
+            self._undo(job_dir)
+            raise
+
+    def _start(self, submission: Submission, job_id: str, job_dir: Path) -> str:
+        request = submission.request
+        spec = {
+            **submission.payload,
+            "job_id": job_id,
+            "cwd": str(self.workspace_dir),
+            "log_dir": str(self.run_dir / "logs" / job_id),
+            # A per-job port keeps concurrent local jobs from colliding if a program opens one.
+            "master_port": MASTER_PORT_BASE + zlib.crc32(f"{request.run_id}/{job_id}".encode()) % MASTER_PORT_SPAN,
+            "lost_rank_grace_seconds": LOST_RANK_GRACE_SECONDS,
+            # The supervisor starts no rank once this process is gone (supervisor.py start_ranks).
+            "orchestrator": {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid())},
+        }
         atomic_write_json(job_dir / "spec.json", spec)
         with open(job_dir / "supervisor.log", "ab") as log:
-            process = subprocess.Popen([sys.executable, "-m", "bcp_pipeline.backends.local.supervisor", str(job_dir)],
-                                       start_new_session=True, stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, cwd=str(self.workspace_dir),
-                                       env={**os.environ, "PYTHONPATH": _package_root()})
+            process = subprocess.Popen(
+                [sys.executable, "-m", "bcp_pipeline.backends.local.supervisor", str(job_dir)],
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=str(self.workspace_dir),
+                env={**os.environ, "PYTHONPATH": _package_root()},
+            )
         self._launched.append(process)
-        atomic_write_json(job_dir / "launch.json",
-                          {"pid": process.pid, "start_ticks": process_start_ticks(process.pid)})
+        atomic_write_json(
+            job_dir / "launch.json", {"pid": process.pid, "start_ticks": process_start_ticks(process.pid)}
+        )
         return job_id
+
+    def _undo(self, job_dir: Path) -> None:
+        for process in [p for p in self._launched if list(p.args)[-1] == str(job_dir)]:  # type: ignore[arg-type]
+            signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+            self._launched.remove(process)
+        shutil.rmtree(job_dir, ignore_errors=True)
 
     def _claim_job_dir(self, request: JobRequest) -> tuple[str, Path]:
         jobs = self.run_dir / "jobs"
@@ -137,26 +198,45 @@ class LocalBackend(Backend):
             if launch and not is_alive(launch["pid"], launch.get("start_ticks")):
                 if cancelled:
                     return JobStatus(job_id=job_id, state=JobState.CANCELLED, native="cancelled")
-                return JobStatus(job_id=job_id, state=JobState.LOST, native="lost",
-                                 detail="the job's supervisor exited before starting any rank")
+                return JobStatus(
+                    job_id=job_id,
+                    state=JobState.LOST,
+                    native="lost",
+                    detail="the job's supervisor exited before starting any rank",
+                )
             return JobStatus(job_id=job_id, state=JobState.QUEUED, native="queued")
         native = status["state"]
-        if native == "running" and not is_alive(status["pid"], status.get("start_ticks")):
+        if native in ("starting", "running") and not is_alive(status["pid"], status.get("start_ticks")):
             if _stop_orphaned_ranks(status):
-                return JobStatus(job_id=job_id, state=JobState.RUNNING, native="running",
-                                 detail="its supervisor died; stopping its ranks")
+                return JobStatus(
+                    job_id=job_id,
+                    state=JobState.RUNNING,
+                    native="running",
+                    detail="its supervisor died; stopping its ranks",
+                )
             if cancelled:
                 return JobStatus(job_id=job_id, state=JobState.CANCELLED, native="cancelled")
-            return JobStatus(job_id=job_id, state=JobState.LOST, native="lost",
-                             detail=f"the job's supervisor (pid {status['pid']}) died without a result")
+            return JobStatus(
+                job_id=job_id,
+                state=JobState.LOST,
+                native="lost",
+                detail=f"the job's supervisor (pid {status['pid']}) died without a result",
+            )
         # A rank with no exit code (None) had not ended when the supervisor wrote its last status: a cancelled job's
         # ranks are killed and may be recorded before they are reaped.
         codes = [code for code in status.get("exit_codes") or [] if code is not None]
-        failed = [f"rank {rank} exited {code}" for rank, code in enumerate(status.get("exit_codes") or [])
-                  if code not in (0, None)]
-        return JobStatus(job_id=job_id, state=STATE_MAP.get(native, JobState.UNKNOWN), native=native,
-                         detail="; ".join([*_lost_rank_note(status), *failed]),
-                         exit_code=max(codes, key=abs) if codes else None)
+        failed = [
+            f"rank {rank} exited {code}"
+            for rank, code in enumerate(status.get("exit_codes") or [])
+            if code not in (0, None) and native != "lost"
+        ]  # a lost job's ranks were stopped: its reason says
+        return JobStatus(
+            job_id=job_id,
+            state=STATE_MAP.get(native, JobState.UNKNOWN),
+            native=native,
+            detail="; ".join([*filter(None, [status.get("reason")]), *_lost_rank_note(status), *failed]),
+            exit_code=max(codes, key=abs) if codes else None,
+        )
 
     def find_active(self, run_id: str, stage: str, kind: str) -> list[str]:
         return [job_id for job_id, status in self._labelled(run_id, stage, kind) if not status.state.finished]
@@ -191,6 +271,7 @@ class LocalBackend(Backend):
 
     def follow_logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> Iterator[str]:
         """The rank logs (one rank's when given), followed as files, until the job ends."""
+
         def paths() -> list[Path]:
             return [p for p in self._rank_logs(job_id) if rank is None or p.name == f"rank-{rank:05d}.log"]
 
@@ -209,8 +290,9 @@ class LocalBackend(Backend):
         for rank, code in sorted(enumerate(codes), key=lambda pair: pair[0] != lost):  # the killed rank's first
             if code != 0:
                 log = self.run_dir / "logs" / job_id / f"rank-{rank:05d}.log"
-                lines.append(f"rank {rank} exited {code}; last lines of {log}:\n"
-                             + indent(last_lines(read_tail(log), 15)))
+                lines.append(
+                    f"rank {rank} exited {code}; last lines of {log}:\n" + indent(last_lines(read_tail(log), 15))
+                )
                 break  # the first failing rank's tail; `bcp-pipeline logs` shows the others
         return "\n".join(lines)
 
@@ -228,7 +310,7 @@ class LocalBackend(Backend):
             if is_alive(owner["pid"], owner.get("start_ticks")):
                 signal_group(owner["pid"], signal.SIGKILL)
             status = _read_json(job_dir / "status.json") or {}
-            if status.get("state") in (None, "running"):
+            if status.get("state") in (None, "starting", "running"):
                 atomic_write_json(job_dir / "status.json", {**owner, "state": "cancelled", "ended_at": time.time()})
 
     @classmethod
@@ -236,7 +318,6 @@ class LocalBackend(Backend):
         from bcp_pipeline.backends.local.check import check_local  # its probes' imports load only for `check`
 
         return check_local(given)
-
 
 
 def _claim_order(job_dir: Path) -> tuple[str, int]:
@@ -255,8 +336,10 @@ def _lost_rank_note(record: dict) -> list[str]:
     except ValueError:
         name = f"signal {lost['signal']}"
     stopped = ", ".join(str(rank) for rank in lost["stopped"])
-    return [f"rank {lost['rank']} was killed by {name}; the supervisor stopped rank(s) {stopped} after "
-            f"{lost['grace_seconds']:g} s, as they may wait for it for ever"]
+    return [
+        f"rank {lost['rank']} was killed by {name}; the supervisor stopped rank(s) {stopped} after "
+        f"{lost['grace_seconds']:g} s, as they may wait for it for ever"
+    ]
 
 
 def _stop_orphaned_ranks(record: dict) -> bool:
@@ -264,7 +347,7 @@ def _stop_orphaned_ranks(record: dict) -> bool:
 
     A supervisor killed on its own (OOM killer, a stray kill) does not take its ranks with it. The job is lost,
     but until its ranks are gone it must not count as ended: the stage would be submitted again while they still
-    write its files (found by scripts/chaos: two pretrain jobs writing one checkpoint folder). The ranks and their
+    write its files (found by tests/chaos: two pretrain jobs writing one checkpoint folder). The ranks and their
     own children are in the supervisor's process group, and while a recorded rank lives that group id cannot have
     been reused, so the group kill reaches exactly them.
     """

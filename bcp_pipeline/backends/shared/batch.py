@@ -11,10 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from bcp_pipeline.backends.contract import Backend, JobProgress, outage_seconds
-from bcp_pipeline.backends.shared.logs import (follow_files, indent, job_running, joined_logs, last_lines,
-    progress_from_logs, read_tail)
+from bcp_pipeline.backends.shared.logs import (
+    follow_files,
+    indent,
+    job_running,
+    joined_logs,
+    last_lines,
+    progress_from_logs,
+    read_tail,
+)
 from bcp_pipeline.errors import SubmissionError
-
 
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -40,12 +46,18 @@ def job_name(run_id: str, stage: str, kind: str) -> str:
     return NAME_UNSAFE.sub("_", f"{run_id}.{stage}" + (".verify" if kind == "verify" else ""))
 
 
-def paths_for(options: Any, *, config_dir: Path, stages_dir: Path, run_dir: Path, workspace_name: str,
-              orchestrator_python: str) -> Paths:
+def paths_for(
+    options: Any, *, config_dir: Path, stages_dir: Path, run_dir: Path, workspace_name: str, orchestrator_python: str
+) -> Paths:
     """The job-side paths: the workspace folder (relative to the config file), stages/ and the run folder."""
     workspace = (config_dir / options.workspace_dir / workspace_name).resolve()
-    return Paths(workspace=str(workspace), code=str(stages_dir), run_dir=str(run_dir), python=options.python,
-                 orchestrator_python=orchestrator_python)
+    return Paths(
+        workspace=str(workspace),
+        code=str(stages_dir),
+        run_dir=str(run_dir),
+        python=options.python,
+        orchestrator_python=orchestrator_python,
+    )
 
 
 class BatchBackend(Backend):
@@ -53,13 +65,18 @@ class BatchBackend(Backend):
     intervals and outage limit from its options, and the logs. Each rank of a job writes
     `<run>/logs/JOBID/rank-NNNNN.log`; the scheduler's own log files of the job are `scheduler_logs`."""
 
-    def __init__(self, options: Any, *, config_dir: Path, stages_dir: Path, run_dir: Path,
-                 workspace_name: str) -> None:
+    def __init__(self, options: Any, *, config_dir: Path, stages_dir: Path, run_dir: Path, workspace_name: str) -> None:
         self.options = options
         self.run_dir = run_dir
         self.logs_dir = run_dir / "logs"
-        self.paths = paths_for(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
-                               workspace_name=workspace_name, orchestrator_python=sys.executable)
+        self.paths = paths_for(
+            options,
+            config_dir=config_dir,
+            stages_dir=stages_dir,
+            run_dir=run_dir,
+            workspace_name=workspace_name,
+            orchestrator_python=sys.executable,
+        )
         self.local_workspace = Path(self.paths.workspace)
         self.poll_min_seconds = options.poll_seconds
         self.poll_max_seconds = max(options.poll_seconds, options.poll_max_seconds)
@@ -99,13 +116,17 @@ class BatchBackend(Backend):
     def follow_logs(self, job_id: str, rank: int | None = None, tail: int | None = None) -> Iterator[str]:
         """The rank logs (one rank's when given) and the scheduler's, followed as files, until the job ends."""
         if rank is not None:
+
             def paths() -> list[Path]:
                 return [self.rank_log(job_id, rank)]
         else:
+
             def paths() -> list[Path]:
                 return self.rank_logs(job_id) + [p for p in self.scheduler_logs(job_id) if p.is_file()]
-        return follow_files(paths, lambda: job_running(self, job_id), tail=tail,
-                            interval=min(self.poll_max_seconds, 2.0))
+
+        return follow_files(
+            paths, lambda: job_running(self, job_id), tail=tail, interval=min(self.poll_max_seconds, 2.0)
+        )
 
     def progress(self, job_id: str, *, training: bool = False) -> JobProgress | None:
         return progress_from_logs([read_tail(path, 8192) for path in self.rank_logs(job_id)], training=training)

@@ -1,6 +1,9 @@
 """A Megatron-Bridge pretrain's two commands, as every backend's job runs them: the data list written into the
-run's folder (data_list.py: `dataset.data_path=[weight,prefix,...]` from the preprocess manifests), then, on every
-rank, the entry program (stages/bridge_pretrain.py) with the recipe, that file and the rendered overrides.
+run's folder (data_list.py: `dataset.data_path=[weight,prefix,...]` from the preprocess manifests, or with a
+held-out split, `dataset.blend_per_split=[train, validation, null]`), then, on every
+rank, the entry program (stages/bridge_pretrain.py) with the recipe, that file and the rendered overrides, started by
+stages/rank_start.py: it binds the rank to its GPU's NUMA node (the section's `numa_binding`; NVIDIA's launcher binds
+by default, numa_mapping) and, where asked (BCP's multi-node jobs), first waits for the rendezvous to answer.
 
 `values` are the backend's ${...} values as its job sees them; `runtime` the job's time limit on that backend
 (its `train.exit_duration_in_mins` is derived from it: config/bridge.py).
@@ -16,8 +19,9 @@ from bcp_pipeline.errors import SubmissionError
 
 def trains_with_bridge(request: JobRequest, backend: str) -> bool:
     """A stage job of a megatron_bridge: stage whose backend section gives no command of its own."""
-    return (request.kind == "stage" and request.stage.megatron_bridge is not None
-            and not request.resources(backend).command)
+    return (
+        request.kind == "stage" and request.stage.megatron_bridge is not None and not request.resources(backend).command
+    )
 
 
 def data_list_file(request: JobRequest, values: dict[str, str]) -> str:
@@ -26,13 +30,37 @@ def data_list_file(request: JobRequest, values: dict[str, str]) -> str:
 
 def data_list_argv(request: JobRequest, values: dict[str, str]) -> list[str]:
     """Writes the data list override into the run's folder (atomically: every rank reads it whole)."""
-    return [values["python"], f"{values['code']}/data_list.py", "--data-dir",
-            substitute(request.stage.megatron_bridge.data_dir, values), "--format", "hydra", "--key",
-            bridge.DATA_PATH_KEY, "--out", data_list_file(request, values)]
+    section = request.stage.megatron_bridge
+    held_out = ["--valid-data-dir", substitute(section.valid_data_dir, values)] if section.valid_data_dir else []
+    return [
+        values["python"],
+        f"{values['code']}/data_list.py",
+        "--data-dir",
+        substitute(section.data_dir, values),
+        *held_out,
+        "--format",
+        "hydra",
+        "--key",
+        bridge.DATA_PATH_KEY,
+        "--out",
+        data_list_file(request, values),
+    ]
 
 
-def rank_argv(request: JobRequest, backend: str, values: dict[str, str], runtime: str | None) -> list[str]:
-    """One rank's command: the entry program, the recipe, the data list file and every override."""
+RANK_STARTER = "rank_start.py"  # stages/rank_start.py: NUMA binding, the wait for the rendezvous, then exec
+
+
+def rank_argv(
+    request: JobRequest,
+    backend: str,
+    values: dict[str, str],
+    runtime: str | None,
+    *,
+    wait_for_master: int | None = None,
+) -> list[str]:
+    """One rank's command: the rank starter (its NUMA binding as the backend section's `numa_binding` says; with
+    `wait_for_master`, a wait of at most that many seconds for the rendezvous on a later node), then the entry
+    program, the recipe, the data list file and every override."""
     try:
         overrides = bridge.bridge_overrides(request.stage, values=values, runtime=runtime, run_id=request.run_id)
     except ValueError as exc:
@@ -43,8 +71,22 @@ def rank_argv(request: JobRequest, backend: str, values: dict[str, str], runtime
         raise SubmissionError(f"stage {request.stage.name}: {problem}")
     nsys = ["--nsys-output", substitute(section.nsys_output, values)] if section.nsys_output else []
     hub = ["--hf-home", substitute(section.hf_home, values)] if section.hf_home else []
-    return [values["python"], "-u", f"{values['code']}/{bridge.ENTRY_PROGRAM}", "--recipe", section.recipe, *nsys,
-            *hub, "--overrides-file", data_list_file(request, values), *overrides]
+    wait = [] if wait_for_master is None else ["--wait-for-master", str(wait_for_master)]
+    numa = "auto" if request.resources(backend).numa_binding else "off"
+    starter = [values["python"], "-u", f"{values['code']}/{RANK_STARTER}", *wait, "--gpu-numa", numa, "--"]
+    return [
+        *starter,
+        values["python"],
+        "-u",
+        f"{values['code']}/{bridge.ENTRY_PROGRAM}",
+        "--recipe",
+        section.recipe,
+        *nsys,
+        *hub,
+        "--overrides-file",
+        data_list_file(request, values),
+        *overrides,
+    ]
 
 
 def gpus_per_node(request: JobRequest, backend: str) -> int:

@@ -12,7 +12,6 @@ from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.resources import RankLayout
 from bcp_pipeline.errors import SubmissionError
 
-
 SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 OUTPUT_DIGEST_ENV = "BCP_PIPELINE_OUTPUT_DIGEST"  # stages/_common.py reads these two under the same names
 OTHER_OUTPUTS_ENV = "BCP_PIPELINE_OTHER_OUTPUTS"
@@ -31,8 +30,14 @@ def stage_command(request: JobRequest, backend: str, values: dict[str, str]) -> 
 
 def placeholder_values(request: JobRequest, *, workspace: str, results: str, code: str, python: str) -> dict[str, str]:
     """Values for ${...} as the job sees them; pipeline vars may themselves use the built-ins."""
-    builtins = {"workspace": workspace, "results": results, "code": code, "python": python,
-                "run_id": request.run_id, "stage": request.stage.name}
+    builtins = {
+        "workspace": workspace,
+        "results": results,
+        "code": code,
+        "python": python,
+        "run_id": request.run_id,
+        "stage": request.stage.name,
+    }
     return {**builtins, **{k: substitute(v, builtins) for k, v in request.pipeline.vars.items()}}
 
 
@@ -66,8 +71,13 @@ def rendezvous(layout: RankLayout, master_addr: str, master_port: str) -> dict[s
     derives them where only the running job knows them (a node name, a job id)."""
     if layout.world_size == 1:
         return None
-    return {"MASTER_ADDR": master_addr, "MASTER_PORT": master_port, "WORLD_SIZE": layout.world_size,
-            "nodes": layout.nodes, "per_node": layout.per_node}
+    return {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": master_port,
+        "WORLD_SIZE": layout.world_size,
+        "nodes": layout.nodes,
+        "per_node": layout.per_node,
+    }
 
 
 _DOUBLE_QUOTE_SPECIAL = frozenset('$`"\\!')

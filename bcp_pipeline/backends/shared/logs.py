@@ -13,7 +13,6 @@ from typing import Any
 from bcp_pipeline.backends.contract import JobProgress
 from bcp_pipeline.training_log import RANK_LINE_PREFIX, last_progress
 
-
 LINE_PREFIX = "##bcp-pipeline "  # the stage programs' machine-readable lines (stages/_common.py)
 
 
@@ -26,7 +25,7 @@ def parse_lines(text: str, kind: str) -> list[dict[str, Any]]:
         if index < 0:
             continue
         try:
-            found.append(json.loads(line[index + len(marker):]))
+            found.append(json.loads(line[index + len(marker) :]))
         except ValueError:
             continue
     return found
@@ -49,9 +48,11 @@ def progress_from_logs(texts: list[str], *, training: bool = False) -> JobProgre
     if not latest:
         return None
     lines = list(latest.values())
-    return JobProgress(done=sum(int(line.get("done", 0)) for line in lines),
-                       total=sum(int(line.get("total", 0)) for line in lines),
-                       unit=str(lines[-1].get("unit", "items")))
+    return JobProgress(
+        done=sum(int(line.get("done", 0)) for line in lines),
+        total=sum(int(line.get("total", 0)) for line in lines),
+        unit=str(lines[-1].get("unit", "items")),
+    )
 
 
 def training_progress(text: str) -> JobProgress | None:
@@ -59,8 +60,9 @@ def training_progress(text: str) -> JobProgress | None:
     found = last_progress(text)
     if found is None:
         return None
-    return JobProgress(done=found.steps_done, total=found.total or 0, unit="steps", loss=found.loss,
-                       step_seconds=found.step_seconds)
+    return JobProgress(
+        done=found.steps_done, total=found.total or 0, unit="steps", loss=found.loss, step_seconds=found.step_seconds
+    )
 
 
 def rank_lines(text: str, rank: int) -> str | None:
@@ -72,7 +74,7 @@ def rank_lines(text: str, rank: int) -> str | None:
         if match:
             prefixed = True
             if int(match.group(1)) == rank:
-                found.append(line[match.end():])
+                found.append(line[match.end() :])
     return "\n".join(found) if prefixed else None
 
 
@@ -87,8 +89,9 @@ def joined_logs(paths: list[Path], tail: int | None) -> str:
     return "\n".join(parts)
 
 
-def follow_files(paths: Callable[[], list[Path]], running: Callable[[], bool], *, tail: int | None = None,
-                 interval: float = 0.5) -> Iterator[str]:
+def follow_files(
+    paths: Callable[[], list[Path]], running: Callable[[], bool], *, tail: int | None = None, interval: float = 0.5
+) -> Iterator[str]:
     """`logs --follow` where a job's logs are files here: their lines as they are written (a file that appears, a
     rank starting, is read from its start; with `tail`, every file from its last `tail` lines), until `running()`
     says the job ended and every file is read to its end. Lines of several files are each headed `[NAME] `."""
@@ -177,7 +180,7 @@ def last_traceback(text: str, max_lines: int = 40) -> str | None:
     # and the traceback on stderr share the line where both reach one log.
     for start in (i for i, line in enumerate(lines) if line.rstrip().endswith(TRACEBACK_HEAD)):
         block = [TRACEBACK_HEAD]
-        for line in lines[start + 1:]:
+        for line in lines[start + 1 :]:
             block.append(line)
             if line and not line[0].isspace():  # the exception line ends the frames
                 break
@@ -215,8 +218,9 @@ def why_it_failed(log: str, whose: str, tail: int = 15) -> list[str]:
     own = traceback is not None and not any(end in traceback.splitlines()[-1] for end in LAUNCHER_TRACEBACK_ENDS)
     failed_rank = None if own else failed_rank_lines(log, tail)
     if failed_rank is not None:
-        found.append(f"the last lines of rank {failed_rank[0]}, the first to fail, in {whose} log:\n"
-                     + indent(failed_rank[1]))
+        found.append(
+            f"the last lines of rank {failed_rank[0]}, the first to fail, in {whose} log:\n" + indent(failed_rank[1])
+        )
     elif traceback and traceback not in last_lines(log, tail):
         found.append(f"the last traceback in {whose} log:\n" + indent(traceback))
     return [*found, f"last lines of {whose} log:\n" + indent(last_lines(log, tail))]

@@ -68,8 +68,8 @@ def render(job: TrainingJob) -> str:
         "# Rendered by bcp_pipeline/backends/shared/nemo_script.py (`bcp-pipeline plan` prints it); arguments: the",
         "# workspace's and the job result folder's mount points.",
         "set -euo pipefail",
-        'workspace=${1:?usage: SCRIPT WORKSPACE_MOUNT RESULT_MOUNT} results=${2:?usage: SCRIPT WORKSPACE_MOUNT '
-        'RESULT_MOUNT}',
+        "workspace=${1:?usage: SCRIPT WORKSPACE_MOUNT RESULT_MOUNT} results=${2:?usage: SCRIPT WORKSPACE_MOUNT "
+        "RESULT_MOUNT}",
     ]
     if job.replicas > 1:
         lines += [
@@ -101,8 +101,9 @@ def render(job: TrainingJob) -> str:
     return "\n".join(lines) + "\n"
 
 
-def launcher_debug_step(overrides: list[str], data_list_file: str, launcher: str, written: str,
-                        inside: str = "") -> list[str]:
+def launcher_debug_step(
+    overrides: list[str], data_list_file: str, launcher: str, written: str, inside: str = ""
+) -> list[str]:
     """The launcher run in its debug mode (NEMO_LAUNCHER_DEBUG: it composes the training config and writes it and
     its submission script, and runs nothing): the overrides as a bash array, the data list read from its file, and
     `written` (a file the launcher writes) removed first, so a launcher that fails leaves no stale one behind.

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 MIN_STAGE_PYTHON = (3, 10)  # docs/CONVENTIONS.md: the stage programs run on the NeMo container's 3.10
-PROBE = ("import importlib.util, json, sys; "
-         "print(json.dumps({'version': list(sys.version_info[:3]), "
-         "'missing': [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]}))")
+PROBE = (
+    "import importlib.util, json, sys; "
+    "print(json.dumps({'version': list(sys.version_info[:3]), "
+    "'missing': [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]}))"
+)
 
 
 def module_names(stages_dir: Path) -> list[str]:

@@ -19,8 +19,15 @@ from bcp_pipeline.backends.contract import JobRequest, JobState, JobStatus, Subm
 from bcp_pipeline.backends.shared.batch import BatchBackend, job_name
 from bcp_pipeline.backends.shared.logs import indent, last_lines, read_tail
 from bcp_pipeline.backends.slurm.client import HINT, squeue
-from bcp_pipeline.backends.slurm.render import (NEMO_SUFFIX, batch_script, job_rendezvous, nemo_job_name_prefix,
-    nemo_launcher_script, nemo_rendezvous, shape)
+from bcp_pipeline.backends.slurm.render import (
+    NEMO_SUFFIX,
+    batch_script,
+    job_rendezvous,
+    nemo_job_name_prefix,
+    nemo_launcher_script,
+    nemo_rendezvous,
+    shape,
+)
 from bcp_pipeline.backends.slurm.states import Row, failed_tasks, status_of
 from bcp_pipeline.config.nemo import nemo_run_name
 from bcp_pipeline.config.resources import SlurmOptions
@@ -30,9 +37,12 @@ from bcp_pipeline.procs import run_command
 LAUNCHER_JOB_ID = re.compile(r"(?:Submitted batch job|submitted with Job ID) (\d+)")
 # How sbatch (inside the launcher) says the controller did not answer: the one failure of the launcher's step that
 # may pass if made again. Slurm's own wording (slurm_strerror and sbatch's messages).
-CONTROLLER_UNANSWERED = re.compile(r"unable to contact slurm controller|socket timed out|connection refused|"
-                                   r"resource temporarily unavailable|slurmctld.*(?:not responding|down)|"
-                                   r"try again", re.IGNORECASE)
+CONTROLLER_UNANSWERED = re.compile(
+    r"unable to contact slurm controller|socket timed out|connection refused|"
+    r"resource temporarily unavailable|slurmctld.*(?:not responding|down)|"
+    r"try again",
+    re.IGNORECASE,
+)
 
 
 def launcher_failure(exc: CommandError) -> PipelineError:
@@ -48,10 +58,12 @@ def launcher_failure(exc: CommandError) -> PipelineError:
 class SlurmBackend(BatchBackend):
     name = "slurm"
 
-    def __init__(self, options: SlurmOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path,
-                 workspace_name: str) -> None:
-        super().__init__(options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir,
-                         workspace_name=workspace_name)
+    def __init__(
+        self, options: SlurmOptions, *, config_dir: Path, stages_dir: Path, run_dir: Path, workspace_name: str
+    ) -> None:
+        super().__init__(
+            options, config_dir=config_dir, stages_dir=stages_dir, run_dir=run_dir, workspace_name=workspace_name
+        )
         self._sacct_enabled = True  # until sacct says accounting is off here
 
     # -- rendering (pure) ------------------------------------------------------------------------------
@@ -63,13 +75,26 @@ class SlurmBackend(BatchBackend):
         if request.kind == "stage" and request.stage.nemo and not request.resources("slurm").command:
             script = nemo_launcher_script(request, self.options, self.paths)
             training_job = f"{nemo_job_name_prefix(request)}{nemo_run_name(request.stage, request.run_id)}"
-            printable = ("# runs on this machine: NeMo's launcher (cluster_type=bcm) writes and sbatch-es the "
-                         f"training job {training_job}\n{script}")
-            return Submission(request=request, printable=printable, payload={"submit_with": "nemo-launcher"},
-                              rendezvous=nemo_rendezvous(request, self.options))
-        return Submission(request=request, printable=batch_script(request, self.options, self.paths), payload={
-            "submit_with": "sbatch", "job_name": job_name(request.run_id, request.stage.name, request.kind),
-            **self.sharding(request)}, rendezvous=job_rendezvous(request, self.options))
+            printable = (
+                "# runs on this machine: NeMo's launcher (cluster_type=bcm) writes and sbatch-es the "
+                f"training job {training_job}\n{script}"
+            )
+            return Submission(
+                request=request,
+                printable=printable,
+                payload={"submit_with": "nemo-launcher"},
+                rendezvous=nemo_rendezvous(request, self.options),
+            )
+        return Submission(
+            request=request,
+            printable=batch_script(request, self.options, self.paths),
+            payload={
+                "submit_with": "sbatch",
+                "job_name": job_name(request.run_id, request.stage.name, request.kind),
+                **self.sharding(request),
+            },
+            rendezvous=job_rendezvous(request, self.options),
+        )
 
     # -- side effects ------------------------------------------------------------------------------------
     def submit(self, submission: Submission) -> str:
@@ -77,15 +102,18 @@ class SlurmBackend(BatchBackend):
         Path(self.paths.workspace).mkdir(parents=True, exist_ok=True)  # the job's --chdir
         if submission.payload["submit_with"] == "nemo-launcher":
             try:
-                output = run_command(["bash", "-c", submission.printable], timeout=1800,
-                                     hint="the NeMo launcher runs on this machine: it needs launcher_dir and "
-                                          "hydra-core/omegaconf here").stdout
+                output = run_command(
+                    ["bash", "-c", submission.printable],
+                    timeout=1800,
+                    hint="the NeMo launcher runs on this machine: it needs launcher_dir and hydra-core/omegaconf here",
+                ).stdout
             except CommandError as exc:
                 raise launcher_failure(exc) from exc
             found = LAUNCHER_JOB_ID.findall(output)
             if not found:
-                raise SubmissionError(f"the NeMo launcher printed no Slurm job id; its output ends:\n"
-                                      f"{last_lines(output, 20)}")
+                raise SubmissionError(
+                    f"the NeMo launcher printed no Slurm job id; its output ends:\n{last_lines(output, 20)}"
+                )
             return found[-1]
         output = run_command(["sbatch", "--parsable"], input_text=submission.printable, hint=HINT).stdout
         lines = output.strip().splitlines()
@@ -125,10 +153,14 @@ class SlurmBackend(BatchBackend):
             fields = dict(re.findall(r"(\w+)=(\S*)", line))
             if fields.get("TotalNodes", "").isdigit():
                 max_nodes = fields.get("MaxNodes", "")
-                sizes[fields.get("PartitionName")] = min(int(fields["TotalNodes"]),
-                                                         int(max_nodes) if max_nodes.isdigit() else 1 << 30)
-        return {row.job_id for row in waiting
-                if row.nodes.isdigit() and row.partition in sizes and int(row.nodes) > sizes[row.partition]}
+                sizes[fields.get("PartitionName")] = min(
+                    int(fields["TotalNodes"]), int(max_nodes) if max_nodes.isdigit() else 1 << 30
+                )
+        return {
+            row.job_id
+            for row in waiting
+            if row.nodes.isdigit() and row.partition in sizes and int(row.nodes) > sizes[row.partition]
+        }
 
     def _forgotten(self, job_ids: list[str]) -> dict[str, JobStatus]:
         """Jobs Slurm no longer lists: sacct's answer, else the exit record; neither means the job is LOST, unless
@@ -143,22 +175,38 @@ class SlurmBackend(BatchBackend):
                 code = int(record.read_text().strip())
             except (OSError, ValueError):
                 if rows is not None:
-                    statuses[job_id] = JobStatus(job_id=job_id, state=JobState.LOST, native="GONE", detail=(
-                        f"Slurm no longer knows job {job_id} and its batch script left no exit record ({record}): "
-                        "it ended without finishing (cancelled, timed out or its node failed) long enough ago for "
-                        "Slurm to forget it"))
+                    statuses[job_id] = JobStatus(
+                        job_id=job_id,
+                        state=JobState.LOST,
+                        native="GONE",
+                        detail=(
+                            f"Slurm no longer knows job {job_id} and its batch script left no exit record ({record}): "
+                            "it ended without finishing (cancelled, timed out or its node failed) long enough ago for "
+                            "Slurm to forget it"
+                        ),
+                    )
                 continue
-            statuses[job_id] = JobStatus(job_id=job_id, state=JobState.SUCCEEDED if code == 0 else JobState.FAILED,
-                                         native="COMPLETED" if code == 0 else "FAILED", exit_code=code,
-                                         detail="" if code == 0 else f"exit code {code} (from {record})")
+            statuses[job_id] = JobStatus(
+                job_id=job_id,
+                state=JobState.SUCCEEDED if code == 0 else JobState.FAILED,
+                native="COMPLETED" if code == 0 else "FAILED",
+                exit_code=code,
+                detail="" if code == 0 else f"exit code {code} (from {record})",
+            )
         return statuses
 
     def _sacct(self, job_ids: list[str]) -> list[Row] | None:
         """sacct's rows for `job_ids`: [] where accounting is off, None when sacct failed this time."""
         if not self._sacct_enabled:
             return []
-        argv = ["sacct", "--noheader", "--parsable2", "--allocations", "--jobs=" + ",".join(job_ids),
-                "--format=JobIDRaw,State,ExitCode"]
+        argv = [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            "--jobs=" + ",".join(job_ids),
+            "--format=JobIDRaw,State,ExitCode",
+        ]
         try:
             output = run_command(argv, timeout=60).stdout
         except CommandError as exc:
@@ -190,8 +238,10 @@ class SlurmBackend(BatchBackend):
         return [log] if (log := self.batch_log(job_id)).is_file() else []
 
     def missing_rank_log(self, job_id: str, rank: int, path: Path) -> str:
-        return (f"{super().missing_rank_log(job_id, rank, path)}; the batch script's output ends:\n"
-                f"{indent(last_lines(read_tail(self.batch_log(job_id)), 10) or '(empty)')}")
+        return (
+            f"{super().missing_rank_log(job_id, rank, path)}; the batch script's output ends:\n"
+            f"{indent(last_lines(read_tail(self.batch_log(job_id)), 10) or '(empty)')}"
+        )
 
     def other_logs(self, job_id: str) -> list[Path]:
         """The files Slurm says the job writes (e.g. the NeMo launcher's own job)."""

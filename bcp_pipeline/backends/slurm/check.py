@@ -18,8 +18,18 @@ import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from bcp_pipeline.backends.checks import (CheckInput, CheckOutcome, ProbeJob, Row, different, ok, poll_until,
-    removed_at_exit, unchecked)
+from bcp_pipeline.backends.checks import (
+    CheckInput,
+    CheckOutcome,
+    ProbeJob,
+    Row,
+    different,
+    ok,
+    poll_until,
+    removed_at_exit,
+    unchecked,
+)
+from bcp_pipeline.backends.shared import templates
 from bcp_pipeline.backends.shared.batch import paths_for
 from bcp_pipeline.backends.shared.python_probe import MIN_STAGE_PYTHON, PROBE, module_names
 from bcp_pipeline.backends.slurm.client import HINT
@@ -32,6 +42,7 @@ INSTALL_COMMAND = "scripts/slurm-cluster install"  # the project's own single-no
 PROBE_TASKS = 2
 PROBE_WAIT_SECONDS = 180.0  # a probe still queued after this is reported, and cancelled
 PROBE_LINE = re.compile(r"^BCPP-PROBE (.*)$", re.M)
+PROBE_TASK = templates.load(__package__, "probe_task.sh", one_line=True)  # each task of the probe job
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")  # `squeue -o %T` once ended
 
 
@@ -41,10 +52,12 @@ def check_slurm(ctx: CheckInput) -> CheckOutcome:
         partitions = read_partitions()
     except CommandError as exc:
         # Nothing was learnt about a cluster, so no profile is saved: a backend would read it as this cluster's
-        raise BackendCallError(f"check: Slurm's controller does not answer ({str(exc).splitlines()[0]}). On this "
-                               f"machine `{INSTALL_COMMAND}`, then `eval \"$(scripts/slurm-cluster start)\"`, give "
-                               "a single-node Slurm; elsewhere point SLURM_CONF at the cluster's slurm.conf. No "
-                               "profile was saved") from None
+        raise BackendCallError(
+            f"check: Slurm's controller does not answer ({str(exc).splitlines()[0]}). On this "
+            f'machine `{INSTALL_COMMAND}`, then `eval "$(scripts/slurm-cluster start)"`, give '
+            "a single-node Slurm; elsewhere point SLURM_CONF at the cluster's slurm.conf. No "
+            "profile was saved"
+        ) from None
     cluster = re.search(r"^ClusterName\s*=\s*(\S+)", config, re.M)
     target = {"cluster": cluster.group(1) if cluster else "unnamed"}
     rows = [partition_row(ctx, partitions), test_only_row(ctx), pyxis_row(ctx)]
@@ -58,10 +71,17 @@ def check_slurm(ctx: CheckInput) -> CheckOutcome:
         facts.update(probe_facts)
     else:
         why = "--no-jobs: no probe job submitted"
-        rows += [unchecked("srun ranks", rank_assumption(), why, "run `check` without --no-jobs"),
-                 unchecked("shared folder", shared_assumption(), why, "run `check` without --no-jobs")]
-    return CheckOutcome(target=target, profile_parts=("slurm", target["cluster"]),
-                        rows=[r for r in rows if r is not None], facts=facts, notes=notes)
+        rows += [
+            unchecked("srun ranks", rank_assumption(), why, "run `check` without --no-jobs"),
+            unchecked("shared folder", shared_assumption(), why, "run `check` without --no-jobs"),
+        ]
+    return CheckOutcome(
+        target=target,
+        profile_parts=("slurm", target["cluster"]),
+        rows=[r for r in rows if r is not None],
+        facts=facts,
+        notes=notes,
+    )
 
 
 def read_partitions() -> dict[str, dict]:
@@ -71,8 +91,12 @@ def read_partitions() -> dict[str, dict]:
     for line in out.splitlines():
         name, limit, available = (line.split("|") + ["", ""])[:3]
         default = name.endswith("*")
-        partitions[name.rstrip("*")] = {"default": default, "time_limit_s": slurm_seconds(limit),
-                                        "time_limit": limit, "available": available}
+        partitions[name.rstrip("*")] = {
+            "default": default,
+            "time_limit_s": slurm_seconds(limit),
+            "time_limit": limit,
+            "available": available,
+        }
     return partitions
 
 
@@ -96,11 +120,18 @@ def slurm_seconds(text: str) -> int | None:
 def partition_row(ctx: CheckInput, partitions: dict[str, dict]) -> Row | None:
     assumes = "each job's partition exists, is up, and its time limit holds the job's --time"
     default = next((name for name, p in partitions.items() if p["default"]), None)
-    listed = ", ".join(f"{n}{'*' if p['default'] else ''} ({p['time_limit']}, {p['available']})"
-                       for n, p in partitions.items()) or "none"
+    listed = (
+        ", ".join(
+            f"{n}{'*' if p['default'] else ''} ({p['time_limit']}, {p['available']})" for n, p in partitions.items()
+        )
+        or "none"
+    )
     if ctx.pipeline is None:
-        return ok("partitions", "the cluster has a partition", listed) if partitions else \
-            different("partitions", "the cluster has a partition", "sinfo lists none", "add a partition")
+        return (
+            ok("partitions", "the cluster has a partition", listed)
+            if partitions
+            else different("partitions", "the cluster has a partition", "sinfo lists none", "add a partition")
+        )
     options = ctx.config.options["slurm"]
     problems = []
     for submission in ctx.submissions():
@@ -118,12 +149,15 @@ def partition_row(ctx: CheckInput, partitions: dict[str, dict]) -> Row | None:
         if limit == -1:
             problems.append(f"{where}: partition {name}'s time limit {part['time_limit']!r} is not understood")
         elif limit is not None and (wanted is None or wanted > limit):
-            problems.append(f"{where}: --time {size.time or '(partition default)'} over {name}'s "
-                            f"{part['time_limit']}")
+            problems.append(f"{where}: --time {size.time or '(partition default)'} over {name}'s {part['time_limit']}")
     if problems:
-        return different("partitions", assumes, f"{listed}; " + "; ".join(problems),
-                         "sbatch refuses these jobs (or they never start): set slurm.time / slurm.partition of "
-                         "those stages (--set STAGE.slurm.time=...)")
+        return different(
+            "partitions",
+            assumes,
+            f"{listed}; " + "; ".join(problems),
+            "sbatch refuses these jobs (or they never start): set slurm.time / slurm.partition of "
+            "those stages (--set STAGE.slurm.time=...)",
+        )
     return ok("partitions", assumes, f"{listed}; every job fits")
 
 
@@ -143,33 +177,49 @@ def test_only_row(ctx: CheckInput) -> Row | None:
         except CommandError as exc:
             first = next((line for line in exc.stderr.splitlines() if "error" in line.lower()), exc.stderr.strip())
             refused.append(f"{submission.request.label}: {first[:200]}")
-    showed = f"{accepted} accepted" + (f"; {len(refused)} refused: " + "; ".join(refused) if refused else "") + \
-        (f"; not tested (submitted by NeMo's launcher): {', '.join(skipped)}" if skipped else "")
+    showed = (
+        f"{accepted} accepted"
+        + (f"; {len(refused)} refused: " + "; ".join(refused) if refused else "")
+        + (f"; not tested (submitted by NeMo's launcher): {', '.join(skipped)}" if skipped else "")
+    )
     if refused:
-        return different("sbatch --test-only", assumes, showed, "`run` fails at these stages: fix what sbatch names "
-                         "(`plan --backend slurm` prints each script)")
+        return different(
+            "sbatch --test-only",
+            assumes,
+            showed,
+            "`run` fails at these stages: fix what sbatch names (`plan --backend slurm` prints each script)",
+        )
     return ok("sbatch --test-only", assumes, showed)
 
 
 def pyxis_row(ctx: CheckInput) -> Row | None:
-    users = [name for name, stage in (ctx.pipeline.stages.items() if ctx.pipeline else [])
-             if stage.slurm.container_image]
+    users = [
+        name for name, stage in (ctx.pipeline.stages.items() if ctx.pipeline else []) if stage.slurm.container_image
+    ]
     assumes = "srun takes --container-image (Pyxis) where a stage sets container_image"
     try:
         has = "--container-image" in run_command(["srun", "--help"], timeout=60, hint=HINT).stdout
     except CommandError as exc:
         return different("pyxis", assumes, f"srun --help failed: {str(exc)[:200]}", "is srun on PATH?")
-    showed = (f"srun {'has' if has else 'has no'} --container-image; stages with a container: "
-              f"{', '.join(users) or 'none'}")
+    showed = (
+        f"srun {'has' if has else 'has no'} --container-image; stages with a container: {', '.join(users) or 'none'}"
+    )
     if users and not has:
-        return different("pyxis", assumes, showed, "those stages fail at srun: install Pyxis/enroot on the "
-                         "cluster, or drop slurm.container_image and use the nodes' Python")
+        return different(
+            "pyxis",
+            assumes,
+            showed,
+            "those stages fail at srun: install Pyxis/enroot on the "
+            "cluster, or drop slurm.container_image and use the nodes' Python",
+        )
     return ok("pyxis", assumes, showed)
 
 
 def rank_assumption() -> str:
-    return f"srun starts {PROBE_TASKS} tasks with SLURM_PROCID 0..{PROBE_TASKS - 1}, SLURM_NTASKS {PROBE_TASKS}, " \
-           "SLURM_LOCALID (the stages' RANK/WORLD_SIZE come from these)"
+    return (
+        f"srun starts {PROBE_TASKS} tasks with SLURM_PROCID 0..{PROBE_TASKS - 1}, SLURM_NTASKS {PROBE_TASKS}, "
+        "SLURM_LOCALID (the stages' RANK/WORLD_SIZE come from these)"
+    )
 
 
 def shared_assumption() -> str:
@@ -178,16 +228,28 @@ def shared_assumption() -> str:
 
 def probe_script(name: str, output: Path, workspace: Path, marker: str, python: str, modules: list[str]) -> str:
     """A job of PROBE_TASKS tasks: each prints its rank variables; task 0 the Python facts and the marker."""
-    task = ('echo "BCPP-PROBE procid=$SLURM_PROCID ntasks=$SLURM_NTASKS localid=$SLURM_LOCALID '
-            'host=$(hostname) shell=$0"; '
-            'if [ "$SLURM_PROCID" = 0 ]; then '
-            f'echo "BCPP-PYTHON $({shlex.quote(python)} -c {shlex.quote(PROBE)} {" ".join(modules)} 2>&1)"; '
-            f'mkdir -p {shlex.quote(str(workspace))} && echo {marker} > {shlex.quote(str(workspace / marker))}; fi')
-    return "\n".join(["#!/bin/bash", f"#SBATCH --job-name={name}", "#SBATCH --nodes=1",
-                      f"#SBATCH --ntasks={PROBE_TASKS}", "#SBATCH --time=5",
-                      f"#SBATCH --output={shlex.quote(str(output))}",
-                      f"#SBATCH --chdir={shlex.quote(str(output.parent))}",
-                      f"srun bash -c {shlex.quote(task)}", ""])
+    task = templates.fill(
+        PROBE_TASK,
+        PYTHON=shlex.quote(python),
+        PROBE=shlex.quote(PROBE),
+        MODULES=" ".join(modules),
+        WORKSPACE=shlex.quote(str(workspace)),
+        MARKER=marker,
+        MARKER_FILE=shlex.quote(str(workspace / marker)),
+    )
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={name}",
+            "#SBATCH --nodes=1",
+            f"#SBATCH --ntasks={PROBE_TASKS}",
+            "#SBATCH --time=5",
+            f"#SBATCH --output={shlex.quote(str(output))}",
+            f"#SBATCH --chdir={shlex.quote(str(output.parent))}",
+            f"srun bash -c {shlex.quote(task)}",
+            "",
+        ]
+    )
 
 
 def probe(ctx: CheckInput) -> tuple[list[Row], dict]:
@@ -197,9 +259,14 @@ def probe(ctx: CheckInput) -> tuple[list[Row], dict]:
     folder.mkdir(parents=True, exist_ok=True)
     output = folder / f"{token}.out"
     if ctx.pipeline is not None:
-        paths = paths_for(options, config_dir=ctx.config.file.parent.resolve(), stages_dir=ctx.config.stages_dir,
-                          run_dir=folder, workspace_name=ctx.pipeline.workspace.name,
-                          orchestrator_python=sys.executable)
+        paths = paths_for(
+            options,
+            config_dir=ctx.config.file.parent.resolve(),
+            stages_dir=ctx.config.stages_dir,
+            run_dir=folder,
+            workspace_name=ctx.pipeline.workspace.name,
+            orchestrator_python=sys.executable,
+        )
         workspace, python = Path(paths.workspace), paths.python or sys.executable
     else:
         workspace, python = folder, options.python or sys.executable
@@ -212,8 +279,10 @@ def probe(ctx: CheckInput) -> tuple[list[Row], dict]:
         seconds = time.monotonic() - started
     if not finished:
         why = f"job {job.id} had not ended after {PROBE_WAIT_SECONDS:.0f} s (cancelled)"
-        return [different("srun ranks", rank_assumption(), why, "is the partition full or down? `squeue`"),
-                unchecked("shared folder", shared_assumption(), why)], {}
+        return [
+            different("srun ranks", rank_assumption(), why, "is the partition full or down? `squeue`"),
+            unchecked("shared folder", shared_assumption(), why),
+        ], {}
     text = output.read_text(errors="replace") if output.is_file() else ""
     rows = [ranks_row(text), shared_row(output, workspace / marker, marker), node_python_row(text, python)]
     for leftover in (workspace / marker, output):  # what they showed is in the profile now
@@ -236,8 +305,9 @@ def wait_gone(job_id: str, timeout: float) -> bool:
     """Until squeue no longer lists the job (it ended); False at the timeout."""
 
     def gone() -> bool | None:
-        out = subprocess.run(["squeue", "--noheader", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
-                             timeout=60).stdout.strip()
+        out = subprocess.run(
+            ["squeue", "--noheader", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
         return True if not out or out in FINISHED else None
 
     return bool(poll_until(gone, timeout))
@@ -250,29 +320,46 @@ def ranks_row(text: str) -> Row:
         seen.append(fields)
     expected = {str(i) for i in range(PROBE_TASKS)}
     procids = sorted(f.get("procid", "?") for f in seen)
-    showed = "; ".join(f"procid={f.get('procid')} ntasks={f.get('ntasks')} localid={f.get('localid')} "
-                       f"host={f.get('host')}" for f in sorted(seen, key=lambda f: f.get("procid", ""))) \
+    showed = (
+        "; ".join(
+            f"procid={f.get('procid')} ntasks={f.get('ntasks')} localid={f.get('localid')} host={f.get('host')}"
+            for f in sorted(seen, key=lambda f: f.get("procid", ""))
+        )
         or f"no probe line in the job's output: {text.strip()[-200:]!r}"
-    good = (set(procids) == expected and len(procids) == PROBE_TASKS
-            and all(f.get("ntasks") == str(PROBE_TASKS) for f in seen)
-            and all(f.get("localid", "").isdigit() for f in seen))
+    )
+    good = (
+        set(procids) == expected
+        and len(procids) == PROBE_TASKS
+        and all(f.get("ntasks") == str(PROBE_TASKS) for f in seen)
+        and all(f.get("localid", "").isdigit() for f in seen)
+    )
     if good:
         return ok("srun ranks", rank_assumption(), showed)
-    return different("srun ranks", rank_assumption(), showed,
-                     "the stages would shard wrongly (each must see its own rank): check srun's MPI/plugin settings "
-                     "(slurm.srun_args)")
+    return different(
+        "srun ranks",
+        rank_assumption(),
+        showed,
+        "the stages would shard wrongly (each must see its own rank): check srun's MPI/plugin settings "
+        "(slurm.srun_args)",
+    )
 
 
 def shared_row(output: Path, marker_path: Path, marker: str) -> Row:
     seen_output = output.is_file()
     seen_marker = marker_path.is_file() and marker_path.read_text().strip() == marker
-    showed = (f"the job's output {'is' if seen_output else 'is NOT'} here ({output.parent}); its marker "
-              f"{'is' if seen_marker else 'is NOT'} here ({marker_path.parent})")
+    showed = (
+        f"the job's output {'is' if seen_output else 'is NOT'} here ({output.parent}); its marker "
+        f"{'is' if seen_marker else 'is NOT'} here ({marker_path.parent})"
+    )
     if seen_output and seen_marker:
         return ok("shared folder", shared_assumption(), showed)
-    return different("shared folder", shared_assumption(), showed,
-                     "stages' outputs and logs would be invisible here: put backends.slurm.workspace_dir and the "
-                     "state folder (--state-dir) on a file system every node mounts")
+    return different(
+        "shared folder",
+        shared_assumption(),
+        showed,
+        "stages' outputs and logs would be invisible here: put backends.slurm.workspace_dir and the "
+        "state folder (--state-dir) on a file system every node mounts",
+    )
 
 
 def node_python_row(text: str, python: str) -> Row:
@@ -282,11 +369,21 @@ def node_python_row(text: str, python: str) -> Row:
         answer = json.loads(line.split(" ", 1)[1])
         version, missing = tuple(answer["version"]), answer["missing"]
     except (IndexError, ValueError, KeyError, TypeError):
-        return different("node python", assumes, f"{python} on the node answered: {line[12:200] or 'nothing'}",
-                         "set backends.slurm.python to an interpreter every node has")
-    showed = f"Python {'.'.join(map(str, version))}" + (f"; missing {', '.join(missing)}" if missing else
-                                                        "; every package imports")
+        return different(
+            "node python",
+            assumes,
+            f"{python} on the node answered: {line[12:200] or 'nothing'}",
+            "set backends.slurm.python to an interpreter every node has",
+        )
+    showed = f"Python {'.'.join(map(str, version))}" + (
+        f"; missing {', '.join(missing)}" if missing else "; every package imports"
+    )
     if version[:2] < MIN_STAGE_PYTHON or missing:
-        return different("node python", assumes, showed, "stages fail on the nodes: install the packages of "
-                         "stages/requirements.txt there (or use a container_image)")
+        return different(
+            "node python",
+            assumes,
+            showed,
+            "stages fail on the nodes: install the packages of "
+            "stages/requirements.txt there (or use a container_image)",
+        )
     return ok("node python", assumes, showed)

@@ -7,7 +7,6 @@ from bcp_pipeline.backends.slurm.states import Row
 from bcp_pipeline.errors import CommandError
 from bcp_pipeline.procs import run_command
 
-
 HINT = "is Slurm reachable from here? try `sinfo`; the cluster's slurm.conf comes from SLURM_CONF or /etc/slurm"
 SQUEUE_FORMAT = "--Format=JobID:|,State:|,exit_code:|,Reason:|,NumNodes:|,Partition:|,Name:|"
 
@@ -25,5 +24,6 @@ def squeue(*filters: str) -> list[Row]:
     for line in output.splitlines():
         parts = line.split("|", 6)
         if len(parts) == 7:
-            rows.append(Row(*(part.strip() for part in parts[:6]), name=parts[6].rstrip("|").strip()))
+            job_id, state, exit_status, reason, nodes, partition = (part.strip() for part in parts[:6])
+            rows.append(Row(job_id, state, exit_status, reason, nodes, partition, name=parts[6].rstrip("|").strip()))
     return rows

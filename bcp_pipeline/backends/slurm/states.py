@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from bcp_pipeline.backends.contract import JobState, JobStatus, map_native_state
 
-
 # Every Slurm job state (squeue/sacct names). Unlisted ones map to UNKNOWN: "not finished", never "failed".
 STATE_MAP: dict[str, JobState] = {
     "PENDING": JobState.QUEUED,
@@ -71,14 +70,21 @@ def status_of(row: Row, too_big: bool = False) -> JobStatus:
     details = []
     if row.state == "PENDING" and (too_big or (row.reason in NEVER_STARTS and row.reason != "PartitionNodeLimit")):
         state, native, exit_code = JobState.FAILED, f"PENDING({row.reason})", None
-        details.append(f"can never start: {NEVER_STARTS[row.reason]}, so it was cancelled; size the stage's slurm: "
-                       "section to the cluster (`sinfo -o '%P %D %c %G %m %l'` shows what it has)")
+        details.append(
+            f"can never start: {NEVER_STARTS[row.reason]}, so it was cancelled; size the stage's slurm: "
+            "section to the cluster (`sinfo -o '%P %D %c %G %m %l'` shows what it has)"
+        )
     elif row.reason and row.reason != "None":
         details.append(f"Slurm reason {row.reason}")
     if state.finished and exit_text and exit_code:
         details.append(exit_text)
-    return JobStatus(job_id=row.job_id, state=state, native=native, detail="; ".join(details),
-                     exit_code=exit_code if state.finished else None)
+    return JobStatus(
+        job_id=row.job_id,
+        state=state,
+        native=native,
+        detail="; ".join(details),
+        exit_code=exit_code if state.finished else None,
+    )
 
 
 def decode_exit(text: str) -> tuple[int | None, str]:

@@ -20,7 +20,7 @@ if [ "${1:-}" != --node ]; then
   trap 'bcp_record exit "$?"' EXIT
 fi
 export BCP_PIPELINE_RUN_ID=demo-RUN BCP_PIPELINE_STAGE=pretrain
-run_rank() { exec apptainer exec --nv --bind <ROOT>/.bcp-pipeline/workspaces/demo:/mount_workspace,<ROOT>/stages:<ROOT>/stages,<ROOT>/runs/demo-RUN:<ROOT>/runs/demo-RUN,/data:/data:ro '/images/nemo framework 24.05.sif' bash <ROOT>/stages/bootstrap.sh python3 <ROOT>/stages/pretrain_local.py --data-dir /mount_workspace/data/slimpajama/preprocessed --results /mount_workspace/results --run-name demo-gpt-demo-RUN --steps 60 --checkpoint-every 20 --global-batch-size 8; }
+run_rank() { exec apptainer exec --nv --bind <ROOT>/.bcp-pipeline/workspaces/demo:/mount_workspace,<ROOT>/stages:<ROOT>/stages,<ROOT>/runs/demo-RUN:<ROOT>/runs/demo-RUN,/data:/data:ro '/images/nemo framework 24.05.sif' bash <ROOT>/stages/bootstrap.sh python3 <ROOT>/stages/pretrain_local.py --data-dir /mount_workspace/data/slimpajama/preprocessed --results /mount_workspace/results --run-name demo-gpt-demo-RUN --steps 60 --checkpoint-every 20 --global-batch-size 8 --valid-data-dir /mount_workspace/data/slimpajama/validation/preprocessed; }
 launch_node() {
   local node=$1 local_rank rank code=0 pids=()
   mkdir -p "$logs/$JOB_ID"

@@ -18,8 +18,8 @@ if [ "${1:-}" != --node ]; then
   trap 'bcp_record exit "$?"' EXIT
 fi
 export BCP_PIPELINE_RUN_ID=demo-RUN BCP_PIPELINE_STAGE=pretrain
-export HF_TOKEN=s3cr3t-value-never-on-a-command-line
-run_rank() { exec <PYTHON> <ROOT>/stages/pretrain_local.py --data-dir <ROOT>/.bcp-pipeline/workspaces/demo/data/slimpajama/preprocessed --results <ROOT>/.bcp-pipeline/workspaces/demo/results --run-name demo-gpt-demo-RUN --steps 60 --checkpoint-every 20 --global-batch-size 8; }
+export STAGE_NOTE=s3cr3t-value-never-on-a-command-line
+run_rank() { exec <PYTHON> <ROOT>/stages/pretrain_local.py --data-dir <ROOT>/.bcp-pipeline/workspaces/demo/data/slimpajama/preprocessed --results <ROOT>/.bcp-pipeline/workspaces/demo/results --run-name demo-gpt-demo-RUN --steps 60 --checkpoint-every 20 --global-batch-size 8 --valid-data-dir <ROOT>/.bcp-pipeline/workspaces/demo/data/slimpajama/validation/preprocessed; }
 launch_node() {
   local node=$1 local_rank rank code=0 pids=()
   mkdir -p "$logs/$JOB_ID"

@@ -25,18 +25,30 @@ from pathlib import Path
 import hydra
 from omegaconf import OmegaConf
 
-TRAINER = (Path(__file__).resolve().parent.parent / "NeMo" / "examples" / "nlp" / "language_modeling"
-           / "megatron_gpt_pretraining.py")
+TRAINER = (
+    Path(__file__).resolve().parent.parent
+    / "NeMo"
+    / "examples"
+    / "nlp"
+    / "language_modeling"
+    / "megatron_gpt_pretraining.py"
+)
 
 
 def submission_text(cfg, run: str, results: Path, config_file: Path) -> str:
     training = cfg.training
-    command = (f"python3 -u {TRAINER} --config-path={results} --config-name={config_file.name}")
+    command = f"python3 -u {TRAINER} --config-path={results} --config-name={config_file.name}"
     stdout = results / f"log-{run}_{datetime.datetime.now().strftime('%m%d_%H%M%S')}.out"
-    return "\n".join(["#!/bin/bash", "", "# command 1",
-                      f"bcprun --nnodes {training.trainer.num_nodes} --npernode {training.trainer.devices} "
-                      f'-no_redirect  --cmd "',
-                      f'  {command} " 2>&1 | tee -a {stdout}', ""])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "",
+            "# command 1",
+            f'bcprun --nnodes {training.trainer.num_nodes} --npernode {training.trainer.devices} -no_redirect  --cmd "',
+            f'  {command} " 2>&1 | tee -a {stdout}',
+            "",
+        ]
+    )
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)

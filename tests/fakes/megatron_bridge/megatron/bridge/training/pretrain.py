@@ -82,7 +82,7 @@ def _step_line(config: ConfigContainer, step: int, ms: float) -> str:
         line += f" throughput per GPU (TFLOP/s/GPU): {123.4:.1f} |"
     line += f" learning rate: {config.optimizer.lr:.6E} |"
     line += f" global batch size: {config.train.global_batch_size:5d} |"
-    line += f" lm loss: {10.8 * 0.995 ** step + 1.0:.6E} |"
+    line += f" lm loss: {10.8 * 0.995**step + 1.0:.6E} |"
     line += " loss scale: 1.0 | grad norm: 1.000 | number of skipped iterations:   0 | number of nan iterations:   0 |"
     return line
 

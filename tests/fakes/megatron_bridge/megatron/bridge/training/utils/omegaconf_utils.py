@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from megatron.bridge.training.config import SECTIONS, ConfigContainer
+from megatron.bridge.training.config import SCALARS, SECTIONS, ConfigContainer
 
 
 class OverridesError(Exception):
@@ -16,9 +16,13 @@ def process_config_with_overrides(config: ConfigContainer, cli_overrides: list[s
     for override in cli_overrides:
         key, _, text = override.partition("=")
         section, _, name = key.lstrip("+~").partition(".")
+        if not name and section in SCALARS:
+            setattr(config, section, yaml.safe_load(text) if text else None)
+            continue
         if section not in SECTIONS or name not in SECTIONS[section]:
-            raise OverridesError(f"Failed to apply override {override!r}: Key '{name or section}' not in "
-                                 f"'{section}' (ConfigContainer)")
+            raise OverridesError(
+                f"Failed to apply override {override!r}: Key '{name or section}' not in '{section}' (ConfigContainer)"
+            )
         value = yaml.safe_load(text) if text else None
         if isinstance(value, str):
             try:

@@ -94,21 +94,29 @@ def main() -> int:
     while step < max_steps:
         if limit is not None and used + (time.monotonic() - started) >= limit:
             if rank == 0:
-                print(f"\nTime limit reached. Elapsed time is {time.monotonic() - started:.0f} s. Signaling "
-                      "Trainer to stop.", flush=True)
+                print(
+                    f"\nTime limit reached. Elapsed time is {time.monotonic() - started:.0f} s. Signaling "
+                    "Trainer to stop.",
+                    flush=True,
+                )
             break
         if crash_at is not None and step == int(crash_at):
-            print("Traceback (most recent call last):\n  File \"megatron_gpt_pretraining.py\", line 42, in main\n"
-                  "RuntimeError: CUDA error: an illegal memory access was encountered (NeMo stand-in's crash)",
-                  file=sys.stderr, flush=True)
+            print(
+                'Traceback (most recent call last):\n  File "megatron_gpt_pretraining.py", line 42, in main\n'
+                "RuntimeError: CUDA error: an illegal memory access was encountered (NeMo stand-in's crash)",
+                file=sys.stderr,
+                flush=True,
+            )
             return 1
         time.sleep(step_seconds)
         step += 1
         loss = 2.0 + 8.8 * math.exp(-step / 40)
         if rank == 0:
-            sys.stdout.write(f"\rEpoch 0: :  {100 * step // max_steps:3d}%| | {step}/{max_steps} [00:00<00:00, "
-                             f"reduced_train_loss={loss:.3f}, global_step={step - 1}.000, "
-                             f"consumed_samples={step * gbs}.0, train_step_timing in s={step_seconds:.3f}]")
+            sys.stdout.write(
+                f"\rEpoch 0: :  {100 * step // max_steps:3d}%| | {step}/{max_steps} [00:00<00:00, "
+                f"reduced_train_loss={loss:.3f}, global_step={step - 1}.000, "
+                f"consumed_samples={step * gbs}.0, train_step_timing in s={step_seconds:.3f}]"
+            )
             sys.stdout.flush()
         if step % every == 0 and rank == 0:
             save(checkpoints, step, loss, gbs, used + time.monotonic() - started)

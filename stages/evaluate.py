@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""evaluate stage: the held-out loss of every checkpoint a training saves, while it trains, each exactly once.
+
+    python3 evaluate.py --checkpoints RESULTS/RUN/checkpoints --valid-data-dir DIR --out RESULTS/RUN/evaluate
+                        --every 20 --target-step 60 [--eval-iters N] [--split validation]
+
+On a streamed edge from the pretrain (`needs: [{stage: pretrain, stream: true}]`) it starts beside the training and
+watches its checkpoint folder. The checkpoints of the schedule, every `--every` steps and the last
+(`--target-step`), are evaluated in step order as each lands: `OUT/step-<step:08d>.json`, written atomically, holds
+"step", "split", "loss", "perplexity", "tokens", "checkpoint", the weights' sha256 and "tasks" ({}: where the
+export stage adds lm-evaluation-harness scores). A checkpoint a stop signal saved between two of the schedule's is a
+resume point, not a result: the results are a function of the schedule alone, the same bytes however often the
+training was stopped and resumed. Run again (a killed or cancelled job), it redoes only the steps without a result
+(a result under its final name is complete; a killed one's temporary is removed) and ends once the last step's
+result exists.
+
+Checkpoints: the smoke pretrain's `step=NNNNNN[-last].pt` (pretrain_local.py), evaluated through the training's own
+evaluation (_pretrain_eval.heldout_loss, on the samples its `validation loss at iteration N` lines use; the
+checkpoint's own settings: sequence length, seed, micro batch, precision, threads), so the numbers are the
+training's. A scheduled checkpoint pruned (`--keep-checkpoints`) before it was evaluated fails the stage, naming
+it. No checkpoint landing for `--stall-seconds` fails it too (the orchestrator cancels it sooner when the training
+fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import _common
+import data_list
+from _pretrain_checkpoints import checkpoint_name, list_checkpoints
+
+STAGE = "evaluate"
+RESULT_NAME = "step-{step:08d}.json"
+INDEX_CACHE = ".index_cache"  # hidden: no result glob matches it
+STALL_SECONDS_ENV = "BCP_PIPELINE_EVALUATE_STALL_SECONDS"
+DEFAULT_STALL_SECONDS = 24 * 3600.0  # a large training saves every few hours; a day without one: it is gone
+POLL_SECONDS = 1.0
+
+
+def result_path(out: Path, step: int) -> Path:
+    return out / RESULT_NAME.format(step=step)
+
+
+def scheduled_steps(every: int, target: int) -> list[int]:
+    """The steps whose checkpoints are evaluated: every `every` steps, and the last."""
+    return sorted({*range(every, target + 1, every), target})
+
+
+def finished_steps(out: Path) -> set[int]:
+    """Steps with a result under its final name (written atomically: complete)."""
+    found = set()
+    for path in out.glob("step-*.json"):
+        stem = path.name[len("step-") : -len(".json")]
+        if stem.isdigit():
+            found.add(int(stem))
+    return found
+
+
+def landed(checkpoints: Path) -> dict[int, Path]:
+    """Complete checkpoints by step (the highest-ranked name of a step: `-last` first, as list_checkpoints sorts)."""
+    found: dict[int, Path] = {}
+    for step, path in list_checkpoints(checkpoints):
+        found.setdefault(step, path)
+    return found
+
+
+class Evaluator:
+    """Loads a checkpoint and runs the training's evaluation on it; the held-out dataset is built once, on the
+    first checkpoint's settings (every checkpoint of a run has them)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.dataset = None
+        self.cfg: dict | None = None
+
+    def evaluate(self, step: int, path: Path) -> dict:
+        import torch  # pylint: disable=import-outside-toplevel  (slow: only once there is a checkpoint)
+        from _pretrain_checkpoints import load_checkpoint  # pylint: disable=import-outside-toplevel
+        from _pretrain_eval import build_heldout_dataset, eval_samples, heldout_loss, perplexity
+        from _smoke_gpt import SmokeGPT, weights_digest
+
+        device = torch.device("cuda" if self.args.device == "cuda" else "cpu")
+        payload = load_checkpoint(path, device)
+        cfg = payload["config"]
+        if self.cfg is None:
+            self.cfg = cfg
+            # The training's thread count and deterministic kernels: its numbers, bit for bit where it ran here.
+            torch.set_num_threads(self.args.threads or int(cfg.get("threads") or 1))
+            torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+        iters = self.args.eval_iters or int(cfg.get("eval_iters") or 4)
+        samples = eval_samples(iters, int(cfg["global_batch_size"]))
+        if self.dataset is None:
+            self.dataset = build_heldout_dataset(self.args.valid_data_dir, cfg, samples, self.args.out / INDEX_CACHE)
+        model = SmokeGPT(cfg["vocab_size"], cfg["hidden"], cfg["layers"], cfg["heads"], cfg["seq_length"]).to(device)
+        model.load_state_dict(payload["model"])
+        loss, tokens = heldout_loss(
+            model, self.dataset, samples, int(cfg["micro_batch_size"]), device, cfg.get("precision", "fp32")
+        )
+        entries = data_list.build_data_list(self.args.valid_data_dir)
+        return {
+            "step": step,
+            "split": self.args.split,
+            "loss": loss,
+            "perplexity": perplexity(loss),
+            "tokens": tokens,
+            "samples": samples,
+            "eval_iters": iters,
+            # The name the checkpoint keeps once a newer one is saved (`-last` moves on): stable in the result.
+            "checkpoint": str(self.args.checkpoints / checkpoint_name(step, last=False)),
+            "weights_sha256": weights_digest(model),
+            "data": [[e.weight, e.name] for e in entries],
+            "tasks": {},
+        }
+
+
+def announce(result: dict) -> None:
+    """The orchestrator's line for `status` and the report (every result, again at each start of the job)."""
+    _common.emit("evaluation", {key: result[key] for key in ("step", "split", "loss", "perplexity", "tokens")})
+
+
+def evaluate_all(args: argparse.Namespace, evaluator: Evaluator, sleep=time.sleep, clock=time.monotonic) -> list[int]:
+    """Evaluate the schedule's checkpoints as they land until the last step has a result; the steps evaluated."""
+    schedule = scheduled_steps(args.every, args.target_step)
+    done = finished_steps(args.out)
+    progress = _common.Progress(len(schedule), 0, unit="checkpoints", interval=0.0)
+    for step in sorted(done & set(schedule)):
+        announce(_read_result(result_path(args.out, step)))
+        progress.advance()
+    evaluated: list[int] = []
+    last_landing = clock()
+    seen: set[int] = set()
+    while args.target_step not in done:
+        present = landed(args.checkpoints)
+        if set(present) - seen:
+            seen |= set(present)
+            last_landing = clock()
+        pending = [step for step in schedule if step not in done]
+        newest = max(present, default=0)
+        pruned = [step for step in pending if step < newest and step not in present]
+        if pruned:
+            raise _common.StageError(
+                f"{args.checkpoints}: the checkpoint of step {pruned[0]} is gone (pruned by "
+                "--keep-checkpoints?) before it was evaluated; keep more checkpoints"
+            )
+        ready = [step for step in pending if step in present]
+        if not ready:
+            waited = clock() - last_landing
+            if waited >= args.stall_seconds:
+                raise _common.StageError(
+                    f"{args.checkpoints}: no checkpoint landed for {waited:.0f} s, waiting for "
+                    f"step {pending[0]}: is the training running? (--stall-seconds)"
+                )
+            sleep(args.poll)
+            continue
+        step = ready[0]
+        try:
+            result = evaluator.evaluate(step, present[step])
+        except (FileNotFoundError, _common.StageError):
+            if present[step].exists():
+                raise
+            continue  # renamed (`-last` moved on) between the listing and the load: list again
+        _common.atomic_write_json(result_path(args.out, step), result)
+        last_landing = clock()  # the wait for the next checkpoint starts now, not while this one was evaluated
+        done.add(step)
+        evaluated.append(step)
+        announce(result)
+        progress.advance()
+        print(
+            f"{STAGE}: step {step}: held-out loss {result['loss']:.4f} (perplexity {result['perplexity']:.1f}) "
+            f"over {result['tokens']} tokens",
+            flush=True,
+        )
+    return evaluated
+
+
+def _read_result(path: Path) -> dict:
+    import json  # pylint: disable=import-outside-toplevel
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise _common.StageError(f"{path}: unreadable result ({exc}); delete it to evaluate that step again") from None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoints", type=Path, required=True, help="the training's checkpoint folder")
+    parser.add_argument("--valid-data-dir", type=Path, required=True, help="the held-out split's .bin/.idx")
+    parser.add_argument("--out", type=Path, required=True, help="folder of the step-<step>.json results")
+    parser.add_argument(
+        "--every", type=_common.positive_int, required=True, help="the training's checkpoint interval in steps"
+    )
+    parser.add_argument("--target-step", type=_common.positive_int, required=True, help="the training's last step")
+    parser.add_argument("--split", default="validation", help="the held-out split's name, for the results")
+    parser.add_argument(
+        "--eval-iters",
+        type=_common.positive_int,
+        default=None,
+        help="global batches evaluated (default: the training's own --eval-iters)",
+    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--threads",
+        type=_common.positive_int,
+        default=None,
+        help="torch threads (default: the training's, for its numbers bit for bit)",
+    )
+    parser.add_argument("--poll", type=float, default=POLL_SECONDS, help="seconds between looks at the folder")
+    parser.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=None,
+        help=f"fail after this long without a new checkpoint (default: ${STALL_SECONDS_ENV} or "
+        f"{DEFAULT_STALL_SECONDS:.0f})",
+    )
+    args = parser.parse_args(argv)
+    if args.stall_seconds is None:
+        try:
+            args.stall_seconds = float(os.environ.get(STALL_SECONDS_ENV) or DEFAULT_STALL_SECONDS)
+        except ValueError:
+            parser.error(f"{STALL_SECONDS_ENV}={os.environ[STALL_SECONDS_ENV]!r} is not a number of seconds")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        rank, world = _common.rank_and_world_size()
+        if rank != 0:  # one evaluator per training: more ranks would write the same results
+            print(f"{STAGE}: rank {rank} of {world} has nothing to do (rank 0 evaluates)", file=sys.stderr)
+            return 0
+        args.out.mkdir(parents=True, exist_ok=True)
+        removed = _common.remove_stale_temporaries(args.out)
+        if removed:
+            print(f"{STAGE}: removed {removed} partial result(s) left by a killed evaluation", flush=True)
+        evaluated = evaluate_all(args, Evaluator(args))
+        final = _read_result(result_path(args.out, args.target_step))
+    except (_common.StageError, data_list.DataListError) as exc:
+        print(f"{STAGE}: {exc}", file=sys.stderr)
+        return 1
+    count = len(finished_steps(args.out) & set(scheduled_steps(args.every, args.target_step)))
+    print(f"{STAGE}: {count} checkpoint(s) evaluated ({len(evaluated)} by this job)", flush=True)
+    _common.emit(
+        "summary", {"text": f"held-out loss {final['loss']:.2f} at step {final['step']} ({count} checkpoints)"}
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""data_list.py --valid-data-dir: megatron-core's per-split blends (train from --data-dir, validation from the
+held-out split's own outputs, no test), as the Megatron-Bridge job's data list file holds them; the real
+preprocess stage's outputs read back. (Real Bridge resolving the line: tests/bridge/test_bridge_real.py.)"""
+
+from __future__ import annotations
+
+import data_list
+import pytest
+from support.heldout_data import make_heldout_split
+from support.smoke_pretrain import make_dataset
+
+
+def test_the_per_split_line_names_each_split_s_own_outputs(tmp_path):
+    train, held_out = make_dataset(tmp_path / "train", chunks=(30, 10)), make_heldout_split(tmp_path / "held", 10)
+    out = tmp_path / "data_path.txt"
+    assert data_list.main(["--data-dir", str(train), "--valid-data-dir", str(held_out), "--out", str(out)]) == 0
+    key, value = out.read_text().rstrip("\n").split("=", 1)
+    assert key == "dataset.blend_per_split"
+    train_blend = data_list.split_blend(data_list.blend(data_list.build_data_list(train)))
+    expected = (
+        f"[[[{','.join(train_blend[0])}],[{','.join(map(repr, train_blend[1]))}]],"
+        f"[[{held_out}/validation_chunk_0.jsonl_text_document],[1.0]],null]"
+    )
+    assert value == expected and abs(sum(train_blend[1]) - 1) < 1e-9
+
+
+def test_a_held_out_split_renders_the_hydra_form_only(tmp_path, capsys):
+    train = make_dataset(tmp_path / "train", chunks=(5,))
+    with pytest.raises(SystemExit) as exit_:
+        data_list.main(["--data-dir", str(train), "--valid-data-dir", str(train), "--format", "json"])
+    assert exit_.value.code == 2
+    assert "--valid-data-dir renders the hydra format only" in capsys.readouterr().err
