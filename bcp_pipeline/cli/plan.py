@@ -15,6 +15,7 @@ from bcp_pipeline.backends.contract import Backend, JobRequest, Submission
 from bcp_pipeline.backends.registry import describe_backend_limits, detachable_backends, make_backend
 from bcp_pipeline.cli.common import config_file, run_store, warn
 from bcp_pipeline.cli.detach import driver_cost_line
+from bcp_pipeline.config.export import bridge_exporting, unexported_notes
 from bcp_pipeline.config.instances import instances_table, this_machine
 from bcp_pipeline.config.model import PipelineConfig
 from bcp_pipeline.config.placeholders import substitute
@@ -66,6 +67,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if ruled_out:
         print("plan: `run` would refuse, from the saved check profile:\n  " + "\n  ".join(ruled_out), file=sys.stderr)
     code = plan_exit_code(refused, unplanned)
+    not_exported = unexported_notes(pipeline, bridge_exporting(config.pipelines.values()))
     if args.json:
         print(
             json.dumps(
@@ -80,6 +82,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     **({"limits": limits.as_json()} if limits is not None else {}),
                     **({"ruled_out": ruled_out} if ruled_out else {}),
                     **({"unplanned": [u.as_json() for u in unplanned]} if unplanned else {}),
+                    **({"not_exported": not_exported} if not_exported else {}),
                 },
                 indent=2,
             )
@@ -104,6 +107,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for action in actions:
         print(f"\n# before the first stage: {action.description}\n{action.printable}")
     print_submissions(rendered)
+    for note in not_exported:
+        print(f"\n# {note}")
     print()
     print("\n".join(render_estimates(estimate)))
     if driver:

@@ -19,6 +19,7 @@ calls `problem` then `prepare`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from bcp_pipeline.config import bridge
 from bcp_pipeline.config.model import Check, PipelineConfig, StageConfig
@@ -82,6 +83,37 @@ def shape_problem(target: StageConfig) -> str | None:
         f"export_of exports Llama-shaped models (RMSNorm, RoPE on the whole head, SwiGLU, no biases): train "
         f"megatron_bridge.model {EXPORTABLE} to export"
     )
+
+
+def bridge_exporting(pipelines: Iterable[PipelineConfig]) -> list[str]:
+    """The names of the pipelines that export a megatron_bridge: training (not only a smoke model)."""
+    return [
+        pipeline.name
+        for pipeline in pipelines
+        if any(
+            stage.export_of and pipeline.stages[stage.export_of].megatron_bridge is not None
+            for stage in pipeline.stages.values()
+            if stage.export_of in pipeline.stages
+        )
+    ]
+
+
+def unexported_notes(pipeline: PipelineConfig, exporting: list[str]) -> list[str]:
+    """Why a Bridge training of `pipeline` ends at raw checkpoints: no stage exports it, and (for a shape with no
+    Hugging Face architecture) none could. `exporting`: the pipelines of the same file that export, to point at."""
+    exported = {stage.export_of for stage in pipeline.stages.values() if stage.export_of}
+    notes = []
+    for name, stage in pipeline.stages.items():
+        if stage.megatron_bridge is None or name in exported:
+            continue
+        elsewhere = f" (as {', '.join(exporting)} does)" if exporting else ""
+        why = shape_problem(stage)
+        notes.append(
+            f"stage {name} is not exported: {why}{elsewhere}"
+            if why
+            else f"stage {name} is not exported: add a stage with export_of: {name} to write a Hugging Face folder"
+        )
+    return notes
 
 
 def _arg(args: list[str], flag: str) -> str | None:

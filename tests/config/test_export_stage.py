@@ -85,6 +85,19 @@ def test_the_plan_prints_the_export_job_and_its_estimate(capsys):
     assert "dgxa100.80g.1.norm" in row and "weights" in row
 
 
+def test_the_launcher_shaped_plan_says_why_it_has_no_export_and_which_pipeline_exports(capsys):
+    capsys.readouterr()
+    assert cli(CONFIG, "plan", "slimpajama-8b-bridge", "--backend", "bcp") == 0
+    text = capsys.readouterr().out
+    assert "--name slimpajama-8b-bridge.export " not in text
+    [note] = [line for line in text.splitlines() if line.startswith("# stage pretrain is not exported")]
+    assert "gpt3/7b_improved has no Hugging Face architecture" in note and "LayerNorm1P" in note
+    assert "train megatron_bridge.model llama3-8b-gpt2 to export (as slimpajama-8b-bridge-llama does)" in note
+    plan = planned(capsys, "bcp", "slimpajama-8b-bridge")
+    assert [n.startswith("stage pretrain is not exported") for n in plan["not_exported"]] == [True]
+    assert "not_exported" not in planned(capsys, "bcp", LLAMA)  # it exports
+
+
 def test_the_demo_exports_its_smoke_model_and_scores_it(capsys):
     plan = planned(capsys, "local", "demo")
     args = after(program_words("local", stage_job(plan, "export"), "export_hf.py"), "export_hf.py")
