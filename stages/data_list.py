@@ -16,7 +16,8 @@ Paths: manifests are read where they are on this machine (`folder`); the prefixe
 
 Standard library only, and no `_common`: the orchestrator imports this module as well as the stage programs.
 Also a small CLI: `python3 stages/data_list.py --data-dir DIR [--render-dir DIR] [--format hydra|yaml|json]
-[--out FILE]`, so a job can build the list where the data is.
+[--out FILE]`, so a job can build the list where the data is; with `--valid-data-dir DIR` it writes per-split data
+(`--split-form megatron`: one line; `nemo`: three, one Hydra override a line, which the job reads as a bash array).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ HYDRA_KEY = "model.data.data_prefix"
 # megatron-core's per-split blends, [train, validation, test] each ([prefixes], [weights]) or null: a training
 # that validates on a held-out split's own .bin/.idx (Megatron-Bridge's dataset config; `split` must then be null).
 PER_SPLIT_KEY = "dataset.blend_per_split"
+# How a per-split data list is written: megatron-core's blend_per_split (Bridge), or NeMo 1.22's dict data_prefix
+# {train, validation, test} (the NeMo launcher), which Hydra sets only in three overrides (render_nemo_per_split).
+SPLIT_FORMS = ("megatron", "nemo")
 # Characters Hydra's override grammar accepts in an unquoted value; anything else gets single quotes.
 _HYDRA_UNQUOTED = re.compile(r"[A-Za-z0-9_./+-]+")
 # Characters a quoted Hydra value cannot carry verbatim: quotes/backslashes need Hydra's escaping rules and `$`
@@ -191,10 +195,15 @@ def hydra_value(path: str) -> str:
     return f"'{path}'"
 
 
+def hydra_list(flat: Blend) -> str:
+    """`[0.013514,/data/a,...]`: the flat list as a Hydra override value."""
+    items = [repr(float(item)) if i % 2 == 0 else hydra_value(str(item)) for i, item in enumerate(flat)]
+    return f"[{','.join(items)}]"
+
+
 def render_hydra(flat: Blend, key: str = HYDRA_KEY) -> str:
     """`model.data.data_prefix=[0.013514,/data/a,...]`, the launcher's form. Shell-quote it as one word."""
-    items = [repr(float(item)) if i % 2 == 0 else hydra_value(str(item)) for i, item in enumerate(flat)]
-    return f"{key}=[{','.join(items)}]"
+    return f"{key}={hydra_list(flat)}"
 
 
 def render_hydra_per_split(splits: list[Blend | None], key: str = PER_SPLIT_KEY) -> str:
@@ -208,6 +217,23 @@ def render_hydra_per_split(splits: list[Blend | None], key: str = PER_SPLIT_KEY)
         prefixes, weights = split_blend(flat)
         parts.append(f"[[{','.join(hydra_value(p) for p in prefixes)}],[{','.join(repr(w) for w in weights)}]]")
     return f"{key}=[{','.join(parts)}]"
+
+
+def render_nemo_per_split(train: Blend, validation: Blend, key: str = HYDRA_KEY) -> list[str]:
+    """NeMo 1.22's per-split data list as the three Hydra overrides that set it over the launcher's flat list, one
+    for each line of the data list file: `~KEY`, `+KEY={train:[...],validation:[...],test:[...]}` and the
+    `splits_string` beside KEY set to null.
+
+    Why three: Hydra 1.3.2 refuses `KEY={...}` over the config's list ("Cannot merge DictConfig with ListConfig"),
+    so the list is deleted and the dict added. NeMo requires all three keys once data_prefix is a dict and then
+    ignores splits_string; null says so in the composed config. The held-out split is the test blend too until
+    there is a test split of its own."""
+    # No test split exists yet: the held-out split is the test blend too (NeMo requires the key).
+    splits = {"train": train, "validation": validation, "test": validation}
+    parts = [f"{name}:{hydra_list(flat)}" for name, flat in splits.items()]
+    parent = key.rpartition(".")[0]
+    splits_key = f"{parent}.splits_string" if parent else "splits_string"
+    return [f"~{key}", f"+{key}={{{','.join(parts)}}}", f"{splits_key}=null"]
 
 
 def render_json(flat: Blend) -> str:
@@ -264,8 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--valid-data-dir",
         type=Path,
-        help="a held-out split's own outputs: render megatron-core's per-split blends (train from "
-        "--data-dir, validation from here, no test) under --split-key instead",
+        help="a held-out split's own outputs: render per-split data (train from --data-dir, validation from "
+        "here) in the --split-form instead",
+    )
+    parser.add_argument(
+        "--split-form",
+        choices=SPLIT_FORMS,
+        default="megatron",
+        help="megatron: one line, megatron-core's blends under --split-key (no test); nemo: NeMo's dict "
+        "data_prefix under --key, three override lines (test: the held-out split too)",
     )
     parser.add_argument("--split-key", default=PER_SPLIT_KEY, help="the per-split blends' key (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -276,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         entries = build_data_list(args.data_dir, args.render_dir, digits, check_files=not args.no_check_files)
         if args.valid_data_dir is not None:
             held_out = build_data_list(args.valid_data_dir, None, digits, check_files=not args.no_check_files)
-            text = render_hydra_per_split([blend(entries), blend(held_out), None], args.split_key) + "\n"
+            if args.split_form == "nemo":
+                text = "".join(line + "\n" for line in render_nemo_per_split(blend(entries), blend(held_out), args.key))
+            else:
+                text = render_hydra_per_split([blend(entries), blend(held_out), None], args.split_key) + "\n"
         else:
             text = render(blend(entries), args.format, args.key)
     except DataListError as exc:

@@ -30,3 +30,41 @@ def test_a_held_out_split_renders_the_hydra_form_only(tmp_path, capsys):
         data_list.main(["--data-dir", str(train), "--valid-data-dir", str(train), "--format", "json"])
     assert exit_.value.code == 2
     assert "--valid-data-dir renders the hydra format only" in capsys.readouterr().err
+
+
+NEMO_KEY = "training.model.data.data_prefix"
+
+
+def test_the_nemo_form_is_three_overrides_with_the_held_out_split_as_validation_and_test(tmp_path):
+    train, held_out = make_dataset(tmp_path / "train", chunks=(30, 10)), make_heldout_split(tmp_path / "held", 10)
+    out = tmp_path / "data_prefix.txt"
+    argv = ["--data-dir", str(train), "--valid-data-dir", str(held_out), "--split-form", "nemo", "--key", NEMO_KEY]
+    assert data_list.main([*argv, "--out", str(out)]) == 0
+    train_list = data_list.hydra_list(data_list.blend(data_list.build_data_list(train)))
+    held_out_list = f"[1.0,{held_out}/validation_chunk_0.jsonl_text_document]"
+    assert out.read_text().splitlines() == [
+        f"~{NEMO_KEY}",
+        f"+{NEMO_KEY}={{train:{train_list},validation:{held_out_list},test:{held_out_list}}}",
+        "training.model.data.splits_string=null",
+    ]
+
+
+def test_the_nemo_form_composes_over_the_launcher_s_flat_list_in_real_hydra(tmp_path):
+    """The three lines, given to the launcher stand-in's Hydra config (conf/ as the launcher's: a flat
+    data_prefix and a splits_string), compose NeMo's dict; `KEY={...}` alone is refused."""
+    hydra = pytest.importorskip("hydra", reason="hydra-core is in the test extra")
+    from omegaconf import OmegaConf
+    from support.nemo_project import NEMO_STAND_IN
+
+    lines = data_list.render_nemo_per_split([0.75, "/d/a", 0.25, "/d/b"], [1.0, "/v/h"], NEMO_KEY)
+    with hydra.initialize_config_dir(str(NEMO_STAND_IN / "launcher_scripts/conf"), version_base=None):
+        composed = hydra.compose("config", ["launcher_scripts_path=/opt/launcher", *lines])
+        with pytest.raises(Exception, match="Error merging override"):
+            hydra.compose("config", ["launcher_scripts_path=/opt/launcher", lines[1].removeprefix("+")])
+    data = OmegaConf.to_container(composed.training.model.data)
+    assert data["data_prefix"] == {
+        "train": [0.75, "/d/a", 0.25, "/d/b"],
+        "validation": [1.0, "/v/h"],
+        "test": [1.0, "/v/h"],
+    }
+    assert data["splits_string"] is None

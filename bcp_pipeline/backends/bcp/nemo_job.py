@@ -11,6 +11,7 @@ from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.shared import nemo_script as training_script
 from bcp_pipeline.backends.shared.command import placeholder_values
 from bcp_pipeline.backends.shared.nemo_script import TrainingJob
+from bcp_pipeline.config import nemo_data
 from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.resources import BcpOptions, BcpResources
 from bcp_pipeline.errors import SubmissionError
@@ -69,18 +70,9 @@ def training_job(request: JobRequest, options: BcpOptions, stages_dir: Path) -> 
         launcher_dir=launcher,
         overrides=overrides,
         data_list_file=data_list_file,
-        data_list_argv=[
-            "python3",
-            f"{values['code']}/data_list.py",
-            "--data-dir",
-            substitute(stage.nemo.data_dir, values),
-            "--format",
-            "hydra",
-            "--key",
-            "training.model.data.data_prefix",
-            "--out",
-            data_list_file,
-        ],
+        data_list_argv=nemo_data.data_list_argv(
+            stage.nemo, values, python="python3", code=values["code"], out=data_list_file
+        ),
         results_dir=substitute(stage.nemo.results_dir, values).rstrip("/"),
         run_name=run_name,
         log_file=f"{training_script.RESULTS}/{run_name}.log",

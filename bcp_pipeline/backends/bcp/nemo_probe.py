@@ -25,6 +25,8 @@ from bcp_pipeline.config.nemo import launcher_dir, model_config, time_limits
 from bcp_pipeline.config.placeholders import substitute
 
 DATA_KEY = "training.model.data.data_prefix"
+# Not yet: a training with nemo.valid_data_dir passes NeMo's per-split dict (three overrides, config/nemo_data.py),
+# while this probe still composes the flat list (the per-split form: tests/stages/test_data_list_per_split.py).
 SAMPLE_PREFIXES = ("bcpp-check-a_text_document", "bcpp-check-b_text_document")
 CFG = "BCPP-NEMO-CFG"  # each line the launcher printed
 DATA = "BCPP-NEMO-DATA"  # the data-list override as the job's shell passed it

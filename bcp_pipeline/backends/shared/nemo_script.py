@@ -105,15 +105,17 @@ def launcher_debug_step(
     overrides: list[str], data_list_file: str, launcher: str, written: str, inside: str = ""
 ) -> list[str]:
     """The launcher run in its debug mode (NEMO_LAUNCHER_DEBUG: it composes the training config and writes it and
-    its submission script, and runs nothing): the overrides as a bash array, the data list read from its file, and
-    `written` (a file the launcher writes) removed first, so a launcher that fails leaves no stale one behind.
+    its submission script, and runs nothing): the overrides as a bash array, then the data list file's lines, each
+    an override of its own (config/nemo_data.py: three for per-split data), and `written` (a file the launcher
+    writes) removed first, so a launcher that fails leaves no stale one behind.
     `inside`: the shell word that runs a command where the launcher's paths are (Grid Engine: `in_image`, its
     container); the data list file is read where the script runs. Shared with backends/gridengine/nemo.py."""
     prefix = f"{inside} " if inside else ""
     return [
+        f"mapfile -t data_list < {shell_word(data_list_file)}",
         "overrides=(",
         *[f"  {shell_word(override)}" for override in overrides],
-        f'  "$(cat {shell_word(data_list_file)})"',
+        '  "${data_list[@]}"',
         ")",
         f"{prefix}rm -f {shell_word(written)}",
         f'NEMO_LAUNCHER_DEBUG=1 {prefix}python3 {shell_word(launcher + "/main.py")} "${{overrides[@]}}"',

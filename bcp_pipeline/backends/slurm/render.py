@@ -32,7 +32,7 @@ from bcp_pipeline.backends.shared.command import (
     shell_join,
     stage_command,
 )
-from bcp_pipeline.config import bridge
+from bcp_pipeline.config import bridge, nemo_data
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.instances import KNOWN_INSTANCES
 from bcp_pipeline.config.resources import RankLayout, SlurmOptions, SlurmResources
@@ -336,7 +336,6 @@ def nemo_launcher_script(
     `sbatch`es the training job. `data_prefix` (a rendered `training.model.data.data_prefix=[...]`) replaces the
     list built at submit time, for tests and for users who pin one."""
     from bcp_pipeline.config.nemo import DATA_LIST_FILE, launcher_dir
-    from bcp_pipeline.config.placeholders import substitute
 
     stage = request.stage
     assert stage.nemo is not None
@@ -346,22 +345,11 @@ def nemo_launcher_script(
     lines = ["set -eo pipefail", f"mkdir -p {shlex.quote(paths.logs)}"]
     if data_prefix is None:
         lines.append(
-            shell_join(
-                [
-                    "python3",
-                    f"{paths.code}/data_list.py",
-                    "--data-dir",
-                    substitute(stage.nemo.data_dir, values),
-                    "--format",
-                    "hydra",
-                    "--key",
-                    "training.model.data.data_prefix",
-                    "--out",
-                    list_file,
-                ]
-            )
+            shell_join(nemo_data.data_list_argv(stage.nemo, values, python="python3", code=paths.code, out=list_file))
         )
-        words.append(f'"$(cat {shlex.quote(list_file)})"')
+        # One override a line (three for a held-out split's per-split data), each its own argument.
+        lines.append(f"mapfile -t data_list < {shlex.quote(list_file)}")
+        words.append('"${data_list[@]}"')
     else:
         words.append(shlex.quote(data_prefix))
     try:

@@ -36,9 +36,10 @@ mkdir -p "$logs/$JOB_ID"
 
 # The data list: every .bin/.idx pair of the preprocess manifests, weighted by tokens.
 mkdir -p <ROOT>/.bcp-pipeline/runs/RUN/results/pretrain
-in_image python3 <ROOT>/stages/data_list.py --data-dir /mount_workspace/data/slimpajama/preprocessed --format hydra --key training.model.data.data_prefix --out <ROOT>/.bcp-pipeline/runs/RUN/results/pretrain/data_prefix.txt
+in_image python3 <ROOT>/stages/data_list.py --data-dir /mount_workspace/data/slimpajama/preprocessed --valid-data-dir /mount_workspace/data/slimpajama/validation/preprocessed --split-form nemo --format hydra --key training.model.data.data_prefix --out <ROOT>/.bcp-pipeline/runs/RUN/results/pretrain/data_prefix.txt
 
 # The training config as NVIDIA's launcher composes it for the stage (debug mode: written, nothing run).
+mapfile -t data_list < <ROOT>/.bcp-pipeline/runs/RUN/results/pretrain/data_prefix.txt
 overrides=(
   cluster_type=bcp
   'stages=[training]'
@@ -53,7 +54,7 @@ overrides=(
   +training.exp_manager.max_time_per_run=0:03:15:00
   training.model.tokenizer.vocab_file=/mount_workspace/data/bpe/vocab.json
   training.model.tokenizer.merge_file=/mount_workspace/data/bpe/merges.txt
-  "$(cat <ROOT>/.bcp-pipeline/runs/RUN/results/pretrain/data_prefix.txt)"
+  "${data_list[@]}"
 )
 in_image rm -f /mount_workspace/results/gpt_126m-RUN/gpt_126m-RUN_hydra.yaml
 NEMO_LAUNCHER_DEBUG=1 in_image python3 /opt/NeMo-Megatron-Launcher/launcher_scripts/main.py "${overrides[@]}"
