@@ -479,8 +479,6 @@ MODULE_LINES_MAX = 750  # past this a module does two jobs, whatever the reason:
 LONG_MODULES = {
     "bcp_pipeline/backends/kubernetes/render.py": "one pure renderer: a stage's manifests and the pod command "
     "wrappers they embed (time limit, rank lines, Master last)",
-    "bcp_pipeline/backends/gridengine/render.py": "one pure renderer: a stage's job script, its parallel "
-    "environment or array, and the container wrapping of each rank",
     "stages/sample.py": "the demo's offline data set, train and held-out shards from one generator (a split would "
     "change the data stages' output digests, so it waits for a release that changes them anyway)",
     "bcp_pipeline/report/estimates.py": "plan's cost model, one estimate a stage kind (data, training, export, "

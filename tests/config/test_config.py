@@ -66,7 +66,14 @@ def test_bundled_pipelines_load_with_the_guides_numbers():
     assert big.stages["pretrain"].continuation.target_steps == 300000
     assert [expected_count(small, "concat", c) for c in small.stages["concat"].verify] == [8]
     fast = config.pipeline("slimpajama-8b-fast")
-    assert fast.order() == ["bpe", "download", "tokenize-preprocess", "pretrain"]
+    assert fast.order() == [  # the held-out split's small stages first (they need only the BPE files)
+        "download-validation",
+        "bpe",
+        "tokenize-validation",
+        "download",
+        "tokenize-preprocess",
+        "pretrain",
+    ]
     assert "--files-per-output" in fast.stages["tokenize-preprocess"].args
     checks = fast.stages["tokenize-preprocess"].verify
     assert [expected_count(fast, "tokenize-preprocess", c) for c in checks] == [74, 74]

@@ -56,7 +56,7 @@ pipelines:
         bcp:
           replicas: @REPLICAS@
           total_runtime: @RUNTIME@
-          env: {PYTHONPATH: "@STAND_IN@", BCPP_BRIDGE_STANDIN_STEP_SECONDS: "0.02",
+          env: {PYTHONPATH: "@STAND_IN@", BCPP_BRIDGE_STANDIN_STEP_SECONDS: "@STEP_SECONDS@",
                 BCPP_BRIDGE_STANDIN_SECONDS_PER_MINUTE: "@MINUTE@", BCPP_BRIDGE_STANDIN_CRASH_AT_STEP: "@CRASH@"}
 """
 
@@ -70,6 +70,7 @@ def project(
     margin: str = "20m",
     replicas: int = 1,
     minute: float = 60,
+    step_seconds: float = 0.02,
     crash: int = 0,
 ):
     text = CONFIG
@@ -82,6 +83,7 @@ def project(
         ("@MARGIN@", margin),
         ("@REPLICAS@", replicas),
         ("@MINUTE@", minute),
+        ("@STEP_SECONDS@", step_seconds),
         ("@CRASH@", crash),
     ):
         text = text.replace(key, str(value))
@@ -153,14 +155,16 @@ def test_a_crashed_training_fails_its_stage_with_its_traceback_in_status(fake, t
 
 @ONE_TRANSPORT
 def test_a_job_stopped_by_its_time_limit_is_continued_until_train_iters(fake, tmp_path):
-    """Each job's limit is 1 minute (3m less the 2m margin), a stand-in minute lasting 3 s: at most 150 steps of
-    0.02 s a job (fewer on a loaded machine), so 200 steps take several jobs, each exiting 0 after its save, and
-    each one trains."""
-    config = project(tmp_path, fake, steps=200, runtime="3m", margin="2m", minute=3)
+    """Each job's limit is 1 minute (3m less the 2m margin), a stand-in minute lasting 20 s: at most 200 steps of
+    0.1 s a job, so 450 steps take three jobs or more, each exiting 0 after its save, and each one trains. The limit
+    counts from Bridge's start, before its rendezvous and checkpoint load, which a loaded 2-core machine (CI's)
+    stretched past a 3 s minute: every job then trained one step and 200 steps outran max_attempts. With 20 s
+    the start takes a part of each job's minute, not all of it."""
+    config = project(tmp_path, fake, steps=450, runtime="3m", margin="2m", minute=20, step_seconds=0.1)
     assert cli(config, "run", "bridge", "--backend", "bcp") == 0
     stage = latest(config).stages["pretrain"]
     history = stage.extra["steps_after_attempt"]
     assert stage.status is StageStatus.SUCCEEDED and len(history) >= 2, history
     assert all(after > before for before, after in zip([0, *history], history)), history
-    assert stage.verification["steps"] == 200 and stage.attempts == len(history) + 1
+    assert stage.verification["steps"] == 450 and stage.attempts == len(history) + 1
     assert all(job.native == "FINISHED_SUCCESS" for job in stage.jobs if job.kind == "stage")

@@ -65,7 +65,16 @@ def test_plan_text_and_json_carry_the_same_estimates(capsys):
     assert main(["--config", str(BUNDLED), "plan", "slimpajama-8b", "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)["estimates"]
     stages = {s["stage"]: s for s in payload["stages"]}
-    assert list(stages) == ["bpe", "download", "extract", "concat", "tokenize-preprocess", "pretrain"]
+    assert list(stages) == [
+        "bpe",
+        "download",
+        "extract",
+        "concat",
+        "tokenize-preprocess",
+        "download-validation",
+        "tokenize-validation",
+        "pretrain",
+    ]
     assert stages["download"]["items_out"] == 59166 and stages["download"]["bytes_in"] == 895e9
     assert stages["concat"]["items_out"] == 74  # 59,166 files in groups of 800
     assert stages["tokenize-preprocess"]["bytes_out"] == 627e9 * 2
