@@ -64,10 +64,10 @@ def pod_of(obj: dict) -> dict:
 
 
 def launcher_overrides(script: str) -> dict[str, str]:
-    """The launcher's overrides as the pod script's bash array holds them (the data list, read from its file, left
-    out)."""
+    """The launcher's overrides as the pod script's bash array holds them (the data list's lines, read from its file
+    with mapfile, left out)."""
     block = script.split("overrides=(\n", 1)[1].split("\n  )\n", 1)[0]
-    words = [shlex.split(line)[0] for line in block.splitlines() if "$(cat" not in line]
+    words = [shlex.split(line)[0] for line in block.splitlines() if '"${data_list[@]}"' not in line]
     return dict(word.split("=", 1) for word in words)
 
 
