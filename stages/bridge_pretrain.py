@@ -215,7 +215,9 @@ def train(config, recipe: str) -> int:
 
     if os.environ.get("RANK", "0") == "0":
         load = config.checkpoint.load
-        repaired = repair_torn_tracker(load) if load and os.path.isdir(load) else ""
+        # An evaluation (evaluate.py --from bridge) reads a running training's folder: it never writes there
+        evaluating = bool(getattr(getattr(config, "validation", None), "skip_train", False))
+        repaired = repair_torn_tracker(load) if load and os.path.isdir(load) and not evaluating else ""
         if repaired:  # before pretrain(): no rank reads the tracker before rank 0 joins the process group
             print(f"bridge_pretrain: {load}: {repaired}", file=sys.stderr, flush=True)
         print(

@@ -3,6 +3,7 @@
 
     python3 evaluate.py --checkpoints RESULTS/RUN/checkpoints --valid-data-dir DIR --out RESULTS/RUN/evaluate
                         --every 20 --target-step 60 [--eval-iters N] [--split validation]
+    python3 evaluate.py --from bridge ... --recipe R --world-size 4 --data-list RUN/data_path.txt -- KEY=VALUE ...
 
 On a streamed edge from the pretrain (`needs: [{stage: pretrain, stream: true}]`) it starts beside the training and
 watches its checkpoint folder. The checkpoints of the schedule, every `--every` steps and the last
@@ -13,6 +14,12 @@ resume point, not a result: the results are a function of the schedule alone, th
 training was stopped and resumed. Run again (a killed or cancelled job), it redoes only the steps without a result
 (a result under its final name is complete; a killed one's temporary is removed) and ends once the last step's
 result exists.
+
+With `--from bridge` (a stage with `evaluate_of:`, bcp_pipeline/config/evaluate.py derives its arguments) the
+checkpoints are Megatron-Bridge's `iter_NNNNNNN/` folders, and each is scored by Bridge's own evaluation: the
+training's entry program under torchrun on `--world-size` GPUs with the training's recipe, `--data-list` and the
+overrides after `--` (_bridge_evaluate.py). Bridge reads the held-out split from its first sample when it skips
+training, so every checkpoint is scored on the same samples, those of the training's first validation line.
 
 Checkpoints: the smoke pretrain's `step=NNNNNN[-last].pt` (pretrain_local.py), evaluated through the training's own
 evaluation (_pretrain_eval.heldout_loss, on the samples its `validation loss at iteration N` lines use; the
@@ -25,6 +32,7 @@ fails).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -70,13 +78,16 @@ def landed(checkpoints: Path) -> dict[int, Path]:
 
 
 class Evaluator:
-    """Loads a checkpoint and runs the training's evaluation on it; the held-out dataset is built once, on the
-    first checkpoint's settings (every checkpoint of a run has them)."""
+    """The smoke pretrain's checkpoints: loads one and runs the training's evaluation on it; the held-out dataset
+    is built once, on the first checkpoint's settings (every checkpoint of a run has them)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.dataset = None
         self.cfg: dict | None = None
+
+    def landed(self) -> dict[int, Path]:
+        return landed(self.args.checkpoints)
 
     def evaluate(self, step: int, path: Path) -> dict:
         import torch  # pylint: disable=import-outside-toplevel  (slow: only once there is a checkpoint)
@@ -118,12 +129,48 @@ class Evaluator:
         }
 
 
+class BridgeEvaluator:
+    """Megatron-Bridge's checkpoints, each scored by Bridge's own evaluation in a torchrun of its own."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    def landed(self) -> dict[int, Path]:
+        import _bridge_evaluate  # pylint: disable=import-outside-toplevel
+
+        return _bridge_evaluate.complete_checkpoints(self.args.checkpoints)
+
+    def evaluate(self, step: int, path: Path) -> dict:
+        import _bridge_evaluate  # pylint: disable=import-outside-toplevel
+
+        if not path.is_dir():
+            raise FileNotFoundError(path)
+        loss = _bridge_evaluate.run_evaluation(self.args, step)
+        tokens, samples, iters = _bridge_evaluate.evaluated_tokens(self.args.overrides)
+        entries = data_list.build_data_list(self.args.valid_data_dir)
+        return {
+            "step": step,
+            "split": self.args.split,
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)),  # as _pretrain_eval.perplexity, without importing torch
+            "tokens": tokens,
+            "samples": samples,
+            "eval_iters": iters,
+            "checkpoint": str(path),
+            "engine": "megatron-bridge",
+            "data": [[e.weight, e.name] for e in entries],
+            "tasks": {},
+        }
+
+
 def announce(result: dict) -> None:
     """The orchestrator's line for `status` and the report (every result, again at each start of the job)."""
     _common.emit("evaluation", {key: result[key] for key in ("step", "split", "loss", "perplexity", "tokens")})
 
 
-def evaluate_all(args: argparse.Namespace, evaluator: Evaluator, sleep=time.sleep, clock=time.monotonic) -> list[int]:
+def evaluate_all(
+    args: argparse.Namespace, evaluator: Evaluator | BridgeEvaluator, sleep=time.sleep, clock=time.monotonic
+) -> list[int]:
     """Evaluate the schedule's checkpoints as they land until the last step has a result; the steps evaluated."""
     schedule = scheduled_steps(args.every, args.target_step)
     done = finished_steps(args.out)
@@ -135,7 +182,7 @@ def evaluate_all(args: argparse.Namespace, evaluator: Evaluator, sleep=time.slee
     last_landing = clock()
     seen: set[int] = set()
     while args.target_step not in done:
-        present = landed(args.checkpoints)
+        present = evaluator.landed()
         if set(present) - seen:
             seen |= set(present)
             last_landing = clock()
@@ -189,6 +236,13 @@ def _read_result(path: Path) -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--from",
+        dest="source",
+        choices=("smoke", "bridge"),
+        default="smoke",
+        help="whose checkpoints: the smoke pretrain's (step=N.pt) or Megatron-Bridge's (iter_NNNNNNN/)",
+    )
     parser.add_argument("--checkpoints", type=Path, required=True, help="the training's checkpoint folder")
     parser.add_argument("--valid-data-dir", type=Path, required=True, help="the held-out split's .bin/.idx")
     parser.add_argument("--out", type=Path, required=True, help="folder of the step-<step>.json results")
@@ -218,7 +272,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"fail after this long without a new checkpoint (default: ${STALL_SECONDS_ENV} or "
         f"{DEFAULT_STALL_SECONDS:.0f})",
     )
+    bridge = parser.add_argument_group("--from bridge", "the training's own settings (derived by evaluate_of)")
+    bridge.add_argument("--recipe", help="its recipe of megatron.bridge.recipes")
+    bridge.add_argument("--world-size", type=_common.positive_int, default=1, help="ranks: TP x PP x CP")
+    bridge.add_argument("--data-list", type=Path, help="its data list overrides file (data_path.txt)")
+    bridge.add_argument("--hf-home", type=Path, help="its Hugging Face cache, read offline")
+    bridge.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="after --: its overrides, then the evaluation's"
+    )
     args = parser.parse_args(argv)
+    if args.source == "bridge":
+        missing = [flag for flag, value in (("--recipe", args.recipe), ("--data-list", args.data_list)) if not value]
+        if missing:
+            parser.error(f"--from bridge needs {' and '.join(missing)}")
+    elif args.overrides:
+        parser.error(f"overrides are for --from bridge: {' '.join(args.overrides)}")
     if args.stall_seconds is None:
         try:
             args.stall_seconds = float(os.environ.get(STALL_SECONDS_ENV) or DEFAULT_STALL_SECONDS)
@@ -238,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         removed = _common.remove_stale_temporaries(args.out)
         if removed:
             print(f"{STAGE}: removed {removed} partial result(s) left by a killed evaluation", flush=True)
-        evaluated = evaluate_all(args, Evaluator(args))
+        evaluator = BridgeEvaluator(args) if args.source == "bridge" else Evaluator(args)
+        evaluated = evaluate_all(args, evaluator)
         final = _read_result(result_path(args.out, args.target_step))
     except (_common.StageError, data_list.DataListError) as exc:
         print(f"{STAGE}: {exc}", file=sys.stderr)

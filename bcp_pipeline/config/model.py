@@ -192,6 +192,9 @@ class StageConfig:
     # the training stage whose latest checkpoint this stage exports as a Hugging Face folder; its args, images and
     # verification are derived from that stage's (config/export.py)
     export_of: str | None = None
+    # the megatron_bridge: stage whose checkpoints this stage evaluates on the held-out split as they land (a
+    # streamed need); its args, images and verification are derived from that stage's (config/evaluate.py)
+    evaluate_of: str | None = None
     bcp: BcpResources = field(default_factory=BcpResources)
     local: LocalResources = field(default_factory=LocalResources)
     slurm: SlurmResources = field(default_factory=SlurmResources)

@@ -66,6 +66,8 @@ def validate_streamed(stage: Any, stages: dict[str, Any], where: Where) -> None:
                 f"publish its outputs as they complete (programs that do: "
                 f"{', '.join(sorted(STREAM_WRITERS))}); drop `stream: true`"
             )
+        if getattr(stage, "evaluate_of", None):
+            continue  # its args and verification are derived from its training's, and checked then (evaluate.py)
         flag = STREAM_READERS.get(stage.program)
         if flag is None or flag not in stage.args:
             readers = ", ".join(f"{program} with {arg}" for program, arg in STREAM_READERS.items())
@@ -75,10 +77,15 @@ def validate_streamed(stage: Any, stages: dict[str, Any], where: Where) -> None:
                 f"inputs (programs that can: {readers}); drop `stream: true`"
             )
         if stage.program == "evaluate.py" and stages[upstream].engine is not None:
+            engine = stages[upstream].engine
+            how = (
+                f"for Megatron-Bridge's, give this stage evaluate_of: {upstream} and no args (they are derived)"
+                if engine == "megatron_bridge"
+                else "the NeMo launcher's are not read: evaluate a megatron_bridge: training"
+            )
             raise where.error(
-                f"needs {upstream} with stream: true, but evaluate.py evaluates the smoke pretrain's "
-                f"checkpoints (step=N.pt) only, not those {stages[upstream].engine} saves on the "
-                "other backends; evaluate a pipeline without a nemo: or megatron_bridge: section"
+                f"needs {upstream} with stream: true, but evaluate.py given args evaluates the smoke pretrain's "
+                f"checkpoints (step=N.pt) only; {how}"
             )
         if not stage.verify:
             raise where.error(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bcp_pipeline.config import bridge, bridge_index, export, nemo
+from bcp_pipeline.config import bridge, bridge_index, evaluate, export, nemo
 from bcp_pipeline.config.load import load_config
 from bcp_pipeline.config.model import Config, PipelineConfig, StageConfig
 from bcp_pipeline.config.validate import blamed, validate_continuation
@@ -44,6 +44,9 @@ def preflight(config: Config) -> None:
                 config.notices += filter(None, [bridge_index.unindexed_notice(pipeline, stage)])
             if stage.export_of is not None:
                 _prepare_export_stage(pipeline, stage)
+            if stage.evaluate_of is not None:
+                _prepare_evaluate_stage(pipeline, stage)
+                config.notices += filter(None, [evaluate.notice(pipeline, stage)])
 
 
 def _prepare_index_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:
@@ -62,6 +65,15 @@ def _prepare_export_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:
         key, why = found
         raise stage.where(key).error(why)
     export.prepare(pipeline, stage)
+
+
+def _prepare_evaluate_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:
+    """An `evaluate_of` stage: declared as it must be, then given its training's recipe, overrides and images."""
+    found = evaluate.problem(pipeline, stage)
+    if found:
+        key, why = found
+        raise stage.where(key).error(why)
+    evaluate.prepare(pipeline, stage)
 
 
 def _check_one_trainer(

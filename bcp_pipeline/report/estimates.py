@@ -18,6 +18,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bcp_pipeline.config import evaluate
 from bcp_pipeline.config.durations import format_elapsed, parse_duration
 from bcp_pipeline.config.instances import InstanceType
 from bcp_pipeline.config.model import PipelineConfig, StageConfig, expected_count
@@ -207,6 +208,9 @@ def estimate_stage(
         _estimate_export(pipeline, pipeline.stages[stage.export_of], est)
     elif measured is not None and measured.stage == stage.name and stage.continuation is not None:  # smoke pretrain
         est.seconds, est.basis, est.modelled = measured_steps(measured, stage, backend, est, pipeline.vars)
+    elif stage.evaluate_of in pipeline.stages and training_plan(pipeline.stages[stage.evaluate_of], "bcp"):
+        target = pipeline.stages[stage.evaluate_of]
+        _estimate_bridge_evaluation(pipeline, stage, target, est, instance, node_type(target, backend, instances, here))
     elif stage.program == EVALUATE_PROGRAM:
         # A forward pass over a few batches a checkpoint, beside the training it streams from: it ends with that
         # training's last checkpoint, plus one evaluation.
@@ -216,6 +220,52 @@ def estimate_stage(
     else:
         est.modelled, est.basis = False, "not modelled (counted as 0)"
     return est
+
+
+def _estimate_bridge_evaluation(
+    pipeline: PipelineConfig,
+    stage: StageConfig,
+    target: StageConfig,
+    est: StageEstimate,
+    instance: InstanceType | None,
+    training_node: NodeType,
+) -> None:
+    """An evaluate_of stage (config/evaluate.py): a forward pass (a third of a training step's FLOPs a token) over
+    eval_iters global batches a checkpoint, on one data-parallel rank's GPUs, at the training's MFU; with the
+    training's own step time, whether it keeps pace with the checkpoints (it must: the training prunes them)."""
+    est.unit_out = "results"
+    plan = training_plan(target, "bcp")
+    if plan.shape is None or instance is None or not instance.gpus:
+        est.modelled, est.basis = False, "not modelled (no model shape or no GPU instance; counted as 0)"
+        return
+    gpus, tokens = evaluate.world_size(target), evaluate.evaluated_tokens(target)
+    per_token = flops_per_token(plan.shape, plan.tensor_parallel) / 3
+    mfu = pipeline.estimates.mfu
+    per_result = tokens * per_token / (instance_peak(stage.bcp.instance, gpus, instance).flops_per_s * mfu)
+    est.seconds = per_result * (est.items_out or 0)
+    est.gpus_per_node = gpus
+    est.basis = (
+        f"beside {stage.evaluate_of} (streamed): {short_number(tokens)} tokens forward a checkpoint, {gpus} GPUs x "
+        f"{instance.gpu_peak_tflops:g} TFLOP/s x MFU {mfu:g}"
+    )
+    facts = training_node.facts
+    if facts is None or not facts.gpus:
+        return
+    training_gpus = rank_layout(target, "bcp").nodes * facts.gpus
+    peak = instance_peak(target.bcp.instance, training_gpus, facts)
+    interval = target.megatron_bridge.save_interval * step_seconds_at(
+        mfu, plan.global_batch_size * plan.shape.seq_length, flops_per_token(plan.shape, plan.tensor_parallel), peak
+    )
+    pace = (
+        f"it keeps pace, busy {per_result / interval:.0%} of the time it holds its {gpus} GPUs (all the training's)"
+        if per_result < interval
+        else f"it falls behind, and megatron_bridge.most_recent_k={target.megatron_bridge.most_recent_k} "
+        "prunes checkpoints it has not read: give the evaluation more GPUs or save less often"
+    )
+    est.notes.append(
+        f"one evaluation takes {format_elapsed(per_result)}; a checkpoint lands every "
+        f"{format_elapsed(interval)} ({target.megatron_bridge.save_interval} steps): {pace}"
+    )
 
 
 def _estimate_export(pipeline: PipelineConfig, target: StageConfig, est: StageEstimate) -> None:

@@ -33,13 +33,28 @@ class Schedule:
     notes: dict[str, str]  # stage -> how its streamed edge was counted
 
 
+def data_stages(pipeline: PipelineConfig) -> list[str]:
+    """The stages that prepare the training's data: neither a training (an engine's, or one that continues) nor
+    after one (an evaluation or an export of its checkpoints)."""
+    trainings = {n for n, s in pipeline.stages.items() if s.engine is not None or s.continuation is not None}
+    after: set[str] = set()
+    changed = True
+    while changed:  # every stage downstream of a training, through plain and streamed needs alike
+        changed = False
+        for name, stage in pipeline.stages.items():
+            if name not in after and any(need in trainings or need in after for need in stage.needs):
+                after.add(name)
+                changed = True
+    return [name for name in pipeline.stages if name not in trainings and name not in after]
+
+
 def schedule(
     pipeline: PipelineConfig, seconds: dict[str, float | None], groups: dict[str, int | None], backend: str
 ) -> Schedule:
     """`seconds`: each stage's estimated time (None counts 0); `groups`: each stage's expected output count."""
     start, finish, notes = _walk(pipeline, seconds, groups, backend, streamed=True)
     _, serial_finish, _ = _walk(pipeline, seconds, groups, backend, streamed=False)
-    data = [name for name, stage in pipeline.stages.items() if stage.engine is None and stage.continuation is None]
+    data = data_stages(pipeline)
     return Schedule(
         start=start,
         finish=finish,

@@ -57,8 +57,8 @@ def test_an_evaluation_streamed_from_a_nemo_training_is_refused_at_its_line(tmp_
     with pytest.raises(ConfigError) as info:
         load(tmp_path, section=NEMO)
     message = str(info.value)
-    assert "pipelines.yaml:" in message and "evaluate.py evaluates the smoke pretrain's checkpoints" in message
-    assert "not those nemo saves" in message
+    assert "pipelines.yaml:" in message and "evaluates the smoke pretrain's checkpoints (step=N.pt) only" in message
+    assert "the NeMo launcher's are not read" in message
 
 
 def test_the_bundled_demo_evaluates_each_checkpoint_as_it_lands():

@@ -47,7 +47,14 @@ SECTIONS: dict[str, dict[str, object]] = {
         "exit_signal_handler": False,
         "exit_interval": None,
     },
-    "dataset": {"data_path": None, "blend": None, "seq_length": 1024, "path_to_cache": None, "split": "9999,8,2"},
+    "dataset": {
+        "data_path": None,
+        "blend": None,
+        "blend_per_split": None,
+        "seq_length": 1024,
+        "path_to_cache": None,
+        "split": "9999,8,2",
+    },
     "tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_file": None, "merge_file": None},
     "checkpoint": {
         "save": "nemo_experiments/default/checkpoints",
@@ -56,6 +63,9 @@ SECTIONS: dict[str, dict[str, object]] = {
         "most_recent_k": -1,
         "ckpt_format": "torch_dist",
         "async_save": False,
+        "ckpt_step": None,
+        "load_optim": True,
+        "load_rng": True,
     },
     "logger": {"log_throughput": False, "log_interval": 10, "tensorboard_dir": None},
     "optimizer": {
@@ -81,7 +91,7 @@ SECTIONS: dict[str, dict[str, object]] = {
     },
     "dist": {"distributed_timeout_minutes": 10},
     "rng": {"seed": 1234},
-    "validation": {"eval_interval": 1000, "eval_iters": 10},
+    "validation": {"eval_interval": 1000, "eval_iters": 10, "skip_train": False},
     "profiling": {"use_nsys_profiler": False, "profile_step_start": 10, "profile_step_end": 12, "profile_ranks": [0]},
 }
 

@@ -2,16 +2,21 @@
 own, gloo: a rank whose peers never start waits, then fails, as NCCL's would), Bridge's checks on its inputs,
 its step line from the last rank, its checkpoints (rank 0: `iter_NNNNNNN/` with `run_config.yaml`, then
 `latest_checkpointed_iteration.txt`), resumption from `checkpoint.load`, `train.exit_duration_in_mins` counted
-from the call (a save, `exiting program after N minutes`, exit 0), SIGTERM with `exit_signal_handler`.
+from the call (a save, `exiting program after N minutes`, exit 0), SIGTERM with `exit_signal_handler`; with
+`validation.skip_train`, an evaluation of `checkpoint.ckpt_step`'s checkpoint (Bridge's FileNotFoundError where its
+folder is missing; its `validation loss at iteration N on validation set` line from the last rank, the loss a
+function of the step and the held-out blend's files, which must exist), nothing saved.
 
 Stand-in knobs, from the environment (a test's job sets them; NVIDIA's code has none of them):
 BCPP_BRIDGE_STANDIN_STEP_SECONDS (a step's duration, default 0.05), BCPP_BRIDGE_STANDIN_CRASH_AT_STEP (a Python
 traceback and exit 1 at that step, as a CUDA error ends a rank), BCPP_BRIDGE_STANDIN_SECONDS_PER_MINUTE (how long a
-minute of `exit_duration_in_mins` lasts, default 60).
+minute of `exit_duration_in_mins` lasts, default 60), BCPP_BRIDGE_STANDIN_EVAL_SECONDS (how long an evaluation
+takes, default 0).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -73,6 +78,44 @@ def _save(config: ConfigContainer, step: int) -> None:
             shutil.rmtree(old)
 
 
+def _held_out_prefixes(config: ConfigContainer) -> list[str]:
+    per_split = config.dataset.blend_per_split
+    if not per_split or len(per_split) < 2 or not per_split[1]:
+        return []
+    return list(per_split[1][0])
+
+
+def _evaluate(config: ConfigContainer, rank: int, world: int) -> None:
+    """skip_train: load the checkpoint of ckpt_step (or the tracker's), print the validation line, save nothing."""
+    load = config.checkpoint.load
+    if not load:
+        raise AssertionError("validation.skip_train needs checkpoint.load: there is no model to evaluate")
+    step = config.checkpoint.ckpt_step
+    if step is None:
+        step = _loaded_step(config)
+    folder = Path(load) / f"iter_{int(step):07d}"
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"ckpt_step={step} specified but checkpoint directory does not exist: {folder}\n"
+            f"Available checkpoints can be listed with: ls {load}/iter_*"
+        )
+    prefixes = _held_out_prefixes(config)
+    for prefix in prefixes:
+        for suffix in (".bin", ".idx"):
+            if not os.path.isfile(prefix + suffix):
+                raise FileNotFoundError(f"[Errno 2] No such file or directory: '{prefix}{suffix}'")
+    if rank == 0:
+        print(f"Loading checkpoint from iteration {step} (specified via ckpt_step)", flush=True)
+        print("skipping training ...", flush=True)
+    time.sleep(_env_float("BCPP_BRIDGE_STANDIN_EVAL_SECONDS", 0.0))  # the forward passes' time
+    held_out = sum(os.path.getsize(p + ".bin") for p in prefixes)
+    loss = 10.8 * 0.995 ** int(step) + 1.05 + (held_out % 997) / 1e6
+    if rank == world - 1:  # print_rank_last
+        text = f" validation loss at iteration {step} on validation set | lm loss value: {loss:.6E} | "
+        text += f"lm loss PPL: {math.exp(min(20, loss)):.6E} | "
+        print("-" * (len(text) + 1), text, "-" * (len(text) + 1), sep="\n", flush=True)
+
+
 def _step_line(config: ConfigContainer, step: int, ms: float) -> str:
     line = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}]"
     line += f" iteration {step:8d}/{config.train.train_iters:8d} |"
@@ -108,6 +151,9 @@ def pretrain(config: ConfigContainer, forward_step_func) -> None:
     stop = {"signal": False}
     if config.train.exit_signal_handler:
         signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
+    if config.validation.skip_train:
+        _evaluate(config, rank, world)
+        return
     step = _loaded_step(config)
     interval = config.logger.log_interval or 1
     while step < config.train.train_iters:
