@@ -86,6 +86,8 @@ class Evaluator:
         self.dataset = None
         self.cfg: dict | None = None
 
+    pruned_by = "--keep-checkpoints"
+
     def landed(self) -> dict[int, Path]:
         return landed(self.args.checkpoints)
 
@@ -134,6 +136,8 @@ class BridgeEvaluator:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+
+    pruned_by = "megatron_bridge.most_recent_k"
 
     def landed(self) -> dict[int, Path]:
         import _bridge_evaluate  # pylint: disable=import-outside-toplevel
@@ -192,7 +196,7 @@ def evaluate_all(
         if pruned:
             raise _common.StageError(
                 f"{args.checkpoints}: the checkpoint of step {pruned[0]} is gone (pruned by "
-                "--keep-checkpoints?) before it was evaluated; keep more checkpoints"
+                f"{evaluator.pruned_by}?) before it was evaluated; keep more checkpoints"
             )
         ready = [step for step in pending if step in present]
         if not ready:

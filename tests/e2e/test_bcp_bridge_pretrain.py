@@ -168,3 +168,40 @@ def test_a_job_stopped_by_its_time_limit_is_continued_until_train_iters(fake, tm
     assert all(after > before for before, after in zip([0, *history], history)), history
     assert stage.verification["steps"] == 450 and stage.attempts == len(history) + 1
     assert all(job.native == "FINISHED_SUCCESS" for job in stage.jobs if job.kind == "stage")
+
+
+EVALUATED = """\
+          valid_data_dir: ${workspace}/data/validation
+          most_recent_k: 5                 # the stand-in trains faster than an evaluation starts
+"""
+EVALUATE_STAGE = """\
+      evaluate:
+        program: evaluate.py
+        evaluate_of: pretrain
+        needs: [{stage: pretrain, stream: true}]
+        bcp:
+          env: {PYTHONPATH: "@STAND_IN@", BCPP_BRIDGE_STANDIN_EVAL_SECONDS: "0.5"}
+"""
+
+
+@ONE_TRANSPORT
+def test_each_checkpoint_is_evaluated_beside_the_training_and_shown_in_status(fake, tmp_path, capsys):
+    """`evaluate_of: pretrain` (config/evaluate.py) on the emulated BCP: the evaluate job starts while the training
+    runs, scores each checkpoint of the schedule through the entry program with `validation.skip_train` (the
+    stand-in prints Bridge's validation line), and its verification counts one result per checkpoint: 10, 20, 30."""
+    config = project(tmp_path, fake)
+    text = config.read_text().replace("          train_iters:", EVALUATED + "          train_iters:", 1)
+    config.write_text(text + EVALUATE_STAGE.replace("@STAND_IN@", str(STAND_IN)))
+    fabricate(fake.workspace_path("main") / "data" / "validation", "validation_chunk_0.jsonl_text_document", 500)
+    assert cli(config, "run", "bridge", "--backend", "bcp") == 0
+    state = latest(config)
+    stage = state.stages["evaluate"]
+    assert stage.status is StageStatus.SUCCEEDED and stage.verification
+    results = fake.workspace_path("main") / "results" / f"gpt-{state.run_id}" / "evaluate"
+    assert sorted(p.name for p in results.glob("step-*.json")) == [f"step-{s:08d}.json" for s in (10, 20, 30)]
+    [training] = [job for job in state.stages["pretrain"].jobs if job.kind == "stage"]
+    first = [job for job in stage.jobs if job.kind == "stage"][0]
+    assert training.submitted_at <= first.submitted_at < training.ended_at  # beside the training, not after it
+    log, status = logs_and_status(config, state.run_id, "evaluate", capsys)
+    assert "validation loss at iteration 30 on validation set" in log
+    assert "held-out loss" in status and "at step 30; 3 checkpoint(s) evaluated" in status, status
