@@ -45,6 +45,7 @@ from _pretrain_checkpoints import checkpoint_name, list_checkpoints
 STAGE = "evaluate"
 RESULT_NAME = "step-{step:08d}.json"
 INDEX_CACHE = ".index_cache"  # hidden: no result glob matches it
+TASKS_SCRATCH = ".tasks"  # hidden too: a checkpoint as a Hugging Face folder while the harness scores it
 STALL_SECONDS_ENV = "BCP_PIPELINE_EVALUATE_STALL_SECONDS"
 DEFAULT_STALL_SECONDS = 24 * 3600.0  # a large training saves every few hours; a day without one: it is gone
 POLL_SECONDS = 1.0
@@ -115,6 +116,7 @@ class Evaluator:
             model, self.dataset, samples, int(cfg["micro_batch_size"]), device, cfg.get("precision", "fp32")
         )
         entries = data_list.build_data_list(self.args.valid_data_dir)
+        tasks = self.task_scores(step, payload) if self.args.tasks else {}
         return {
             "step": step,
             "split": self.args.split,
@@ -127,8 +129,29 @@ class Evaluator:
             "checkpoint": str(self.args.checkpoints / checkpoint_name(step, last=False)),
             "weights_sha256": weights_digest(model),
             "data": [[e.weight, e.name] for e in entries],
-            "tasks": {},
+            "tasks": tasks,
         }
+
+    def task_scores(self, step: int, payload: dict) -> dict[str, dict[str, float]]:
+        """lm-evaluation-harness's scores of `--tasks` on this checkpoint, loaded as the export writes it (a GPT-2
+        folder, in a hidden scratch folder of the results, removed after)."""
+        import shutil  # pylint: disable=import-outside-toplevel
+
+        import _hf_folder  # pylint: disable=import-outside-toplevel
+        import _lm_eval_scores  # pylint: disable=import-outside-toplevel
+        from _smoke_to_gpt2 import gpt2_config, gpt2_tensors  # pylint: disable=import-outside-toplevel
+
+        folder = self.args.out / TASKS_SCRATCH / f"step-{step:08d}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        try:
+            _hf_folder.write_safetensors(folder / "model.safetensors", gpt2_tensors(payload["model"]))
+            _common.atomic_write_json(folder / "config.json", gpt2_config(payload["config"]))
+            _hf_folder.write_gpt2_tokenizer(folder, self.args.bpe_dir, payload["config"]["seq_length"])
+            names = [name for name in self.args.tasks.split(",") if name]
+            return _lm_eval_scores.score(folder, names, self.args.tasks_dir)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class BridgeEvaluator:
@@ -169,7 +192,8 @@ class BridgeEvaluator:
 
 def announce(result: dict) -> None:
     """The orchestrator's line for `status` and the report (every result, again at each start of the job)."""
-    _common.emit("evaluation", {key: result[key] for key in ("step", "split", "loss", "perplexity", "tokens")})
+    keys = ("step", "split", "loss", "perplexity", "tokens", "tasks")
+    _common.emit("evaluation", {key: result[key] for key in keys if key in result})
 
 
 def evaluate_all(
@@ -221,12 +245,19 @@ def evaluate_all(
         evaluated.append(step)
         announce(result)
         progress.advance()
+        scored = f"; {describe_tasks(result['tasks'])}" if result.get("tasks") else ""
         print(
             f"{STAGE}: step {step}: held-out loss {result['loss']:.4f} (perplexity {result['perplexity']:.1f}) "
-            f"over {result['tokens']} tokens",
+            f"over {result['tokens']} tokens{scored}",
             flush=True,
         )
     return evaluated
+
+
+def describe_tasks(tasks: dict[str, dict[str, float]]) -> str:
+    return ", ".join(
+        f"{name} {metric} {value:.4g}" for name, scores in tasks.items() for metric, value in scores.items()
+    )
 
 
 def _read_result(path: Path) -> dict:
@@ -261,6 +292,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="global batches evaluated (default: the training's own --eval-iters)",
     )
+    parser.add_argument(
+        "--tasks", default="", help="smoke: comma-separated lm-evaluation-harness tasks scored on each checkpoint"
+    )
+    parser.add_argument("--tasks-dir", type=Path, default=Path(__file__).resolve().parent / "lm_eval_tasks")
+    parser.add_argument("--bpe-dir", type=Path, help="with --tasks: vocab.json + merges.txt, the model's tokenizer")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
         "--threads",
@@ -289,8 +325,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         missing = [flag for flag, value in (("--recipe", args.recipe), ("--data-list", args.data_list)) if not value]
         if missing:
             parser.error(f"--from bridge needs {' and '.join(missing)}")
+        if args.tasks:
+            parser.error("--tasks scores the smoke pretrain's checkpoints; a Bridge model is scored by its export")
     elif args.overrides:
         parser.error(f"overrides are for --from bridge: {' '.join(args.overrides)}")
+    if args.tasks and args.bpe_dir is None:
+        parser.error("--tasks needs --bpe-dir (the tokenizer the model was trained with)")
+    if args.tasks:
+        from _lm_eval_scores import TASKS  # pylint: disable=import-outside-toplevel  (no harness imported)
+
+        unknown = [name for name in args.tasks.split(",") if name and name not in TASKS]
+        if unknown:
+            parser.error(f"--tasks: unknown task(s) {', '.join(unknown)}; the shipped ones: {', '.join(TASKS)}")
     if args.stall_seconds is None:
         try:
             args.stall_seconds = float(os.environ.get(STALL_SECONDS_ENV) or DEFAULT_STALL_SECONDS)

@@ -161,6 +161,17 @@ def stage_row(name: str, stage: StageState, rates: dict, clock: _Clock) -> dict:
     }
 
 
+def _task_scores(tasks) -> dict[str, dict[str, float | None]]:
+    """A result's lm-evaluation-harness scores, numbers only (a log line is read, not trusted)."""
+    if not isinstance(tasks, dict):
+        return {}
+    return {
+        str(task): {str(m): _round(v) for m, v in scores.items() if isinstance(v, (int, float))}
+        for task, scores in tasks.items()
+        if isinstance(scores, dict)
+    }
+
+
 def training_series(
     state: RunState, logs: dict[str, str], clock: _Clock, heldout: dict[str, dict] | None = None
 ) -> list[dict]:
@@ -186,7 +197,12 @@ def training_series(
             {
                 "stage": found["stage"],
                 "points": [
-                    {"step": p["step"], "loss": _round(p["loss"]), "perplexity": _round(p.get("perplexity"))}
+                    {
+                        "step": p["step"],
+                        "loss": _round(p["loss"]),
+                        "perplexity": _round(p.get("perplexity")),
+                        "tasks": _task_scores(p.get("tasks")),
+                    }
                     for p in found["points"]
                 ],
             }

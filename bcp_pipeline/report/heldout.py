@@ -35,7 +35,18 @@ def heldout_line(stage: str, points: list[dict]) -> str:
     if not points:
         return f"{stage}: no checkpoint evaluated yet"
     last = points[-1]
-    return (
+    line = (
         f"{stage}: held-out loss {last['loss']:.4f} (perplexity {last['perplexity']:.1f}, {last.get('split')} "
         f"split, {last.get('tokens')} tokens) at step {last['step']}; {len(points)} checkpoint(s) evaluated"
     )
+    tasks = last.get("tasks")
+    if isinstance(tasks, dict) and tasks:  # each lm-evaluation-harness task's latest scores
+        scores = [
+            f"{task} {metric} {value:.4g}"
+            for task, found in tasks.items()
+            if isinstance(found, dict)
+            for metric, value in found.items()
+            if isinstance(value, (int, float))
+        ]
+        line += f"; tasks at step {last['step']}: {', '.join(scores)}"
+    return line

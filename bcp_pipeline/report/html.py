@@ -55,6 +55,7 @@ def render_report(data: dict) -> str:
         figures += [
             (f"loss-{training['stage']}", loss_figure(go, training)),
             (f"steps-{training['stage']}", steps_figure(go, training)),
+            (f"tasks-{training['stage']}", tasks_figure(go, training)),
         ]
     throughput = {series["stage"]: throughput_figures(go, series) for series in data.get("throughput", [])}
     figures += [figure for stage_figures in throughput.values() for figure in stage_figures]
@@ -79,6 +80,7 @@ def render_report(data: dict) -> str:
     if data["training"]:
         for training in data["training"]:
             body += [charts[f"loss-{training['stage']}"], charts[f"steps-{training['stage']}"]]
+            body += [charts[name] for name in (f"tasks-{training['stage']}",) if name in charts]
     else:
         body.append("<p>No training log with loss lines (no training stage ran, or its log could not be read).</p>")
     if throughput:
@@ -189,6 +191,36 @@ def loss_figure(go, training: dict):
         xaxis_title="step",
         yaxis_title="loss",
         height=380,
+        margin={"l": 10, "r": 10, "t": 50, "b": 40},
+        template="plotly_white",
+    )
+    return figure
+
+
+def tasks_figure(go, training: dict):
+    """Each lm-evaluation-harness task's scores (accuracies: 0 to 1) against the step; None without any."""
+    figure = go.Figure()
+    for evaluation in training.get("heldout", []):
+        series: dict[str, list[tuple[int, float]]] = {}
+        for point in evaluation["points"]:
+            for task, scores in (point.get("tasks") or {}).items():
+                for metric, value in scores.items():
+                    if metric != "perplexity":  # another scale: in the results, not on this axis
+                        series.setdefault(f"{task} {metric}", []).append((point["step"], value))
+        for name, values in series.items():
+            figure.add_scatter(
+                name=f"{name} ({evaluation['stage']})",
+                mode="lines+markers",
+                x=[step for step, _ in values],
+                y=[value for _, value in values],
+            )
+    if not figure.data:
+        return None
+    figure.update_layout(
+        title=f"{training['stage']}: lm-evaluation-harness scores of each checkpoint",
+        xaxis_title="step",
+        yaxis_title="score",
+        height=320,
         margin={"l": 10, "r": 10, "t": 50, "b": 40},
         template="plotly_white",
     )

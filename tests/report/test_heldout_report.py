@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bcp_pipeline.engine.state import JobRecord, RunState, StageState, StageStatus
 from bcp_pipeline.report.data import report_data
 from bcp_pipeline.report.heldout import evaluation_points, heldout_line
+from bcp_pipeline.report.html import tasks_figure
 from bcp_pipeline.report.text import render_status
 
 
-def line(step: int, loss: float) -> str:
+def line(step: int, loss: float, tasks: dict | None = None) -> str:
     payload = {"step": step, "split": "validation", "loss": loss, "perplexity": 2.718281828**loss, "tokens": 4096}
-    return f"##bcp-pipeline evaluation {json.dumps(payload)}"
+    return f"##bcp-pipeline evaluation {json.dumps({**payload, **({'tasks': tasks} if tasks else {})})}"
 
 
 # A resumed evaluate job repeats the earlier results first, then adds its own; a cut line is ignored.
@@ -75,9 +78,50 @@ def test_the_loss_chart_data_carries_the_held_out_points_of_its_training():
         {
             "stage": "evaluate",
             "points": [
-                {"step": 20, "loss": 6.25, "perplexity": round(2.718281828**6.25, 3)},
-                {"step": 40, "loss": 5.9, "perplexity": round(2.718281828**5.9, 3)},
-                {"step": 60, "loss": 5.69, "perplexity": round(2.718281828**5.69, 3)},
+                {"step": 20, "tasks": {}, "loss": 6.25, "perplexity": round(2.718281828**6.25, 3)},
+                {"step": 40, "tasks": {}, "loss": 5.9, "perplexity": round(2.718281828**5.9, 3)},
+                {"step": 60, "tasks": {}, "loss": 5.69, "perplexity": round(2.718281828**5.69, 3)},
             ],
         }
     ]
+
+
+TASKS_LOG = "\n".join(
+    [
+        line(20, 6.25, {"demo_cloze": {"acc": 0.25, "acc_norm": 0.3}, "demo_lastword": {"perplexity": 900.0}}),
+        line(40, 5.9, {"demo_cloze": {"acc": 0.4, "acc_norm": 0.45}, "demo_lastword": {"perplexity": 400.0}}),
+    ]
+)
+
+
+def test_status_names_each_task_s_latest_score():
+    heldout = {"evaluate": {"stage": "evaluate", "training": "pretrain", "points": evaluation_points([TASKS_LOG])}}
+    state = RunState(
+        run_id="demo-1",
+        pipeline="demo",
+        backend="local",
+        config_file="pipelines.yaml",
+        created_at=0.0,
+        stages={"evaluate": StageState(status=StageStatus.RUNNING)},
+    )
+    text = render_status(state, heldout=heldout)
+    assert (
+        "at step 40; 2 checkpoint(s) evaluated; tasks at step 40: demo_cloze acc 0.4, demo_cloze acc_norm 0.45, "
+        "demo_lastword perplexity 400"
+    ) in text
+
+
+def test_the_report_draws_each_task_s_scores_against_the_step():
+    go = pytest.importorskip("plotly.graph_objects")
+    training = {
+        "stage": "pretrain",
+        "attempts": [],
+        "heldout": [{"stage": "evaluate", "points": evaluation_points([TASKS_LOG])}],
+    }
+    figure = tasks_figure(go, training)
+    lines = {trace.name: (list(trace.x), list(trace.y)) for trace in figure.data}
+    assert lines == {  # perplexity is another scale: in the results and status, not on this axis
+        "demo_cloze acc (evaluate)": ([20, 40], [0.25, 0.4]),
+        "demo_cloze acc_norm (evaluate)": ([20, 40], [0.3, 0.45]),
+    }
+    assert tasks_figure(go, {"stage": "pretrain", "attempts": [], "heldout": []}) is None

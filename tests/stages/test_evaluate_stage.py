@@ -21,6 +21,7 @@ import evaluate
 import pytest
 from support.heldout_data import heldout_split  # noqa: F401 (a fixture)
 from support.smoke_pretrain import REPO, child_env, command, data_dir  # noqa: F401 (data_dir: a fixture)
+from support.stage_fixtures import gpt2_vocab_merges
 
 STEPS, EVERY = 16, 4
 SCHEDULE = [4, 8, 12, 16]
@@ -187,3 +188,87 @@ def test_no_checkpoint_for_the_stall_time_fails(heldout_dir, tmp_path: Path) -> 
     clock = iter(range(100))
     with pytest.raises(_common.StageError, match="no checkpoint landed for 3 s, waiting for step 4"):
         evaluate.evaluate_all(args, evaluate.Evaluator(args), sleep=lambda _s: None, clock=lambda: next(clock))
+
+
+def test_tasks_are_scored_on_each_checkpoint_as_the_export_scores_the_last(trained, heldout_dir, tmp_path) -> None:
+    """`--tasks`: lm-evaluation-harness itself on each checkpoint, loaded as the export writes it; the last
+    checkpoint's scores are those the export stage's own scoring of that checkpoint finds."""
+    vocab, merges = gpt2_vocab_merges()
+    bpe = tmp_path / "bpe"
+    bpe.mkdir()
+    shutil.copy(vocab, bpe / "vocab.json")
+    shutil.copy(merges, bpe / "merges.txt")
+    checkpoints, out = trained[0], tmp_path / "evaluate"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "stages/evaluate.py"),
+            *evaluate_args(checkpoints, heldout_dir, out),
+            "--tasks",
+            "demo_cloze,demo_lastword",
+            "--bpe-dir",
+            str(bpe),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=child_env(),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = {step: json.loads((out / f"step-{step:08d}.json").read_text()) for step in SCHEDULE}
+    for result in results.values():
+        assert set(result["tasks"]) == {"demo_cloze", "demo_lastword"}
+        assert 0.0 <= result["tasks"]["demo_cloze"]["acc"] <= 1.0
+        assert result["tasks"]["demo_lastword"]["perplexity"] > 1.0
+    assert not (out / evaluate.TASKS_SCRATCH).exists() or not any((out / evaluate.TASKS_SCRATCH).iterdir())
+    assert "demo_cloze acc" in done.stdout  # the status line's source: the evaluation line carries the tasks
+    last = json.loads(
+        next(line for line in reversed(done.stdout.splitlines()) if "##bcp-pipeline evaluation" in line).split(" ", 2)[
+            2
+        ]
+    )
+    assert last["tasks"] == results[STEPS]["tasks"]
+
+    export = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "stages/export_hf.py"),
+            "--from",
+            "smoke",
+            "--checkpoints",
+            str(checkpoints),
+            "--bpe-dir",
+            str(bpe),
+            "--out",
+            str(tmp_path / "export"),
+            "--tasks",
+            "demo_cloze,demo_lastword",
+            "--scores-dir",
+            str(tmp_path / "scores"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=child_env(),
+    )
+    assert export.returncode == 0, export.stdout + export.stderr
+    exported = json.loads((tmp_path / "scores" / f"step-{STEPS:08d}.json").read_text())
+    assert exported["tasks"] == results[STEPS]["tasks"]
+
+
+def test_an_unknown_task_is_refused_before_anything_runs(tmp_path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "stages/evaluate.py"),
+            *evaluate_args(tmp_path, tmp_path, tmp_path / "o"),
+            "--tasks",
+            "demo_cloze,hellaswag",
+            "--bpe-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "unknown task(s) hellaswag; the shipped ones: demo_cloze" in done.stderr
