@@ -58,6 +58,7 @@ def setting(overrides: list[str], key: str) -> str | None:
 
 def evaluation_command(args, step: int) -> list[str]:
     hub = ["--hf-home", str(args.hf_home)] if args.hf_home else []
+    hub += ["--layer-spec", args.layer_spec] if getattr(args, "layer_spec", None) else []
     return [
         sys.executable,
         "-m",

@@ -317,6 +317,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bridge.add_argument("--world-size", type=_common.positive_int, default=1, help="ranks: TP x PP x CP")
     bridge.add_argument("--data-list", type=Path, help="its data list overrides file (data_path.txt)")
     bridge.add_argument("--hf-home", type=Path, help="its Hugging Face cache, read offline")
+    bridge.add_argument("--layer-spec", choices=("te", "local"), help="bridge_pretrain.py's (default: its own, te)")
     bridge.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="after --: its overrides, then the evaluation's"
     )

@@ -44,16 +44,18 @@ WORDS = (
 ).split()
 
 
-def tiny_corpus(folder: Path, chunks: int = 2, docs: int = 400) -> None:
+def tiny_corpus(folder: Path, chunks: int = 2, docs: int = 400, seed: int = 0) -> None:
     """concat's outputs (train_chunk_{i}.jsonl) of deterministic documents: two chunks, so that the data list is a
-    blend, as the real pipeline's is."""
+    blend, as the real pipeline's is; another `seed`, other documents (a held-out split's)."""
     folder.mkdir(parents=True, exist_ok=True)
     for chunk in range(chunks):
         lines = []
         for doc in range(docs):
-            n = 40 + (doc * 7 + chunk) % 80
+            n = 40 + (doc * 7 + chunk + seed) % 80
             lines.append(
-                json.dumps({"text": " ".join(WORDS[(doc * 13 + i * (chunk + 3)) % len(WORDS)] for i in range(n))})
+                json.dumps(
+                    {"text": " ".join(WORDS[(doc * 13 + seed + i * (chunk + 3)) % len(WORDS)] for i in range(n))}
+                )
             )
         (folder / f"train_chunk_{chunk}.jsonl").write_text("\n".join(lines) + "\n")
 
@@ -141,7 +143,7 @@ def plan(project: Path, pipeline: str, sets: list[str]) -> dict:
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
     )
     if done.returncode != 0:
         raise ProofError(f"bcp-pipeline plan {pipeline} failed: {done.stderr[-2000:]}")
@@ -171,6 +173,28 @@ def prepare_data(rendered: jobs.Rendered, work: Path, logs: Path) -> None:
         ],
         rendered.data_list,
     ]
+    if "--valid-data-dir" in rendered.data_list:  # the held-out split, tokenized apart as tokenize-validation does
+        tiny_corpus(work / "validation", chunks=1, docs=120, seed=5)
+        steps.insert(
+            2,
+            [
+                str(STAGES / "preprocess.py"),
+                "--in",
+                str(work / "validation"),
+                "--out",
+                jobs.option_of(rendered.data_list, "--valid-data-dir"),
+                "--files-per-output",
+                "1",
+                "--output-stem",
+                "validation_chunk",
+                "--vocab",
+                str(vocab),
+                "--merges",
+                str(merges),
+                "--workers",
+                "1",
+            ],
+        )
     Path(jobs.option_of(rendered.data_list, "--out")).parent.mkdir(parents=True, exist_ok=True)
     for number, argv in enumerate(steps):
         if run([sys.executable, *argv], logs / f"data-{number}.log") != 0:
@@ -268,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ProofError, ValueError) as exc:
         summary["checks"].append(report.check("plan and the data stages run", False, str(exc)))
         return finish(summary, args.out, logs)
-    changes = jobs.tiny_changes(jobs.Shape(), args.steps) + jobs.NO_TE
+    per_split = jobs.value_of(rendered.entry, "dataset.split") == "null"
+    changes = jobs.tiny_changes(jobs.Shape(), args.steps, per_split) + jobs.NO_TE
     run_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     if not args.no_deterministic:
         changes += jobs.DETERMINISTIC
@@ -286,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         ):
             code = run(entry_command(args, entry, dry_run=True), logs / f"dry-{name}.log", env=run_env, timeout=left())
             summary["checks"].append(report.check(f"{name}'s config resolves (--dry-run)", code == 0, f"exit {code}"))
+        if rendered.evaluate:  # the evaluate stage's command for the last checkpoint, resolved by Bridge too
+            entry = evaluation_entry(args, rendered, changes, checkpoints)
+            code = run(entry_command(args, entry, dry_run=True), logs / "dry-evaluate.log", env=run_env, timeout=left())
+            summary["checks"].append(
+                report.check("the evaluation's config resolves (--dry-run)", code == 0, f"exit {code}")
+            )
         lap("dry runs")
         if not args.no_smoke:  # three steps on the CPU: the smoke trainer with the carried megatron-core
             smoke(
@@ -322,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     summary["checks"] += found
     summary["figures"] = figures
+    if rendered.evaluate:
+        evaluate_checkpoints(args, rendered, changes, texts["C"], logs, summary, run_env, left())
+        lap("evaluate")
     shape = jobs.Shape()
     summary["throughput"]["Bridge (A), local spec"] = report.bridge_throughput(
         a_log, tokens_per_step=shape.global_batch * shape.seq
@@ -337,6 +371,55 @@ def main(argv: list[str] | None = None) -> int:
         smoke(args, shape, Path(jobs.option_of(rendered.data_list, "--data-dir")), logs, summary)
         lap("smoke trainer")
     return finish(summary, args.out, logs)
+
+
+def evaluation_entry(
+    args: argparse.Namespace, rendered: jobs.Rendered, changes: list[jobs.Change], checkpoints: Path
+) -> list[str]:
+    """The entry program's arguments as evaluate.py --from bridge gives them for the last checkpoint."""
+    words = jobs.evaluation_arguments(
+        rendered.evaluate or [], changes, steps=args.steps, out=str(args.work / "evaluate"), layer_spec=None
+    )
+    overrides = words[words.index("--") + 1 :]
+    recipe, data_list = jobs.option_of(words, "--recipe"), jobs.option_of(words, "--data-list")
+    load = [f"checkpoint.load={checkpoints}", f"checkpoint.ckpt_step={args.steps}"]
+    return ["--recipe", recipe, "--overrides-file", data_list, *overrides, *load]
+
+
+def evaluate_checkpoints(
+    args: argparse.Namespace,
+    rendered: jobs.Rendered,
+    changes: list[jobs.Change],
+    c_log: str,
+    logs: Path,
+    summary: dict,
+    env: dict,
+    timeout: int,
+) -> None:
+    """The evaluate stage's program, as the plan renders it, on the training's last checkpoint: its loss is
+    Bridge's own held-out loss of those weights, so it equals the training's final validation line (job C's, at
+    the last step, from the validation set's first sample: no validation ran before it)."""
+    sys.path.insert(0, str(STAGES))
+    import _bridge_evaluate  # noqa: PLC0415  (stages/ is not on the proof's path before this)
+
+    out = args.work / "evaluate"
+    words = jobs.evaluation_arguments(
+        rendered.evaluate or [], changes, steps=args.steps, out=str(out), layer_spec=args.layer_spec
+    )
+    code = run([sys.executable, str(STAGES / "evaluate.py"), *words], logs / "evaluate.log", env=env, timeout=timeout)
+    result = out / f"step-{args.steps:08d}.json"
+    summary["checks"].append(report.check("the evaluate stage exits 0", code == 0 and result.is_file(), f"exit {code}"))
+    if code != 0 or not result.is_file():
+        return
+    scored = json.loads(result.read_text())["loss"]
+    trained = _bridge_evaluate.validation_loss(c_log.splitlines(), args.steps)
+    summary["checks"].append(
+        report.check(
+            "the evaluation's held-out loss is the training's final validation line",
+            trained is not None and f"{scored:.6E}" == f"{trained:.6E}",
+            f"evaluate {scored:.6E}, job C {trained if trained is None else f'{trained:.6E}'}",
+        )
+    )
 
 
 def smoke(

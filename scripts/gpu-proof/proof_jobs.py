@@ -24,6 +24,7 @@ ENTRY = "bridge_pretrain.py"
 class Rendered:
     data_list: list[str]  # data_list.py and its arguments (the interpreter left out)
     entry: list[str]  # the arguments after bridge_pretrain.py
+    evaluate: list[str] | None = None  # the evaluate stage's arguments after evaluate.py (evaluate_of), if any
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,34 @@ def rendered_commands(plan: dict) -> Rendered:
             "the pretrain job runs no data_list.py and bridge_pretrain.py: is it a megatron_bridge stage "
             "rendered for Slurm?"
         )
-    return Rendered(data_list, entry)
+    return Rendered(data_list, entry, evaluate_arguments(plan))
+
+
+def evaluate_arguments(plan: dict) -> list[str] | None:
+    """The evaluate stage's evaluate.py arguments in a Slurm plan (its job script's command line)."""
+    jobs = [j for j in plan.get("jobs", []) if j.get("stage") == "evaluate" and j.get("kind") == "stage"]
+    for job in jobs:
+        for line in job["printable"].splitlines():
+            if "evaluate.py" in line and "--from bridge" in line:
+                words = shlex.split(line.rstrip(" \\"))
+                return words[next(i for i, w in enumerate(words) if w.endswith("evaluate.py")) + 1 :]
+    return None
+
+
+def evaluation_arguments(
+    arguments: list[str], changes: list[Change], *, steps: int, out: str, layer_spec: str | None
+) -> list[str]:
+    """The rendered evaluate.py arguments for the proof's training: its steps (the schedule ends there; the rendered
+    save_interval is past them, so only the last checkpoint is scored), one rank (the tiny shape has TP 1), its
+    results folder, the layer spec, and the training's changes applied to the overrides after `--`."""
+    split = arguments.index("--")
+    options, overrides = list(arguments[:split]), arguments[split + 1 :]
+    for option, value in (("--target-step", str(steps)), ("--world-size", "1"), ("--out", out)):
+        options[options.index(option) + 1] = value
+    if layer_spec:
+        options += ["--layer-spec", layer_spec]
+    changed, _ = apply(overrides, changes)
+    return [*options, "--", *changed]
 
 
 def key_of(word: str) -> str | None:
@@ -103,9 +131,11 @@ class Shape:
     micro_batch: int = 8
 
 
-def tiny_changes(shape: Shape, steps: int) -> list[Change]:
+def tiny_changes(shape: Shape, steps: int, per_split: bool = False) -> list[Change]:
+    """The tiny shape's changes; `per_split`: the data list holds per-split blends (a held-out split), whose
+    `dataset.split=null` megatron-core requires, so the split is left as rendered."""
     why = "a tiny GPT that trains in seconds on one GPU"
-    return [
+    changes = [
         Change("model.num_layers", str(shape.layers), why),
         Change("model.hidden_size", str(shape.hidden), why),
         Change("model.ffn_hidden_size", str(shape.ffn), why),
@@ -133,6 +163,7 @@ def tiny_changes(shape: Shape, steps: int) -> list[Change]:
         ),
         Change("validation.eval_iters", "2", "a short validation"),
     ]
+    return [c for c in changes if not (per_split and c.key == "dataset.split")]
 
 
 # What megatron-core's local layer spec cannot build or run without Transformer Engine and apex (the GPU machine has

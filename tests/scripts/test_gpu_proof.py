@@ -186,6 +186,32 @@ def test_the_proof_changes_only_its_listed_keys_and_says_what_they_were(rendered
     assert all(r["reason"] for r in record)
 
 
+def test_the_held_out_split_keeps_the_rendered_null_split(rendered):
+    """The bundled Bridge training validates on a held-out split: megatron-core takes per-split blends only with
+    `dataset.split=null`, so the proof's tiny split is for a training without one."""
+    assert jobs.value_of(rendered.entry, "dataset.split") == "null"
+    assert "--valid-data-dir" in rendered.data_list
+    keys = [c.key for c in jobs.tiny_changes(jobs.Shape(), 300, per_split=True)]
+    assert "dataset.split" not in keys and "dataset.split" in [c.key for c in jobs.tiny_changes(jobs.Shape(), 300)]
+
+
+def test_the_evaluation_runs_the_rendered_evaluate_stage_on_the_proof_s_training(rendered):
+    """The evaluate stage's rendered arguments, for the proof's training: its steps, one rank, the local layer
+    spec, and every change the training's jobs have applied to the overrides after `--`."""
+    assert rendered.evaluate is not None and rendered.evaluate[:2] == ["--from", "bridge"]
+    changes = jobs.tiny_changes(jobs.Shape(), 300, per_split=True) + jobs.NO_TE + jobs.DETERMINISTIC
+    words = jobs.evaluation_arguments(rendered.evaluate, changes, steps=300, out="/w/evaluate", layer_spec="local")
+    options, overrides = words[: words.index("--")], words[words.index("--") + 1 :]
+    assert jobs.option_of(options, "--target-step") == "300" and jobs.option_of(options, "--world-size") == "1"
+    assert jobs.option_of(options, "--out") == "/w/evaluate" and jobs.option_of(options, "--layer-spec") == "local"
+    assert jobs.option_of(options, "--checkpoints") == jobs.value_of(rendered.entry, "checkpoint.save")
+    assert jobs.option_of(options, "--data-list") == jobs.option_of(rendered.entry, "--overrides-file")
+    for change in changes:
+        assert jobs.value_of(overrides, change.key) == change.value
+    assert jobs.value_of(overrides, "validation.skip_train") == "true"
+    assert jobs.value_of(overrides, "checkpoint.save") == "null"
+
+
 def test_the_stopped_job_s_time_limit_comes_from_the_uninterrupted_run_s_clock():
     log = "\n".join(
         [
