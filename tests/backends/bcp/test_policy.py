@@ -15,7 +15,7 @@ from bcp_pipeline.config.preflight import load_and_check
 from bcp_pipeline.engine.submitter import planned_requests
 
 CONFIG = load_and_check(REPO / "pipelines.yaml")
-INSTANCES = ("dgxa100.80g.1.norm", "dgxa100.80g.4.norm", "dgxa100.80g.8.norm", "dgxh100.80g.8.norm")  # as the emulator's ACE
+INSTANCES = ("dgxa100.80g.1.norm", "dgxa100.80g.4.norm", "dgxa100.80g.8.norm", "dgxh100.80g.8.norm")
 
 
 def jobs(pipeline: str) -> list[PlannedJob]:
