@@ -66,10 +66,15 @@ def tiktoken_rank_file(ranks: dict[bytes, int]) -> bytes:
 
 
 class GigatokenEncoder:
-    """`encode(text)` -> uint32 ids, GPT-2 pre-tokenization, no special tokens; memory bounded as above."""
+    """`encode(text)` -> uint32 ids, GPT-2 pre-tokenization, no special tokens; memory bounded as above.
 
-    def __init__(self, ranks: dict[bytes, int]) -> None:
-        self._rank_file = tiktoken_rank_file(ranks)
+    With `hf_json` (a tokenizer.json's path) instead of `ranks`: that tokenizer as gigatoken reads it (its
+    pre-tokenizer, its added tokens), the cache bounded the same way, but a long text is not cut into pieces: a
+    safe cut is GPT-2's pre-tokenizer's property, not every tokenizer's."""
+
+    def __init__(self, ranks: dict[bytes, int] | None = None, hf_json: str | None = None) -> None:
+        self._rank_file = tiktoken_rank_file(ranks) if ranks is not None else b""
+        self._hf_json = hf_json
         self.rebuilds = 0
         self._build()
 
@@ -80,10 +85,13 @@ class GigatokenEncoder:
         self._bpe = None  # drop the old one (and its cache) before the new one is made
         if rebuilt:
             return_freed_memory()
-        with tempfile.NamedTemporaryFile(prefix="gpt2-", suffix=".tiktoken") as ranks:
-            ranks.write(self._rank_file)
-            ranks.flush()
-            self._bpe = BPETokenizer.from_tiktoken(ranks.name, "gpt2", None)
+        if self._hf_json is not None:
+            self._bpe = BPETokenizer.from_hf(self._hf_json)
+        else:
+            with tempfile.NamedTemporaryFile(prefix="gpt2-", suffix=".tiktoken") as ranks:
+                ranks.write(self._rank_file)
+                ranks.flush()
+                self._bpe = BPETokenizer.from_tiktoken(ranks.name, "gpt2", None)
         now = resident_bytes()
         if not rebuilt:
             self._floor = now
@@ -94,7 +102,7 @@ class GigatokenEncoder:
         self._unchecked = self._since_build = 0
 
     def encode(self, text: str) -> np.ndarray:
-        if len(text) > PIECE_CHARS:  # one piece at a time: a 50 MB text is not held twice over
+        if len(text) > PIECE_CHARS and self._hf_json is None:  # one piece at a time: a 50 MB text is not held twice
             return np.concatenate([self._encode_piece(piece) for piece in iter_pieces(text)])
         return self._encode_piece(text)
 

@@ -82,12 +82,12 @@ class Evaluator:
     """The smoke pretrain's checkpoints: loads one and runs the training's evaluation on it; the held-out dataset
     is built once, on the first checkpoint's settings (every checkpoint of a run has them)."""
 
+    pruned_by = "--keep-checkpoints"  # what removes a checkpoint before its turn, for the error
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.dataset = None
         self.cfg: dict | None = None
-
-    pruned_by = "--keep-checkpoints"
 
     def landed(self) -> dict[int, Path]:
         return landed(self.args.checkpoints)
@@ -157,10 +157,10 @@ class Evaluator:
 class BridgeEvaluator:
     """Megatron-Bridge's checkpoints, each scored by Bridge's own evaluation in a torchrun of its own."""
 
+    pruned_by = "megatron_bridge.most_recent_k"
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-
-    pruned_by = "megatron_bridge.most_recent_k"
 
     def landed(self) -> dict[int, Path]:
         import _bridge_evaluate  # pylint: disable=import-outside-toplevel

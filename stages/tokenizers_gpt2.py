@@ -204,12 +204,28 @@ class Gpt2Bpe:
         return [self.encode(text) for text in texts]
 
 
+# Texts a fast engine must encode as `tokenizers` does before it is used for a tokenizer.json (a self-check at load:
+# gigatoken reads the file's model, pre-tokenizer and added tokens itself, and a file it reads otherwise is caught
+# here, not in the data): whitespace runs, digits, contractions, case, accents, emoji, CJK, a literal special token.
+HF_PROBES = (
+    "Hello, world! It's 2026: 1234567890 x 12.5%",
+    "   leading spaces\n\n\ttabs and  double  spaces   \r\n",
+    "don't you'll I'M we've THEY'RE",
+    "naïve café ünïcödé \u00a0 non-breaking",
+    "emoji 😀🚀 and CJK 中文字符 日本語 한국어",
+    "a literal <|endoftext|> inside, and </s> <s> [SEP]",
+    "x" * 3000 + " " + "9" * 500,
+)
+
+
 class HfTokenizerJson:
-    """Any HF `tokenizer.json` through the `tokenizers` package, without added special tokens."""
+    """Any HF `tokenizer.json`, its added tokens matched as `tokenizers` matches them (no template's special
+    tokens added): through gigatoken where it loads the file and gives `tokenizers`' ids on HF_PROBES (`auto`),
+    else through the `tokenizers` package."""
 
     kind = "hf-tokenizer-json"
 
-    def __init__(self, path: Path, eod_token: str | None) -> None:
+    def __init__(self, path: Path, eod_token: str | None, engine: str = "auto") -> None:
         try:
             from tokenizers import Tokenizer as HfTokenizer
         except ImportError as exc:
@@ -223,8 +239,33 @@ class HfTokenizerJson:
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
         from tokenizers import __version__ as version
 
-        self.engine = f"tokenizers {version}"
         self.eod = self._find_eod(path, eod_token)
+        self._fast = None
+        why_not = "--bpe-engine tiktoken" if engine == "tiktoken" else ""
+        if engine != "tiktoken":
+            try:
+                self._fast = self._fast_engine(path)
+            except (ImportError, OSError, ValueError, RuntimeError) as exc:  # not installed, or not this file
+                if engine == "gigatoken":
+                    raise TokenizerError(f"--bpe-engine gigatoken: {path}: {exc}") from exc
+                why_not = str(exc)
+        fast_version = _fast_bpe.installed_version()
+        self.engine = (
+            f"gigatoken {fast_version} (checked against tokenizers {version})"
+            if self._fast is not None
+            else f"tokenizers {version} ({why_not or 'gigatoken not used'})"
+        )
+
+    def _fast_engine(self, path: Path) -> _fast_bpe.GigatokenEncoder:
+        if _fast_bpe.installed_version() is None:
+            raise ImportError("gigatoken is not installed")
+        fast = _fast_bpe.GigatokenEncoder(hf_json=str(path))
+        for text in HF_PROBES:
+            want = self._tokenizer.encode(text, add_special_tokens=False).ids
+            got = fast.encode(text).tolist()
+            if got != want:
+                raise ValueError(f"gigatoken's ids differ from tokenizers' on {text[:40]!r}: it is not used")
+        return fast
 
     def _find_eod(self, path: Path, eod_token: str | None) -> int:
         candidates = (eod_token,) if eod_token else KNOWN_EOD_TOKENS
@@ -238,6 +279,11 @@ class HfTokenizerJson:
         )
 
     def encode(self, text: str) -> np.ndarray:
+        if self._fast is not None:
+            try:
+                return self._fast.encode(text).astype(np.uint32, copy=False)
+            except (UnicodeEncodeError, TypeError):  # a lone surrogate: `tokenizers` below, as without gigatoken
+                pass
         return np.asarray(self._tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
@@ -256,7 +302,7 @@ class TokenizerSpec:
 
     def load(self) -> Tokenizer:
         if self.tokenizer_json is not None:
-            return HfTokenizerJson(self.tokenizer_json, self.eod_token)
+            return HfTokenizerJson(self.tokenizer_json, self.eod_token, self.bpe_engine)
         if self.vocab is None or self.merges is None:
             raise TokenizerError("GPT-2 BPE needs both --vocab and --merges")
         return Gpt2Bpe(self.vocab, self.merges, self.bpe_engine)

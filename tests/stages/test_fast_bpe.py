@@ -16,7 +16,7 @@ import preprocess
 import pytest
 from support.gpt2_reference import ADVERSARIAL_TEXTS, GPT2, MERGES, SPECIAL_TEXTS, VOCAB
 from support.stage_fixtures import STAGES_DIR, iter_documents, run_as_rank
-from tokenizers_gpt2 import Gpt2Bpe, TokenizerError, gpt2_mergeable_ranks
+from tokenizers_gpt2 import Gpt2Bpe, HfTokenizerJson, TokenizerError, gpt2_mergeable_ranks
 
 TEXTS = (
     SPECIAL_TEXTS
@@ -104,3 +104,47 @@ def test_tiktoken_stands_in_where_gigatoken_is_missing(monkeypatch, tmp_path, ca
     assert "requirements-fast.txt" in capsys.readouterr().err
     assert run_as_rank(preprocess.main, argv, 0, 1, monkeypatch) == 0
     assert "preprocess: gpt2-bpe through tiktoken " in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(tmp_path_factory: pytest.TempPathFactory):
+    """GPT-2's BPE as an HF tokenizer.json (built by `tokenizers` from the vocab and merges, with the
+    end-of-document token added), and that `tokenizers` tokenizer."""
+    from support.gpt2_reference import reference_tokenizer
+
+    reference = reference_tokenizer()
+    reference.add_special_tokens(["<|endoftext|>"])
+    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
+    reference.save(str(path))
+    return path, reference
+
+
+def test_a_tokenizer_json_goes_through_gigatoken_with_tokenizers_ids(tokenizer_json):
+    """Where gigatoken reads the file as `tokenizers` does (its self-check at load), it encodes: the same ids on
+    texts beyond the probes, a literal added token matched as `tokenizers` matches it."""
+    path, reference = tokenizer_json
+    fast = HfTokenizerJson(path, None)
+    assert fast.engine.startswith("gigatoken ") and "checked against tokenizers" in fast.engine
+    slow = HfTokenizerJson(path, None, "tiktoken")  # the fallback engine asked for by name
+    assert slow.engine.startswith("tokenizers ") and slow.engine.endswith("(--bpe-engine tiktoken)")
+    for text in [*TEXTS, "x" * 200_000 + " tail"]:
+        want = reference.encode(text, add_special_tokens=False).ids
+        assert fast.encode(text).tolist() == want == slow.encode(text).tolist(), text[:40]
+    assert fast.encode("a <|endoftext|> b").tolist() == reference.encode("a <|endoftext|> b").ids
+
+
+def test_a_tokenizer_json_gigatoken_reads_otherwise_falls_back_to_tokenizers(tokenizer_json, tmp_path, monkeypatch):
+    path, _ = tokenizer_json
+    original = _fast_bpe.GigatokenEncoder.encode
+
+    def off_by_one(self, text):  # an engine that reads the file otherwise: the self-check finds it
+        ids = original(self, text)
+        return ids[:-1] if len(ids) > 1 else ids
+
+    monkeypatch.setattr(_fast_bpe.GigatokenEncoder, "encode", off_by_one)
+    fallback = HfTokenizerJson(path, None)
+    assert fallback.engine.startswith("tokenizers ") and "gigatoken's ids differ from tokenizers'" in fallback.engine
+    with pytest.raises(TokenizerError, match="--bpe-engine gigatoken: .*ids differ"):
+        HfTokenizerJson(path, None, "gigatoken")
+    monkeypatch.setattr(_fast_bpe, "installed_version", lambda: None)
+    assert HfTokenizerJson(path, None).engine.endswith("(gigatoken is not installed)")
