@@ -112,21 +112,27 @@ def results(out: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def undisturbed(run, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+def undisturbed_run(run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The evaluation as its job runs it, after the training ended: its results folder and output."""
     out = tmp_path_factory.mktemp("undisturbed") / "evaluate"
     result = evaluate(run, out)
     assert result.returncode == 0, result.stdout + result.stderr
-    return results(out)
+    return out, result.stdout
 
 
-def test_each_checkpoint_is_scored_by_bridge_s_own_evaluation_line(run, tmp_path):
+@pytest.fixture(scope="module")
+def undisturbed(undisturbed_run) -> dict[str, bytes]:
+    return results(undisturbed_run[0])
+
+
+def test_each_checkpoint_is_scored_by_bridge_s_own_evaluation_line(run, undisturbed_run, tmp_path):
+    finished, stdout = undisturbed_run
     out = tmp_path / "evaluate"
-    result = evaluate(run, out)
-    assert result.returncode == 0, result.stdout + result.stderr
+    shutil.copytree(finished, out)
     assert sorted(p.name for p in out.glob("step-*.json")) == [f"step-{s:08d}.json" for s in (2, 4, 6)]
     printed = {  # the stand-in's own validation lines, as Bridge prints them, read back independently
         int(line.split("iteration ")[1].split()[0]): float(line.split("lm loss value: ")[1].split()[0])
-        for line in result.stdout.splitlines()
+        for line in stdout.splitlines()
         if "validation loss at iteration" in line
     }
     for step in (2, 4, 6):
@@ -138,7 +144,7 @@ def test_each_checkpoint_is_scored_by_bridge_s_own_evaluation_line(run, tmp_path
             "validation_chunk_0.jsonl_text_document"
         )
     assert printed[2] > printed[4] > printed[6]  # the stand-in's loss falls with the step: each step its own
-    assert "##bcp-pipeline evaluation" in result.stdout
+    assert "##bcp-pipeline evaluation" in stdout
 
     again = evaluate(run, out)  # a rerun after it finished: nothing evaluated twice
     assert again.returncode == 0 and "validation loss at iteration" not in again.stdout

@@ -199,11 +199,13 @@ def test_tasks_are_scored_on_each_checkpoint_as_the_export_scores_the_last(train
     shutil.copy(vocab, bpe / "vocab.json")
     shutil.copy(merges, bpe / "merges.txt")
     checkpoints, out = trained[0], tmp_path / "evaluate"
+    arguments = evaluate_args(checkpoints, heldout_dir, out)
+    arguments[arguments.index("--every") + 1] = str(2 * EVERY)  # steps 8 and 16: a scoring costs seconds
     done = subprocess.run(
         [
             sys.executable,
             str(REPO / "stages/evaluate.py"),
-            *evaluate_args(checkpoints, heldout_dir, out),
+            *arguments,
             "--tasks",
             "demo_cloze,demo_lastword",
             "--bpe-dir",
@@ -215,7 +217,8 @@ def test_tasks_are_scored_on_each_checkpoint_as_the_export_scores_the_last(train
         env=child_env(),
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    results = {step: json.loads((out / f"step-{step:08d}.json").read_text()) for step in SCHEDULE}
+    results = {step: json.loads((out / f"step-{step:08d}.json").read_text()) for step in (2 * EVERY, STEPS)}
+    assert sorted(p.name for p in out.glob("step-*.json")) == [f"step-{s:08d}.json" for s in (2 * EVERY, STEPS)]
     for result in results.values():
         assert set(result["tasks"]) == {"demo_cloze", "demo_lastword"}
         assert 0.0 <= result["tasks"]["demo_cloze"]["acc"] <= 1.0
