@@ -39,6 +39,17 @@ def bundled_requests() -> list[JobRequest]:
     ]
 
 
+def through_the_cli(specs: list[tuple[JobRequest, JobSpec]]) -> set[str]:
+    """The jobs the CLI transport also submits: one of each set of `job run` options, and the longest command line.
+    The CLI passes the same argv to NVIDIA's own parser, in a process of its own (about 2 s a job): what can differ
+    from the SDK is how the argv is built and handed over, which these cover; the SDK submits every job."""
+    chosen: dict[tuple[str, ...], str] = {}
+    for request, spec in specs:
+        chosen.setdefault(tuple(sorted(w for w in job_run_argv(spec) if w.startswith("--"))), request.job_name)
+    longest = max(specs, key=lambda pair: len(pair[1].commandline))[0].job_name
+    return {*chosen.values(), longest}
+
+
 @pytest.mark.parametrize("fake", ["sdk"], indirect=True)  # one emulator; both transports talk to it
 def test_both_transports_submit_the_same_job_create_request_for_every_bundled_job(fake):
     options = BUNDLED.options["bcp"]
@@ -50,14 +61,18 @@ def test_both_transports_submit_the_same_job_create_request_for_every_bundled_jo
     transports = {"cli": CliTransport(options), "sdk": SdkTransport(options)}
     requests = bundled_requests()
     assert len(requests) > 30
-    for request in requests:
-        spec = job_spec(request, options, BUNDLED.stages_dir)
+    specs = [(request, job_spec(request, options, BUNDLED.stages_dir)) for request in requests]
+    both = through_the_cli(specs)
+    assert len(both) >= 5
+    for request, spec in specs:
         reference = ngc_parser.job_create_request(job_run_argv(spec), org=fake.org, ace=fake.ace)
         for name, transport in transports.items():
+            if name == "cli" and request.job_name not in both:
+                continue
             job_id = int(transport.submit(spec))  # every job of every golden plan gets an id
             received = fake.jobs()[job_id]["emu"]["request"]
             assert received == reference, f"{request.job_name}: the {name} transport sent another request"
-    assert len(fake.calls("job run")) == len(requests)
+    assert len(fake.calls("job run")) == len(both)  # the CLI's calls
 
 
 def test_every_bundled_commandline_is_one_program_and_its_arguments():
