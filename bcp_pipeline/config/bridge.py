@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, replace
 
 from bcp_pipeline.config.bridge_knobs import knob_overrides, knobs_error, offload_error, without_fsdp_conflicts
+from bcp_pipeline.config.data_list_command import DataListForm
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.model import Continuation, MegatronBridgeTraining, PipelineConfig, StageConfig
 from bcp_pipeline.config.nemo import MAX_NODES_LISTED, launcher_version, parallel_sizes_error
@@ -31,6 +32,8 @@ RUN_ID = "${run_id}"  # the bcp-pipeline run's id, as a placeholder the renderer
 ENTRY_PROGRAM = "bridge_pretrain.py"  # in stages/: what every rank of a Bridge pretrain runs
 DATA_PATH_KEY = "dataset.data_path"  # the data list: [weight, prefix, weight, prefix, ...] (Megatron-LM semantics)
 DATA_LIST_FILE = "data_path.txt"  # the data list override, written into the run's folder by the job's first step
+# With a held-out split: data_list.py's default form, megatron-core's dataset.blend_per_split.
+DATA_LIST = DataListForm(key=DATA_PATH_KEY, split_form=None)
 # Recipes that read their architecture from the Hugging Face Hub (a gated repository) when they are built.
 HUB_RECIPE = re.compile(r"^(llama|llama2|llama3|llama31|llama32|codellama|mistral|qwen|gemma)", re.IGNORECASE)
 

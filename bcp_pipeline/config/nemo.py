@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bcp_pipeline.config.data_list_command import DataListForm
 from bcp_pipeline.config.durations import format_clock, parse_duration
 from bcp_pipeline.config.model import Continuation, PipelineConfig, StageConfig
 from bcp_pipeline.config.placeholders import substitute
@@ -111,6 +112,8 @@ KNOWN_SHAPES = {
 }
 MAX_NODES_LISTED = 256
 DATA_LIST_FILE = "data_prefix.txt"
+# The data list's key is NeMo's model.data.data_prefix; with nemo.valid_data_dir, NeMo's per-split dict of it.
+DATA_LIST = DataListForm(key="training.model.data.data_prefix", split_form="nemo")
 # NeMo's GPT pretraining script under nemo.nemo_dir: what the launcher's training command runs (its core/stages.py,
 # GPT3 training: /opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py).
 PRETRAINING_SCRIPT = "examples/nlp/language_modeling/megatron_gpt_pretraining.py"

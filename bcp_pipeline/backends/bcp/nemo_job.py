@@ -11,7 +11,6 @@ from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.shared import nemo_script as training_script
 from bcp_pipeline.backends.shared.command import placeholder_values
 from bcp_pipeline.backends.shared.nemo_script import TrainingJob
-from bcp_pipeline.config import nemo_data
 from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.resources import BcpOptions, BcpResources
 from bcp_pipeline.errors import SubmissionError
@@ -41,7 +40,7 @@ def nemo_launcher_overrides(request: JobRequest, options: BcpOptions, stages_dir
 
 def training_job(request: JobRequest, options: BcpOptions, stages_dir: Path) -> TrainingJob:
     """The NeMo pretrain job's script inputs, every path written from the script's WORKSPACE / RESULTS arguments."""
-    from bcp_pipeline.config.nemo import DATA_LIST_FILE, launcher_dir, launcher_overrides, nemo_run_name
+    from bcp_pipeline.config.nemo import DATA_LIST, DATA_LIST_FILE, launcher_dir, launcher_overrides, nemo_run_name
 
     stage, resources = request.stage, request.resources("bcp")
     values = placeholder_values(
@@ -70,9 +69,7 @@ def training_job(request: JobRequest, options: BcpOptions, stages_dir: Path) -> 
         launcher_dir=launcher,
         overrides=overrides,
         data_list_file=data_list_file,
-        data_list_argv=nemo_data.data_list_argv(
-            stage.nemo, values, python="python3", code=values["code"], out=data_list_file
-        ),
+        data_list_argv=DATA_LIST.argv(stage.nemo, values, python="python3", code=values["code"], out=data_list_file),
         results_dir=substitute(stage.nemo.results_dir, values).rstrip("/"),
         run_name=run_name,
         log_file=f"{training_script.RESULTS}/{run_name}.log",

@@ -52,7 +52,6 @@ from bcp_pipeline.backends.shared.command import (
     shell_join,
     stage_command,
 )
-from bcp_pipeline.config import nemo_data
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.config.resources import GridEngineOptions, GridEngineResources, RankLayout
@@ -405,6 +404,7 @@ def check_training_hosts(request: JobRequest, size: Shape) -> None:
 def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> hosts_training.HostsTraining:
     """The NeMo pretrain script's inputs: the launcher's overrides for this job, in the stage's Apptainer image."""
     from bcp_pipeline.config.nemo import (
+        DATA_LIST,
         DATA_LIST_FILE,
         PRETRAINING_SCRIPT,
         composed_config,
@@ -435,7 +435,7 @@ def nemo_job(request: JobRequest, options: GridEngineOptions, paths: Paths) -> h
     run_name = nemo_run_name(stage, request.run_id)
     config_dir, config_name = composed_config(substitute(nemo.results_dir, values), run_name)
     data_list_file = f"{values['results']}/{DATA_LIST_FILE}"
-    data_list_argv = nemo_data.data_list_argv(nemo, values, python="python3", code=values["code"], out=data_list_file)
+    data_list_argv = DATA_LIST.argv(nemo, values, python="python3", code=values["code"], out=data_list_file)
     setup = hosts_training.nemo_setup(launcher, overrides, data_list_file, config_dir, config_name)
     program = hosts_training.nemo_program(f"{nemo.nemo_dir.rstrip('/')}/{PRETRAINING_SCRIPT}", config_dir, config_name)
     return hosts_training_job(

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from bcp_pipeline.backends.contract import JobRequest
 from bcp_pipeline.backends.shared.nemo_script import launcher_debug_step, shell_word
-from bcp_pipeline.config import nemo, nemo_data
+from bcp_pipeline.config import nemo
 from bcp_pipeline.config.placeholders import substitute
 from bcp_pipeline.errors import SubmissionError
 
@@ -150,7 +150,7 @@ def nemo_pod(
         substitute(section.results_dir, values), nemo.nemo_run_name(stage, request.run_id)
     )
     data_list_file = f"{values['results']}/{nemo.DATA_LIST_FILE}"
-    data_list_argv = nemo_data.data_list_argv(
+    data_list_argv = nemo.DATA_LIST.argv(
         section, values, python=values["python"], code=values["code"], out=data_list_file
     )
     pod = NemoPod(

@@ -30,21 +30,8 @@ def data_list_file(request: JobRequest, values: dict[str, str]) -> str:
 
 def data_list_argv(request: JobRequest, values: dict[str, str]) -> list[str]:
     """Writes the data list override into the run's folder (atomically: every rank reads it whole)."""
-    section = request.stage.megatron_bridge
-    held_out = ["--valid-data-dir", substitute(section.valid_data_dir, values)] if section.valid_data_dir else []
-    return [
-        values["python"],
-        f"{values['code']}/data_list.py",
-        "--data-dir",
-        substitute(section.data_dir, values),
-        *held_out,
-        "--format",
-        "hydra",
-        "--key",
-        bridge.DATA_PATH_KEY,
-        "--out",
-        data_list_file(request, values),
-    ]
+    section, out = request.stage.megatron_bridge, data_list_file(request, values)
+    return bridge.DATA_LIST.argv(section, values, python=values["python"], code=values["code"], out=out)
 
 
 RANK_STARTER = "rank_start.py"  # stages/rank_start.py: NUMA binding, the wait for the rendezvous, then exec

@@ -106,7 +106,7 @@ def launcher_debug_step(
 ) -> list[str]:
     """The launcher run in its debug mode (NEMO_LAUNCHER_DEBUG: it composes the training config and writes it and
     its submission script, and runs nothing): the overrides as a bash array, then the data list file's lines, each
-    an override of its own (config/nemo_data.py: three for per-split data), and `written` (a file the launcher
+    an override of its own (config/data_list_command.py: three for per-split data), and `written` (a file the launcher
     writes) removed first, so a launcher that fails leaves no stale one behind.
     `inside`: the shell word that runs a command where the launcher's paths are (Grid Engine: `in_image`, its
     container); the data list file is read where the script runs. Shared with backends/gridengine/nemo.py."""

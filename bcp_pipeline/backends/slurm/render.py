@@ -32,7 +32,7 @@ from bcp_pipeline.backends.shared.command import (
     shell_join,
     stage_command,
 )
-from bcp_pipeline.config import bridge, nemo_data
+from bcp_pipeline.config import bridge
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.instances import KNOWN_INSTANCES
 from bcp_pipeline.config.resources import RankLayout, SlurmOptions, SlurmResources
@@ -335,7 +335,7 @@ def nemo_launcher_script(
     """Shell script for the submit host: build the data list from the manifests, then run the launcher, which
     `sbatch`es the training job. `data_prefix` (a rendered `training.model.data.data_prefix=[...]`) replaces the
     list built at submit time, for tests and for users who pin one."""
-    from bcp_pipeline.config.nemo import DATA_LIST_FILE, launcher_dir
+    from bcp_pipeline.config.nemo import DATA_LIST, DATA_LIST_FILE, launcher_dir
 
     stage = request.stage
     assert stage.nemo is not None
@@ -344,9 +344,7 @@ def nemo_launcher_script(
     words = [shlex.quote(o) for o in nemo_launcher_overrides(request, options, paths)]
     lines = ["set -eo pipefail", f"mkdir -p {shlex.quote(paths.logs)}"]
     if data_prefix is None:
-        lines.append(
-            shell_join(nemo_data.data_list_argv(stage.nemo, values, python="python3", code=paths.code, out=list_file))
-        )
+        lines.append(shell_join(DATA_LIST.argv(stage.nemo, values, python="python3", code=paths.code, out=list_file)))
         # One override a line (three for a held-out split's per-split data), each its own argument.
         lines.append(f"mapfile -t data_list < {shlex.quote(list_file)}")
         words.append('"${data_list[@]}"')

@@ -1,0 +1,57 @@
+"""The command that writes a training's data list, as every backend's job runs it, for either engine (pure).
+
+The job runs stages/data_list.py where the data is: it reads the preprocess manifests under the section's
+`data_dir` and writes the data list file, one Hydra override a line. Without `valid_data_dir` that is one flat list
+`KEY=[w,prefix,...]`. With it, per-split data from the held-out split's own outputs, in the split form the engine
+reads: megatron-core's `dataset.blend_per_split` (Megatron-Bridge; data_list.py's default form) or NeMo's dict
+`{train, validation, test}`, which takes three overrides (stages/data_list.py render_nemo_per_split says why).
+
+Each engine declares its form once (config/nemo.py and config/bridge.py `DATA_LIST`); the backend passes what
+differs by backend: the interpreter, the stages/ folder and the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bcp_pipeline.config.model import MegatronBridgeTraining, NemoTraining
+from bcp_pipeline.config.placeholders import substitute
+
+DATA_LIST_PROGRAM = "data_list.py"  # in stages/
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataListForm:
+    """How an engine reads its data list: the override's key, and the split form for a held-out split."""
+
+    key: str  # the flat list's Hydra key (data_list.py --key)
+    split_form: str | None  # data_list.py --split-form with valid_data_dir; None: its default (megatron)
+
+    def argv(
+        self,
+        section: NemoTraining | MegatronBridgeTraining,
+        values: dict[str, str],
+        *,
+        python: str,
+        code: str,
+        out: str,
+    ) -> list[str]:
+        """`python code/data_list.py ...` writing the data list of the training `section` to `out`; `values`: the
+        backend's ${...} values as its job sees them (the data folders are resolved with them)."""
+        held_out = []
+        if section.valid_data_dir:
+            held_out = ["--valid-data-dir", substitute(section.valid_data_dir, values)]
+            held_out += ["--split-form", self.split_form] if self.split_form else []
+        return [
+            python,
+            f"{code}/{DATA_LIST_PROGRAM}",
+            "--data-dir",
+            substitute(section.data_dir, values),
+            *held_out,
+            "--format",
+            "hydra",
+            "--key",
+            self.key,
+            "--out",
+            out,
+        ]
