@@ -2,16 +2,18 @@
 
 For each stage that runs NVIDIA's NeMo launcher, one one-replica job in that stage's image on the ACE's smallest
 instance runs the launcher with Hydra's `--cfg job --package training --resolve` and exactly the overrides `run`
-renders for it (render.py nemo_launcher_overrides: the node count written out, and a data list of the
-form the job builds from the manifests, here two sample prefixes under the stage's data_dir). Hydra composes the
-config and prints it: an unknown key, a bad override or a missing config is refused as it would be at the start of
-the real job. The composed TP/PP, batch sizes, num_nodes, max_steps, per-run time limit and data list are then
-compared with what `plan` assumed (config/nemo.py's facts of the image's launcher release, or the stage's declared
-sizes).
+renders for it (render.py nemo_launcher_overrides: the node count written out, and a data list of the form the
+job builds from the manifests, here two sample prefixes under the stage's data_dir: the flat list, or with
+nemo.valid_data_dir, NeMo's per-split dict in its three overrides, the held-out split a sample prefix under that
+folder). Hydra composes the config and prints it: an unknown key, a bad override or a missing config is refused as
+it would be at the start of the real job. The composed TP/PP, batch sizes, num_nodes, max_steps, per-run time
+limit and data list are then compared with what `plan` assumed (config/nemo.py's facts of the image's launcher
+release, or the stage's declared sizes).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -21,16 +23,15 @@ import yaml
 from bcp_pipeline.backends.bcp.nemo_job import nemo_launcher_overrides, nemo_overrides_digest
 from bcp_pipeline.backends.bcp.paths import job_values
 from bcp_pipeline.backends.checks import CheckInput, Row, different, lines_of, ok, unchecked
-from bcp_pipeline.config.nemo import launcher_dir, model_config, time_limits
+from bcp_pipeline.config.nemo import DATA_LIST, launcher_dir, model_config, time_limits
 from bcp_pipeline.config.placeholders import substitute
 
-DATA_KEY = "training.model.data.data_prefix"
-# Not yet: a training with nemo.valid_data_dir passes NeMo's per-split dict (three overrides, config/nemo_data.py),
-# while this probe still composes the flat list (the per-split form: tests/stages/test_data_list_per_split.py).
 SAMPLE_PREFIXES = ("bcpp-check-a_text_document", "bcpp-check-b_text_document")
+SAMPLE_HELD_OUT = "bcpp-check-v_text_document"  # under nemo.valid_data_dir
 CFG = "BCPP-NEMO-CFG"  # each line the launcher printed
-DATA = "BCPP-NEMO-DATA"  # the data-list override as the job's shell passed it
+DATA = "BCPP-NEMO-DATA"  # each data-list override as the job's shell passed it
 EXIT = "BCPP-NEMO-EXIT"
+SPLIT = re.compile(r"(\w+):(\[[^\]]*\])")  # one split of NeMo's per-split dict: `train:[0.5,/a,0.5,/b]`
 # What plan assumed, by the composed key (under `training`) that must show it.
 COMPARED = (
     ("model.tensor_model_parallel_size", "TP"),
@@ -56,12 +57,25 @@ class NemoProbe:
     image: str
     launcher: str  # main.py of the launcher inside the image
     overrides: list[str]  # as the stage's job passes them, data list excluded
-    data_list: str  # the data-list override, in the form stages/data_list.py renders for the job
+    data_list: list[str]  # the data list file's overrides, in the form stages/data_list.py writes for the job
     expected: dict[str, str]  # composed key under `training` -> the value plan assumed
 
     @property
     def digest(self) -> str:
         return nemo_overrides_digest(self.image, self.overrides)
+
+
+def sample_data_list(data_dir: str, valid_data_dir: str | None) -> list[str]:
+    """The lines stages/data_list.py writes for the job (one override each) had its manifests been the samples':
+    the flat list, or with a held-out split NeMo's per-split dict (render_nemo_per_split: delete the flat list, add
+    the dict, splits_string null), the held-out split as validation and test."""
+    key = DATA_LIST.key
+    train = f"[{','.join(item for prefix in SAMPLE_PREFIXES for item in ('0.5', f'{data_dir}/{prefix}'))}]"
+    if valid_data_dir is None:
+        return [f"{key}={train}"]
+    held_out = f"[1.0,{valid_data_dir}/{SAMPLE_HELD_OUT}]"
+    splits_string = f"{key.rpartition('.')[0]}.splits_string"
+    return [f"~{key}", f"+{key}={{train:{train},validation:{held_out},test:{held_out}}}", f"{splits_string}=null"]
 
 
 def plan_nemo_probes(ctx: CheckInput) -> list[NemoProbe]:
@@ -80,7 +94,8 @@ def plan_nemo_probes(ctx: CheckInput) -> list[NemoProbe]:
         resources = request.resources("bcp")
         values = job_values(request, options, backend.stages_dir)  # as the renderer resolves them
         data_dir = substitute(stage.nemo.data_dir, values).rstrip("/")
-        flat = [item for prefix in SAMPLE_PREFIXES for item in ("0.5", f"{data_dir}/{prefix}")]
+        valid = stage.nemo.valid_data_dir
+        valid_data_dir = substitute(valid, values).rstrip("/") if valid else None
         expected = {
             "model.tensor_model_parallel_size": model.tensor_parallel,
             "model.pipeline_model_parallel_size": model.pipeline_parallel,
@@ -96,7 +111,7 @@ def plan_nemo_probes(ctx: CheckInput) -> list[NemoProbe]:
                 image=submission.payload["spec"]["image"],
                 launcher=f"{launcher_dir(stage, 'bcp')}/main.py",
                 overrides=overrides,
-                data_list=f"{DATA_KEY}=[{','.join(flat)}]",
+                data_list=sample_data_list(data_dir, valid_data_dir),
                 expected={key: str(value) for key, value in expected.items()},
             )
         )
@@ -104,14 +119,13 @@ def plan_nemo_probes(ctx: CheckInput) -> list[NemoProbe]:
 
 
 def nemo_commandline(probe: NemoProbe) -> str:
-    """Print the data-list override as the job's shell passes it, then the launcher's composed `training`."""
-    launcher = shlex.join(["python3", probe.launcher, *probe.overrides])
+    """Print each data-list override as the job's shell passes it, then the launcher's composed `training`."""
+    launcher = shlex.join(["python3", probe.launcher, *probe.overrides, *probe.data_list])
     return "\n".join(
         [
-            f"data={shlex.quote(probe.data_list)}",
-            f'echo "{DATA} $data"',
+            f"printf '{DATA} %s\\n' {shlex.join(probe.data_list)}",
             "out=$(mktemp)",
-            f'{launcher} "$data" --cfg job --package training --resolve > "$out" 2>&1; status=$?',
+            f'{launcher} --cfg job --package training --resolve > "$out" 2>&1; status=$?',
             f"sed 's/^/{CFG} /' \"$out\"",
             f'echo "{EXIT} $status"',
             'rm -f "$out"',
@@ -137,12 +151,44 @@ def _missing(tree: Any, path: str = "training") -> list[str]:
     return [path] if tree == "???" else []
 
 
-def _flat_list(override: str) -> list[str] | None:
-    """`key=[0.5,/a,0.5,'/b c']` -> ['0.5', '/a', '0.5', '/b c']; None when it is not that shape."""
-    _, _, value = override.partition("=")
+def _items(value: str) -> list[str] | None:
+    """`[0.5,/a,0.5,'/b c']` -> ['0.5', '/a', '0.5', '/b c']; None when it is not that shape."""
     if not (value.startswith("[") and value.endswith("]")):
         return None
     return [item.strip().strip("'") for item in value[1:-1].split(",")] if value[1:-1] else []
+
+
+def _flat_list(override: str) -> list[str] | None:
+    """`key=[0.5,/a,...]` -> its items; None when it is not that shape."""
+    return _items(override.partition("=")[2])
+
+
+def _split_lists(override: str) -> dict[str, list[str]] | None:
+    """`+key={train:[0.5,/a],validation:[1.0,/v],test:[1.0,/v]}` -> each split's items; None when not that shape."""
+    _, _, value = override.partition("=")
+    if not (value.startswith("{") and value.endswith("}")):
+        return None
+    splits = {name: _items(items) for name, items in SPLIT.findall(value)}
+    return {name: items for name, items in splits.items() if items is not None} or None
+
+
+def _data_as_given(tree: Any, given: list[str]) -> bool:
+    """The composed data list is the one the overrides gave: the flat list, or the per-split dict (three lines)."""
+    composed = _select(tree, "model.data.data_prefix")
+    if len(given) == 1:
+        flat = _flat_list(given[0])
+        return flat is not None and _same_list(composed, flat)
+    if len(given) != 3 or not given[0].startswith("~"):
+        return False
+    splits = _split_lists(given[1])
+    key, _, value = given[2].partition("=")
+    return (
+        splits is not None
+        and isinstance(composed, dict)
+        and set(composed) == set(splits)
+        and all(_same_list(composed[name], items) for name, items in splits.items())
+        and str(_select(tree, key.removeprefix("training."))) == value
+    )
 
 
 def _same_list(composed: Any, given: list[str]) -> bool:
@@ -213,8 +259,8 @@ def nemo_row(probe: NemoProbe, log: str | None, ended) -> tuple[Row, dict[str, A
         got = _select(tree, key)
         if str(got) != probe.expected[key]:
             differences.append((key, name, got))
-    given = _flat_list((lines_of(log or "", DATA) or [""])[0])
-    data_ok = given is not None and _same_list(_select(tree, "model.data.data_prefix"), given)
+    given = lines_of(log or "", DATA)
+    data_ok = _data_as_given(tree, given)
     composed = ", ".join(f"{name} {_select(tree, key)}" for key, name in COMPARED)
     showed = f"composed: {composed}; data list " + (
         "as given" if data_ok else f"{_select(tree, 'model.data.data_prefix')!r}, given {given!r}"

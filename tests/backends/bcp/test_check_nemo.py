@@ -7,15 +7,20 @@ real Hydra; the row readers are also given outputs the stand-in does not produce
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+from dataclasses import replace
 from pathlib import Path
 
+import data_list
 import pytest
 from support.bcp_emulation import needs_ngcsdk
 from support.check_fixtures import REPO, project
 
 from bcp_pipeline.backends.bcp import nemo_probe as bcp_nemo
+from bcp_pipeline.backends.checks import lines_of
 from bcp_pipeline.check.run import CheckRequest, run_check
 from bcp_pipeline.cli.main import main
 from bcp_pipeline.engine.selection import RunRequest, choose_run
@@ -61,6 +66,8 @@ def test_the_launcher_composes_what_plan_assumed(tmp_path, fake):
     definition = nemo[0]["job"]["jobDefinition"]
     assert definition["dockerImageName"] == "nvaie/nemo-framework-training:23.11"
     assert definition["resources"]["name"] == "dgxa100.80g.1.norm" and definition.get("replicaCount", 1) == 1
+    # The stage validates on its held-out split: NeMo's per-split dict was composed, as the job's three overrides.
+    assert "~training.model.data.data_prefix" in definition["command"] and fact["data_list_as_given"] is True
     assert all(r["job"]["jobStatus"]["status"] in ("FINISHED_SUCCESS", "KILLED_BY_USER") for r in records)
 
 
@@ -139,7 +146,7 @@ def probe() -> bcp_nemo.NemoProbe:
         image="nvcr.io/nvidia/nemo:23.08",
         launcher="/l/main.py",
         overrides=["training=gpt3/7b_improved"],
-        data_list="training.model.data.data_prefix=[0.5,/w/a,0.5,/w/b]",
+        data_list=["training.model.data.data_prefix=[0.5,/w/a,0.5,/w/b]"],
         expected=expected,
     )
 
@@ -195,3 +202,59 @@ def test_a_changed_data_list_a_missing_value_and_a_refusal_are_never_ok():
     assert row.verdict.value == "could not check"
     row, _ = bcp_nemo.nemo_row(probe(), None, None)
     assert row.verdict.value == "could not check"
+
+
+# -- a held-out split: NeMo's per-split dict, three overrides as the job's data list file holds them ---------------
+SPLIT_KEY = "training.model.data.data_prefix"
+TRAIN = [0.5, "/w/bcpp-check-a_text_document", 0.5, "/w/bcpp-check-b_text_document"]
+HELD_OUT = [1.0, "/v/bcpp-check-v_text_document"]
+
+
+def test_the_probe_s_data_list_is_what_the_job_s_data_list_py_writes_for_its_samples():
+    assert bcp_nemo.sample_data_list("/w", "/v") == data_list.render_nemo_per_split(TRAIN, HELD_OUT, SPLIT_KEY)
+    assert bcp_nemo.sample_data_list("/w", None) == [data_list.render_hydra(TRAIN, SPLIT_KEY)]
+
+
+def test_each_override_reaches_the_launcher_as_one_word_and_is_printed_as_given(tmp_path):
+    """`sh` runs the probe's command line with a launcher that prints its arguments: `~` and `{...}` stay
+    verbatim (no tilde or brace expansion), one argument each, after the stage's own overrides."""
+    launcher = tmp_path / "main.py"
+    launcher.write_text("import json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    lines = bcp_nemo.sample_data_list("/w", "/v")
+    script = bcp_nemo.nemo_commandline(replace(probe(), launcher=str(launcher), data_list=lines))
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert lines_of(out, "BCPP-NEMO-DATA") == lines
+    assert json.loads(lines_of(out, "BCPP-NEMO-CFG")[0]) == [
+        "training=gpt3/7b_improved",
+        *lines,
+        "--cfg",
+        "job",
+        "--package",
+        "training",
+        "--resolve",
+    ]
+
+
+def per_split_log(data: str, splits_string: str = "null") -> str:
+    """A composed config whose data_prefix is `data` (YAML), given the three per-split overrides."""
+    lines = bcp_nemo.sample_data_list("/w", "/v")
+    given = "".join(f"BCPP-NEMO-DATA {line}\n" for line in lines)
+    composed = log(data=f"{data}\n    splits_string: {splits_string}").split("\n", 1)[1]  # its DATA line dropped
+    return given + composed
+
+
+def test_the_reader_accepts_the_per_split_dict_as_given_and_nothing_else():
+    split_probe = replace(probe(), data_list=bcp_nemo.sample_data_list("/w", "/v"))
+    train, held_out = f"[{', '.join(map(str, TRAIN))}]", f"[{', '.join(map(str, HELD_OUT))}]"
+    as_given = f"{{train: {train}, validation: {held_out}, test: {held_out}}}"
+    row, fact = bcp_nemo.nemo_row(split_probe, per_split_log(as_given), ENDED)
+    assert row.verdict.value == "ok" and fact["data_list_as_given"] is True, row
+    for composed, splits_string in (
+        (train, "null"),  # the flat list left in place: the launcher would split data_dir 99990,8,2
+        (f"{{train: {train}, validation: {held_out}}}", "null"),  # no test split: NeMo refuses the dict
+        (f"{{train: {train}, validation: {train}, test: {held_out}}}", "null"),  # validating on training data
+        (as_given, "99990,8,2"),  # splits_string not nulled as given
+    ):
+        row, fact = bcp_nemo.nemo_row(split_probe, per_split_log(composed, splits_string), ENDED)
+        assert row.verdict.value == "different" and fact["data_list_as_given"] is False, composed
+        assert "other data than preprocessing wrote" in row.meaning
