@@ -84,7 +84,7 @@ class NemoTraining:
     bpe_dir: str  # vocab.json + merges.txt
     results_dir: str  # base_results_dir; checkpoints go to RESULTS/<NeMo run>/results/checkpoints
     valid_data_dir: str | None = None  # a held-out split's own outputs: the training validates (and tests) on them
-    # (NeMo's per-split data_prefix, config/nemo_data.py) instead of a 99990,8,2 slice of data_dir
+    # (NeMo's per-split data_prefix, config/data_list_command.py) instead of a 99990,8,2 slice of data_dir
     launcher_dir: str | None = None  # default: where the image's release keeps it (nemo.KNOWN_LAUNCHER_DIRS)
     nemo_dir: str = "/opt/NeMo"  # NeMo in the image, where the launcher's training command has it; Grid Engine's
     # torchrun runs its examples/nlp/language_modeling/megatron_gpt_pretraining.py (nemo.py)
