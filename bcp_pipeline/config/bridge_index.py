@@ -103,17 +103,7 @@ def prepare(pipeline: PipelineConfig, stage: StageConfig) -> None:
     training's section cannot be rendered."""
     target = pipeline.stages[stage.data_index_of]
     stage.args = index_args(target)
-    for backend, resources in RESOURCE_TYPES.items():
-        if resources.image_field:
-            setattr(
-                stage.resources(backend),
-                resources.image_field,
-                getattr(target.resources(backend), resources.image_field),
-            )
-        if not resources.runs_here and not stage.resources(backend).command:
-            # As the training's ranks run: straight in the image, not through stages/bootstrap.sh, which would
-            # pip-install the data stages' packages into Bridge's environment (it needs none of them)
-            stage.resources(backend).command = ["${python}", "-u", f"${{code}}/{ENTRY_PROGRAM}", *stage.args]
+    run_in_training_image(stage, target, ENTRY_PROGRAM)
     if target.program == LOCAL_STAND_IN and not stage.local.command:
         stage.local.command = [
             "${python}",
@@ -125,6 +115,22 @@ def prepare(pipeline: PipelineConfig, stage: StageConfig) -> None:
         ]
     if not stage.verify:
         stage.verify = [Check(glob=index_manifest(target), expect=1)]
+
+
+def run_in_training_image(stage: StageConfig, target: StageConfig, program: str) -> None:
+    """`stage` takes the training `target`'s image on every backend, and where its jobs do not run here, a command
+    that starts `program` with its args straight in it, as the training's ranks run: not through
+    stages/bootstrap.sh, which would pip-install the data stages' packages into Bridge's environment (it needs
+    none of them). A command the stage gives itself is kept."""
+    for backend, resources in RESOURCE_TYPES.items():
+        if resources.image_field:
+            setattr(
+                stage.resources(backend),
+                resources.image_field,
+                getattr(target.resources(backend), resources.image_field),
+            )
+        if not resources.runs_here and not stage.resources(backend).command:
+            stage.resources(backend).command = ["${python}", "-u", f"${{code}}/{program}", *stage.args]
 
 
 def unindexed_notice(pipeline: PipelineConfig, stage: StageConfig) -> str | None:

@@ -21,10 +21,9 @@ line. Pure: preflight.py calls `problem` then `prepare`.
 from __future__ import annotations
 
 from bcp_pipeline.config import bridge
-from bcp_pipeline.config.bridge_index import PER_JOB_KEYS
+from bcp_pipeline.config.bridge_index import PER_JOB_KEYS, run_in_training_image
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.model import Check, MegatronBridgeTraining, PipelineConfig, StageConfig
-from bcp_pipeline.config.resources import RESOURCE_TYPES
 
 ENTRY_PROGRAM = "evaluate.py"  # in stages/
 RESULTS = "evaluate"  # the results' folder in the training's run folder: step-<step:08d>.json
@@ -168,16 +167,7 @@ def prepare(pipeline: PipelineConfig, stage: StageConfig) -> None:
     """Derive what the stage runs from its training (call after `problem` found none)."""
     target = _target(pipeline, stage)
     stage.args = evaluate_args(target)
-    for backend, resources in RESOURCE_TYPES.items():
-        if resources.image_field:
-            setattr(
-                stage.resources(backend),
-                resources.image_field,
-                getattr(target.resources(backend), resources.image_field),
-            )
-        if not resources.runs_here and not stage.resources(backend).command:
-            # In the training's image, straight: its Bridge, megatron-core and torchrun are what evaluates
-            stage.resources(backend).command = ["${python}", "-u", f"${{code}}/{ENTRY_PROGRAM}", *stage.args]
+    run_in_training_image(stage, target, ENTRY_PROGRAM)  # its Bridge, megatron-core and torchrun evaluate
     if not stage.verify:
         section, model = _section(target), bridge.bridge_model(target)
         count = len(scheduled_steps(section.save_interval, model.train_iters))

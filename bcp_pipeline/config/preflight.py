@@ -9,6 +9,7 @@ which imports both, is where they meet. Every command that runs or renders jobs 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 from bcp_pipeline.config import bridge, bridge_index, evaluate, export, nemo
 from bcp_pipeline.config.load import load_config
@@ -39,41 +40,25 @@ def preflight(config: Config) -> None:
                 _check_one_trainer(pipeline, stage, taken_over)
         for stage in pipeline.stages.values():
             if stage.data_index_of is not None:
-                _prepare_index_stage(pipeline, stage)
+                _prepare_derived_stage(bridge_index, pipeline, stage)
             elif stage.megatron_bridge is not None:
                 config.notices += filter(None, [bridge_index.unindexed_notice(pipeline, stage)])
             if stage.export_of is not None:
-                _prepare_export_stage(pipeline, stage)
+                _prepare_derived_stage(export, pipeline, stage)
             if stage.evaluate_of is not None:
-                _prepare_evaluate_stage(pipeline, stage)
+                _prepare_derived_stage(evaluate, pipeline, stage)
                 config.notices += filter(None, [evaluate.notice(pipeline, stage)])
 
 
-def _prepare_index_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:
-    """A `data_index_of` stage: declared as it must be, then given its training's recipe, overrides and images."""
-    found = bridge_index.problem(pipeline, stage)
+def _prepare_derived_stage(kind: ModuleType, pipeline: PipelineConfig, stage: StageConfig) -> None:
+    """A stage derived from its training (`data_index_of`: bridge_index, `export_of`: export, `evaluate_of`:
+    evaluate): declared as it must be (the module's `problem`, at the key it names), then given its training's
+    recipe, overrides, paths and images (the module's `prepare`)."""
+    found = kind.problem(pipeline, stage)
     if found:
         key, why = found
         raise stage.where(key).error(why)
-    bridge_index.prepare(pipeline, stage)
-
-
-def _prepare_export_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:
-    """An `export_of` stage: its training exportable (a Llama shape, or the smoke model), then given its paths."""
-    found = export.problem(pipeline, stage)
-    if found:
-        key, why = found
-        raise stage.where(key).error(why)
-    export.prepare(pipeline, stage)
-
-
-def _prepare_evaluate_stage(pipeline: PipelineConfig, stage: StageConfig) -> None:
-    """An `evaluate_of` stage: declared as it must be, then given its training's recipe, overrides and images."""
-    found = evaluate.problem(pipeline, stage)
-    if found:
-        key, why = found
-        raise stage.where(key).error(why)
-    evaluate.prepare(pipeline, stage)
+    kind.prepare(pipeline, stage)
 
 
 def _check_one_trainer(
