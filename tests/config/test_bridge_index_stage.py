@@ -6,34 +6,16 @@ it could not do that is refused with the key and the way out."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 from support.bridge_venv import entry_arguments, pretrain_job
 from support.cli import cli
-from support.index_jobs import after, overrides_of, program_words, stage_job
+from support.index_jobs import BACKENDS, IMAGE, after, option, overrides_of, planned, program_words, stage_job
 
 CONFIG = Path(__file__).resolve().parents[2] / "pipelines.yaml"
 STAGES = Path(__file__).resolve().parents[2] / "stages"
-BACKENDS = ("bcp", "slurm", "gridengine", "kubernetes")
-IMAGE = {
-    "bcp": "--image nvcr.io/nvidia/nemo:26.08",
-    "slurm": "--container-image='nvcr.io#nvidia/nemo:26.08'",
-    "gridengine": "/images/nemo-26.08.sif",
-    "kubernetes": "image: nvcr.io/nvidia/nemo:26.08",
-}
-
-
-def planned(capsys, backend: str, config: Path = CONFIG, pipeline: str = "slimpajama-8b-bridge") -> dict:
-    capsys.readouterr()
-    assert cli(config, "plan", pipeline, "--backend", backend, "--json") == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def option(words: list[str], name: str) -> str:
-    return words[words.index(name) + 1]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

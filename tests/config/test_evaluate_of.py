@@ -7,26 +7,18 @@ it. A stage declared so that it could not evaluate is refused with the key and t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import evaluate
 import pytest
 from support.bridge_venv import entry_arguments, pretrain_job
 from support.cli import cli
-from support.index_jobs import after, overrides_of, program_words, stage_job
+from support.index_jobs import BACKENDS, IMAGE, after, option, overrides_of, planned, program_words, stage_job
 
 from bcp_pipeline.config.evaluate import EVALUATION_OVERRIDES, scheduled_steps
 
 CONFIG = Path(__file__).resolve().parents[2] / "pipelines.yaml"
 STAGES = Path(__file__).resolve().parents[2] / "stages"
-BACKENDS = ("bcp", "slurm", "gridengine", "kubernetes")
-IMAGE = {
-    "bcp": "--image nvcr.io/nvidia/nemo:26.08",
-    "slurm": "--container-image='nvcr.io#nvidia/nemo:26.08'",
-    "gridengine": "/images/nemo-26.08.sif",
-    "kubernetes": "image: nvcr.io/nvidia/nemo:26.08",
-}
 NOT_AN_EVALUATION = (
     "train.exit_duration_in_mins=",
     "checkpoint.save=",
@@ -35,16 +27,6 @@ NOT_AN_EVALUATION = (
     "checkpoint.most_recent_k=",
     "logger.tensorboard_dir=",
 )
-
-
-def planned(capsys, backend: str, config: Path = CONFIG, pipeline: str = "slimpajama-8b-bridge") -> dict:
-    capsys.readouterr()
-    assert cli(config, "plan", pipeline, "--backend", backend, "--json") == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def option(words: list[str], name: str) -> str:
-    return words[words.index(name) + 1]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

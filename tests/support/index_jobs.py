@@ -1,12 +1,36 @@
-"""What `plan` renders for a Megatron-Bridge training's data index stage (`data_index_of:`), read back per backend:
-the arguments its job gives stages/bridge_index.py, and the training's data list command."""
+"""What `plan` renders for a Megatron-Bridge training's derived stages (`data_index_of:`, `evaluate_of:`), read back
+per backend: the arguments their jobs give their programs, and the training's data list command."""
 
 from __future__ import annotations
 
+import json
 import shlex
+from pathlib import Path
 
 import yaml
 from support.bridge_venv import containers
+from support.cli import cli
+
+CONFIG = Path(__file__).resolve().parents[2] / "pipelines.yaml"
+BACKENDS = ("bcp", "slurm", "gridengine", "kubernetes")
+# How each backend's job names the training's image (the NeMo 26.08 image the bundled Bridge pipelines train in)
+IMAGE = {
+    "bcp": "--image nvcr.io/nvidia/nemo:26.08",
+    "slurm": "--container-image='nvcr.io#nvidia/nemo:26.08'",
+    "gridengine": "/images/nemo-26.08.sif",
+    "kubernetes": "image: nvcr.io/nvidia/nemo:26.08",
+}
+
+
+def planned(capsys, backend: str, config: Path = CONFIG, pipeline: str = "slimpajama-8b-bridge") -> dict:
+    """`plan PIPELINE --backend BACKEND --json`, read back."""
+    capsys.readouterr()
+    assert cli(config, "plan", pipeline, "--backend", backend, "--json") == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def option(words: list[str], name: str) -> str:
+    return words[words.index(name) + 1]
 
 
 def stage_job(plan_json: dict, stage: str, kind: str = "stage") -> dict:
