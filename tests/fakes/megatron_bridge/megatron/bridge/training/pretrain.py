@@ -42,7 +42,8 @@ def _check_inputs(config: ConfigContainer) -> None:
     for path in (tokenizer.vocab_file, tokenizer.merge_file):
         if path and not os.path.isfile(path):
             raise FileNotFoundError(f"[Errno 2] No such file or directory: '{path}'")
-    for prefix in (config.dataset.blend or [[]])[0]:
+    per_split = [blend[0] for blend in (config.dataset.blend_per_split or []) if blend]
+    for prefix in [*(config.dataset.blend or [[]])[0], *(p for split in per_split for p in split)]:
         for suffix in (".bin", ".idx"):
             if not os.path.isfile(prefix + suffix):
                 raise FileNotFoundError(f"[Errno 2] No such file or directory: '{prefix}{suffix}'")
