@@ -323,8 +323,8 @@ class BcpBackend(Backend):
     def cancel(self, job_ids: list[str]) -> None:
         """Kill every job of this run, then wait until BCP reports them ended (a kill passes through
         PENDING_TERMINATION for the ACE's termination grace period). A job that does not carry this run's label,
-        as read here whatever a server-side label filter returned, is not killed; a kill that fails (e.g. the job
-        ended meanwhile) does not stop the others."""
+        as read here whatever a server-side label filter returned, is not killed; a kill that fails does not stop
+        the others, and is no failure when the job has ended meanwhile (BCP refuses to kill a FINISHED job)."""
         own = label("run", self.run_id)
         failures, killed = [], []
         for job_id in job_ids:
@@ -339,13 +339,21 @@ class BcpBackend(Backend):
                 self.transport.kill(job_id)
                 killed.append(job_id)
             except BackendCallError as exc:
-                failures.append(f"job {job_id}: {exc}")
+                if not self._ended(job_id):
+                    failures.append(f"job {job_id}: {exc}")
         try:
             self._wait_ended(killed)
         except BackendCallError as exc:
             failures.append(str(exc))
         if failures:
             raise BackendCallError("could not kill every job:\n  " + "\n  ".join(failures))
+
+    def _ended(self, job_id: str) -> bool:
+        """Whether BCP reports the job ended, as read now (False when that cannot be read either)."""
+        try:
+            return status_of(self.transport.job(job_id)).state.finished
+        except BackendCallError:
+            return False
 
     def _wait_ended(self, job_ids: list[str]) -> None:
         """Until every killed job has ended: at most the ACE's terminationGracePeriodSeconds (asked only when a
