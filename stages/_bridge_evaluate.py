@@ -7,8 +7,9 @@ training's layout), with the training's recipe, data list and overrides, those o
 (bcp_pipeline/config/evaluate.py: validation.skip_train, no optimizer or RNG state, nothing saved) and the
 checkpoint's step (checkpoint.load, checkpoint.ckpt_step). Bridge loads the model, skips training, and its last rank
 prints ` validation loss at iteration N on validation set | lm loss value: X | lm loss PPL: Y | `
-(megatron/bridge/training/eval.py, evaluate_and_print_results), which is read here. Its output goes on to this
-job's log as it comes.
+(megatron/bridge/training/eval.py, evaluate_and_print_results), which is read here; with a test split in the data
+list (megatron_bridge.test_data_dir) it prints the same line `on test set` next, read too. Its output goes on to
+this job's log as it comes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ENTRY_PROGRAM = "bridge_pretrain.py"
 # Bridge's format: "{key} value: {:.6E} | {key} PPL: {:.6E} | " for each loss key; the language model's is "lm loss"
 VALIDATION_LINE = re.compile(
-    r"validation loss at iteration (?P<step>\d+) on validation set \|.*?"
+    r"validation loss at iteration (?P<step>\d+) on (?P<split>validation|test) set \|.*?"
     r"lm loss value: (?P<loss>[-+0-9.eE]+|nan|inf) \|"
 )
 TAIL_LINES = 40  # of a failed evaluation's output, in the error
@@ -80,18 +81,24 @@ def evaluation_command(args, step: int) -> list[str]:
     ]
 
 
-def validation_loss(lines, step: int) -> float | None:
-    """The `lm loss` of the validation line of iteration `step` among `lines` (the last one, if several)."""
-    found = None
+def split_losses(lines, step: int) -> dict[str, float]:
+    """The `lm loss` of iteration `step` on each split Bridge printed it for (the last line of each, if several)."""
+    found = {}
     for line in lines:
         match = VALIDATION_LINE.search(line)
         if match and int(match["step"]) == step:
-            found = float(match["loss"])
+            found[match["split"]] = float(match["loss"])
     return found
 
 
-def run_evaluation(args, step: int) -> float:
-    """Bridge's validation loss of the checkpoint of `step`; StageError naming what went wrong."""
+def validation_loss(lines, step: int) -> float | None:
+    """The `lm loss` of the validation line of iteration `step` among `lines` (the last one, if several)."""
+    return split_losses(lines, step).get("validation")
+
+
+def run_evaluation(args, step: int) -> dict[str, float]:
+    """Bridge's loss of the checkpoint of `step` on each held-out split ("validation", and "test" where the data
+    list has one); StageError naming what went wrong."""
     command = evaluation_command(args, step)
     print(f"evaluate: step {step}: {' '.join(command[:9])} ... checkpoint.ckpt_step={step}", flush=True)
     seen: list[str] = []
@@ -110,15 +117,17 @@ def run_evaluation(args, step: int) -> float:
             f"the evaluation of step {step} ({args.checkpoints}/iter_{step:07d}) exited with status {code}; its "
             "last lines:\n  " + "\n  ".join(tail)
         )
-    loss = validation_loss(seen, step)
+    losses = split_losses(seen, step)
+    loss = losses.get("validation")
     if loss is None:
         raise StageError(
             f"the evaluation of step {step} printed no `validation loss at iteration {step}` line: is "
             "validation.eval_iters 0, or the held-out split empty? Its last lines:\n  " + "\n  ".join(tail)
         )
-    if not math.isfinite(loss):
-        raise StageError(f"step {step}: Bridge's held-out loss is {loss}: the checkpoint's weights are not finite")
-    return loss
+    for split, value in losses.items():
+        if not math.isfinite(value):
+            raise StageError(f"step {step}: Bridge's {split} loss is {value}: the checkpoint's weights are not finite")
+    return losses
 
 
 def evaluated_tokens(overrides: list[str]) -> tuple[int, int, int]:

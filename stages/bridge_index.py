@@ -35,6 +35,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, required=True, help="the ranks to resolve the config for")
     parser.add_argument("--data-dir", required=True, type=Path, help="the preprocess outputs and their manifests")
     parser.add_argument("--valid-data-dir", type=Path, help="a held-out split's outputs the training validates on")
+    parser.add_argument("--test-data-dir", type=Path, help="with --valid-data-dir: the test split's outputs")
     parser.add_argument("--data-list", required=True, type=Path, help="the data list override file to write")
     parser.add_argument("--manifest", required=True, type=Path, help="the index manifest to write last")
     parser.add_argument("--hf-home", type=Path, help="a Hugging Face cache filled beforehand, read offline")
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["HF_HOME"] = str(args.hf_home)
         os.environ["HF_HUB_OFFLINE"] = "1"
     held_out = ["--valid-data-dir", str(args.valid_data_dir)] if args.valid_data_dir else []
+    held_out += ["--test-data-dir", str(args.test_data_dir)] if args.test_data_dir else []
     code = data_list.main(
         [
             "--data-dir",

@@ -170,6 +170,19 @@ def _check_same_tokenizer(paths: list[Path], manifests: list[dict]) -> None:
             )
 
 
+def held_out_split(
+    train: list[DataEntry], folder: Path, digits: int | None, check_files: bool = True
+) -> list[DataEntry]:
+    """A held-out split's entries, tokenized as the training's (a loss over other token ids means nothing)."""
+    entries = build_data_list(folder, None, digits, check_files)
+    if entries[0].tokenizer != train[0].tokenizer:
+        raise DataListError(
+            f"{entries[0].manifest}: tokenizer {entries[0].tokenizer} differs from the training data's "
+            f"{train[0].tokenizer} ({train[0].manifest}); preprocess the held-out split with the same tokenizer"
+        )
+    return entries
+
+
 def blend(entries: list[DataEntry]) -> Blend:
     """The flat NeMo list `[w1, prefix1, w2, prefix2, ...]`."""
     flat: Blend = []
@@ -219,17 +232,18 @@ def render_hydra_per_split(splits: list[Blend | None], key: str = PER_SPLIT_KEY)
     return f"{key}=[{','.join(parts)}]"
 
 
-def render_nemo_per_split(train: Blend, validation: Blend, key: str = HYDRA_KEY) -> list[str]:
+def render_nemo_per_split(
+    train: Blend, validation: Blend, key: str = HYDRA_KEY, test: Blend | None = None
+) -> list[str]:
     """NeMo 1.22's per-split data list as the three Hydra overrides that set it over the launcher's flat list, one
     for each line of the data list file: `~KEY`, `+KEY={train:[...],validation:[...],test:[...]}` and the
     `splits_string` beside KEY set to null.
 
     Why three: Hydra 1.3.2 refuses `KEY={...}` over the config's list ("Cannot merge DictConfig with ListConfig"),
     so the list is deleted and the dict added. NeMo requires all three keys once data_prefix is a dict and then
-    ignores splits_string; null says so in the composed config. The held-out split is the test blend too until
-    there is a test split of its own."""
-    # No test split exists yet: the held-out split is the test blend too (NeMo requires the key).
-    splits = {"train": train, "validation": validation, "test": validation}
+    ignores splits_string; null says so in the composed config. Without a `test` split of its own the
+    validation split is the test blend too (NeMo requires the key)."""
+    splits = {"train": train, "validation": validation, "test": test if test is not None else validation}
     parts = [f"{name}:{hydra_list(flat)}" for name, flat in splits.items()]
     parent = key.rpartition(".")[0]
     splits_key = f"{parent}.splits_string" if parent else "splits_string"
@@ -297,22 +311,35 @@ def main(argv: list[str] | None = None) -> int:
         "--split-form",
         choices=SPLIT_FORMS,
         default="megatron",
-        help="megatron: one line, megatron-core's blends under --split-key (no test); nemo: NeMo's dict "
-        "data_prefix under --key, three override lines (test: the held-out split too)",
+        help="megatron: one line, megatron-core's blends under --split-key (test: null without --test-data-dir); "
+        "nemo: NeMo's dict data_prefix under --key, three override lines (test: the validation split without "
+        "--test-data-dir)",
+    )
+    parser.add_argument(
+        "--test-data-dir",
+        type=Path,
+        help="a second held-out split's own outputs (with --valid-data-dir): the test blend, which the training "
+        "scores once at its end",
     )
     parser.add_argument("--split-key", default=PER_SPLIT_KEY, help="the per-split blends' key (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.valid_data_dir is not None and (args.format != "hydra" or args.render_dir):
         parser.error("--valid-data-dir renders the hydra format only, without --render-dir")
+    if args.test_data_dir is not None and args.valid_data_dir is None:
+        parser.error("--test-data-dir needs --valid-data-dir: a test split is held out beside a validation split")
     digits = None if args.digits < 0 else args.digits
     try:
         entries = build_data_list(args.data_dir, args.render_dir, digits, check_files=not args.no_check_files)
         if args.valid_data_dir is not None:
-            held_out = build_data_list(args.valid_data_dir, None, digits, check_files=not args.no_check_files)
+            validation = blend(held_out_split(entries, args.valid_data_dir, digits, not args.no_check_files))
+            test = None
+            if args.test_data_dir is not None:
+                test = blend(held_out_split(entries, args.test_data_dir, digits, not args.no_check_files))
             if args.split_form == "nemo":
-                text = "".join(line + "\n" for line in render_nemo_per_split(blend(entries), blend(held_out), args.key))
+                lines = render_nemo_per_split(blend(entries), validation, args.key, test)
+                text = "".join(line + "\n" for line in lines)
             else:
-                text = render_hydra_per_split([blend(entries), blend(held_out), None], args.split_key) + "\n"
+                text = render_hydra_per_split([blend(entries), validation, test], args.split_key) + "\n"
         else:
             text = render(blend(entries), args.format, args.key)
     except DataListError as exc:

@@ -172,14 +172,17 @@ class BridgeEvaluator:
 
         if not path.is_dir():
             raise FileNotFoundError(path)
-        loss = _bridge_evaluate.run_evaluation(self.args, step)
+        losses = _bridge_evaluate.run_evaluation(self.args, step)
+        loss = losses["validation"]
         tokens, samples, iters = _bridge_evaluate.evaluated_tokens(self.args.overrides)
         entries = data_list.build_data_list(self.args.valid_data_dir)
+        test = {"test_loss": losses["test"]} if "test" in losses else {}  # a test split in the data list
         return {
             "step": step,
             "split": self.args.split,
             "loss": loss,
             "perplexity": math.exp(min(loss, 700.0)),  # as _pretrain_eval.perplexity, without importing torch
+            **test,
             "tokens": tokens,
             "samples": samples,
             "eval_iters": iters,
@@ -192,7 +195,7 @@ class BridgeEvaluator:
 
 def announce(result: dict) -> None:
     """The orchestrator's line for `status` and the report (every result, again at each start of the job)."""
-    keys = ("step", "split", "loss", "perplexity", "tokens", "tasks")
+    keys = ("step", "split", "loss", "perplexity", "tokens", "test_loss", "tasks")
     _common.emit("evaluation", {key: result[key] for key in keys if key in result})
 
 

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, replace
 
 from bcp_pipeline.config.bridge_knobs import knob_overrides, knobs_error, offload_error, without_fsdp_conflicts
-from bcp_pipeline.config.data_list_command import DataListForm
+from bcp_pipeline.config.data_list_command import DataListForm, held_out_error
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.model import Continuation, MegatronBridgeTraining, PipelineConfig, StageConfig
 from bcp_pipeline.config.nemo import MAX_NODES_LISTED, launcher_version, parallel_sizes_error
@@ -469,6 +469,8 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> None:
     check_images(stage)
     check_knobs(stage)
     check_gpus(stage)
+    if problem := held_out_error(stage.megatron_bridge, "megatron_bridge"):
+        raise ValueError(problem)
     if stage.bcp.instance:
         check_parallelism(stage, *training_layout(stage, "bcp"))
         if stage.bcp.total_runtime:

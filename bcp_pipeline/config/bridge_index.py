@@ -51,6 +51,7 @@ def index_args(target: StageConfig) -> list[str]:
     world = model.tensor_parallel * model.pipeline_parallel * model.context_parallel
     hub = ["--hf-home", section.hf_home] if section.hf_home else []
     held_out = ["--valid-data-dir", section.valid_data_dir] if section.valid_data_dir else []
+    held_out += ["--test-data-dir", section.test_data_dir] if section.test_data_dir else []
     return [
         "--recipe",
         section.recipe,

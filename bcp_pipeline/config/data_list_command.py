@@ -5,6 +5,7 @@ The job runs stages/data_list.py where the data is: it reads the preprocess mani
 `KEY=[w,prefix,...]`. With it, per-split data from the held-out split's own outputs, in the split form the engine
 reads: megatron-core's `dataset.blend_per_split` (Megatron-Bridge; data_list.py's default form) or NeMo's dict
 `{train, validation, test}`, which takes three overrides (stages/data_list.py render_nemo_per_split says why).
+A `test_data_dir` beside it is the test split (else megatron-core has none and NeMo tests on the validation split).
 
 Each engine declares its form once (config/nemo.py and config/bridge.py `DATA_LIST`); the backend passes what
 differs by backend: the interpreter, the stages/ folder and the file.
@@ -41,6 +42,8 @@ class DataListForm:
         held_out = []
         if section.valid_data_dir:
             held_out = ["--valid-data-dir", substitute(section.valid_data_dir, values)]
+            if section.test_data_dir:
+                held_out += ["--test-data-dir", substitute(section.test_data_dir, values)]
             held_out += ["--split-form", self.split_form] if self.split_form else []
         return [
             python,
@@ -55,3 +58,13 @@ class DataListForm:
             "--out",
             out,
         ]
+
+
+def held_out_error(section: NemoTraining | MegatronBridgeTraining, engine: str) -> str | None:
+    """A test split is held out beside a validation split: alone it has no place in either engine's data list."""
+    if section.test_data_dir and not section.valid_data_dir:
+        return (
+            f"{engine}.test_data_dir is given without {engine}.valid_data_dir: a test split is the third of the "
+            f"per-split data lists; give the validation split's folder too (or drop test_data_dir)"
+        )
+    return None

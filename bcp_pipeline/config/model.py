@@ -85,6 +85,7 @@ class NemoTraining:
     results_dir: str  # base_results_dir; checkpoints go to RESULTS/<NeMo run>/results/checkpoints
     valid_data_dir: str | None = None  # a held-out split's own outputs: the training validates (and tests) on them
     # (NeMo's per-split data_prefix, config/data_list_command.py) instead of a 99990,8,2 slice of data_dir
+    test_data_dir: str | None = None  # with valid_data_dir: a second held-out split, the test blend in its place
     launcher_dir: str | None = None  # default: where the image's release keeps it (nemo.KNOWN_LAUNCHER_DIRS)
     nemo_dir: str = "/opt/NeMo"  # NeMo in the image, where the launcher's training command has it; Grid Engine's
     # torchrun runs its examples/nlp/language_modeling/megatron_gpt_pretraining.py (nemo.py)
@@ -120,6 +121,7 @@ class MegatronBridgeTraining:
     data_dir: str  # preprocess outputs (.bin/.idx + manifests), as the job sees them
     valid_data_dir: str | None = None  # a held-out split's own outputs: the training validates on them
     # (megatron-core's per-split blends, data_list.py --valid-data-dir) instead of a 99990,8,2 slice of data_dir
+    test_data_dir: str | None = None  # with valid_data_dir: a second held-out split, scored once after training
     bpe_dir: str  # vocab.json + merges.txt (GPT-2 BPE)
     results_dir: str  # each run's folder (checkpoints, the data index cache, the training log) goes here
     recipe: str = "vanilla_gpt_pretrain_config"  # a recipe of megatron.bridge.recipes; a Llama recipe reads its

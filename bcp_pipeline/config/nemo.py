@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bcp_pipeline.config.data_list_command import DataListForm
+from bcp_pipeline.config.data_list_command import DataListForm, held_out_error
 from bcp_pipeline.config.durations import format_clock, parse_duration
 from bcp_pipeline.config.model import Continuation, PipelineConfig, StageConfig
 from bcp_pipeline.config.placeholders import substitute
@@ -361,6 +361,8 @@ def static_preflight(pipeline: PipelineConfig, stage: StageConfig) -> list[str]:
     notices = release_notices(stage)
     bcp = stage.bcp
     model_config(stage)
+    if problem := held_out_error(stage.nemo, "nemo"):
+        raise ValueError(problem)
     if bcp.instance:
         check_parallelism(stage, rank_layout(stage, "bcp").nodes, gpus_per_node(stage, bcp.instance), "bcp")
         time_limits(stage, bcp.total_runtime)

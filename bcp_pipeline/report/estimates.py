@@ -238,14 +238,17 @@ def _estimate_bridge_evaluation(
     if plan.shape is None or instance is None or not instance.gpus:
         est.modelled, est.basis = False, "not modelled (no model shape or no GPU instance; counted as 0)"
         return
-    gpus, tokens = evaluate.world_size(target), evaluate.evaluated_tokens(target)
+    # Bridge scores each held-out split of the data list in turn: the test split (test_data_dir) is a second pass
+    splits = 2 if target.megatron_bridge.test_data_dir else 1
+    gpus, tokens = evaluate.world_size(target), evaluate.evaluated_tokens(target) * splits
     per_token = flops_per_token(plan.shape, plan.tensor_parallel) / 3
     mfu = pipeline.estimates.mfu
     per_result = tokens * per_token / (instance_peak(stage.bcp.instance, gpus, instance).flops_per_s * mfu)
     est.seconds = per_result * (est.items_out or 0)
     est.gpus_per_node = gpus
     est.basis = (
-        f"beside {stage.evaluate_of} (streamed): {short_number(tokens)} tokens forward a checkpoint, {gpus} GPUs x "
+        f"beside {stage.evaluate_of} (streamed): {short_number(tokens)} tokens forward a checkpoint"
+        f"{' (validation and test splits)' if splits == 2 else ''}, {gpus} GPUs x "
         f"{instance.gpu_peak_tflops:g} TFLOP/s x MFU {mfu:g}"
     )
     facts = training_node.facts

@@ -39,6 +39,8 @@ def heldout_line(stage: str, points: list[dict]) -> str:
         f"{stage}: held-out loss {last['loss']:.4f} (perplexity {last['perplexity']:.1f}, {last.get('split')} "
         f"split, {last.get('tokens')} tokens) at step {last['step']}; {len(points)} checkpoint(s) evaluated"
     )
+    if isinstance(last.get("test_loss"), (int, float)):  # a test split in the training's data list (Bridge)
+        line += f"; test loss {last['test_loss']:.4f} at step {last['step']}"
     tasks = last.get("tasks")
     if isinstance(tasks, dict) and tasks:  # each lm-evaluation-harness task's latest scores
         scores = [

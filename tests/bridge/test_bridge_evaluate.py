@@ -76,21 +76,25 @@ import math, sys, torch
 from types import SimpleNamespace
 from megatron.bridge.training import eval as bridge_eval
 
-loss = float(sys.argv[1])
-bridge_eval.evaluate = lambda *a, **k: ({"lm loss": torch.tensor(loss)}, None, False)
+losses = iter([float(sys.argv[1]), float(sys.argv[1]) * 1.5])  # the validation split's, then the test split's
+bridge_eval.evaluate = lambda *a, **k: ({"lm loss": torch.tensor(next(losses))}, None, False)
 state = SimpleNamespace(tensorboard_logger=None, wandb_logger=None, mlflow_logger=None, comet_logger=None,
                         train_state=SimpleNamespace(step=2000, consumed_train_samples=1024000),
                         cfg=SimpleNamespace(logger=SimpleNamespace(log_validation_ppl_to_tensorboard=False)))
 bridge_eval.evaluate_and_print_results(state, "iteration 2000 on validation set", None, None, [], None,
                                        verbose=True, write_to_tensorboard=False)
+bridge_eval.evaluate_and_print_results(state, "iteration 2000 on test set", None, None, [], None,
+                                       verbose=True, write_to_tensorboard=False, is_test=True)
 """
 
 
 @pytest.mark.parametrize("loss", [2.718281828, 10.84, 0.0123456])
-def test_the_stage_reads_the_loss_from_bridge_s_own_validation_line(python, tmp_path, loss):
+def test_the_stage_reads_the_losses_from_bridge_s_own_validation_and_test_lines(python, tmp_path, loss):
     result = run_bridge(python, ["-c", PRINTED, str(loss)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert any("validation loss at iteration 2000 on validation set" in line for line in lines), result.stdout
     assert _bridge_evaluate.validation_loss(lines, 2000) == pytest.approx(loss, rel=1e-6)  # printed as {:.6E}
     assert _bridge_evaluate.validation_loss(lines, 1000) is None  # another checkpoint's line is not this one's
+    found = _bridge_evaluate.split_losses(lines, 2000)  # pretrain.py's test pass after it (a test split's blend)
+    assert found == pytest.approx({"validation": loss, "test": loss * 1.5}, rel=1e-6), lines

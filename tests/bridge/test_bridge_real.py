@@ -44,6 +44,7 @@ from bcp_pipeline.training_log import last_progress, parse_training_log
 WORKSPACE = "/mount_workspace"  # the workspace as the BCP, Grid Engine (Apptainer) and Kubernetes jobs see it
 DATA = [(0.6, "/data/preprocessed/train_chunk1_text_document"), (0.4, "/data/preprocessed/train_chunk2_text_document")]
 HELD_OUT = [(1.0, "/data/validation/preprocessed/validation_chunk_0.jsonl_text_document")]
+TEST = [(1.0, "/data/test/preprocessed/test_chunk_0.jsonl_text_document")]
 
 
 @dataclass(frozen=True)
@@ -120,14 +121,14 @@ def python() -> Path:
 
 def data_list_file(tmp_path: Path, held_out: bool = True) -> Path:
     """The file the job's first step writes (data_list.py's hydra format, under the key the job gives it): the
-    bundled pipelines validate on a held-out split, so megatron-core's per-split blends (train, validation, none);
-    without one, the training's blend alone."""
+    bundled pipelines validate on a held-out split and test on another, so megatron-core's per-split blends
+    (train, validation, test); without them, the training's blend alone."""
     from data_list import render_hydra, render_hydra_per_split
 
     path = tmp_path / "data_path.txt"
     train = [x for pair in DATA for x in pair]
     text = (
-        render_hydra_per_split([train, [x for pair in HELD_OUT for x in pair], None])
+        render_hydra_per_split([train, [x for pair in HELD_OUT for x in pair], [x for pair in TEST for x in pair]])
         if held_out
         else render_hydra(train, key="dataset.data_path")
     )
@@ -150,13 +151,13 @@ def intended(shape: Shape, run_folder: str, bpe: str, job_minutes: int = 5 * 24 
         "train.global_batch_size": shape.gbs,
         "train.micro_batch_size": shape.mbs,
         "train.train_iters": shape.iters,
-        # the held-out split's own blend for validation, none for test, no split of the training's data
+        # each held-out split's own blend for validation and test, no split of the training's data
         "dataset.blend": None,
         "dataset.split": None,
         "dataset.blend_per_split": [
             [[prefix for _, prefix in DATA], [weight for weight, _ in DATA]],
             [[prefix for _, prefix in HELD_OUT], [weight for weight, _ in HELD_OUT]],
-            None,
+            [[prefix for _, prefix in TEST], [weight for weight, _ in TEST]],
         ],
         "dataset.path_to_cache": f"{run_folder}/data_cache",
         "tokenizer.tokenizer_type": "GPT2BPETokenizer",

@@ -18,9 +18,10 @@ def test_plan_shows_the_data_stages_and_why_the_pretrain_cannot_be_planned_then_
     captured = capsys.readouterr()
     out, err = captured.out, captured.err
     assert out.startswith(
-        "# plan: pipeline slimpajama-8b on gridengine; 14 job(s), 1 that cannot be planned; nothing is submitted."
+        "# plan: pipeline slimpajama-8b on gridengine; 18 job(s), 1 that cannot be planned; nothing is submitted."
     ), out[:300]
-    for stage in ("download", "extract", "concat", "tokenize-preprocess", "download-validation", "tokenize-validation"):
+    held_out = ("download-validation", "tokenize-validation", "download-test", "tokenize-test")
+    for stage in ("download", "extract", "concat", "tokenize-preprocess", *held_out):
         # each stage's job script is there
         assert f"\n# stage {stage}" in out and f"\n#$ -N slimpajama-8b-RUN.{stage}\n" in out, stage
     refusal = out.split("# stage pretrain: CANNOT BE PLANNED\n", 1)[1].split("\n\n", 1)[0]
@@ -39,7 +40,7 @@ def test_plan_shows_the_data_stages_and_why_the_pretrain_cannot_be_planned_then_
 def test_the_set_the_refusal_names_makes_the_plan_whole(capsys):
     assert cli(BUNDLED, "plan", "slimpajama-8b", "--backend", "gridengine", "--set", IMAGE_SET) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# plan: pipeline slimpajama-8b on gridengine; 15 job(s); nothing is submitted.")
+    assert out.startswith("# plan: pipeline slimpajama-8b on gridengine; 19 job(s); nothing is submitted.")
     assert "CANNOT BE PLANNED" not in out
 
 

@@ -66,10 +66,12 @@ def test_bundled_pipelines_load_with_the_guides_numbers():
     assert big.stages["pretrain"].continuation.target_steps == 300000
     assert [expected_count(small, "concat", c) for c in small.stages["concat"].verify] == [8]
     fast = config.pipeline("slimpajama-8b-fast")
-    assert fast.order() == [  # the held-out split's small stages first (they need only the BPE files)
+    assert fast.order() == [  # the held-out splits' small stages first (they need only the BPE files)
         "download-validation",
+        "download-test",
         "bpe",
         "tokenize-validation",
+        "tokenize-test",
         "download",
         "tokenize-preprocess",
         "pretrain",

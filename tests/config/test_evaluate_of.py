@@ -73,10 +73,16 @@ def test_plan_estimates_the_evaluation_and_says_whether_it_keeps_pace(capsys):
     assert cli(CONFIG, "plan", "slimpajama-8b-bridge", "--backend", "bcp") == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("evaluate "))
-    assert "dgxa100.80g.4.norm" in row and "300 results" in row and "52.4 M tokens forward a checkpoint" in row
-    # 50 batches x 512 x 2048 tokens x 43 G FLOPs / 3 on 4 x 312 TFLOP/s at MFU 0.4; a checkpoint every 1000 x 5.65 s
-    assert "evaluate: one evaluation takes 25m" in out and "a checkpoint lands every 1h34m" in out
-    assert "it keeps pace" in out
+    # two passes of 50 batches x 512 x 2048 tokens: the validation split's, then the test split's (test_data_dir)
+    assert "dgxa100.80g.4.norm" in row and "300 results" in row
+    assert "105 M tokens forward a checkpoint (validation and test splits)" in row
+    # 2 x 52.4 M tokens x 43 G FLOPs / 3 on 4 x 312 TFLOP/s at MFU 0.4; a checkpoint every 1000 x 5.65 s
+    assert "evaluate: one evaluation takes 50m" in out and "a checkpoint lands every 1h34m" in out
+    assert "it keeps pace, busy 53%" in out
+    capsys.readouterr()
+    assert cli(CONFIG, "plan", "slimpajama-8b-bridge", "--set", "pretrain.megatron_bridge.test_data_dir=null") == 0
+    alone = capsys.readouterr().out  # the validation split alone: one pass
+    assert "52.4 M tokens forward a checkpoint," in alone and "evaluate: one evaluation takes 25m" in alone
     # the data's preparation ends before the training starts: the evaluation after it is no part of it
     data_line = next(line for line in out.splitlines() if line.startswith("data preparation: "))
     assert "d" not in data_line.split(": ", 1)[1]  # hours, not the training's days

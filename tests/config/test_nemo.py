@@ -317,6 +317,8 @@ def test_the_job_script_runs_the_launcher_in_debug_mode_then_its_training_under_
         fabricate(workspace / "data/slimpajama/preprocessed", chunk_name(i), count)
     held_out = workspace / "data/slimpajama/validation/preprocessed"
     fabricate(held_out, "validation_chunk_0.jsonl_text_document", 50)
+    test_split = workspace / "data/slimpajama/test/preprocessed"
+    fabricate(test_split, "test_chunk_0.jsonl_text_document", 40)
     script_text = rendered_script(pipeline)
     code_dir = re.search(r"\$workspace/(\.bcp-pipeline/code/[0-9a-f]+)/data_list\.py", script_text).group(1)
     (workspace / code_dir).parent.mkdir(parents=True)
@@ -349,11 +351,12 @@ def test_the_job_script_runs_the_launcher_in_debug_mode_then_its_training_under_
     assert prefixes == [
         str(workspace / f"data/slimpajama/preprocessed/train_chunk_{i}.jsonl_text_document") for i in range(3)
     ]
-    # Per split (nemo.valid_data_dir): it trains on the train list and validates and tests on the held-out split.
+    # Per split (nemo.valid_data_dir, test_data_dir): it trains on the train list, validates on the held-out
+    # split and tests on the test split.
     data = yaml.safe_load(composed)["model"]["data"]
     assert set(data["data_prefix"]) == {"train", "validation", "test"} and data["splits_string"] is None
-    held_out_list = [1.0, str(held_out / "validation_chunk_0.jsonl_text_document")]
-    assert data["data_prefix"]["validation"] == held_out_list == data["data_prefix"]["test"]
+    assert data["data_prefix"]["validation"] == [1.0, str(held_out / "validation_chunk_0.jsonl_text_document")]
+    assert data["data_prefix"]["test"] == [1.0, str(test_split / "test_chunk_0.jsonl_text_document")]
     assert "max_time_per_run: 0:23:15:00" in composed and "num_nodes: 4" in composed and "devices: 1" in composed
     # The training's progress bar in the job's own output (the job log) and in the result folder's log.
     assert "reduced_train_loss=" in done.stdout and "global_step=11.000" in done.stdout

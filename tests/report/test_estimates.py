@@ -73,6 +73,8 @@ def test_plan_text_and_json_carry_the_same_estimates(capsys):
         "tokenize-preprocess",
         "download-validation",
         "tokenize-validation",
+        "download-test",
+        "tokenize-test",
         "pretrain",
     ]
     assert stages["download"]["items_out"] == 59166 and stages["download"]["bytes_in"] == 895e9
@@ -81,8 +83,11 @@ def test_plan_text_and_json_carry_the_same_estimates(capsys):
     assert stages["pretrain"]["training"]["attempts"] == 4
     total = payload["total"]
     assert total["gpu_hours"] == pytest.approx(sum(s["gpu_hours"] or 0 for s in stages.values()))
-    # The total runs along the longest path: bpe runs beside the data stages and adds nothing.
-    assert total["seconds"] == pytest.approx(sum(stages[n]["seconds"] for n in stages if n != "bpe"))
+    # The total runs along the longest path: bpe runs beside the data stages and adds nothing, nor does the test
+    # split's download and tokenization, beside the validation split's of the same size.
+    beside = {"bpe", "download-test", "tokenize-test"}
+    assert stages["download-test"]["seconds"] == stages["download-validation"]["seconds"] > 0
+    assert total["seconds"] == pytest.approx(sum(stages[n]["seconds"] for n in stages if n not in beside))
     assert main(["--config", str(BUNDLED), "plan", "slimpajama-8b"]) == 0
     text = capsys.readouterr().out
     assert "\npretrain             dgxa100.80g.8.norm  8 " in text

@@ -55,6 +55,13 @@ def test_status_names_the_latest_held_out_loss():
     assert heldout_line("evaluate", []) == "evaluate: no checkpoint evaluated yet"
 
 
+def test_a_bridge_result_with_a_test_split_shows_its_test_loss_too():
+    with_test = line(60, 5.69).replace('"tokens": 4096', '"tokens": 4096, "test_loss": 5.7712')
+    shown = heldout_line("evaluate", evaluation_points([with_test]))
+    assert shown.endswith("at step 60; 1 checkpoint(s) evaluated; test loss 5.7712 at step 60"), shown
+    assert "test loss" not in heldout_line("evaluate", evaluation_points([LOG]))
+
+
 def test_the_loss_chart_data_carries_the_held_out_points_of_its_training():
     job = JobRecord(
         job_id="pretrain.1", kind="stage", attempt=1, submitted_at=0.0, state="succeeded", started_at=1.0, ended_at=9.0

@@ -1,8 +1,11 @@
-"""data_list.py --valid-data-dir: megatron-core's per-split blends (train from --data-dir, validation from the
-held-out split's own outputs, no test), as the Megatron-Bridge job's data list file holds them; the real
-preprocess stage's outputs read back. (Real Bridge resolving the line: tests/bridge/test_bridge_real.py.)"""
+"""data_list.py --valid-data-dir [--test-data-dir]: megatron-core's per-split blends (train from --data-dir,
+validation and test from the held-out splits' own outputs, test null without one), as the Megatron-Bridge job's
+data list file holds them; the real preprocess stage's outputs read back. (Real Bridge resolving the line:
+tests/bridge/test_bridge_real.py.)"""
 
 from __future__ import annotations
+
+import json
 
 import data_list
 import pytest
@@ -22,6 +25,43 @@ def test_the_per_split_line_names_each_split_s_own_outputs(tmp_path):
         f"[[{held_out}/validation_chunk_0.jsonl_text_document],[1.0]],null]"
     )
     assert value == expected and abs(sum(train_blend[1]) - 1) < 1e-9
+
+
+def test_a_test_split_is_the_third_blend_and_in_nemo_s_dict_its_test(tmp_path):
+    train = make_dataset(tmp_path / "train", chunks=(30, 10))
+    valid = make_heldout_split(tmp_path / "valid", 10)
+    test = make_heldout_split(tmp_path / "test", 12, split="test", seed=7)
+    out = tmp_path / "data_path.txt"
+    argv = ["--data-dir", str(train), "--valid-data-dir", str(valid), "--test-data-dir", str(test)]
+    assert data_list.main([*argv, "--out", str(out)]) == 0
+    assert (
+        out.read_text()
+        .rstrip("\n")
+        .endswith(
+            f"[[{valid}/validation_chunk_0.jsonl_text_document],[1.0]],[[{test}/test_chunk_0.jsonl_text_document],[1.0]]]"
+        )
+    )
+    assert data_list.main([*argv, "--split-form", "nemo", "--key", NEMO_KEY, "--out", str(out)]) == 0
+    added = out.read_text().splitlines()[1]
+    assert added.endswith(
+        f"validation:[1.0,{valid}/validation_chunk_0.jsonl_text_document],"
+        f"test:[1.0,{test}/test_chunk_0.jsonl_text_document]}}"
+    )
+
+
+def test_a_test_split_alone_or_of_another_tokenizer_is_refused_naming_it(tmp_path, capsys):
+    train = make_dataset(tmp_path / "train", chunks=(5,))
+    test = make_heldout_split(tmp_path / "test", 5, split="test")
+    with pytest.raises(SystemExit) as exit_:
+        data_list.main(["--data-dir", str(train), "--test-data-dir", str(test)])
+    assert exit_.value.code == 2 and "--test-data-dir needs --valid-data-dir" in capsys.readouterr().err
+    manifest = test / "test_chunk_0.jsonl_text_document.manifest.json"
+    fields = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**fields, "tokenizer": {**fields["tokenizer"], "vocab_sha256": "0" * 64}}))
+    argv = ["--data-dir", str(train), "--valid-data-dir", str(train), "--test-data-dir", str(test)]
+    assert data_list.main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"{manifest}: tokenizer" in err and "differs from the training data's" in err, err
 
 
 def test_a_held_out_split_renders_the_hydra_form_only(tmp_path, capsys):

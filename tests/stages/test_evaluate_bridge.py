@@ -151,6 +151,31 @@ def test_each_checkpoint_is_scored_by_bridge_s_own_evaluation_line(run, undistur
     assert "3 checkpoint(s) evaluated (0 by this job)" in again.stdout
 
 
+def test_with_a_test_split_in_the_data_list_each_result_has_its_test_loss_too(run, undisturbed, data_dir, tmp_path):  # noqa: F811
+    from support.heldout_data import make_heldout_split
+
+    test = make_heldout_split(tmp_path / "test", 10, split="test", seed=5)
+    data_list = tmp_path / "data_path.txt"
+    argv = ["--data-dir", str(data_dir), "--valid-data-dir", str(run["valid"]), "--test-data-dir", str(test)]
+    argv += ["--key", "dataset.data_path", "--out", str(data_list)]
+    subprocess.run([sys.executable, str(STAGES / "data_list.py"), *argv], check=True)
+    out = tmp_path / "evaluate"
+    result = evaluate({**run, "data_list": data_list}, out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    printed = {  # the stand-in's lines, as Bridge's pretrain.py prints them: validation, then test
+        (line.split(" on ")[1].split()[0], int(line.split("iteration ")[1].split()[0])): float(
+            line.split("lm loss value: ")[1].split()[0]
+        )
+        for line in result.stdout.splitlines()
+        if "validation loss at iteration" in line
+    }
+    for step in (2, 4, 6):
+        saved = json.loads((out / f"step-{step:08d}.json").read_text())
+        assert saved["loss"] == printed["validation", step] and saved["test_loss"] == printed["test", step]
+    assert printed["test", 6] != printed["validation", 6]  # each split's own files
+    assert len(undisturbed) == 3 and all("test_loss" not in json.loads(r) for r in undisturbed.values())  # none
+
+
 def test_a_save_under_way_is_not_evaluated_until_the_tracker_names_it(run, tmp_path):
     checkpoints = tmp_path / "checkpoints"
     shutil.copytree(run["checkpoints"], checkpoints)

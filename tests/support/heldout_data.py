@@ -10,11 +10,12 @@ import pytest
 from support.smoke_pretrain import english_like_documents, preprocess
 
 
-def make_heldout_split(folder: Path, documents: int = 40) -> Path:
+def make_heldout_split(folder: Path, documents: int = 40, split: str = "validation", seed: int = 99) -> Path:
+    """SlimPajama's validation or test split: `{split}_chunk_0.jsonl_text_document` in folder/out."""
     (folder / "in").mkdir(parents=True)
-    lines = [json.dumps({"text": text}) for text in english_like_documents(documents, seed=99)]
+    lines = [json.dumps({"text": text}) for text in english_like_documents(documents, seed=seed)]
     (folder / "in" / "example_holdout_chunk1_0.jsonl").write_text("\n".join(lines) + "\n")
-    return preprocess(folder / "in", folder / "out", "--files-per-output", "1", "--output-stem", "validation_chunk")
+    return preprocess(folder / "in", folder / "out", "--files-per-output", "1", "--output-stem", f"{split}_chunk")
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ mkdir -p "$logs/$JOB_ID"
 
 # The data list: every .bin/.idx pair of the preprocess manifests, weighted by tokens.
 mkdir -p <ROOT>/.bcp-pipeline/runs/RUN/results/pretrain
-in_image python3 <ROOT>/stages/data_list.py --data-dir /mount_workspace/data/slimpajama/preprocessed --valid-data-dir /mount_workspace/data/slimpajama/validation/preprocessed --split-form nemo --format hydra --key training.model.data.data_prefix --out <ROOT>/.bcp-pipeline/runs/RUN/results/pretrain/data_prefix.txt
+in_image python3 <ROOT>/stages/data_list.py --data-dir /mount_workspace/data/slimpajama/preprocessed --valid-data-dir /mount_workspace/data/slimpajama/validation/preprocessed --test-data-dir /mount_workspace/data/slimpajama/test/preprocessed --split-form nemo --format hydra --key training.model.data.data_prefix --out <ROOT>/.bcp-pipeline/runs/RUN/results/pretrain/data_prefix.txt
 
 # The training config as NVIDIA's launcher composes it for the stage (debug mode: written, nothing run).
 mapfile -t data_list < <ROOT>/.bcp-pipeline/runs/RUN/results/pretrain/data_prefix.txt

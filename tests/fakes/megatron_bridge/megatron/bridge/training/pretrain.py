@@ -5,7 +5,8 @@ its step line from the last rank, its checkpoints (rank 0: `iter_NNNNNNN/` with 
 from the call (a save, `exiting program after N minutes`, exit 0), SIGTERM with `exit_signal_handler`; with
 `validation.skip_train`, an evaluation of `checkpoint.ckpt_step`'s checkpoint (Bridge's FileNotFoundError where its
 folder is missing; its `validation loss at iteration N on validation set` line from the last rank, the loss a
-function of the step and the held-out blend's files, which must exist), nothing saved.
+function of the step and the held-out blend's files, which must exist; then the same `on test set` where the
+per-split blends have a test split, as pretrain.py's do_test pass), nothing saved.
 
 Stand-in knobs, from the environment (a test's job sets them; NVIDIA's code has none of them):
 BCPP_BRIDGE_STANDIN_STEP_SECONDS (a step's duration, default 0.05), BCPP_BRIDGE_STANDIN_CRASH_AT_STEP (a Python
@@ -79,11 +80,14 @@ def _save(config: ConfigContainer, step: int) -> None:
             shutil.rmtree(old)
 
 
-def _held_out_prefixes(config: ConfigContainer) -> list[str]:
-    per_split = config.dataset.blend_per_split
-    if not per_split or len(per_split) < 2 or not per_split[1]:
+SPLITS = {"validation": 1, "test": 2}  # their places in blend_per_split (train, validation, test)
+
+
+def _held_out_prefixes(config: ConfigContainer, split: str = "validation") -> list[str]:
+    per_split, index = config.dataset.blend_per_split, SPLITS[split]
+    if not per_split or len(per_split) <= index or not per_split[index]:
         return []
-    return list(per_split[1][0])
+    return list(per_split[index][0])
 
 
 def _evaluate(config: ConfigContainer, rank: int, world: int) -> None:
@@ -100,21 +104,24 @@ def _evaluate(config: ConfigContainer, rank: int, world: int) -> None:
             f"ckpt_step={step} specified but checkpoint directory does not exist: {folder}\n"
             f"Available checkpoints can be listed with: ls {load}/iter_*"
         )
-    prefixes = _held_out_prefixes(config)
-    for prefix in prefixes:
+    splits = {split: _held_out_prefixes(config, split) for split in SPLITS}
+    for prefix in (p for prefixes in splits.values() for p in prefixes):
         for suffix in (".bin", ".idx"):
             if not os.path.isfile(prefix + suffix):
                 raise FileNotFoundError(f"[Errno 2] No such file or directory: '{prefix}{suffix}'")
     if rank == 0:
         print(f"Loading checkpoint from iteration {step} (specified via ckpt_step)", flush=True)
         print("skipping training ...", flush=True)
-    time.sleep(_env_float("BCPP_BRIDGE_STANDIN_EVAL_SECONDS", 0.0))  # the forward passes' time
-    held_out = sum(os.path.getsize(p + ".bin") for p in prefixes)
-    loss = 10.8 * 0.995 ** int(step) + 1.05 + (held_out % 997) / 1e6
-    if rank == world - 1:  # print_rank_last
-        text = f" validation loss at iteration {step} on validation set | lm loss value: {loss:.6E} | "
-        text += f"lm loss PPL: {math.exp(min(20, loss)):.6E} | "
-        print("-" * (len(text) + 1), text, "-" * (len(text) + 1), sep="\n", flush=True)
+    for split, prefixes in splits.items():
+        if split != "validation" and not prefixes:
+            continue  # no test split: no do_test pass
+        time.sleep(_env_float("BCPP_BRIDGE_STANDIN_EVAL_SECONDS", 0.0))  # the forward passes' time
+        held_out = sum(os.path.getsize(p + ".bin") for p in prefixes)
+        loss = 10.8 * 0.995 ** int(step) + 1.05 + (held_out % 997) / 1e6
+        if rank == world - 1:  # print_rank_last
+            text = f" validation loss at iteration {step} on {split} set | lm loss value: {loss:.6E} | "
+            text += f"lm loss PPL: {math.exp(min(20, loss)):.6E} | "
+            print("-" * (len(text) + 1), text, "-" * (len(text) + 1), sep="\n", flush=True)
 
 
 def _step_line(config: ConfigContainer, step: int, ms: float) -> str:
