@@ -21,6 +21,7 @@ The stage's resources are its own (a CPU node: one process, no GPU). Pure: prefl
 from __future__ import annotations
 
 from bcp_pipeline.config import bridge
+from bcp_pipeline.config.data_list_command import held_out_flags
 from bcp_pipeline.config.durations import parse_duration
 from bcp_pipeline.config.model import Check, PipelineConfig, StageConfig
 from bcp_pipeline.config.resources import RESOURCE_TYPES
@@ -50,8 +51,7 @@ def index_args(target: StageConfig) -> list[str]:
     # One data-parallel rank: Bridge checks the parallel sizes against the world size; the data does not read it
     world = model.tensor_parallel * model.pipeline_parallel * model.context_parallel
     hub = ["--hf-home", section.hf_home] if section.hf_home else []
-    held_out = ["--valid-data-dir", section.valid_data_dir] if section.valid_data_dir else []
-    held_out += ["--test-data-dir", section.test_data_dir] if section.test_data_dir else []
+    held_out = held_out_flags(section)
     return [
         "--recipe",
         section.recipe,

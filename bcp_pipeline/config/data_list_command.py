@@ -39,12 +39,9 @@ class DataListForm:
     ) -> list[str]:
         """`python code/data_list.py ...` writing the data list of the training `section` to `out`; `values`: the
         backend's ${...} values as its job sees them (the data folders are resolved with them)."""
-        held_out = []
-        if section.valid_data_dir:
-            held_out = ["--valid-data-dir", substitute(section.valid_data_dir, values)]
-            if section.test_data_dir:
-                held_out += ["--test-data-dir", substitute(section.test_data_dir, values)]
-            held_out += ["--split-form", self.split_form] if self.split_form else []
+        held_out = held_out_flags(section, values)
+        if held_out and self.split_form:
+            held_out += ["--split-form", self.split_form]
         return [
             python,
             f"{code}/{DATA_LIST_PROGRAM}",
@@ -58,6 +55,18 @@ class DataListForm:
             "--out",
             out,
         ]
+
+
+def held_out_flags(section: NemoTraining | MegatronBridgeTraining, values: dict[str, str] | None = None) -> list[str]:
+    """data_list.py's (and bridge_index.py's) `--valid-data-dir DIR [--test-data-dir DIR]` of the training
+    `section`, resolved with `values` (placeholders kept without); none without a validation split (held_out_error
+    refuses a test split alone at load)."""
+    if not section.valid_data_dir:
+        return []
+    flags = ["--valid-data-dir", substitute(section.valid_data_dir, values or {})]
+    if section.test_data_dir:
+        flags += ["--test-data-dir", substitute(section.test_data_dir, values or {})]
+    return flags
 
 
 def held_out_error(section: NemoTraining | MegatronBridgeTraining, engine: str) -> str | None:
