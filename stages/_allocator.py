@@ -12,7 +12,7 @@ drops its cache (_fast_bpe.py). Elsewhere than glibc, its allocator decides.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 M_MMAP_THRESHOLD = -3
@@ -20,9 +20,12 @@ MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's own ceiling for the threshold it adju
 TRIM_THRESHOLD_BYTES = 64 << 20
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library's functions, as this process already has them loaded (the program's own symbol scope: no
+    `ctypes.util.find_library`, which runs ldconfig in a child process at every call)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return ctypes.CDLL(None)
     except OSError:
         return None
 

@@ -1,15 +1,18 @@
 """GPT-2 BPE through gigatoken, the fast engine of tokenize-preprocess, with its pre-token cache kept bounded.
 
 gigatoken (stages/requirements-fast.txt) gives tiktoken's ids for 1/15 of the CPU (docs/performance.md). Its 0.10.0
-caches every distinct pre-token it has seen, without a bound (its issue 36: a TB-scale job ran out of 1 TB of
-RAM; the bound, `set_max_cache_bytes`, came after 0.10.0). Here the cache is bounded from outside: the process's
-resident memory is read every CACHE_CHECK_CHARS characters encoded, and where it grew by more than
-CACHE_GROWTH_BYTES since the tokenizer was first built, the tokenizer is built again (0.05 CPU-seconds; dropping
-it, and malloc_trim, hand the cache back to the system). A text longer than PIECE_CHARS is encoded in pieces, one
-at a time, so that one 50 MB document cannot grow the cache past the bound between two checks nor be held twice:
-each cut is at a space between two non-space characters, where no GPT-2 pre-token can span (every pre-token that
-holds a non-space character ends before a space, and the one that starts at such a space is decided by what
-follows it), so the pieces' ids are the whole text's.
+caches every distinct pre-token it has seen, without a bound (its issue 36: a TB-scale job ran out of 1 TB of RAM; the
+bound, `set_max_cache_bytes`, came after 0.10.0). Here the cache is bounded from outside: the process's resident memory
+is read every CACHE_CHECK_CHARS characters encoded, and where it grew by more than CACHE_GROWTH_BYTES since the
+tokenizer was first built, the tokenizer is built again (0.05 CPU-seconds; dropping it, and malloc_trim, hand the cache
+back to the system). The rebuild waits for the end of the batch, where the stage's workers call `drop_cache_if_due` with
+none of a batch's texts and ids alive: then the cache's pages go back whole and every cycle peaks where the first did
+(measured, words that never repeat: 130 MB at 8 MB of input and 131 MB at 80 MB; rebuilt mid-batch, where the live texts
+and ids pin some of those pages, 130 and 146 MB). Past twice the bound it is rebuilt at once, for a caller that never
+calls it. A text longer than PIECE_CHARS is encoded in pieces, one at a time, with the due rebuild between two pieces,
+so that one 50 MB document cannot grow the cache past the bound nor be held twice: each cut is at a space between two
+non-space characters, where no GPT-2 pre-token can span (every pre-token that holds a non-space character ends before a
+space, and the one that starts at such a space is decided by what follows it), so the pieces' ids are the whole text's.
 
 Special tokens: the tokenizer is built without any, so a literal "<|endoftext|>" inside a document is ordinary
 text, as in Megatron's GPT2BPETokenizer and in tiktoken's encode_ordinary.
@@ -100,10 +103,15 @@ class GigatokenEncoder:
         floor = getattr(self, "_floor", None)
         self._baseline = floor if now is None or floor is None or now - floor < CACHE_GROWTH_BYTES // 2 else now
         self._unchecked = self._since_build = 0
+        self._drop_due = False
 
     def encode(self, text: str) -> np.ndarray:
         if len(text) > PIECE_CHARS and self._hf_json is None:  # one piece at a time: a 50 MB text is not held twice
-            return np.concatenate([self._encode_piece(piece) for piece in iter_pieces(text)])
+            ids = []
+            for piece in iter_pieces(text):
+                ids.append(self._encode_piece(piece))
+                self.drop_cache_if_due()  # no batch boundary for this long: between its pieces
+            return np.concatenate(ids)
         return self._encode_piece(text)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
@@ -127,9 +135,20 @@ class GigatokenEncoder:
             grown = now - self._baseline
         else:  # no /proc: judged by the characters encoded (about 16 bytes of cache each, at worst, measured)
             grown = self._since_build * 16
-        if grown > CACHE_GROWTH_BYTES:
-            self.rebuilds += 1
-            self._build()
+        if grown > 2 * CACHE_GROWTH_BYTES:  # nobody called drop_cache_if_due in time: now
+            self._drop_cache()
+        elif grown > CACHE_GROWTH_BYTES:
+            self._drop_due = True
+
+    def drop_cache_if_due(self) -> None:
+        """Rebuild the tokenizer (drop its cache) where the bound was passed since the last call. Called between
+        batches, when nothing of the last one is alive any more (the module's docstring says why)."""
+        if self._drop_due:
+            self._drop_cache()
+
+    def _drop_cache(self) -> None:
+        self.rebuilds += 1
+        self._build()
 
 
 def iter_pieces(text: str, size: int | None = None) -> Iterator[str]:

@@ -113,6 +113,13 @@ def tokenize_batch(batch: Batch) -> BatchResult:
     return result
 
 
+def drop_cache_if_due() -> None:
+    """Between two batches, with nothing of the last one alive: the engine's cache is dropped here where it passed
+    its bound (mid-batch, the live texts and ids keep some of its pages in use, and each cycle peaks higher)."""
+    assert _STATE is not None, "init_worker was not called in this process"
+    _STATE.tokenizer.drop_cache_if_due()
+
+
 def json_lines(data: bytes) -> Iterator[memoryview]:
     """The lines of `data` (without their newlines; a final newline ends the last line, it starts no empty one),
     as views: no copy of each line, as `bytes.split` makes (about 1 % of the stage)."""
@@ -162,7 +169,9 @@ def parquet_text(value: str | None, key: str) -> str | Problem:
 def ordered_results(batches: Iterator[Batch], pool: TokenizerPool | None, window: int) -> Iterator[BatchResult]:
     """Results in input order, with at most `window` batches in flight (Pool.imap would read the whole input)."""
     if pool is None:
-        yield from map(tokenize_batch, batches)
+        for batch in batches:
+            yield tokenize_batch(batch)
+            drop_cache_if_due()  # the result written (its tokens may still be referenced by the caller's loop)
         return
     try:
         for batch in batches:
@@ -303,6 +312,8 @@ def serve(
         tokens, result.tokens = result.tokens, b""
         results.send((result, len(tokens)))
         write_all(results.fileno(), tokens)
+        del batch, result, tokens
+        drop_cache_if_due()
 
 
 def receive_batches(tasks: Connection, queued: queue.SimpleQueue) -> None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import _common
+import _one_blas_thread  # noqa: F401  (before numpy loads: its docstring says why; a test checks the order)
 from _preprocess_batches import read_batches
 from _scratch import scratch_path_for
 from _streamed_inputs import Arrivals, stall_seconds, streamed_digests, wait_for_upstream

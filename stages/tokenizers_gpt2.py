@@ -49,6 +49,9 @@ class Tokenizer(Protocol):
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """encode() of each text, in order."""
 
+    def drop_cache_if_due(self) -> None:
+        """Between two batches: let the engine drop a cache that grew past its bound (_fast_bpe.py)."""
+
 
 def gpt2_byte_order() -> tuple[list[int], dict[str, int]]:
     """GPT-2's single-byte tokens in rank order, and the character that stands for each byte in its files.
@@ -151,19 +154,20 @@ class Gpt2Bpe:
             raise TokenizerError(f"{vocab}: has no {EOD_TOKEN} entry")
         self.eod = int(encoder[EOD_TOKEN])
         self.vocab_size = len(encoder)
+        self._fast: _fast_bpe.GigatokenEncoder | None = None
         self.engine, self._encode, self._encode_batch = self._engine(ranks, engine)
 
     def _engine(self, ranks: dict[bytes, int], engine: str) -> tuple[str, Callable, Callable | None]:
         """(engine and version, its encode, its encode_batch or None): gigatoken where asked for or, with
-        `auto`, where it loads; else tiktoken, with why not gigatoken."""
+        `auto`, where it loads (kept as `_fast`); else tiktoken, with why not gigatoken."""
         why_not = "--bpe-engine tiktoken"
         if engine != "tiktoken":
             version = _fast_bpe.installed_version()
             try:
                 if version is None:
                     raise ImportError("gigatoken is not installed")
-                encoder = _fast_bpe.GigatokenEncoder(ranks)
-                return f"gigatoken {version}", encoder.encode, encoder.encode_batch
+                self._fast = _fast_bpe.GigatokenEncoder(ranks)
+                return f"gigatoken {version}", self._fast.encode, self._fast.encode_batch
             except (ImportError, OSError) as exc:  # not installed, or its binary does not load here
                 if engine == "gigatoken":
                     raise TokenizerError(
@@ -202,6 +206,10 @@ class Gpt2Bpe:
             except (UnicodeEncodeError, TypeError):  # a lone surrogate in one of them: each text on its own
                 pass
         return [self.encode(text) for text in texts]
+
+    def drop_cache_if_due(self) -> None:
+        if self._fast is not None:
+            self._fast.drop_cache_if_due()
 
 
 # Texts a fast engine must encode as `tokenizers` does before it is used for a tokenizer.json (a self-check at load:
@@ -288,6 +296,10 @@ class HfTokenizerJson:
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [self.encode(text) for text in texts]  # not tokenizers' encode_batch: it starts threads
+
+    def drop_cache_if_due(self) -> None:
+        if self._fast is not None:
+            self._fast.drop_cache_if_due()
 
 
 @dataclass(frozen=True)

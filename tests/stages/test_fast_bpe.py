@@ -66,12 +66,59 @@ def test_the_pre_token_cache_is_bounded(monkeypatch, tiktoken_bpe):
     _allocator.return_freed_memory()
     encoder = _fast_bpe.GigatokenEncoder(gpt2_mergeable_ranks(VOCAB, MERGES)[0])
     start, peak = _fast_bpe.resident_bytes(), 0
-    for text in texts:
-        encoder.encode(text)
+    for text in texts:  # one text a batch, the cache dropped between batches where due, as the stage's workers do
+        encoder.encode_batch([text])
         peak = max(peak, _fast_bpe.resident_bytes() - start)
+        encoder.drop_cache_if_due()
     assert encoder.rebuilds >= 3
     assert peak < 24 << 20, f"grew by {peak / 2**20:.0f} MiB"
     assert encoder.encode(texts[0]).tolist() == tiktoken_bpe.encode(texts[0]).tolist()  # a rebuilt one: same ids
+
+
+class ReadResidentMemory:
+    """A stand-in for the process's resident memory as the encoder reads it: the test says how much it grew, or
+    how much more each reading finds (`step`)."""
+
+    def __init__(self, floor: int, step: int = 0) -> None:
+        self.now, self.step = floor, step
+
+    def __call__(self) -> int:
+        self.now += self.step
+        return self.now
+
+
+def test_the_cache_is_dropped_between_batches_or_at_once_past_twice_the_bound(monkeypatch):
+    monkeypatch.setattr(_fast_bpe, "CACHE_CHECK_CHARS", 10)
+    memory = ReadResidentMemory(floor=100 << 20)
+    monkeypatch.setattr(_fast_bpe, "resident_bytes", memory)
+    encoder = _fast_bpe.GigatokenEncoder(gpt2_mergeable_ranks(VOCAB, MERGES)[0])
+    bound = _fast_bpe.CACHE_GROWTH_BYTES
+
+    memory.now += bound + 1  # past the bound in the middle of a batch: the batch goes on with the same tokenizer
+    encoder.encode_batch(["a text of more than ten characters", "and another one"])
+    assert encoder.rebuilds == 0
+    encoder.drop_cache_if_due()  # the batch done: dropped now
+    assert encoder.rebuilds == 1
+    encoder.drop_cache_if_due()  # nothing grew since: nothing to drop
+    assert encoder.rebuilds == 1
+
+    memory.now += 2 * bound + 1  # past twice the bound since the rebuild: no waiting for the end of the batch
+    encoder.encode_batch(["a text of more than ten characters"])
+    assert encoder.rebuilds == 2
+
+
+def test_a_long_text_drops_the_cache_between_its_pieces(monkeypatch, tiktoken_bpe):
+    monkeypatch.setattr(_fast_bpe, "PIECE_CHARS", 1000)
+    monkeypatch.setattr(_fast_bpe, "CACHE_CHECK_CHARS", 1000)
+    monkeypatch.setattr(_fast_bpe, "CACHE_GROWTH_BYTES", 10)
+    # 15 bytes more at every reading: past the bound at each check (after each piece), never past twice it.
+    monkeypatch.setattr(_fast_bpe, "resident_bytes", ReadResidentMemory(floor=0, step=15))
+    encoder = _fast_bpe.GigatokenEncoder(gpt2_mergeable_ranks(VOCAB, MERGES)[0])
+    text = unique_words(7, 20_000)
+    assert encoder.encode(text).tolist() == tiktoken_bpe.encode(text).tolist()
+    # One a piece: no batch boundary comes for a text this long (without the drops between pieces, only the
+    # readings past twice the bound would rebuild it: every other piece).
+    assert encoder.rebuilds >= len(_fast_bpe.pieces(text)) - 1  # the last piece may end short of a check
 
 
 def test_the_encode_path_imports_neither_awkward_nor_typer():

@@ -4,6 +4,7 @@ batches drained, large batches never deadlocking the pipes, and workers that end
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import _fast_bpe
 import _tokenize_workers as workers
 import pytest
 from _preprocess_batches import Batch
@@ -52,6 +54,47 @@ def test_results_come_in_input_order_and_equal_tokenizing_here(pool):
     received = [as_tuple(r) for r in workers.ordered_results(iter(sent), pool, window=3)]
     assert received == [inline(b) for b in sent]
     assert pool.in_flight == 0
+
+
+def test_the_engines_cache_is_dropped_between_batches_inline_and_in_each_worker(tmp_path, monkeypatch):
+    # Every reading of the resident memory after the first (the build here) is just past the bound, so each
+    # process's tokenizer is due for a drop after its first batch and never past twice the bound: only the drop
+    # between batches (_tokenize_workers.drop_cache_if_due) rebuilds it, once a process, and each build counts.
+    drops = tmp_path / "drops"
+    drop = _fast_bpe.GigatokenEncoder._drop_cache
+
+    def counted_drop(encoder: _fast_bpe.GigatokenEncoder) -> None:
+        with open(drops, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+        drop(encoder)
+
+    floor, past_the_bound = 1 << 30, (1 << 30) + _fast_bpe.CACHE_GROWTH_BYTES + 1
+    readings = iter(())
+
+    def fresh_tokenizer() -> None:  # built here, reading the floor; what it (or a fork of it) reads next is past it
+        nonlocal readings
+        readings = iter([floor])
+        workers.init_worker(SPEC, "text", SPEC.load())
+        assert workers._STATE.tokenizer.engine.startswith("gigatoken ")
+
+    monkeypatch.setattr(_fast_bpe.GigatokenEncoder, "_drop_cache", counted_drop)
+    monkeypatch.setattr(_fast_bpe, "CACHE_CHECK_CHARS", 100)
+    monkeypatch.setattr(_fast_bpe, "resident_bytes", lambda: next(readings, past_the_bound))
+    monkeypatch.setattr(workers, "_STATE", None)  # put back after the test: the other tests' tokenizer
+
+    fresh_tokenizer()
+    list(workers.ordered_results(iter(batches(3)), None, window=2))
+    assert drops.read_text().split() == [str(os.getpid())]
+
+    drops.unlink()
+    fresh_tokenizer()
+    tokenizer_pool = workers.TokenizerPool(2, SPEC, "text")
+    try:
+        list(workers.ordered_results(iter(batches(4)), tokenizer_pool, window=2))
+    finally:
+        tokenizer_pool.close()
+    pids = drops.read_text().split()
+    assert len(pids) == 2 and len(set(pids)) == 2 and str(os.getpid()) not in pids
 
 
 def test_a_batch_error_is_raised_for_that_batch_and_the_pool_goes_on(pool, tmp_path):
