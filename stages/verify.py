@@ -12,7 +12,8 @@ as ok when it reaches TARGET: Megatron-Bridge's trackers, in the order its loade
 else `latest_checkpointed_iteration.txt`, both written by rank 0 once a save has completed; a torn .pt is said on
 stderr and the .txt read: _bridge_tracker.py), else the highest `iter_NNNNNNN` folder holding the run_config.yaml
 written with it (a save cut short does not count), else the highest `step=N` among the names (NeMo's
-`megatron_gpt--...-step=50000-...-last` checkpoints, the smoke pretrain's `step=000040-last.pt`).
+`megatron_gpt--...-step=50000-...-last` checkpoints, the smoke pretrain's `step=000040-last.pt`) or the highest
+`step-NNNNNNNN.json` (an evaluation's results, written in step order by evaluate.py: the step it has evaluated to).
 `--listed MANIFEST` checks a data index (the manifest stages/_index_manifest.py writes last): every file it lists
 in its folder at the listed size, and no other file.
 """
@@ -42,6 +43,7 @@ def parse_check(text: str) -> tuple[str, int]:
 
 
 STEP = re.compile(r"step=(\d+)")
+EVALUATED = re.compile(r"^step-(\d{8,})\.json$")  # evaluate.py's RESULT_NAME
 BRIDGE_ITERATION = re.compile(r"^iter_(\d{7})$")  # Bridge's checkpoint folders, iter_0001000
 BRIDGE_SAVED = "run_config.yaml"  # written into an iter_ folder by rank 0 once its save completed (with the tracker)
 
@@ -49,7 +51,7 @@ BRIDGE_SAVED = "run_config.yaml"  # written into an iter_ folder by rank 0 once 
 def latest_step(folder: str) -> int:
     """The step the checkpoints in `folder` reached (0 when there is none yet): Bridge's trackers, else the
     highest Bridge `iter_NNNNNNN` folder whose save completed (it holds run_config.yaml), else the highest `step=N`
-    among the entries; temporaries are ignored."""
+    or evaluation result `step-NNNNNNNN.json` among the entries; temporaries are ignored."""
     if not os.path.isdir(folder):
         return 0
     tracked = tracked_step(folder)
@@ -67,7 +69,7 @@ def latest_step(folder: str) -> int:
     ]
     if saved:
         return max(saved)
-    return max((int(m.group(1)) for name in names if (m := STEP.search(name))), default=0)
+    return max((int(m.group(1)) for name in names if (m := STEP.search(name) or EVALUATED.match(name))), default=0)
 
 
 def count_files(pattern: str) -> tuple[int, int]:

@@ -11,7 +11,9 @@ saved), and reads the loss from Bridge's own `validation loss at iteration N` li
   model is laid out as the training's is, so the checkpoint loads without resharding, and megatron-core's index
   names are the training's (the sample counts do not depend on the world size), so it builds no index;
 - the training's images on every backend, run straight, as the training's ranks are;
-- its verification counts one result per checkpoint of the schedule.
+- its verification counts one result per checkpoint of the schedule;
+- a job that its site's limit ends before the training's last step is submitted again and goes on from its last
+  result (`derived_continuation`).
 
 Bridge reads the validation set from sample 0 when it skips training (megatron/bridge/data/loaders.py): every
 checkpoint is scored on the same `eval_iters` x global-batch samples, those of the training's first validation
@@ -23,7 +25,7 @@ from __future__ import annotations
 from bcp_pipeline.config import bridge
 from bcp_pipeline.config.bridge_index import PER_JOB_KEYS, run_in_training_image
 from bcp_pipeline.config.durations import parse_duration
-from bcp_pipeline.config.model import Check, MegatronBridgeTraining, PipelineConfig, StageConfig
+from bcp_pipeline.config.model import Check, Continuation, MegatronBridgeTraining, PipelineConfig, StageConfig
 
 ENTRY_PROGRAM = "evaluate.py"  # in stages/
 RESULTS = "evaluate"  # the results' folder in the training's run folder: step-<step:08d>.json
@@ -168,10 +170,24 @@ def prepare(pipeline: PipelineConfig, stage: StageConfig) -> None:
     target = _target(pipeline, stage)
     stage.args = evaluate_args(target)
     run_in_training_image(stage, target, ENTRY_PROGRAM)  # its Bridge, megatron-core and torchrun evaluate
+    section, model = _section(target), bridge.bridge_model(target)
     if not stage.verify:
-        section, model = _section(target), bridge.bridge_model(target)
         count = len(scheduled_steps(section.save_interval, model.train_iters))
         stage.verify = [Check(glob=f"{results_dir(target)}/step-*.json", expect=count)]
+    if stage.continuation is None:
+        stage.continuation = derived_continuation(target)
+
+
+def derived_continuation(target: StageConfig) -> Continuation:
+    """Continue an evaluation that its site's job limit ended (TSUBAME's 24 h against a 5-day training) from its
+    last result (stages/verify.py reads the highest step-NNNNNNNN.json: the schedule is evaluated in step order)
+    up to the training's last step, in as many jobs as the training may take: it runs beside the training, so its
+    jobs end at the same limit about as often."""
+    return Continuation(
+        checkpoints=results_dir(target),
+        target_steps=bridge.bridge_model(target).train_iters,
+        max_attempts=_section(target).max_attempts,
+    )
 
 
 def notice(pipeline: PipelineConfig, stage: StageConfig) -> str | None:

@@ -35,14 +35,17 @@ class Check:
 
 @dataclass(kw_only=True)
 class Continuation:
-    """Resubmit a stage that ended before its work was done (training that hit its runtime or was preempted).
+    """Resubmit a stage that ended before its work was done (training that hit its runtime or was preempted; an
+    evaluation that hit its site's job limit before its training's last checkpoint).
 
-    After each end listed in `resubmit_on`, a small verification job reads the highest `step=N` among the names in
-    `checkpoints`; below `target_steps` the same job is submitted again (NeMo resumes from its `-last`
-    checkpoint), up to `max_attempts`. Two attempts in a row without progress stop the stage.
+    After each end listed in `resubmit_on`, a small verification job reads the step `checkpoints` has reached
+    (stages/verify.py, `--progress`); below `target_steps` the same job is submitted again (NeMo resumes from its
+    `-last` checkpoint, an evaluation from its last result), up to `max_attempts`. Two attempts in a row without
+    progress stop the stage (an evaluation: once its training has ended, as until then it may wait for checkpoints).
     """
 
-    checkpoints: str  # folder whose entries are named ...step=N... (NeMo's and the local smoke pretrain's)
+    checkpoints: str  # folder whose entries name their step: ...step=N... (NeMo's and the local smoke pretrain's),
+    # Bridge's iter_NNNNNNN and trackers, an evaluation's step-NNNNNNNN.json results
     target_steps: int | str  # a number or "${var}"
     max_attempts: int = 10
     resubmit_on: list[Literal["succeeded", "timed_out", "lost", "failed"]] = field(
@@ -223,6 +226,21 @@ class StageConfig:
     def engine(self) -> str | None:
         """The training engine the stage declares (its section's key: `nemo` or `megatron_bridge`), or None."""
         return "nemo" if self.nemo else "megatron_bridge" if self.megatron_bridge else None
+
+    @property
+    def trains(self) -> bool:
+        """A training: an engine's, or a stage continued toward a step count from its checkpoints (the smoke
+        pretrain). An evaluation is continued too, through its results (evaluate.py), but logs no training steps,
+        so no stall guard watches it and it is no training in `status` or the report."""
+        return self.engine is not None or (self.continuation is not None and self.evaluate_of is None)
+
+    @property
+    def resumes_from(self) -> str:
+        """What a further job of this stage goes on from ("its last checkpoint", "its last result"), or "" for a
+        stage that is not continued."""
+        if self.continuation is None:
+            return ""
+        return "its last checkpoint" if self.trains else "its last result"
 
     def where(self, key: str) -> Where:
         """Where `key` of this stage came from, for errors raised after loading."""

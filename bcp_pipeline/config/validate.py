@@ -154,7 +154,7 @@ def validate_continuation(
 
 def validate_stall_guard(stage: StageConfig, raw: Any, where: Where) -> None:
     """A stall guard watches step lines: only a training stage has them (its durations are positive by type)."""
-    if stage.engine is None and stage.continuation is None:
+    if not stage.trains:
         raise where.error(
             "stall_guard watches a training's step lines: give it to a training stage (one with "
             "nemo:, megatron_bridge: or continuation:), or leave it out"

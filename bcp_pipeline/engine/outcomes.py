@@ -120,6 +120,9 @@ class Outcomes(RunContext):
         if "steps" in result and not result.get("ok") and self.continue_stage(name, stage_state, result):
             return
         if result.get("ok"):
+            # A continued evaluation's progress is its verified step; a training's is its log's (loss, throughput).
+            if "steps" in result and not self.pipeline.stages[name].trains:
+                stage_state.progress = verified_steps(result)
             self.succeed(name, stage_state)
             return
         stage_state.status = StageStatus.FAILED
@@ -144,18 +147,27 @@ class Outcomes(RunContext):
         history = stage_state.extra.setdefault("steps_after_attempt", [])
         history.append(int(result["steps"]))
         stage_state.extra.update(steps=int(result["steps"]), target_steps=int(result["target"]))
-        stage_state.progress = {"done": int(result["steps"]), "total": int(result["target"]), "unit": "steps"}
+        stage_state.progress = verified_steps(result)
         last = next((job for job in reversed(stage_state.jobs) if job.kind == "stage"), None)
         if last is not None and last.stall is not None:  # cancelled by the stall guard: its own budget decides
             self.restart_stalled(name, stage_state, last, last.stall.get("reason", "stalled"))
             return True
         gains = [after - before for before, after in zip([0, *history], history)]
-        if len(gains) >= 2 and gains[-1] <= 0 and gains[-2] <= 0:
+        evaluated = self.pipeline.stages[name].evaluate_of
+        # An evaluation's job may end at its limit with nothing new to evaluate while its training runs or waits in
+        # a queue: no progress is a fault only once the training has ended (its checkpoints are all there by then).
+        waiting = evaluated is not None and self._still_training(evaluated)
+        if len(gains) >= 2 and gains[-1] <= 0 and gains[-2] <= 0 and not waiting:
+            what = (
+                f"evaluated to step {history[-1]} of {result['target']}, and stage {evaluated} has ended): the "
+                "evaluation is not advancing"
+                if evaluated is not None
+                else f"still at step {history[-1]} of {result['target']}): training is not advancing"
+            )
             self.fail(
                 name,
                 stage_state,
-                f"no progress in the last two attempts (still at step {history[-1]} of "
-                f"{result['target']}): training is not advancing; read `bcp-pipeline logs "
+                f"no progress in the last two attempts ({what}; read `bcp-pipeline logs "
                 f"{self.state.run_id} {name}` before spending more GPU hours",
             )
             return True
@@ -171,10 +183,17 @@ class Outcomes(RunContext):
             return True
         self.progress.event(
             f"{name}: at step {history[-1]} of {result['target']} after attempt "
-            f"{stage_state.attempts}; resubmitting to continue from the last checkpoint"
+            f"{stage_state.attempts}; resubmitting to continue from {self.pipeline.stages[name].resumes_from}"
         )
         stage_state.status = StageStatus.SUBMITTING  # the submitter submits the same job again
         return True
+
+    def _still_training(self, training: str) -> bool:
+        """Whether stage `training` of this run may still save checkpoints (it has not ended)."""
+        training_state = self.state.stages.get(training)
+        return training_state is not None and (
+            training_state.status is StageStatus.PENDING or training_state.status.active
+        )
 
     def fail(self, name: str, stage_state: StageState, message: str) -> None:
         stage_state.status = StageStatus.FAILED
@@ -188,6 +207,11 @@ class Outcomes(RunContext):
         stage_state.error = None
         summary = stage_state.extra.get("summary")
         self.progress.event(f"{name}: succeeded{_verification_text(stage_state)}" + (f"; {summary}" if summary else ""))
+
+
+def verified_steps(result: dict) -> dict:
+    """A verification's step count as the stage's progress record."""
+    return {"done": int(result["steps"]), "total": int(result["target"]), "unit": "steps"}
 
 
 def mark_finished(stage_state: StageState) -> None:

@@ -193,9 +193,8 @@ def _spelled(seconds: float) -> str:
 
 
 def is_training(stage: StageConfig | None) -> bool:
-    """A stage whose job logs training steps (a training engine's, or any stage that continues toward a step
-    count)."""
-    return stage is not None and (stage.engine is not None or stage.continuation is not None)
+    """A stage whose job logs training steps (StageConfig.trains)."""
+    return stage is not None and stage.trains
 
 
 def progress_record(stage: StageConfig | None, progress: JobProgress, variables: dict[str, str]) -> dict:
@@ -206,7 +205,7 @@ def progress_record(stage: StageConfig | None, progress: JobProgress, variables:
         record["loss"] = progress.loss
     if progress.step_seconds is not None:
         record["step_seconds"] = progress.step_seconds
-    if stage is not None and stage.continuation is not None and not progress.total:
+    if stage is not None and stage.trains and stage.continuation is not None and not progress.total:
         record["total"] = resolve_int(str(stage.continuation.target_steps), variables)
     if stage is not None and stage.engine is not None:
         with contextlib.suppress(ValueError):

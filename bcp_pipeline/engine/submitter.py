@@ -221,7 +221,7 @@ def job_request(pipeline: PipelineConfig, stage: StageConfig, kind: str, run_id:
             attempt=attempt,
         )
     # Training (an engine's, or continued from checkpoints) follows its own rules for what it finds.
-    data_stage = stage.engine is None and stage.continuation is None
+    data_stage = not stage.trains
     return JobRequest(
         run_id=run_id,
         pipeline=pipeline,

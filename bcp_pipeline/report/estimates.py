@@ -206,7 +206,7 @@ def estimate_stage(
         _estimate_data(pipeline, stage, instance, est, size, layout)
     elif stage.export_of in pipeline.stages and training_plan(pipeline.stages[stage.export_of], "bcp"):
         _estimate_export(pipeline, pipeline.stages[stage.export_of], est)
-    elif measured is not None and measured.stage == stage.name and stage.continuation is not None:  # smoke pretrain
+    elif measured is not None and measured.stage == stage.name and stage.trains:  # the smoke pretrain
         est.seconds, est.basis, est.modelled = measured_steps(measured, stage, backend, est, pipeline.vars)
     elif stage.evaluate_of in pipeline.stages and training_plan(pipeline.stages[stage.evaluate_of], "bcp"):
         target = pipeline.stages[stage.evaluate_of]

@@ -161,9 +161,7 @@ def stage_facts(stage: StageConfig, backend: str, instances: dict[str, InstanceT
 def is_training_stage(name: str, stage: StageConfig | None, state: RunState) -> bool:
     """A stage whose log holds loss lines: NeMo training, the smoke pretrain (its profile run has no continuation),
     a continued stage, or one that verified steps."""
-    if stage is not None and (
-        stage.engine is not None or stage.continuation is not None or stage.program == SMOKE_PROGRAM
-    ):
+    if stage is not None and (stage.trains or stage.program == SMOKE_PROGRAM):
         return True
     return "steps" in (state.stages[name].verification or {})
 

@@ -36,7 +36,7 @@ class Schedule:
 def data_stages(pipeline: PipelineConfig) -> list[str]:
     """The stages that prepare the training's data: neither a training (an engine's, or one that continues) nor
     after one (an evaluation or an export of its checkpoints)."""
-    trainings = {n for n, s in pipeline.stages.items() if s.engine is not None or s.continuation is not None}
+    trainings = {n for n, s in pipeline.stages.items() if s.trains}
     after: set[str] = set()
     changed = True
     while changed:  # every stage downstream of a training, through plain and streamed needs alike

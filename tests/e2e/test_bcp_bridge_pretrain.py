@@ -205,3 +205,31 @@ def test_each_checkpoint_is_evaluated_beside_the_training_and_shown_in_status(fa
     log, status = logs_and_status(config, state.run_id, "evaluate", capsys)
     assert "validation loss at iteration 30 on validation set" in log
     assert "held-out loss" in status and "at step 30; 3 checkpoint(s) evaluated" in status, status
+
+
+@ONE_TRANSPORT
+def test_an_evaluation_its_job_limit_ends_goes_on_from_its_last_result(fake, tmp_path):
+    """The evaluate job's limit (30 s) is shorter than the training (30 steps of 1.5 s, checkpoints every 10): the
+    emulator ends it FAILED_RUN_LIMIT_EXCEEDED while the training goes on, and the stage is submitted again
+    (config/evaluate.py's derived continuation), each job going on from the last result, until the training's last
+    step is evaluated. A job that found nothing new to evaluate while the training ran is no failure."""
+    config = project(tmp_path, fake, step_seconds=1.5)
+    text = config.read_text().replace("          train_iters:", EVALUATED + "          train_iters:", 1)
+    stage = EVALUATE_STAGE.replace("@STAND_IN@", str(STAND_IN)).replace(
+        "        bcp:\n", "        bcp:\n          total_runtime: 30s\n"
+    )
+    config.write_text(text + stage)
+    fabricate(fake.workspace_path("main") / "data" / "validation", "validation_chunk_0.jsonl_text_document", 500)
+    assert cli(config, "run", "bridge", "--backend", "bcp") == 0
+    state = latest(config)
+    evaluate = state.stages["evaluate"]
+    jobs = [job for job in evaluate.jobs if job.kind == "stage"]
+    assert evaluate.status is StageStatus.SUCCEEDED and len(jobs) >= 2, [job.native for job in jobs]
+    assert jobs[0].native == "FAILED_RUN_LIMIT_EXCEEDED" and jobs[-1].native == "FINISHED_SUCCESS"
+    history = evaluate.extra["steps_after_attempt"]  # after each job but the last, which verified as done
+    assert history == sorted(history) and history[-1] < 30 and len(history) == len(jobs) - 1, history
+    assert evaluate.progress == {"done": 30, "total": 30, "unit": "steps"}
+    results = fake.workspace_path("main") / "results" / f"gpt-{state.run_id}" / "evaluate"
+    assert sorted(p.name for p in results.glob("step-*.json")) == [f"step-{s:08d}.json" for s in (10, 20, 30)]
+    assert evaluate.verification["steps"] == 30 and evaluate.verification["ok"]
+    assert state.stages["pretrain"].status is StageStatus.SUCCEEDED

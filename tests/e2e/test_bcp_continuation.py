@@ -67,7 +67,7 @@ def test_run_limit_exceeded_is_resubmitted_with_identical_arguments(fake, tmp_pa
     assert all(d["runPolicy"] == definitions[0]["runPolicy"] for d in definitions)
     out = capsys.readouterr().out
     assert "ended FAILED_RUN_LIMIT_EXCEEDED; checking how far it got" in out
-    assert "at step 8 of 10 after attempt 2; resubmitting to continue from the last checkpoint" in out
+    assert "at step 8 of 10 after attempt 2; resubmitting to continue from its last checkpoint" in out
 
 
 def test_two_attempts_without_progress_stop_with_a_clear_message(fake, tmp_path):

@@ -151,6 +151,32 @@ def test_each_checkpoint_is_scored_by_bridge_s_own_evaluation_line(run, undistur
     assert "3 checkpoint(s) evaluated (0 by this job)" in again.stdout
 
 
+def progress(out: Path, target: int) -> tuple[int, dict]:
+    """verify.py --progress on a results folder, as the stage's continuation runs it after each job."""
+    done = subprocess.run(
+        [sys.executable, str(STAGES / "verify.py"), "--progress", f"{out}={target}"], capture_output=True, text=True
+    )
+    line = next(x for x in done.stdout.splitlines() if x.startswith("##bcp-pipeline verify "))
+    return done.returncode, json.loads(line.split(" ", 2)[2])
+
+
+def test_a_job_its_limit_ended_is_measured_by_its_last_result_and_the_next_goes_on_from_it(
+    run, undisturbed_run, tmp_path
+):
+    """The continuation's reading (config/evaluate.py derived_continuation): a job killed at its limit while it
+    evaluated step 6 left the results of 2 and 4 and a temporary; verify.py reads step 4 of 6 (the stage is
+    submitted again), the next job evaluates step 6 alone, and verify.py then reads the target."""
+    finished, _ = undisturbed_run
+    out = tmp_path / "evaluate"
+    shutil.copytree(finished, out)
+    (out / "step-00000006.json").rename(out / ".step-00000006.json.tmp-4242")  # killed before its rename
+    assert progress(out, STEPS) == (1, {"ok": False, "checks": [], "steps": 4, "target": STEPS})
+    again = evaluate(run, out)
+    assert again.returncode == 0 and "3 checkpoint(s) evaluated (1 by this job)" in again.stdout, again.stdout
+    assert results(out) == results(finished)  # the same bytes as the job that was never stopped
+    assert progress(out, STEPS) == (0, {"ok": True, "checks": [], "steps": STEPS, "target": STEPS})
+
+
 def test_with_a_test_split_in_the_data_list_each_result_has_its_test_loss_too(run, undisturbed, data_dir, tmp_path):  # noqa: F811
     from support.heldout_data import make_heldout_split
 

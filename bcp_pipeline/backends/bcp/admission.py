@@ -64,7 +64,7 @@ class PlannedJob:
     stage: str  # DRIVER_STAGE for the driver
     kind: str
     spec: JobSpec
-    continues: bool = False  # a stage that continues from its checkpoint in a further job (NeMo pretraining)
+    continues: str = ""  # what a stage continued in a further job goes on from (StageConfig.resumes_from), or ""
     streams_from: tuple[str, ...] = ()  # streamed needs (config/needs.py): this job runs beside theirs
 
     @property
@@ -95,7 +95,7 @@ def planned_jobs(jobs: Iterable[tuple[JobRequest, JobSpec]], driver: JobSpec | N
             stage=request.stage.name,
             kind=request.kind,
             spec=spec,
-            continues=request.kind == "stage" and request.stage.continuation is not None,
+            continues=request.stage.resumes_from if request.kind == "stage" else "",
             streams_from=tuple(request.stage.streamed) if request.kind == "stage" else (),
         )
         for request, spec in jobs
@@ -172,7 +172,7 @@ def _job_violations(
             f"{format_duration(int(max_runtime))} ({max_runtime:.0f} s)",
             "total_runtime",
             format_duration(int(max_runtime)),
-            " (the stage then continues from its checkpoint in a further job)"
+            f" (the stage then continues from {job.continues} in a further job)"
             if job.continues
             else " (the driver hands the run to a new driver job before that ends)"
             if job.kind == "driver"

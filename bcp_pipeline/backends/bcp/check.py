@@ -242,7 +242,7 @@ def policy_rows(ace: dict, jobs: list[PlannedJob], detach: bool) -> list[Row]:
     (runtime, replicas, active jobs; the driver's needs with --detach)."""
     if not jobs:
         return []
-    found = violations(ace, [replace(j, continues=False) for j in jobs], detach=detach)
+    found = violations(ace, [replace(j, continues="") for j in jobs], detach=detach)
     offered = [str(i.get("name")) for i in ace.get("instances") or [] if isinstance(i, dict)]
     used = sorted({job.spec.instance for job in jobs})
     limits = {

@@ -450,11 +450,7 @@ def torchrun(options: KubernetesOptions, size: Shape, rendezvous_args: bool) -> 
 def is_gang(request: JobRequest, size: Shape) -> bool:
     """A stage job whose pods meet at a rendezvous (a training: an engine's, or one continued to a step count) and
     so stand or fall together, rather than independent shards of data work."""
-    return (
-        size.pods > 1
-        and request.kind == "stage"
-        and (request.stage.engine is not None or request.stage.continuation is not None)
-    )
+    return size.pods > 1 and request.kind == "stage" and request.stage.trains
 
 
 def headless_service(request: JobRequest, options: KubernetesOptions, name: str) -> dict[str, Any]:

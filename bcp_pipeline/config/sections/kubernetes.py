@@ -131,7 +131,7 @@ class KubernetesResources(Resources):
                     "kubernetes.retries_per_index is an Indexed Job's backoffLimitPerIndex; a PyTorchJob (launcher: "
                     "pytorchjob) has none: its failed pods count against backoff_limit"
                 )
-            if pods > 1 and (stage.engine is not None or stage.continuation is not None):
+            if pods > 1 and stage.trains:
                 raise at("retries_per_index").error(
                     f"kubernetes.retries_per_index on stage {stage.name}, a training of {pods} pods: they meet at a "
                     "rendezvous, which a retried index could never rejoin; set it on the data stages (or null here)"

@@ -61,7 +61,7 @@ def test_runtime_and_replicas_over_the_ace_maximum_name_the_stage_and_the_set_th
         (
             "pretrain",
             "maxRuntimeSeconds",
-            "--set pretrain.bcp.total_runtime=4D (the stage then continues from its checkpoint in a further job)",
+            "--set pretrain.bcp.total_runtime=4D (the stage then continues from its last checkpoint in a further job)",
         ),
         ("pretrain", "maxAllowedReplicas", "--set pretrain.bcp.replicas=4"),
     ]
@@ -69,6 +69,17 @@ def test_runtime_and_replicas_over_the_ace_maximum_name_the_stage_and_the_set_th
         "stage pretrain: total_runtime 5D (432000 s), but the ACE's maxRuntimeSeconds "
         "allows 4D (345600 s); --set pretrain.bcp.total_runtime=4D"
     )
+
+
+def test_an_evaluation_over_the_ace_maximum_is_said_to_go_on_from_its_last_result():
+    found = violations(ace(maxRuntimeSeconds=7 * 86400), jobs("slimpajama-8b-bridge"))
+    assert [(v.stage, v.limit, v.fix) for v in found] == [
+        (
+            "evaluate",
+            "maxRuntimeSeconds",
+            "--set evaluate.bcp.total_runtime=7D (the stage then continues from its last result in a further job)",
+        )
+    ]
 
 
 def test_an_instance_the_ace_lacks_is_named_with_one_it_has():
