@@ -258,6 +258,7 @@ def derived_continuation(stage: StageConfig) -> Continuation:
         checkpoints=checkpoint_dir(stage),
         target_steps=bridge_model(stage).train_iters,
         max_attempts=stage.megatron_bridge.max_attempts,
+        attempts_key=f"{stage.name}.megatron_bridge.max_attempts",
     )
 
 

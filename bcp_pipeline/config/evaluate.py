@@ -187,6 +187,7 @@ def derived_continuation(target: StageConfig) -> Continuation:
         checkpoints=results_dir(target),
         target_steps=bridge.bridge_model(target).train_iters,
         max_attempts=_section(target).max_attempts,
+        attempts_key=f"{target.name}.megatron_bridge.max_attempts",  # the training's, which its evaluation follows
     )
 
 

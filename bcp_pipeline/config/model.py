@@ -51,6 +51,9 @@ class Continuation:
     resubmit_on: list[Literal["succeeded", "timed_out", "lost", "failed"]] = field(
         default_factory=lambda: ["succeeded", "timed_out", "lost"]
     )
+    # The --set key that raises max_attempts (`STAGE.KEY`): a derived continuation's comes from a section (the
+    # training's `nemo.max_attempts`, say); "" for one written in the file: its own `continuation.max_attempts`.
+    attempts_key: str = field(default="", metadata={"internal": True})
 
 
 @dataclass(kw_only=True)

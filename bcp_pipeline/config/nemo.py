@@ -407,6 +407,7 @@ def derived_continuation(stage: StageConfig) -> Continuation:
         checkpoints=checkpoint_dir(stage),
         target_steps=model_config(stage).max_steps,
         max_attempts=stage.nemo.max_attempts,
+        attempts_key=f"{stage.name}.nemo.max_attempts",
     )
 
 

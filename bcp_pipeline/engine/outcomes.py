@@ -177,8 +177,9 @@ class Outcomes(RunContext):
                 name,
                 stage_state,
                 f"reached max_attempts ({continuation.max_attempts}) at step "
-                f"{history[-1]} of {result['target']}; raise continuation.max_attempts "
-                "and run again to continue",
+                f"{history[-1]} of {result['target']}; raise it and run again to continue (--set "
+                f"{continuation.attempts_key or name + '.continuation.max_attempts'}="
+                f"{2 * continuation.max_attempts})",
             )
             return True
         self.progress.event(

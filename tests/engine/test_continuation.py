@@ -65,7 +65,10 @@ def test_max_attempts_caps_resubmissions(tmp_path):
     assert main(["--config", str(config), "run", "train"]) == 1
     stage = latest(config).stages["pretrain"]
     assert stage.attempts == 3
-    assert "reached max_attempts (3) at step 3 of 10" in stage.error
+    assert stage.error.startswith(
+        "reached max_attempts (3) at step 3 of 10; raise it and run again to continue "
+        "(--set pretrain.continuation.max_attempts=6)"
+    ), stage.error
     # Raising the cap and running again continues the same run from its checkpoint.
     assert main(["--config", str(config), "run", "train", "--set", "pretrain.continuation.max_attempts=20"]) == 0
     assert latest(config).stages["pretrain"].verification["steps"] == 10

@@ -38,6 +38,10 @@ def test_the_evaluation_continues_toward_the_training_s_last_step_from_its_resul
     assert continuation.checkpoints.endswith("/results/gpt_8b-${run_id}/evaluate")
     assert int(continuation.target_steps) == int(pretrain.continuation.target_steps) == 300000
     assert continuation.max_attempts == pretrain.megatron_bridge.max_attempts
+    # the key that raises it is the training's, as the training's own continuation says of itself
+    assert continuation.attempts_key == pretrain.continuation.attempts_key == "pretrain.megatron_bridge.max_attempts"
+    nemo = load_and_check(REPO / "pipelines.yaml", pipeline="slimpajama-8b").pipelines["slimpajama-8b"]
+    assert nemo.stages["pretrain"].continuation.attempts_key == "pretrain.nemo.max_attempts"
     assert "timed_out" in continuation.resubmit_on and "failed" not in continuation.resubmit_on
     # continued, yet no training: no stall guard watches it for step lines, and its log is read as a job's
     assert evaluate.trains is False and not is_training(evaluate)
@@ -83,4 +87,12 @@ def test_max_attempts_bounds_an_evaluation_that_waits(pipeline):
     limit = pipeline.stages["evaluate"].continuation.max_attempts
     evaluate, _ = after_attempts(pipeline, StageStatus.RUNNING, [0] * (limit + 1))
     assert evaluate.status is StageStatus.FAILED and evaluate.attempts == limit
-    assert f"reached max_attempts ({limit}) at step 0 of 300000" in evaluate.error
+    assert evaluate.error == (
+        f"reached max_attempts ({limit}) at step 0 of 300000; raise it and run again to continue "
+        f"(--set pretrain.megatron_bridge.max_attempts={2 * limit})"
+    )
+    # the key it names is one `--set` takes, and the evaluation follows it
+    raised = load_and_check(
+        REPO / "pipelines.yaml", pipeline=PIPELINE, overrides=[f"pretrain.megatron_bridge.max_attempts={2 * limit}"]
+    )
+    assert raised.pipelines[PIPELINE].stages["evaluate"].continuation.max_attempts == 2 * limit
