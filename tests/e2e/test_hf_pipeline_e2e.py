@@ -1,6 +1,7 @@
-"""The bundled `fineweb-edu-126m` pipeline, offline: its bpe, download and tokenize-preprocess stages, exactly as
-pipelines.yaml declares them, on the local backend against the FAKE Hugging Face Hub (tests/fakes/hf_hub.py) on
-loopback; megatron-core reads the result. (Its pretrain stage is the NeMo launcher on BCP; `plan` renders it.)"""
+"""The bundled `fineweb-edu-126m` pipeline, offline: its bpe, download and tokenize-preprocess stages and its
+held-out file's (download-validation, tokenize-validation), exactly as pipelines.yaml declares them, on the local
+backend against the FAKE Hugging Face Hub (tests/fakes/hf_hub.py) on loopback; megatron-core reads the result. (Its
+pretrain stage is the NeMo launcher on BCP; `plan` renders it.)"""
 
 from __future__ import annotations
 
@@ -51,12 +52,16 @@ def test_fineweb_edu_pipeline_downloads_and_tokenizes_parquet_from_the_hub_emula
             "download",
             "--only",
             "tokenize-preprocess",
+            "--only",
+            "download-validation",
+            "--only",
+            "tokenize-validation",
             "--set",
             f"vars.repo={REPO_ID}",
             "--set",
             "vars.include=sample/10BT/*.parquet",
             "--set",
-            "vars.files=3",
+            "vars.files=2",  # of the fixture's 3 in sample/10BT: 000_00000.parquet is held out
             "--set",
             "download.local={replicas: 2, processes: 1}",
             "--set",
@@ -69,17 +74,31 @@ def test_fineweb_edu_pipeline_downloads_and_tokenizes_parquet_from_the_hub_emula
         for name, s in state.stages.items()
         if s.status is StageStatus.SUCCEEDED
     }
-    assert counts == {"bpe": [2], "download": [3], "tokenize-preprocess": [3, 3]}
+    assert counts == {
+        "bpe": [2],
+        "download": [2],
+        "tokenize-preprocess": [2, 2],
+        "download-validation": [1],
+        "tokenize-validation": [1, 1],
+    }
     data = next(project.rglob("data/fineweb-edu"))
     manifest = json.loads((data / "parquet" / ".manifest" / "download.json").read_text())
     assert manifest["source"]["commit"] == commit
     for entry in manifest["entries"]:
         assert hashlib.sha256((data / "parquet" / entry["name"]).read_bytes()).hexdigest() == entry["sha256"]
     reference = reference_tokenizer()
-    for index, name in enumerate(manifest["files"]):
-        texts = pq.read_table(data / "parquet" / name, columns=["text"]).column(0).to_pylist()
-        dataset = IndexedDataset(str(data / "preprocessed" / f"train_chunk_{index}.jsonl_text_document"))
-        assert [dataset[i].tolist() for i in range(len(dataset))] == [reference.encode(t).ids + [EOD] for t in texts]
+    held_out = json.loads((data / "validation" / "parquet" / ".manifest" / "download.json").read_text())
+    assert held_out["source"]["commit"] == commit and held_out["files"] == ["000_00000.parquet"]
+    assert manifest["files"] == ["001_00000.parquet", "002_00000.parquet"]  # not the held-out one
+    for folder, names, stem in (
+        (data / "parquet", manifest["files"], data / "preprocessed" / "train_chunk"),
+        (data / "validation" / "parquet", held_out["files"], data / "validation" / "preprocessed" / "validation_chunk"),
+    ):
+        for index, name in enumerate(names):
+            texts = pq.read_table(folder / name, columns=["text"]).column(0).to_pylist()
+            dataset = IndexedDataset(f"{stem}_{index}.jsonl_text_document")
+            tokens = [reference.encode(t).ids + [EOD] for t in texts]
+            assert [dataset[i].tolist() for i in range(len(dataset))] == tokens
     assert len(hub.requests_to("cdn", "001_00000.parquet")) == 2
     assert TOKEN not in "".join(p.read_text(errors="replace") for p in project.rglob("*.log"))
 
@@ -91,9 +110,14 @@ def test_plan_renders_the_fineweb_edu_pipeline_for_bcp(capsys):
     assert "download.py --hf-dataset HuggingFaceFW/fineweb-edu --revision main --include " in command(
         "fineweb-edu-126m.download"
     )
-    assert "'/mount_workspace/data/fineweb-edu/parquet/*.parquet=14'" in command("fineweb-edu-126m.download-verify")
+    assert "--exclude sample/10BT/000_00000.parquet" in command("fineweb-edu-126m.download")
+    assert "'/mount_workspace/data/fineweb-edu/parquet/*.parquet=13'" in command("fineweb-edu-126m.download-verify")
+    assert "--include sample/10BT/000_00000.parquet --out /mount_workspace/data/fineweb-edu/validation/parquet" in (
+        command("fineweb-edu-126m.download-validation")
+    )
     assert "--files-per-output 1 --json-key text" in command("fineweb-edu-126m.tokenize-preprocess")
     [script] = jobs["fineweb-edu-126m.pretrain"]["files"].values()  # the job's script, run by its commandline
     assert command("fineweb-edu-126m.pretrain").startswith("bash /mount_workspace/.bcp-pipeline/jobs/")
-    assert "training=gpt3/126m" in script and "training.trainer.max_steps=19000" in script
+    assert "training=gpt3/126m" in script and "training.trainer.max_steps=17700" in script
+    assert '--valid-data-dir "$workspace/data/fineweb-edu/validation/preprocessed" --split-form nemo' in script
     assert "HF_TOKEN" not in json.dumps(jobs)

@@ -167,20 +167,21 @@ def test_status_shows_estimate_against_elapsed_for_a_finished_run(tmp_path, caps
 
 
 def test_plan_speaks_of_epochs_and_warns_above_one(capsys):
-    """fineweb-edu-126m trains one epoch of its 10 B-token sample (max_steps 19,000); gpt3/126m's own 600,000 steps
-    would be 600,000 x 256 x 2,048 / 10e9 = 31.5 epochs, which `plan` warns about with the steps of one epoch."""
+    """fineweb-edu-126m trains one epoch of the 9.3 B tokens of its sample that are not held out (max_steps 17,700);
+    gpt3/126m's own 600,000 steps would be 600,000 x 256 x 2,048 / 9.3e9 = 33.8 epochs, which `plan` warns about
+    with the steps of one epoch."""
     capsys.readouterr()
     assert main(["--config", str(BUNDLED), "plan", "fineweb-edu-126m"]) == 0
     out = capsys.readouterr().out
-    assert "1.00 epoch(s) of the data's 10 G tokens (declared: estimates.tokens)" in out and "WARNING" not in out
+    assert "1.00 epoch(s) of the data's 9.3 G tokens (declared: estimates.tokens)" in out and "WARNING" not in out
     assert main(["--config", str(BUNDLED), "plan", "fineweb-edu-126m", "--set", "pretrain.nemo.max_steps=600000"]) == 0
     out = capsys.readouterr().out
-    assert "31.46 epoch(s)" in out
+    assert "33.83 epoch(s)" in out
     assert (
-        "WARNING: pretrain: 600,000 steps train 315 G tokens, 31.5 epochs of the data's 10 G (declared: "
+        "WARNING: pretrain: 600,000 steps train 315 G tokens, 33.8 epochs of the data's 9.3 G (declared: "
         "estimates.tokens)"
     ) in out
-    assert f"One epoch is {10**10 // (256 * 2048):,} steps (--set pretrain.nemo.max_steps=19073)" in out
+    assert f"One epoch is {int(9.3e9) // (256 * 2048):,} steps (--set pretrain.nemo.max_steps=17738)" in out
 
 
 def test_epochs_come_from_the_manifests_once_the_data_exists(tmp_path, capsys):
@@ -189,12 +190,12 @@ def test_epochs_come_from_the_manifests_once_the_data_exists(tmp_path, capsys):
     config = tmp_path / "pipelines.yaml"
     config.write_text(BUNDLED.read_text().replace("stages_dir: stages", f"stages_dir: {REPO / 'stages'}"))
     data = tmp_path / ".bcp-pipeline/workspaces/nemo-framework/data/fineweb-edu/preprocessed"
-    for i in range(4):  # 4 x 1.3 G tokens = 5.2 G: 19,000 steps (9.96 G tokens) are 1.92 epochs of it
+    for i in range(4):  # 4 x 1.3 G tokens = 5.2 G: 17,700 steps (9.28 G tokens) are 1.78 epochs of it
         fabricate(data, chunk_name(i), 1_300_000_000, with_files=False)
     capsys.readouterr()
     assert main(["--config", str(config), "plan", "fineweb-edu-126m", "--backend", "local"]) == 0
     out = capsys.readouterr().out
-    assert "1.92 epoch(s) of the data's 5.2 G tokens (counted in the preprocess manifests)" in out
+    assert "1.78 epoch(s) of the data's 5.2 G tokens (counted in the preprocess manifests)" in out
     assert "One epoch is 9,918 steps" in out  # 5.2e9 // 524,288
 
 
