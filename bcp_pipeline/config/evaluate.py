@@ -170,8 +170,8 @@ def prepare(pipeline: PipelineConfig, stage: StageConfig) -> None:
     target = _target(pipeline, stage)
     stage.args = evaluate_args(target)
     run_in_training_image(stage, target, ENTRY_PROGRAM)  # its Bridge, megatron-core and torchrun evaluate
-    section, model = _section(target), bridge.bridge_model(target)
     if not stage.verify:
+        section, model = _section(target), bridge.bridge_model(target)
         count = len(scheduled_steps(section.save_interval, model.train_iters))
         stage.verify = [Check(glob=f"{results_dir(target)}/step-*.json", expect=count)]
     if stage.continuation is None:
