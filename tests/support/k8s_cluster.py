@@ -8,12 +8,12 @@ devices and pulling only PULLABLE_IMAGES.
 
 The build needs the Go module proxy, which tests never reach (tests/support/offline.py): `scripts/k8s-cluster
 install` runs before pytest (by hand), or beside it (.ci/run builds in the background while the other tests run;
-these tests come last, tests/support/parallel.py), and the fixture waits for a build in progress (its lock is held),
-at most BCP_K8S_BUILD_WAIT seconds (default 3600), then starts what is installed. Where it is not installed, or the
-machine cannot run it (not Linux, not root, no `ip`), the tests that use it are skipped with the reason printed
-on the terminal; with BCP_K8S_REQUIRED=1 (.ci/run) they fail instead. The cluster lives under its own base folder in
-/tmp (one per checkout), is stopped at the end of the module, and one a killed session left behind is stopped
-before a new one starts.
+these tests start on a worker of their own, tests/support/parallel.py), and the fixture waits for a build in
+progress (its lock is held), at most BCP_K8S_BUILD_WAIT seconds (default 3600), then starts what is installed. Where
+it is not installed, or the machine cannot run it (not Linux, not root, no `ip`), the tests that use it are skipped
+with the reason printed on the terminal; with BCP_K8S_REQUIRED=1 (.ci/run) they fail instead. The cluster lives
+under its own base folder in /tmp (one per checkout), is stopped at the end of the module, and one a killed session
+left behind is stopped before a new one starts.
 """
 
 from __future__ import annotations

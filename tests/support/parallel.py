@@ -8,8 +8,10 @@ one worker, in collection order:
   `sge_cell` or `tsubame_cell`) but not `k8s_cluster`: the clusters' daemons, ports and Debian packages (installed
   on first use) are the machine's, so those tests run one after another on one worker and never install packages
   at once. Handed out first, being the longest group.
-* `kubernetes`: the tests marked `cluster` that use `k8s_cluster`. Handed out last: their control plane is the last
-  thing `.ci/run` has built (in the background, while the rest runs).
+* `kubernetes`: the tests marked `cluster` that use `k8s_cluster`. Handed out second, so that a worker of its own
+  starts on them at once: the group takes about 14 minutes of mostly waiting, and handed out last it ran alone at
+  the end of CI's run on two idle cores (2026-12-06). Where `.ci/run`'s build of their control plane has not
+  ended yet, that worker waits for it (tests/support/k8s_cluster.py) while the others go on.
 * every other test is in the group of its module, so a module's module-scoped fixtures (a trained reference run, a
   browser) are made once, on one worker.
 
@@ -36,7 +38,7 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 GROUPS_ENV = "BCPP_TEST_GROUPS_DIR"
-ORDER = {"clusters": 0, "kubernetes": 2}  # every other group: 1
+ORDER = {"clusters": 0, "kubernetes": 1}  # every other group: 2
 K8S_FIXTURE = "k8s_cluster"
 
 
@@ -54,8 +56,8 @@ def module_of(nodeid: str) -> str:
 
 def order_items(items: list) -> None:
     """The workers' collection order, which the controller hands groups out in: `clusters` first, `kubernetes`
-    last, the rest as collected (a stable sort)."""
-    items.sort(key=lambda item: ORDER.get(group_of(item), 1))
+    second, the rest as collected (a stable sort)."""
+    items.sort(key=lambda item: ORDER.get(group_of(item), 2))
 
 
 def is_controller(config: pytest.Config) -> bool:
