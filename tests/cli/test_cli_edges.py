@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -112,8 +113,18 @@ def test_a_driver_log_shows_its_human_lines_and_counts_the_state_lines_it_hides(
 
 def test_check_slurm_without_slurm_names_the_install_script_and_saves_no_profile(chain, tmp_path):
     # No controller to reach: where Slurm's commands are installed (the Slurm tests install them), they are
-    # pointed at a slurm.conf that does not exist, and the real scontrol fails as it does without a cluster.
-    env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-cluster" / "slurm.conf")}
+    # pointed at a slurm.conf whose controller's port nobody listens on, and the real scontrol fails as it does
+    # with the controller down (at once; with no slurm.conf at all, it retries for 60 s before it fails).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    conf = tmp_path / "no-cluster" / "slurm.conf"
+    conf.parent.mkdir()
+    conf.write_text(
+        f"ClusterName=none\nSlurmctldHost=localhost\nSlurmctldPort={port}\nNodeName=localhost\n"
+        "PartitionName=p Nodes=localhost\n"
+    )
+    env = {**os.environ, "SLURM_CONF": str(conf)}
     done = subprocess.run(
         [sys.executable, "-m", "bcp_pipeline", "--config", str(chain), "check", "chain", "--backend", "slurm"],
         capture_output=True,

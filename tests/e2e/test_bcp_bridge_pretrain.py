@@ -225,7 +225,9 @@ def test_an_evaluation_its_job_limit_ends_goes_on_from_its_last_result(fake, tmp
     evaluate = state.stages["evaluate"]
     jobs = [job for job in evaluate.jobs if job.kind == "stage"]
     assert evaluate.status is StageStatus.SUCCEEDED and len(jobs) >= 2, [job.native for job in jobs]
-    assert jobs[0].native == "FAILED_RUN_LIMIT_EXCEEDED" and jobs[-1].native == "FINISHED_SUCCESS"
+    # The last job may end at its limit too (CI, 2026-12-06: on a loaded machine it wrote step 30's result and was
+    # ended before it exited); the stage goes by what its verification finds, below, not by how its last job ended.
+    assert jobs[0].native == "FAILED_RUN_LIMIT_EXCEEDED", [job.native for job in jobs]
     history = evaluate.extra["steps_after_attempt"]  # after each job but the last, which verified as done
     assert history == sorted(history) and history[-1] < 30 and len(history) == len(jobs) - 1, history
     assert evaluate.progress == {"done": 30, "total": 30, "unit": "steps"}
