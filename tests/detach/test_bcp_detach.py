@@ -396,6 +396,9 @@ def test_resume_without_detach_takes_the_run_back_to_this_machine(fake, project,
 
 @pytest.mark.parametrize("fake", ["sdk"], indirect=True)
 def test_cancel_stops_the_driver_and_the_runs_jobs_then_resume_detach_finishes(fake, project, capsys):
+    # `second` is held until it has been cancelled: on a loaded machine it finished before the kill reached it
+    # (2026-12-06), and a stage that ended first is rightly not cancelled.
+    stall = stall_stage(fake.workspace_path("main"), "second")
     run_id = detach(project, capsys)
     wait_until(lambda: stage_status(fake, run_id, "second") == "running", what="second running", fake=fake)
     assert cli(project, "resume", run_id, "--detach") == 1  # one driver per run
@@ -404,6 +407,7 @@ def test_cancel_stops_the_driver_and_the_runs_jobs_then_resume_detach_finishes(f
     ended = {record["job"]["jobStatus"]["status"] for record in fake.jobs().values()}
     assert ended <= {"KILLED_BY_USER", "FINISHED_SUCCESS"} and "KILLED_BY_USER" in ended, ended
     assert local_state(project).stages["second"].status is StageStatus.CANCELLED
+    stall.unlink()
     assert cli(project, "resume", run_id, "--detach") == 0
     wait_for_success(project, capsys, run_id, fake)
     assert len(driver_jobs(fake)) == 2
