@@ -18,6 +18,8 @@ list comes from the Hub's tree API at the commit REV resolves to (hf_listing.py)
 commit, each file's size and, for LFS files, its sha256. A file is renamed into place only when its size and its
 sha256 (git blob id for non-LFS files) match the listing; a mismatch is retried like a cut body. A resume, or a
 rank started later, downloads the manifest's commit, and refuses to go on when REV has moved meanwhile.
+`--revision-of DIR` downloads the commit another download of the same repo pinned in DIR instead (a held-out
+file at the training files' commit, even when the branch has moved between the two).
 """
 
 from __future__ import annotations
@@ -148,6 +150,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="branch, tag or commit (default: %(default)s); the manifest pins the commit it resolves to",
     )
     hub.add_argument(
+        "--revision-of",
+        type=Path,
+        metavar="DIR",
+        help="download the commit that DIR's download of the same repo pinned (its .manifest/download.json), "
+        "instead of --revision: e.g. a held-out file at the training files' commit",
+    )
+    hub.add_argument(
         "--include",
         action="append",
         default=[],
@@ -185,9 +194,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 f"--hf-dataset takes its file list from the Hub; {', '.join(given)} do not apply "
                 "(select files with --include/--exclude)"
             )
+        if args.revision_of is not None and args.revision != "main":
+            parser.error("--revision-of takes the commit from DIR's manifest: give it or --revision, not both")
         return args
-    if args.include or args.exclude or args.revision != "main":
-        parser.error("--revision, --include and --exclude need --hf-dataset")
+    if args.include or args.exclude or args.revision != "main" or args.revision_of is not None:
+        parser.error("--revision, --revision-of, --include and --exclude need --hf-dataset")
     scheme = urlsplit(args.base_url).scheme
     if scheme not in ("https", "http", "file"):
         parser.error(f"--base-url {args.base_url!r}: the scheme must be https, http or file")
@@ -228,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             write_manifest(args.out, items, rank)
         else:
             try:
+                if args.revision_of is not None:
+                    args.revision = pinned_commit_of(args.revision_of, args.hf_dataset)
                 items = pin_listing(fetcher, args, rank, log)
             except hf_listing.PinnedRevisionError as exc:
                 log(str(exc))
@@ -243,6 +256,27 @@ def main(argv: list[str] | None = None) -> int:
         return _common.fail_with_items(STAGE, {name: redact(reason) for name, reason in failures.items()})
     _common.write_completion(args.out, STAGE, rank, world, {**summary, "bytes_downloaded": fetched})
     return 0
+
+
+def pinned_commit_of(folder: Path, hf_dataset: str) -> str:
+    """The commit the download in `folder` pinned, for a download of the same repo that must match it."""
+    path = folder / MANIFEST
+    try:
+        pinned = hf_listing.read_manifest(path)
+    except hf_listing.ListingError as exc:
+        raise hf_listing.PinnedRevisionError(f"--revision-of {folder}: {exc}") from exc
+    if pinned is None:
+        raise hf_listing.PinnedRevisionError(
+            f"--revision-of {folder}: no download manifest there yet ({path}); the download that writes it must "
+            "run first (list it in this stage's needs:)"
+        )
+    source = pinned[0]
+    if source.hf_dataset != hf_dataset:
+        raise hf_listing.PinnedRevisionError(
+            f"--revision-of {folder}: that folder holds {source.hf_dataset}, not {hf_dataset}; a commit of one "
+            "repo means nothing in another"
+        )
+    return source.commit
 
 
 def pin_listing(fetcher: Fetcher, args: argparse.Namespace, rank: int, log: Callable[[str], None]) -> list[HubItem]:

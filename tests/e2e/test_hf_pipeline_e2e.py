@@ -112,9 +112,11 @@ def test_plan_renders_the_fineweb_edu_pipeline_for_bcp(capsys):
     )
     assert "--exclude sample/10BT/000_00000.parquet" in command("fineweb-edu-126m.download")
     assert "'/mount_workspace/data/fineweb-edu/parquet/*.parquet=13'" in command("fineweb-edu-126m.download-verify")
-    assert "--include sample/10BT/000_00000.parquet --out /mount_workspace/data/fineweb-edu/validation/parquet" in (
-        command("fineweb-edu-126m.download-validation")
-    )
+    # The held-out file at the commit the training files' download pinned (tests/stages/test_hf_download.py).
+    assert (
+        "--revision-of /mount_workspace/data/fineweb-edu/parquet --include sample/10BT/000_00000.parquet "
+        "--out /mount_workspace/data/fineweb-edu/validation/parquet"
+    ) in command("fineweb-edu-126m.download-validation")
     assert "--files-per-output 1 --json-key text" in command("fineweb-edu-126m.tokenize-preprocess")
     [script] = jobs["fineweb-edu-126m.pretrain"]["files"].values()  # the job's script, run by its commandline
     assert command("fineweb-edu-126m.pretrain").startswith("bash /mount_workspace/.bcp-pipeline/jobs/")

@@ -143,6 +143,38 @@ def test_a_branch_moving_mid_listing_or_between_resumes_never_mixes_versions(hub
     assert "use another --out" in capsys.readouterr().err.lower()
 
 
+def held_out_args(out: Path, *extra: str, repo: str = REPO) -> list[str]:
+    return ["--hf-dataset", repo, "--include", "sample/10BT/000_00000.parquet", "--out", str(out), *extra]
+
+
+def test_revision_of_downloads_the_commit_another_download_pinned_after_the_branch_moved(
+    hub, tmp_path, monkeypatch, capsys
+):
+    old = hub.commit(REPO, dataset_files(0))
+    training = tmp_path / "parquet"
+    assert run_as_rank(download.main, args(training, "--exclude", "*/000_00000.parquet"), 0, 1, monkeypatch) == 0
+    hub.commit(REPO, dataset_files(1))  # main moves on, the held-out file with it, before that file is fetched
+    held_out = tmp_path / "validation"
+    assert run_as_rank(download.main, held_out_args(held_out, "--revision-of", str(training)), 0, 1, monkeypatch) == 0
+    assert manifest(held_out)["source"]["commit"] == manifest(training)["source"]["commit"] == old
+    assert manifest(held_out)["files"] == ["000_00000.parquet"]
+    assert (held_out / "000_00000.parquet").read_bytes() == dataset_files(0)["sample/10BT/000_00000.parquet"]
+    assert dataset_files(0)["sample/10BT/000_00000.parquet"] != dataset_files(1)["sample/10BT/000_00000.parquet"]
+    capsys.readouterr()
+
+    # No manifest there yet (the download it follows has not run), or another repo's: refused, naming the folder.
+    early = tmp_path / "early"
+    assert run_as_rank(download.main, held_out_args(early, "--revision-of", str(tmp_path)), 0, 1, monkeypatch) == 2
+    assert f"--revision-of {tmp_path}: no download manifest there yet" in capsys.readouterr().err
+    other_repo = held_out_args(early, "--revision-of", str(training), repo="someone/else")
+    assert run_as_rank(download.main, other_repo, 0, 1, monkeypatch) == 2
+    assert f"that folder holds {REPO}, not someone/else" in capsys.readouterr().err
+    assert list(early.glob("*.parquet")) == []
+    with pytest.raises(SystemExit):
+        download.parse_args(held_out_args(early, "--revision-of", str(training), "--revision", old))
+    assert "give it or --revision, not both" in capsys.readouterr().err
+
+
 def test_unknown_repo_or_revision_fails_with_its_name(hub, tmp_path, monkeypatch, capsys):
     hub.commit(REPO, dataset_files())
     out = tmp_path / "out"
@@ -161,7 +193,12 @@ def test_unknown_repo_or_revision_fails_with_its_name(hub, tmp_path, monkeypatch
 
 
 def test_bad_arguments_exit_2(tmp_path, capsys):
-    for argv in (["--hf-dataset", "a b"], ["--hf-dataset", "o/n", "--chunks", "1"], ["--include", "*.parquet"]):
+    for argv in (
+        ["--hf-dataset", "a b"],
+        ["--hf-dataset", "o/n", "--chunks", "1"],
+        ["--include", "*.parquet"],
+        ["--revision-of", str(tmp_path)],
+    ):
         with pytest.raises(SystemExit) as exit_info:
             download.parse_args([*argv, "--out", str(tmp_path)])
         assert exit_info.value.code == 2
