@@ -58,27 +58,30 @@ def test_an_interrupted_test_session_leaves_no_emulator(tmp_path, how):
     (session / "test_hold.py").write_text(HOLDING_TEST)
     pids_file = tmp_path / "pids.json"
     workers = ["-n", "2"] if how == "ctrl-c" else ["-n", "0"]  # Ctrl-C as the README's command runs: with xdist
-    pytest_run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-c",
-            os.devnull,
-            "--rootdir",
-            str(session),
-            *workers,
-            str(session / "test_hold.py"),
-        ],
-        cwd=session,
-        env={**os.environ, "PIDS_FILE": str(pids_file)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    # Its output goes to a file, not a pipe nobody reads while it runs (more than a pipe holds would block it).
+    session_log = tmp_path / "session.log"
+    with session_log.open("wb") as output:
+        pytest_run = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-c",
+                os.devnull,
+                "--rootdir",
+                str(session),
+                *workers,
+                str(session / "test_hold.py"),
+            ],
+            cwd=session,
+            env={**os.environ, "PIDS_FILE": str(pids_file)},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_for(
             lambda: pids_file.exists() and pids_file.read_text(),
@@ -92,13 +95,13 @@ def test_an_interrupted_test_session_leaves_no_emulator(tmp_path, how):
         else:
             pytest_run.kill()
         try:
-            # Read while it ends (communicate, not wait: output beyond a pipe's size would block it). Generous: in
-            # CI (2026-12-06, loaded 2 cores) one still ran 120 s after the signal; its output now says where.
-            pytest_run.communicate(timeout=300)
+            # Generous: in CI (2026-12-06, loaded 2 cores) one still ran 120 s after the signal; its output says where.
+            pytest_run.wait(timeout=300)
         except subprocess.TimeoutExpired:
             os.killpg(pytest_run.pid, signal.SIGKILL)
-            output = pytest_run.communicate()[0].decode(errors="replace")
-            pytest.fail(f"the session did not end within 300 s of {how}; it printed:\n{output[-4000:]}")
+            pytest_run.wait()
+            printed = session_log.read_text(errors="replace")[-4000:]
+            pytest.fail(f"the session did not end within 300 s of {how}; it printed:\n{printed}")
         wait_for(
             lambda: not any(alive(pid) for pid in pids),
             timeout=60,

@@ -38,7 +38,8 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 GROUPS_ENV = "BCPP_TEST_GROUPS_DIR"
-ORDER = {"clusters": 0, "kubernetes": 1}  # every other group: 2
+ORDER = {"clusters": 0, "kubernetes": 1}
+OTHERS_ORDER = 2  # every other group
 K8S_FIXTURE = "k8s_cluster"
 
 
@@ -57,7 +58,7 @@ def module_of(nodeid: str) -> str:
 def order_items(items: list) -> None:
     """The workers' collection order, which the controller hands groups out in: `clusters` first, `kubernetes`
     second, the rest as collected (a stable sort)."""
-    items.sort(key=lambda item: ORDER.get(group_of(item), 2))
+    items.sort(key=lambda item: ORDER.get(group_of(item), OTHERS_ORDER))
 
 
 def is_controller(config: pytest.Config) -> bool:
